@@ -1,0 +1,99 @@
+# loom build. `make` builds build/loom (CPU, plus the CUDA backend when nvcc
+# is found); `make test` installs what the tests need and runs the suite;
+# `make demo` installs, builds and trains on the default corpus.
+#
+# Variables: SANITIZE=address,undefined  (builds into build-san/)
+#            NO_CUDA=1                    (skip the CUDA backend even if nvcc exists)
+#            ARCH=-march=native           (CPU target flags)
+
+CC      ?= gcc
+ARCH    ?= -march=native
+OPT     ?= -O3
+WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
+CFLAGS  := -std=gnu11 $(OPT) $(ARCH) -g -fopenmp $(WARN) -Isrc $(EXTRA_CFLAGS)
+LDLIBS  := -lopenblas -lcjson -lm -lpthread -ldl
+BUILD   := build
+
+ifneq ($(SANITIZE),)
+  BUILD   := build-san
+  CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+  LDFLAGS += -fsanitize=$(SANITIZE)
+  NO_CUDA := 1
+endif
+
+# CUDA: built only when nvcc is found (PATH or /usr/local/cuda).
+NVCC := $(if $(NO_CUDA),,$(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null))
+CU_SRCS := $(wildcard src/backend/cuda/*.cu)
+ifneq ($(and $(NVCC),$(CU_SRCS)),)
+  CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
+  CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
+  NVFLAGS    := -O3 -std=c++17 $(CUDA_ARCHS) -Isrc -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC \
+                --expt-relaxed-constexpr -Werror all-warnings $(EXTRA_NVFLAGS)
+  CFLAGS     += -DLOOM_HAVE_CUDA
+  LDLIBS     += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib \
+                -lcublasLt -lcublas -lcudnn -lnccl -lcudart -lstdc++
+  CU_OBJS    := $(CU_SRCS:%.cu=$(BUILD)/%.o)
+  CUDA_NOTE  := CUDA backend built with $(NVCC) for sm_80 and sm_90 (+PTX)
+else
+  CU_OBJS    :=
+  CUDA_NOTE  := CUDA backend not built ($(if $(NO_CUDA),NO_CUDA set,nvcc not found)): CPU only
+endif
+
+LIB_SRCS  := $(filter-out src/cli/main.c,$(shell find src -name '*.c' | sort))
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o) $(CU_OBJS)
+TEST_SRCS := $(wildcard tests/test_*.c)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+
+.PHONY: all loom tests test test-fast demo deps clean bench
+all: $(BUILD)/loom $(TEST_BINS)
+	@echo "$(CUDA_NOTE)"
+
+loom: $(BUILD)/loom
+tests: $(TEST_BINS)
+
+$(BUILD)/libloom.a: $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/loom: $(BUILD)/src/cli/main.o $(BUILD)/libloom.a
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/tests/check.o $(BUILD)/libloom.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests $(LDFLAGS) -o $@ $< $(BUILD)/tests/check.o $(BUILD)/libloom.a $(LDLIBS)
+
+$(BUILD)/tests/check.o: tests/check.c tests/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# Installs the Debian packages (and PyPI packages for test oracles) that are missing.
+deps:
+	@scripts/deps.sh
+
+# The README's second command: the whole suite, then the C tests again under
+# the sanitizers.
+test: deps
+	$(MAKE) all
+	$(MAKE) SANITIZE=address,undefined all
+	tests/run.sh
+
+# The README's first command.
+demo: deps
+	$(MAKE) all
+	scripts/demo.sh
+
+bench: all
+	$(BUILD)/loom bench train
+
+clean:
+	rm -rf build build-san

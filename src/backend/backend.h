@@ -1,0 +1,130 @@
+/* backend: the op table. The model calls every op through this table and
+ * never branches on which backend it has, so the training loop, checkpoints
+ * and the distributed layer are one piece of code for CPU and GPU.
+ *
+ * Conventions, for every backend:
+ * - All tensors are float32, row-major, in the backend's memory (device
+ *   memory for CUDA). Token ids are int32 in backend memory.
+ * - B batch, T sequence length, C channels, NH heads, N = B*T rows,
+ *   V vocabulary, Vp padded vocabulary (V <= Vp, Vp % 64 == 0).
+ * - Backward ops ACCUMULATE (+=) into parameter gradients and into `dinp`
+ *   unless the entry says "overwrites". Callers zero what must start at 0.
+ * - Ops may run asynchronously; `sync` waits for all of them. download()
+ *   is synchronous.
+ * - The CPU backend is the reference every other backend is tested against.
+ */
+#ifndef LOOM_BACKEND_H
+#define LOOM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/core.h"
+
+/* Precision of the matrix work. fp32 everywhere on the CPU; the CUDA backend
+ * runs tensor cores at tf32/bf16/fp16 with fp32 master weights. */
+typedef enum { LOOM_FP32 = 0, LOOM_TF32, LOOM_BF16, LOOM_FP16 } loom_dtype;
+/* Parse "fp32", "tf32", "bf16", "fp16"; -1 if unknown. */
+int loom_dtype_parse(const char *s);
+const char *loom_dtype_name(loom_dtype d);
+
+/* AdamW hyperparameters for one update call. */
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    float grad_scale; /* gradients are multiplied by this first (clipping, 1/accum) */
+    int t;            /* 1-based step count, for bias correction */
+} loom_adamw_t;
+
+typedef struct loom_backend {
+    const char *name; /* "cpu", "cuda:0", ... */
+    loom_dtype dtype; /* precision of the matrix work */
+    /* Peak dense FLOP/s for this dtype, for MFU; 0 = unknown. */
+    double peak_flops;
+    const char *peak_source; /* how peak_flops was found, for the log */
+
+    /* Memory. alloc returns zeroed memory or NULL. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*upload)(void *dst, const void *src_host, size_t bytes);
+    void (*download)(void *dst_host, const void *src, size_t bytes);
+    void (*zero)(void *p, size_t bytes);
+    void (*sync)(void);
+
+    /* out (B,T,C) = wte[tokens] + wpe[t]; wte (Vp,C), wpe (maxT,C), tokens (B,T). */
+    void (*encoder_forward)(float *out, const int *tokens, const float *wte, const float *wpe,
+                            int B, int T, int C);
+    /* dwte += scatter(dout by token), dwpe += sum over batch; dout (B,T,C). */
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                             int B, int T, int C);
+
+    /* out (N,C) = (inp - mean) * rstd * w + b, eps 1e-5; mean, rstd (N) saved for backward. */
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *w, const float *b, int N, int C);
+    /* dinp += , dw += , db += . */
+    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd, int N, int C);
+
+    /* out (N,OC) = inp (N,C) @ w (OC,C)^T + bias (OC); bias may be NULL. Overwrites out. */
+    void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
+                           int N, int C, int OC);
+    /* dinp (N,C) += dout @ w; dw (OC,C) += dout^T @ inp; dbias (OC) += colsum(dout).
+     * dinp and dbias may be NULL (not needed). */
+    void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
+                            const float *inp, const float *w, int N, int C, int OC);
+
+    /* Causal multi-head attention. qkv (B,T,3C) holds q, k, v side by side,
+     * each split into NH heads of C/NH. out (B,T,C) overwritten; lse (B,NH,T)
+     * receives each query row's log-sum-exp of scaled scores, which is all
+     * backward needs (no T x T tensor is kept). */
+    void (*attention_forward)(float *out, float *lse, const float *qkv, int B, int T, int C,
+                              int NH);
+    /* dqkv (B,T,3C) overwritten, from dout (B,T,C), qkv, out and lse of forward. */
+    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv,
+                               const float *out, const float *lse, int B, int T, int C,
+                               int NH);
+
+    /* GELU, tanh approximation. backward overwrites dinp (may alias dout). */
+    void (*gelu_forward)(float *out, const float *inp, size_t n);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
+
+    /* out = a + b (out may alias a or b); dst += src. */
+    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
+    void (*accumulate)(float *dst, const float *src, size_t n);
+
+    /* Fused softmax + cross-entropy over logits (N,Vp), only the first V
+     * columns count. losses (N) = -log softmax(logits)[target]. If dloss != 0
+     * the logits are overwritten in place by their gradient
+     * dloss * (softmax - onehot(target)), with padded columns set to 0; no
+     * probability tensor is ever stored. targets (N) int32 in [0,V). */
+    void (*crossentropy)(float *losses, float *logits, const int *targets, int N, int V,
+                         int Vp, float dloss);
+
+    /* AdamW over n contiguous parameters with decoupled weight decay. */
+    void (*adamw)(float *params, const float *grads, float *m, float *v, size_t n,
+                  const loom_adamw_t *hp);
+
+    /* Sum of squares of x (n), returned to the host in double. */
+    double (*sumsq)(const float *x, size_t n);
+
+    /* Optional entries (NULL where a backend has none) go below; append
+     * only, each with a comment saying what the model does without it. */
+} loom_backend_t;
+
+/* Look up a backend by device name: "cpu", "cuda", "cuda:N". `threads` is
+ * the CPU thread count (0 = all cores). Returns LOOM_EUNAVAIL with the
+ * reason when the device cannot be used on this build or machine. */
+loom_status loom_backend_open(const loom_backend_t **out, const char *device, int threads,
+                              loom_dtype dtype);
+
+/* The CPU backend (always available, fp32 only). Measures its peak with a
+ * short SGEMM the first time it is opened in a process. */
+loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads);
+#ifdef LOOM_HAVE_CUDA
+/* The CUDA backend on device `index` (src/backend/cuda/). */
+loom_status loom_backend_cuda_init(const loom_backend_t **out, int index, loom_dtype dtype);
+#endif
+/* Threads the CPU backend uses. */
+int loom_backend_cpu_threads(void);
+
+#endif

@@ -1,0 +1,179 @@
+#include "args.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_GIVEN 64
+static const char *given[MAX_GIVEN];
+static int ngiven;
+
+int loom_args_given(const char *name) {
+    for (int i = 0; i < ngiven; i++)
+        if (strcmp(given[i], name) == 0) return 1;
+    return 0;
+}
+
+static const char *type_hint(loom_arg_type t) {
+    switch (t) {
+    case ARG_INT: case ARG_LONG: return "N";
+    case ARG_FLOAT: return "X";
+    case ARG_STR: return "S";
+    case ARG_BOOL: return "";
+    case ARG_LIST: return "S...";
+    }
+    return "";
+}
+
+void loom_args_help(const char *cmd, const char *usage, const loom_arg_t *args, int n) {
+    printf("usage: %s\n\nflags:\n", usage);
+    for (int i = 0; i < n; i++) {
+        if (!args[i].name[0]) continue;
+        char left[64];
+        snprintf(left, sizeof left, "--%s %s", args[i].name, type_hint(args[i].type));
+        printf("  %-24s %s", left, args[i].help);
+        if (args[i].def) printf(" (default: %s)", args[i].def[0] ? args[i].def : "none");
+        else if (args[i].type != ARG_BOOL) printf(" (required)");
+        printf("\n");
+    }
+    printf("  %-24s %s\n", "--help", "print this help");
+    (void)cmd;
+}
+
+/* Store `val` into the target of `a`; returns 0 or prints an error and 2. */
+static int set_value(const char *cmd, const loom_arg_t *a, const char *val) {
+    char *end;
+    switch (a->type) {
+    case ARG_INT:
+    case ARG_LONG: {
+        errno = 0;
+        double d;
+        long long v = strtoll(val, &end, 10);
+        if (*end == 'e' || *end == 'E' || *end == '.') { /* allow 1e6 for counts */
+            d = strtod(val, &end);
+            v = (long long)d;
+            if (*end == 0 && d != (double)v) end = (char *)"x";
+        }
+        if (end == val || *end || errno) {
+            fprintf(stderr, "loom %s: --%s %s: not an integer; see `loom %s --help`\n", cmd, a->name, val, cmd);
+            return 2;
+        }
+        if (a->min != a->max && (v < a->min || v > a->max)) {
+            fprintf(stderr, "loom %s: --%s %s: out of range, expected %.0f to %.0f\n", cmd, a->name, val, a->min, a->max);
+            return 2;
+        }
+        if (a->type == ARG_INT) *(int *)a->ptr = (int)v;
+        else *(long long *)a->ptr = v;
+        return 0;
+    }
+    case ARG_FLOAT: {
+        errno = 0;
+        double v = strtod(val, &end);
+        if (end == val || *end || errno || !isfinite(v)) {
+            fprintf(stderr, "loom %s: --%s %s: not a number; see `loom %s --help`\n", cmd, a->name, val, cmd);
+            return 2;
+        }
+        if (a->min != a->max && (v < a->min || v > a->max)) {
+            fprintf(stderr, "loom %s: --%s %s: out of range, expected %g to %g\n", cmd, a->name, val, a->min, a->max);
+            return 2;
+        }
+        *(double *)a->ptr = v;
+        return 0;
+    }
+    case ARG_STR:
+        *(const char **)a->ptr = val;
+        return 0;
+    case ARG_BOOL:
+        if (!strcmp(val, "1") || !strcmp(val, "on") || !strcmp(val, "true") || !strcmp(val, "yes")) *(int *)a->ptr = 1;
+        else if (!strcmp(val, "0") || !strcmp(val, "off") || !strcmp(val, "false") || !strcmp(val, "no")) *(int *)a->ptr = 0;
+        else {
+            fprintf(stderr, "loom %s: --%s %s: expected on or off\n", cmd, a->name, val);
+            return 2;
+        }
+        return 0;
+    case ARG_LIST: {
+        loom_arg_list_t *l = a->ptr;
+        const char **v = realloc(l->v, (size_t)(l->n + 1) * sizeof *v);
+        if (!v) return 2;
+        l->v = v;
+        l->v[l->n++] = val;
+        return 0;
+    }
+    }
+    return 2;
+}
+
+int loom_args_parse(const char *cmd, const char *usage, const loom_arg_t *args, int n,
+                    int argc, char **argv) {
+    ngiven = 0;
+    const loom_arg_t *positional = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!args[i].name[0]) positional = &args[i];
+        if (args[i].type == ARG_LIST) {
+            loom_arg_list_t *l = args[i].ptr;
+            l->n = 0;
+        }
+        if (args[i].def && args[i].def[0] && set_value(cmd, &args[i], args[i].def)) return 2;
+        if (args[i].type == ARG_STR && !args[i].def) *(const char **)args[i].ptr = NULL;
+        if (args[i].type == ARG_STR && args[i].def && !args[i].def[0]) *(const char **)args[i].ptr = NULL;
+    }
+    for (int i = 0; i < argc; i++) {
+        const char *s = argv[i];
+        if (!strcmp(s, "--help") || !strcmp(s, "-h")) {
+            loom_args_help(cmd, usage, args, n);
+            return 1;
+        }
+        if (strncmp(s, "--", 2) != 0) {
+            if (positional) {
+                if (set_value(cmd, positional, s)) return 2;
+                continue;
+            }
+            fprintf(stderr, "loom %s: unexpected argument '%s'; flags start with --, see `loom %s --help`\n", cmd, s, cmd);
+            return 2;
+        }
+        char name[128];
+        snprintf(name, sizeof name, "%s", s + 2);
+        const char *inline_val = NULL;
+        char *eq = strchr(name, '=');
+        if (eq) {
+            *eq = 0;
+            inline_val = s + 2 + (eq - name) + 1;
+        }
+        const loom_arg_t *a = NULL;
+        for (int k = 0; k < n; k++)
+            if (args[k].name[0] && !strcmp(args[k].name, name)) a = &args[k];
+        if (!a) {
+            fprintf(stderr, "loom %s: unknown flag --%s; see `loom %s --help`\n", cmd, name, cmd);
+            return 2;
+        }
+        if (ngiven < MAX_GIVEN) given[ngiven++] = a->name;
+        if (a->type == ARG_BOOL && !inline_val) {
+            *(int *)a->ptr = 1;
+            continue;
+        }
+        if (a->type == ARG_LIST && !inline_val) {
+            int got = 0;
+            while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+                if (set_value(cmd, a, argv[++i])) return 2;
+                got++;
+            }
+            if (!got) {
+                fprintf(stderr, "loom %s: --%s needs at least one value\n", cmd, name);
+                return 2;
+            }
+            continue;
+        }
+        const char *val = inline_val;
+        if (!val) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "loom %s: --%s needs a value; see `loom %s --help`\n", cmd, name, cmd);
+                return 2;
+            }
+            val = argv[++i];
+        }
+        if (set_value(cmd, a, val)) return 2;
+    }
+    return 0;
+}

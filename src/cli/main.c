@@ -1,0 +1,51 @@
+/* loom: train and serve transformer language models. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "core/core.h"
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command_t;
+
+static const command_t commands[] = {
+    {"train", cmd_train, "train a GPT model on text or token shards"},
+    {"sample", cmd_sample, "generate text from a run's newest checkpoint"},
+    {"eval", cmd_eval, "print the validation loss of a run's checkpoint"},
+};
+#define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
+
+static void usage(FILE *f) {
+    fprintf(f, "loom: train and serve transformer language models\n\n"
+               "usage: loom COMMAND [flags]   (loom COMMAND --help lists every flag)\n\ncommands:\n");
+    for (int i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\nstart here:\n"
+               "  loom train --data corpus.txt --model gpt2-tiny --out runs/first\n"
+               "  loom sample --run runs/first --prompt \"In the beginning\"\n");
+}
+
+int loom_exit_code(int status) {
+    switch (status) {
+    case LOOM_OK: return 0;
+    case LOOM_EINVAL: case LOOM_EFORMAT: case LOOM_EIO: case LOOM_EUNAVAIL: return 2;
+    default: return 1;
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (int i = 0; i < NCOMMANDS; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 2, argv + 2);
+    fprintf(stderr, "loom: unknown command '%s'; run `loom --help` for the list\n", argv[1]);
+    return 2;
+}

@@ -1,0 +1,130 @@
+/* model: the GPT-2 architecture as calls to the backend op table.
+ *
+ * Token and position embeddings, L pre-LayerNorm blocks of causal
+ * multi-head self-attention and a tanh-GELU MLP, a final LayerNorm and an
+ * output head tied to the token embedding. The vocabulary is padded to a
+ * multiple of 64 (Vp); padded rows of wte stay zero and padded logits are
+ * ignored by the loss.
+ *
+ * Parameters, gradients, AdamW moments and activations each live in one
+ * backend allocation, laid out by walking a {name, shape} table. */
+#ifndef LOOM_GPT_H
+#define LOOM_GPT_H
+
+#include <stddef.h>
+
+#include "../backend/backend.h"
+#include "../core/core.h"
+
+typedef struct {
+    int max_seq_len; /* T: positions the model knows */
+    int vocab_size;  /* V */
+    int padded_vocab_size; /* Vp = V rounded up to 64; derived by loom_gpt_config_finish */
+    int n_layer;     /* L */
+    int n_head;      /* NH */
+    int channels;    /* C */
+} loom_gpt_config_t;
+
+/* Fill `cfg` from a preset name (gpt2-tiny, gpt2-small, gpt2-medium,
+ * gpt2-large, gpt2-xl); vocab_size is left for the caller (the tokenizer's). */
+loom_status loom_gpt_preset(loom_gpt_config_t *cfg, const char *name);
+/* The preset names, NULL-terminated, for help text. */
+extern const char *const loom_gpt_preset_names[];
+/* Check a config and derive padded_vocab_size. */
+loom_status loom_gpt_config_finish(loom_gpt_config_t *cfg);
+
+/* The parameter tensors in memory order. Decayed tensors (matrices and
+ * embeddings) come first, so AdamW runs as two contiguous calls. */
+enum {
+    LOOM_WTE,      /* (Vp, C) */
+    LOOM_WPE,      /* (maxT, C) */
+    LOOM_QKVW,     /* (L, 3C, C) */
+    LOOM_ATTPROJW, /* (L, C, C) */
+    LOOM_FCW,      /* (L, 4C, C) */
+    LOOM_FCPROJW,  /* (L, C, 4C) */
+    LOOM_LN1W,     /* (L, C) ... no decay from here on */
+    LOOM_LN1B,     /* (L, C) */
+    LOOM_QKVB,     /* (L, 3C) */
+    LOOM_ATTPROJB, /* (L, C) */
+    LOOM_LN2W,     /* (L, C) */
+    LOOM_LN2B,     /* (L, C) */
+    LOOM_FCB,      /* (L, 4C) */
+    LOOM_FCPROJB,  /* (L, C) */
+    LOOM_LNFW,     /* (C) */
+    LOOM_LNFB,     /* (C) */
+    LOOM_NPARAMS
+};
+#define LOOM_FIRST_NODECAY LOOM_LN1W
+
+typedef struct {
+    const char *name; /* loom's own name, e.g. "qkvw" */
+    int ndim;
+    int shape[3];
+    size_t numel;
+    size_t offset; /* in floats from the start of the parameter block */
+} loom_tensor_info_t;
+
+/* Parameter table for a config; total float count in *total. */
+void loom_gpt_param_table(const loom_gpt_config_t *cfg, loom_tensor_info_t table[LOOM_NPARAMS],
+                          size_t *total);
+
+typedef struct loom_gpt loom_gpt_t;
+struct loom_gpt {
+    loom_gpt_config_t cfg;
+    const loom_backend_t *be;
+    loom_tensor_info_t ptable[LOOM_NPARAMS];
+    size_t num_params;       /* floats in the parameter block (with padding rows) */
+    float *params;           /* backend memory, num_params */
+    float *param[LOOM_NPARAMS]; /* views into params */
+    float *grads;            /* NULL until loom_gpt_alloc_train */
+    float *grad[LOOM_NPARAMS];
+    float *m, *v;            /* AdamW moments, NULL until loom_gpt_alloc_train */
+
+    /* Activations, sized for (B, T) at loom_gpt_alloc_acts; any smaller
+     * B*T fits too. */
+    int act_B, act_T;
+    float *acts;             /* one backend allocation */
+    size_t num_acts;
+    int *tokens, *targets;   /* backend memory, (B, T) int32 */
+    float *loss_host;        /* (B*T) host copy of per-position losses */
+};
+
+/* Allocate a model with parameters initialized GPT-2 style from `seed`
+ * (normal 0.02, residual projections scaled by 1/sqrt(2L), LayerNorm 1/0). */
+loom_status loom_gpt_init(loom_gpt_t **out, const loom_gpt_config_t *cfg,
+                          const loom_backend_t *be, unsigned long long seed);
+/* Allocate a model whose parameters are all zero (to be loaded). */
+loom_status loom_gpt_create(loom_gpt_t **out, const loom_gpt_config_t *cfg,
+                            const loom_backend_t *be);
+void loom_gpt_free(loom_gpt_t *m);
+
+/* Allocate gradients and AdamW state. */
+loom_status loom_gpt_alloc_train(loom_gpt_t *m);
+/* Allocate activations for batches up to (B, T), T <= max_seq_len. */
+loom_status loom_gpt_alloc_acts(loom_gpt_t *m, int B, int T);
+
+/* Forward pass on host tokens (B,T). When targets (host, B*T) is non-NULL,
+ * computes the per-position losses and returns their mean through *loss.
+ * When `dloss` != 0, the logits buffer is replaced by d(loss)/d(logits)
+ * scaled by dloss, ready for loom_gpt_backward. */
+loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
+                             float dloss, float *loss);
+/* Backward pass after a forward with dloss != 0; ACCUMULATES into grads. */
+void loom_gpt_backward(loom_gpt_t *m, int B, int T);
+/* Zero the gradients. */
+void loom_gpt_zero_grad(loom_gpt_t *m);
+/* Global L2 norm of the gradients. */
+float loom_gpt_grad_norm(loom_gpt_t *m);
+/* One AdamW step: weight decay on matrices and embeddings only; grads are
+ * multiplied by hp->grad_scale first. */
+void loom_gpt_adamw(loom_gpt_t *m, const loom_adamw_t *hp);
+/* Copy the logits (B,T,Vp) of the last forward to host memory `out`. Only
+ * meaningful after a forward with dloss == 0. */
+void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);
+/* Model FLOPs per token for training (6N plus attention), N excluding the
+ * position embedding, for MFU. */
+double loom_gpt_flops_per_token(const loom_gpt_config_t *cfg, int T);
+/* Non-padding parameter count (what users call the model size). */
+size_t loom_gpt_num_params(const loom_gpt_config_t *cfg);
+
+#endif

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs every test: the C test binaries in build/tests (and, when it was built,
+# build-san/tests under the sanitizers), then the tests/test_*.sh scripts.
+# Each case prints PASS/FAIL/SKIP lines; a binary that exits non-zero
+# without a FAIL line (a crash, a sanitizer report) counts as one failure.
+# Ends with "N passed, N failed, N skipped" and exits 1 if anything failed.
+set -u
+cd "$(dirname "$0")/.."
+pass=0; fail=0; skip=0; failed_names=()
+run_one() { # label, command...
+    local label=$1; shift
+    local out rc
+    out=$("$@" 2>&1); rc=$?
+    printf '%s\n' "$out" | sed "s|^|[$label] |"
+    local p f s
+    p=$(printf '%s\n' "$out" | grep -c '^PASS ')
+    f=$(printf '%s\n' "$out" | grep -c '^FAIL ')
+    s=$(printf '%s\n' "$out" | grep -c '^SKIP ')
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1; echo "[$label] FAIL $label: exited with status $rc and no FAIL line"
+    fi
+    if [ "$rc" -eq 0 ] && [ "$p" -eq 0 ] && [ "$s" -eq 0 ]; then
+        f=$((f + 1)); echo "[$label] FAIL $label: ran no test case"
+    fi
+    pass=$((pass + p)); fail=$((fail + f)); skip=$((skip + s))
+    [ "$f" -gt 0 ] && failed_names+=("$label")
+}
+filter=${1:-}
+for b in build/tests/test_*; do
+    [ -x "$b" ] || continue
+    case "$b" in *"$filter"*) ;; *) continue ;; esac
+    run_one "$(basename "$b")" "$b"
+done
+if [ -d build-san/tests ]; then
+    for b in build-san/tests/test_*; do
+        [ -x "$b" ] || continue
+        case "$b" in *"$filter"*) ;; *) continue ;; esac
+        # The slow whole-program tests run once, in the plain build.
+        case "$(basename "$b")" in test_e2e*|test_oracle*) continue ;; esac
+        LOOM_SANITIZED=1 run_one "san:$(basename "$b")" "$b"
+    done
+fi
+for s in tests/test_*.sh; do
+    [ -f "$s" ] || continue
+    case "$s" in *"$filter"*) ;; *) continue ;; esac
+    run_one "$(basename "$s")" bash "$s"
+done
+echo
+[ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
+echo "$pass passed, $fail failed, $skip skipped"
+[ "$fail" -eq 0 ]
