@@ -1,0 +1,219 @@
+#include "safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* One exported tensor: which loom parameter, which layer (-1 = not
+ * per-layer), and its Hugging Face shape. Matrices marked `conv1d` are
+ * stored (in, out): loom's (rows=out, cols=in) transposed. */
+typedef struct {
+    char name[64];
+    int param, layer, conv1d;
+    int ndim;
+    size_t shape[2];
+    size_t numel;
+    size_t offset; /* in bytes within the data section */
+} st_entry_t;
+
+static int build_entries(const loom_gpt_config_t *c, st_entry_t **out) {
+    int L = c->n_layer;
+    size_t C = c->channels;
+    int n = 0, cap = 4 + 12 * L;
+    st_entry_t *e = loom_calloc((size_t)cap, sizeof *e);
+#define ADD(nm, prm, lyr, cv, d0, d1)                                               \
+    do {                                                                              \
+        st_entry_t *x = &e[n++];                                                      \
+        snprintf(x->name, sizeof x->name, "%s", nm);                                  \
+        x->param = prm; x->layer = lyr; x->conv1d = cv;                               \
+        x->shape[0] = d0; x->shape[1] = d1; x->ndim = d1 ? 2 : 1;                     \
+        x->numel = d1 ? (size_t)(d0) * (d1) : (size_t)(d0);                           \
+    } while (0)
+    char nm[64];
+    ADD("wte.weight", LOOM_WTE, -1, 0, (size_t)c->vocab_size, C);
+    ADD("wpe.weight", LOOM_WPE, -1, 0, (size_t)c->max_seq_len, C);
+    for (int l = 0; l < L; l++) {
+#define LAYER(suffix, prm, cv, d0, d1)                          \
+    do {                                                        \
+        snprintf(nm, sizeof nm, "h.%d.%s", l, suffix);          \
+        ADD(nm, prm, l, cv, d0, d1);                            \
+    } while (0)
+        LAYER("ln_1.weight", LOOM_LN1W, 0, C, 0);
+        LAYER("ln_1.bias", LOOM_LN1B, 0, C, 0);
+        LAYER("attn.c_attn.weight", LOOM_QKVW, 1, C, 3 * C);
+        LAYER("attn.c_attn.bias", LOOM_QKVB, 0, 3 * C, 0);
+        LAYER("attn.c_proj.weight", LOOM_ATTPROJW, 1, C, C);
+        LAYER("attn.c_proj.bias", LOOM_ATTPROJB, 0, C, 0);
+        LAYER("ln_2.weight", LOOM_LN2W, 0, C, 0);
+        LAYER("ln_2.bias", LOOM_LN2B, 0, C, 0);
+        LAYER("mlp.c_fc.weight", LOOM_FCW, 1, C, 4 * C);
+        LAYER("mlp.c_fc.bias", LOOM_FCB, 0, 4 * C, 0);
+        LAYER("mlp.c_proj.weight", LOOM_FCPROJW, 1, 4 * C, C);
+        LAYER("mlp.c_proj.bias", LOOM_FCPROJB, 0, C, 0);
+#undef LAYER
+    }
+    ADD("ln_f.weight", LOOM_LNFW, -1, 0, C, 0);
+    ADD("ln_f.bias", LOOM_LNFB, -1, 0, C, 0);
+#undef ADD
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        e[i].offset = off;
+        off += e[i].numel * sizeof(float);
+    }
+    *out = e;
+    return n;
+}
+
+/* Where entry `x` lives in loom's host parameter block. */
+static float *loom_view(const loom_gpt_t *m, float *host, const st_entry_t *x) {
+    float *base = host + m->ptable[x->param].offset;
+    if (x->layer >= 0) base += (size_t)x->layer * x->numel;
+    return base;
+}
+
+/* Copy between HF layout (dst/src `hf`) and loom layout for one entry. */
+static void convert(const st_entry_t *x, float *hf, float *lm, int to_hf) {
+    if (!x->conv1d) {
+        if (to_hf) memcpy(hf, lm, x->numel * sizeof(float));
+        else memcpy(lm, hf, x->numel * sizeof(float));
+        return;
+    }
+    size_t in = x->shape[0], outd = x->shape[1]; /* HF (in, out); loom (out, in) */
+    for (size_t o = 0; o < outd; o++)
+        for (size_t i = 0; i < in; i++) {
+            if (to_hf) hf[i * outd + o] = lm[o * in + i];
+            else lm[o * in + i] = hf[i * outd + o];
+        }
+}
+
+loom_status loom_safetensors_save_gpt(const loom_gpt_t *m, const char *path) {
+    st_entry_t *e;
+    int n = build_entries(&m->cfg, &e);
+    cJSON *hdr = cJSON_CreateObject();
+    cJSON *meta = cJSON_AddObjectToObject(hdr, "__metadata__");
+    cJSON_AddStringToObject(meta, "format", "pt");
+    for (int i = 0; i < n; i++) {
+        cJSON *t = cJSON_AddObjectToObject(hdr, e[i].name);
+        cJSON_AddStringToObject(t, "dtype", "F32");
+        cJSON *shape = cJSON_AddArrayToObject(t, "shape");
+        for (int d = 0; d < e[i].ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e[i].shape[d]));
+        cJSON *offs = cJSON_AddArrayToObject(t, "data_offsets");
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)e[i].offset));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(e[i].offset + e[i].numel * 4)));
+    }
+    char *json = cJSON_PrintUnformatted(hdr);
+    cJSON_Delete(hdr);
+    size_t jlen = strlen(json), padded = (jlen + 7) / 8 * 8;
+
+    float *host = loom_malloc(m->num_params * sizeof(float));
+    m->be->download(host, m->params, m->num_params * sizeof(float));
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    loom_status s = LOOM_OK;
+    if (!f) {
+        s = loom_error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto done;
+    }
+    uint64_t hlen = padded;
+    int ok = fwrite(&hlen, 8, 1, f) == 1 && fwrite(json, 1, jlen, f) == jlen;
+    for (size_t k = jlen; ok && k < padded; k++) ok = fputc(' ', f) != EOF;
+    float *buf = NULL;
+    size_t bufn = 0;
+    for (int i = 0; ok && i < n; i++) {
+        if (e[i].numel > bufn) {
+            free(buf);
+            bufn = e[i].numel;
+            buf = loom_malloc(bufn * sizeof(float));
+        }
+        convert(&e[i], buf, loom_view(m, host, &e[i]), 1);
+        ok = fwrite(buf, sizeof(float), e[i].numel, f) == e[i].numel;
+    }
+    free(buf);
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int err = errno;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) {
+        unlink(tmp);
+        s = loom_error(LOOM_EIO, "%s: write failed: %s (disk full?); the previous %s is untouched", tmp, strerror(err), path);
+        goto done;
+    }
+    if (rename(tmp, path) != 0) {
+        unlink(tmp);
+        s = loom_error(LOOM_EIO, "%s: rename failed: %s", path, strerror(errno));
+    }
+done:
+    free(host);
+    free(json);
+    free(e);
+    return s;
+}
+
+loom_status loom_safetensors_load_gpt(loom_gpt_t *m, const char *path) {
+    char *data;
+    size_t size;
+    LOOM_TRY(loom_file_read(path, &data, &size));
+    uint64_t hlen = 0;
+    if (size >= 8) memcpy(&hlen, data, 8);
+    if (size < 8 || hlen > size - 8) {
+        free(data);
+        return loom_error(LOOM_EFORMAT, "%s: not a safetensors file (header length %llu, file %zu bytes)", path, (unsigned long long)hlen, size);
+    }
+    cJSON *hdr = cJSON_ParseWithLength(data + 8, (size_t)hlen);
+    if (!hdr) {
+        free(data);
+        return loom_error(LOOM_EFORMAT, "%s: safetensors header is not valid JSON", path);
+    }
+    const char *body = data + 8 + hlen;
+    size_t body_len = size - 8 - hlen;
+    st_entry_t *e;
+    int n = build_entries(&m->cfg, &e);
+    float *host = loom_calloc(m->num_params, sizeof(float));
+    loom_status s = LOOM_OK;
+    for (int i = 0; i < n && s == LOOM_OK; i++) {
+        char alt[80];
+        snprintf(alt, sizeof alt, "transformer.%s", e[i].name);
+        cJSON *t = cJSON_GetObjectItemCaseSensitive(hdr, e[i].name);
+        if (!t) t = cJSON_GetObjectItemCaseSensitive(hdr, alt);
+        if (!t) {
+            s = loom_error(LOOM_EFORMAT, "%s: tensor %s is missing; is this a GPT-2 model of the same config?", path, e[i].name);
+            break;
+        }
+        cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype");
+        cJSON *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
+        cJSON *offs = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+        if (!cJSON_IsString(dt) || strcmp(dt->valuestring, "F32") != 0) {
+            s = loom_error(LOOM_EFORMAT, "%s: tensor %s has dtype %s; loom reads F32", path, e[i].name, cJSON_IsString(dt) ? dt->valuestring : "?");
+            break;
+        }
+        int shape_ok = cJSON_IsArray(shape) && cJSON_GetArraySize(shape) == e[i].ndim;
+        for (int d = 0; shape_ok && d < e[i].ndim; d++)
+            shape_ok = (size_t)cJSON_GetArrayItem(shape, d)->valuedouble == e[i].shape[d];
+        if (!shape_ok) {
+            char *got = cJSON_PrintUnformatted(shape);
+            s = loom_error(LOOM_EFORMAT, "%s: tensor %s has shape %s, the model expects [%zu%s%.0zu]; the checkpoint's config does not match",
+                           path, e[i].name, got ? got : "?", e[i].shape[0], e[i].ndim == 2 ? "," : "", e[i].ndim == 2 ? e[i].shape[1] : 0);
+            free(got);
+            break;
+        }
+        double b0 = cJSON_IsArray(offs) ? cJSON_GetArrayItem(offs, 0)->valuedouble : -1;
+        double b1 = cJSON_IsArray(offs) ? cJSON_GetArrayItem(offs, 1)->valuedouble : -1;
+        if (b0 < 0 || b1 - b0 != (double)(e[i].numel * 4) || b1 > (double)body_len) {
+            s = loom_error(LOOM_EFORMAT, "%s: tensor %s: data offsets [%.0f, %.0f] do not fit the %zu-byte data section; the file is truncated or corrupt",
+                           path, e[i].name, b0, b1, body_len);
+            break;
+        }
+        float *buf = loom_malloc(e[i].numel * sizeof(float));
+        memcpy(buf, body + (size_t)b0, e[i].numel * sizeof(float));
+        convert(&e[i], buf, loom_view(m, host, &e[i]), 0);
+        free(buf);
+    }
+    if (s == LOOM_OK) m->be->upload(m->params, host, m->num_params * sizeof(float));
+    free(host);
+    free(e);
+    cJSON_Delete(hdr);
+    free(data);
+    return s;
+}
