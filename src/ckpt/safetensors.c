@@ -28,8 +28,8 @@ static int build_entries(const loom_gpt_config_t *c, st_entry_t **out) {
         st_entry_t *x = &e[n++];                                                      \
         snprintf(x->name, sizeof x->name, "%s", nm);                                  \
         x->param = prm; x->layer = lyr; x->conv1d = cv;                               \
-        x->shape[0] = d0; x->shape[1] = d1; x->ndim = d1 ? 2 : 1;                     \
-        x->numel = d1 ? (size_t)(d0) * (d1) : (size_t)(d0);                           \
+        x->shape[0] = d0; x->shape[1] = d1; x->ndim = (d1) != 0 ? 2 : 1;                  \
+        x->numel = (d1) != 0 ? (size_t)(d0) * (d1) : (size_t)(d0);                         \
     } while (0)
     char nm[64];
     ADD("wte.weight", LOOM_WTE, -1, 0, (size_t)c->vocab_size, C);
