@@ -1,0 +1,41 @@
+/* shard: token shard files, read through mmap.
+ *
+ * loom's format: a header of 256 little-endian int32 (1024 bytes), then the
+ * tokens as uint16 (vocabulary <= 65536) or uint32.
+ *   header[0] = LOOM_SHARD_MAGIC, header[1] = version (1),
+ *   header[2] = header size in bytes (1024), header[3] = vocabulary size,
+ *   header[4], header[5] = token count (low, high 32 bits),
+ *   header[6] = bytes per token (2 or 4).
+ * llm.c's shards (magic 20240520, version 1: uint16 tokens; header[2] =
+ * token count) load unchanged; their vocabulary size is reported as 0. */
+#ifndef LOOM_SHARD_H
+#define LOOM_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/core.h"
+
+#define LOOM_SHARD_MAGIC 0x4c4f4f4d /* "LOOM" */
+#define LOOM_SHARD_VERSION 1
+#define LLMC_SHARD_MAGIC 20240520
+
+typedef struct {
+    const unsigned char *tokens; /* start of the token array inside the map */
+    size_t ntokens;
+    int token_bytes;             /* 2 or 4 */
+    int vocab_size;              /* 0 when the file does not say */
+    void *map;
+    size_t map_len;
+} loom_shard_t;
+
+/* Open and validate a shard (magic, version, size against token count). */
+loom_status loom_shard_open(loom_shard_t *s, const char *path);
+void loom_shard_close(loom_shard_t *s);
+/* Token i of an open shard. */
+uint32_t loom_shard_get(const loom_shard_t *s, size_t i);
+/* Write tokens atomically (temporary name, fsync, rename). Tokens must be
+ * below vocab_size; uint16 is used when vocab_size <= 65536. */
+loom_status loom_shard_write(const char *path, const uint32_t *tokens, size_t n, int vocab_size);
+
+#endif
