@@ -397,3 +397,10 @@ void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T) {
     act_views(m, B, T, &a);
     m->be->download(out, a.a[A_LOGITS], (size_t)B * T * m->cfg.padded_vocab_size * sizeof(float));
 }
+
+void loom_gpt_logits_row(const loom_gpt_t *m, float *out, int B, int T, size_t row) {
+    acts_t a;
+    act_views(m, B, T, &a);
+    size_t Vp = (size_t)m->cfg.padded_vocab_size;
+    m->be->download(out, a.a[A_LOGITS] + row * Vp, Vp * sizeof(float));
+}

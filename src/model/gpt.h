@@ -121,6 +121,8 @@ void loom_gpt_adamw(loom_gpt_t *m, const loom_adamw_t *hp);
 /* Copy the logits (B,T,Vp) of the last forward to host memory `out`. Only
  * meaningful after a forward with dloss == 0. */
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);
+/* Copy row `row` (0 <= row < B*T) of the last forward's logits (Vp floats). */
+void loom_gpt_logits_row(const loom_gpt_t *m, float *out, int B, int T, size_t row);
 /* Model FLOPs per token for training (6N plus attention), N excluding the
  * position embedding, for MFU. */
 double loom_gpt_flops_per_token(const loom_gpt_config_t *cfg, int T);

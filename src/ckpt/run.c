@@ -1,0 +1,203 @@
+#define _GNU_SOURCE
+#include "run.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ckpt/safetensors.h"
+
+static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+static int rm_rf(const char *path) {
+    if (!loom_path_exists(path)) return 0;
+    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int dir_is_empty(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 1;
+    struct dirent *e;
+    int empty = 1;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
+    closedir(d);
+    return empty;
+}
+
+loom_status loom_run_prepare(const char *dir, int force) {
+    if (loom_path_exists(dir) && !loom_path_is_dir(dir))
+        return loom_error(LOOM_EINVAL, "--out %s: exists and is not a folder; choose another --out", dir);
+    if (loom_path_is_dir(dir) && !dir_is_empty(dir)) {
+        if (!force)
+            return loom_error(LOOM_EINVAL, "--out %s: the folder already exists and is not empty; pass --force to replace its run, or choose another --out", dir);
+        static const char *const ours[] = {"config.json", "metrics.jsonl", "loss.svg", "tokenizer.json", "latest", "checkpoints"};
+        for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%s", dir, ours[i]);
+            if (rm_rf(p) != 0) return loom_error(LOOM_EIO, "%s: cannot remove: %s", p, strerror(errno));
+        }
+    }
+    char ck[4096];
+    snprintf(ck, sizeof ck, "%s/checkpoints", dir);
+    return loom_mkdir_p(ck);
+}
+
+static loom_status write_json(const char *path, cJSON *root) {
+    char *text = cJSON_Print(root);
+    loom_status s = loom_file_write_atomic(path, text, strlen(text));
+    free(text);
+    return s;
+}
+
+static cJSON *hf_config(const loom_gpt_config_t *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
+    cJSON_AddStringToObject(j, "model_type", "gpt2");
+    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(j, "n_positions", c->max_seq_len);
+    cJSON_AddNumberToObject(j, "n_ctx", c->max_seq_len);
+    cJSON_AddNumberToObject(j, "n_embd", c->channels);
+    cJSON_AddNumberToObject(j, "n_layer", c->n_layer);
+    cJSON_AddNumberToObject(j, "n_head", c->n_head);
+    cJSON_AddStringToObject(j, "activation_function", "gelu_new");
+    cJSON_AddNumberToObject(j, "layer_norm_epsilon", 1e-5);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", 1);
+    cJSON_AddStringToObject(j, "torch_dtype", "float32");
+    return j;
+}
+
+static loom_status remove_old(const char *ckdir, int keep) {
+    DIR *d = opendir(ckdir);
+    if (!d) return LOOM_OK;
+    char **names = NULL;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "step_", 5) != 0) continue;
+        names = realloc(names, (size_t)(n + 1) * sizeof *names);
+        names[n++] = loom_strdup(e->d_name);
+    }
+    closedir(d);
+    /* Names are zero-padded, so name order is step order. */
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (strcmp(names[i], names[j]) > 0) {
+                char *t = names[i];
+                names[i] = names[j];
+                names[j] = t;
+            }
+    for (int i = 0; i < n; i++) {
+        if (i < n - keep) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%s", ckdir, names[i]);
+            rm_rf(p);
+        }
+        free(names[i]);
+    }
+    free(names);
+    return LOOM_OK;
+}
+
+loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,
+                                     const loom_ckpt_state_t *st, int keep) {
+    char name[64], tmp[4096], final[4096], path[4096], ckdir[4096];
+    snprintf(name, sizeof name, "step_%08lld", st->step);
+    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", dir);
+    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", ckdir, name);
+    snprintf(final, sizeof final, "%s/%s", ckdir, name);
+    rm_rf(tmp);
+    LOOM_TRY(loom_mkdir_p(tmp));
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    LOOM_TRY(loom_safetensors_save_gpt(m, path));
+    cJSON *hf = hf_config(&m->cfg);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    loom_status s = write_json(path, hf);
+    cJSON_Delete(hf);
+    LOOM_TRY(s);
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "step", (double)st->step);
+    cJSON_AddNumberToObject(j, "train_loss", st->train_loss);
+    if (st->val_loss >= 0) cJSON_AddNumberToObject(j, "val_loss", st->val_loss);
+    cJSON_AddNumberToObject(j, "data_position", (double)st->data_pos);
+    char hash[32];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)st->tokenizer_hash);
+    cJSON_AddStringToObject(j, "tokenizer_hash", hash);
+    cJSON_AddNumberToObject(j, "padded_vocab_size", m->cfg.padded_vocab_size);
+    snprintf(path, sizeof path, "%s/state.json", tmp);
+    s = write_json(path, j);
+    cJSON_Delete(j);
+    LOOM_TRY(s);
+    loom_fsync_dir(tmp);
+    rm_rf(final);
+    if (rename(tmp, final) != 0) return loom_error(LOOM_EIO, "%s: rename failed: %s", final, strerror(errno));
+    loom_fsync_dir(ckdir);
+    snprintf(path, sizeof path, "%s/latest", dir);
+    char line[80];
+    int n = snprintf(line, sizeof line, "%s\n", name);
+    LOOM_TRY(loom_file_write_atomic(path, line, (size_t)n));
+    return remove_old(ckdir, keep < 1 ? 1 : keep);
+}
+
+static int json_int(cJSON *o, const char *k, int *out) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(v)) return 0;
+    *out = v->valueint;
+    return 1;
+}
+
+loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap, loom_gpt_config_t *cfg,
+                            loom_ckpt_state_t *st) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!loom_path_is_dir(dir))
+        return loom_error(LOOM_EINVAL, "--run %s: no such folder; train one with `loom train --out %s`", dir, dir);
+    if (!loom_path_exists(path))
+        return loom_error(LOOM_EINVAL, "--run %s: not a loom run (no config.json); pass the --out folder of a `loom train`", dir);
+    snprintf(path, sizeof path, "%s/latest", dir);
+    char *text;
+    size_t len;
+    if (loom_file_read(path, &text, &len) != LOOM_OK)
+        return loom_error(LOOM_EINVAL, "--run %s: the run has no checkpoint yet (no 'latest' file); wait for the first checkpoint or train longer", dir);
+    while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) text[--len] = 0;
+    if (strncmp(text, "step_", 5) != 0 || strchr(text, '/')) {
+        loom_status s = loom_error(LOOM_EFORMAT, "%s: names '%s', not a checkpoint", path, text);
+        free(text);
+        return s;
+    }
+    snprintf(ckpt_dir, cap, "%s/checkpoints/%s", dir, text);
+    free(text);
+    snprintf(path, sizeof path, "%s/config.json", ckpt_dir);
+    LOOM_TRY(loom_file_read(path, &text, &len));
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    memset(cfg, 0, sizeof *cfg);
+    int ok = j && json_int(j, "vocab_size", &cfg->vocab_size) && json_int(j, "n_positions", &cfg->max_seq_len) &&
+             json_int(j, "n_embd", &cfg->channels) && json_int(j, "n_layer", &cfg->n_layer) && json_int(j, "n_head", &cfg->n_head);
+    cJSON_Delete(j);
+    if (!ok) return loom_error(LOOM_EFORMAT, "%s: missing or malformed model fields (vocab_size, n_positions, n_embd, n_layer, n_head)", path);
+    LOOM_TRY(loom_gpt_config_finish(cfg));
+    snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
+    LOOM_TRY(loom_file_read(path, &text, &len));
+    j = cJSON_Parse(text);
+    free(text);
+    memset(st, 0, sizeof *st);
+    st->val_loss = -1;
+    if (!j) return loom_error(LOOM_EFORMAT, "%s: not valid JSON", path);
+    cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "step")) && cJSON_IsNumber(v)) st->step = (long long)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "train_loss")) && cJSON_IsNumber(v)) st->train_loss = v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "val_loss")) && cJSON_IsNumber(v)) st->val_loss = v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "data_position")) && cJSON_IsNumber(v)) st->data_pos = (unsigned long long)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "tokenizer_hash")) && cJSON_IsString(v)) st->tokenizer_hash = strtoull(v->valuestring, NULL, 16);
+    cJSON_Delete(j);
+    return LOOM_OK;
+}

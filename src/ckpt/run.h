@@ -1,0 +1,41 @@
+/* run: the run folder.
+ *
+ *   runs/NAME/config.json        resolved run config (model, data, optimizer)
+ *   runs/NAME/metrics.jsonl      one JSON object per logged step
+ *   runs/NAME/loss.svg           train/val loss plot
+ *   runs/NAME/tokenizer.json     the tokenizer the run trained with
+ *   runs/NAME/latest             name of the newest complete checkpoint
+ *   runs/NAME/checkpoints/step_NNNNNNNN/
+ *       model.safetensors        weights (Hugging Face GPT-2 names)
+ *       config.json              Hugging Face GPT2Config
+ *       state.json               step, loss, data position, tokenizer hash
+ *
+ * A checkpoint is written into checkpoints/.tmp-step_N, synced and renamed
+ * into place, and only then is `latest` replaced (atomically), so a crash
+ * never leaves a half-written latest checkpoint. */
+#ifndef LOOM_RUN_H
+#define LOOM_RUN_H
+
+#include <stdint.h>
+
+#include "model/gpt.h"
+
+/* Prepare `dir` for a new run. An existing non-empty folder is refused
+ * unless `force`, in which case loom's own files in it are removed. */
+loom_status loom_run_prepare(const char *dir, int force);
+
+typedef struct {
+    long long step;
+    double train_loss, val_loss; /* val_loss < 0: not measured */
+    unsigned long long data_pos; /* next training token */
+    uint64_t tokenizer_hash;
+} loom_ckpt_state_t;
+
+/* Write a checkpoint of `m` for `st->step`; keep the newest `keep`. */
+loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,
+                                     const loom_ckpt_state_t *st, int keep);
+/* Read the model config and state of the newest checkpoint of a run. */
+loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap,
+                            loom_gpt_config_t *cfg, loom_ckpt_state_t *st);
+
+#endif
