@@ -1,0 +1,33 @@
+#include "cli/runload.h"
+
+#include <stdio.h>
+
+#include "backend/backend.h"
+#include "ckpt/safetensors.h"
+
+loom_status loom_run_open(const char *run, int threads, loom_gpt_t **model,
+                          loom_tokenizer_t **tok, loom_ckpt_state_t *st) {
+    char ck[4096], path[4096];
+    loom_gpt_config_t cfg;
+    LOOM_TRY(loom_run_latest(run, ck, sizeof ck, &cfg, st));
+    snprintf(path, sizeof path, "%s/tokenizer.json", run);
+    *tok = NULL;
+    if (loom_path_exists(path)) {
+        LOOM_TRY(loom_tokenizer_load(tok, path));
+        if (st->tokenizer_hash && loom_tokenizer_hash(*tok) != st->tokenizer_hash) {
+            loom_tokenizer_free(*tok);
+            return loom_error(LOOM_EFORMAT, "%s: this tokenizer (hash %016llx) is not the one the run trained with (%016llx); restore the run's tokenizer.json",
+                              path, (unsigned long long)loom_tokenizer_hash(*tok), (unsigned long long)st->tokenizer_hash);
+        }
+    }
+    const loom_backend_t *be;
+    loom_status s = loom_backend_cpu_init(&be, threads);
+    if (s == LOOM_OK) s = loom_gpt_create(model, &cfg, be);
+    if (s == LOOM_OK) {
+        snprintf(path, sizeof path, "%s/model.safetensors", ck);
+        s = loom_safetensors_load_gpt(*model, path);
+        if (s != LOOM_OK) loom_gpt_free(*model);
+    }
+    if (s != LOOM_OK && *tok) loom_tokenizer_free(*tok);
+    return s;
+}

@@ -1,0 +1,91 @@
+/* loom sample */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/runload.h"
+#include "model/generate.h"
+
+typedef struct {
+    const loom_tokenizer_t *tok;
+} out_ctx_t;
+
+static int emit(int token, void *vctx) {
+    out_ctx_t *c = vctx;
+    uint32_t id = (uint32_t)token;
+    char *text;
+    size_t len;
+    if (loom_tokenizer_decode(c->tok, &id, 1, &text, &len) == LOOM_OK) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+        free(text);
+    }
+    return 0;
+}
+
+int cmd_sample(int argc, char **argv) {
+    const char *run, *prompt;
+    int tokens, top_k, threads;
+    double temperature, top_p;
+    long long seed;
+    const loom_arg_t args[] = {
+        {"run", ARG_STR, &run, NULL, 0, 0, "run folder written by `loom train --out`"},
+        {"prompt", ARG_STR, &prompt, "", 0, 0, "text to continue (none: start from <|endoftext|>)"},
+        {"tokens", ARG_INT, &tokens, "200", 1, 1 << 24, "tokens to generate"},
+        {"temperature", ARG_FLOAT, &temperature, "0.8", 0, 100, "softmax temperature (0 = greedy)"},
+        {"top-k", ARG_INT, &top_k, "40", 0, 1 << 30, "sample among the k likeliest tokens (0 = all)"},
+        {"top-p", ARG_FLOAT, &top_p, "1.0", 0.000001, 1, "nucleus sampling mass (1 = off)"},
+        {"seed", ARG_LONG, &seed, "1337", 0, 9.2e18, "sampling seed"},
+        {"threads", ARG_INT, &threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
+    };
+    int r = loom_args_parse("sample", "loom sample --run runs/NAME [--prompt TEXT] [flags]", args,
+                            (int)(sizeof args / sizeof args[0]), argc, argv);
+    if (r == 1) return 0;
+    if (r) return 2;
+    if (!run) {
+        fprintf(stderr, "loom sample: no --run; pass the folder of a `loom train --out`\n");
+        return 2;
+    }
+    loom_gpt_t *m;
+    loom_tokenizer_t *tok;
+    loom_ckpt_state_t st;
+    loom_status s = loom_run_open(run, threads, &m, &tok, &st);
+    if (s != LOOM_OK) {
+        fprintf(stderr, "loom sample: %s\n", loom_errmsg());
+        return loom_exit_code(s);
+    }
+    if (!tok) {
+        fprintf(stderr, "loom sample: %s has no tokenizer.json, so text cannot be encoded or decoded\n", run);
+        loom_gpt_free(m);
+        return 2;
+    }
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    if (prompt && *prompt) {
+        s = loom_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n);
+    } else {
+        int eot = loom_tokenizer_eot(tok);
+        ids = malloc(sizeof *ids);
+        ids[0] = eot >= 0 ? (uint32_t)eot : 0;
+        n = 1;
+    }
+    if (s == LOOM_OK) {
+        if (prompt && *prompt) fputs(prompt, stdout);
+        loom_sampling_t sp = {(float)temperature, top_k, (float)top_p};
+        loom_rng_t rng;
+        loom_rng_seed(&rng, (uint64_t)seed);
+        out_ctx_t ctx = {tok};
+        s = loom_gpt_generate(m, ids, n, tokens, &sp, &rng, emit, &ctx);
+        fputc('\n', stdout);
+    }
+    free(ids);
+    loom_tokenizer_free(tok);
+    loom_gpt_free(m);
+    if (s != LOOM_OK) {
+        fprintf(stderr, "loom sample: %s\n", loom_errmsg());
+        return loom_exit_code(s);
+    }
+    return 0;
+}

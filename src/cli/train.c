@@ -1,0 +1,64 @@
+/* loom train */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "train/train.h"
+
+int cmd_train(int argc, char **argv) {
+    loom_train_opts_t o = {0};
+    const loom_arg_t args[] = {
+        {"data", ARG_STR, &o.data, NULL, 0, 0, "text file, or folder of token shards from `loom tokenize`"},
+        {"model", ARG_STR, &o.model, "gpt2-tiny", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"},
+        {"out", ARG_STR, &o.out, NULL, 0, 0, "run folder to create (config, metrics log, checkpoints, plot)"},
+        {"force", ARG_BOOL, &o.force, "0", 0, 0, "replace the run in an existing --out folder"},
+        {"layers", ARG_INT, &o.layers, "0", 0, 1024, "override the preset's layer count (0 = preset)"},
+        {"heads", ARG_INT, &o.heads, "0", 0, 1024, "override the preset's head count (0 = preset)"},
+        {"channels", ARG_INT, &o.channels, "0", 0, 65536, "override the preset's width (0 = preset)"},
+        {"context", ARG_INT, &o.context, "0", 0, 1 << 20, "override the preset's context length (0 = preset)"},
+        {"steps", ARG_LONG, &o.steps, "1000", 1, 1e12, "optimizer steps"},
+        {"batch", ARG_INT, &o.batch, "8", 1, 1 << 20, "sequences per micro-batch"},
+        {"seq", ARG_INT, &o.seq, "0", 0, 1 << 20, "tokens per sequence (0 = the model's context)"},
+        {"grad-accum", ARG_INT, &o.grad_accum, "1", 1, 1 << 20, "micro-batches per optimizer step"},
+        {"lr", ARG_FLOAT, &o.lr, "6e-4", 0, 10, "peak learning rate"},
+        {"min-lr-ratio", ARG_FLOAT, &o.min_lr_ratio, "0.1", 0, 1, "final learning rate as a fraction of --lr (cosine decay)"},
+        {"warmup", ARG_INT, &o.warmup, "100", 0, 1 << 30, "linear warmup steps"},
+        {"weight-decay", ARG_FLOAT, &o.weight_decay, "0.1", 0, 10, "AdamW decoupled weight decay (matrices and embeddings only)"},
+        {"beta1", ARG_FLOAT, &o.beta1, "0.9", 0, 0.999999, "AdamW beta1"},
+        {"beta2", ARG_FLOAT, &o.beta2, "0.95", 0, 0.999999, "AdamW beta2"},
+        {"clip", ARG_FLOAT, &o.clip, "1.0", 0, 1e6, "global gradient norm clip (0 = off)"},
+        {"val-fraction", ARG_FLOAT, &o.val_fraction, "0.1", 0, 0.5, "share of a text file held out for validation"},
+        {"eval-every", ARG_INT, &o.eval_every, "100", 0, 1 << 30, "steps between validation losses (0 = only at the end)"},
+        {"eval-batches", ARG_INT, &o.eval_batches, "8", 1, 1 << 20, "batches per validation"},
+        {"sample-every", ARG_INT, &o.sample_every, "0", 0, 1 << 30, "steps between text samples (0 = only at the end)"},
+        {"sample-tokens", ARG_INT, &o.sample_tokens, "200", 0, 1 << 20, "tokens per text sample (0 = none)"},
+        {"ckpt-every", ARG_INT, &o.ckpt_every, "500", 0, 1 << 30, "steps between checkpoints (always one at the end)"},
+        {"keep-ckpts", ARG_INT, &o.keep_ckpts, "3", 1, 1 << 20, "checkpoints kept (oldest removed first)"},
+        {"log-every", ARG_INT, &o.log_every, "10", 1, 1 << 30, "steps between progress lines when stderr is not a terminal"},
+        {"seed", ARG_LONG, &o.seed, "1337", 0, 9.2e18, "seed for initialization and samples"},
+        {"threads", ARG_INT, &o.threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
+        {"device", ARG_STR, &o.device, "cpu", 0, 0, "cpu, cuda or cuda:N"},
+        {"dtype", ARG_STR, &o.dtype, "fp32", 0, 0, "matrix precision: fp32 (CPU), tf32, bf16, fp16 (CUDA)"},
+    };
+    int r = loom_args_parse("train", "loom train --data FILE_OR_DIR --out runs/NAME [--model gpt2-tiny] [flags]",
+                            args, (int)(sizeof args / sizeof args[0]), argc, argv);
+    if (r == 1) return 0;
+    if (r) return 2;
+    if (!o.data) {
+        fprintf(stderr, "loom train: no data; pass --data with a text file or a folder from `loom tokenize`, e.g.\n"
+                        "  loom train --data corpus.txt --out runs/first\n");
+        return 2;
+    }
+    if (!o.out) {
+        fprintf(stderr, "loom train: no --out folder; name where the run goes, e.g. --out runs/first\n");
+        return 2;
+    }
+    o.world_size = 1;
+    loom_status s = loom_train(&o);
+    if (s != LOOM_OK) {
+        fprintf(stderr, "loom train: %s\n", loom_errmsg());
+        return loom_exit_code(s);
+    }
+    return 0;
+}

@@ -1,0 +1,304 @@
+#define _GNU_SOURCE
+#include "train.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "ckpt/run.h"
+#include "data/dataset.h"
+#include "model/generate.h"
+#include "model/gpt.h"
+#include "obs/plot.h"
+#include "train/step.h"
+
+double loom_lr_at(long long t, long long steps, int warmup, double lr, double min_lr_ratio) {
+    if (warmup > 0 && t <= warmup) return lr * (double)t / warmup;
+    if (steps <= warmup) return lr;
+    double progress = (double)(t - warmup) / (double)(steps - warmup);
+    if (progress > 1) progress = 1;
+    double min_lr = lr * min_lr_ratio;
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(M_PI * progress));
+}
+
+static volatile sig_atomic_t stop_requested;
+static void on_signal(int sig) { stop_requested = sig; }
+
+/* Validation loss: mean over up to `nb` batches from the start of the split. */
+static loom_status eval_loss(loom_gpt_t *m, const loom_dataset_t *ds, int B, int T, int nb,
+                             int *in, int *tg, double *out) {
+    size_t ntok = loom_dataset_ntokens(ds, LOOM_SPLIT_VAL);
+    size_t per = (size_t)B * T;
+    int n = (int)(ntok / per);
+    if (n > nb) n = nb;
+    if (n < 1) n = 1;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        loom_dataset_batch(ds, LOOM_SPLIT_VAL, (size_t)i * per, B, T, in, tg);
+        float l;
+        LOOM_TRY(loom_gpt_forward(m, in, tg, B, T, 0.0f, &l));
+        sum += l;
+    }
+    *out = sum / n;
+    return LOOM_OK;
+}
+
+typedef struct {
+    const loom_tokenizer_t *tok;
+    FILE *f;
+} emit_ctx_t;
+
+static int emit_text(int token, void *vctx) {
+    emit_ctx_t *c = vctx;
+    uint32_t id = (uint32_t)token;
+    char *text;
+    size_t len;
+    if (loom_tokenizer_decode(c->tok, &id, 1, &text, &len) == LOOM_OK) {
+        fwrite(text, 1, len, c->f);
+        free(text);
+    }
+    return 0;
+}
+
+static void print_sample(loom_gpt_t *m, const loom_tokenizer_t *tok, int ntok, unsigned long long seed) {
+    if (!tok || ntok <= 0) return;
+    int eot = loom_tokenizer_eot(tok);
+    uint32_t start = eot >= 0 ? (uint32_t)eot : (uint32_t)'\n';
+    loom_sampling_t s = {.temperature = 1.0f, .top_k = 40, .top_p = 1.0f};
+    loom_rng_t rng;
+    loom_rng_seed(&rng, seed);
+    emit_ctx_t ctx = {tok, stderr};
+    fprintf(stderr, "---- sample ----\n");
+    loom_gpt_generate(m, &start, 1, ntok, &s, &rng, emit_text, &ctx);
+    fprintf(stderr, "\n----------------\n");
+}
+
+static void fmt_eta(double s, char *buf, size_t cap) {
+    if (!isfinite(s) || s < 0) snprintf(buf, cap, "?");
+    else if (s < 60) snprintf(buf, cap, "%.0fs", s);
+    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+}
+
+static loom_status write_run_config(const loom_train_opts_t *o, const loom_gpt_t *m,
+                                    const loom_backend_t *be, const loom_dataset_t *ds) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "format", "loom-run-1");
+    cJSON_AddStringToObject(j, "data", o->data);
+    cJSON_AddStringToObject(j, "data_description", loom_dataset_describe(ds));
+    cJSON_AddStringToObject(j, "model", o->model);
+    cJSON *mc = cJSON_AddObjectToObject(j, "model_config");
+    cJSON_AddNumberToObject(mc, "n_layer", m->cfg.n_layer);
+    cJSON_AddNumberToObject(mc, "n_head", m->cfg.n_head);
+    cJSON_AddNumberToObject(mc, "n_embd", m->cfg.channels);
+    cJSON_AddNumberToObject(mc, "n_positions", m->cfg.max_seq_len);
+    cJSON_AddNumberToObject(mc, "vocab_size", m->cfg.vocab_size);
+    cJSON_AddNumberToObject(mc, "padded_vocab_size", m->cfg.padded_vocab_size);
+    cJSON_AddNumberToObject(mc, "parameters", (double)loom_gpt_num_params(&m->cfg));
+    cJSON_AddStringToObject(j, "device", be->name);
+    cJSON_AddStringToObject(j, "dtype", loom_dtype_name(be->dtype));
+    cJSON_AddNumberToObject(j, "threads", loom_backend_cpu_threads());
+    cJSON_AddNumberToObject(j, "batch", o->batch);
+    cJSON_AddNumberToObject(j, "seq", o->seq);
+    cJSON_AddNumberToObject(j, "grad_accum", o->grad_accum);
+    cJSON_AddNumberToObject(j, "world_size", o->world_size);
+    cJSON_AddNumberToObject(j, "steps", (double)o->steps);
+    cJSON_AddNumberToObject(j, "lr", o->lr);
+    cJSON_AddNumberToObject(j, "min_lr_ratio", o->min_lr_ratio);
+    cJSON_AddNumberToObject(j, "warmup", o->warmup);
+    cJSON_AddNumberToObject(j, "weight_decay", o->weight_decay);
+    cJSON_AddNumberToObject(j, "clip", o->clip);
+    cJSON_AddNumberToObject(j, "beta1", o->beta1);
+    cJSON_AddNumberToObject(j, "beta2", o->beta2);
+    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
+    char hash[32];
+    const loom_tokenizer_t *tok = loom_dataset_tokenizer(ds);
+    snprintf(hash, sizeof hash, "%016llx", tok ? (unsigned long long)loom_tokenizer_hash(tok) : 0ULL);
+    cJSON_AddStringToObject(j, "tokenizer_hash", hash);
+    cJSON_AddStringToObject(j, "peak_flops_source", be->peak_source ? be->peak_source : "unknown");
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", o->out);
+    loom_status s = loom_file_write_atomic(path, text, strlen(text));
+    free(text);
+    return s;
+}
+
+loom_status loom_train(const loom_train_opts_t *o) {
+    if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
+    loom_gpt_config_t cfg;
+    LOOM_TRY(loom_gpt_preset(&cfg, o->model));
+    if (o->layers) cfg.n_layer = o->layers;
+    if (o->heads) cfg.n_head = o->heads;
+    if (o->channels) cfg.channels = o->channels;
+    if (o->context) cfg.max_seq_len = o->context;
+    int T = o->seq ? o->seq : cfg.max_seq_len, B = o->batch;
+    if (T > cfg.max_seq_len)
+        return loom_error(LOOM_EINVAL, "--seq %d is above the model's context of %d; lower --seq or raise --context", T, cfg.max_seq_len);
+    int dt = loom_dtype_parse(o->dtype);
+    if (dt < 0) return loom_error(LOOM_EINVAL, "--dtype %s: unknown; use fp32, tf32, bf16 or fp16", o->dtype);
+
+    loom_dataset_t *ds;
+    LOOM_TRY(loom_dataset_open(&ds, o->data, o->val_fraction));
+    loom_status s = LOOM_OK;
+    const loom_backend_t *be;
+    loom_gpt_t *m = NULL;
+    int *in = NULL, *tg = NULL;
+    FILE *log = NULL;
+    double *hist = NULL, *vhist = NULL;
+    cfg.vocab_size = loom_dataset_vocab_size(ds);
+    size_t need = (size_t)B * T * o->grad_accum * o->world_size + 1;
+    if (loom_dataset_ntokens(ds, LOOM_SPLIT_TRAIN) < need) {
+        s = loom_error(LOOM_EINVAL, "%s: %zu training tokens, fewer than one step needs (%zu = batch %d x seq %d x accum %d); give more text or lower --batch/--seq",
+                       o->data, loom_dataset_ntokens(ds, LOOM_SPLIT_TRAIN), need, B, T, o->grad_accum);
+        goto done;
+    }
+    if ((s = loom_backend_open(&be, o->device, o->threads, (loom_dtype)dt)) != LOOM_OK) goto done;
+    if ((s = loom_run_prepare(o->out, o->force)) != LOOM_OK) goto done;
+    if ((s = loom_gpt_init(&m, &cfg, be, (unsigned long long)o->seed)) != LOOM_OK) goto done;
+    if ((s = loom_gpt_alloc_train(m)) != LOOM_OK) goto done;
+    if ((s = loom_gpt_alloc_acts(m, B, T)) != LOOM_OK) goto done;
+    if ((s = write_run_config(o, m, be, ds)) != LOOM_OK) goto done;
+    const loom_tokenizer_t *tok = loom_dataset_tokenizer(ds);
+    char path[4096];
+    if (tok) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", o->out);
+        if ((s = loom_tokenizer_save(tok, path)) != LOOM_OK) goto done;
+    }
+    snprintf(path, sizeof path, "%s/metrics.jsonl", o->out);
+    log = fopen(path, "w");
+    if (!log) {
+        s = loom_error(LOOM_EIO, "%s: cannot create the metrics log", path);
+        goto done;
+    }
+
+    size_t per_step = (size_t)B * T * o->grad_accum;
+    double flops_tok = loom_gpt_flops_per_token(&m->cfg, T);
+    loom_info("loom train: %s", loom_dataset_describe(ds));
+    loom_info("loom train: model %s: %d layers, %d heads, %d channels, context %d, vocabulary %d (padded %d), %.2fM parameters",
+              o->model, cfg.n_layer, cfg.n_head, cfg.channels, cfg.max_seq_len, m->cfg.vocab_size, m->cfg.padded_vocab_size,
+              loom_gpt_num_params(&m->cfg) / 1e6);
+    loom_info("loom train: %s (%s), %d thread%s; batch %d x seq %d x accum %d = %zu tokens/step, %lld steps; peak %s",
+              be->name, loom_dtype_name(be->dtype), loom_backend_cpu_threads(), loom_backend_cpu_threads() == 1 ? "" : "s",
+              B, T, o->grad_accum, per_step, o->steps, be->peak_source ? be->peak_source : "unknown");
+
+    in = loom_malloc(per_step * sizeof(int));
+    tg = loom_malloc(per_step * sizeof(int));
+    int *vin = loom_malloc((size_t)B * T * sizeof(int)), *vtg = loom_malloc((size_t)B * T * sizeof(int));
+    hist = loom_malloc(2 * (size_t)o->steps * sizeof(double));
+    vhist = loom_malloc(2 * ((size_t)o->steps + 2) * sizeof(double));
+    int nv = 0;
+    int tty = isatty(2);
+    struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    stop_requested = 0;
+
+    loom_optim_t opt = {.beta1 = (float)o->beta1, .beta2 = (float)o->beta2, .eps = 1e-8f,
+                        .weight_decay = (float)o->weight_decay, .clip = (float)o->clip};
+    size_t ntrain = loom_dataset_ntokens(ds, LOOM_SPLIT_TRAIN);
+    int have_val = loom_dataset_ntokens(ds, LOOM_SPLIT_VAL) > 1;
+    unsigned long long pos = 0;
+    double t_start = loom_now(), train_time = 0, last_loss = NAN, last_val = -1;
+    long long step;
+    for (step = 1; step <= o->steps && !stop_requested; step++) {
+        /* This rank's micro-batches: disjoint slices of the global batch. */
+        for (int k = 0; k < o->grad_accum; k++) {
+            size_t p = (pos + ((size_t)k * o->world_size + o->rank) * B * T) % ntrain;
+            loom_dataset_batch(ds, LOOM_SPLIT_TRAIN, p, B, T, in + (size_t)k * B * T, tg + (size_t)k * B * T);
+        }
+        pos = (pos + per_step * o->world_size) % ntrain;
+        double lr = loom_lr_at(step, o->steps, o->warmup, o->lr, o->min_lr_ratio);
+        float loss, gnorm;
+        double t0 = loom_now();
+        if ((s = loom_train_step(m, in, tg, B, T, o->grad_accum, &opt, (float)lr, (int)step, &loss, &gnorm)) != LOOM_OK) break;
+        be->sync();
+        double dt = loom_now() - t0;
+        train_time += dt;
+        last_loss = loss;
+        hist[step - 1] = (double)step;
+        hist[o->steps + step - 1] = loss;
+        double tok_s = per_step * o->world_size / dt;
+        double mfu = be->peak_flops > 0 ? flops_tok * tok_s / (be->peak_flops * o->world_size) : -1;
+
+        int do_eval = have_val && o->eval_every > 0 && (step % o->eval_every == 0 || step == o->steps);
+        double vloss = -1;
+        if (do_eval) {
+            if ((s = eval_loss(m, ds, B, T, o->eval_batches, vin, vtg, &vloss)) != LOOM_OK) break;
+            last_val = vloss;
+            vhist[nv] = (double)step;
+            vhist[o->steps + 2 + nv] = vloss;
+            nv++;
+        }
+        double elapsed = loom_now() - t_start;
+        fprintf(log, "{\"step\":%lld,\"loss\":%.6f,", step, loss);
+        if (do_eval) fprintf(log, "\"val_loss\":%.6f,", vloss);
+        fprintf(log, "\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"step_s\":%.4f,\"elapsed_s\":%.2f}\n",
+                lr, gnorm, tok_s, mfu, dt, elapsed);
+        fflush(log);
+
+        char eta[32];
+        fmt_eta(train_time / step * (o->steps - step), eta, sizeof eta);
+        int print = tty || step % o->log_every == 0 || step == 1 || step == o->steps || do_eval;
+        if (print && o->rank == 0) {
+            char mfus[32] = "n/a";
+            if (mfu >= 0) snprintf(mfus, sizeof mfus, "%.1f%%", 100 * mfu);
+            fprintf(stderr, "%sstep %lld/%lld | loss %.4f", tty ? "\r\033[K" : "", step, o->steps, loss);
+            if (do_eval) fprintf(stderr, " | val %.4f", vloss);
+            fprintf(stderr, " | lr %.2e | norm %.2f | %.0f tok/s | MFU %s | ETA %s", lr, gnorm, tok_s, mfus, eta);
+            if (!tty || do_eval || step == o->steps) fputc('\n', stderr);
+        }
+        if (o->sample_every > 0 && step % o->sample_every == 0 && step != o->steps)
+            print_sample(m, tok, o->sample_tokens, (unsigned long long)o->seed + (unsigned long long)step);
+        if (o->ckpt_every > 0 && step % o->ckpt_every == 0 && step != o->steps) {
+            loom_ckpt_state_t st = {step, loss, do_eval ? vloss : -1, pos, tok ? loom_tokenizer_hash(tok) : 0};
+            if ((s = loom_run_save_checkpoint(o->out, m, &st, o->keep_ckpts)) != LOOM_OK) break;
+        }
+    }
+    step--; /* the last completed step */
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (s == LOOM_OK && step > 0) {
+        if (stop_requested) loom_info("\nloom train: stopped by signal %d after step %lld; writing a checkpoint", (int)stop_requested, step);
+        if (have_val && (nv == 0 || vhist[nv - 1] != (double)step)) {
+            if ((s = eval_loss(m, ds, B, T, o->eval_batches, vin, vtg, &last_val)) == LOOM_OK) {
+                vhist[nv] = (double)step;
+                vhist[o->steps + 2 + nv] = last_val;
+                nv++;
+            }
+        }
+        loom_ckpt_state_t st = {step, last_loss, last_val, pos, tok ? loom_tokenizer_hash(tok) : 0};
+        if (s == LOOM_OK) s = loom_run_save_checkpoint(o->out, m, &st, o->keep_ckpts);
+    }
+    if (step > 0) {
+        snprintf(path, sizeof path, "%s/loss.svg", o->out);
+        char title[256];
+        snprintf(title, sizeof title, "%s: %s on %s", o->out, o->model, o->data);
+        loom_status ps = loom_plot_loss_svg(path, title, hist, hist + o->steps, (int)step, vhist, vhist + o->steps + 2, nv);
+        if (s == LOOM_OK) s = ps;
+    }
+    if (s == LOOM_OK && step > 0) {
+        double wall = loom_now() - t_start;
+        loom_info("loom train: done: %lld steps in %.1fs, %.0f tokens/s; final train loss %.4f, val loss %s%.4f; checkpoint in %s/checkpoints",
+                  step, wall, (double)per_step * o->world_size * step / train_time, last_loss, last_val < 0 ? "n/a " : "",
+                  last_val, o->out);
+        print_sample(m, tok, o->sample_tokens, (unsigned long long)o->seed);
+    }
+    free(vin);
+    free(vtg);
+    if (s == LOOM_OK && stop_requested) s = loom_error(LOOM_EINTERNAL, "stopped by signal %d; the checkpoint of step %lld is in %s", (int)stop_requested, step, o->out);
+done:
+    if (log) fclose(log);
+    free(hist);
+    free(vhist);
+    free(in);
+    free(tg);
+    loom_gpt_free(m);
+    loom_dataset_free(ds);
+    return s;
+}

@@ -1,0 +1,30 @@
+/* train: the training loop. Reads batches, runs loom_train_step, follows
+ * the learning-rate schedule, evaluates, logs, plots, samples and writes
+ * checkpoints into the run folder. */
+#ifndef LOOM_TRAIN_H
+#define LOOM_TRAIN_H
+
+#include "core/core.h"
+
+typedef struct {
+    const char *data, *model, *out, *device, *dtype;
+    int layers, heads, channels, context; /* model overrides; 0 = the preset's */
+    int batch, seq, grad_accum;           /* seq 0 = the model's context */
+    long long steps;
+    int warmup;
+    double lr, min_lr_ratio, weight_decay, clip, beta1, beta2, val_fraction;
+    int eval_every, eval_batches, sample_every, sample_tokens, ckpt_every, keep_ckpts;
+    int log_every, threads, force;
+    long long seed;
+    int rank, world_size; /* 0 and 1 until the distributed layer lands */
+} loom_train_opts_t;
+
+/* Learning rate at 1-based step t: linear warmup over `warmup` steps to
+ * `lr`, then cosine decay to lr * min_lr_ratio at `steps`. */
+double loom_lr_at(long long t, long long steps, int warmup, double lr, double min_lr_ratio);
+
+/* Run a whole training job. SIGINT/SIGTERM stop it after the current step
+ * with a final checkpoint. */
+loom_status loom_train(const loom_train_opts_t *o);
+
+#endif
