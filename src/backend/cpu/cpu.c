@@ -322,10 +322,21 @@ static void adamw(float *params, const float *grads, float *m, float *v, size_t 
     }
 }
 
+/* Each thread sums a fixed range; the partial sums are added in thread
+ * order (an OpenMP reduction adds them in finishing order, which varies). */
 static double sumsq(const float *x, size_t n) {
+    double part[256] = {0};
+    int nt = omp_get_max_threads() < 256 ? omp_get_max_threads() : 256;
+#pragma omp parallel num_threads(nt)
+    {
+        int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        size_t i0 = n * (size_t)tid / (size_t)nth, i1 = n * (size_t)(tid + 1) / (size_t)nth;
+        double s = 0;
+        for (size_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
+        part[tid] = s;
+    }
     double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static)
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    for (int t = 0; t < nt; t++) s += part[t];
     return s;
 }
 

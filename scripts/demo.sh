@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The README's main job: prepare the King James Bible from Debian's bible-kjv,
+# train gpt2-tiny on it on the CPU for a few minutes, evaluate, sample.
+set -eu
+cd "$(dirname "$0")/.."
+LOOM=build/loom
+mkdir -p data
+if [ ! -s data/kjv.txt ]; then
+    echo "demo: writing data/kjv.txt from bible-kjv"
+    bible Gen1:1-Rev22:21 </dev/null > data/kjv.txt.tmp
+    mv data/kjv.txt.tmp data/kjv.txt
+fi
+STEPS=${STEPS:-600}
+$LOOM train --data data/kjv.txt --model gpt2-tiny --out runs/kjv --force \
+    --steps "$STEPS" --batch 8 --seq 128 --lr 2e-3 --warmup 50 --eval-every 100 \
+    --sample-tokens 0
+echo
+$LOOM eval --run runs/kjv --data data/kjv.txt --batches 16
+echo
+echo "sample (loom sample --run runs/kjv --prompt \"In the beginning\"):"
+$LOOM sample --run runs/kjv --prompt "In the beginning" --tokens 300
+echo
+echo "demo: run folder runs/kjv (config.json, metrics.jsonl, loss.svg, checkpoints/)"
