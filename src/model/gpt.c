@@ -376,8 +376,10 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
         be->zero(dbtc, btc * sizeof(float));
         be->matmul_backward(dbtc, g[LOOM_QKVW] + lc * 3 * C, g[LOOM_QKVB] + 3 * lc, dqkv, ln1, p[LOOM_QKVW] + lc * 3 * C, (int)N, C, 3 * C);
         be->layernorm_backward(dres, g[LOOM_LN1W] + lc, g[LOOM_LN1B] + lc, dbtc, resid, p[LOOM_LN1W] + lc, ln1_mean, ln1_rstd, (int)N, C);
+        if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, l);
     }
     be->encoder_backward(g[LOOM_WTE], g[LOOM_WPE], dres, m->tokens, B, T, C);
+    if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, -1);
 }
 
 void loom_gpt_zero_grad(loom_gpt_t *m) { m->be->zero(m->grads, m->num_params * sizeof(float)); }

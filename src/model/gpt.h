@@ -87,6 +87,14 @@ struct loom_gpt {
     size_t num_acts;
     int *tokens, *targets;   /* backend memory, (B, T) int32 */
     float *loss_host;        /* (B*T) host copy of per-position losses */
+
+    /* Called during backward as gradients become final for this
+     * micro-batch: with layer = l after block l's backward (l = L-1 .. 0),
+     * then with layer = -1 once wte, wpe, lnfw and lnfb are done. The
+     * distributed layer starts reducing those gradients while backward
+     * goes on. NULL = no hook. */
+    void (*grad_hook)(void *ctx, int layer);
+    void *grad_hook_ctx;
 };
 
 /* Allocate a model with parameters initialized GPT-2 style from `seed`
