@@ -1,8 +1,16 @@
 /* tokenizer: text <-> token ids. The trainer only sees this interface, so
  * the byte-level tokenizer and BPE tokenizers plug in the same way.
  *
+ * Byte-level BPE as GPT-2 and Hugging Face `tokenizers` do it: text is split
+ * by the GPT-2 pre-tokenizer (bpe_pretok.h), each piece's bytes start as one
+ * token each and are merged by rank; special tokens ("<|endoftext|>") found
+ * in the text are split out first. Any byte string encodes, and
+ * decode(encode(x)) == x.
+ *
  * Byte-level: ids 0..255 are the bytes, 256 is "<|endoftext|>". It is the
- * special case of byte-level BPE with no merges, and is saved as such. */
+ * special case of byte-level BPE with no merges, and is saved as such. A
+ * tokenizer loom trains keeps that layout (bytes, then specials, then one id
+ * per merge in merge order). */
 #ifndef LOOM_TOKENIZER_H
 #define LOOM_TOKENIZER_H
 
@@ -34,5 +42,65 @@ loom_status loom_tokenizer_encode(const loom_tokenizer_t *t, const char *text, s
  * An id outside the vocabulary is an error naming its position. */
 loom_status loom_tokenizer_decode(const loom_tokenizer_t *t, const uint32_t *ids, size_t n,
                                   char **text, size_t *len);
+
+/* Load GPT-2's original pair: vocab.json (token -> id) and merges.txt (one
+ * "a b" merge per line, ranked by line, "#version" header allowed). A token
+ * named "<|endoftext|>" becomes the end-of-text special. */
+loom_status loom_tokenizer_load_gpt2(loom_tokenizer_t **out, const char *vocab_path, const char *merges_path);
+
+/* Number of merges (0 for the byte-level tokenizer). */
+int loom_tokenizer_merges(const loom_tokenizer_t *t);
+/* Bytes of token `id` (not NUL-terminated), or NULL when id is out of range. */
+const unsigned char *loom_tokenizer_token(const loom_tokenizer_t *t, uint32_t id, size_t *len);
+/* Number of special tokens and the content of special i. */
+int loom_tokenizer_nspecial(const loom_tokenizer_t *t);
+const char *loom_tokenizer_special(const loom_tokenizer_t *t, int i, uint32_t *id);
+
+/* A growable id buffer. */
+typedef struct {
+    uint32_t *v;
+    size_t n, cap;
+} loom_ids_t;
+void loom_ids_push(loom_ids_t *ids, uint32_t id);
+void loom_ids_free(loom_ids_t *ids);
+
+/* An encoder keeps a cache of encoded words, so encoding a corpus piece by
+ * piece does BPE once per distinct word. One per thread; the tokenizer is
+ * shared read-only. */
+typedef struct loom_encoder loom_encoder_t;
+loom_encoder_t *loom_encoder_new(const loom_tokenizer_t *t);
+void loom_encoder_free(loom_encoder_t *e);
+/* Append the ids of `len` bytes of text to *out. `at_start` says the text
+ * starts a document (only matters to tokenizers with add_prefix_space). To
+ * encode a long text in pieces with the same result as in one call, cut it
+ * where loom_pretok_safe_cut() says. */
+void loom_encoder_encode(loom_encoder_t *e, const char *text, size_t len, int at_start, loom_ids_t *out);
+
+/* Training. Words are counted piece by piece (stream the corpus through
+ * loom_bpe_count_add), then loom_bpe_train makes the merges. */
+typedef struct loom_bpe_counter loom_bpe_counter_t;
+/* `specials` (n of them) are cut out of the text before counting and get
+ * ids 256.. in the trained tokenizer; "<|endoftext|>" among them is the eot. */
+loom_status loom_bpe_counter_new(loom_bpe_counter_t **out, const char *const *specials, int n);
+void loom_bpe_counter_free(loom_bpe_counter_t *c);
+/* Count the words of a piece of text (cut as for loom_encoder_encode). Safe
+ * to call from one thread at a time; it uses `threads` OpenMP threads. */
+void loom_bpe_count_add(loom_bpe_counter_t *c, const char *text, size_t len, int threads);
+/* Distinct words counted so far, and bytes of memory the counter holds. */
+size_t loom_bpe_counter_words(const loom_bpe_counter_t *c);
+size_t loom_bpe_counter_bytes(const loom_bpe_counter_t *c);
+
+typedef struct {
+    long long vocab_size;  /* target, including 256 bytes and the specials */
+    int min_frequency;     /* stop when the best pair occurs fewer times (<= 1: any pair) */
+    /* Called now and then with merges done and merges wanted (may be NULL). */
+    void (*progress)(void *ctx, long long done, long long total);
+    void *progress_ctx;
+} loom_bpe_train_opts;
+
+/* Learn merges until the vocabulary reaches opts->vocab_size or no pair
+ * occurs min_frequency times (the vocabulary is smaller then: check
+ * loom_tokenizer_vocab_size). Ties go to the pair of smaller ids. */
+loom_status loom_bpe_train(loom_tokenizer_t **out, loom_bpe_counter_t *c, const loom_bpe_train_opts *opts);
 
 #endif

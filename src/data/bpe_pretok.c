@@ -1,0 +1,150 @@
+#include "bpe_pretok.h"
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "bpe_unicode.h"
+
+/* Classes of the Basic Multilingual Plane, filled once from the range
+ * tables; code points above it are looked up by binary search. */
+static uint8_t bmp_class[0x10000];
+static pthread_once_t bmp_once = PTHREAD_ONCE_INIT;
+
+static void fill(const uint32_t (*r)[2], int n, int cls) {
+    for (int k = 0; k < n; k++)
+        for (uint32_t c = r[k][0]; c <= r[k][1] && c < 0x10000; c++) bmp_class[c] = (uint8_t)cls;
+}
+
+static void bmp_init(void) {
+    fill(loom_unicode_letter_ranges, loom_unicode_letter_nranges, LOOM_CC_LETTER);
+    fill(loom_unicode_number_ranges, loom_unicode_number_nranges, LOOM_CC_NUMBER);
+    fill(loom_unicode_space_ranges, loom_unicode_space_nranges, LOOM_CC_SPACE);
+}
+
+static int in_ranges(const uint32_t (*r)[2], int n, unsigned cp) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (cp < r[mid][0]) hi = mid - 1;
+        else if (cp > r[mid][1]) lo = mid + 1;
+        else return 1;
+    }
+    return 0;
+}
+
+/* ASCII classes, so the common case needs neither decoding nor a lookup. */
+static const uint8_t ascii_class[128] = {
+    ['\t'] = LOOM_CC_SPACE, ['\n'] = LOOM_CC_SPACE, ['\v'] = LOOM_CC_SPACE, ['\f'] = LOOM_CC_SPACE,
+    ['\r'] = LOOM_CC_SPACE, [' '] = LOOM_CC_SPACE,
+    ['0'] = 2, ['1'] = 2, ['2'] = 2, ['3'] = 2, ['4'] = 2, ['5'] = 2, ['6'] = 2, ['7'] = 2, ['8'] = 2, ['9'] = 2,
+    ['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1, ['G'] = 1, ['H'] = 1, ['I'] = 1,
+    ['J'] = 1, ['K'] = 1, ['L'] = 1, ['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1,
+    ['S'] = 1, ['T'] = 1, ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1, ['Y'] = 1, ['Z'] = 1,
+    ['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1, ['g'] = 1, ['h'] = 1, ['i'] = 1,
+    ['j'] = 1, ['k'] = 1, ['l'] = 1, ['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1, ['q'] = 1, ['r'] = 1,
+    ['s'] = 1, ['t'] = 1, ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1, ['y'] = 1, ['z'] = 1,
+};
+
+int loom_pretok_class(unsigned cp) {
+    if (cp < 128) return ascii_class[cp];
+    if (cp < 0x10000) {
+        pthread_once(&bmp_once, bmp_init);
+        return bmp_class[cp];
+    }
+    if (cp > 0x10FFFF) return LOOM_CC_OTHER;
+    if (in_ranges(loom_unicode_letter_ranges, loom_unicode_letter_nranges, cp)) return LOOM_CC_LETTER;
+    if (in_ranges(loom_unicode_number_ranges, loom_unicode_number_nranges, cp)) return LOOM_CC_NUMBER;
+    if (in_ranges(loom_unicode_space_ranges, loom_unicode_space_nranges, cp)) return LOOM_CC_SPACE;
+    return LOOM_CC_OTHER;
+}
+
+static inline int cont(unsigned char c) { return (c & 0xC0) == 0x80; }
+
+int loom_utf8_next(const unsigned char *s, size_t len, size_t i, unsigned *cp) {
+    unsigned c = s[i];
+    size_t left = len - i;
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    if (c >= 0xC2 && c <= 0xDF && left >= 2 && cont(s[i + 1])) {
+        *cp = ((c & 0x1F) << 6) | (s[i + 1] & 0x3F);
+        return 2;
+    }
+    if (c >= 0xE0 && c <= 0xEF && left >= 3 && cont(s[i + 1]) && cont(s[i + 2])) {
+        unsigned v = ((c & 0x0F) << 12) | ((s[i + 1] & 0x3Fu) << 6) | (s[i + 2] & 0x3F);
+        if (v >= 0x800 && (v < 0xD800 || v > 0xDFFF)) {
+            *cp = v;
+            return 3;
+        }
+    }
+    if (c >= 0xF0 && c <= 0xF4 && left >= 4 && cont(s[i + 1]) && cont(s[i + 2]) && cont(s[i + 3])) {
+        unsigned v = ((c & 0x07) << 18) | ((s[i + 1] & 0x3Fu) << 12) | ((s[i + 2] & 0x3Fu) << 6) | (s[i + 3] & 0x3F);
+        if (v >= 0x10000 && v <= 0x10FFFF) {
+            *cp = v;
+            return 4;
+        }
+    }
+    *cp = 0xFFFFFFFFu;
+    return 1;
+}
+
+/* Class and length of the character at s[i]. */
+static inline int char_at(const unsigned char *s, size_t len, size_t i, int *cls) {
+    if (s[i] < 0x80) {
+        *cls = ascii_class[s[i]];
+        return 1;
+    }
+    unsigned cp;
+    int n = loom_utf8_next(s, len, i, &cp);
+    *cls = loom_pretok_class(cp);
+    return n;
+}
+
+size_t loom_pretok_next(const unsigned char *s, size_t len, size_t i) {
+    if (s[i] == '\'' && i + 1 < len) {
+        unsigned char a = s[i + 1];
+        if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
+        if (i + 2 < len && (((a == 'r' || a == 'v') && s[i + 2] == 'e') || (a == 'l' && s[i + 2] == 'l'))) return i + 3;
+    }
+    int cls;
+    size_t j = i + (size_t)char_at(s, len, i, &cls);
+    if (s[i] == ' ' && j < len) {
+        int next;
+        int n = char_at(s, len, j, &next);
+        if (next != LOOM_CC_SPACE) {
+            cls = next;
+            j += (size_t)n;
+        }
+    }
+    if (cls == LOOM_CC_SPACE) {
+        /* \s+(?!\S) keeps the last space of a run for the next word;
+         * a lone non-' ' space before a word matches \s+ by itself. */
+        size_t last = i;
+        while (j < len) {
+            int c;
+            int n = char_at(s, len, j, &c);
+            if (c != LOOM_CC_SPACE) return last > i ? last : j;
+            last = j;
+            j += (size_t)n;
+        }
+        return len;
+    }
+    while (j < len) {
+        int c;
+        int n = char_at(s, len, j, &c);
+        if (c != cls) break;
+        j += (size_t)n;
+    }
+    return j;
+}
+
+static inline int ascii_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+size_t loom_pretok_safe_cut(const unsigned char *s, size_t len, size_t want) {
+    if (want > len) want = len;
+    if (want >= len) return len;
+    for (size_t p = want; p > 0; p--)
+        if (ascii_space(s[p]) && s[p - 1] < 0x80 && !ascii_space(s[p - 1])) return p;
+    return 0;
+}
