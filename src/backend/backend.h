@@ -109,6 +109,57 @@ typedef struct loom_backend {
 
     /* Optional entries (NULL where a backend has none) go below; append
      * only, each with a comment saying what the model does without it. */
+
+    /* --- CUDA graphs (CUDA backend; NULL on the CPU, where ops are simply
+     * launched). graph_begin(key) starts recording every op launched after
+     * it instead of running it; graph_end(key) ends the recording and keeps
+     * it under `key` (replacing an older one); nothing recorded has run yet,
+     * so call graph_replay(key) to run it, now and on every later step.
+     * Between begin and end call only ops, zero, and the *_dev entries below:
+     * upload, download, sync and sumsq synchronize with the host and abort
+     * the process if called while recording; alloc must not be called.
+     * Scalars passed by value (dloss, hp->lr, hp->t, ...) are frozen at
+     * capture, which is why the *_dev entries read them from device memory.
+     * Buffers are frozen too: replay reads and writes the same pointers, so
+     * upload each step's tokens into the same buffers before replay. Run one
+     * plain step first (it sizes the backend's scratch buffers). Without
+     * these entries the trainer launches the ops each step. */
+    loom_status (*graph_begin)(int key);
+    loom_status (*graph_end)(int key);
+    loom_status (*graph_replay)(int key);
+    void (*graph_reset)(void); /* drop every captured graph (shapes changed) */
+
+    /* --- Step scalars in device memory, for graphs. `scalars` is a device
+     * array of 8 floats: [0] lr, [1] grad_scale, [2] t (1-based step, as a
+     * float), [3] max_norm for global-norm clipping (0 = none), [4] sumsq of
+     * all gradients (filled by sumsq_dev), [5] dloss for crossentropy_dev,
+     * [6], [7] unused (0). The trainer uploads [0..3], [5] before each
+     * replay and zeroes [4] inside the graph before the sumsq_dev calls.
+     * Without these entries the trainer uses sumsq, adamw, crossentropy. */
+    /* acc[0] += sum of squares of x (n), all on the device. */
+    void (*sumsq_dev)(float *acc, const float *x, size_t n);
+    /* adamw with lr, grad_scale and t from scalars (hp's are ignored;
+     * beta1, beta2, eps, weight_decay come from hp). If max_norm > 0 and
+     * sqrt(sumsq) * grad_scale > max_norm, the gradients are scaled down to
+     * max_norm. If sumsq is inf or nan the update is skipped (params, m, v
+     * unchanged): the trainer downloads scalars[4] after the step to log the
+     * skip and adjust an fp16 loss scale. */
+    void (*adamw_dev)(float *params, const float *grads, float *m, float *v, size_t n,
+                      const loom_adamw_t *hp, const float *scalars);
+    /* crossentropy with dloss read from scalars[5]. */
+    void (*crossentropy_dev)(float *losses, float *logits, const int *targets, int N, int V,
+                             int Vp, const float *scalars);
+
+    /* --- Fusions. Without them the model calls the unfused ops named. */
+    /* res (N,C) = a + b_res, then out, mean, rstd = layernorm_forward(res):
+     * residual_forward + layernorm_forward in one pass. res may alias a. */
+    void (*residual_layernorm_forward)(float *res, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b_res, const float *w,
+                                       const float *b, int N, int C);
+    /* pre (N,OC) = inp @ w^T + bias; out (N,OC) = gelu(pre): matmul_forward
+     * + gelu_forward in one GEMM (epilogue), pre kept for gelu_backward. */
+    void (*matmul_forward_gelu)(float *out, float *pre, const float *inp, const float *w,
+                                const float *bias, int N, int C, int OC);
 } loom_backend_t;
 
 /* Look up a backend by device name: "cpu", "cuda", "cuda:N". `threads` is

@@ -1,0 +1,532 @@
+/* cuda_attention: causal multi-head attention, two ways.
+ *
+ * Fused (default): flash-style kernels of our own. Forward streams key/value
+ * tiles through shared memory and keeps, per query row, a running max,
+ * running sum and output accumulator (online softmax), so no T x T tensor
+ * exists; it saves only the row's log-sum-exp (the lse contract of
+ * backend.h). Backward recomputes the probabilities from q, k and lse:
+ * one kernel per query row for dq, one per key row for dk and dv, so every
+ * output element is written by exactly one warp (no atomics, deterministic).
+ * Work layout: a warp owns ROWS rows; in a tile each lane owns one of the
+ * 32 keys (forward, dq) or queries (dk/dv) for the scores, and the head
+ * dimension is spread over the lanes for the accumulators. These kernels
+ * run on the CUDA cores in fp32 at every dtype; moving the two score
+ * products onto tensor cores (mma.sync on bf16/fp16 tiles) is the next step.
+ * Head sizes up to 128; larger heads use the unfused path.
+ *
+ * Unfused (LOOM_CUDA_ATTENTION=unfused, the reference and fallback): heads
+ * are split out to (B, NH, T, hs), scores and products are strided batched
+ * GEMMs in cuBLAS at the run's compute type, and a softmax kernel between
+ * them; it stores B*NH*T*T scores in scratch. */
+#include <math.h>
+
+#include "cuda_internal.h"
+
+#define ATT_WARPS 8
+#define ATT_ROWS 4                      /* rows per warp */
+#define ATT_BR (ATT_WARPS * ATT_ROWS)   /* rows per block */
+#define ATT_BC 32                       /* keys (or queries) per tile: one per lane */
+#define ATT_MAX_HS 128
+
+/* D = dout . out per (b, h, t) row: the "delta" term of the softmax
+ * backward, shared by both paths. Warp per (row, head). */
+static __global__ void attention_rowdot_kernel(float *Dv, const float *dout, const float *out,
+                                               int B, int T, int C, int NH) {
+    int hs = C / NH;
+    size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (w >= (size_t)B * T * NH) return;
+    int h = (int)(w % NH);
+    size_t row = w / NH; /* b*T + t */
+    const float *g = dout + row * C + h * hs, *o = out + row * C + h * hs;
+    float s = 0.f;
+    for (int d = lane; d < hs; d += 32) s += g[d] * o[d];
+    s = warp_sum(s);
+    if (lane == 0) {
+        int b = (int)(row / T), t = (int)(row % T);
+        Dv[((size_t)b * NH + h) * T + t] = s;
+    }
+}
+
+static void attention_rowdot(float *Dv, const float *dout, const float *out, int B, int T, int C,
+                             int NH) {
+    size_t warps = (size_t)B * T * NH;
+    attention_rowdot_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, g_cuda.stream>>>(
+        Dv, dout, out, B, T, C, NH);
+    LAUNCH_CHECK();
+}
+
+/* Copies `rows` x `hs` floats from a (row stride `ld`) into shared memory
+ * with row stride `sld`, times `scale`; rows past `valid` become zeros. */
+__device__ __forceinline__ void tile_load(float *dst, int sld, const float *src, size_t ld,
+                                          int rows, int valid, int hs, float scale) {
+    for (int i = threadIdx.x; i < rows * hs; i += blockDim.x) {
+        int r = i / hs, d = i % hs;
+        dst[r * sld + d] = r < valid ? src[(size_t)r * ld + d] * scale : 0.f;
+    }
+}
+
+/* ---- fused forward ---- */
+
+/* Grid (query tiles, B*NH); 256 threads. DPL = ceil(hs/32) head elements per
+ * lane. Shared: Q (BR x hs, pre-scaled), K (BC x hs+1), V (BC x hs). */
+template <int DPL>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    flash_forward_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH,
+                         float scale) {
+    extern __shared__ float sh[];
+    int hs = C / NH;
+    float *Qs = sh, *Ks = Qs + ATT_BR * hs, *Vs = Ks + ATT_BC * (hs + 1);
+    int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_BR; /* longest rows first */
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    size_t ld = 3 * (size_t)C;
+    const float *base = qkv + (size_t)b * T * ld + h * hs;
+
+    tile_load(Qs, hs, base + (size_t)q0 * ld, ld, ATT_BR, min(ATT_BR, T - q0), hs, scale);
+
+    float m[ATT_ROWS], l[ATT_ROWS], acc[ATT_ROWS][DPL];
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.f;
+#pragma unroll
+        for (int e = 0; e < DPL; e++) acc[r][e] = 0.f;
+    }
+    int kend = min(T, q0 + ATT_BR); /* keys any row of this block can see */
+    for (int k0 = 0; k0 < kend; k0 += ATT_BC) {
+        __syncthreads(); /* previous tile fully used (and Q loaded) */
+        int kvalid = min(ATT_BC, T - k0);
+        tile_load(Ks, hs + 1, base + (size_t)k0 * ld + C, ld, ATT_BC, kvalid, hs, 1.f);
+        tile_load(Vs, hs, base + (size_t)k0 * ld + 2 * C, ld, ATT_BC, kvalid, hs, 1.f);
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < ATT_ROWS; r++) {
+            int qr = warp * ATT_ROWS + r, i = q0 + qr;
+            if (i >= T || k0 > i) continue; /* warp-uniform */
+            const float *q = Qs + qr * hs, *k = Ks + lane * (hs + 1);
+            float s = 0.f;
+            for (int d = 0; d < hs; d++) s += q[d] * k[d];
+            int j = k0 + lane;
+            if (j > i) s = -INFINITY;
+            float mnew = fmaxf(m[r], warp_max(s)); /* finite: key k0 <= i */
+            float corr = expf(m[r] - mnew);
+            float p = expf(s - mnew);
+            l[r] = l[r] * corr + warp_sum(p);
+            m[r] = mnew;
+            int nk = min(ATT_BC, i - k0 + 1);
+#pragma unroll
+            for (int e = 0; e < DPL; e++) acc[r][e] *= corr;
+            for (int jj = 0; jj < nk; jj++) {
+                float pj = __shfl_sync(0xffffffffu, p, jj);
+                const float *v = Vs + jj * hs;
+#pragma unroll
+                for (int e = 0; e < DPL; e++) {
+                    int d = lane + 32 * e;
+                    if (d < hs) acc[r][e] += pj * v[d];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+        int i = q0 + warp * ATT_ROWS + r;
+        if (i >= T) continue;
+        float *o = out + ((size_t)b * T + i) * C + h * hs;
+        float inv = 1.f / l[r];
+#pragma unroll
+        for (int e = 0; e < DPL; e++) {
+            int d = lane + 32 * e;
+            if (d < hs) o[d] = acc[r][e] * inv;
+        }
+        if (lane == 0) lse[(size_t)bh * T + i] = m[r] + logf(l[r]);
+    }
+}
+
+/* ---- fused backward: dq ---- */
+
+/* Per query row i: dq_i = scale * sum_j p_ij (dO_i.v_j - D_i) k_j, with
+ * p_ij = exp(scale q_i.k_j - lse_i). Shared: Q (BR x hs, pre-scaled),
+ * dO (BR x hs), K (BC x hs+1), V (BC x hs+1). */
+template <int DPL>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    flash_backward_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
+                             const float *Dv, int T, int C, int NH, float scale) {
+    extern __shared__ float sh[];
+    int hs = C / NH;
+    float *Qs = sh, *dOs = Qs + ATT_BR * hs, *Ks = dOs + ATT_BR * hs,
+          *Vs = Ks + ATT_BC * (hs + 1);
+    int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_BR;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    size_t ld = 3 * (size_t)C;
+    const float *base = qkv + (size_t)b * T * ld + h * hs;
+    int qvalid = min(ATT_BR, T - q0);
+    tile_load(Qs, hs, base + (size_t)q0 * ld, ld, ATT_BR, qvalid, hs, scale);
+    tile_load(dOs, hs, dout + ((size_t)b * T + q0) * C + h * hs, C, ATT_BR, qvalid, hs, 1.f);
+
+    float rl[ATT_ROWS], rD[ATT_ROWS], dq[ATT_ROWS][DPL];
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+        int i = q0 + warp * ATT_ROWS + r;
+        rl[r] = i < T ? lse[(size_t)bh * T + i] : 0.f;
+        rD[r] = i < T ? Dv[(size_t)bh * T + i] : 0.f;
+#pragma unroll
+        for (int e = 0; e < DPL; e++) dq[r][e] = 0.f;
+    }
+    int kend = min(T, q0 + ATT_BR);
+    for (int k0 = 0; k0 < kend; k0 += ATT_BC) {
+        __syncthreads();
+        int kvalid = min(ATT_BC, T - k0);
+        tile_load(Ks, hs + 1, base + (size_t)k0 * ld + C, ld, ATT_BC, kvalid, hs, 1.f);
+        tile_load(Vs, hs + 1, base + (size_t)k0 * ld + 2 * C, ld, ATT_BC, kvalid, hs, 1.f);
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < ATT_ROWS; r++) {
+            int qr = warp * ATT_ROWS + r, i = q0 + qr;
+            if (i >= T || k0 > i) continue;
+            const float *q = Qs + qr * hs, *go = dOs + qr * hs;
+            const float *k = Ks + lane * (hs + 1), *v = Vs + lane * (hs + 1);
+            float s = 0.f, dp = 0.f;
+            for (int d = 0; d < hs; d++) {
+                s += q[d] * k[d];
+                dp += go[d] * v[d];
+            }
+            int j = k0 + lane;
+            float p = j <= i ? expf(s - rl[r]) : 0.f;
+            float ds = p * (dp - rD[r]);
+            int nk = min(ATT_BC, i - k0 + 1);
+            for (int jj = 0; jj < nk; jj++) {
+                float dsj = __shfl_sync(0xffffffffu, ds, jj);
+                const float *kj = Ks + jj * (hs + 1);
+#pragma unroll
+                for (int e = 0; e < DPL; e++) {
+                    int d = lane + 32 * e;
+                    if (d < hs) dq[r][e] += dsj * kj[d];
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+        int i = q0 + warp * ATT_ROWS + r;
+        if (i >= T) continue;
+        float *o = dqkv + ((size_t)b * T + i) * ld + h * hs;
+#pragma unroll
+        for (int e = 0; e < DPL; e++) {
+            int d = lane + 32 * e;
+            if (d < hs) o[d] = dq[r][e] * scale;
+        }
+    }
+}
+
+/* ---- fused backward: dk, dv ---- */
+
+/* Per key row j: dv_j = sum_{i>=j} p_ij dO_i, dk_j = scale * sum_{i>=j}
+ * ds_ij q_i. Rows of this block are keys; tiles stream queries. Shared:
+ * K (BR x hs, pre-scaled), V (BR x hs), Q (BC x hs+1), dO (BC x hs+1),
+ * lse (BC), D (BC). */
+template <int DPL>
+__global__ void __launch_bounds__(ATT_WARPS * 32)
+    flash_backward_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
+                              const float *Dv, int T, int C, int NH, float scale) {
+    extern __shared__ float sh[];
+    int hs = C / NH;
+    float *Ks = sh, *Vs = Ks + ATT_BR * hs, *Qs = Vs + ATT_BR * hs, *dOs = Qs + ATT_BC * (hs + 1);
+    float *Ls = dOs + ATT_BC * (hs + 1), *Ds = Ls + ATT_BC;
+    int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+    int k0 = blockIdx.x * ATT_BR; /* early keys see the most queries: launched first */
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    size_t ld = 3 * (size_t)C;
+    const float *base = qkv + (size_t)b * T * ld + h * hs;
+    int kvalid = min(ATT_BR, T - k0);
+    tile_load(Ks, hs, base + (size_t)k0 * ld + C, ld, ATT_BR, kvalid, hs, scale);
+    tile_load(Vs, hs, base + (size_t)k0 * ld + 2 * C, ld, ATT_BR, kvalid, hs, 1.f);
+
+    float dk[ATT_ROWS][DPL], dv[ATT_ROWS][DPL];
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++)
+#pragma unroll
+        for (int e = 0; e < DPL; e++) dk[r][e] = dv[r][e] = 0.f;
+
+    for (int i0 = k0; i0 < T; i0 += ATT_BC) { /* queries before k0 see none of these keys */
+        __syncthreads();
+        int qvalid = min(ATT_BC, T - i0);
+        tile_load(Qs, hs + 1, base + (size_t)i0 * ld, ld, ATT_BC, qvalid, hs, 1.f);
+        tile_load(dOs, hs + 1, dout + ((size_t)b * T + i0) * C + h * hs, C, ATT_BC, qvalid, hs,
+                  1.f);
+        for (int t = threadIdx.x; t < ATT_BC; t += blockDim.x) {
+            Ls[t] = t < qvalid ? lse[(size_t)bh * T + i0 + t] : 0.f;
+            Ds[t] = t < qvalid ? Dv[(size_t)bh * T + i0 + t] : 0.f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < ATT_ROWS; r++) {
+            int kr = warp * ATT_ROWS + r, j = k0 + kr;
+            if (j >= T || i0 + ATT_BC - 1 < j) continue; /* no query of the tile sees key j */
+            const float *k = Ks + kr * hs, *v = Vs + kr * hs;
+            const float *q = Qs + lane * (hs + 1), *go = dOs + lane * (hs + 1);
+            float s = 0.f, dp = 0.f;
+            for (int d = 0; d < hs; d++) {
+                s += k[d] * q[d];
+                dp += v[d] * go[d];
+            }
+            int i = i0 + lane;
+            float p = (i < T && i >= j) ? expf(s - Ls[lane]) : 0.f;
+            float ds = p * (dp - Ds[lane]);
+            int first = max(0, j - i0), last = min(ATT_BC, T - i0); /* queries i0+first.. */
+            for (int ii = first; ii < last; ii++) {
+                float pi = __shfl_sync(0xffffffffu, p, ii);
+                float dsi = __shfl_sync(0xffffffffu, ds, ii);
+                const float *qi = Qs + ii * (hs + 1), *gi = dOs + ii * (hs + 1);
+#pragma unroll
+                for (int e = 0; e < DPL; e++) {
+                    int d = lane + 32 * e;
+                    if (d < hs) {
+                        dv[r][e] += pi * gi[d];
+                        dk[r][e] += dsi * qi[d];
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < ATT_ROWS; r++) {
+        int j = k0 + warp * ATT_ROWS + r;
+        if (j >= T) continue;
+        float *o = dqkv + ((size_t)b * T + j) * ld + h * hs;
+#pragma unroll
+        for (int e = 0; e < DPL; e++) {
+            int d = lane + 32 * e;
+            if (d < hs) {
+                o[C + d] = dk[r][e] * scale;
+                o[2 * C + d] = dv[r][e];
+            }
+        }
+    }
+}
+
+static size_t fwd_smem(int hs) {
+    return sizeof(float) * ((size_t)ATT_BR * hs + ATT_BC * (hs + 1) + ATT_BC * hs);
+}
+static size_t bwd_smem(int hs) {
+    return sizeof(float) * (2 * (size_t)ATT_BR * hs + 2 * ATT_BC * (hs + 1) + 2 * ATT_BC);
+}
+
+/* Calls f(integral_constant<DPL>) for the head size. */
+template <typename F> static void with_dpl(int hs, F f) {
+    switch ((hs + 31) / 32) {
+    case 1: f(std::integral_constant<int, 1>()); break;
+    case 2: f(std::integral_constant<int, 2>()); break;
+    case 3: f(std::integral_constant<int, 3>()); break;
+    default: f(std::integral_constant<int, 4>()); break;
+    }
+}
+
+void cuda_attention_init(void) {
+    /* The largest head needs more than the default 48 KiB of shared memory. */
+    for (int hs = 32; hs <= ATT_MAX_HS; hs += 32)
+        with_dpl(hs, [&](auto dpl) {
+            constexpr int DPL = decltype(dpl)::value;
+            CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<DPL>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)fwd_smem(hs)));
+            CUDA_CHECK(cudaFuncSetAttribute(flash_backward_dq_kernel<DPL>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)bwd_smem(hs)));
+            CUDA_CHECK(cudaFuncSetAttribute(flash_backward_dkv_kernel<DPL>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)bwd_smem(hs)));
+        });
+}
+
+/* ---- unfused reference path ---- */
+
+/* (B, T, *) rows with stride ld, head h at column off + h*hs  <->  (B, NH, T, hs). */
+static __global__ void split_heads_kernel(float *dst, const float *src, size_t ld, int off, int B,
+                                          int T, int NH, int hs) {
+    size_t n = (size_t)B * NH * T * hs;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(i % hs);
+        size_t r = i / hs;
+        int t = (int)(r % T), h = (int)((r / T) % NH), b = (int)(r / ((size_t)T * NH));
+        dst[i] = src[((size_t)b * T + t) * ld + off + h * hs + d];
+    }
+}
+static __global__ void merge_heads_kernel(float *dst, size_t ld, int off, const float *src, int B,
+                                          int T, int NH, int hs) {
+    size_t n = (size_t)B * NH * T * hs;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        int d = (int)(i % hs);
+        size_t r = i / hs;
+        int t = (int)(r % T), h = (int)((r / T) % NH), b = (int)(r / ((size_t)T * NH));
+        dst[((size_t)b * T + t) * ld + off + h * hs + d] = src[i];
+    }
+}
+
+static void split_heads(float *dst, const float *src, size_t ld, int off, int B, int T, int NH,
+                        int hs) {
+    size_t n = (size_t)B * NH * T * hs;
+    split_heads_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dst, src, ld, off, B, T, NH,
+                                                                     hs);
+    LAUNCH_CHECK();
+}
+static void merge_heads(float *dst, size_t ld, int off, const float *src, int B, int T, int NH,
+                        int hs) {
+    size_t n = (size_t)B * NH * T * hs;
+    merge_heads_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dst, ld, off, src, B, T, NH,
+                                                                     hs);
+    LAUNCH_CHECK();
+}
+
+/* Warp per score row (b, h, i) of att (B*NH, T, T). mode 0 (forward):
+ * softmax of the causal row in place, lse saved. mode 1 (backward): att =
+ * exp(att - lse) (masked), the probabilities again. Scores arrive scaled. */
+static __global__ void causal_softmax_kernel(float *att, float *lse, int rows, int T, int mode) {
+    size_t w = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (w >= (size_t)rows) return;
+    int i = (int)(w % T);
+    float *x = att + w * T;
+    float L;
+    if (mode == 0) {
+        float m = -INFINITY;
+        for (int j = lane; j <= i; j += 32) m = fmaxf(m, x[j]);
+        m = warp_max(m);
+        float s = 0.f;
+        for (int j = lane; j <= i; j += 32) s += expf(x[j] - m);
+        s = warp_sum(s);
+        L = m + logf(s);
+        if (lane == 0) lse[w] = L;
+    } else {
+        L = lse[w];
+    }
+    for (int j = lane; j < T; j += 32) x[j] = j <= i ? expf(x[j] - L) : 0.f;
+}
+
+/* dS = P * (dP - D_i), in place over dP. */
+static __global__ void softmax_backward_kernel(float *dP, const float *P, const float *Dv,
+                                               size_t rows, int T) {
+    size_t n = rows * T;
+    for (size_t k = blockIdx.x * (size_t)blockDim.x + threadIdx.x; k < n;
+         k += (size_t)gridDim.x * blockDim.x)
+        dP[k] = P[k] * (dP[k] - Dv[k / T]);
+}
+
+/* Row-major batched C = alpha op(A) op(B) + beta C, (M, N) = (M, K)(K, N),
+ * through column-major cuBLAS as C^T = op(B)^T op(A)^T. */
+static void rm_bgemm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                     long long sA, const float *B, int ldb, long long sB, float beta, float *Cm,
+                     int ldc, long long sC, int batch) {
+    cublasComputeType_t ct = g_cuda.dtype == LOOM_TF32   ? CUBLAS_COMPUTE_32F_FAST_TF32
+                             : g_cuda.dtype == LOOM_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF
+                             : g_cuda.dtype == LOOM_FP16 ? CUBLAS_COMPUTE_32F_FAST_16F
+                                                         : CUBLAS_COMPUTE_32F;
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        g_cuda.blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K,
+        &alpha, B, CUDA_R_32F, ldb, sB, A, CUDA_R_32F, lda, sA, &beta, Cm, CUDA_R_32F, ldc, sC,
+        batch, ct, CUBLAS_GEMM_DEFAULT));
+}
+
+static void unfused_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
+                            int NH) {
+    int hs = C / NH, BH = B * NH;
+    size_t x = (size_t)B * T * C, tt = (size_t)T * T, th = (size_t)T * hs;
+    float *q = (float *)cuda_scratch(SCRATCH_ATTN, sizeof(float) * (4 * x + BH * tt));
+    float *k = q + x, *v = k + x, *y = v + x, *att = y + x;
+    split_heads(q, qkv, 3 * (size_t)C, 0, B, T, NH, hs);
+    split_heads(k, qkv, 3 * (size_t)C, C, B, T, NH, hs);
+    split_heads(v, qkv, 3 * (size_t)C, 2 * C, B, T, NH, hs);
+    float scale = 1.f / sqrtf((float)hs);
+    /* att (T, T) = scale * q (T, hs) k^T */
+    rm_bgemm(false, true, T, T, hs, scale, q, hs, th, k, hs, th, 0.f, att, T, tt, BH);
+    size_t rows = (size_t)BH * T;
+    causal_softmax_kernel<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, g_cuda.stream>>>(
+        att, lse, (int)rows, T, 0);
+    LAUNCH_CHECK();
+    /* y (T, hs) = att (T, T) v (T, hs) */
+    rm_bgemm(false, false, T, hs, T, 1.f, att, T, tt, v, hs, th, 0.f, y, hs, th, BH);
+    merge_heads(out, C, 0, y, B, T, NH, hs);
+}
+
+static void unfused_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                             const float *lse, int B, int T, int C, int NH) {
+    int hs = C / NH, BH = B * NH;
+    size_t x = (size_t)B * T * C, tt = (size_t)T * T, th = (size_t)T * hs;
+    float *q = (float *)cuda_scratch(SCRATCH_ATTN, sizeof(float) * (7 * x + 2 * BH * tt));
+    float *k = q + x, *v = k + x, *go = v + x, *dq = go + x, *dk = dq + x, *dv = dk + x;
+    float *P = dv + x, *dP = P + BH * tt;
+    float *Dv = (float *)cuda_scratch(SCRATCH_ATTN_D, sizeof(float) * BH * T);
+    split_heads(q, qkv, 3 * (size_t)C, 0, B, T, NH, hs);
+    split_heads(k, qkv, 3 * (size_t)C, C, B, T, NH, hs);
+    split_heads(v, qkv, 3 * (size_t)C, 2 * C, B, T, NH, hs);
+    split_heads(go, dout, C, 0, B, T, NH, hs);
+    attention_rowdot(Dv, dout, out, B, T, C, NH);
+    float scale = 1.f / sqrtf((float)hs);
+    rm_bgemm(false, true, T, T, hs, scale, q, hs, th, k, hs, th, 0.f, P, T, tt, BH);
+    size_t rows = (size_t)BH * T;
+    causal_softmax_kernel<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, g_cuda.stream>>>(
+        P, (float *)lse, (int)rows, T, 1);
+    LAUNCH_CHECK();
+    /* dv (T, hs) = P^T (T, T) dO (T, hs); dP (T, T) = dO v^T */
+    rm_bgemm(true, false, T, hs, T, 1.f, P, T, tt, go, hs, th, 0.f, dv, hs, th, BH);
+    rm_bgemm(false, true, T, T, hs, 1.f, go, hs, th, v, hs, th, 0.f, dP, T, tt, BH);
+    softmax_backward_kernel<<<cuda_grid(rows * T, 256), 256, 0, g_cuda.stream>>>(dP, P, Dv, rows,
+                                                                                  T);
+    LAUNCH_CHECK();
+    /* dq = scale dS k; dk = scale dS^T q */
+    rm_bgemm(false, false, T, hs, T, scale, dP, T, tt, k, hs, th, 0.f, dq, hs, th, BH);
+    rm_bgemm(true, false, T, hs, T, scale, dP, T, tt, q, hs, th, 0.f, dk, hs, th, BH);
+    merge_heads(dqkv, 3 * (size_t)C, 0, dq, B, T, NH, hs);
+    merge_heads(dqkv, 3 * (size_t)C, C, dk, B, T, NH, hs);
+    merge_heads(dqkv, 3 * (size_t)C, 2 * C, dv, B, T, NH, hs);
+}
+
+/* ---- entries ---- */
+
+static bool use_fused(int C, int NH) {
+    return !g_cuda.attention_unfused && C / NH <= ATT_MAX_HS;
+}
+
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
+                            int NH) {
+    if (B <= 0 || T <= 0) return;
+    if (!use_fused(C, NH)) {
+        unfused_forward(out, lse, qkv, B, T, C, NH);
+        return;
+    }
+    int hs = C / NH;
+    float scale = 1.f / sqrtf((float)hs);
+    dim3 grid((T + ATT_BR - 1) / ATT_BR, B * NH);
+    with_dpl(hs, [&](auto dpl) {
+        constexpr int DPL = decltype(dpl)::value;
+        flash_forward_kernel<DPL><<<grid, ATT_WARPS * 32, fwd_smem(hs), g_cuda.stream>>>(
+            out, lse, qkv, T, C, NH, scale);
+    });
+    LAUNCH_CHECK();
+}
+
+void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                             const float *lse, int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0) return;
+    if (!use_fused(C, NH)) {
+        unfused_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        return;
+    }
+    int hs = C / NH;
+    float scale = 1.f / sqrtf((float)hs);
+    float *Dv = (float *)cuda_scratch(SCRATCH_ATTN_D, sizeof(float) * (size_t)B * NH * T);
+    attention_rowdot(Dv, dout, out, B, T, C, NH);
+    dim3 grid((T + ATT_BR - 1) / ATT_BR, B * NH);
+    with_dpl(hs, [&](auto dpl) {
+        constexpr int DPL = decltype(dpl)::value;
+        flash_backward_dq_kernel<DPL><<<grid, ATT_WARPS * 32, bwd_smem(hs), g_cuda.stream>>>(
+            dqkv, dout, qkv, lse, Dv, T, C, NH, scale);
+        LAUNCH_CHECK();
+        flash_backward_dkv_kernel<DPL><<<grid, ATT_WARPS * 32, bwd_smem(hs), g_cuda.stream>>>(
+            dqkv, dout, qkv, lse, Dv, T, C, NH, scale);
+        LAUNCH_CHECK();
+    });
+}

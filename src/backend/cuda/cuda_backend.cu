@@ -1,0 +1,314 @@
+/* cuda_backend: opening the CUDA backend (device checks, stream, cuBLASLt,
+ * peak FLOP/s), its memory entries, scratch buffers and CUDA graphs. The ops
+ * themselves live in cuda_kernels.cu, cuda_matmul.cu and cuda_attention.cu. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+extern "C" {
+#include "cuda_peak.h"
+}
+
+loom_cuda_state g_cuda;
+
+static loom_backend_t g_backend;
+static char g_name[32];
+static char g_peak_source[320];
+
+/* cuBLASLt's workspace: NVIDIA recommends 32 MiB on Hopper (4 MiB suffices
+ * on Ampere); fixed at init so capture never allocates. */
+#define LOOM_CUDA_WORKSPACE (32u << 20)
+
+/* ---- scratch ---- */
+
+static struct {
+    void *p;
+    size_t bytes;
+} g_scratch[SCRATCH_COUNT];
+
+int cuda_capturing(void) {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(g_cuda.stream, &st));
+    return st != cudaStreamCaptureStatusNone;
+}
+
+void *cuda_scratch(int slot, size_t bytes) {
+    if (bytes <= g_scratch[slot].bytes) return g_scratch[slot].p;
+    if (cuda_capturing())
+        loom_panic(__FILE__, __LINE__,
+                   "CUDA graph capture needs %zu bytes of scratch (slot %d) but %zu were "
+                   "allocated: run one plain step with the same shapes before capturing",
+                   bytes, slot, g_scratch[slot].bytes);
+    /* Ops already queued may still read the old buffer. */
+    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+    if (g_scratch[slot].p) CUDA_CHECK(cudaFree(g_scratch[slot].p));
+    size_t grow = bytes + bytes / 4; /* room for slightly larger shapes later */
+    CUDA_CHECK(cudaMalloc(&g_scratch[slot].p, grow));
+    g_scratch[slot].bytes = grow;
+    return g_scratch[slot].p;
+}
+
+/* ---- memory ---- */
+
+static void *cuda_alloc(size_t bytes) {
+    void *p = nullptr;
+    if (bytes == 0) bytes = 1;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError(); /* clear it, so the next launch check does not report it */
+        return nullptr;
+    }
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_cuda.stream));
+    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+    return p;
+}
+
+static void cuda_free(void *p) {
+    if (p) CUDA_CHECK(cudaFree(p));
+}
+
+/* The synchronous entries cannot be part of a graph; say so instead of
+ * letting the capture fail later with a vaguer message. */
+static void refuse_in_capture(const char *what) {
+    if (cuda_capturing())
+        loom_panic(__FILE__, __LINE__,
+                   "%s was called while a CUDA graph was being captured; it synchronizes "
+                   "with the host, so call it before graph_begin or after graph_end",
+                   what);
+}
+
+static void cuda_upload(void *dst, const void *src, size_t bytes) {
+    refuse_in_capture("upload");
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_cuda.stream));
+    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream)); /* src may be reused at once */
+}
+
+static void cuda_download(void *dst, const void *src, size_t bytes) {
+    refuse_in_capture("download");
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_cuda.stream));
+    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+}
+
+static void cuda_zero(void *p, size_t bytes) {
+    CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_cuda.stream));
+}
+
+static void cuda_sync(void) {
+    refuse_in_capture("sync");
+    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+}
+
+static double cuda_sumsq_entry(const float *x, size_t n) {
+    refuse_in_capture("sumsq (use sumsq_dev inside a graph)");
+    return cuda_sumsq(x, n);
+}
+
+/* ---- CUDA graphs ---- */
+
+#define LOOM_CUDA_GRAPHS 16
+static struct {
+    int used, key;
+    cudaGraphExec_t exec;
+} g_graphs[LOOM_CUDA_GRAPHS];
+static int g_capture_key = -1;
+
+static loom_status cuda_graph_begin(int key) {
+    if (g_capture_key >= 0)
+        return loom_error(LOOM_EINVAL, "graph_begin(%d): graph %d is still being captured",
+                          key, g_capture_key);
+    /* Thread-local mode: an unsafe call (cudaMalloc, a sync) from this
+     * thread during capture fails instead of silently breaking the graph. */
+    cudaError_t e = cudaStreamBeginCapture(g_cuda.stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess)
+        return loom_error(LOOM_EINTERNAL, "graph_begin(%d): %s", key, cudaGetErrorString(e));
+    g_capture_key = key;
+    return LOOM_OK;
+}
+
+static void graph_drop(int i) {
+    if (g_graphs[i].used) CUDA_CHECK(cudaGraphExecDestroy(g_graphs[i].exec));
+    g_graphs[i].used = 0;
+}
+
+static loom_status cuda_graph_end(int key) {
+    if (g_capture_key != key)
+        return loom_error(LOOM_EINVAL, "graph_end(%d): no capture of graph %d is open", key,
+                          key);
+    g_capture_key = -1;
+    cudaGraph_t graph = nullptr;
+    cudaError_t e = cudaStreamEndCapture(g_cuda.stream, &graph);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return loom_error(LOOM_EINTERNAL,
+                          "graph_end(%d): capture failed: %s (an op that synchronizes, "
+                          "allocates or uses host memory ran during capture)",
+                          key, cudaGetErrorString(e));
+    }
+    int slot = -1;
+    for (int i = 0; i < LOOM_CUDA_GRAPHS; i++)
+        if (g_graphs[i].used && g_graphs[i].key == key) slot = i;
+    for (int i = 0; slot < 0 && i < LOOM_CUDA_GRAPHS; i++)
+        if (!g_graphs[i].used) slot = i;
+    if (slot < 0) {
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        return loom_error(LOOM_EINVAL, "graph_end(%d): all %d graph slots are in use; call "
+                          "graph_reset first", key, LOOM_CUDA_GRAPHS);
+    }
+    graph_drop(slot);
+    cudaGraphExec_t exec;
+    e = cudaGraphInstantiate(&exec, graph, 0);
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return loom_error(LOOM_EINTERNAL, "graph_end(%d): instantiate: %s", key,
+                          cudaGetErrorString(e));
+    }
+    g_graphs[slot].used = 1;
+    g_graphs[slot].key = key;
+    g_graphs[slot].exec = exec;
+    return LOOM_OK;
+}
+
+static loom_status cuda_graph_replay(int key) {
+    for (int i = 0; i < LOOM_CUDA_GRAPHS; i++)
+        if (g_graphs[i].used && g_graphs[i].key == key) {
+            cudaError_t e = cudaGraphLaunch(g_graphs[i].exec, g_cuda.stream);
+            if (e != cudaSuccess)
+                return loom_error(LOOM_EINTERNAL, "graph_replay(%d): %s", key,
+                                  cudaGetErrorString(e));
+            return LOOM_OK;
+        }
+    return loom_error(LOOM_EINVAL, "graph_replay(%d): no graph was captured under key %d", key,
+                      key);
+}
+
+static void cuda_graph_reset(void) {
+    for (int i = 0; i < LOOM_CUDA_GRAPHS; i++) graph_drop(i);
+}
+
+/* ---- init ---- */
+
+/* First-time setup of the per-process state on device `index`. */
+static loom_status state_init(int index, const cudaDeviceProp *prop) {
+    CUDA_CHECK(cudaSetDevice(index));
+    g_cuda.device = index;
+    g_cuda.num_sms = prop->multiProcessorCount;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&g_cuda.stream, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasLtCreate(&g_cuda.lt));
+    CUBLAS_CHECK(cublasCreate(&g_cuda.blas));
+    CUBLAS_CHECK(cublasSetStream(g_cuda.blas, g_cuda.stream));
+    g_cuda.workspace_bytes = LOOM_CUDA_WORKSPACE;
+    if (cudaMalloc(&g_cuda.workspace, g_cuda.workspace_bytes) != cudaSuccess ||
+        cudaMalloc((void **)&g_cuda.reduce, 1025 * sizeof(double)) != cudaSuccess) {
+        cudaGetLastError();
+        return loom_error(LOOM_ENOMEM, "cuda:%d: cannot allocate %u MiB of cuBLAS workspace",
+                          index, LOOM_CUDA_WORKSPACE >> 20);
+    }
+    CUBLAS_CHECK(cublasSetWorkspace(g_cuda.blas, g_cuda.workspace, g_cuda.workspace_bytes));
+    cuda_attention_init();
+    g_cuda.ready = 1;
+    return LOOM_OK;
+}
+
+extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int index,
+                                              loom_dtype dtype) {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return loom_error(LOOM_EUNAVAIL, "--device cuda:%d: CUDA cannot be used on this machine: %s",
+                          index, cudaGetErrorString(e));
+    }
+    if (count == 0)
+        return loom_error(LOOM_EUNAVAIL, "--device cuda:%d: CUDA sees no GPU on this machine",
+                          index);
+    if (index < 0 || index >= count)
+        return loom_error(LOOM_EINVAL,
+                          "--device cuda:%d: only %d CUDA device(s) are visible (cuda:0 to "
+                          "cuda:%d); `loom devices` lists them",
+                          index, count, count - 1);
+    if (g_cuda.ready && g_cuda.device != index)
+        return loom_error(LOOM_EINVAL,
+                          "--device cuda:%d: this process already uses cuda:%d; one CUDA "
+                          "device per process (start one process per GPU)",
+                          index, g_cuda.device);
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+    if ((dtype == LOOM_BF16 || dtype == LOOM_TF32) && prop.major < 8)
+        return loom_error(LOOM_EUNAVAIL,
+                          "--dtype %s: %s (compute capability %d.%d) has no %s tensor cores; "
+                          "use --dtype fp16 or fp32",
+                          loom_dtype_name(dtype), prop.name, prop.major, prop.minor,
+                          loom_dtype_name(dtype));
+    if (!g_cuda.ready) {
+        CUDA_CHECK(cudaSetDevice(index));
+        e = cuda_kernels_probe();
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            return loom_error(LOOM_EUNAVAIL,
+                              "--device cuda:%d: %s is compute capability %d.%d and this loom "
+                              "has no kernels for it (%s); rebuild with "
+                              "CUDA_ARCHS=\"-gencode arch=compute_%d%d,code=sm_%d%d\"",
+                              index, prop.name, prop.major, prop.minor, cudaGetErrorString(e),
+                              prop.major, prop.minor, prop.major, prop.minor);
+        }
+        LOOM_TRY(state_init(index, &prop));
+    }
+    g_cuda.dtype = dtype;
+    const char *att = getenv("LOOM_CUDA_ATTENTION");
+    g_cuda.attention_unfused = att && strcmp(att, "unfused") == 0;
+    cuda_matmul_reset(); /* the cached algorithms depend on the compute type */
+
+    int clock_khz = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, index));
+    loom_cuda_gpu_t gpu;
+    memset(&gpu, 0, sizeof gpu);
+    snprintf(gpu.name, sizeof gpu.name, "%s", prop.name);
+    gpu.cc_major = prop.major;
+    gpu.cc_minor = prop.minor;
+    gpu.sms = prop.multiProcessorCount;
+    gpu.clock_khz = clock_khz;
+    double peak = loom_cuda_peak_flops(&gpu, dtype, g_peak_source, sizeof g_peak_source);
+
+    snprintf(g_name, sizeof g_name, "cuda:%d", index);
+    loom_backend_t *b = &g_backend;
+    memset(b, 0, sizeof *b);
+    b->name = g_name;
+    b->dtype = dtype;
+    b->peak_flops = peak;
+    b->peak_source = g_peak_source;
+    b->alloc = cuda_alloc;
+    b->free = cuda_free;
+    b->upload = cuda_upload;
+    b->download = cuda_download;
+    b->zero = cuda_zero;
+    b->sync = cuda_sync;
+    b->encoder_forward = cuda_encoder_forward;
+    b->encoder_backward = cuda_encoder_backward;
+    b->layernorm_forward = cuda_layernorm_forward;
+    b->layernorm_backward = cuda_layernorm_backward;
+    b->matmul_forward = cuda_matmul_forward;
+    b->matmul_backward = cuda_matmul_backward;
+    b->attention_forward = cuda_attention_forward;
+    b->attention_backward = cuda_attention_backward;
+    b->gelu_forward = cuda_gelu_forward;
+    b->gelu_backward = cuda_gelu_backward;
+    b->residual_forward = cuda_residual_forward;
+    b->accumulate = cuda_accumulate;
+    b->crossentropy = cuda_crossentropy;
+    b->adamw = cuda_adamw;
+    b->sumsq = cuda_sumsq_entry;
+    /* optional entries */
+    b->graph_begin = cuda_graph_begin;
+    b->graph_end = cuda_graph_end;
+    b->graph_replay = cuda_graph_replay;
+    b->graph_reset = cuda_graph_reset;
+    b->sumsq_dev = cuda_sumsq_dev;
+    b->adamw_dev = cuda_adamw_dev;
+    b->crossentropy_dev = cuda_crossentropy_dev;
+    b->residual_layernorm_forward = cuda_residual_layernorm_forward;
+    b->matmul_forward_gelu = cuda_matmul_forward_gelu;
+    *out = b;
+    return LOOM_OK;
+}

@@ -1,0 +1,133 @@
+/* cuda_internal: what the CUDA backend's .cu files share with each other.
+ * C++ only; C code sees the backend through backend.h, cuda_devices.h and
+ * cuda_peak.h. Everything runs on one stream per process (g_cuda.stream), so
+ * that a whole training step can be captured into a CUDA graph.
+ *
+ * The few device helpers below have bodies here because nvcc inlines
+ * __device__ functions only within a translation unit (no -rdc). */
+#ifndef LOOM_CUDA_INTERNAL_H
+#define LOOM_CUDA_INTERNAL_H
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/backend.h"
+}
+
+/* A failed CUDA call inside an op is a device fault or a bug (ops return
+ * void), so it stops the process with the call's text, file:line and the
+ * library's message. */
+#define CUDA_CHECK(call)                                                                     \
+    do {                                                                                     \
+        cudaError_t cuda_e_ = (call);                                                        \
+        if (cuda_e_ != cudaSuccess)                                                          \
+            loom_panic(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorString(cuda_e_));    \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                                   \
+    do {                                                                                     \
+        cublasStatus_t blas_s_ = (call);                                                     \
+        if (blas_s_ != CUBLAS_STATUS_SUCCESS)                                                \
+            loom_panic(__FILE__, __LINE__, "%s: %s", #call, cublasGetStatusString(blas_s_)); \
+    } while (0)
+/* After every kernel launch: catches bad launch configurations at once. */
+#define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
+
+/* Per-process state of the backend (one device per process). */
+struct loom_cuda_state {
+    int ready;            /* init has run */
+    int device;           /* CUDA device index */
+    loom_dtype dtype;     /* precision of the matrix work */
+    int num_sms;          /* streaming multiprocessors, for grid sizes */
+    int attention_unfused;/* LOOM_CUDA_ATTENTION=unfused */
+    cudaStream_t stream;  /* every op runs here */
+    cublasLtHandle_t lt;
+    cublasHandle_t blas;  /* batched GEMMs of the unfused attention */
+    void *workspace;      /* cuBLAS(Lt) workspace, fixed so graph capture never allocates */
+    size_t workspace_bytes;
+    double *reduce;       /* (1024 partials + 1 total) for sumsq, deterministic */
+};
+extern loom_cuda_state g_cuda;
+
+/* Scratch: one grow-only device buffer per purpose. Growing is refused
+ * (panic with the reason) while a CUDA graph is being captured, so the
+ * warm-up step before capture must use the largest shapes. */
+enum { SCRATCH_LN, SCRATCH_BIAS, SCRATCH_ATTN, SCRATCH_ATTN_D, SCRATCH_COUNT };
+void *cuda_scratch(int slot, size_t bytes);
+/* Whether g_cuda.stream is being captured into a graph right now. */
+int cuda_capturing(void);
+
+/* Grid size for a grid-stride loop over n items with `block` threads. */
+int cuda_grid(size_t n, int block);
+
+/* cuda_kernels.cu, used by the matmul and attention code too. */
+void cuda_accumulate(float *dst, const float *src, size_t n);
+void cuda_bias_add(float *out, const float *bias, int N, int OC); /* out (N,OC) += bias */
+void cuda_bias_grad(float *dbias, const float *dout, int N, int OC); /* dbias += colsum */
+void cuda_gelu_forward(float *out, const float *inp, size_t n);
+/* Returns cudaSuccess when this build has a kernel image for the device. */
+cudaError_t cuda_kernels_probe(void);
+void cuda_attention_init(void);
+
+/* The ops of the table, one function each (see backend.h for contracts). */
+void cuda_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,
+                          int T, int C);
+void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B,
+                           int T, int C);
+void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *w, const float *b, int N, int C);
+void cuda_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                     const float *a, const float *b_res, const float *w,
+                                     const float *b, int N, int C);
+void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                             const float *inp, const float *w, const float *mean,
+                             const float *rstd, int N, int C);
+void cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N,
+                         int C, int OC);
+void cuda_matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w,
+                              const float *bias, int N, int C, int OC);
+void cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+                          const float *inp, const float *w, int N, int C, int OC);
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
+                            int NH);
+void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                             const float *lse, int B, int T, int C, int NH);
+void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+void cuda_residual_forward(float *out, const float *a, const float *b, size_t n);
+void cuda_crossentropy(float *losses, float *logits, const int *targets, int N, int V, int Vp,
+                       float dloss);
+void cuda_crossentropy_dev(float *losses, float *logits, const int *targets, int N, int V,
+                           int Vp, const float *scalars);
+void cuda_adamw(float *params, const float *grads, float *m, float *v, size_t n,
+                const loom_adamw_t *hp);
+void cuda_adamw_dev(float *params, const float *grads, float *m, float *v, size_t n,
+                    const loom_adamw_t *hp, const float *scalars);
+double cuda_sumsq(const float *x, size_t n);
+void cuda_sumsq_dev(float *acc, const float *x, size_t n);
+
+/* Matmul cache statistics, for the log: heuristic queries and cache hits. */
+void cuda_matmul_stats(long *queries, long *hits);
+void cuda_matmul_reset(void);
+
+/* ---- device helpers ---- */
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+/* True when every pointer is 16-byte aligned (float4 loads allowed). */
+static inline bool aligned16(const void *a, const void *b = nullptr, const void *c = nullptr,
+                             const void *d = nullptr) {
+    return ((((uintptr_t)a) | ((uintptr_t)b) | ((uintptr_t)c) | ((uintptr_t)d)) & 15) == 0;
+}
+
+#endif

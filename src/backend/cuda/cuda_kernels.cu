@@ -1,0 +1,603 @@
+/* cuda_kernels: the memory-bound ops of the CUDA backend. Each op is one or
+ * two launches on g_cuda.stream; rows are handled warp-per-row, and loads are
+ * 16-byte (float4) where the row length and the pointers allow it, with a
+ * scalar version of the same template otherwise. Accumulations use fp32
+ * registers; the global reductions (sumsq) use double partials in a fixed
+ * order, so they are deterministic. Two ops use atomics and are therefore not
+ * bit-reproducible run to run: encoder_backward (dwte, tokens repeat) and the
+ * shared-memory column sums of layernorm_backward. */
+#include <math.h>
+
+#include <type_traits>
+
+#include "cuda_internal.h"
+
+/* ---- vector access: VEC = 4 uses float4, VEC = 1 plain floats ---- */
+template <int VEC> struct fvec {
+    float v[VEC];
+};
+template <int VEC> __device__ __forceinline__ fvec<VEC> vload(const float *p) {
+    fvec<VEC> r;
+    if constexpr (VEC == 4) {
+        float4 t = *reinterpret_cast<const float4 *>(p);
+        r.v[0] = t.x, r.v[1] = t.y, r.v[2] = t.z, r.v[3] = t.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; i++) r.v[i] = p[i];
+    }
+    return r;
+}
+template <int VEC> __device__ __forceinline__ void vstore(float *p, const fvec<VEC> &r) {
+    if constexpr (VEC == 4) {
+        *reinterpret_cast<float4 *>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; i++) p[i] = r.v[i];
+    }
+}
+
+int cuda_grid(size_t n, int block) {
+    size_t g = (n + (size_t)block - 1) / (size_t)block;
+    size_t cap = (size_t)(g_cuda.num_sms > 0 ? g_cuda.num_sms : 80) * 32;
+    if (g > cap) g = cap;
+    return g < 1 ? 1 : (int)g;
+}
+
+/* ---- encoder ---- */
+
+template <int VEC>
+static __global__ void encoder_forward_kernel(float *out, const int *tokens, const float *wte,
+                                       const float *wpe, int T, int C, size_t nvec) {
+    int cv = C / VEC;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t row = i / cv;
+        int c = (int)(i % cv) * VEC;
+        int t = (int)(row % T);
+        int tok = tokens[row];
+        fvec<VEC> a = vload<VEC>(wte + (size_t)tok * C + c);
+        fvec<VEC> b = vload<VEC>(wpe + (size_t)t * C + c);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) a.v[k] += b.v[k];
+        vstore<VEC>(out + row * C + c, a);
+    }
+}
+
+void cuda_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                          int B, int T, int C) {
+    size_t n = (size_t)B * T * C;
+    if (C % 4 == 0 && aligned16(out, wte, wpe)) {
+        encoder_forward_kernel<4><<<cuda_grid(n / 4, 256), 256, 0, g_cuda.stream>>>(
+            out, tokens, wte, wpe, T, C, n / 4);
+    } else {
+        encoder_forward_kernel<1><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(
+            out, tokens, wte, wpe, T, C, n);
+    }
+    LAUNCH_CHECK();
+}
+
+/* dwte: one thread per (row, channel), atomics because tokens repeat. */
+static __global__ void encoder_backward_wte_kernel(float *dwte, const float *dout, const int *tokens,
+                                            int C, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t row = i / C;
+        int c = (int)(i % C);
+        atomicAdd(dwte + (size_t)tokens[row] * C + c, dout[i]);
+    }
+}
+/* dwpe: one thread per (t, channel) summing over the batch in order. */
+static __global__ void encoder_backward_wpe_kernel(float *dwpe, const float *dout, int B, int T, int C) {
+    size_t n = (size_t)T * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float s = 0.f;
+        for (int b = 0; b < B; b++) s += dout[(size_t)b * n + i];
+        dwpe[i] += s;
+    }
+}
+
+void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B,
+                           int T, int C) {
+    size_t n = (size_t)B * T * C;
+    encoder_backward_wte_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dwte, dout, tokens,
+                                                                            C, n);
+    LAUNCH_CHECK();
+    encoder_backward_wpe_kernel<<<cuda_grid((size_t)T * C, 256), 256, 0, g_cuda.stream>>>(
+        dwpe, dout, B, T, C);
+    LAUNCH_CHECK();
+}
+
+/* ---- layernorm ---- */
+
+/* Warp per row. With b_res != NULL the row is x = a + b_res, written to res
+ * first (residual add fused into the same pass). Two-pass variance from the
+ * row (re-read from L1/L2), as the CPU reference computes it. */
+template <int VEC>
+static __global__ void layernorm_forward_kernel(float *res, float *out, float *mean, float *rstd,
+                                         const float *a, const float *b_res, const float *w,
+                                         const float *bias, int N, int C) {
+    int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+    int row = blockIdx.x * warps + threadIdx.x / 32;
+    if (row >= N) return;
+    const float *x = a + (size_t)row * C;
+    const float *xr = b_res ? b_res + (size_t)row * C : nullptr;
+    float *r = res ? res + (size_t)row * C : nullptr;
+    float s = 0.f;
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        fvec<VEC> v = vload<VEC>(x + c);
+        if (xr) {
+            fvec<VEC> u = vload<VEC>(xr + c);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) v.v[k] += u.v[k];
+            vstore<VEC>(r + c, v);
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) s += v.v[k];
+    }
+    const float *src = xr ? r : x; /* this lane wrote r itself: visible to it */
+    float m = warp_sum(s) / C;
+    float q = 0.f;
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        fvec<VEC> v = vload<VEC>(src + c);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) q += (v.v[k] - m) * (v.v[k] - m);
+    }
+    float rs = rsqrtf(warp_sum(q) / C + 1e-5f);
+    float *o = out + (size_t)row * C;
+    for (int c = lane * VEC; c < C; c += 32 * VEC) {
+        fvec<VEC> v = vload<VEC>(src + c), wv = vload<VEC>(w + c), bv = vload<VEC>(bias + c);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) v.v[k] = (v.v[k] - m) * rs * wv.v[k] + bv.v[k];
+        vstore<VEC>(o + c, v);
+    }
+    if (lane == 0) {
+        if (mean) mean[row] = m;
+        if (rstd) rstd[row] = rs;
+    }
+}
+
+void cuda_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                     const float *a, const float *b_res, const float *w,
+                                     const float *b, int N, int C) {
+    const int block = 256, rows_per_block = block / 32;
+    int grid = (N + rows_per_block - 1) / rows_per_block;
+    if (grid == 0) return;
+    if (C % 4 == 0 && aligned16(out, a, w, b) && aligned16(res, b_res)) {
+        layernorm_forward_kernel<4><<<grid, block, 0, g_cuda.stream>>>(res, out, mean, rstd, a,
+                                                                       b_res, w, b, N, C);
+    } else {
+        layernorm_forward_kernel<1><<<grid, block, 0, g_cuda.stream>>>(res, out, mean, rstd, a,
+                                                                       b_res, w, b, N, C);
+    }
+    LAUNCH_CHECK();
+}
+
+void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                            const float *w, const float *b, int N, int C) {
+    cuda_residual_layernorm_forward(nullptr, out, mean, rstd, inp, nullptr, w, b, N, C);
+}
+
+/* Warp per row, grid-stride over rows. dinp is accumulated directly; dw and
+ * db are summed per block in shared memory and written as per-block partials
+ * (part: gridDim.x x 2C), which layernorm_reduce_kernel adds in block order. */
+template <int VEC>
+static __global__ void layernorm_backward_kernel(float *dinp, float *part, const float *dout,
+                                          const float *inp, const float *w, const float *mean,
+                                          const float *rstd, int N, int C) {
+    extern __shared__ float sh[]; /* dw (C), db (C) */
+    float *dw_s = sh, *db_s = sh + C;
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) sh[c] = 0.f;
+    __syncthreads();
+    int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+    for (int row = blockIdx.x * warps + threadIdx.x / 32; row < N; row += gridDim.x * warps) {
+        const float *g = dout + (size_t)row * C, *x = inp + (size_t)row * C;
+        float m = mean[row], rs = rstd[row];
+        float s1 = 0.f, s2 = 0.f;
+        for (int c = lane * VEC; c < C; c += 32 * VEC) {
+            fvec<VEC> gv = vload<VEC>(g + c), xv = vload<VEC>(x + c), wv = vload<VEC>(w + c);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                float dn = wv.v[k] * gv.v[k];
+                s1 += dn;
+                s2 += dn * (xv.v[k] - m) * rs;
+            }
+        }
+        float dmean = warp_sum(s1) / C, dnorm_mean = warp_sum(s2) / C;
+        float *di = dinp + (size_t)row * C;
+        for (int c = lane * VEC; c < C; c += 32 * VEC) {
+            fvec<VEC> gv = vload<VEC>(g + c), xv = vload<VEC>(x + c), wv = vload<VEC>(w + c);
+            fvec<VEC> dv = vload<VEC>(di + c);
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                float norm = (xv.v[k] - m) * rs;
+                atomicAdd(&db_s[c + k], gv.v[k]);
+                atomicAdd(&dw_s[c + k], gv.v[k] * norm);
+                dv.v[k] += (wv.v[k] * gv.v[k] - dmean - norm * dnorm_mean) * rs;
+            }
+            vstore<VEC>(di + c, dv);
+        }
+    }
+    __syncthreads();
+    float *p = part + (size_t)blockIdx.x * 2 * C;
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) p[c] = sh[c];
+}
+
+static __global__ void layernorm_reduce_kernel(float *dw, float *db, const float *part, int nblocks,
+                                        int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float sw = 0.f, sb = 0.f;
+    for (int i = 0; i < nblocks; i++) {
+        sw += part[(size_t)i * 2 * C + c];
+        sb += part[(size_t)i * 2 * C + C + c];
+    }
+    dw[c] += sw;
+    db[c] += sb;
+}
+
+void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+                             const float *inp, const float *w, const float *mean,
+                             const float *rstd, int N, int C) {
+    if (N <= 0) return;
+    const int block = 256, warps = block / 32;
+    int grid = (N + warps - 1) / warps;
+    if (grid > 2 * g_cuda.num_sms) grid = 2 * g_cuda.num_sms;
+    size_t shmem = 2 * (size_t)C * sizeof(float);
+    float *part = (float *)cuda_scratch(SCRATCH_LN, (size_t)grid * shmem);
+    if (C % 4 == 0 && aligned16(dinp, dout, inp, w)) {
+        if (shmem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<4>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)shmem));
+        layernorm_backward_kernel<4><<<grid, block, shmem, g_cuda.stream>>>(
+            dinp, part, dout, inp, w, mean, rstd, N, C);
+    } else {
+        if (shmem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<1>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)shmem));
+        layernorm_backward_kernel<1><<<grid, block, shmem, g_cuda.stream>>>(
+            dinp, part, dout, inp, w, mean, rstd, N, C);
+    }
+    LAUNCH_CHECK();
+    layernorm_reduce_kernel<<<(C + 255) / 256, 256, 0, g_cuda.stream>>>(dw, db, part, grid, C);
+    LAUNCH_CHECK();
+}
+
+/* ---- GELU (tanh approximation), residual, accumulate, bias ---- */
+
+#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
+
+template <int VEC> __global__ void gelu_forward_kernel(float *out, const float *inp, size_t nvec) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
+         i += (size_t)gridDim.x * blockDim.x) {
+        fvec<VEC> x = vload<VEC>(inp + i * VEC);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            float v = x.v[k];
+            x.v[k] = 0.5f * v * (1.f + tanhf(GELU_SCALE * (v + 0.044715f * v * v * v)));
+        }
+        vstore<VEC>(out + i * VEC, x);
+    }
+}
+
+template <int VEC>
+static __global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout,
+                                     size_t nvec) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
+         i += (size_t)gridDim.x * blockDim.x) {
+        fvec<VEC> x = vload<VEC>(inp + i * VEC), g = vload<VEC>(dout + i * VEC);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            float v = x.v[k];
+            float th = tanhf(GELU_SCALE * (v + 0.044715f * v * v * v));
+            float sech2 = 1.f - th * th;
+            float local = 0.5f * (1.f + th) +
+                          v * 0.5f * sech2 * GELU_SCALE * (1.f + 3.f * 0.044715f * v * v);
+            g.v[k] *= local;
+        }
+        vstore<VEC>(dinp + i * VEC, g);
+    }
+}
+
+/* out = a + b; with out == a it is dst += src. */
+template <int VEC>
+static __global__ void add_kernel(float *out, const float *a, const float *b, size_t nvec) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
+         i += (size_t)gridDim.x * blockDim.x) {
+        fvec<VEC> x = vload<VEC>(a + i * VEC), y = vload<VEC>(b + i * VEC);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) x.v[k] += y.v[k];
+        vstore<VEC>(out + i * VEC, x);
+    }
+}
+
+/* Runs `launch(vec, offset, count)` for an elementwise op over n floats: the
+ * float4 version (vec = 4) over the first n/4*4 when every pointer is
+ * aligned, the scalar version (vec = 1) over the rest. `count` is in units
+ * of vec. */
+template <typename F> static void split_vec(size_t n, bool aligned, F launch) {
+    size_t head = 0;
+    if (aligned && n >= 4) {
+        head = n / 4 * 4;
+        launch(std::integral_constant<int, 4>(), (size_t)0, head / 4);
+        LAUNCH_CHECK();
+    }
+    if (head < n) {
+        launch(std::integral_constant<int, 1>(), head, n - head);
+        LAUNCH_CHECK();
+    }
+}
+
+void cuda_gelu_forward(float *out, const float *inp, size_t n) {
+    split_vec(n, aligned16(out, inp), [&](auto vec, size_t o, size_t nv) {
+        constexpr int V = decltype(vec)::value;
+        gelu_forward_kernel<V><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(out + o, inp + o,
+                                                                               nv);
+    });
+}
+
+void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    split_vec(n, aligned16(dinp, inp, dout), [&](auto vec, size_t o, size_t nv) {
+        constexpr int V = decltype(vec)::value;
+        gelu_backward_kernel<V><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(
+            dinp + o, inp + o, dout + o, nv);
+    });
+}
+
+void cuda_residual_forward(float *out, const float *a, const float *b, size_t n) {
+    split_vec(n, aligned16(out, a, b), [&](auto vec, size_t o, size_t nv) {
+        constexpr int V = decltype(vec)::value;
+        add_kernel<V><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(out + o, a + o, b + o, nv);
+    });
+}
+
+void cuda_accumulate(float *dst, const float *src, size_t n) {
+    cuda_residual_forward(dst, dst, src, n);
+}
+
+static __global__ void bias_add_kernel(float *out, const float *bias, int OC, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] += bias[i % OC];
+}
+
+void cuda_bias_add(float *out, const float *bias, int N, int OC) {
+    size_t n = (size_t)N * OC;
+    bias_add_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(out, bias, OC, n);
+    LAUNCH_CHECK();
+}
+
+/* dbias[c] += sum over rows of dout[., c]: a (32 columns x 8 row-lanes) block
+ * per 32 columns, rows strided by 8, then a fixed-order shared reduction. */
+static __global__ void bias_grad_kernel(float *dbias, const float *dout, int N, int OC) {
+    __shared__ float sh[8][33];
+    int c = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.f;
+    if (c < OC)
+        for (int r = threadIdx.y; r < N; r += 8) s += dout[(size_t)r * OC + c];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < OC) {
+        for (int k = 1; k < 8; k++) s += sh[k][threadIdx.x];
+        dbias[c] += s;
+    }
+}
+
+void cuda_bias_grad(float *dbias, const float *dout, int N, int OC) {
+    bias_grad_kernel<<<(OC + 31) / 32, dim3(32, 8), 0, g_cuda.stream>>>(dbias, dout, N, OC);
+    LAUNCH_CHECK();
+}
+
+/* ---- fused softmax + cross-entropy + gradient ---- */
+
+/* Online (max, sum of exp) pair; m = -inf means "empty". */
+struct msum {
+    float m, s;
+};
+__device__ __forceinline__ msum msum_join(msum a, msum b) {
+    if (a.m == -INFINITY) return b;
+    if (b.m == -INFINITY) return a;
+    float m = fmaxf(a.m, b.m);
+    return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+/* One exp per element: rescale the running sum only when the max grows. */
+__device__ __forceinline__ msum msum_add(msum a, float x) {
+    if (x > a.m) return {x, a.s * expf(a.m - x) + 1.f}; /* expf(-inf) = 0 */
+    return {a.m, a.s + expf(x - a.m)};
+}
+
+/* One block per row. Pass 1 finds the row's log-sum-exp over the first V
+ * columns; pass 2 (when dloss != 0) overwrites the row with its gradient.
+ * Nothing but the loss and the gradient is ever written. */
+template <int VEC>
+static __global__ void crossentropy_kernel(float *losses, float *logits, const int *targets, int V,
+                                    int Vp, float dloss_arg, const float *dloss_dev) {
+    __shared__ msum warp_part[32];
+    __shared__ float row_lse;
+    int row = blockIdx.x;
+    float *x = logits + (size_t)row * Vp;
+    int target = targets[row];
+    float x_target = threadIdx.x == 0 ? x[target] : 0.f; /* read before pass 2 writes */
+    msum acc = {-INFINITY, 0.f};
+    for (int j = threadIdx.x * VEC; j < V; j += blockDim.x * VEC) {
+        fvec<VEC> v = vload<VEC>(x + j);
+#pragma unroll
+        for (int k = 0; k < VEC; k++)
+            if (j + k < V) acc = msum_add(acc, v.v[k]);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        msum other = {__shfl_xor_sync(0xffffffffu, acc.m, o),
+                      __shfl_xor_sync(0xffffffffu, acc.s, o)};
+        acc = msum_join(acc, other);
+    }
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    if (lane == 0) warp_part[warp] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        msum t = warp_part[0];
+        for (int w = 1; w < nwarps; w++) t = msum_join(t, warp_part[w]);
+        row_lse = t.m + logf(t.s);
+        losses[row] = row_lse - x_target;
+    }
+    __syncthreads();
+    float dloss = dloss_dev ? *dloss_dev : dloss_arg;
+    if (dloss == 0.f) return;
+    float lse = row_lse;
+    for (int j = threadIdx.x * VEC; j < Vp; j += blockDim.x * VEC) {
+        fvec<VEC> v = vload<VEC>(x + j);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            int col = j + k;
+            v.v[k] = col < V ? dloss * (expf(v.v[k] - lse) - (col == target ? 1.f : 0.f)) : 0.f;
+        }
+        vstore<VEC>(x + j, v);
+    }
+}
+
+static void crossentropy_launch(float *losses, float *logits, const int *targets, int N, int V,
+                                int Vp, float dloss, const float *dloss_dev) {
+    if (N <= 0) return;
+    const int block = 512;
+    if (Vp % 4 == 0 && aligned16(logits))
+        crossentropy_kernel<4><<<N, block, 0, g_cuda.stream>>>(losses, logits, targets, V, Vp,
+                                                               dloss, dloss_dev);
+    else
+        crossentropy_kernel<1><<<N, block, 0, g_cuda.stream>>>(losses, logits, targets, V, Vp,
+                                                               dloss, dloss_dev);
+    LAUNCH_CHECK();
+}
+
+void cuda_crossentropy(float *losses, float *logits, const int *targets, int N, int V, int Vp,
+                       float dloss) {
+    crossentropy_launch(losses, logits, targets, N, V, Vp, dloss, nullptr);
+}
+
+void cuda_crossentropy_dev(float *losses, float *logits, const int *targets, int N, int V,
+                           int Vp, const float *scalars) {
+    crossentropy_launch(losses, logits, targets, N, V, Vp, 0.f, scalars + 5);
+}
+
+/* ---- AdamW ---- */
+
+/* scalars (device, may be NULL): lr, grad_scale, t, max_norm, sumsq (see
+ * backend.h, adamw_dev). With them the step reads everything that changes
+ * between steps from device memory, so a captured graph stays valid. */
+template <int VEC>
+static __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, size_t nvec, float lr,
+                             float b1, float b2, float eps, float wd, float scale, float bc1,
+                             float bc2, const float *scalars) {
+    if (scalars) {
+        float sumsq = scalars[4];
+        if (!isfinite(sumsq)) return; /* overflowed gradients: skip the step */
+        lr = scalars[0];
+        scale = scalars[1];
+        float t = scalars[2], max_norm = scalars[3];
+        float norm = sqrtf(sumsq) * scale;
+        if (max_norm > 0.f && norm > max_norm) scale *= max_norm / norm;
+        bc1 = 1.f - powf(b1, t);
+        bc2 = 1.f - powf(b2, t);
+    }
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
+         i += (size_t)gridDim.x * blockDim.x) {
+        fvec<VEC> pv = vload<VEC>(p + i * VEC), gv = vload<VEC>(g + i * VEC);
+        fvec<VEC> mv = vload<VEC>(m + i * VEC), vv = vload<VEC>(v + i * VEC);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            float gr = gv.v[k] * scale;
+            float mm = b1 * mv.v[k] + (1.f - b1) * gr;
+            float vvv = b2 * vv.v[k] + (1.f - b2) * gr * gr;
+            mv.v[k] = mm;
+            vv.v[k] = vvv;
+            float mhat = mm / bc1, vhat = vvv / bc2;
+            pv.v[k] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * pv.v[k]);
+        }
+        vstore<VEC>(p + i * VEC, pv);
+        vstore<VEC>(m + i * VEC, mv);
+        vstore<VEC>(v + i * VEC, vv);
+    }
+}
+
+static void adamw_launch(float *params, const float *grads, float *m, float *v, size_t n,
+                         const loom_adamw_t *hp, const float *scalars) {
+    float bc1 = 1.f - powf(hp->beta1, (float)hp->t), bc2 = 1.f - powf(hp->beta2, (float)hp->t);
+    split_vec(n, aligned16(params, grads, m, v), [&](auto vec, size_t o, size_t nv) {
+        constexpr int V = decltype(vec)::value;
+        adamw_kernel<V><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(
+            params + o, grads + o, m + o, v + o, nv, hp->lr, hp->beta1, hp->beta2, hp->eps,
+            hp->weight_decay, hp->grad_scale, bc1, bc2, scalars);
+    });
+}
+
+void cuda_adamw(float *params, const float *grads, float *m, float *v, size_t n,
+                const loom_adamw_t *hp) {
+    adamw_launch(params, grads, m, v, n, hp, nullptr);
+}
+
+void cuda_adamw_dev(float *params, const float *grads, float *m, float *v, size_t n,
+                    const loom_adamw_t *hp, const float *scalars) {
+    adamw_launch(params, grads, m, v, n, hp, scalars);
+}
+
+/* ---- sum of squares: fixed grid, double partials, one final block ---- */
+
+#define SUMSQ_BLOCKS 1024
+#define SUMSQ_THREADS 256
+
+static __global__ void sumsq_partial_kernel(double *part, const float *x, size_t n) {
+    __shared__ double sh[SUMSQ_THREADS / 32];
+    float s = 0.f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        s += x[i] * x[i];
+    double d = warp_sum_d((double)s);
+    if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = d;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (int w = 0; w < SUMSQ_THREADS / 32; w++) t += sh[w];
+        part[blockIdx.x] = t;
+    }
+}
+
+/* One block of 1024 threads: total of the partials; writes *out_d and/or
+ * adds to *acc_f. */
+static __global__ void sumsq_final_kernel(double *out_d, float *acc_f, const double *part, int nparts) {
+    __shared__ double sh[32];
+    double d = threadIdx.x < (unsigned)nparts ? part[threadIdx.x] : 0.0;
+    d = warp_sum_d(d);
+    if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = d;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (int w = 0; w < 32; w++) t += sh[w];
+        if (out_d) *out_d = t;
+        if (acc_f) *acc_f += (float)t;
+    }
+}
+
+static void sumsq_launch(double *out_d, float *acc_f, const float *x, size_t n) {
+    size_t g = (n + SUMSQ_THREADS - 1) / SUMSQ_THREADS;
+    int grid = g > SUMSQ_BLOCKS ? SUMSQ_BLOCKS : (g < 1 ? 1 : (int)g);
+    sumsq_partial_kernel<<<grid, SUMSQ_THREADS, 0, g_cuda.stream>>>(g_cuda.reduce, x, n);
+    LAUNCH_CHECK();
+    sumsq_final_kernel<<<1, 1024, 0, g_cuda.stream>>>(out_d, acc_f, g_cuda.reduce, grid);
+    LAUNCH_CHECK();
+}
+
+double cuda_sumsq(const float *x, size_t n) {
+    double r = 0;
+    sumsq_launch(g_cuda.reduce + SUMSQ_BLOCKS, nullptr, x, n);
+    CUDA_CHECK(cudaMemcpyAsync(&r, g_cuda.reduce + SUMSQ_BLOCKS, sizeof r,
+                               cudaMemcpyDeviceToHost, g_cuda.stream));
+    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+    return r;
+}
+
+void cuda_sumsq_dev(float *acc, const float *x, size_t n) { sumsq_launch(nullptr, acc, x, n); }
+
+cudaError_t cuda_kernels_probe(void) {
+    cudaFuncAttributes fa;
+    return cudaFuncGetAttributes(&fa, sumsq_final_kernel);
+}
