@@ -1,0 +1,786 @@
+/* test_cuda_ops: every CUDA op against the CPU op on random data.
+ *
+ * Data are fresh each run (the seed is printed; LOOM_TEST_SEED=N repeats a
+ * run). Outputs an op overwrites are poisoned with NaN on the device before
+ * each launch, so an element the op forgets to write fails; outputs it
+ * accumulates into start from the same random values on both sides. Each op
+ * runs at every dtype over several shapes, ragged ones included (T=37,
+ * C=96, odd C, head size 24, vocabularies not a multiple of 4), and the
+ * normalized error ||gpu - cpu|| / ||cpu|| must stay under the bound below.
+ *
+ * Without CUDA in the build, or without a usable GPU, every GPU case prints
+ * SKIP with the CUDA runtime's reason; the peak-table cases run anyway. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_peak.h"
+#include "check.h"
+#ifdef LOOM_HAVE_CUDA
+#include "backend/cuda/cuda_devices.h"
+#endif
+
+static const loom_backend_t *cpu, *gpu;
+static loom_dtype dtype;
+static char no_gpu[512];   /* why the GPU cases of this dtype skip ("" = they run) */
+static unsigned seed_next; /* advanced by every random array */
+static unsigned seed0;
+static char shape[160];    /* the shape under test, for failure messages */
+
+/* Normalized-error bounds. Matrix work runs at the dtype (tensor cores
+ * round inputs to 19, 16 or 11 significant bits); the memory-bound kernels
+ * and the fused attention compute in fp32 at every dtype. */
+#define TOL_FP32 1e-5
+static double tol_matmul(void) {
+    switch (dtype) {
+    case LOOM_TF32: return 2e-3;
+    case LOOM_BF16: return 1e-2;
+    case LOOM_FP16: return 3e-3;
+    default: return TOL_FP32;
+    }
+}
+/* The unfused attention backward chains five GEMMs at the dtype and a
+ * cancellation (dP - D), so it gets three times the matmul bound. */
+static double tol_attention_unfused_backward(void) { return 3 * tol_matmul(); }
+
+/* ---- allocation helpers: everything is freed by release() ---- */
+
+#define MAX_TRACKED 128
+static void *host_ptrs[MAX_TRACKED], *dev_ptrs[MAX_TRACKED];
+static int n_host, n_dev;
+
+static void *track_host(void *p) {
+    LOOM_ASSERT(p && n_host < MAX_TRACKED);
+    return host_ptrs[n_host++] = p;
+}
+static void *dalloc(size_t bytes) {
+    void *p = gpu->alloc(bytes);
+    LOOM_ASSERT(p && n_dev < MAX_TRACKED);
+    return dev_ptrs[n_dev++] = p;
+}
+static void release(void) {
+    if (gpu) gpu->sync();
+    for (int i = 0; i < n_host; i++) free(host_ptrs[i]);
+    for (int i = 0; i < n_dev; i++) gpu->free(dev_ptrs[i]);
+    n_host = n_dev = 0;
+}
+
+/* Host array of n random floats in [-scale, scale). */
+static float *hrand(size_t n, float scale) {
+    float *x = track_host(malloc((n ? n : 1) * sizeof(float)));
+    check_fill(x, n, scale, seed_next++);
+    return x;
+}
+static float *hcopy(const float *x, size_t n) {
+    float *y = track_host(malloc((n ? n : 1) * sizeof(float)));
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+static int *hrand_ids(size_t n, int limit) {
+    int *t = track_host(malloc((n ? n : 1) * sizeof(int)));
+    float *u = hrand(n, 1.0f);
+    for (size_t i = 0; i < n; i++) {
+        int v = (int)((u[i] * 0.5f + 0.5f) * limit);
+        t[i] = v < 0 ? 0 : v >= limit ? limit - 1 : v;
+    }
+    return t;
+}
+/* Device copy of a host array. */
+static void *dput(const void *h, size_t bytes) {
+    void *d = dalloc(bytes);
+    gpu->upload(d, h, bytes);
+    return d;
+}
+/* Device array of n floats, all NaN. */
+static float *dpoison(size_t n) {
+    float *h = track_host(malloc((n ? n : 1) * sizeof(float)));
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    return dput(h, n * sizeof(float));
+}
+/* Downloads d (n) and checks it against ref within tol. */
+static void expect(const char *what, const float *d, const float *ref, size_t n, double tol) {
+    float *got = track_host(malloc((n ? n : 1) * sizeof(float)));
+    gpu->download(got, d, n * sizeof(float));
+    double err = check_rel_err(got, ref, n);
+    CHECK(err <= tol, "%s [%s, %s]: normalized error %.3g > %.3g (LOOM_TEST_SEED=%u)", what,
+          shape, loom_dtype_name(dtype), err, tol, seed0);
+}
+
+static int gpu_ready(void) {
+    if (no_gpu[0]) {
+        check_skip("%s", no_gpu);
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- encoder ---- */
+
+static const int enc_shapes[][4] = {{2, 64, 128, 100}, {3, 37, 96, 50}, {1, 5, 7, 11}};
+
+static void test_encoder(void) {
+    if (!gpu_ready()) return;
+    for (size_t s = 0; s < sizeof enc_shapes / sizeof enc_shapes[0]; s++) {
+        int B = enc_shapes[s][0], T = enc_shapes[s][1], C = enc_shapes[s][2],
+            V = enc_shapes[s][3];
+        snprintf(shape, sizeof shape, "B=%d T=%d C=%d V=%d", B, T, C, V);
+        size_t n = (size_t)B * T * C;
+        int *tok = hrand_ids((size_t)B * T, V);
+        float *wte = hrand((size_t)V * C, 1), *wpe = hrand((size_t)T * C, 1);
+        float *ref = hrand(n, 1);
+        cpu->encoder_forward(ref, tok, wte, wpe, B, T, C);
+        int *d_tok = dput(tok, (size_t)B * T * sizeof(int));
+        float *d_wte = dput(wte, (size_t)V * C * 4), *d_wpe = dput(wpe, (size_t)T * C * 4);
+        float *d_out = dpoison(n);
+        gpu->encoder_forward(d_out, d_tok, d_wte, d_wpe, B, T, C);
+        expect("encoder_forward out", d_out, ref, n, TOL_FP32);
+
+        float *dout = hrand(n, 1);
+        float *dwte = hrand((size_t)V * C, 1), *dwpe = hrand((size_t)T * C, 1);
+        float *d_dwte = dput(dwte, (size_t)V * C * 4), *d_dwpe = dput(dwpe, (size_t)T * C * 4);
+        float *d_dout = dput(dout, n * 4);
+        cpu->encoder_backward(dwte, dwpe, dout, tok, B, T, C);
+        gpu->encoder_backward(d_dwte, d_dwpe, d_dout, d_tok, B, T, C);
+        expect("encoder_backward dwte", d_dwte, dwte, (size_t)V * C, TOL_FP32);
+        expect("encoder_backward dwpe", d_dwpe, dwpe, (size_t)T * C, TOL_FP32);
+        release();
+    }
+}
+
+/* ---- layernorm ---- */
+
+static const int ln_shapes[][2] = {{128, 128}, {111, 96}, {37, 7}, {64, 768}};
+
+static void test_layernorm(void) {
+    if (!gpu_ready()) return;
+    for (size_t s = 0; s < sizeof ln_shapes / sizeof ln_shapes[0]; s++) {
+        int N = ln_shapes[s][0], C = ln_shapes[s][1];
+        size_t n = (size_t)N * C;
+        snprintf(shape, sizeof shape, "N=%d C=%d", N, C);
+        float *inp = hrand(n, 2), *w = hrand(C, 1), *b = hrand(C, 1);
+        float *out = hrand(n, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
+        cpu->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+        float *d_inp = dput(inp, n * 4), *d_w = dput(w, C * 4), *d_b = dput(b, C * 4);
+        float *d_out = dpoison(n), *d_mean = dpoison(N), *d_rstd = dpoison(N);
+        gpu->layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
+        expect("layernorm_forward out", d_out, out, n, TOL_FP32);
+        expect("layernorm_forward mean", d_mean, mean, N, TOL_FP32);
+        expect("layernorm_forward rstd", d_rstd, rstd, N, TOL_FP32);
+
+        float *dout = hrand(n, 1), *dinp = hrand(n, 1), *dw = hrand(C, 1), *db = hrand(C, 1);
+        float *d_dout = dput(dout, n * 4), *d_dinp = dput(dinp, n * 4);
+        float *d_dw = dput(dw, C * 4), *d_db = dput(db, C * 4);
+        float *d_mref = dput(mean, N * 4), *d_rref = dput(rstd, N * 4);
+        cpu->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+        gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mref, d_rref, N, C);
+        expect("layernorm_backward dinp", d_dinp, dinp, n, TOL_FP32);
+        expect("layernorm_backward dw", d_dw, dw, C, TOL_FP32);
+        expect("layernorm_backward db", d_db, db, C, TOL_FP32);
+        release();
+    }
+}
+
+static void test_residual_layernorm(void) {
+    if (!gpu_ready()) return;
+    if (!gpu->residual_layernorm_forward) {
+        check_skip("the backend has no residual_layernorm_forward");
+        return;
+    }
+    for (size_t s = 0; s < sizeof ln_shapes / sizeof ln_shapes[0]; s++) {
+        int N = ln_shapes[s][0], C = ln_shapes[s][1];
+        size_t n = (size_t)N * C;
+        snprintf(shape, sizeof shape, "N=%d C=%d", N, C);
+        float *a = hrand(n, 1), *r = hrand(n, 1), *w = hrand(C, 1), *b = hrand(C, 1);
+        float *res = hrand(n, 1), *out = hrand(n, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
+        cpu->residual_forward(res, a, r, n);
+        cpu->layernorm_forward(out, mean, rstd, res, w, b, N, C);
+        float *d_a = dput(a, n * 4), *d_r = dput(r, n * 4), *d_w = dput(w, C * 4),
+              *d_b = dput(b, C * 4);
+        float *d_res = dpoison(n), *d_out = dpoison(n), *d_mean = dpoison(N),
+              *d_rstd = dpoison(N);
+        gpu->residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_a, d_r, d_w, d_b, N, C);
+        expect("residual_layernorm_forward res", d_res, res, n, TOL_FP32);
+        expect("residual_layernorm_forward out", d_out, out, n, TOL_FP32);
+        expect("residual_layernorm_forward rstd", d_rstd, rstd, N, TOL_FP32);
+        /* in place: res aliases a */
+        gpu->residual_layernorm_forward(d_a, d_out, d_mean, d_rstd, d_a, d_r, d_w, d_b, N, C);
+        expect("residual_layernorm_forward in place", d_a, res, n, TOL_FP32);
+        release();
+    }
+}
+
+/* ---- matmul ---- */
+
+static const int mm_shapes[][3] = {{128, 128, 384}, {111, 96, 288}, {37, 96, 50}, {64, 7, 13},
+                                   {256, 768, 3072}};
+
+static void test_matmul_forward(void) {
+    if (!gpu_ready()) return;
+    for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            int N = mm_shapes[s][0], C = mm_shapes[s][1], OC = mm_shapes[s][2];
+            snprintf(shape, sizeof shape, "N=%d C=%d OC=%d bias=%d", N, C, OC, with_bias);
+            float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 1),
+                  *bias = hrand(OC, 1), *out = hrand((size_t)N * OC, 1);
+            cpu->matmul_forward(out, inp, w, with_bias ? bias : NULL, N, C, OC);
+            float *d_inp = dput(inp, (size_t)N * C * 4), *d_w = dput(w, (size_t)OC * C * 4);
+            float *d_bias = dput(bias, OC * 4), *d_out = dpoison((size_t)N * OC);
+            gpu->matmul_forward(d_out, d_inp, d_w, with_bias ? d_bias : NULL, N, C, OC);
+            expect("matmul_forward out", d_out, out, (size_t)N * OC, tol_matmul());
+            release();
+        }
+}
+
+static void test_matmul_backward(void) {
+    if (!gpu_ready()) return;
+    for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++)
+        for (int full = 0; full < 2; full++) { /* full = 0: dinp and dbias NULL */
+            int N = mm_shapes[s][0], C = mm_shapes[s][1], OC = mm_shapes[s][2];
+            snprintf(shape, sizeof shape, "N=%d C=%d OC=%d dinp,dbias=%s", N, C, OC,
+                     full ? "yes" : "NULL");
+            size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
+            float *inp = hrand(nin, 1), *w = hrand(nw, 1), *dout = hrand(nout, 1);
+            float *dinp = hrand(nin, 1), *dw = hrand(nw, 1), *dbias = hrand(OC, 1);
+            float *d_inp = dput(inp, nin * 4), *d_w = dput(w, nw * 4),
+                  *d_dout = dput(dout, nout * 4);
+            float *d_dinp = dput(dinp, nin * 4), *d_dw = dput(dw, nw * 4),
+                  *d_dbias = dput(dbias, OC * 4);
+            cpu->matmul_backward(full ? dinp : NULL, dw, full ? dbias : NULL, dout, inp, w, N, C,
+                                 OC);
+            gpu->matmul_backward(full ? d_dinp : NULL, d_dw, full ? d_dbias : NULL, d_dout,
+                                 d_inp, d_w, N, C, OC);
+            expect("matmul_backward dw", d_dw, dw, nw, tol_matmul());
+            expect("matmul_backward dinp", d_dinp, dinp, nin, tol_matmul());
+            expect("matmul_backward dbias", d_dbias, dbias, OC, tol_matmul());
+            release();
+        }
+}
+
+static void test_matmul_forward_gelu(void) {
+    if (!gpu_ready()) return;
+    if (!gpu->matmul_forward_gelu) {
+        check_skip("the backend has no matmul_forward_gelu");
+        return;
+    }
+    for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            int N = mm_shapes[s][0], C = mm_shapes[s][1], OC = mm_shapes[s][2];
+            snprintf(shape, sizeof shape, "N=%d C=%d OC=%d bias=%d", N, C, OC, with_bias);
+            size_t nout = (size_t)N * OC;
+            float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 1),
+                  *bias = hrand(OC, 1), *pre = hrand(nout, 1), *out = hrand(nout, 1);
+            cpu->matmul_forward(pre, inp, w, with_bias ? bias : NULL, N, C, OC);
+            cpu->gelu_forward(out, pre, nout);
+            float *d_inp = dput(inp, (size_t)N * C * 4), *d_w = dput(w, (size_t)OC * C * 4);
+            float *d_bias = dput(bias, OC * 4), *d_out = dpoison(nout), *d_pre = dpoison(nout);
+            gpu->matmul_forward_gelu(d_out, d_pre, d_inp, d_w, with_bias ? d_bias : NULL, N, C,
+                                     OC);
+            expect("matmul_forward_gelu pre", d_pre, pre, nout, tol_matmul());
+            expect("matmul_forward_gelu out", d_out, out, nout, tol_matmul());
+            release();
+        }
+}
+
+/* ---- attention ---- */
+
+/* B, T, C, NH: head sizes 32, 32 (T ragged), 24, 96, 128, 40, and 160
+ * (larger than the fused kernels take: exercises the fallback). */
+static const int att_shapes[][4] = {{2, 64, 128, 4}, {3, 37, 96, 3}, {1, 37, 96, 4},
+                                    {2, 70, 192, 2}, {1, 33, 256, 2}, {1, 20, 40, 1},
+                                    {1, 17, 160, 1}};
+
+static void attention_cases(double tol_fwd, double tol_bwd) {
+    for (size_t s = 0; s < sizeof att_shapes / sizeof att_shapes[0]; s++) {
+        int B = att_shapes[s][0], T = att_shapes[s][1], C = att_shapes[s][2],
+            NH = att_shapes[s][3];
+        snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d hs=%d", B, T, C, NH, C / NH);
+        size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+        float *qkv = hrand(nqkv, 1.5f), *out = hrand(nout, 1), *lse = hrand(nl, 1);
+        cpu->attention_forward(out, lse, qkv, B, T, C, NH);
+        float *d_qkv = dput(qkv, nqkv * 4), *d_out = dpoison(nout), *d_lse = dpoison(nl);
+        gpu->attention_forward(d_out, d_lse, d_qkv, B, T, C, NH);
+        expect("attention_forward out", d_out, out, nout, tol_fwd);
+        expect("attention_forward lse", d_lse, lse, nl, tol_fwd);
+
+        /* backward from the CPU's forward results, so it is tested alone */
+        float *dout = hrand(nout, 1), *dqkv = hrand(nqkv, 1);
+        cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        float *d_dout = dput(dout, nout * 4), *d_oref = dput(out, nout * 4),
+              *d_lref = dput(lse, nl * 4), *d_dqkv = dpoison(nqkv);
+        gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_oref, d_lref, B, T, C, NH);
+        expect("attention_backward dqkv", d_dqkv, dqkv, nqkv, tol_bwd);
+        release();
+    }
+}
+
+static void test_attention_fused(void) {
+    if (!gpu_ready()) return;
+    /* fused kernels are fp32; the hs=160 case falls back to the unfused
+     * path, whose GEMMs run at the dtype */
+    attention_cases(tol_matmul(), tol_attention_unfused_backward());
+}
+
+/* Reopens the backend with LOOM_CUDA_ATTENTION set (it is read at open). */
+static int reopen_with_attention(const char *mode) {
+    if (mode) setenv("LOOM_CUDA_ATTENTION", mode, 1);
+    else unsetenv("LOOM_CUDA_ATTENTION");
+    loom_status st = loom_backend_open(&gpu, "cuda:0", 1, dtype);
+    CHECK(st == LOOM_OK, "reopening cuda:0: %s", loom_errmsg());
+    return st == LOOM_OK;
+}
+
+static void test_attention_unfused(void) {
+    if (!gpu_ready()) return;
+    if (!reopen_with_attention("unfused")) return;
+    attention_cases(tol_matmul(), tol_attention_unfused_backward());
+    reopen_with_attention(NULL);
+}
+
+/* The fused path alone at the fp32 bound: shapes it takes (hs <= 128). */
+static void test_attention_fused_fp32_bound(void) {
+    if (!gpu_ready()) return;
+    for (size_t s = 0; s < sizeof att_shapes / sizeof att_shapes[0]; s++) {
+        int B = att_shapes[s][0], T = att_shapes[s][1], C = att_shapes[s][2],
+            NH = att_shapes[s][3];
+        if (C / NH > 128) continue;
+        snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d hs=%d", B, T, C, NH, C / NH);
+        size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
+        float *qkv = hrand(nqkv, 1.5f), *out = hrand(nout, 1), *lse = hrand(nl, 1);
+        cpu->attention_forward(out, lse, qkv, B, T, C, NH);
+        float *d_qkv = dput(qkv, nqkv * 4), *d_out = dpoison(nout), *d_lse = dpoison(nl);
+        gpu->attention_forward(d_out, d_lse, d_qkv, B, T, C, NH);
+        expect("flash forward out", d_out, out, nout, TOL_FP32);
+        expect("flash forward lse", d_lse, lse, nl, TOL_FP32);
+        float *dout = hrand(nout, 1), *dqkv = hrand(nqkv, 1);
+        cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        float *d_dout = dput(dout, nout * 4), *d_oref = dput(out, nout * 4),
+              *d_lref = dput(lse, nl * 4), *d_dqkv = dpoison(nqkv);
+        gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_oref, d_lref, B, T, C, NH);
+        expect("flash backward dqkv", d_dqkv, dqkv, nqkv, TOL_FP32);
+        release();
+    }
+}
+
+/* ---- elementwise ---- */
+
+static const size_t ew_sizes[] = {1000, 1003, 3, 65536 + 1};
+
+static void test_gelu(void) {
+    if (!gpu_ready()) return;
+    for (size_t s = 0; s < sizeof ew_sizes / sizeof ew_sizes[0]; s++)
+        for (int off = 0; off < 2; off++) { /* off = 1: pointers not 16-byte aligned */
+            size_t n = ew_sizes[s];
+            snprintf(shape, sizeof shape, "n=%zu offset=%d", n, off);
+            float *inp = hrand(n + off, 4), *out = hrand(n, 1), *dout = hrand(n + off, 1);
+            float *dinp = hrand(n, 1);
+            cpu->gelu_forward(out, inp + off, n);
+            cpu->gelu_backward(dinp, inp + off, dout + off, n);
+            float *d_inp = dput(inp, (n + off) * 4), *d_out = dpoison(n + off);
+            gpu->gelu_forward(d_out + off, d_inp + off, n);
+            expect("gelu_forward", d_out + off, out, n, TOL_FP32);
+            float *d_dout = dput(dout, (n + off) * 4), *d_dinp = dpoison(n + off);
+            gpu->gelu_backward(d_dinp + off, d_inp + off, d_dout + off, n);
+            expect("gelu_backward", d_dinp + off, dinp, n, TOL_FP32);
+            gpu->gelu_backward(d_dout + off, d_inp + off, d_dout + off, n); /* in place */
+            expect("gelu_backward in place", d_dout + off, dinp, n, TOL_FP32);
+            release();
+        }
+}
+
+static void test_residual_accumulate(void) {
+    if (!gpu_ready()) return;
+    for (size_t s = 0; s < sizeof ew_sizes / sizeof ew_sizes[0]; s++)
+        for (int off = 0; off < 2; off++) {
+            size_t n = ew_sizes[s];
+            snprintf(shape, sizeof shape, "n=%zu offset=%d", n, off);
+            float *a = hrand(n + off, 1), *b = hrand(n + off, 1), *out = hrand(n, 1);
+            cpu->residual_forward(out, a + off, b + off, n);
+            float *d_a = dput(a, (n + off) * 4), *d_b = dput(b, (n + off) * 4);
+            float *d_out = dpoison(n + off);
+            gpu->residual_forward(d_out + off, d_a + off, d_b + off, n);
+            expect("residual_forward", d_out + off, out, n, TOL_FP32);
+            float *acc = hcopy(a + off, n);
+            cpu->accumulate(acc, b + off, n);
+            gpu->accumulate(d_a + off, d_b + off, n);
+            expect("accumulate", d_a + off, acc, n, TOL_FP32);
+            release();
+        }
+}
+
+/* ---- cross-entropy ---- */
+
+static const int ce_shapes[][3] = {{64, 1000, 1024}, {37, 50, 64}, {5, 37, 64}, {3, 50257, 50304}};
+
+static void crossentropy_cases(int use_dev) {
+    for (size_t s = 0; s < sizeof ce_shapes / sizeof ce_shapes[0]; s++)
+        for (int with_grad = 0; with_grad < 2; with_grad++) {
+            int N = ce_shapes[s][0], V = ce_shapes[s][1], Vp = ce_shapes[s][2];
+            float dloss = with_grad ? 1.0f / N : 0.0f;
+            snprintf(shape, sizeof shape, "N=%d V=%d Vp=%d dloss=%g", N, V, Vp, dloss);
+            size_t nl = (size_t)N * Vp;
+            float *logits = hrand(nl, 4), *losses = hrand(N, 1);
+            int *tgt = hrand_ids(N, V);
+            float *d_logits = dput(logits, nl * 4), *d_losses = dpoison(N);
+            int *d_tgt = dput(tgt, N * sizeof(int));
+            float *ref = hcopy(logits, nl);
+            cpu->crossentropy(losses, ref, tgt, N, V, Vp, dloss);
+            if (use_dev) {
+                float scalars[8] = {0};
+                scalars[5] = dloss;
+                float *d_sc = dput(scalars, sizeof scalars);
+                gpu->crossentropy_dev(d_losses, d_logits, d_tgt, N, V, Vp, d_sc);
+            } else {
+                gpu->crossentropy(d_losses, d_logits, d_tgt, N, V, Vp, dloss);
+            }
+            expect("crossentropy losses", d_losses, losses, N, TOL_FP32);
+            expect(with_grad ? "crossentropy dlogits" : "crossentropy logits unchanged",
+                   d_logits, ref, nl, with_grad ? TOL_FP32 : 0.0);
+            release();
+        }
+}
+
+static void test_crossentropy(void) {
+    if (!gpu_ready()) return;
+    crossentropy_cases(0);
+}
+
+static void test_crossentropy_dev(void) {
+    if (!gpu_ready()) return;
+    if (!gpu->crossentropy_dev) {
+        check_skip("the backend has no crossentropy_dev");
+        return;
+    }
+    crossentropy_cases(1);
+}
+
+/* ---- AdamW and sumsq ---- */
+
+static const size_t opt_sizes[] = {10007, 4, 1 << 20};
+
+static void test_adamw(void) {
+    if (!gpu_ready()) return;
+    for (size_t s = 0; s < sizeof opt_sizes / sizeof opt_sizes[0]; s++)
+        for (int off = 0; off < 2; off++) {
+            size_t n = opt_sizes[s];
+            snprintf(shape, sizeof shape, "n=%zu offset=%d", n, off);
+            float *p = hrand(n + off, 1), *g = hrand(n + off, 1), *m = hrand(n + off, 0.1f);
+            float *v = hrand(n + off, 0.1f);
+            for (size_t i = 0; i < n + off; i++) v[i] = fabsf(v[i]);
+            float *d_p = dput(p, (n + off) * 4), *d_g = dput(g, (n + off) * 4),
+                  *d_m = dput(m, (n + off) * 4), *d_v = dput(v, (n + off) * 4);
+            loom_adamw_t hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                               .weight_decay = 0.1f, .grad_scale = 0.5f, .t = 3};
+            cpu->adamw(p + off, g + off, m + off, v + off, n, &hp);
+            gpu->adamw(d_p + off, d_g + off, d_m + off, d_v + off, n, &hp);
+            expect("adamw params", d_p + off, p + off, n, TOL_FP32);
+            expect("adamw m", d_m + off, m + off, n, TOL_FP32);
+            expect("adamw v", d_v + off, v + off, n, TOL_FP32);
+            release();
+        }
+}
+
+static void test_adamw_dev(void) {
+    if (!gpu_ready()) return;
+    if (!gpu->adamw_dev) {
+        check_skip("the backend has no adamw_dev");
+        return;
+    }
+    /* mode 0: plain; 1: clipped by max_norm; 2: sumsq = inf, step skipped */
+    for (int mode = 0; mode < 3; mode++) {
+        size_t n = 10007;
+        snprintf(shape, sizeof shape, "n=%zu mode=%s", n,
+                 mode == 0 ? "plain" : mode == 1 ? "clipped" : "skipped");
+        float *p = hrand(n, 1), *g = hrand(n, 1), *m = hrand(n, 0.1f), *v = hrand(n, 0.1f);
+        for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+        float *d_p = dput(p, n * 4), *d_g = dput(g, n * 4), *d_m = dput(m, n * 4),
+              *d_v = dput(v, n * 4);
+        double ss = 0;
+        for (size_t i = 0; i < n; i++) ss += (double)g[i] * g[i];
+        float gs = 0.5f, max_norm = mode == 1 ? 0.25f * (float)sqrt(ss) * gs : 0.0f;
+        float scalars[8] = {2e-3f, gs, 7.0f, max_norm, mode == 2 ? INFINITY : (float)ss, 0, 0, 0};
+        float *d_sc = dput(scalars, sizeof scalars);
+        /* host-side values that adamw_dev must ignore */
+        loom_adamw_t hp = {.lr = 99.0f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                           .weight_decay = 0.1f, .grad_scale = 99.0f, .t = 1};
+        gpu->adamw_dev(d_p, d_g, d_m, d_v, n, &hp, d_sc);
+        if (mode < 2) {
+            hp.lr = scalars[0];
+            hp.t = 7;
+            float norm = (float)sqrt(ss) * gs;
+            hp.grad_scale = mode == 1 ? gs * (max_norm / norm) : gs;
+            cpu->adamw(p, g, m, v, n, &hp);
+        }
+        expect("adamw_dev params", d_p, p, n, TOL_FP32);
+        expect("adamw_dev m", d_m, m, n, TOL_FP32);
+        expect("adamw_dev v", d_v, v, n, TOL_FP32);
+        release();
+    }
+}
+
+static void test_sumsq(void) {
+    if (!gpu_ready()) return;
+    const size_t sizes[] = {1, 1000, 1003, (1 << 20) + 3};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        snprintf(shape, sizeof shape, "n=%zu", n);
+        float *x = hrand(n, 1);
+        float *d_x = dput(x, n * 4);
+        double ref = cpu->sumsq(x, n), got = gpu->sumsq(d_x, n);
+        double err = fabs(got - ref) / fmax(ref, 1e-30);
+        CHECK(err <= TOL_FP32, "sumsq [%s]: %.17g vs cpu %.17g (rel %.3g)", shape, got, ref,
+              err);
+        if (gpu->sumsq_dev) {
+            float acc0 = 2.0f, acc;
+            float *d_acc = dput(&acc0, sizeof acc0);
+            gpu->sumsq_dev(d_acc, d_x, n);
+            gpu->download(&acc, d_acc, sizeof acc);
+            double e2 = fabs(acc - (ref + 2.0)) / (ref + 2.0);
+            CHECK(e2 <= TOL_FP32, "sumsq_dev [%s]: %.9g vs cpu %.9g + 2", shape, acc, ref);
+        }
+        release();
+    }
+}
+
+/* ---- CUDA graphs: replay gives what plain launches give ---- */
+
+/* A small step: matmul, gelu, layernorm, cross-entropy with device dloss
+ * (its gradient overwrites y), a weight gradient from it, sumsq into the
+ * device scalars, AdamW from the device scalars. Not a true gradient of
+ * the loss (gelu and layernorm backward are left out), which does not
+ * matter here: the test compares replay with plain launches. */
+typedef struct {
+    float *x, *w, *dw, *h, *a, *y, *mean, *rstd, *lnw, *lnb, *losses, *sc, *m, *v;
+    int *tgt;
+} graph_bufs;
+
+static void graph_step(graph_bufs *b, int N, int C, int V) {
+    loom_adamw_t hp = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+    gpu->matmul_forward(b->h, b->x, b->w, NULL, N, C, V);
+    gpu->gelu_forward(b->a, b->h, (size_t)N * V);
+    gpu->layernorm_forward(b->y, b->mean, b->rstd, b->a, b->lnw, b->lnb, N, V);
+    gpu->crossentropy_dev(b->losses, b->y, b->tgt, N, V, V, b->sc);
+    gpu->zero(b->dw, (size_t)V * C * sizeof(float));
+    gpu->matmul_backward(NULL, b->dw, NULL, b->y, b->x, b->w, N, C, V);
+    gpu->zero(b->sc + 4, sizeof(float));
+    gpu->sumsq_dev(b->sc + 4, b->dw, (size_t)V * C);
+    gpu->adamw_dev(b->w, b->dw, b->m, b->v, (size_t)V * C, &hp, b->sc);
+}
+
+static void graph_setup(graph_bufs *b, int N, int C, int V, unsigned seed) {
+    unsigned keep = seed_next;
+    seed_next = seed; /* both copies start from the same data */
+    b->x = dput(hrand((size_t)N * C, 1), (size_t)N * C * 4);
+    b->w = dput(hrand((size_t)V * C, 1), (size_t)V * C * 4);
+    b->h = dpoison((size_t)N * V);
+    b->a = dpoison((size_t)N * V);
+    b->y = dpoison((size_t)N * V);
+    b->mean = dpoison(N);
+    b->rstd = dpoison(N);
+    b->lnw = dput(hrand(V, 1), V * 4);
+    b->lnb = dput(hrand(V, 1), V * 4);
+    b->losses = dpoison(N);
+    b->tgt = dput(hrand_ids(N, V), N * sizeof(int));
+    b->dw = dalloc((size_t)V * C * 4);
+    b->m = dalloc((size_t)V * C * 4);
+    b->v = dalloc((size_t)V * C * 4);
+    b->sc = dalloc(8 * sizeof(float));
+    seed_next = keep + 1000;
+}
+
+static void test_graph_replay(void) {
+    if (!gpu_ready()) return;
+    if (!gpu->graph_begin || !gpu->adamw_dev || !gpu->sumsq_dev || !gpu->crossentropy_dev) {
+        check_skip("the backend has no CUDA graph entries");
+        return;
+    }
+    const int N = 64, C = 96, V = 128; /* N x V logits: y doubles as the gradient */
+    snprintf(shape, sizeof shape, "N=%d C=%d V=%d", N, C, V);
+    graph_bufs plain, graph;
+    unsigned s = seed_next;
+    graph_setup(&plain, N, C, V, s);
+    graph_setup(&graph, N, C, V, s);
+    float scalars[8] = {1e-3f, 1.0f, 1.0f, 1.0f, 0, 1.0f / N, 0, 0};
+
+    /* warm-up (sizes scratch, picks algorithms), then capture */
+    gpu->upload(graph.sc, scalars, sizeof scalars);
+    graph_step(&graph, N, C, V);
+    gpu->upload(plain.sc, scalars, sizeof scalars);
+    graph_step(&plain, N, C, V);
+    loom_status st = gpu->graph_begin(7);
+    CHECK(st == LOOM_OK, "graph_begin: %s", loom_errmsg());
+    graph_step(&graph, N, C, V);
+    st = gpu->graph_end(7);
+    CHECK(st == LOOM_OK, "graph_end: %s", loom_errmsg());
+    if (st != LOOM_OK) {
+        release();
+        return;
+    }
+    for (int step = 2; step <= 4; step++) {
+        scalars[0] = 1e-3f * step; /* a schedule: replay must see the new lr and t */
+        scalars[2] = (float)step;
+        gpu->upload(graph.sc, scalars, sizeof scalars);
+        st = gpu->graph_replay(7);
+        CHECK(st == LOOM_OK, "graph_replay: %s", loom_errmsg());
+        gpu->upload(plain.sc, scalars, sizeof scalars);
+        graph_step(&plain, N, C, V);
+    }
+    float *w_plain = track_host(malloc((size_t)V * C * 4));
+    float *l_plain = track_host(malloc((size_t)N * 4));
+    gpu->download(w_plain, plain.w, (size_t)V * C * 4);
+    gpu->download(l_plain, plain.losses, (size_t)N * 4);
+    expect("graph replay weights", graph.w, w_plain, (size_t)V * C, 1e-6);
+    expect("graph replay losses", graph.losses, l_plain, N, 1e-6);
+    st = gpu->graph_replay(8);
+    CHECK(st != LOOM_OK, "graph_replay of a key never captured must fail");
+    gpu->graph_reset();
+    release();
+}
+
+/* ---- peak table: pure C, runs in every build ---- */
+
+static double peak(const char *name, int ma, int mi, int sms, int khz, loom_dtype d, char *src,
+                   size_t n) {
+    loom_cuda_gpu_t g;
+    memset(&g, 0, sizeof g);
+    snprintf(g.name, sizeof g.name, "%s", name);
+    g.cc_major = ma, g.cc_minor = mi, g.sms = sms, g.clock_khz = khz;
+    return loom_cuda_peak_flops(&g, d, src, n);
+}
+
+static void test_peak_table(void) {
+    char src[320];
+    struct {
+        const char *name;
+        int ma, mi, sms, khz;
+        loom_dtype d;
+        double tflops;
+        const char *rule;
+    } cases[] = {
+        {"NVIDIA A100-SXM4-80GB", 8, 0, 108, 1410000, LOOM_BF16, 312, "table"},
+        {"NVIDIA A100-PCIE-40GB", 8, 0, 108, 1410000, LOOM_TF32, 156, "table"},
+        {"NVIDIA A100 80GB PCIe", 8, 0, 108, 1410000, LOOM_FP32, 19.5, "table"},
+        {"NVIDIA H100 80GB HBM3", 9, 0, 132, 1980000, LOOM_BF16, 989.4, "table"},
+        {"NVIDIA H100 PCIe", 9, 0, 114, 1755000, LOOM_FP16, 756, "table"},
+        {"NVIDIA H100 NVL", 9, 0, 132, 1785000, LOOM_BF16, 835.5, "table"},
+        {"NVIDIA H200", 9, 0, 132, 1980000, LOOM_BF16, 989.4, "table"},
+        {"NVIDIA A10", 8, 6, 72, 1695000, LOOM_BF16, 125, "table"},
+        {"NVIDIA L4", 8, 9, 58, 2040000, LOOM_BF16, 121, "table"},
+        {"NVIDIA L40S", 8, 9, 142, 2520000, LOOM_BF16, 362, "table"},
+        {"NVIDIA GeForce RTX 4090", 8, 9, 128, 2520000, LOOM_BF16, 165.2, "table"},
+        {"Tesla V100-SXM2-16GB", 7, 0, 80, 1530000, LOOM_FP16, 125, "table"},
+        {"Tesla V100-SXM2-16GB", 7, 0, 80, 1530000, LOOM_BF16, 15.7, "table"},
+        /* MIG: table rate scaled by the slice's SMs */
+        {"NVIDIA A100-SXM4-40GB MIG 3g.20gb", 8, 0, 42, 1410000, LOOM_BF16, 312.0 * 42 / 108,
+         "MIG slice"},
+        {"NVIDIA H100 80GB HBM3 MIG 1g.10gb", 9, 0, 16, 1980000, LOOM_BF16,
+         989.4 * 16 / 132, "MIG slice"},
+        /* unknown names: SMs x clock x per-SM rate */
+        {"NVIDIA Future 9000", 9, 0, 100, 1500000, LOOM_BF16, 100 * 1.5 * 4096 / 1000, "rule"},
+        {"NVIDIA GeForce RTX 5090", 12, 0, 170, 2407000, LOOM_BF16, 170 * 2.407 * 512 / 1000,
+         "rule"},
+        {"NVIDIA Next", 13, 0, 100, 2000000, LOOM_BF16, 100 * 2.0 * 1024 / 1000, "rule"},
+        {"NVIDIA Quadro P6000", 6, 1, 30, 1500000, LOOM_BF16, 0, "unknown"},
+        {"NVIDIA Mystery", 9, 0, 100, 0, LOOM_BF16, 0, "unknown"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double got = peak(cases[i].name, cases[i].ma, cases[i].mi, cases[i].sms, cases[i].khz,
+                          cases[i].d, src, sizeof src);
+        double want = cases[i].tflops * 1e12;
+        CHECK(fabs(got - want) <= 1e-6 * fmax(want, 1), "%s %s: %.4g TFLOP/s, want %.4g (%s)",
+              cases[i].name, loom_dtype_name(cases[i].d), got / 1e12, cases[i].tflops, src);
+        CHECK(strncmp(src, cases[i].rule, strlen(cases[i].rule)) == 0,
+              "%s: source \"%s\" should start with \"%s\"", cases[i].name, src, cases[i].rule);
+    }
+}
+
+static void test_peak_never_negative(void) {
+    char src[320];
+    const char *names[] = {"", "NVIDIA", "MIG", "A10 MIG", "NVIDIA A100", "x A100-", "H100",
+                           "NVIDIA H100 NVL MIG 7g.94gb"};
+    int ccs[][2] = {{0, 0}, {5, 2}, {7, 0}, {7, 5}, {8, 0}, {8, 6}, {8, 7}, {8, 9}, {9, 0},
+                    {10, 0}, {11, 0}, {12, 0}, {99, 9}};
+    int sms[] = {-5, 0, 1, 200, 10000};
+    for (size_t a = 0; a < sizeof names / sizeof names[0]; a++)
+        for (size_t b = 0; b < sizeof ccs / sizeof ccs[0]; b++)
+            for (size_t c = 0; c < sizeof sms / sizeof sms[0]; c++)
+                for (int d = 0; d < 4; d++) {
+                    double p = peak(names[a], ccs[b][0], ccs[b][1], sms[c], 1500000, d, src,
+                                    sizeof src);
+                    CHECK(p >= 0 && isfinite(p) && p < 1e18 && src[0],
+                          "\"%s\" sm_%d%d %d SMs %s: %g (%s)", names[a], ccs[b][0], ccs[b][1],
+                          sms[c], loom_dtype_name(d), p, src);
+                }
+}
+
+/* ---- main ---- */
+
+typedef struct {
+    const char *name;
+    void (*fn)(void);
+} gpu_case;
+
+static const gpu_case gpu_cases[] = {
+    {"encoder", test_encoder},
+    {"layernorm", test_layernorm},
+    {"residual_layernorm", test_residual_layernorm},
+    {"matmul_forward", test_matmul_forward},
+    {"matmul_backward", test_matmul_backward},
+    {"matmul_forward_gelu", test_matmul_forward_gelu},
+    {"attention_fused", test_attention_fused},
+    {"attention_fused_fp32_bound", test_attention_fused_fp32_bound},
+    {"attention_unfused", test_attention_unfused},
+    {"gelu", test_gelu},
+    {"residual_accumulate", test_residual_accumulate},
+    {"crossentropy", test_crossentropy},
+    {"crossentropy_dev", test_crossentropy_dev},
+    {"adamw", test_adamw},
+    {"adamw_dev", test_adamw_dev},
+    {"sumsq", test_sumsq},
+    {"graph_replay", test_graph_replay},
+};
+
+/* Fills no_gpu with the reason no GPU case can run, or leaves it empty. */
+static void probe_gpu(void) {
+#ifdef LOOM_HAVE_CUDA
+    char why[256] = "";
+    int n = loom_cuda_device_count(why, sizeof why);
+    if (n <= 0) snprintf(no_gpu, sizeof no_gpu, "no CUDA device: %s", why);
+#else
+    snprintf(no_gpu, sizeof no_gpu, "this build has no CUDA (nvcc was not found at build time)");
+#endif
+}
+
+int main(void) {
+    const char *env = getenv("LOOM_TEST_SEED");
+    seed0 = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL) ^ (unsigned)getpid();
+    seed_next = seed0;
+    printf("# test_cuda_ops seed %u (LOOM_TEST_SEED=%u repeats this run)\n", seed0, seed0);
+    RUN(test_peak_table);
+    RUN(test_peak_never_negative);
+
+    probe_gpu();
+    char reason_all[512];
+    snprintf(reason_all, sizeof reason_all, "%s", no_gpu);
+    if (!reason_all[0] && loom_backend_cpu_init(&cpu, 0) != LOOM_OK) {
+        printf("  cannot open the CPU reference: %s\n", loom_errmsg());
+        return 1;
+    }
+    for (int d = LOOM_FP32; d <= LOOM_FP16; d++) {
+        dtype = (loom_dtype)d;
+        snprintf(no_gpu, sizeof no_gpu, "%s", reason_all);
+        if (!no_gpu[0] && loom_backend_open(&gpu, "cuda:0", 1, dtype) != LOOM_OK)
+            snprintf(no_gpu, sizeof no_gpu, "%s", loom_errmsg());
+        for (size_t i = 0; i < sizeof gpu_cases / sizeof gpu_cases[0]; i++) {
+            char name[96];
+            snprintf(name, sizeof name, "cuda_%s/%s", gpu_cases[i].name, loom_dtype_name(dtype));
+            seed_next = seed0 + 7919u * (unsigned)(d * 64 + (int)i);
+            check_run(name, gpu_cases[i].fn);
+        }
+    }
+    return check_main_end();
+}
