@@ -37,7 +37,7 @@ ifneq ($(and $(NVCC),$(CU_SRCS)),)
   CUDA_NOTE  := CUDA backend built with $(NVCC) for sm_80 and sm_90 (+PTX)
 else
   CU_OBJS    :=
-  CUDA_NOTE  := CUDA backend not built ($(if $(NO_CUDA),NO_CUDA set,nvcc not found)): CPU only
+  CUDA_NOTE  := CUDA backend not built ($(if $(NO_CUDA),NO_CUDA set,$(if $(NVCC),no sources in src/backend/cuda,nvcc not found))): CPU only
 endif
 
 LIB_SRCS  := $(filter-out src/cli/main.c,$(shell find src -name '*.c' | sort))
