@@ -18,7 +18,8 @@ typedef struct {
     int add_prefix_space;
     int ignore_merges;               /* a word in the vocabulary is one token */
     int use_regex;                   /* 0: no GPT-2 pre-tokenization */
-    const char *origin;              /* file name for messages */
+    const char *origin;              /* file name for messages about the vocabulary */
+    const char *merges_origin;       /* ... and about merges (NULL: origin) */
     long merge_line0;                /* > 0: merge i is on line merge_line0 + i */
 } loom_bpe_spec_t;
 

@@ -338,7 +338,7 @@ loom_status loom_bpe_train(loom_tokenizer_t **out, loom_bpe_counter_t *c, const 
         P.p[top.pair].count = 0; /* merge_word's own (a, b) bookkeeping is moot */
         for (size_t i = 0; i < P.ntouched; i++)
             if (P.p[P.touched[i]].count >= min_freq) heap_push(&P, P.touched[i]);
-        if (o->progress && (nm % 256 == 0 || nm == want)) o->progress(o->progress_ctx, (long long)nm, (long long)want);
+        if (o->progress && nm % 256 == 0 && nm != want) o->progress(o->progress_ctx, (long long)nm, (long long)want);
     }
     if (o->progress) o->progress(o->progress_ctx, (long long)nm, (long long)want);
     for (size_t k = 0; k < P.n; k++) free(P.p[k].words.v);

@@ -25,7 +25,8 @@ loom_status loom_shard_open(loom_shard_t *s, const char *path) {
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED) return loom_error(LOOM_EIO, "%s: mmap failed: %s", path, strerror(errno));
-    const int32_t *h = map;
+    int32_t h[7]; /* a copy, so messages can use it after munmap */
+    memcpy(h, map, sizeof h);
     size_t count, hdr = 1024;
     int tb, vocab;
     if (h[0] == LOOM_SHARD_MAGIC) {
@@ -53,7 +54,7 @@ loom_status loom_shard_open(loom_shard_t *s, const char *path) {
         munmap(map, len);
         return loom_error(LOOM_EFORMAT, "%s: not a token shard (magic %d); make one with `loom tokenize`", path, h[0]);
     }
-    if (len - hdr != count * (size_t)tb) {
+    if (count > (len - hdr) / (size_t)tb + 1 || len - hdr != count * (size_t)tb) {
         munmap(map, len);
         return loom_error(LOOM_EFORMAT, "%s: header says %zu tokens (%zu bytes) but the file holds %zu bytes of tokens; the file is truncated or corrupt, re-run `loom tokenize`",
                           path, count, count * (size_t)tb, len - hdr);
@@ -83,27 +84,150 @@ uint32_t loom_shard_get(const loom_shard_t *s, size_t i) {
     return t;
 }
 
-loom_status loom_shard_write(const char *path, const uint32_t *tokens, size_t n, int vocab_size) {
-    if (vocab_size <= 0) return loom_error(LOOM_EINVAL, "%s: vocabulary size %d", path, vocab_size);
-    int tb = vocab_size <= 65536 ? 2 : 4;
-    size_t bytes = 1024 + n * (size_t)tb;
-    unsigned char *buf = loom_calloc(1, bytes);
-    int32_t h[7] = {LOOM_SHARD_MAGIC, LOOM_SHARD_VERSION, 1024, vocab_size,
-                    (int32_t)(uint32_t)(n & 0xffffffffu), (int32_t)(uint32_t)((uint64_t)n >> 32), tb};
-    memcpy(buf, h, sizeof h);
-    for (size_t i = 0; i < n; i++) {
-        if (tokens[i] >= (uint32_t)vocab_size) {
-            free(buf);
-            return loom_error(LOOM_EINVAL, "%s: token %u at position %zu is beyond the vocabulary (%d); nothing written", path, tokens[i], i, vocab_size);
-        }
-        if (tb == 2) {
-            uint16_t t = (uint16_t)tokens[i];
-            memcpy(buf + 1024 + 2 * i, &t, 2);
-        } else {
-            memcpy(buf + 1024 + 4 * i, &tokens[i], 4);
-        }
+loom_status loom_shard_validate(const loom_shard_t *s, const char *path, int vocab_size) {
+    uint32_t v = (uint32_t)(s->vocab_size > 0 ? s->vocab_size : vocab_size);
+    if (v == 0) return LOOM_OK;
+    for (size_t i = 0; i < s->ntokens; i++) {
+        uint32_t t = loom_shard_get(s, i);
+        if (t >= v)
+            return loom_error(LOOM_EFORMAT, "%s: token %u at position %zu is beyond the vocabulary (%u); re-run `loom tokenize`", path, t, i, v);
     }
-    loom_status s = loom_file_write_atomic(path, buf, bytes);
-    free(buf);
-    return s;
+    return LOOM_OK;
+}
+
+#define WRITER_BUF (1 << 20)
+
+struct loom_shard_writer {
+    char *path, *tmp;
+    int fd;
+    int vocab_size, tb;
+    size_t count;
+    unsigned char *buf; /* WRITER_BUF bytes */
+    size_t fill;
+};
+
+static void header(int32_t h[7], size_t n, int vocab_size, int tb) {
+    int32_t v[7] = {LOOM_SHARD_MAGIC, LOOM_SHARD_VERSION, 1024, vocab_size,
+                    (int32_t)(uint32_t)(n & 0xffffffffu), (int32_t)(uint32_t)((uint64_t)n >> 32), tb};
+    memcpy(h, v, sizeof v);
+}
+
+static loom_status write_all(int fd, const void *p, size_t n, const char *tmp) {
+    const char *c = p;
+    while (n > 0) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return loom_error(LOOM_EIO, "%s: write failed: %s", tmp, strerror(errno));
+        }
+        c += w;
+        n -= (size_t)w;
+    }
+    return LOOM_OK;
+}
+
+void loom_shard_writer_abort(loom_shard_writer_t *w) {
+    if (!w) return;
+    if (w->fd >= 0) close(w->fd);
+    unlink(w->tmp);
+    free(w->path);
+    free(w->tmp);
+    free(w->buf);
+    free(w);
+}
+
+loom_status loom_shard_writer_open(loom_shard_writer_t **out, const char *path, int vocab_size) {
+    *out = NULL;
+    if (vocab_size <= 0) return loom_error(LOOM_EINVAL, "%s: vocabulary size %d", path, vocab_size);
+    loom_shard_writer_t *w = loom_calloc(1, sizeof *w);
+    w->path = loom_strdup(path);
+    w->tmp = loom_malloc(strlen(path) + 5);
+    sprintf(w->tmp, "%s.tmp", path);
+    w->vocab_size = vocab_size;
+    w->tb = vocab_size <= 65536 ? 2 : 4;
+    w->buf = loom_malloc(WRITER_BUF);
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (w->fd < 0) {
+        loom_status s = loom_error(LOOM_EIO, "%s: cannot create: %s", w->tmp, strerror(errno));
+        w->fd = -1;
+        loom_shard_writer_abort(w);
+        return s;
+    }
+    /* The header is written with a zero count and filled in by close(). */
+    memset(w->buf, 0, 1024);
+    int32_t h[7];
+    header(h, 0, vocab_size, w->tb);
+    memcpy(w->buf, h, sizeof h);
+    w->fill = 1024;
+    *out = w;
+    return LOOM_OK;
+}
+
+size_t loom_shard_writer_count(const loom_shard_writer_t *w) { return w->count; }
+
+loom_status loom_shard_writer_append(loom_shard_writer_t *w, const uint32_t *tokens, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (tokens[i] >= (uint32_t)w->vocab_size) {
+            loom_status s = loom_error(LOOM_EINVAL, "%s: token %u at position %zu is beyond the vocabulary (%d); nothing written",
+                                       w->path, tokens[i], w->count + i, w->vocab_size);
+            loom_shard_writer_abort(w);
+            return s;
+        }
+        if (w->fill + 4 > WRITER_BUF) {
+            loom_status s = write_all(w->fd, w->buf, w->fill, w->tmp);
+            if (s != LOOM_OK) {
+                loom_shard_writer_abort(w);
+                return s;
+            }
+            w->fill = 0;
+        }
+        if (w->tb == 2) {
+            uint16_t t = (uint16_t)tokens[i];
+            memcpy(w->buf + w->fill, &t, 2);
+        } else {
+            memcpy(w->buf + w->fill, &tokens[i], 4);
+        }
+        w->fill += (size_t)w->tb;
+    }
+    w->count += n;
+    return LOOM_OK;
+}
+
+loom_status loom_shard_writer_close(loom_shard_writer_t *w) {
+    loom_status s = write_all(w->fd, w->buf, w->fill, w->tmp);
+    int32_t h[7];
+    header(h, w->count, w->vocab_size, w->tb);
+    if (s == LOOM_OK && pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h)
+        s = loom_error(LOOM_EIO, "%s: writing the header failed: %s", w->tmp, strerror(errno));
+    if (s == LOOM_OK && fsync(w->fd) != 0) s = loom_error(LOOM_EIO, "%s: sync failed: %s", w->tmp, strerror(errno));
+    if (s == LOOM_OK) {
+        int fd = w->fd;
+        w->fd = -1;
+        if (close(fd) != 0) s = loom_error(LOOM_EIO, "%s: close failed: %s", w->tmp, strerror(errno));
+    }
+    if (s == LOOM_OK && rename(w->tmp, w->path) != 0) s = loom_error(LOOM_EIO, "%s: rename failed: %s", w->path, strerror(errno));
+    if (s != LOOM_OK) {
+        loom_shard_writer_abort(w);
+        return s;
+    }
+    char *dir = loom_strdup(w->path), *slash = strrchr(dir, '/');
+    if (slash) {
+        *slash = 0;
+        loom_fsync_dir(dir[0] ? dir : "/");
+    } else {
+        loom_fsync_dir(".");
+    }
+    free(dir);
+    free(w->path);
+    free(w->tmp);
+    free(w->buf);
+    free(w);
+    return LOOM_OK;
+}
+
+loom_status loom_shard_write(const char *path, const uint32_t *tokens, size_t n, int vocab_size) {
+    loom_shard_writer_t *w;
+    LOOM_TRY(loom_shard_writer_open(&w, path, vocab_size));
+    LOOM_TRY(loom_shard_writer_append(w, tokens, n));
+    return loom_shard_writer_close(w);
 }

@@ -34,8 +34,28 @@ loom_status loom_shard_open(loom_shard_t *s, const char *path);
 void loom_shard_close(loom_shard_t *s);
 /* Token i of an open shard. */
 uint32_t loom_shard_get(const loom_shard_t *s, size_t i);
+/* Check that every token of an open shard is below its vocabulary (or
+ * below vocab_size when the file does not say, > 0); the error names `path`
+ * and the first bad position. */
+loom_status loom_shard_validate(const loom_shard_t *s, const char *path, int vocab_size);
 /* Write tokens atomically (temporary name, fsync, rename). Tokens must be
  * below vocab_size; uint16 is used when vocab_size <= 65536. */
 loom_status loom_shard_write(const char *path, const uint32_t *tokens, size_t n, int vocab_size);
+
+/* A shard written piece by piece in bounded memory: tokens go to PATH.tmp,
+ * and close() fills in the header, fsyncs and renames it to PATH. Until
+ * then (and after abort() or any error) PATH is untouched and the temporary
+ * file is removed, so no half-written shard is ever under its final name. */
+typedef struct loom_shard_writer loom_shard_writer_t;
+loom_status loom_shard_writer_open(loom_shard_writer_t **w, const char *path, int vocab_size);
+/* Append tokens; one beyond the vocabulary is an error naming its position
+ * in the shard (the writer is aborted then). */
+loom_status loom_shard_writer_append(loom_shard_writer_t *w, const uint32_t *tokens, size_t n);
+/* Tokens appended so far. */
+size_t loom_shard_writer_count(const loom_shard_writer_t *w);
+/* Finish: header, fsync, rename; frees the writer whatever happens. */
+loom_status loom_shard_writer_close(loom_shard_writer_t *w);
+/* Give up: remove the temporary file and free the writer. */
+void loom_shard_writer_abort(loom_shard_writer_t *w);
 
 #endif

@@ -89,7 +89,7 @@ static loom_status merge_error(const loom_bpe_spec_t *sp, size_t i, const char *
     else snprintf(where, sizeof where, "merge %zu", i);
     char what[256];
     snprintf(what, sizeof what, fmt, a, b);
-    return loom_error(LOOM_EFORMAT, "%s: %s: %s", sp->origin, where, what);
+    return loom_error(LOOM_EFORMAT, "%s: %s: %s", sp->merges_origin ? sp->merges_origin : sp->origin, where, what);
 }
 
 loom_status loom_tokenizer_build(loom_tokenizer_t **out, const loom_bpe_spec_t *sp) {
@@ -813,13 +813,14 @@ static loom_status merges_to_ids(const char *path, const vocab_t *v, const char 
     return st;
 }
 
-static loom_status build_from(loom_tokenizer_t **out, const char *path, vocab_t *v, uint32_t (*merges)[2], size_t nm,
+static loom_status build_from(loom_tokenizer_t **out, const char *path, const char *mpath, vocab_t *v, uint32_t (*merges)[2], size_t nm,
                               long line0, int prefix, int ignore, int regex) {
     const unsigned char **tok = loom_malloc(((size_t)v->n + 1) * sizeof *tok);
     for (int i = 0; i < v->n; i++) tok[i] = v->tok[i] ? v->tok[i] : (const unsigned char *)"";
     loom_bpe_spec_t sp = {.vocab_size = v->n, .tok = tok, .tok_len = v->len, .special = v->special,
                           .merges = (const uint32_t(*)[2])merges, .nmerges = nm, .add_prefix_space = prefix,
-                          .ignore_merges = ignore, .use_regex = regex, .origin = path, .merge_line0 = line0};
+                          .ignore_merges = ignore, .use_regex = regex, .origin = path, .merges_origin = mpath,
+                          .merge_line0 = line0};
     loom_status s = loom_tokenizer_build(out, &sp);
     free(tok);
     return s;
@@ -909,7 +910,7 @@ static loom_status load_json(loom_tokenizer_t **out, const char *path, cJSON *ro
         i++;
     }
     if (s == LOOM_OK) s = merges_to_ids(path, &v, a, b, nm, 0, ids);
-    if (s == LOOM_OK) s = build_from(out, path, &v, ids, nm, 0, prefix, ignore, regex);
+    if (s == LOOM_OK) s = build_from(out, path, NULL, &v, ids, nm, 0, prefix, ignore, regex);
     for (size_t k = 0; k < nm; k++) free(own[k]);
     free(own);
     free(a);
@@ -1000,7 +1001,7 @@ loom_status loom_tokenizer_load_gpt2(loom_tokenizer_t **out, const char *vocab_p
     uint32_t(*ids)[2] = loom_malloc((n + 1) * sizeof *ids);
     if (!first_line) first_line = 1;
     if (s == LOOM_OK) s = merges_to_ids(merges_path, &v, a, b, n, first_line, ids);
-    if (s == LOOM_OK) s = build_from(out, merges_path, &v, ids, n, first_line, 0, 0, 1);
+    if (s == LOOM_OK) s = build_from(out, vocab_path, merges_path, &v, ids, n, first_line, 0, 0, 1);
     free(ids);
     free(a);
     free(b);
