@@ -8,6 +8,8 @@
 int cmd_train(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_bench_dist(int argc, char **argv);
 
 /* Exit code for a failed status: 2 when the user can fix the input. */
 int loom_exit_code(int status);

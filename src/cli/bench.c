@@ -1,0 +1,682 @@
+/* loom bench: training throughput side by side with PyTorch (bench train),
+ * where a step's time goes (bench ops); bench dist is in its own file.
+ *
+ * bench train runs each implementation in its own process (loom in a forked
+ * child, PyTorch as bench/torch_train.py under /usr/bin/python3) so that
+ * each one's peak resident memory is its own, and alternates them a few
+ * steps at a time: on a shared machine absolute times drift, while the
+ * ratio of steps measured side by side holds. The parent does no compute
+ * (no OpenMP team exists before the fork). */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "model/gpt.h"
+#include "train/step.h"
+
+#pragma weak cmd_bench_dist
+
+#define BENCH_VOCAB 50257 /* GPT-2's */
+#define MAX_TIMES 4096
+
+/* ---- child processes spoken to over pipes, one line per message ---- */
+
+typedef struct {
+    pid_t pid;
+    FILE *to;   /* commands */
+    FILE *from; /* replies */
+} child_t;
+
+typedef void (*child_fn)(FILE *in, FILE *out, void *arg);
+
+/* Start `fn` in a forked child (argv == NULL) or exec argv. */
+static int child_start(child_t *c, child_fn fn, void *arg, char *const argv[]) {
+    int down[2], up[2];
+    if (pipe(down) != 0) return -1;
+    if (pipe(up) != 0) {
+        close(down[0]), close(down[1]);
+        return -1;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        if (argv) {
+            dup2(down[0], 0);
+            dup2(up[1], 1);
+            close(down[0]);
+            close(up[1]);
+            execv(argv[0], argv);
+            fprintf(stderr, "loom bench: cannot run %s: %s\n", argv[0], strerror(errno));
+            _exit(127);
+        }
+        FILE *in = fdopen(down[0], "r"), *out = fdopen(up[1], "w");
+        fn(in, out, arg);
+        fflush(out);
+        _exit(0);
+    }
+    close(down[0]);
+    close(up[1]);
+    c->pid = pid;
+    c->to = fdopen(down[1], "w");
+    c->from = fdopen(up[0], "r");
+    return 0;
+}
+
+/* Send a command and read the reply line into buf; -1 if the child died. */
+static int child_ask(child_t *c, const char *cmd, char *buf, size_t n) {
+    if (cmd) {
+        fprintf(c->to, "%s\n", cmd);
+        fflush(c->to);
+    }
+    return fgets(buf, (int)n, c->from) ? 0 : -1;
+}
+
+static void child_stop(child_t *c) {
+    if (!c->pid) return;
+    fprintf(c->to, "quit\n");
+    fclose(c->to);
+    fclose(c->from);
+    int st;
+    waitpid(c->pid, &st, 0);
+    c->pid = 0;
+}
+
+/* ---- the loom side ---- */
+
+typedef struct {
+    const char *model, *device, *dtype, *gemm;
+    int batch, seq, threads;
+} loom_side_t;
+
+static long long maxrss_bytes(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (long long)ru.ru_maxrss * 1024;
+}
+
+static loom_status loom_side_build(const loom_side_t *s, const loom_backend_t **be, loom_gpt_t **m,
+                                   int **tok, int **tgt) {
+    if (s->gemm) setenv("LOOM_GEMM", s->gemm, 1);
+    int dt = loom_dtype_parse(s->dtype);
+    if (dt < 0) return loom_error(LOOM_EINVAL, "--dtype %s: use fp32, tf32, bf16 or fp16", s->dtype);
+    LOOM_TRY(loom_backend_open(be, s->device, s->threads, (loom_dtype)dt));
+    loom_gpt_config_t cfg;
+    LOOM_TRY(loom_gpt_preset(&cfg, s->model));
+    cfg.vocab_size = BENCH_VOCAB;
+    if (s->seq > cfg.max_seq_len) cfg.max_seq_len = s->seq;
+    LOOM_TRY(loom_gpt_init(m, &cfg, *be, 1337));
+    size_t n = (size_t)s->batch * s->seq;
+    *tok = loom_calloc(n, sizeof(int));
+    *tgt = loom_calloc(n, sizeof(int));
+    loom_rng_t rng;
+    loom_rng_seed(&rng, 42);
+    for (size_t i = 0; i < n; i++) {
+        (*tok)[i] = (int)(loom_rng_u64(&rng) % BENCH_VOCAB);
+        (*tgt)[i] = (int)(loom_rng_u64(&rng) % BENCH_VOCAB);
+    }
+    return LOOM_OK;
+}
+
+static const loom_optim_t bench_opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f};
+
+/* The loom child: same protocol as bench/torch_train.py, plus "peak" first. */
+static void loom_child(FILE *in, FILE *out, void *arg) {
+    const loom_side_t *s = arg;
+    const loom_backend_t *be;
+    loom_gpt_t *m;
+    int *tok, *tgt;
+    if (loom_side_build(s, &be, &m, &tok, &tgt) != LOOM_OK) {
+        fprintf(out, "error %s\n", loom_errmsg());
+        return;
+    }
+    int t = 1;
+    float loss, norm;
+    if (loom_train_step(m, tok, tgt, s->batch, s->seq, 1, &bench_opt, 3e-4f, t++, &loss, &norm) != LOOM_OK) {
+        fprintf(out, "error %s\n", loom_errmsg());
+        return;
+    }
+    fprintf(out, "ready %.6g %s\n", be->peak_flops, be->peak_source ? be->peak_source : "unknown");
+    fflush(out);
+    char line[256];
+    while (fgets(line, sizeof line, in)) {
+        int k;
+        if (sscanf(line, "run %d", &k) == 1) {
+            fprintf(out, "times");
+            for (int i = 0; i < k; i++) {
+                double t0 = loom_now();
+                loom_status st = loom_train_step(m, tok, tgt, s->batch, s->seq, 1, &bench_opt, 3e-4f, t++, &loss, &norm);
+                if (st != LOOM_OK) {
+                    fprintf(out, " error %s\n", loom_errmsg());
+                    fflush(out);
+                    return;
+                }
+                fprintf(out, " %.6f", loom_now() - t0);
+            }
+            fprintf(out, "\n");
+        } else if (strncmp(line, "mem", 3) == 0) {
+            fprintf(out, "maxrss %lld\n", maxrss_bytes());
+        } else if (strncmp(line, "quit", 4) == 0) {
+            break;
+        }
+        fflush(out);
+    }
+    loom_gpt_free(m);
+    free(tok);
+    free(tgt);
+}
+
+/* ---- bench train ---- */
+
+typedef struct {
+    const char *label;
+    child_t c;
+    int ok;
+    char why[320];
+    double times[MAX_TIMES];
+    int n;
+    long long maxrss;
+    double peak;
+    char peak_source[160];
+} side_t;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    if (n == 0) return 0;
+    double tmp[MAX_TIMES];
+    memcpy(tmp, v, (size_t)n * sizeof(double));
+    qsort(tmp, (size_t)n, sizeof(double), cmp_double);
+    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+}
+
+/* Parse "times a b c" into the side's list; 0 on success. */
+static int take_times(side_t *s, const char *line) {
+    if (strncmp(line, "times", 5) != 0) {
+        snprintf(s->why, sizeof s->why, "%s", line);
+        s->why[strcspn(s->why, "\n")] = 0;
+        return -1;
+    }
+    const char *p = line + 5;
+    char *end;
+    for (;;) {
+        double v = strtod(p, &end);
+        if (end == p) break;
+        if (s->n < MAX_TIMES) s->times[s->n++] = v;
+        p = end;
+    }
+    return 0;
+}
+
+/* The torch script: --torch-script, else bench/ beside the repository root
+ * the binary was built in (build/loom), else ./bench. */
+static void torch_script_path(char *out, size_t n, const char *given) {
+    if (given) {
+        snprintf(out, n, "%s", given);
+        return;
+    }
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = 0;
+        for (int up = 0; up < 2; up++) {
+            char *slash = strrchr(exe, '/');
+            if (slash) *slash = 0;
+        }
+        snprintf(out, n, "%s/bench/torch_train.py", exe);
+        if (access(out, R_OK) == 0) return;
+    }
+    snprintf(out, n, "bench/torch_train.py");
+}
+
+typedef struct {
+    const char *model;
+    int seq, threads;
+} bench_cfg_t;
+
+static int run_train_config(const bench_cfg_t *bc, int batch, int rounds, int steps,
+                            const char *device, const char *dtype, const char **gemms, int ngemm,
+                            int torch_on, const char *script) {
+    loom_gpt_config_t cfg;
+    if (loom_gpt_preset(&cfg, bc->model) != LOOM_OK) {
+        fprintf(stderr, "loom bench train: %s\n", loom_errmsg());
+        return 2;
+    }
+    cfg.vocab_size = BENCH_VOCAB;
+    if (bc->seq > cfg.max_seq_len) cfg.max_seq_len = bc->seq;
+    if (loom_gpt_config_finish(&cfg) != LOOM_OK) {
+        fprintf(stderr, "loom bench train: %s\n", loom_errmsg());
+        return 2;
+    }
+    double fpt = loom_gpt_flops_per_token(&cfg, bc->seq);
+    double tokens = (double)batch * bc->seq;
+
+    side_t sides[4];
+    loom_side_t ls[3];
+    int ns = 0;
+    memset(sides, 0, sizeof sides);
+    for (int g = 0; g < ngemm && g < 3; g++) {
+        ls[g] = (loom_side_t){bc->model, device, dtype, strcmp(device, "cpu") == 0 ? gemms[g] : NULL,
+                              batch, bc->seq, bc->threads};
+        side_t *s = &sides[ns++];
+        static char labels[3][48];
+        snprintf(labels[g], sizeof labels[g], strcmp(device, "cpu") == 0 ? "loom (gemm %s)" : "loom %s",
+                 strcmp(device, "cpu") == 0 ? gemms[g] : device);
+        s->label = labels[g];
+        s->ok = child_start(&s->c, loom_child, &ls[g], NULL) == 0;
+        if (!s->ok) snprintf(s->why, sizeof s->why, "fork: %s", strerror(errno));
+    }
+    side_t *torch = NULL;
+    if (torch_on) {
+        torch = &sides[ns++];
+        torch->label = "pytorch";
+        char a[8][24];
+        snprintf(a[0], 24, "%d", cfg.n_layer);
+        snprintf(a[1], 24, "%d", cfg.channels);
+        snprintf(a[2], 24, "%d", cfg.n_head);
+        snprintf(a[3], 24, "%d", cfg.vocab_size);
+        snprintf(a[4], 24, "%d", cfg.max_seq_len);
+        snprintf(a[5], 24, "%d", batch);
+        snprintf(a[6], 24, "%d", bc->seq);
+        snprintf(a[7], 24, "%d", bc->threads);
+        char *argv[] = {"/usr/bin/python3", (char *)script, "--layers", a[0], "--channels", a[1],
+                        "--heads", a[2], "--vocab", a[3], "--maxT", a[4], "--batch", a[5],
+                        "--seq", a[6], "--threads", a[7], NULL};
+        if (access("/usr/bin/python3", X_OK) != 0) {
+            snprintf(torch->why, sizeof torch->why, "/usr/bin/python3 not found");
+        } else if (access(script, R_OK) != 0) {
+            snprintf(torch->why, sizeof torch->why, "%s not found (pass --torch-script)", script);
+        } else {
+            torch->ok = child_start(&torch->c, NULL, NULL, argv) == 0;
+            if (!torch->ok) snprintf(torch->why, sizeof torch->why, "fork: %s", strerror(errno));
+        }
+    }
+
+    /* Handshake one side at a time: building and the warm-up step are not timed. */
+    char line[65536];
+    for (int i = 0; i < ns; i++) {
+        side_t *s = &sides[i];
+        if (!s->ok) continue;
+        if (child_ask(&s->c, NULL, line, sizeof line) != 0 || strncmp(line, "ready", 5) != 0) {
+            s->ok = 0;
+            snprintf(s->why, sizeof s->why, "%s", line[0] && strncmp(line, "error ", 6) == 0 ? line + 6 : "exited before it was ready (see its stderr)");
+            s->why[strcspn(s->why, "\n")] = 0;
+            line[0] = 0;
+            continue;
+        }
+        if (s != torch && sscanf(line, "ready %lf %159[^\n]", &s->peak, s->peak_source) < 1) s->peak = 0;
+        line[0] = 0;
+    }
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "run %d", steps);
+    for (int r = 0; r < rounds; r++)
+        for (int i = 0; i < ns; i++) {
+            side_t *s = &sides[i];
+            if (!s->ok) continue;
+            if (child_ask(&s->c, cmd, line, sizeof line) != 0 || take_times(s, line) != 0) {
+                s->ok = 0;
+                if (!s->why[0]) snprintf(s->why, sizeof s->why, "exited during the run");
+            }
+        }
+    for (int i = 0; i < ns; i++) {
+        side_t *s = &sides[i];
+        if (s->ok && child_ask(&s->c, "mem", line, sizeof line) == 0) sscanf(line, "maxrss %lld", &s->maxrss);
+        if (s->c.pid) child_stop(&s->c);
+    }
+
+    double peak = 0;
+    const char *peak_src = "unknown";
+    for (int i = 0; i < ns; i++)
+        if (sides[i].peak > peak) peak = sides[i].peak, peak_src = sides[i].peak_source;
+    double torch_tps = torch && torch->ok && torch->n ? tokens / median(torch->times, torch->n) : 0;
+    long long torch_mem = torch && torch->ok ? torch->maxrss : 0;
+    printf("\n%s  B=%d T=%d  threads=%d  device=%s  (%.1f MFLOP/token; %d rounds x %d steps each, alternating)\n",
+           bc->model, batch, bc->seq, bc->threads, device, fpt / 1e6, rounds, steps);
+    printf("  peak: %s\n", peak_src);
+    printf("  %-16s %10s %10s %9s %7s %10s %12s %10s\n", "", "step ms", "tokens/s", "GFLOP/s", "MFU",
+           "peak MB", "vs pytorch", "mem ratio");
+    for (int i = 0; i < ns; i++) {
+        side_t *s = &sides[i];
+        if (!s->ok || s->n == 0) {
+            printf("  %-16s unavailable: %s\n", s->label, s->why[0] ? s->why : "no steps ran");
+            continue;
+        }
+        double med = median(s->times, s->n), tps = tokens / med, gf = tps * fpt / 1e9;
+        char ratio[32] = "-", mratio[32] = "-";
+        if (s != torch && torch_tps > 0) snprintf(ratio, sizeof ratio, "%.2fx", tps / torch_tps);
+        if (s != torch && torch_mem > 0) snprintf(mratio, sizeof mratio, "%.2f", (double)s->maxrss / torch_mem);
+        char mfu[16] = "-";
+        if (peak > 0) snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * gf * 1e9 / peak);
+        printf("  %-16s %10.1f %10.0f %9.1f %7s %10.0f %12s %10s\n", s->label, med * 1e3, tps, gf, mfu,
+               s->maxrss / 1048576.0, ratio, mratio);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+static int split_list(char *s, const char **out, int max) {
+    int n = 0;
+    for (char *tok = strtok(s, ","); tok && n < max; tok = strtok(NULL, ",")) out[n++] = tok;
+    return n;
+}
+
+static int bench_train(int argc, char **argv) {
+    const char *model = NULL, *device = "cpu", *dtype = "fp32", *torch = "on", *gemm = "own,blas", *script = NULL;
+    int batch = 4, seq = 0, threads = 0, steps = 2, rounds = 3;
+    const loom_arg_t args[] = {
+        {"model", ARG_STR, &model, NULL, 0, 0, "preset (default: gpt2-tiny T=256, gpt2-small T=256 and T=1024, on 2 threads then 1)"},
+        {"batch", ARG_INT, &batch, "4", 1, 1 << 20, "sequences per step"},
+        {"seq", ARG_INT, &seq, "0", 0, 1 << 20, "tokens per sequence (0 = the defaults' list, or the preset's context with --model)"},
+        {"threads", ARG_INT, &threads, "0", 0, 4096, "CPU threads for both loom and PyTorch (0 = the defaults' list: 2 then 1)"},
+        {"steps", ARG_INT, &steps, "2", 1, 1000, "steps per side per round"},
+        {"rounds", ARG_INT, &rounds, "3", 1, 1000, "rounds of alternation (after one untimed warm-up step each)"},
+        {"device", ARG_STR, &device, "cpu", 0, 0, "cpu, cuda or cuda:N (loom's side; PyTorch runs on the CPU build Debian ships)"},
+        {"dtype", ARG_STR, &dtype, "fp32", 0, 0, "loom's matrix precision"},
+        {"gemm", ARG_STR, &gemm, "own,blas", 0, 0, "CPU GEMMs to run loom with, comma-separated: own (AVX-512/AVX2 kernels), blas (OpenBLAS)"},
+        {"torch", ARG_STR, &torch, "on", 0, 0, "on or off: run the PyTorch reference"},
+        {"torch-script", ARG_STR, &script, NULL, 0, 0, "path of bench/torch_train.py (default: found beside the build)"},
+    };
+    const char *usage = "loom bench train [--model gpt2-small --seq 1024 --threads 2] [flags]";
+    int r = loom_args_parse("bench train", usage, args, (int)(sizeof args / sizeof args[0]), argc, argv);
+    if (r == 1) return 0;
+    if (r) return 2;
+    if (strcmp(torch, "on") != 0 && strcmp(torch, "off") != 0) {
+        fprintf(stderr, "loom bench train: --torch %s: use on or off\n", torch);
+        return 2;
+    }
+    if (MAX_TIMES < rounds * steps) {
+        fprintf(stderr, "loom bench train: --rounds x --steps must be at most %d\n", MAX_TIMES);
+        return 2;
+    }
+    char gemm_buf[64];
+    snprintf(gemm_buf, sizeof gemm_buf, "%s", gemm);
+    const char *gemms[3];
+    int ngemm = split_list(gemm_buf, gemms, 3);
+    for (int i = 0; i < ngemm; i++)
+        if (strcmp(gemms[i], "own") != 0 && strcmp(gemms[i], "blas") != 0) {
+            fprintf(stderr, "loom bench train: --gemm %s: use own, blas or own,blas\n", gemms[i]);
+            return 2;
+        }
+    if (strcmp(device, "cpu") != 0) ngemm = 1;
+    char path[PATH_MAX];
+    torch_script_path(path, sizeof path, script);
+
+    bench_cfg_t list[8];
+    int n = 0;
+    if (!model && !seq && !threads) {
+        const int ths[2] = {2, 1};
+        for (int t = 0; t < 2; t++) {
+            list[n++] = (bench_cfg_t){"gpt2-tiny", 256, ths[t]};
+            list[n++] = (bench_cfg_t){"gpt2-small", 256, ths[t]};
+            list[n++] = (bench_cfg_t){"gpt2-small", 1024, ths[t]};
+        }
+    } else {
+        loom_gpt_config_t cfg;
+        if (!model) model = "gpt2-tiny";
+        if (loom_gpt_preset(&cfg, model) != LOOM_OK) {
+            fprintf(stderr, "loom bench train: %s\n", loom_errmsg());
+            return 2;
+        }
+        list[n++] = (bench_cfg_t){model, seq ? seq : cfg.max_seq_len, threads ? threads : 2};
+    }
+    const char *ct = getenv("OPENBLAS_CORETYPE");
+    printf("loom bench train: loom vs PyTorch (%s), float32, AdamW, clip 1.0, vocab %d; OPENBLAS_CORETYPE=%s\n",
+           strcmp(torch, "on") == 0 ? path : "off", BENCH_VOCAB, ct ? ct : "(unset)");
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = run_train_config(&list[i], batch, rounds, steps, device, dtype, gemms, ngemm,
+                              strcmp(torch, "on") == 0, path);
+    return rc;
+}
+
+/* ---- bench ops: the backend table wrapped with timers ---- */
+
+enum {
+    OP_ENCODER_F, OP_ENCODER_B, OP_LN_F, OP_LN_B,
+    OP_MM_QKV_F, OP_MM_ATTPROJ_F, OP_MM_FC_F, OP_MM_FCPROJ_F, OP_MM_HEAD_F,
+    OP_MM_QKV_B, OP_MM_ATTPROJ_B, OP_MM_FC_B, OP_MM_FCPROJ_B, OP_MM_HEAD_B,
+    OP_ATT_F, OP_ATT_B, OP_GELU_F, OP_GELU_B, OP_RESID_F, OP_ACCUM, OP_XENT,
+    OP_ADAMW, OP_SUMSQ, OP_ZERO, OP_RESID_LN_F, OP_MM_FC_GELU_F, OP_MM_FC_GELU_B, OP_COUNT
+};
+static const char *const op_names[OP_COUNT] = {
+    "encoder fwd", "encoder bwd", "layernorm fwd", "layernorm bwd",
+    "matmul qkv fwd", "matmul attproj fwd", "matmul fc fwd", "matmul fcproj fwd", "matmul head fwd",
+    "matmul qkv bwd", "matmul attproj bwd", "matmul fc bwd", "matmul fcproj bwd", "matmul head bwd",
+    "attention fwd", "attention bwd", "gelu fwd", "gelu bwd", "residual fwd", "accumulate",
+    "crossentropy", "adamw", "sumsq (grad norm)", "zero", "residual+layernorm fwd",
+    "matmul fc+gelu fwd", "matmul fcproj+gelu' bwd"};
+
+static const loom_backend_t *ops_inner;
+static loom_backend_t ops_table;
+static loom_gpt_config_t ops_cfg;
+static double op_time[OP_COUNT], op_flops[OP_COUNT];
+static long op_calls[OP_COUNT];
+static double op_t0;
+
+static void op_begin(void) {
+    ops_inner->sync();
+    op_t0 = loom_now();
+}
+static void op_end(int op, double flops) {
+    ops_inner->sync();
+    op_time[op] += loom_now() - op_t0;
+    op_flops[op] += flops;
+    op_calls[op]++;
+}
+static int mm_op(int C, int OC, int bwd) {
+    int c = ops_cfg.channels, base;
+    if (OC == 3 * c) base = OP_MM_QKV_F;
+    else if (C == 4 * c) base = OP_MM_FCPROJ_F;
+    else if (OC == 4 * c) base = OP_MM_FC_F;
+    else if (OC == c) base = OP_MM_ATTPROJ_F;
+    else base = OP_MM_HEAD_F;
+    return base + (bwd ? OP_MM_QKV_B - OP_MM_QKV_F : 0);
+}
+
+#define WRAP(op, flops, call) \
+    do {                      \
+        op_begin();           \
+        call;                 \
+        op_end(op, flops);    \
+    } while (0)
+
+static void w_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B, int T, int C) {
+    WRAP(OP_ENCODER_F, 0, ops_inner->encoder_forward(out, tokens, wte, wpe, B, T, C));
+}
+static void w_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T, int C) {
+    WRAP(OP_ENCODER_B, 0, ops_inner->encoder_backward(dwte, dwpe, dout, tokens, B, T, C));
+}
+static void w_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N, int C) {
+    WRAP(OP_LN_F, 0, ops_inner->layernorm_forward(out, mean, rstd, inp, w, b, N, C));
+}
+static void w_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                                 const float *mean, const float *rstd, int N, int C) {
+    WRAP(OP_LN_B, 0, ops_inner->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
+}
+static void w_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
+    WRAP(mm_op(C, OC, 0), 2.0 * N * C * OC, ops_inner->matmul_forward(out, inp, w, bias, N, C, OC));
+}
+static void w_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
+                              int N, int C, int OC) {
+    WRAP(mm_op(C, OC, 1), (dinp ? 4.0 : 2.0) * N * C * OC,
+         ops_inner->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC));
+}
+/* Causal attention does half of the full T x T work the FLOP count of
+ * loom_gpt_flops_per_token assumes; the table counts the full work too. */
+static void w_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+    WRAP(OP_ATT_F, 4.0 * B * T * T * C, ops_inner->attention_forward(out, lse, qkv, B, T, C, NH));
+}
+static void w_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                                 int B, int T, int C, int NH) {
+    WRAP(OP_ATT_B, 8.0 * B * T * T * C, ops_inner->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH));
+}
+static void w_gelu_forward(float *out, const float *inp, size_t n) { WRAP(OP_GELU_F, 0, ops_inner->gelu_forward(out, inp, n)); }
+static void w_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    WRAP(OP_GELU_B, 0, ops_inner->gelu_backward(dinp, inp, dout, n));
+}
+static void w_residual_forward(float *out, const float *a, const float *b, size_t n) {
+    WRAP(OP_RESID_F, 0, ops_inner->residual_forward(out, a, b, n));
+}
+static void w_accumulate(float *dst, const float *src, size_t n) { WRAP(OP_ACCUM, 0, ops_inner->accumulate(dst, src, n)); }
+static void w_crossentropy(float *losses, float *logits, const int *targets, int N, int V, int Vp, float dloss) {
+    WRAP(OP_XENT, 0, ops_inner->crossentropy(losses, logits, targets, N, V, Vp, dloss));
+}
+static void w_adamw(float *params, const float *grads, float *m, float *v, size_t n, const loom_adamw_t *hp) {
+    WRAP(OP_ADAMW, 0, ops_inner->adamw(params, grads, m, v, n, hp));
+}
+static double w_sumsq(const float *x, size_t n) {
+    double r;
+    WRAP(OP_SUMSQ, 0, r = ops_inner->sumsq(x, n));
+    return r;
+}
+static void w_zero(void *p, size_t bytes) { WRAP(OP_ZERO, 0, ops_inner->zero(p, bytes)); }
+static void w_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
+                                         const float *b_res, const float *w, const float *b, int N, int C) {
+    WRAP(OP_RESID_LN_F, 0, ops_inner->residual_layernorm_forward(res, out, mean, rstd, a, b_res, w, b, N, C));
+}
+static void w_matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w, const float *bias,
+                                  int N, int C, int OC) {
+    WRAP(OP_MM_FC_GELU_F, 2.0 * N * C * OC, ops_inner->matmul_forward_gelu(out, pre, inp, w, bias, N, C, OC));
+}
+
+/* A copy of the table whose ops time themselves; the graph and *_dev
+ * entries are dropped so that the model launches ops one by one. */
+static const loom_backend_t *ops_wrap(const loom_backend_t *be) {
+    ops_inner = be;
+    ops_table = *be;
+    ops_table.encoder_forward = w_encoder_forward;
+    ops_table.encoder_backward = w_encoder_backward;
+    ops_table.layernorm_forward = w_layernorm_forward;
+    ops_table.layernorm_backward = w_layernorm_backward;
+    ops_table.matmul_forward = w_matmul_forward;
+    ops_table.matmul_backward = w_matmul_backward;
+    ops_table.attention_forward = w_attention_forward;
+    ops_table.attention_backward = w_attention_backward;
+    ops_table.gelu_forward = w_gelu_forward;
+    ops_table.gelu_backward = w_gelu_backward;
+    ops_table.residual_forward = w_residual_forward;
+    ops_table.accumulate = w_accumulate;
+    ops_table.crossentropy = w_crossentropy;
+    ops_table.adamw = w_adamw;
+    ops_table.sumsq = w_sumsq;
+    ops_table.zero = w_zero;
+    ops_table.graph_begin = NULL;
+    ops_table.graph_end = NULL;
+    ops_table.graph_replay = NULL;
+    ops_table.graph_reset = NULL;
+    ops_table.sumsq_dev = NULL;
+    ops_table.adamw_dev = NULL;
+    ops_table.crossentropy_dev = NULL;
+    ops_table.residual_layernorm_forward = be->residual_layernorm_forward ? w_residual_layernorm_forward : NULL;
+    ops_table.matmul_forward_gelu = be->matmul_forward_gelu ? w_matmul_forward_gelu : NULL;
+    return &ops_table;
+}
+
+static int bench_ops(int argc, char **argv) {
+    loom_side_t s = {"gpt2-tiny", "cpu", "fp32", NULL, 4, 0, 2};
+    int steps = 3;
+    const loom_arg_t args[] = {
+        {"model", ARG_STR, &s.model, "gpt2-tiny", 0, 0, "preset"},
+        {"batch", ARG_INT, &s.batch, "4", 1, 1 << 20, "sequences per step"},
+        {"seq", ARG_INT, &s.seq, "0", 0, 1 << 20, "tokens per sequence (0 = the preset's context)"},
+        {"threads", ARG_INT, &s.threads, "2", 0, 4096, "CPU threads (0 = all cores)"},
+        {"steps", ARG_INT, &steps, "3", 1, 1000, "timed steps (after one warm-up step)"},
+        {"device", ARG_STR, &s.device, "cpu", 0, 0, "cpu, cuda or cuda:N"},
+        {"dtype", ARG_STR, &s.dtype, "fp32", 0, 0, "matrix precision"},
+        {"gemm", ARG_STR, &s.gemm, NULL, 0, 0, "CPU GEMM: own or blas (default: LOOM_GEMM, else own)"},
+    };
+    int r = loom_args_parse("bench ops", "loom bench ops [--model gpt2-small --seq 1024 --threads 2] [flags]", args,
+                            (int)(sizeof args / sizeof args[0]), argc, argv);
+    if (r == 1) return 0;
+    if (r) return 2;
+    loom_gpt_config_t cfg;
+    if (loom_gpt_preset(&cfg, s.model) != LOOM_OK) {
+        fprintf(stderr, "loom bench ops: %s\n", loom_errmsg());
+        return 2;
+    }
+    if (!s.seq) s.seq = cfg.max_seq_len;
+    const loom_backend_t *be;
+    loom_gpt_t *m;
+    int *tok, *tgt;
+    loom_status st = loom_side_build(&s, &be, &m, &tok, &tgt);
+    if (st != LOOM_OK) {
+        fprintf(stderr, "loom bench ops: %s\n", loom_errmsg());
+        return loom_exit_code(st);
+    }
+    ops_cfg = m->cfg;
+    m->be = ops_wrap(be);
+    float loss, norm;
+    int t = 1;
+    double total = 0;
+    for (int i = 0; i <= steps; i++) {
+        if (i == 1) {
+            memset(op_time, 0, sizeof op_time);
+            memset(op_flops, 0, sizeof op_flops);
+            memset(op_calls, 0, sizeof op_calls);
+        }
+        double t0 = loom_now();
+        st = loom_train_step(m, tok, tgt, s.batch, s.seq, 1, &bench_opt, 3e-4f, t++, &loss, &norm);
+        if (st != LOOM_OK) {
+            fprintf(stderr, "loom bench ops: %s\n", loom_errmsg());
+            return 1;
+        }
+        if (i > 0) total += loom_now() - t0;
+    }
+    double step = total / steps, fpt = loom_gpt_flops_per_token(&m->cfg, s.seq);
+    printf("loom bench ops: %s B=%d T=%d threads=%d device=%s gemm=%s (%d steps after a warm-up)\n", s.model,
+           s.batch, s.seq, s.threads, be->name, getenv("LOOM_GEMM") ? getenv("LOOM_GEMM") : "own", steps);
+    printf("step %.1f ms, %.0f tokens/s, %.1f model GFLOP/s; peak: %s\n", step * 1e3, s.batch * s.seq / step,
+           s.batch * s.seq * fpt / step / 1e9, be->peak_source ? be->peak_source : "unknown");
+    printf("  %-26s %7s %10s %7s %9s\n", "op", "calls", "ms/step", "share", "GFLOP/s");
+    double sum = 0;
+    for (int i = 0; i < OP_COUNT; i++) {
+        if (!op_calls[i]) continue;
+        double ms = op_time[i] / steps * 1e3;
+        sum += op_time[i];
+        char gf[16] = "";
+        if (op_flops[i] > 0) snprintf(gf, sizeof gf, "%.1f", op_flops[i] / op_time[i] / 1e9);
+        printf("  %-26s %7ld %10.2f %6.1f%% %9s\n", op_names[i], op_calls[i] / steps, ms, 100 * op_time[i] / total, gf);
+    }
+    printf("  %-26s %7s %10.2f %6.1f%%\n", "(outside ops)", "", (total - sum) / steps * 1e3, 100 * (total - sum) / total);
+    loom_gpt_free(m);
+    free(tok);
+    free(tgt);
+    return 0;
+}
+
+int cmd_bench(int argc, char **argv) {
+    const char *help = "usage: loom bench train|ops|dist [flags]   (loom bench train --help lists the flags)\n"
+                       "  train  loom's training step side by side with PyTorch: tokens/s, GFLOP/s, MFU, peak memory\n"
+                       "  ops    where one training step's time goes, op by op, forward and backward\n"
+                       "  dist   scaling over ranks\n";
+    if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
+        fputs(help, argc < 1 ? stderr : stdout);
+        return argc < 1 ? 2 : 0;
+    }
+    if (strcmp(argv[0], "train") == 0) return bench_train(argc - 1, argv + 1);
+    if (strcmp(argv[0], "ops") == 0) return bench_ops(argc - 1, argv + 1);
+    if (strcmp(argv[0], "dist") == 0) {
+        if (!cmd_bench_dist) {
+            fprintf(stderr, "loom bench dist: not part of this build\n");
+            return 2;
+        }
+        return cmd_bench_dist(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "loom bench: unknown benchmark '%s'\n%s", argv[0], help);
+    return 2;
+}
