@@ -22,6 +22,12 @@ ifneq ($(SANITIZE),)
   NO_CUDA := 1
 endif
 
+# MPI: the mpi transport of src/dist/ is built when Open MPI's mpicc is found.
+ifneq ($(shell command -v mpicc 2>/dev/null),)
+  CFLAGS  += -DLOOM_HAVE_MPI $(shell mpicc --showme:compile)
+  LDLIBS  += $(shell mpicc --showme:link)
+endif
+
 # CUDA: built only when nvcc is found (PATH or /usr/local/cuda).
 NVCC := $(if $(NO_CUDA),,$(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null))
 CU_SRCS := $(wildcard src/backend/cuda/*.cu)
@@ -30,7 +36,7 @@ ifneq ($(and $(NVCC),$(CU_SRCS)),)
   CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
   NVFLAGS    := -O3 -std=c++17 $(CUDA_ARCHS) -Isrc -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC \
                 --expt-relaxed-constexpr -Werror all-warnings $(EXTRA_NVFLAGS)
-  CFLAGS     += -DLOOM_HAVE_CUDA
+  CFLAGS     += -DLOOM_HAVE_CUDA -I$(CUDA_HOME)/include
   LDLIBS     += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib \
                 -lcublasLt -lcublas -lcudnn -lnccl -lcudart -lstdc++
   CU_OBJS    := $(CU_SRCS:%.cu=$(BUILD)/%.o)

@@ -1,0 +1,80 @@
+/* dist_impl: what a transport (tcp, mpi, nccl) gives the generic layer in
+ * dist.c, and the socket helpers shared by the tcp transport and the
+ * watchdog's heartbeat mesh. Private to src/dist/. */
+#ifndef LOOM_DIST_IMPL_H
+#define LOOM_DIST_IMPL_H
+
+#include <stddef.h>
+
+#include "core/core.h"
+
+typedef enum { DIST_F32 = 0, DIST_BF16, DIST_F64 } dist_elem;
+
+size_t dist_elem_size(dist_elem t);
+/* dst[i] += src[i] in type t (bf16 adds in float and rounds to nearest even). */
+void dist_elem_add(void *dst, const void *src, size_t n, dist_elem t);
+/* buf[i] *= scale (nothing when scale == 1). */
+void dist_elem_scale(void *buf, size_t n, dist_elem t, float scale);
+uint16_t dist_f32_to_bf16(float f);
+float dist_bf16_to_f32(uint16_t h);
+
+/* A transport's blocking collectives, all in place and summing. They are
+ * called from one thread at a time (the communication thread). */
+typedef struct {
+    /* buf = scale * sum. */
+    loom_status (*allreduce)(void *impl, void *buf, size_t n, dist_elem t, float scale);
+    /* counts[r] elements of rank r's segment; on return the own segment
+     * holds scale * the sum. */
+    loom_status (*reduce_scatter)(void *impl, void *buf, const size_t *counts, dist_elem t,
+                                  float scale);
+    loom_status (*allgather)(void *impl, void *buf, const size_t *counts, dist_elem t);
+    loom_status (*broadcast)(void *impl, void *buf, size_t bytes, int root);
+    /* Gather `bytes` from every rank into out (size * bytes), rank order; host memory. */
+    loom_status (*allgather_bytes)(void *impl, const void *in, void *out, size_t bytes);
+    void (*free)(void *impl);
+} dist_transport_t;
+
+typedef struct {
+    int rank, size, local_rank;
+    const char *name; /* "tcp", "mpi", "nccl" */
+    char addr[64];    /* this rank's address as its peers reach it ("" = find one) */
+    void *impl;
+    const dist_transport_t *ops;
+} dist_join_t;
+
+/* torchrun / --nproc / srun environment over TCP. */
+loom_status dist_tcp_join(dist_join_t *j, int rank, int size, int local_rank, const char *addr,
+                          int port, double timeout_s);
+#ifdef LOOM_HAVE_MPI
+loom_status dist_mpi_join(dist_join_t *j);
+#endif
+#ifdef LOOM_HAVE_CUDA
+/* NCCL on device `device`; the unique id travels through `boot`. */
+loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, double timeout_s);
+#endif
+
+/* --- sockets --- */
+/* Listen on addr:port (port 0 = any); returns fd, and the port in *port. */
+int dist_listen(const char *addr, int *port);
+/* Connect to host:port, retrying until `deadline` (loom_now seconds); -1 on failure. */
+int dist_connect(const char *host, int port, double deadline);
+/* accept() with a deadline; -1 on timeout. */
+int dist_accept(int lfd, double deadline);
+/* Whole-buffer blocking send / receive; 0 ok, -1 error or peer closed. */
+int dist_send_all(int fd, const void *buf, size_t n);
+int dist_recv_all(int fd, void *buf, size_t n);
+/* Send sn bytes on sfd while receiving rn bytes on rfd (no deadlock for
+ * large messages); returns 0, or -1 with *bad set to the fd that failed. */
+int dist_sendrecv(int sfd, const void *sbuf, size_t sn, int rfd, void *rbuf, size_t rn, int *bad);
+/* This host's address for peers to reach: LOOM_DIST_IFADDR, else the first
+ * non-loopback IPv4 address, else 127.0.0.1. */
+void dist_host_addr(char *out, size_t cap);
+
+/* A full mesh: fds[r] is a connected socket to rank r (-1 for self).
+ * Each rank listens on addr, the listen addresses are exchanged through
+ * `xchg` (an allgather of bytes), lower ranks accept from higher ones. */
+typedef loom_status (*dist_xchg_fn)(void *ctx, const void *in, void *out, size_t bytes);
+loom_status dist_mesh_build(int rank, int size, const char *addr, dist_xchg_fn xchg, void *ctx,
+                            double timeout_s, int *fds);
+
+#endif

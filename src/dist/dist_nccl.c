@@ -1,0 +1,152 @@
+/* dist_nccl: collectives on device buffers with NCCL, on a stream of their
+ * own. Rank 0 makes the unique id and the bootstrap transport (mpi or tcp)
+ * carries it to everyone. The communicator is created non-blocking so a
+ * dead peer shows up as an asynchronous error (ncclCommGetAsyncError)
+ * while we wait, and a wait longer than the timeout aborts the
+ * communicator instead of hanging. Uneven reduce-scatter / all-gather
+ * segments are a group of ncclReduce / ncclBroadcast calls, one per rank.
+ * The caller must have finished writing a buffer on the compute stream
+ * (backend sync) before handing it over. */
+#ifdef LOOM_HAVE_CUDA
+#define _GNU_SOURCE
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dist/dist_impl.h"
+
+typedef struct {
+    int rank, size;
+    double timeout_s;
+    ncclComm_t comm;
+    cudaStream_t stream;
+} nccl_t;
+
+/* Wait for `what` (already enqueued, or an init in flight) to finish;
+ * abort the communicator on an async error or after the timeout. */
+static loom_status nccl_wait(nccl_t *n, const char *what, int stream_work) {
+    double t0 = loom_now();
+    for (;;) {
+        ncclResult_t ar = ncclSuccess;
+        ncclCommGetAsyncError(n->comm, &ar);
+        if (ar != ncclSuccess && ar != ncclInProgress) {
+            ncclCommAbort(n->comm);
+            return loom_error(LOOM_EIO, "rank %d: NCCL %s failed: %s (a peer rank died or its GPU failed?)", n->rank, what, ncclGetErrorString(ar));
+        }
+        if (ar == ncclSuccess) {
+            if (!stream_work) return LOOM_OK;
+            cudaError_t ce = cudaStreamQuery(n->stream);
+            if (ce == cudaSuccess) return LOOM_OK;
+            if (ce != cudaErrorNotReady)
+                return loom_error(LOOM_EIO, "rank %d: NCCL %s: CUDA error %s", n->rank, what, cudaGetErrorString(ce));
+        }
+        if (loom_now() - t0 > n->timeout_s) {
+            ncclCommAbort(n->comm);
+            return loom_error(LOOM_EIO, "rank %d: NCCL %s waited %.0f s (--dist-timeout); a peer rank is dead or hung", n->rank, what, n->timeout_s);
+        }
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static loom_status check(nccl_t *n, ncclResult_t r, const char *what) {
+    if (r == ncclSuccess || r == ncclInProgress) return nccl_wait(n, what, 1);
+    return loom_error(LOOM_EIO, "rank %d: NCCL %s: %s", n->rank, what, ncclGetErrorString(r));
+}
+
+static ncclDataType_t nccl_type(dist_elem e) { return e == DIST_F64 ? ncclFloat64 : e == DIST_BF16 ? ncclBfloat16 : ncclFloat32; }
+
+/* scale is 1 or 1/size (gradient averaging): ncclAvg does the division. */
+static ncclRedOp_t nccl_op(const nccl_t *n, float scale) { return scale != 1.0f && n->size > 1 ? ncclAvg : ncclSum; }
+
+static loom_status nccl_allreduce(void *vn, void *buf, size_t count, dist_elem e, float scale) {
+    nccl_t *n = vn;
+    return check(n, ncclAllReduce(buf, buf, count, nccl_type(e), nccl_op(n, scale), n->comm, n->stream), "all-reduce");
+}
+
+static loom_status nccl_reduce_scatter(void *vn, void *buf, const size_t *counts, dist_elem e, float scale) {
+    nccl_t *n = vn;
+    size_t es = dist_elem_size(e), off = 0;
+    ncclGroupStart();
+    for (int r = 0; r < n->size; r++) {
+        char *p = (char *)buf + off * es;
+        if (counts[r]) ncclReduce(p, p, counts[r], nccl_type(e), nccl_op(n, scale), r, n->comm, n->stream);
+        off += counts[r];
+    }
+    return check(n, ncclGroupEnd(), "reduce-scatter");
+}
+
+static loom_status nccl_allgather(void *vn, void *buf, const size_t *counts, dist_elem e) {
+    nccl_t *n = vn;
+    size_t es = dist_elem_size(e), off = 0;
+    ncclGroupStart();
+    for (int r = 0; r < n->size; r++) {
+        char *p = (char *)buf + off * es;
+        if (counts[r]) ncclBroadcast(p, p, counts[r], nccl_type(e), r, n->comm, n->stream);
+        off += counts[r];
+    }
+    return check(n, ncclGroupEnd(), "all-gather");
+}
+
+static loom_status nccl_broadcast(void *vn, void *buf, size_t bytes, int root) {
+    nccl_t *n = vn;
+    return check(n, ncclBroadcast(buf, buf, bytes, ncclUint8, root, n->comm, n->stream), "broadcast");
+}
+
+static void nccl_free(void *vn) {
+    nccl_t *n = vn;
+    ncclCommDestroy(n->comm);
+    cudaStreamDestroy(n->stream);
+    free(n);
+}
+
+static const dist_transport_t nccl_ops = {
+    .allreduce = nccl_allreduce,
+    .reduce_scatter = nccl_reduce_scatter,
+    .allgather = nccl_allgather,
+    .broadcast = nccl_broadcast,
+    .allgather_bytes = NULL, /* host bytes go through the bootstrap transport */
+    .free = nccl_free,
+};
+
+loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, double timeout_s) {
+    nccl_t *n = loom_calloc(1, sizeof *n);
+    n->rank = boot->rank;
+    n->size = boot->size;
+    n->timeout_s = timeout_s;
+    cudaError_t ce = cudaSetDevice(device);
+    if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
+    if (ce != cudaSuccess) {
+        free(n);
+        return loom_error(LOOM_EUNAVAIL, "rank %d: CUDA device %d: %s (LOCAL_RANK picks the device; are there enough GPUs?)", boot->rank, device, cudaGetErrorString(ce));
+    }
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (n->rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) memset(&id, 0, sizeof id);
+    ncclUniqueId *all = loom_malloc((size_t)n->size * sizeof id);
+    loom_status s = boot->size > 1 ? boot->ops->allgather_bytes(boot->impl, &id, all, sizeof id) : LOOM_OK;
+    if (s == LOOM_OK && boot->size > 1) id = all[0];
+    free(all);
+    if (s == LOOM_OK) {
+        ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+        cfg.blocking = 0; /* init and errors become pollable, see nccl_wait */
+        ncclResult_t r = ncclCommInitRankConfig(&n->comm, n->size, id, n->rank, &cfg);
+        if (r != ncclSuccess && r != ncclInProgress)
+            s = loom_error(LOOM_EIO, "rank %d: NCCL init: %s", n->rank, ncclGetErrorString(r));
+        else
+            s = nccl_wait(n, "init", 0);
+    }
+    if (s != LOOM_OK) {
+        cudaStreamDestroy(n->stream);
+        free(n);
+        return s;
+    }
+    *j = (dist_join_t){.rank = n->rank, .size = n->size, .local_rank = boot->local_rank, .impl = n,
+                       .ops = &nccl_ops, .name = "nccl"};
+    return LOOM_OK;
+}
+#else
+typedef int loom_dist_nccl_unused; /* ISO C forbids an empty translation unit */
+#endif
