@@ -8,6 +8,7 @@ usage:
   tokenizer_oracle.py train TEXT VOCAB OUTDIR   tokenizer.json + vocab.json + merges.txt
   tokenizer_oracle.py pretok-text OUT.txt STEP  code points in many contexts, every STEP-th
   tokenizer_oracle.py pretok TEXT LENS.bin      byte length of each ByteLevel pre-token
+  tokenizer_oracle.py shard-ids SHARD [SKIP]    print a loom shard's ids (after SKIP), read independently
 IDS.bin and LENS.bin are little-endian uint32 arrays.
 """
 import array
@@ -142,8 +143,20 @@ def pretok(text_path, lens_path):
     write_u32(lens_path, [len(text[a:b].encode()) for _, (a, b) in pt.pre_tokenize_str(text)])
 
 
+def shard_ids(path, skip="0"):
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    h = struct.unpack("<7i", data[:28])
+    assert h[0] == 0x4C4F4F4D and h[1] == 1, f"{path}: not a loom shard"
+    count, tb = h[4] | (h[5] << 32), h[6]
+    a = array.array("H" if tb == 2 else "I", data[h[2]:])
+    assert len(a) == count, f"{path}: {len(a)} tokens, header says {count}"
+    print(" ".join(map(str, a[int(skip):])))
+
+
 if __name__ == "__main__":
-    cmds = {"gen": gen, "encode": encode, "encode-gpt2": encode_gpt2, "train": train, "pretok-text": pretok_text, "pretok": pretok}
+    cmds = {"shard-ids": shard_ids, "gen": gen, "encode": encode, "encode-gpt2": encode_gpt2, "train": train, "pretok-text": pretok_text, "pretok": pretok}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         sys.exit(__doc__)
     cmds[sys.argv[1]](*sys.argv[2:])

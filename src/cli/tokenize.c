@@ -445,8 +445,8 @@ static int quick_decode(const loom_tokenizer_t *t, const char *list) {
     loom_status s = loom_tokenizer_decode(t, ids, n, &text, &len);
     free(ids);
     if (s != LOOM_OK) return fail(s);
-    fwrite(text, 1, len, stdout);
-    printf("\n");
+    fwrite(text, 1, len, stdout); /* byte-exact; a newline only for a person */
+    if (isatty(1)) printf("\n");
     free(text);
     return 0;
 }
@@ -464,14 +464,14 @@ int cmd_tokenize(int argc, char **argv) {
         {"out", ARG_STR, &out, "", 0, 0, "data folder to write: train_*.bin, val_*.bin, tokenizer.json"},
         {"vocab", ARG_LONG, &vocab, "8192", 0, 0, "vocabulary size to train, bytes and specials included"},
         {"val-fraction", ARG_FLOAT, &val_fraction, "0.01", 0, 0.5, "first fraction of the text that becomes val shards"},
-        {"special", ARG_LIST, &special, "", 0, 0, "special tokens, cut out of the text (default <|endoftext|>; none: no specials)"},
+        {"special", ARG_LIST, &special, "<|endoftext|>", 0, 0, "special tokens, cut out of the text (none: no specials)"},
         {"threads", ARG_INT, &threads, "0", 0, 64, "threads (0: one per core)"},
         {"tokenizer", ARG_STR, &tokenizer, "", 0, 0, "use this tokenizer.json (or GPT-2 vocab.json with --merges) instead of training"},
         {"merges", ARG_STR, &merges, "", 0, 0, "GPT-2 merges.txt, with --tokenizer vocab.json"},
         {"shard-tokens", ARG_LONG, &shard_tokens, "100000000", 1, 1e12, "tokens per shard file"},
         {"min-frequency", ARG_INT, &min_freq, "0", 0, 1000000000, "stop merging when the best pair is rarer"},
         {"encode", ARG_STR, &encode, "", 0, 0, "print the ids of this text and exit"},
-        {"decode", ARG_STR, &decode, "", 0, 0, "print the text of these ids (\"15496 11 995\") and exit"},
+        {"decode", ARG_STR, &decode, "", 0, 0, "print the text of these ids (\"15496 11 995\"; - reads them from stdin) and exit"},
         {"quiet", ARG_BOOL, &quiet, NULL, 0, 0, "no progress output"},
     };
     const char *usage =
@@ -493,8 +493,8 @@ int cmd_tokenize(int argc, char **argv) {
     if (quiet) loom_log_quiet(1);
     const char *specials[64];
     int nspecial = 0;
-    if (!given_special) specials[nspecial++] = "<|endoftext|>";
-    for (int i = 0; i < special.n; i++) {
+    /* The default is the list's first entry; flags given replace it. */
+    for (int i = given_special ? 1 : 0; i < special.n; i++) {
         if (!strcmp(special.v[i], "none")) continue;
         if (nspecial == 64) {
             fprintf(stderr, "loom tokenize: at most 64 special tokens\n");
@@ -533,7 +533,17 @@ int cmd_tokenize(int argc, char **argv) {
             loom_tokenizer_bytes(&tok);
         }
         rc = encode ? quick_encode(tok, encode) : 0;
-        if (rc == 0 && decode) rc = quick_decode(tok, decode);
+        if (rc == 0 && decode && !strcmp(decode, "-")) {
+            size_t cap = 1 << 16, n = 0;
+            char *buf = loom_malloc(cap);
+            for (size_t k; (k = fread(buf + n, 1, cap - n - 1, stdin)) > 0;)
+                if ((n += k) + 1 == cap) buf = realloc(buf, cap *= 2);
+            buf[n] = 0;
+            rc = quick_decode(tok, buf);
+            free(buf);
+        } else if (rc == 0 && decode) {
+            rc = quick_decode(tok, decode);
+        }
         goto done;
     }
 
