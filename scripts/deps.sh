@@ -15,3 +15,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
     echo "deps: all Debian packages present"
 fi
+# Hugging Face `tokenizers`, the oracle of the tokenizer tests and the
+# baseline of bench/tokenize.sh, for Debian's python3 (which the tests call as
+# /usr/bin/python3). Debian marks that Python "externally managed", so pip
+# needs --break-system-packages; it only adds this one package.
+if ! /usr/bin/python3 -c 'import tokenizers' 2>/dev/null; then
+    echo "deps: installing the tokenizers Python package"
+    /usr/bin/python3 -m pip install -q --break-system-packages tokenizers
+fi
