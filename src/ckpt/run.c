@@ -109,6 +109,12 @@ static loom_status remove_old(const char *ckdir, int keep) {
 
 loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,
                                      const loom_ckpt_state_t *st, int keep) {
+    return loom_run_save_checkpoint_with(dir, m, st, keep, NULL, NULL);
+}
+
+loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
+                                          const loom_ckpt_state_t *st, int keep,
+                                          loom_status (*extra)(const char *tmp_dir, void *ctx), void *ctx) {
     char name[64], tmp[4096], final[4096], path[4096], ckdir[4096];
     snprintf(name, sizeof name, "step_%08lld", st->step);
     snprintf(ckdir, sizeof ckdir, "%s/checkpoints", dir);
@@ -136,6 +142,7 @@ loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,
     s = write_json(path, j);
     cJSON_Delete(j);
     LOOM_TRY(s);
+    if (extra) LOOM_TRY(extra(tmp, ctx));
     loom_fsync_dir(tmp);
     rm_rf(final);
     if (rename(tmp, final) != 0) return loom_error(LOOM_EIO, "%s: rename failed: %s", final, strerror(errno));

@@ -34,6 +34,12 @@ typedef struct {
 /* Write a checkpoint of `m` for `st->step`; keep the newest `keep`. */
 loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,
                                      const loom_ckpt_state_t *st, int keep);
+/* The same, calling extra(tmp_dir, ctx) after the checkpoint's own files are
+ * written and before the folder is synced and renamed: the place to add
+ * more files (every rank's optimizer shard) to the same atomic checkpoint. */
+loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
+                                          const loom_ckpt_state_t *st, int keep,
+                                          loom_status (*extra)(const char *tmp_dir, void *ctx), void *ctx);
 /* Read the model config and state of the newest checkpoint of a run. */
 loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap,
                             loom_gpt_config_t *cfg, loom_ckpt_state_t *st);

@@ -1,13 +1,127 @@
 /* loom train */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "train/train.h"
 
+/* A free TCP port on 127.0.0.1 for the rendezvous of --nproc. */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    int port = 29500;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+static volatile sig_atomic_t launcher_signal;
+static void launcher_on_signal(int sig) { launcher_signal = sig; }
+
+/* --nproc N: start N ranks of this same command on this machine with the
+ * torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+ * MASTER_PORT) and wait for them. Signals are passed on; when a rank fails
+ * the others stop on their own (the watchdog) or are killed after the
+ * timeout. Returns the first failing rank's exit code. */
+static int launch_local(int nproc, int threads, double timeout, int argc, char **argv) {
+    if (getenv("RANK") && getenv("WORLD_SIZE")) {
+        fprintf(stderr, "loom train: --nproc inside a launched job (RANK and WORLD_SIZE are set); drop --nproc or the launcher\n");
+        return 2;
+    }
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int per = threads > 0 ? threads : (int)(ncpu / nproc > 0 ? ncpu / nproc : 1);
+    char **cargv = calloc((size_t)argc + 5, sizeof *cargv), tbuf[16], port[16];
+    int n = 0;
+    cargv[n++] = "loom";
+    cargv[n++] = "train";
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--nproc") || !strcmp(argv[i], "--threads")) { i++; continue; }
+        if (!strncmp(argv[i], "--nproc=", 8) || !strncmp(argv[i], "--threads=", 10)) continue;
+        cargv[n++] = argv[i];
+    }
+    snprintf(tbuf, sizeof tbuf, "%d", per);
+    cargv[n++] = "--threads";
+    cargv[n++] = tbuf;
+    snprintf(port, sizeof port, "%d", free_port());
+    pid_t *pids = calloc((size_t)nproc, sizeof *pids);
+    struct sigaction sa = {.sa_handler = launcher_on_signal}, old_int, old_term;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    for (int r = 0; r < nproc; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            char v[16];
+            snprintf(v, sizeof v, "%d", r);
+            setenv("RANK", v, 1);
+            setenv("LOCAL_RANK", v, 1);
+            snprintf(v, sizeof v, "%d", nproc);
+            setenv("WORLD_SIZE", v, 1);
+            setenv("LOCAL_WORLD_SIZE", v, 1);
+            setenv("MASTER_ADDR", "127.0.0.1", 1);
+            setenv("MASTER_PORT", port, 1);
+            sigaction(SIGINT, &old_int, NULL);
+            sigaction(SIGTERM, &old_term, NULL);
+            execv("/proc/self/exe", cargv);
+            fprintf(stderr, "loom train: rank %d: cannot start /proc/self/exe: %s\n", r, strerror(errno));
+            _exit(127);
+        }
+    }
+    int left = nproc, rc = 0, first_bad = -1, passed = 0;
+    double fail_at = 0;
+    while (left > 0) {
+        int st;
+        pid_t p = waitpid(-1, &st, WNOHANG);
+        if (p > 0) {
+            int r = 0;
+            while (r < nproc && pids[r] != p) r++;
+            if (r == nproc) continue;
+            pids[r] = 0;
+            left--;
+            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+            if (code != 0) {
+                if (first_bad < 0) {
+                    first_bad = r;
+                    rc = code;
+                    fail_at = loom_now();
+                }
+                if (WIFSIGNALED(st)) fprintf(stderr, "loom train: rank %d was killed by signal %d\n", r, WTERMSIG(st));
+                else fprintf(stderr, "loom train: rank %d exited with status %d\n", r, code);
+            }
+            continue;
+        }
+        if (launcher_signal && !passed) {
+            for (int r = 0; r < nproc; r++)
+                if (pids[r] > 0) kill(pids[r], launcher_signal);
+            passed = 1;
+        }
+        if (first_bad >= 0 && loom_now() - fail_at > timeout + 10) {
+            for (int r = 0; r < nproc; r++)
+                if (pids[r] > 0) kill(pids[r], SIGKILL);
+        }
+        usleep(20 * 1000);
+    }
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    free(pids);
+    free(cargv);
+    return rc;
+}
+
 int cmd_train(int argc, char **argv) {
     loom_train_opts_t o = {0};
+    int nproc = 0;
     const loom_arg_t args[] = {
         {"data", ARG_STR, &o.data, NULL, 0, 0, "text file, or folder of token shards from `loom tokenize`"},
         {"model", ARG_STR, &o.model, "gpt2-tiny", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"},
@@ -40,6 +154,12 @@ int cmd_train(int argc, char **argv) {
         {"threads", ARG_INT, &o.threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
         {"device", ARG_STR, &o.device, "cpu", 0, 0, "cpu, cuda or cuda:N"},
         {"dtype", ARG_STR, &o.dtype, "fp32", 0, 0, "matrix precision: fp32 (CPU), tf32, bf16, fp16 (CUDA)"},
+        {"nproc", ARG_INT, &nproc, "0", 0, 4096, "start this many local ranks (data parallel over TCP on 127.0.0.1); 0 = as launched (mpirun, srun, torchrun environment)"},
+        {"zero", ARG_INT, &o.zero, "0", 0, 2, "ZeRO stage: 0 replicate, 1 shard AdamW state, 2 also shard gradients"},
+        {"grad-dtype", ARG_STR, &o.grad_dtype, "fp32", 0, 0, "gradients on the wire between ranks: fp32 or bf16"},
+        {"dist-timeout", ARG_FLOAT, &o.dist_timeout, "300", 1, 1e6, "seconds a rank waits for a dead or hung peer before every rank exits naming it"},
+        {"no-overlap", ARG_BOOL, &o.no_overlap, "0", 0, 0, "reduce gradients after backward instead of during it"},
+        {"bucket-mb", ARG_FLOAT, &o.bucket_mb, "4", 0.001, 1e5, "gradient bucket size for overlapped reduction, MB"},
     };
     int r = loom_args_parse("train", "loom train --data FILE_OR_DIR --out runs/NAME [--model gpt2-tiny] [flags]",
                             args, (int)(sizeof args / sizeof args[0]), argc, argv);
@@ -54,6 +174,11 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: no --out folder; name where the run goes, e.g. --out runs/first\n");
         return 2;
     }
+    if (strcmp(o.grad_dtype, "fp32") && strcmp(o.grad_dtype, "bf16")) {
+        fprintf(stderr, "loom train: --grad-dtype %s: unknown; use fp32 or bf16\n", o.grad_dtype);
+        return 2;
+    }
+    if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);
     o.world_size = 1;
     loom_status s = loom_train(&o);
     if (s != LOOM_OK) {

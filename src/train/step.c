@@ -1,10 +1,173 @@
 #include "step.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
-loom_status loom_train_step(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
-                            int accum, const loom_optim_t *opt, float lr, int t, float *loss,
-                            float *grad_norm) {
+struct loom_dp {
+    loom_gpt_t *m;
+    loom_dist_t *d;
+    loom_dp_opts_t o;
+    int world, rank, gpu;
+    size_t *lo, *hi;    /* every rank's shard, world + 1 boundaries in lo */
+    float *am, *av;     /* AdamW moments of this rank's shard (ZeRO >= 1) */
+    size_t per_layer;   /* gradient floats of one block */
+    int issued_lo;      /* layers >= issued_lo have been handed over */
+    int reducing;       /* this micro-batch's gradients are reduced */
+    float scale;        /* applied by this micro-batch's reductions */
+    loom_status hook_err;
+    double last_wait;
+};
+
+/* Per-layer tensors: block l of each lives at offset + l * numel / L. */
+static const int layer_tensors[] = {LOOM_QKVW, LOOM_ATTPROJW, LOOM_FCW, LOOM_FCPROJW, LOOM_LN1W, LOOM_LN1B,
+                                    LOOM_QKVB, LOOM_ATTPROJB, LOOM_LN2W, LOOM_LN2B, LOOM_FCB, LOOM_FCPROJB};
+#define NLT ((int)(sizeof layer_tensors / sizeof layer_tensors[0]))
+
+/* Hand gradient floats [a, b) of the block to the communication thread. */
+static loom_status reduce_range(loom_dp_t *dp, size_t a, size_t b) {
+    if (b <= a) return LOOM_OK;
+    float *g = dp->m->grads + a;
+    if (dp->o.zero == 0) return loom_dist_iallreduce(dp->d, g, b - a, dp->o.grad_dtype, dp->scale);
+    size_t counts[dp->world];
+    for (int r = 0; r < dp->world; r++) {
+        size_t x = a > dp->lo[r] ? a : dp->lo[r], y = b < dp->lo[r + 1] ? b : dp->lo[r + 1];
+        counts[r] = y > x ? y - x : 0;
+    }
+    return loom_dist_ireduce_scatter(dp->d, g, counts, dp->o.grad_dtype, dp->scale);
+}
+
+/* Layers [lo, hi) of every per-layer tensor. */
+static loom_status reduce_layers(loom_dp_t *dp, int lo, int hi) {
+    const loom_gpt_t *m = dp->m;
+    int L = m->cfg.n_layer;
+    for (int i = 0; i < NLT; i++) {
+        const loom_tensor_info_t *ti = &m->ptable[layer_tensors[i]];
+        size_t per = ti->numel / (size_t)L;
+        LOOM_TRY(reduce_range(dp, ti->offset + (size_t)lo * per, ti->offset + (size_t)hi * per));
+    }
+    return LOOM_OK;
+}
+
+static void on_layer_done(void *ctx, int layer) {
+    loom_dp_t *dp = ctx;
+    if (!dp->reducing || dp->hook_err != LOOM_OK) return;
+    const loom_gpt_t *m = dp->m;
+    size_t bucket = dp->o.bucket_floats ? dp->o.bucket_floats : (size_t)1 << 20;
+    loom_status s = LOOM_OK;
+    if (layer >= 0) {
+        if (layer > 0 && (size_t)(dp->issued_lo - layer) * dp->per_layer < bucket) return;
+        if (dp->gpu) m->be->sync(); /* NCCL's stream must see finished gradients */
+        s = reduce_layers(dp, layer, dp->issued_lo);
+        dp->issued_lo = layer;
+    } else {
+        if (dp->gpu) m->be->sync();
+        s = reduce_range(dp, 0, m->ptable[LOOM_QKVW].offset); /* wte, wpe */
+        if (s == LOOM_OK) s = reduce_range(dp, m->ptable[LOOM_LNFW].offset, m->num_params);
+    }
+    dp->hook_err = s;
+}
+
+loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const loom_dp_opts_t *o) {
+    *out = NULL;
+    if (o->zero < 0 || o->zero > 2) return loom_error(LOOM_EINVAL, "--zero %d: use 0, 1 or 2", o->zero);
+    LOOM_TRY(loom_gpt_alloc_train(m));
+    loom_dp_t *dp = loom_calloc(1, sizeof *dp);
+    dp->m = m;
+    dp->d = d;
+    dp->o = *o;
+    dp->world = loom_dist_size(d);
+    dp->rank = loom_dist_rank(d);
+    dp->gpu = strncmp(m->be->name, "cuda", 4) == 0;
+    dp->lo = loom_malloc(((size_t)dp->world + 1) * sizeof(size_t));
+    /* Shards of equal size, rounded to 16 floats (64 bytes) */
+    size_t N = m->num_params, S = (N + (size_t)dp->world - 1) / (size_t)dp->world;
+    S = (S + 15) / 16 * 16;
+    for (int r = 0; r <= dp->world; r++) dp->lo[r] = (size_t)r * S < N ? (size_t)r * S : N;
+    dp->lo[dp->world] = N;
+    dp->hi = dp->lo + 1;
+    size_t per = 0;
+    for (int i = 0; i < NLT; i++) per += m->ptable[layer_tensors[i]].numel / (size_t)m->cfg.n_layer;
+    dp->per_layer = per;
+    if (o->zero >= 1) {
+        size_t n = dp->hi[dp->rank] - dp->lo[dp->rank], bytes = (n ? n : 1) * sizeof(float);
+        dp->am = m->be->alloc(bytes);
+        dp->av = m->be->alloc(bytes);
+        if (!dp->am || !dp->av) {
+            loom_dp_free(dp);
+            return loom_error(LOOM_ENOMEM, "cannot allocate %.1f MB of sharded AdamW state", 2 * bytes / 1e6);
+        }
+        m->be->free(m->m);
+        m->be->free(m->v);
+        m->m = m->v = NULL;
+    }
+    if (o->overlap && dp->world > 1) {
+        m->grad_hook = on_layer_done;
+        m->grad_hook_ctx = dp;
+    }
+    *out = dp;
+    return LOOM_OK;
+}
+
+void loom_dp_free(loom_dp_t *dp) {
+    if (!dp) return;
+    if (dp->m->grad_hook_ctx == dp) {
+        dp->m->grad_hook = NULL;
+        dp->m->grad_hook_ctx = NULL;
+    }
+    if (dp->am) dp->m->be->free(dp->am);
+    if (dp->av) dp->m->be->free(dp->av);
+    free(dp->lo);
+    free(dp);
+}
+
+void loom_dp_shard(const loom_dp_t *dp, size_t *lo, size_t *hi, float **adam_m, float **adam_v) {
+    if (dp->o.zero == 0) {
+        *lo = 0;
+        *hi = dp->m->num_params;
+        *adam_m = dp->m->m;
+        *adam_v = dp->m->v;
+    } else {
+        *lo = dp->lo[dp->rank];
+        *hi = dp->hi[dp->rank];
+        *adam_m = dp->am;
+        *adam_v = dp->av;
+    }
+}
+
+void loom_dp_memory(const loom_dp_t *dp, loom_dp_memory_t *out) {
+    double P = (double)dp->m->num_params, N = dp->world;
+    double shard = (double)(dp->hi[dp->rank] - dp->lo[dp->rank]);
+    out->params = 4 * P;
+    out->grads = 4 * P; /* backward writes the whole block in every stage */
+    out->optim = dp->o.zero == 0 ? 8 * P : 8 * shard;
+    out->total = out->params + out->grads + out->optim;
+    static const char *const text[] = {"4P+4P+8P", "4P+4P+8P/N", "4P+4P/N+8P/N"};
+    static const double gradf[] = {4, 4, 0}, optf[] = {8, 0, 0};
+    int z = dp->o.zero;
+    out->formula = 4 * P + gradf[z] * P + (z == 2 ? 4 * P / N : 0) + optf[z] * P + (z >= 1 ? 8 * P / N : 0);
+    out->formula_text = text[z];
+}
+
+double loom_dp_last_wait(const loom_dp_t *dp) { return dp ? dp->last_wait : 0; }
+
+static loom_status adamw_range(loom_gpt_t *m, size_t a, size_t b, float *am, float *av, size_t base,
+                               const loom_adamw_t *hp) {
+    size_t split = m->ptable[LOOM_FIRST_NODECAY].offset;
+    size_t d1 = b < split ? b : split;
+    if (d1 > a) m->be->adamw(m->params + a, m->grads + a, am + (a - base), av + (a - base), d1 - a, hp);
+    size_t n0 = a > split ? a : split;
+    if (b > n0) {
+        loom_adamw_t nodecay = *hp;
+        nodecay.weight_decay = 0.0f;
+        m->be->adamw(m->params + n0, m->grads + n0, am + (n0 - base), av + (n0 - base), b - n0, &nodecay);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_train_step_dp(loom_gpt_t *m, loom_dp_t *dp, const int *tokens, const int *targets,
+                               int B, int T, int accum, const loom_optim_t *opt, float lr, int t,
+                               float *loss, float *grad_norm) {
     LOOM_TRY(loom_gpt_alloc_train(m));
     loom_gpt_zero_grad(m);
     size_t BT = (size_t)B * T;
@@ -12,21 +175,76 @@ loom_status loom_train_step(loom_gpt_t *m, const int *tokens, const int *targets
      * mean over micro-batches, so each contributes 1/accum of its gradient. */
     float dloss = 1.0f / ((float)BT * (float)accum);
     double sum = 0;
+    int multi = dp && dp->world > 1;
+    double wait0 = multi ? loom_dist_wait_seconds(dp->d) : 0;
+    size_t lo = 0, hi = m->num_params;
+    if (dp && dp->o.zero >= 1) {
+        lo = dp->lo[dp->rank];
+        hi = dp->hi[dp->rank];
+    }
     for (int k = 0; k < accum; k++) {
         float l;
+        int last = k == accum - 1;
+        if (multi) {
+            /* ZeRO-2 reduces every micro-batch; the intermediate sums stay unscaled. */
+            dp->reducing = last || dp->o.zero == 2;
+            dp->scale = last ? 1.0f / (float)dp->world : 1.0f;
+            dp->issued_lo = m->cfg.n_layer;
+            dp->hook_err = LOOM_OK;
+        }
         LOOM_TRY(loom_gpt_forward(m, tokens + k * BT, targets + k * BT, B, T, dloss, &l));
         loom_gpt_backward(m, B, T);
         sum += l;
+        if (multi && dp->reducing) {
+            if (!dp->o.overlap) {
+                if (dp->gpu) m->be->sync();
+                LOOM_TRY(reduce_range(dp, 0, m->num_params));
+            }
+            LOOM_TRY(dp->hook_err);
+            LOOM_TRY(loom_dist_wait(dp->d));
+            if (dp->o.zero == 2 && !last) { /* keep only the own shard's running sum */
+                m->be->zero(m->grads, lo * sizeof(float));
+                m->be->zero(m->grads + hi, (m->num_params - hi) * sizeof(float));
+            }
+        }
     }
-    float norm = loom_gpt_grad_norm(m);
+    float norm;
+    if (dp && dp->o.zero >= 1) {
+        double ss = m->be->sumsq(m->grads + lo, hi - lo);
+        if (multi) LOOM_TRY(loom_dist_allreduce_f64(dp->d, &ss, 1));
+        norm = (float)sqrt(ss);
+    } else {
+        norm = loom_gpt_grad_norm(m);
+    }
     float scale = 1.0f;
     if (opt->clip > 0 && norm > opt->clip) scale = opt->clip / (norm + 1e-6f);
     loom_adamw_t hp = {.lr = lr, .beta1 = opt->beta1, .beta2 = opt->beta2, .eps = opt->eps,
                        .weight_decay = opt->weight_decay, .grad_scale = scale, .t = t};
-    loom_gpt_adamw(m, &hp);
+    if (dp && dp->o.zero >= 1) {
+        adamw_range(m, lo, hi, dp->am, dp->av, lo, &hp);
+        if (multi) {
+            size_t counts[dp->world];
+            for (int r = 0; r < dp->world; r++) counts[r] = dp->hi[r] - dp->lo[r];
+            if (dp->gpu) m->be->sync();
+            LOOM_TRY(loom_dist_allgather(dp->d, m->params, counts));
+        }
+    } else {
+        loom_gpt_adamw(m, &hp);
+    }
+    if (multi) {
+        LOOM_TRY(loom_dist_allreduce_f64(dp->d, &sum, 1));
+        sum /= dp->world;
+        dp->last_wait = loom_dist_wait_seconds(dp->d) - wait0;
+    }
     *loss = (float)(sum / accum);
     *grad_norm = norm;
     if (!isfinite(*loss) || !isfinite(norm))
         return loom_error(LOOM_EINTERNAL, "step %d: loss %g, gradient norm %g: training diverged; lower --lr or raise --warmup", t, *loss, norm);
     return LOOM_OK;
+}
+
+loom_status loom_train_step(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
+                            int accum, const loom_optim_t *opt, float lr, int t, float *loss,
+                            float *grad_norm) {
+    return loom_train_step_dp(m, NULL, tokens, targets, B, T, accum, opt, lr, t, loss, grad_norm);
 }

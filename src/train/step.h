@@ -4,6 +4,7 @@
 #ifndef LOOM_STEP_H
 #define LOOM_STEP_H
 
+#include "dist/dist.h"
 #include "model/gpt.h"
 
 typedef struct {
@@ -19,5 +20,60 @@ typedef struct {
 loom_status loom_train_step(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
                             int accum, const loom_optim_t *opt, float lr, int t, float *loss,
                             float *grad_norm);
+
+/* ---- Data parallelism ----
+ * Each rank runs loom_train_step_dp on its own slice of the global batch;
+ * gradients are averaged over ranks so that N ranks take the same step
+ * as one rank with N times the batch (up to float summation order).
+ *
+ * With overlap on, the backward hook hands finished layers' gradients to
+ * the communication thread in buckets of about `bucket_floats`, so the
+ * reduction runs while backward goes on.
+ *
+ * ZeRO: stage 0 all-reduces gradients and every rank runs AdamW on all
+ * parameters. Stage 1 reduce-scatters gradients; rank r keeps AdamW moments
+ * only for its contiguous shard of the parameter block, updates that shard,
+ * and all-gathers the parameters. Stage 2 also reduces after every
+ * micro-batch, so the accumulated gradient lives only in the rank's shard
+ * (the rest of the gradient block is a working buffer that backward
+ * writes, zeroed after each micro-batch). */
+typedef struct {
+    int zero;                   /* 0, 1 or 2 */
+    loom_dist_dtype grad_dtype; /* gradients on the wire */
+    int overlap;                /* 1: reduce buckets during backward */
+    size_t bucket_floats;       /* 0 = 1M floats (4 MB) */
+} loom_dp_opts_t;
+
+typedef struct loom_dp loom_dp_t;
+
+/* Set up data parallelism for model `m` (gradients allocated here) over
+ * `d`. With ZeRO >= 1 the model's full AdamW moments are released and a
+ * shard-sized pair is kept instead. */
+loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const loom_dp_opts_t *o);
+void loom_dp_free(loom_dp_t *dp);
+
+/* This rank's shard of the parameter block, [*lo, *hi) in floats (the whole
+ * block for ZeRO 0), and its AdamW moments (host or device memory, hi-lo
+ * floats each; for ZeRO 0 the model's own m->m, m->v from offset 0). */
+void loom_dp_shard(const loom_dp_t *dp, size_t *lo, size_t *hi, float **adam_m, float **adam_v);
+
+/* Bytes this rank holds for model state, and what the ZeRO paper's
+ * formula says it should hold (params 4P, grads 4P, AdamW 8P; stage 1:
+ * 4P + 4P + 8P/N; stage 2: 4P + 4P/N + 8P/N). formula_text: e.g. "4P+4P+8P/N". */
+typedef struct {
+    double params, grads, optim, total;
+    double formula;
+    const char *formula_text;
+} loom_dp_memory_t;
+void loom_dp_memory(const loom_dp_t *dp, loom_dp_memory_t *out);
+
+/* Seconds the last step spent blocked waiting for communication. */
+double loom_dp_last_wait(const loom_dp_t *dp);
+
+/* loom_train_step over ranks: the same contract, with the returned loss
+ * the mean over every rank's micro-batches. dp == NULL is loom_train_step. */
+loom_status loom_train_step_dp(loom_gpt_t *m, loom_dp_t *dp, const int *tokens, const int *targets,
+                               int B, int T, int accum, const loom_optim_t *opt, float lr, int t,
+                               float *loss, float *grad_norm);
 
 #endif

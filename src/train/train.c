@@ -6,10 +6,13 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "ckpt/optim.h"
 #include "ckpt/run.h"
+#include "dist/dist.h"
 #include "data/dataset.h"
 #include "model/generate.h"
 #include "model/gpt.h"
@@ -106,6 +109,8 @@ static loom_status write_run_config(const loom_train_opts_t *o, const loom_gpt_t
     cJSON_AddNumberToObject(j, "seq", o->seq);
     cJSON_AddNumberToObject(j, "grad_accum", o->grad_accum);
     cJSON_AddNumberToObject(j, "world_size", o->world_size);
+    cJSON_AddNumberToObject(j, "zero", o->zero);
+    cJSON_AddStringToObject(j, "grad_dtype", o->grad_dtype ? o->grad_dtype : "fp32");
     cJSON_AddNumberToObject(j, "steps", (double)o->steps);
     cJSON_AddNumberToObject(j, "lr", o->lr);
     cJSON_AddNumberToObject(j, "min_lr_ratio", o->min_lr_ratio);
@@ -129,7 +134,60 @@ static loom_status write_run_config(const loom_train_opts_t *o, const loom_gpt_t
     return s;
 }
 
-loom_status loom_train(const loom_train_opts_t *o) {
+/* Every rank's AdamW state into the checkpoint being written. Rank 0
+ * calls this from inside loom_run_save_checkpoint_with with the temporary
+ * folder; the others call it with NULL at the same point of the loop and
+ * learn the folder by broadcast. */
+typedef struct {
+    loom_dist_t *d;
+    loom_dp_t *dp;
+    loom_gpt_t *m;
+    int zero;
+    long long step;
+} shard_ctx_t;
+
+static loom_status write_optim_shards(const char *tmp_dir, void *vctx) {
+    shard_ctx_t *c = vctx;
+    int rank = loom_dist_rank(c->d), world = loom_dist_size(c->d);
+    char dir[4096] = "", path[4200];
+    if (tmp_dir) snprintf(dir, sizeof dir, "%s", tmp_dir);
+    LOOM_TRY(loom_dist_broadcast(c->d, dir, sizeof dir, 0));
+    loom_status s = LOOM_OK;
+    if (c->zero >= 1 || rank == 0) {
+        size_t lo, hi;
+        float *am, *av;
+        if (c->dp) {
+            loom_dp_shard(c->dp, &lo, &hi, &am, &av);
+        } else {
+            lo = 0;
+            hi = c->m->num_params;
+            am = c->m->m;
+            av = c->m->v;
+        }
+        int w = c->zero >= 1 ? world : 1;
+        loom_optim_shard_path(path, sizeof path, dir, rank, w);
+        loom_optim_shard_t h = {(uint32_t)rank, (uint32_t)w, (uint32_t)c->zero, c->m->num_params, lo, hi, (uint64_t)c->step};
+        s = loom_optim_shard_save(path, &h, c->m->be, am, av);
+    }
+    double failed = s != LOOM_OK;
+    LOOM_TRY(loom_dist_allreduce_f64(c->d, &failed, 1));
+    if (s == LOOM_OK && failed > 0) s = loom_error(LOOM_EIO, "%.0f rank(s) could not write their optimizer shard into %s", failed, dir);
+    return s;
+}
+
+static loom_status save_checkpoint(const loom_train_opts_t *o, shard_ctx_t *c, const loom_ckpt_state_t *st) {
+    c->step = st->step;
+    if (o->rank == 0) return loom_run_save_checkpoint_with(o->out, c->m, st, o->keep_ckpts, write_optim_shards, c);
+    return write_optim_shards(NULL, c);
+}
+
+static double peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
+static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     loom_gpt_config_t cfg;
     LOOM_TRY(loom_gpt_preset(&cfg, o->model));
@@ -148,6 +206,7 @@ loom_status loom_train(const loom_train_opts_t *o) {
     loom_status s = LOOM_OK;
     const loom_backend_t *be;
     loom_gpt_t *m = NULL;
+    loom_dp_t *dp = NULL;
     int *in = NULL, *tg = NULL;
     FILE *log = NULL;
     double *hist = NULL, *vhist = NULL;
@@ -158,20 +217,34 @@ loom_status loom_train(const loom_train_opts_t *o) {
                        o->data, loom_dataset_ntokens(ds, LOOM_SPLIT_TRAIN), need, B, T, o->grad_accum);
         goto done;
     }
-    if ((s = loom_backend_open(&be, o->device, o->threads, (loom_dtype)dt)) != LOOM_OK) goto done;
-    if ((s = loom_run_prepare(o->out, o->force)) != LOOM_OK) goto done;
+    int lead = o->rank == 0, multi = o->world_size > 1;
+    char devname[64];
+    snprintf(devname, sizeof devname, "%s", o->device);
+    if (multi && !strcmp(o->device, "cuda")) snprintf(devname, sizeof devname, "cuda:%d", loom_dist_local_rank(dist));
+    if ((s = loom_backend_open(&be, devname, o->threads, (loom_dtype)dt)) != LOOM_OK) goto done;
+    if (lead && (s = loom_run_prepare(o->out, o->force)) != LOOM_OK) goto done;
+    /* Every rank draws the same initial weights from the same seed. */
     if ((s = loom_gpt_init(&m, &cfg, be, (unsigned long long)o->seed)) != LOOM_OK) goto done;
     if ((s = loom_gpt_alloc_train(m)) != LOOM_OK) goto done;
     if ((s = loom_gpt_alloc_acts(m, B, T)) != LOOM_OK) goto done;
-    if ((s = write_run_config(o, m, be, ds)) != LOOM_OK) goto done;
+    loom_dp_opts_t dpo = {.zero = o->zero, .overlap = !o->no_overlap,
+                          .grad_dtype = o->grad_dtype && !strcmp(o->grad_dtype, "bf16") ? LOOM_DIST_BF16 : LOOM_DIST_FP32,
+                          .bucket_floats = o->bucket_mb > 0 ? (size_t)(o->bucket_mb * 1e6 / 4) : 0};
+    if (o->grad_dtype && strcmp(o->grad_dtype, "fp32") && strcmp(o->grad_dtype, "bf16")) {
+        s = loom_error(LOOM_EINVAL, "--grad-dtype %s: unknown; use fp32 or bf16", o->grad_dtype);
+        goto done;
+    }
+    /* A single process at ZeRO 0 keeps the plain step, bit for bit. */
+    if ((multi || o->zero > 0) && (s = loom_dp_init(&dp, m, dist, &dpo)) != LOOM_OK) goto done;
+    if (lead && (s = write_run_config(o, m, be, ds)) != LOOM_OK) goto done;
     const loom_tokenizer_t *tok = loom_dataset_tokenizer(ds);
     char path[4096];
-    if (tok) {
+    if (lead && tok) {
         snprintf(path, sizeof path, "%s/tokenizer.json", o->out);
         if ((s = loom_tokenizer_save(tok, path)) != LOOM_OK) goto done;
     }
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out);
-    log = fopen(path, "w");
+    log = lead ? fopen(path, "w") : fopen("/dev/null", "w");
     if (!log) {
         s = loom_error(LOOM_EIO, "%s: cannot create the metrics log", path);
         goto done;
@@ -186,6 +259,19 @@ loom_status loom_train(const loom_train_opts_t *o) {
     loom_info("loom train: %s (%s), %d thread%s; batch %d x seq %d x accum %d = %zu tokens/step, %lld steps; peak %s",
               be->name, loom_dtype_name(be->dtype), loom_backend_cpu_threads(), loom_backend_cpu_threads() == 1 ? "" : "s",
               B, T, o->grad_accum, per_step, o->steps, be->peak_source ? be->peak_source : "unknown");
+    if (multi || dp) {
+        loom_dp_memory_t mem = {0};
+        if (dp) loom_dp_memory(dp, &mem);
+        loom_info("loom train: %d ranks over %s, global batch %zu tokens/step (batch %d x seq %d x accum %d x %d ranks); ZeRO-%d, gradients reduced in %s%s",
+                  o->world_size, loom_dist_name(dist), per_step * o->world_size, B, T, o->grad_accum, o->world_size, o->zero,
+                  dpo.grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32", dpo.overlap ? ", overlapped with backward" : ", after backward");
+        if (dp)
+            loom_info("loom train: memory per rank (P = %zu floats, N = %d): params %.2f MB + grads %.2f MB + AdamW %.2f MB = %.2f MB; ZeRO-%d formula %s = %.2f MB%s; peak resident %.1f MB",
+                      m->num_params, o->world_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, mem.total / 1e6, o->zero,
+                      mem.formula_text, mem.formula / 1e6,
+                      o->zero == 2 ? " (loom's backward writes one whole-model working gradient buffer; the accumulated gradient is the shard)" : "",
+                      peak_rss_mb());
+    }
 
     in = loom_malloc(per_step * sizeof(int));
     tg = loom_malloc(per_step * sizeof(int));
@@ -204,9 +290,17 @@ loom_status loom_train(const loom_train_opts_t *o) {
     size_t ntrain = loom_dataset_ntokens(ds, LOOM_SPLIT_TRAIN);
     int have_val = loom_dataset_ntokens(ds, LOOM_SPLIT_VAL) > 1;
     unsigned long long pos = 0;
+    shard_ctx_t shards = {dist, dp, m, o->zero, 0};
+    double comm_wait = 0;
     double t_start = loom_now(), train_time = 0, last_loss = NAN, last_val = -1;
     long long step;
-    for (step = 1; step <= o->steps && !stop_requested; step++) {
+    for (step = 1; step <= o->steps; step++) {
+        double stop = stop_requested; /* every rank stops at the same step */
+        if (multi && (s = loom_dist_allreduce_f64(dist, &stop, 1)) != LOOM_OK) break;
+        if (stop > 0) {
+            if (!stop_requested) stop_requested = SIGTERM;
+            break;
+        }
         /* This rank's micro-batches: disjoint slices of the global batch. */
         for (int k = 0; k < o->grad_accum; k++) {
             size_t p = (pos + ((size_t)k * o->world_size + o->rank) * B * T) % ntrain;
@@ -216,17 +310,18 @@ loom_status loom_train(const loom_train_opts_t *o) {
         double lr = loom_lr_at(step, o->steps, o->warmup, o->lr, o->min_lr_ratio);
         float loss, gnorm;
         double t0 = loom_now();
-        if ((s = loom_train_step(m, in, tg, B, T, o->grad_accum, &opt, (float)lr, (int)step, &loss, &gnorm)) != LOOM_OK) break;
+        if ((s = loom_train_step_dp(m, dp, in, tg, B, T, o->grad_accum, &opt, (float)lr, (int)step, &loss, &gnorm)) != LOOM_OK) break;
         be->sync();
-        double dt = loom_now() - t0;
+        double dt = loom_now() - t0, wait = loom_dp_last_wait(dp);
         train_time += dt;
+        comm_wait += wait;
         last_loss = loss;
         hist[step - 1] = (double)step;
         hist[o->steps + step - 1] = loss;
         double tok_s = per_step * o->world_size / dt;
         double mfu = be->peak_flops > 0 ? flops_tok * tok_s / (be->peak_flops * o->world_size) : -1;
 
-        int do_eval = have_val && o->eval_every > 0 && (step % o->eval_every == 0 || step == o->steps);
+        int do_eval = lead && have_val && o->eval_every > 0 && (step % o->eval_every == 0 || step == o->steps);
         double vloss = -1;
         if (do_eval) {
             if ((s = eval_loss(m, ds, B, T, o->eval_batches, vin, vtg, &vloss)) != LOOM_OK) break;
@@ -238,6 +333,7 @@ loom_status loom_train(const loom_train_opts_t *o) {
         double elapsed = loom_now() - t_start;
         fprintf(log, "{\"step\":%lld,\"loss\":%.6f,", step, loss);
         if (do_eval) fprintf(log, "\"val_loss\":%.6f,", vloss);
+        if (multi) fprintf(log, "\"comm_wait_s\":%.4f,", wait);
         fprintf(log, "\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"step_s\":%.4f,\"elapsed_s\":%.2f}\n",
                 lr, gnorm, tok_s, mfu, dt, elapsed);
         fflush(log);
@@ -253,11 +349,11 @@ loom_status loom_train(const loom_train_opts_t *o) {
             fprintf(stderr, " | lr %.2e | norm %.2f | %.0f tok/s | MFU %s | ETA %s", lr, gnorm, tok_s, mfus, eta);
             if (!tty || do_eval || step == o->steps) fputc('\n', stderr);
         }
-        if (o->sample_every > 0 && step % o->sample_every == 0 && step != o->steps)
+        if (lead && o->sample_every > 0 && step % o->sample_every == 0 && step != o->steps)
             print_sample(m, tok, o->sample_tokens, (unsigned long long)o->seed + (unsigned long long)step);
         if (o->ckpt_every > 0 && step % o->ckpt_every == 0 && step != o->steps) {
             loom_ckpt_state_t st = {step, loss, do_eval ? vloss : -1, pos, tok ? loom_tokenizer_hash(tok) : 0};
-            if ((s = loom_run_save_checkpoint(o->out, m, &st, o->keep_ckpts)) != LOOM_OK) break;
+            if ((s = save_checkpoint(o, &shards, &st)) != LOOM_OK) break;
         }
     }
     step--; /* the last completed step */
@@ -265,7 +361,7 @@ loom_status loom_train(const loom_train_opts_t *o) {
     sigaction(SIGTERM, &old_term, NULL);
     if (s == LOOM_OK && step > 0) {
         if (stop_requested) loom_info("\nloom train: stopped by signal %d after step %lld; writing a checkpoint", (int)stop_requested, step);
-        if (have_val && (nv == 0 || vhist[nv - 1] != (double)step)) {
+        if (lead && have_val && (nv == 0 || vhist[nv - 1] != (double)step)) {
             if ((s = eval_loss(m, ds, B, T, o->eval_batches, vin, vtg, &last_val)) == LOOM_OK) {
                 vhist[nv] = (double)step;
                 vhist[o->steps + 2 + nv] = last_val;
@@ -273,9 +369,9 @@ loom_status loom_train(const loom_train_opts_t *o) {
             }
         }
         loom_ckpt_state_t st = {step, last_loss, last_val, pos, tok ? loom_tokenizer_hash(tok) : 0};
-        if (s == LOOM_OK) s = loom_run_save_checkpoint(o->out, m, &st, o->keep_ckpts);
+        if (s == LOOM_OK) s = save_checkpoint(o, &shards, &st);
     }
-    if (step > 0) {
+    if (lead && step > 0) {
         snprintf(path, sizeof path, "%s/loss.svg", o->out);
         char title[256];
         snprintf(title, sizeof title, "%s: %s on %s", o->out, o->model, o->data);
@@ -287,7 +383,10 @@ loom_status loom_train(const loom_train_opts_t *o) {
         loom_info("loom train: done: %lld steps in %.1fs, %.0f tokens/s; final train loss %.4f, val loss %s%.4f; checkpoint in %s/checkpoints",
                   step, wall, (double)per_step * o->world_size * step / train_time, last_loss, last_val < 0 ? "n/a " : "",
                   last_val, o->out);
-        print_sample(m, tok, o->sample_tokens, (unsigned long long)o->seed);
+        if (multi)
+            loom_info("loom train: %d ranks: %.1f%% of step time waiting for communication (%.2fs of %.2fs)", o->world_size,
+                      100 * comm_wait / train_time, comm_wait, train_time);
+        if (lead) print_sample(m, tok, o->sample_tokens, (unsigned long long)o->seed);
     }
     free(vin);
     free(vtg);
@@ -298,7 +397,26 @@ done:
     free(vhist);
     free(in);
     free(tg);
+    loom_dp_free(dp);
     loom_gpt_free(m);
     loom_dataset_free(ds);
+    return s;
+}
+
+loom_status loom_train(const loom_train_opts_t *opts) {
+    loom_dist_t *d;
+    loom_dist_opts_t dopt = {.transport = "auto", .gpu = opts->device && !strncmp(opts->device, "cuda", 4),
+                             .timeout_s = opts->dist_timeout};
+    const char *lr = getenv("LOCAL_RANK");
+    dopt.device = lr ? atoi(lr) : 0;
+    LOOM_TRY(loom_dist_init(&d, &dopt));
+    loom_train_opts_t o = *opts;
+    o.rank = loom_dist_rank(d);
+    o.world_size = loom_dist_size(d);
+    if (o.rank != 0) loom_log_quiet(1);
+    loom_status s = train_run(&o, d);
+    /* On failure the process exits without the last barrier: its peers
+     * see the closed connections and stop, naming this rank. */
+    if (s == LOOM_OK || o.world_size == 1) loom_dist_free(d);
     return s;
 }

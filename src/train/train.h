@@ -16,7 +16,15 @@ typedef struct {
     int eval_every, eval_batches, sample_every, sample_tokens, ckpt_every, keep_ckpts;
     int log_every, threads, force;
     long long seed;
-    int rank, world_size; /* 0 and 1 until the distributed layer lands */
+    /* Data parallelism. The ranks come from the launch (mpirun, srun, the
+     * torchrun environment; see dist/dist.h); loom_train fills rank and
+     * world_size in its own copy. */
+    int zero;               /* ZeRO stage 0, 1, 2 */
+    const char *grad_dtype; /* gradients on the wire: "fp32" or "bf16" (NULL = fp32) */
+    double dist_timeout;    /* seconds a collective may wait for a peer (0 = 300) */
+    int no_overlap;         /* reduce after backward instead of during it */
+    double bucket_mb;       /* gradient bucket size in MB (0 = 4) */
+    int rank, world_size;
 } loom_train_opts_t;
 
 /* Learning rate at 1-based step t: linear warmup over `warmup` steps to

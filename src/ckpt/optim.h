@@ -1,0 +1,33 @@
+/* optim: AdamW state in a checkpoint, one file per rank, so a ZeRO run
+ * (where each rank holds only its shard of the moments) can resume.
+ *
+ *   checkpoints/step_N/optim-rank00000-of-00002.bin
+ *
+ * Header (little-endian): magic "LOOMOPT\0", u32 version 1, u32 header
+ * bytes, u32 rank, u32 world, u32 zero stage, u32 0, u64 parameter count
+ * P, u64 lo, u64 hi (this shard is floats [lo, hi) of the parameter
+ * block), u64 step, u64 FNV-1a of the payload; then m[lo:hi], v[lo:hi] as
+ * float32. ZeRO 0 writes one file (rank 0, the whole block). */
+#ifndef LOOM_CKPT_OPTIM_H
+#define LOOM_CKPT_OPTIM_H
+
+#include <stdint.h>
+
+#include "model/gpt.h"
+
+typedef struct {
+    uint32_t rank, world, zero;
+    uint64_t params, lo, hi, step;
+} loom_optim_shard_t;
+
+/* The file name of a shard inside a checkpoint folder. */
+void loom_optim_shard_path(char *out, size_t cap, const char *ckpt_dir, int rank, int world);
+/* Write m, v (backend memory, hi-lo floats each) of shard `h` atomically. */
+loom_status loom_optim_shard_save(const char *path, const loom_optim_shard_t *h, const loom_backend_t *be,
+                                  const float *m, const float *v);
+/* Read a shard written by loom_optim_shard_save; `want` names what the
+ * caller expects (params, lo, hi); m, v are backend memory of hi-lo floats. */
+loom_status loom_optim_shard_load(const char *path, const loom_optim_shard_t *want, const loom_backend_t *be,
+                                  float *m, float *v, loom_optim_shard_t *got);
+
+#endif
