@@ -72,7 +72,7 @@ static void loom_trained(void) {
     CHECK(loom_tokenizer_load(&t, path("loom/tokenizer.json")) == LOOM_OK, "%s", loom_errmsg());
     if (!t) return;
     CHECK(loom_tokenizer_vocab_size(t) == 3000, "vocab %d", loom_tokenizer_vocab_size(t));
-    size_t n, m;
+    size_t n = 0, m = 0;
     uint32_t *mine = loom_encode_file(t, text_path, &n);
     char args[1024];
     snprintf(args, sizeof args, "encode %s %s %s", path("loom/tokenizer.json"), text_path, path("hf_ids.bin"));
@@ -119,7 +119,7 @@ static void hf_trained(void) {
         CHECK(0, "training with tokenizers failed");
         return;
     }
-    size_t m, n;
+    size_t m = 0, n = 0;
     uint32_t *theirs = read_u32(path("hf/ids.bin"), &m);
     loom_tokenizer_t *t = NULL;
     CHECK(loom_tokenizer_load(&t, path("hf/tokenizer.json")) == LOOM_OK, "%s", loom_errmsg());
@@ -148,7 +148,7 @@ static void pretokenize_code_points(void) {
     char args[1024];
     snprintf(args, sizeof args, "pretok-text %s 13 && %s tests/tokenizer_oracle.py pretok %s %s", path("cps.txt"), python,
              path("cps.txt"), path("cps_lens.bin"));
-    size_t m;
+    size_t m = 0;
     uint32_t *theirs = oracle(args) ? read_u32(path("cps_lens.bin"), &m) : NULL;
     char *text;
     size_t len;

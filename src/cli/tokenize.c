@@ -373,7 +373,9 @@ static loom_status encode_corpus(const loom_tokenizer_t *tok, const files_t *in,
             }
             size_t head = 0;
             if (done < val_bytes) { /* the first val_fraction of the bytes is the validation split */
-                head = val_bytes - done >= len ? len : loom_pretok_safe_cut((const unsigned char *)text, len, val_bytes - done);
+                const unsigned char *u = (const unsigned char *)text;
+                head = val_bytes - done >= len ? len : loom_pretok_safe_cut(u, len, val_bytes - done);
+                if (head == 0) head = loom_pretok_safe_cut_after(u, len, val_bytes - done);
                 if (head == 0) head = len;
                 if ((s = encode_into(&E, text, head, at_start, val)) != LOOM_OK) break;
                 at_start = 0;
@@ -387,6 +389,8 @@ static loom_status encode_corpus(const loom_tokenizer_t *tok, const files_t *in,
         }
         reader_close(&r);
     }
+    if (s == LOOM_OK && train->tokens == 0)
+        loom_warn("all %zu bytes went to the validation split: no train shard; use a larger input or a smaller --val-fraction", done);
     if (s == LOOM_OK) s = split_close(train);
     if (s == LOOM_OK) s = split_close(val);
     if (s != LOOM_OK) {

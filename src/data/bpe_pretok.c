@@ -148,3 +148,9 @@ size_t loom_pretok_safe_cut(const unsigned char *s, size_t len, size_t want) {
         if (ascii_space(s[p]) && s[p - 1] < 0x80 && !ascii_space(s[p - 1])) return p;
     return 0;
 }
+
+size_t loom_pretok_safe_cut_after(const unsigned char *s, size_t len, size_t from) {
+    for (size_t p = from > 0 ? from : 1; p < len; p++)
+        if (ascii_space(s[p]) && s[p - 1] < 0x80 && !ascii_space(s[p - 1])) return p;
+    return 0;
+}

@@ -27,4 +27,7 @@ size_t loom_pretok_next(const unsigned char *s, size_t len, size_t i);
  * after an ASCII non-space byte. Returns 0 when none is found. */
 size_t loom_pretok_safe_cut(const unsigned char *s, size_t len, size_t want);
 
+/* The first such cut at or after `from`, or 0 when there is none. */
+size_t loom_pretok_safe_cut_after(const unsigned char *s, size_t len, size_t from);
+
 #endif
