@@ -1,0 +1,214 @@
+/* loom bench dist: data-parallel scaling on this machine. The same global
+ * batch runs as 1 rank x C threads and as C ranks x 1 thread (ranks joined
+ * over TCP on 127.0.0.1, the --nproc path), with gradient reduction
+ * overlapped with backward and after it. Prints the scaling efficiency
+ * (time of 1 rank / time of C ranks, same work) and the share of step time
+ * spent blocked on communication. Each configuration runs in fresh
+ * processes so thread pools and sockets do not carry over. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "dist/dist.h"
+#include "model/gpt.h"
+#include "train/step.h"
+
+typedef struct {
+    int layers, channels, heads, seq, batch, vocab, steps, warmup, zero;
+    const char *grad_dtype;
+} bench_cfg_t;
+
+typedef struct {
+    double step_s, wait_s, loss;
+    int ok;
+} bench_result_t;
+
+static int bench_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    int port = 29600;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
+/* One rank's part, in a forked child; the result goes back through `fd`. */
+static void run_rank(const bench_cfg_t *c, int rank, int world, int threads, int overlap, int port, int fd) {
+    bench_result_t res = {0};
+    char v[16];
+    if (world > 1) {
+        snprintf(v, sizeof v, "%d", rank);
+        setenv("RANK", v, 1);
+        setenv("LOCAL_RANK", v, 1);
+        snprintf(v, sizeof v, "%d", world);
+        setenv("WORLD_SIZE", v, 1);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        snprintf(v, sizeof v, "%d", port);
+        setenv("MASTER_PORT", v, 1);
+    }
+    loom_log_quiet(1);
+    loom_dist_t *d = NULL;
+    const loom_backend_t *be;
+    loom_gpt_t *m = NULL;
+    loom_dp_t *dp = NULL;
+    loom_dist_opts_t dopt = {.transport = world > 1 ? "tcp" : "single", .timeout_s = 120};
+    loom_gpt_config_t cfg = {.max_seq_len = c->seq, .vocab_size = c->vocab, .n_layer = c->layers, .n_head = c->heads, .channels = c->channels};
+    int B = c->batch, T = c->seq;
+    if (loom_dist_init(&d, &dopt) != LOOM_OK || loom_backend_cpu_init(&be, threads) != LOOM_OK ||
+        loom_gpt_config_finish(&cfg) != LOOM_OK || loom_gpt_init(&m, &cfg, be, 7) != LOOM_OK ||
+        loom_gpt_alloc_acts(m, B, T) != LOOM_OK) {
+        fprintf(stderr, "loom bench dist: rank %d: %s\n", rank, loom_errmsg());
+        goto out;
+    }
+    loom_dp_opts_t dpo = {.zero = c->zero, .overlap = overlap,
+                          .grad_dtype = !strcmp(c->grad_dtype, "bf16") ? LOOM_DIST_BF16 : LOOM_DIST_FP32};
+    if (world > 1 && loom_dp_init(&dp, m, d, &dpo) != LOOM_OK) {
+        fprintf(stderr, "loom bench dist: rank %d: %s\n", rank, loom_errmsg());
+        goto out;
+    }
+    /* The global batch: world*B sequences from one seeded stream; this
+     * rank takes its contiguous slice. */
+    size_t gtok = (size_t)c->batch * (world > 1 ? (size_t)world : 1) * T + 1;
+    int *all = loom_malloc(gtok * sizeof(int));
+    loom_rng_t rng;
+    loom_rng_seed(&rng, 11);
+    for (size_t i = 0; i < gtok; i++) all[i] = (int)(loom_rng_u64(&rng) % (uint64_t)c->vocab);
+    const int *in = all + (size_t)rank * B * T, *tg = in + 1;
+    loom_optim_t opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f};
+    double tsum = 0, wsum = 0;
+    float loss = 0, norm;
+    for (int s = 0; s < c->warmup + c->steps; s++) {
+        double t0 = loom_now();
+        if (loom_train_step_dp(m, dp, in, tg, B, T, 1, &opt, 1e-4f, s + 1, &loss, &norm) != LOOM_OK) {
+            fprintf(stderr, "loom bench dist: rank %d: %s\n", rank, loom_errmsg());
+            free(all);
+            goto out;
+        }
+        if (s >= c->warmup) {
+            tsum += loom_now() - t0;
+            wsum += loom_dp_last_wait(dp);
+        }
+    }
+    free(all);
+    res = (bench_result_t){tsum / c->steps, wsum / c->steps, loss, 1};
+out:
+    if (write(fd, &res, sizeof res) != (ssize_t)sizeof res) res.ok = 0;
+    loom_dp_free(dp);
+    loom_gpt_free(m);
+    if (res.ok) loom_dist_free(d);
+    _exit(res.ok ? 0 : 1);
+}
+
+/* Run one configuration; rank 0's numbers (the slowest rank sets the pace
+ * anyway, so the step times agree). */
+static bench_result_t run_config(const bench_cfg_t *c, int world, int threads, int overlap) {
+    int p[2];
+    bench_result_t r0 = {0};
+    if (pipe(p) != 0) return r0;
+    int port = bench_port();
+    pid_t *pids = loom_calloc((size_t)world, sizeof *pids);
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            close(p[0]);
+            run_rank(c, r, world, threads, overlap, port, p[1]);
+        }
+    }
+    close(p[1]);
+    int ok = 1;
+    double step = 0, wait = 0;
+    for (int r = 0; r < world; r++) {
+        bench_result_t x;
+        if (read(p[0], &x, sizeof x) != (ssize_t)sizeof x || !x.ok) {
+            ok = 0;
+            continue;
+        }
+        if (x.step_s > step) step = x.step_s;
+        wait += x.wait_s / world;
+        r0.loss = x.loss;
+    }
+    close(p[0]);
+    for (int r = 0; r < world; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = 0;
+    }
+    free(pids);
+    r0.ok = ok;
+    r0.step_s = step;
+    r0.wait_s = wait;
+    return r0;
+}
+
+int cmd_bench_dist(int argc, char **argv) {
+    bench_cfg_t c;
+    int ranks = 0, rounds = 3;
+    const loom_arg_t args[] = {
+        {"ranks", ARG_INT, &ranks, "0", 0, 64, "ranks to compare against one rank with as many threads (0 = the core count)"},
+        {"layers", ARG_INT, &c.layers, "4", 1, 64, "model layers"},
+        {"channels", ARG_INT, &c.channels, "256", 16, 8192, "model width"},
+        {"heads", ARG_INT, &c.heads, "4", 1, 64, "attention heads"},
+        {"seq", ARG_INT, &c.seq, "128", 8, 8192, "sequence length"},
+        {"batch", ARG_INT, &c.batch, "8", 1, 4096, "sequences per rank (the 1-rank run takes ranks x this)"},
+        {"vocab", ARG_INT, &c.vocab, "4096", 64, 1 << 20, "vocabulary size"},
+        {"steps", ARG_INT, &c.steps, "3", 1, 100000, "timed steps per round"},
+        {"warmup", ARG_INT, &c.warmup, "1", 0, 1000, "untimed steps first"},
+        {"rounds", ARG_INT, &rounds, "3", 1, 100, "rounds, the configurations alternating; the fastest round of each counts"},
+        {"zero", ARG_INT, &c.zero, "0", 0, 2, "ZeRO stage of the multi-rank runs"},
+        {"grad-dtype", ARG_STR, &c.grad_dtype, "fp32", 0, 0, "gradients on the wire: fp32 or bf16"},
+    };
+    int r = loom_args_parse("bench dist", "loom bench dist [--ranks N] [model flags]", args,
+                            (int)(sizeof args / sizeof args[0]), argc, argv);
+    if (r == 1) return 0;
+    if (r) return 2;
+    if (ranks == 0) ranks = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (ranks < 2) ranks = 2;
+    if (c.channels % c.heads) {
+        fprintf(stderr, "loom bench dist: --channels %d is not a multiple of --heads %d\n", c.channels, c.heads);
+        return 2;
+    }
+    loom_gpt_config_t cfg = {.max_seq_len = c.seq, .vocab_size = c.vocab, .n_layer = c.layers, .n_head = c.heads, .channels = c.channels};
+    loom_gpt_config_finish(&cfg);
+    printf("loom bench dist: %d layers x %d channels (%.1fM parameters), seq %d, global batch %d x %d tokens, %d timed steps; ranks over TCP on 127.0.0.1\n",
+           c.layers, c.channels, loom_gpt_num_params(&cfg) / 1e6, c.seq, ranks * c.batch, c.seq, c.steps);
+    fflush(stdout);
+    int B = c.batch;
+    bench_result_t one = {0}, ov = {0}, no = {0};
+    /* Alternating rounds, fastest of each: other load on a shared machine
+     * only ever slows a round down. */
+    for (int k = 0; k < rounds; k++) {
+        c.batch = ranks * B;
+        bench_result_t x = run_config(&c, 1, ranks, 1);
+        c.batch = B;
+        bench_result_t y = run_config(&c, ranks, 1, 1);
+        bench_result_t z = run_config(&c, ranks, 1, 0);
+        if (!x.ok || !y.ok || !z.ok) {
+            fprintf(stderr, "loom bench dist: a run failed (see above)\n");
+            return 1;
+        }
+        if (k == 0 || x.step_s < one.step_s) one = x;
+        if (k == 0 || y.step_s < ov.step_s) ov = y;
+        if (k == 0 || z.step_s < no.step_s) no = z;
+    }
+    double tok = (double)ranks * B * c.seq;
+    printf("%-34s %9s %11s %10s %9s\n", "configuration", "step ms", "tokens/s", "comm wait", "loss");
+    printf("1 rank x %d threads %15s %9.1f %11.0f %10s %9.5f\n", ranks, "", 1e3 * one.step_s, tok / one.step_s, "-", one.loss);
+    printf("%d ranks x 1 thread, overlapped %4s %9.1f %11.0f %9.1f%% %9.5f\n", ranks, "", 1e3 * ov.step_s, tok / ov.step_s, 100 * ov.wait_s / ov.step_s, ov.loss);
+    printf("%d ranks x 1 thread, after backward %9.1f %11.0f %9.1f%% %9.5f\n", ranks, 1e3 * no.step_s, tok / no.step_s, 100 * no.wait_s / no.step_s, no.loss);
+    printf("scaling efficiency (1-rank time / %d-rank time, same global batch): overlapped %.3f, after backward %.3f (target >= 0.9)\n",
+           ranks, one.step_s / ov.step_s, one.step_s / no.step_s);
+    printf("communication wait share of step time: overlapped %.1f%%, after backward %.1f%% (target < 5%% overlapped)\n",
+           100 * ov.wait_s / ov.step_s, 100 * no.wait_s / no.step_s);
+    return 0;
+}
