@@ -217,8 +217,14 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        return loom_error(LOOM_EUNAVAIL, "--device cuda:%d: CUDA cannot be used on this machine: %s",
-                          index, cudaGetErrorString(e));
+        int driver = 0;
+        if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+        cudaGetLastError();
+        return loom_error(LOOM_EUNAVAIL,
+                          "--device cuda:%d: CUDA cannot be used on this machine: %s%s; use "
+                          "--device cpu",
+                          index, cudaGetErrorString(e),
+                          driver == 0 ? " (no NVIDIA driver is loaded)" : "");
     }
     if (count == 0)
         return loom_error(LOOM_EUNAVAIL, "--device cuda:%d: CUDA sees no GPU on this machine",

@@ -13,7 +13,11 @@ extern "C" int loom_cuda_device_count(char *why, size_t why_size) {
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
         cudaGetLastError();
-        snprintf(why, why_size, "%s", cudaGetErrorString(e));
+        int driver = 0;
+        if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+        cudaGetLastError();
+        snprintf(why, why_size, "%s%s", cudaGetErrorString(e),
+                 driver == 0 ? " (no NVIDIA driver is loaded on this machine)" : "");
         return -1;
     }
     if (n == 0) snprintf(why, why_size, "the CUDA runtime reports no devices");
