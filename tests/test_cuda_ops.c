@@ -751,7 +751,8 @@ static void probe_gpu(void) {
     int n = loom_cuda_device_count(why, sizeof why);
     if (n <= 0) snprintf(no_gpu, sizeof no_gpu, "no CUDA device: %s", why);
 #else
-    snprintf(no_gpu, sizeof no_gpu, "this build has no CUDA (nvcc was not found at build time)");
+    snprintf(no_gpu, sizeof no_gpu,
+             "this build has no CUDA (nvcc not found at build time, or NO_CUDA / SANITIZE set)");
 #endif
 }
 
