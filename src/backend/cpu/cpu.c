@@ -9,6 +9,9 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "cpu_attention.h"
+#include "cpu_gemm.h"
+#include "cpu_math.h"
 
 static int cpu_threads = 1;
 
@@ -124,8 +127,28 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
     free(part);
 }
 
+static void gelu_forward(float *out, const float *inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = loom_gelu(inp[i]);
+}
+
+static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) dinp[i] = loom_gelu_grad(inp[i]) * dout[i];
+}
+
+/* LOOM_GEMM=blas routes the three matmul GEMMs through OpenBLAS; the
+ * default is the backend's own (cpu_gemm.c). */
+static int use_blas;
+
 static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                            int N, int C, int OC) {
+    if (!use_blas) {
+        loom_gemm_t g = {.a = inp, .rsa = C, .csa = 1, .b = w, .rsb = 1, .csb = C, .c = out,
+                         .ldc = OC, .M = N, .N = OC, .K = C, .bias = bias};
+        loom_cpu_gemm(&g);
+        return;
+    }
     float beta = 0.0f;
     if (bias) {
 #pragma omp parallel for schedule(static)
@@ -135,11 +158,34 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
 }
 
+static void matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w,
+                                const float *bias, int N, int C, int OC) {
+    if (use_blas) {
+        matmul_forward(pre, inp, w, bias, N, C, OC);
+        gelu_forward(out, pre, (size_t)N * OC);
+        return;
+    }
+    loom_gemm_t g = {.a = inp, .rsa = C, .csa = 1, .b = w, .rsb = 1, .csb = C, .c = pre,
+                     .ldc = OC, .M = N, .N = OC, .K = C, .bias = bias, .gelu = out};
+    loom_cpu_gemm(&g);
+}
+
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC) {
-    if (dinp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    if (use_blas) {
+        if (dinp)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, w, C, 1.0f, dinp, C);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dw, C);
+    } else {
+        if (dinp) {
+            loom_gemm_t g = {.a = dout, .rsa = OC, .csa = 1, .b = w, .rsb = C, .csb = 1, .c = dinp,
+                             .ldc = C, .M = N, .N = C, .K = OC, .accumulate = 1};
+            loom_cpu_gemm(&g);
+        }
+        loom_gemm_t g = {.a = dout, .rsa = 1, .csa = OC, .b = inp, .rsb = C, .csb = 1, .c = dw,
+                         .ldc = C, .M = OC, .N = C, .K = N, .accumulate = 1};
+        loom_cpu_gemm(&g);
+    }
     if (dbias) {
         const int OB = 64;
         int nblocks = (OC + OB - 1) / OB;
@@ -153,123 +199,6 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
             }
             for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
         }
-    }
-}
-
-/* Causal attention one query row at a time with an online softmax: the
- * scores of a row live in a T-float scratch, only the row's log-sum-exp is
- * stored. Parallel over (batch, head). */
-static void attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
-                              int NH) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    size_t C3 = 3 * (size_t)C;
-#pragma omp parallel
-    {
-        float *s = malloc((size_t)T * sizeof(float));
-#pragma omp for collapse(2) schedule(static)
-        for (int b = 0; b < B; b++)
-            for (int h = 0; h < NH; h++) {
-                const float *base = qkv + (size_t)b * T * C3;
-                for (int i = 0; i < T; i++) {
-                    const float *q = base + i * C3 + h * hs;
-                    float mx = -INFINITY;
-                    for (int j = 0; j <= i; j++) {
-                        const float *k = base + j * C3 + C + h * hs;
-                        float dot = 0;
-                        for (int e = 0; e < hs; e++) dot += q[e] * k[e];
-                        s[j] = dot * scale;
-                        if (s[j] > mx) mx = s[j];
-                    }
-                    float sum = 0;
-                    for (int j = 0; j <= i; j++) {
-                        s[j] = expf(s[j] - mx);
-                        sum += s[j];
-                    }
-                    float inv = 1.0f / sum;
-                    float *o = out + ((size_t)b * T + i) * C + h * hs;
-                    for (int e = 0; e < hs; e++) o[e] = 0;
-                    for (int j = 0; j <= i; j++) {
-                        const float *v = base + j * C3 + 2 * C + h * hs;
-                        float p = s[j] * inv;
-                        for (int e = 0; e < hs; e++) o[e] += p * v[e];
-                    }
-                    lse[((size_t)b * NH + h) * T + i] = mx + logf(sum);
-                }
-            }
-        free(s);
-    }
-}
-
-static void attention_backward(float *dqkv, const float *dout, const float *qkv,
-                               const float *out, const float *lse, int B, int T, int C,
-                               int NH) {
-    int hs = C / NH;
-    float scale = 1.0f / sqrtf((float)hs);
-    size_t C3 = 3 * (size_t)C;
-#pragma omp parallel
-    {
-        float *p = malloc((size_t)T * sizeof(float));
-#pragma omp for collapse(2) schedule(static)
-        for (int b = 0; b < B; b++)
-            for (int h = 0; h < NH; h++) {
-                const float *base = qkv + (size_t)b * T * C3;
-                float *dbase = dqkv + (size_t)b * T * C3;
-                for (int i = 0; i < T; i++)
-                    for (int k = 0; k < 3; k++) memset(dbase + i * C3 + k * C + h * hs, 0, (size_t)hs * sizeof(float));
-                for (int i = 0; i < T; i++) {
-                    const float *q = base + i * C3 + h * hs;
-                    const float *dO = dout + ((size_t)b * T + i) * C + h * hs;
-                    const float *O = out + ((size_t)b * T + i) * C + h * hs;
-                    float *dq = dbase + i * C3 + h * hs;
-                    float L = lse[((size_t)b * NH + h) * T + i];
-                    float D = 0;
-                    for (int e = 0; e < hs; e++) D += dO[e] * O[e];
-                    for (int j = 0; j <= i; j++) {
-                        const float *k = base + j * C3 + C + h * hs;
-                        float dot = 0;
-                        for (int e = 0; e < hs; e++) dot += q[e] * k[e];
-                        p[j] = expf(dot * scale - L);
-                    }
-                    for (int j = 0; j <= i; j++) {
-                        const float *k = base + j * C3 + C + h * hs;
-                        const float *v = base + j * C3 + 2 * C + h * hs;
-                        float *dk = dbase + j * C3 + C + h * hs;
-                        float *dv = dbase + j * C3 + 2 * C + h * hs;
-                        float dp = 0;
-                        for (int e = 0; e < hs; e++) dp += dO[e] * v[e];
-                        float ds = p[j] * (dp - D) * scale;
-                        for (int e = 0; e < hs; e++) {
-                            dq[e] += ds * k[e];
-                            dk[e] += ds * q[e];
-                            dv[e] += p[j] * dO[e];
-                        }
-                    }
-                }
-            }
-        free(p);
-    }
-}
-
-#define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
-
-static void gelu_forward(float *out, const float *inp, size_t n) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALE * (x + 0.044715f * x * x * x)));
-    }
-}
-
-static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-#pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) {
-        float x = inp[i];
-        float u = GELU_SCALE * (x + 0.044715f * x * x * x);
-        float th = tanhf(u);
-        float sech2 = 1.0f - th * th;
-        float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * GELU_SCALE * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = grad * dout[i];
     }
 }
 
@@ -355,8 +284,8 @@ static loom_backend_t cpu_backend = {
     .layernorm_backward = layernorm_backward,
     .matmul_forward = matmul_forward,
     .matmul_backward = matmul_backward,
-    .attention_forward = attention_forward,
-    .attention_backward = attention_backward,
+    .attention_forward = loom_cpu_attention_forward,
+    .attention_backward = loom_cpu_attention_backward,
     .gelu_forward = gelu_forward,
     .gelu_backward = gelu_backward,
     .residual_forward = residual_forward,
@@ -366,42 +295,66 @@ static loom_backend_t cpu_backend = {
     .sumsq = sumsq,
 };
 
-/* Peak: the best of a few 1024^3 SGEMMs on the threads we were given. */
-static double measure_peak(void) {
+/* Peak: the best of a few 1024^3 SGEMMs on the threads we were given, with
+ * the faster of the own GEMM and BLAS (the machine's rate, whichever GEMM
+ * this run uses). */
+static double measure_peak(char *how, size_t how_size) {
     const int n = 1024;
     float *a = cpu_alloc((size_t)n * n * 4), *b = cpu_alloc((size_t)n * n * 4), *c = cpu_alloc((size_t)n * n * 4);
     for (size_t i = 0; i < (size_t)n * n; i++) {
         a[i] = (float)(i % 7) * 0.1f;
         b[i] = (float)(i % 5) * 0.1f;
     }
-    double best = 1e30;
+    double best_own = 1e30, best_blas = 1e30;
     for (int r = 0; r < 4; r++) {
         double t0 = loom_now();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
         double dt = loom_now() - t0;
-        if (dt < best) best = dt;
+        if (dt < best_blas) best_blas = dt;
+        t0 = loom_now();
+        loom_gemm_t g = {.a = a, .rsa = n, .csa = 1, .b = b, .rsb = 1, .csb = n, .c = c, .ldc = n,
+                         .M = n, .N = n, .K = n};
+        loom_cpu_gemm(&g);
+        dt = loom_now() - t0;
+        if (dt < best_own) best_own = dt;
     }
     free(a);
     free(b);
     free(c);
-    return 2.0 * n * n * n / best;
+    double own = 2.0 * n * n * n / best_own, blas = 2.0 * n * n * n / best_blas;
+    snprintf(how, how_size, "own %s %.1f, OpenBLAS %.1f GFLOP/s", loom_cpu_gemm_kernel(), own / 1e9, blas / 1e9);
+    return own > blas ? own : blas;
 }
 
 loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
     if (threads < 0) return loom_error(LOOM_EINVAL, "--threads %d: must be 0 (all cores) or more", threads);
     if (threads == 0) threads = omp_get_num_procs();
+    const char *kname = getenv("LOOM_CPU_KERNEL"), *why = "";
+    if (kname && !*kname) kname = NULL;
+    if (loom_cpu_gemm_select(kname, &why) != 0)
+        return loom_error(LOOM_EUNAVAIL, "LOOM_CPU_KERNEL=%s: %s", kname, why);
+    const char *gemm = getenv("LOOM_GEMM");
+    if (gemm && *gemm && strcmp(gemm, "blas") != 0 && strcmp(gemm, "own") != 0)
+        return loom_error(LOOM_EINVAL, "LOOM_GEMM=%s: use own or blas", gemm);
+    use_blas = gemm && strcmp(gemm, "blas") == 0;
+    if (loom_cpu_gemm_init(threads) != 0)
+        return loom_error(LOOM_ENOMEM, "cannot allocate the GEMM packing buffers for %d threads", threads);
     cpu_threads = threads;
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
     static int measured_threads = -1;
-    static char source[128];
-    if (measured_threads != threads) {
-        cpu_backend.peak_flops = measure_peak();
-        snprintf(source, sizeof source, "measured SGEMM 1024^3 on %d thread%s: %.1f GFLOP/s",
-                 threads, threads == 1 ? "" : "s", cpu_backend.peak_flops / 1e9);
+    static const char *measured_kernel;
+    static char source[192];
+    if (measured_threads != threads || measured_kernel != loom_cpu_gemm_kernel()) {
+        char how[128];
+        cpu_backend.peak_flops = measure_peak(how, sizeof how);
+        snprintf(source, sizeof source, "measured SGEMM 1024^3 on %d thread%s: %.1f GFLOP/s (%s)",
+                 threads, threads == 1 ? "" : "s", cpu_backend.peak_flops / 1e9, how);
         cpu_backend.peak_source = source;
         measured_threads = threads;
+        measured_kernel = loom_cpu_gemm_kernel();
     }
+    cpu_backend.matmul_forward_gelu = matmul_forward_gelu;
     *out = &cpu_backend;
     return LOOM_OK;
 }

@@ -1,0 +1,160 @@
+/* cpu_attention: causal attention in blocks of BR query rows, on the own
+ * GEMM's micro-kernels (see cpu_attention.h). For a block of rows
+ * [r0, r1) only keys [0, r1) matter; the block's scores (BR x r1) live in a
+ * per-thread scratch, never a T x T tensor, and only each row's log-sum-exp
+ * is kept for backward, which recomputes the probabilities from it.
+ *
+ * One thread owns a (batch, head) pair at a time (static schedule), and
+ * walks its query blocks in order, so the dK and dV sums over blocks run in
+ * a fixed order: results are bitwise reproducible for a thread count. */
+#include "cpu_attention.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/core.h"
+#include "cpu_gemm.h"
+#include "cpu_math.h"
+
+#define BR 64 /* query rows per block */
+
+/* Per-thread scratch: scores / probabilities and their gradient, BR x T each. */
+static float *scratch;
+static size_t scratch_floats; /* per thread */
+static int scratch_threads;
+
+static int scratch_reserve(int threads, int T) {
+    size_t need = 2 * (size_t)BR * (size_t)T;
+    if (need <= scratch_floats && threads <= scratch_threads) return 0;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, need * threads * sizeof(float)) != 0) return -1;
+    free(scratch);
+    scratch = p;
+    scratch_floats = need;
+    scratch_threads = threads;
+    return 0;
+}
+
+int loom_cpu_attention_reserve(int threads, int T) { return scratch_reserve(threads, T); }
+
+/* S (rows x keys, row stride ld) = Q_blk K^T. */
+static void scores(float *S, int ld, const float *q, const float *k, size_t C3, int rows, int keys,
+                   int hs, int tid) {
+    loom_gemm_t g = {.a = q, .rsa = (ptrdiff_t)C3, .csa = 1, .b = k, .rsb = 1, .csb = (ptrdiff_t)C3,
+                     .c = S, .ldc = ld, .M = rows, .N = keys, .K = hs};
+    loom_cpu_gemm_serial(&g, tid);
+}
+
+void loom_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
+                                int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t C3 = 3 * (size_t)C;
+    int nt = omp_get_max_threads();
+    if (scratch_reserve(nt, T) != 0) loom_panic(__FILE__, __LINE__, "out of memory for attention scratch (T=%d)", T);
+#pragma omp parallel num_threads(nt)
+    {
+        int tid = omp_get_thread_num();
+        float *S = scratch + (size_t)tid * scratch_floats;
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++) {
+                const float *base = qkv + (size_t)b * T * C3;
+                const float *K = base + C + h * hs, *Vv = base + 2 * C + h * hs;
+                for (int r0 = 0; r0 < T; r0 += BR) {
+                    int rows = T - r0 < BR ? T - r0 : BR, keys = r0 + rows;
+                    scores(S, keys, base + r0 * C3 + h * hs, K, C3, rows, keys, hs, tid);
+                    for (int r = 0; r < rows; r++) {
+                        float *s = S + (size_t)r * keys;
+                        int n = r0 + r + 1; /* causal: keys 0..i */
+                        float mx = -INFINITY;
+                        for (int j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+                        float sum = 0;
+#pragma omp simd reduction(+ : sum)
+                        for (int j = 0; j < n; j++) {
+                            float e = loom_expf((s[j] - mx) * scale);
+                            s[j] = e;
+                            sum += e;
+                        }
+                        float inv = 1.0f / sum;
+#pragma omp simd
+                        for (int j = 0; j < n; j++) s[j] *= inv;
+                        for (int j = n; j < keys; j++) s[j] = 0.0f;
+                        lse[((size_t)b * NH + h) * T + r0 + r] = mx * scale + logf(sum);
+                    }
+                    /* O_blk = P V */
+                    loom_gemm_t g = {.a = S, .rsa = keys, .csa = 1, .b = Vv, .rsb = (ptrdiff_t)C3, .csb = 1,
+                                     .c = out + ((size_t)b * T + r0) * C + h * hs, .ldc = C,
+                                     .M = rows, .N = hs, .K = keys};
+                    loom_cpu_gemm_serial(&g, tid);
+                }
+            }
+    }
+}
+
+void loom_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                                 const float *out, const float *lse, int B, int T, int C, int NH) {
+    int hs = C / NH;
+    float scale = 1.0f / sqrtf((float)hs);
+    size_t C3 = 3 * (size_t)C;
+    int nt = omp_get_max_threads();
+    if (scratch_reserve(nt, T) != 0) loom_panic(__FILE__, __LINE__, "out of memory for attention scratch (T=%d)", T);
+#pragma omp parallel num_threads(nt)
+    {
+        int tid = omp_get_thread_num();
+        float *P = scratch + (size_t)tid * scratch_floats, *dP = P + (size_t)BR * T;
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < NH; h++) {
+                const float *base = qkv + (size_t)b * T * C3;
+                float *dbase = dqkv + (size_t)b * T * C3;
+                const float *K = base + C + h * hs, *Vv = base + 2 * C + h * hs;
+                float *dK = dbase + C + h * hs, *dV = dbase + 2 * C + h * hs;
+                for (int i = 0; i < T; i++) {
+                    memset(dK + i * C3, 0, (size_t)hs * sizeof(float));
+                    memset(dV + i * C3, 0, (size_t)hs * sizeof(float));
+                }
+                for (int r0 = 0; r0 < T; r0 += BR) {
+                    int rows = T - r0 < BR ? T - r0 : BR, keys = r0 + rows;
+                    const float *Q = base + r0 * C3 + h * hs;
+                    const float *dO = dout + ((size_t)b * T + r0) * C + h * hs;
+                    const float *O = out + ((size_t)b * T + r0) * C + h * hs;
+                    scores(P, keys, Q, K, C3, rows, keys, hs, tid);
+                    /* dP = dO V^T */
+                    loom_gemm_t g1 = {.a = dO, .rsa = C, .csa = 1, .b = Vv, .rsb = 1, .csb = (ptrdiff_t)C3,
+                                      .c = dP, .ldc = keys, .M = rows, .N = keys, .K = hs};
+                    loom_cpu_gemm_serial(&g1, tid);
+                    for (int r = 0; r < rows; r++) {
+                        float *p = P + (size_t)r * keys, *dp = dP + (size_t)r * keys;
+                        const float *o = O + (size_t)r * C, *d = dO + (size_t)r * C;
+                        float L = lse[((size_t)b * NH + h) * T + r0 + r], D = 0;
+                        /* an FMA chain in k order, as the kernels sum dP: the two cancel exactly where they should (T = 1) */
+                        for (int e = 0; e < hs; e++) D = fmaf(d[e], o[e], D);
+                        int n = r0 + r + 1;
+#pragma omp simd
+                        for (int j = 0; j < n; j++) {
+                            float pj = loom_expf(p[j] * scale - L);
+                            p[j] = pj;
+                            dp[j] = pj * (dp[j] - D) * scale;
+                        }
+                        for (int j = n; j < keys; j++) p[j] = dp[j] = 0.0f;
+                    }
+                    /* dQ_blk = dS K (overwrites), dK += dS^T Q_blk, dV += P^T dO_blk */
+                    loom_gemm_t gq = {.a = dP, .rsa = keys, .csa = 1, .b = K, .rsb = (ptrdiff_t)C3, .csb = 1,
+                                      .c = dbase + r0 * C3 + h * hs, .ldc = (ptrdiff_t)C3,
+                                      .M = rows, .N = hs, .K = keys};
+                    loom_cpu_gemm_serial(&gq, tid);
+                    loom_gemm_t gk = {.a = dP, .rsa = 1, .csa = keys, .b = Q, .rsb = (ptrdiff_t)C3, .csb = 1,
+                                      .c = dK, .ldc = (ptrdiff_t)C3, .M = keys, .N = hs, .K = rows,
+                                      .accumulate = 1};
+                    loom_cpu_gemm_serial(&gk, tid);
+                    loom_gemm_t gv = {.a = P, .rsa = 1, .csa = keys, .b = dO, .rsb = C, .csb = 1,
+                                      .c = dV, .ldc = (ptrdiff_t)C3, .M = keys, .N = hs, .K = rows,
+                                      .accumulate = 1};
+                    loom_cpu_gemm_serial(&gv, tid);
+                }
+            }
+    }
+}

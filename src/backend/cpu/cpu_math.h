@@ -1,0 +1,48 @@
+/* cpu_math: branch-free float exp and GELU that the compiler vectorizes
+ * (glibc's expf and tanhf are scalar calls). Internal to src/backend/cpu/.
+ * exp: Cody-Waite reduction and Cephes' degree-6 polynomial, within 2 ulp
+ * on [-87, 88]; below -87.3 it returns 0, above 88.7 it saturates. */
+#ifndef LOOM_CPU_MATH_H
+#define LOOM_CPU_MATH_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float loom_expf(float x) {
+    float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float t = xc * 1.44269504088896341f + 12582912.0f; /* 1.5 * 2^23: round to nearest */
+    float n = t - 12582912.0f;
+    float r = xc - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    int32_t ti, e;
+    memcpy(&ti, &t, 4);
+    e = (ti - 0x4B400000 + 127) << 23;
+    float s;
+    memcpy(&s, &e, 4);
+    return x < -87.3f ? 0.0f : p * s;
+}
+
+#define LOOM_GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+/* GELU, tanh form: 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = k (x + 0.044715 x^3). */
+static inline float loom_gelu(float x) {
+    float u = LOOM_GELU_K * (x + 0.044715f * x * x * x);
+    return x / (1.0f + loom_expf(-2.0f * u));
+}
+
+/* d gelu / dx, with tanh(u) = 2 s - 1 and sech^2(u) = 4 s (1 - s), s = sigmoid(2u). */
+static inline float loom_gelu_grad(float x) {
+    float u = LOOM_GELU_K * (x + 0.044715f * x * x * x);
+    float s = 1.0f / (1.0f + loom_expf(-2.0f * u));
+    float th = 2.0f * s - 1.0f, sech2 = 4.0f * s * (1.0f - s);
+    return 0.5f * (1.0f + th) + 0.5f * x * sech2 * LOOM_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+#endif
