@@ -8,6 +8,8 @@
 int cmd_train(int argc, char **argv);
 int cmd_sample(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_devices(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_dist(int argc, char **argv);
 

@@ -12,9 +12,12 @@ typedef struct {
 } command_t;
 
 static const command_t commands[] = {
+    {"tokenize", cmd_tokenize, "train a BPE tokenizer on text (or load one) and write token shards"},
     {"train", cmd_train, "train a GPT model on text or token shards"},
     {"sample", cmd_sample, "generate text from a run's newest checkpoint"},
     {"eval", cmd_eval, "print the validation loss of a run's checkpoint"},
+    {"bench", cmd_bench, "training throughput vs PyTorch, per-op time, scaling (train|ops|dist)"},
+    {"devices", cmd_devices, "list the GPUs and MIG instances CUDA sees"},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
 
@@ -23,7 +26,8 @@ static void usage(FILE *f) {
                "usage: loom COMMAND [flags]   (loom COMMAND --help lists every flag)\n\ncommands:\n");
     for (int i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\nstart here:\n"
-               "  loom train --data corpus.txt --model gpt2-tiny --out runs/first\n"
+               "  loom tokenize --input corpus.txt --vocab 4096 --out data/corpus\n"
+               "  loom train --data data/corpus --model gpt2-tiny --out runs/first\n"
                "  loom sample --run runs/first --prompt \"In the beginning\"\n");
 }
 
