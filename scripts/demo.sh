@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job: prepare the King James Bible from Debian's bible-kjv,
-# train gpt2-tiny on it on the CPU for a few minutes, evaluate, sample.
+# train a BPE tokenizer on it, train gpt2-tiny on the CPU for a few minutes,
+# evaluate, sample.
 set -eu
 cd "$(dirname "$0")/.."
 LOOM=build/loom
@@ -11,13 +12,17 @@ if [ ! -s data/kjv.txt ]; then
     mv data/kjv.txt.tmp data/kjv.txt
 fi
 STEPS=${STEPS:-600}
-$LOOM train --data data/kjv.txt --model gpt2-tiny --out runs/kjv --force \
+# A byte-level BPE tokenizer with 4096 ids (256 bytes, <|endoftext|>, 3839
+# merges) trained on the corpus; 5% of the text (Genesis on) is validation.
+$LOOM tokenize --input data/kjv.txt --vocab 4096 --val-fraction 0.05 --out data/kjv
+echo
+$LOOM train --data data/kjv --model gpt2-tiny --out runs/kjv --force \
     --steps "$STEPS" --batch 8 --seq 128 --lr 2e-3 --warmup 50 --eval-every 100 \
     --sample-tokens 0
 echo
-$LOOM eval --run runs/kjv --data data/kjv.txt --batches 16
+$LOOM eval --run runs/kjv --data data/kjv --batches 16
 echo
 echo "sample (loom sample --run runs/kjv --prompt \"In the beginning\"):"
-$LOOM sample --run runs/kjv --prompt "In the beginning" --tokens 300
+$LOOM sample --run runs/kjv --prompt "In the beginning" --tokens 120
 echo
-echo "demo: run folder runs/kjv (config.json, metrics.jsonl, loss.svg, checkpoints/)"
+echo "demo: tokenizer and shards in data/kjv; run folder runs/kjv (config.json, metrics.jsonl, loss.svg, checkpoints/)"
