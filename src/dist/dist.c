@@ -464,7 +464,7 @@ loom_status loom_dist_init(loom_dist_t **out, const loom_dist_opts_t *o) {
     s = dist_mesh_build(d->rank, d->size, addr, xchg_host, d, d->timeout_s, d->hb);
     if (s == LOOM_OK && o->gpu) {
 #ifdef LOOM_HAVE_CUDA
-        s = dist_nccl_join(&d->dev, &d->host, o->device, d->timeout_s);
+        s = dist_nccl_join(&d->dev, &d->host, o->device >= 0 ? o->device : d->local_rank, d->timeout_s);
         if (s == LOOM_OK) {
             d->have_dev = 1;
             snprintf(d->name + strlen(d->name), sizeof d->name - strlen(d->name), "+nccl");

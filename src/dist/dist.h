@@ -36,7 +36,7 @@ typedef enum { LOOM_DIST_FP32 = 0, LOOM_DIST_BF16 } loom_dist_dtype;
 typedef struct {
     const char *transport; /* "auto" (from the environment), "single", "mpi", "tcp" */
     int gpu;               /* 1: data collectives on device buffers through NCCL */
-    int device;            /* CUDA device index for NCCL (usually the local rank) */
+    int device;            /* CUDA device index for NCCL; -1 = the local rank */
     double timeout_s;      /* collective / heartbeat timeout; 0 = 300 s */
 } loom_dist_opts_t;
 

@@ -407,8 +407,7 @@ loom_status loom_train(const loom_train_opts_t *opts) {
     loom_dist_t *d;
     loom_dist_opts_t dopt = {.transport = "auto", .gpu = opts->device && !strncmp(opts->device, "cuda", 4),
                              .timeout_s = opts->dist_timeout};
-    const char *lr = getenv("LOCAL_RANK");
-    dopt.device = lr ? atoi(lr) : 0;
+    dopt.device = -1; /* the local rank's GPU */
     LOOM_TRY(loom_dist_init(&d, &dopt));
     loom_train_opts_t o = *opts;
     o.rank = loom_dist_rank(d);
