@@ -286,6 +286,36 @@ static void test_matmul_forward_gelu(void) {
         }
 }
 
+static void test_matmul_backward_gelu(void) {
+    if (!gpu_ready()) return;
+    if (!gpu->matmul_backward_gelu) {
+        check_skip("the backend has no matmul_backward_gelu");
+        return;
+    }
+    for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++)
+        for (int with_bias = 0; with_bias < 2; with_bias++) {
+            int N = mm_shapes[s][0], C = mm_shapes[s][1], OC = mm_shapes[s][2];
+            snprintf(shape, sizeof shape, "N=%d C=%d OC=%d dbias=%d", N, C, OC, with_bias);
+            size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
+            float *pre = hrand(nin, 2), *inp = hrand(nin, 1), *w = hrand(nw, 1);
+            float *dout = hrand(nout, 1), *dw = hrand(nw, 1), *dbias = hrand(OC, 1);
+            cpu->gelu_forward(inp, pre, nin);
+            float *d_pre = dput(pre, nin * 4), *d_inp = dput(inp, nin * 4),
+                  *d_w = dput(w, nw * 4), *d_dout = dput(dout, nout * 4);
+            float *d_dw = dput(dw, nw * 4), *d_dbias = dput(dbias, OC * 4),
+                  *d_dpre = dpoison(nin);
+            float *dpre = track_host(calloc(nin, sizeof(float)));
+            cpu->matmul_backward(dpre, dw, with_bias ? dbias : NULL, dout, inp, w, N, C, OC);
+            cpu->gelu_backward(dpre, pre, dpre, nin);
+            gpu->matmul_backward_gelu(d_dpre, d_dw, with_bias ? d_dbias : NULL, d_dout, d_inp,
+                                      d_pre, d_w, N, C, OC);
+            expect("matmul_backward_gelu dpre", d_dpre, dpre, nin, tol_matmul());
+            expect("matmul_backward_gelu dw", d_dw, dw, nw, tol_matmul());
+            expect("matmul_backward_gelu dbias", d_dbias, dbias, OC, tol_matmul());
+            release();
+        }
+}
+
 /* ---- attention ---- */
 
 /* B, T, C, NH: head sizes 32, 32 (T ragged), 24, 96, 128, 40, and 160
@@ -731,6 +761,7 @@ static const gpu_case gpu_cases[] = {
     {"matmul_forward", test_matmul_forward},
     {"matmul_backward", test_matmul_backward},
     {"matmul_forward_gelu", test_matmul_forward_gelu},
+    {"matmul_backward_gelu", test_matmul_backward_gelu},
     {"attention_fused", test_attention_fused},
     {"attention_fused_fp32_bound", test_attention_fused_fp32_bound},
     {"attention_unfused", test_attention_unfused},

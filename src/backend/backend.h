@@ -160,6 +160,14 @@ typedef struct loom_backend {
      * + gelu_forward in one GEMM (epilogue), pre kept for gelu_backward. */
     void (*matmul_forward_gelu)(float *out, float *pre, const float *inp, const float *w,
                                 const float *bias, int N, int C, int OC);
+    /* Backward of inp = gelu(pre) followed by a matmul: dw (OC,C) +=
+     * dout^T @ inp and dbias (OC) += colsum(dout) as matmul_backward; then
+     * dpre (N,C) = gelu_backward(pre, dout @ w), OVERWRITTEN, the GELU
+     * derivative applied in the same GEMM (epilogue). dbias may be NULL.
+     * Without it: matmul_backward into a zeroed dinp, then gelu_backward. */
+    void (*matmul_backward_gelu)(float *dpre, float *dw, float *dbias, const float *dout,
+                                 const float *inp, const float *pre, const float *w, int N,
+                                 int C, int OC);
 } loom_backend_t;
 
 /* Look up a backend by device name: "cpu", "cuda", "cuda:N". `threads` is

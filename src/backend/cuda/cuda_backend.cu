@@ -315,6 +315,7 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
     b->crossentropy_dev = cuda_crossentropy_dev;
     b->residual_layernorm_forward = cuda_residual_layernorm_forward;
     b->matmul_forward_gelu = cuda_matmul_forward_gelu;
+    b->matmul_backward_gelu = cuda_matmul_backward_gelu;
     *out = b;
     return LOOM_OK;
 }

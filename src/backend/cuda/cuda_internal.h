@@ -90,6 +90,9 @@ void cuda_matmul_forward_gelu(float *out, float *pre, const float *inp, const fl
                               const float *bias, int N, int C, int OC);
 void cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                           const float *inp, const float *w, int N, int C, int OC);
+void cuda_matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout,
+                               const float *inp, const float *pre, const float *w, int N, int C,
+                               int OC);
 void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
                             int NH);
 void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,

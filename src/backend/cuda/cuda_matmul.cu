@@ -67,7 +67,8 @@ static uint64_t key_hash(const lt_key *k) {
 
 /* Column-major D (m, n) = op(A) op(B) (+ D when accumulate), fp32 storage,
  * with epilogue `epi` using `bias` (BIAS, GELU_AUX_BIAS: read; BGRADB:
- * written) and `aux` (GELU_AUX*: written, leading dimension ld_aux).
+ * written) and `aux` (GELU_AUX*: written; DGELU: read; leading dimension
+ * ld_aux).
  * Returns false when cuBLASLt has no algorithm for it (the caller falls
  * back); panics on any other failure. */
 static bool lt_matmul(float *d, const float *a, const float *b, int m, int n, int k, int lda,
@@ -201,6 +202,21 @@ void cuda_matmul_forward_gelu(float *out, float *pre, const float *inp, const fl
         return;
     cuda_matmul_forward(pre, inp, w, bias, N, C, OC);
     cuda_gelu_forward(out, pre, (size_t)N * OC);
+}
+
+/* dpre (N, C) = gelu'(pre) * (dout @ w), overwritten: the dinp GEMM of
+ * matmul_backward (see there) with the DGELU epilogue reading pre as aux. */
+void cuda_matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout,
+                               const float *inp, const float *pre, const float *w, int N, int C,
+                               int OC) {
+    cuda_matmul_backward(nullptr, dw, dbias, dout, inp, w, N, C, OC);
+    if (C % 8 == 0 && lt_matmul(dpre, w, dout, C, N, OC, C, OC, C, false, false, false,
+                                CUBLASLT_EPILOGUE_DGELU, nullptr, (float *)pre, C))
+        return;
+    if (!lt_matmul(dpre, w, dout, C, N, OC, C, OC, C, false, false, false,
+                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0))
+        no_algorithm("matmul_backward_gelu (dpre)", N, C, OC);
+    cuda_gelu_backward(dpre, pre, dpre, (size_t)N * C);
 }
 
 void cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
