@@ -277,6 +277,17 @@ void loom_gpt_free(loom_gpt_t *m) {
     free(m);
 }
 
+/* res = a + b_res, then out = layernorm(res): fused when the backend can. */
+static void residual_layernorm(const loom_backend_t *be, float *res, float *out, float *mean, float *rstd,
+                               const float *a, const float *b_res, const float *w, const float *b, int N, int C) {
+    if (be->residual_layernorm_forward) {
+        be->residual_layernorm_forward(res, out, mean, rstd, a, b_res, w, b, N, C);
+        return;
+    }
+    be->residual_forward(res, a, b_res, (size_t)N * C);
+    be->layernorm_forward(out, mean, rstd, res, w, b, N, C);
+}
+
 loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
                              float dloss, float *loss) {
     const loom_backend_t *be = m->be;
@@ -299,10 +310,13 @@ loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *target
     act_views(m, B, T, &a);
     float *const *p = m->param;
     be->encoder_forward(a.a[A_ENCODED], m->tokens, p[LOOM_WTE], p[LOOM_WPE], B, T, C);
+    /* Each residual add is fused with the LayerNorm that reads it (the next
+     * block's ln1 or the final lnf) where the backend offers the fusion. */
+    be->layernorm_forward(a.a[A_LN1], a.a[A_LN1_MEAN], a.a[A_LN1_RSTD], a.a[A_ENCODED], p[LOOM_LN1W], p[LOOM_LN1B], (int)N, C);
     for (int l = 0; l < L; l++) {
         size_t btc = N * C;
         const float *resid = l == 0 ? a.a[A_ENCODED] : a.a[A_RESIDUAL3] + (l - 1) * btc;
-        float *ln1 = a.a[A_LN1] + l * btc, *ln1_mean = a.a[A_LN1_MEAN] + l * N, *ln1_rstd = a.a[A_LN1_RSTD] + l * N;
+        float *ln1 = a.a[A_LN1] + l * btc;
         float *qkv = a.a[A_QKV] + l * 3 * btc, *atty = a.a[A_ATTY] + l * btc;
         float *lse = a.a[A_ATT_LSE] + l * NH * N, *attproj = a.a[A_ATTPROJ] + l * btc;
         float *res2 = a.a[A_RESIDUAL2] + l * btc, *ln2 = a.a[A_LN2] + l * btc;
@@ -311,19 +325,23 @@ loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *target
         float *fcproj = a.a[A_FCPROJ] + l * btc, *res3 = a.a[A_RESIDUAL3] + l * btc;
         size_t lc = (size_t)l * C;
 
-        be->layernorm_forward(ln1, ln1_mean, ln1_rstd, resid, p[LOOM_LN1W] + lc, p[LOOM_LN1B] + lc, (int)N, C);
         be->matmul_forward(qkv, ln1, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, (int)N, C, 3 * C);
         be->attention_forward(atty, lse, qkv, B, T, C, NH);
         be->matmul_forward(attproj, atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, (int)N, C, C);
-        be->residual_forward(res2, resid, attproj, btc);
-        be->layernorm_forward(ln2, ln2_mean, ln2_rstd, res2, p[LOOM_LN2W] + lc, p[LOOM_LN2B] + lc, (int)N, C);
-        be->matmul_forward(fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
-        be->gelu_forward(fch_gelu, fch, 4 * btc);
+        residual_layernorm(be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, p[LOOM_LN2W] + lc, p[LOOM_LN2B] + lc, (int)N, C);
+        if (be->matmul_forward_gelu) {
+            be->matmul_forward_gelu(fch_gelu, fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
+        } else {
+            be->matmul_forward(fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
+            be->gelu_forward(fch_gelu, fch, 4 * btc);
+        }
         be->matmul_forward(fcproj, fch_gelu, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, (int)N, 4 * C, C);
-        be->residual_forward(res3, res2, fcproj, btc);
+        if (l + 1 < L)
+            residual_layernorm(be, res3, ln1 + btc, a.a[A_LN1_MEAN] + (l + 1) * N, a.a[A_LN1_RSTD] + (l + 1) * N, res2, fcproj,
+                               p[LOOM_LN1W] + lc + C, p[LOOM_LN1B] + lc + C, (int)N, C);
+        else
+            residual_layernorm(be, res3, a.a[A_LNF], a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], res2, fcproj, p[LOOM_LNFW], p[LOOM_LNFB], (int)N, C);
     }
-    const float *last = a.a[A_RESIDUAL3] + (size_t)(L - 1) * N * C;
-    be->layernorm_forward(a.a[A_LNF], a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], last, p[LOOM_LNFW], p[LOOM_LNFB], (int)N, C);
     be->matmul_forward(a.a[A_LOGITS], a.a[A_LNF], p[LOOM_WTE], NULL, (int)N, C, Vp);
     if (targets) {
         be->crossentropy(a.a[A_LOSSES], a.a[A_LOGITS], m->targets, (int)N, V, Vp, dloss);

@@ -62,25 +62,60 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
     }
 }
 
+/* A grow-only scratch for the ops' per-thread partial sums: allocated on
+ * the first step, reused after (no allocation in a steady-state step). */
+static float *op_scratch;
+static size_t op_scratch_floats;
+static float *scratch_get(size_t floats) {
+    if (floats > op_scratch_floats) {
+        void *p = NULL;
+        if (posix_memalign(&p, 64, floats * sizeof(float)) != 0)
+            loom_panic(__FILE__, __LINE__, "out of memory for %zu floats of scratch", floats);
+        free(op_scratch);
+        op_scratch = p;
+        op_scratch_floats = floats;
+    }
+    return op_scratch;
+}
+
+/* One row: mean and rstd of x, out = (x - mean) * rstd * w + b. */
+static inline void layernorm_row(float *o, float *mean, float *rstd, const float *x, const float *w,
+                                 const float *b, int C) {
+    float m = 0;
+#pragma omp simd reduction(+ : m)
+    for (int i = 0; i < C; i++) m += x[i];
+    m /= C;
+    float var = 0;
+#pragma omp simd reduction(+ : var)
+    for (int i = 0; i < C; i++) {
+        float d = x[i] - m;
+        var += d * d;
+    }
+    var /= C;
+    float s = 1.0f / sqrtf(var + 1e-5f);
+#pragma omp simd
+    for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + b[i];
+    *mean = m;
+    *rstd = s;
+}
+
 static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C) {
 #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b, C);
+}
+
+static void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                       const float *a, const float *b_res, const float *w,
+                                       const float *b, int N, int C) {
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float m = 0;
-        for (int i = 0; i < C; i++) m += x[i];
-        m /= C;
-        float var = 0;
-        for (int i = 0; i < C; i++) {
-            float d = x[i] - m;
-            var += d * d;
-        }
-        var /= C;
-        float s = 1.0f / sqrtf(var + 1e-5f);
-        float *o = out + (size_t)n * C;
-        for (int i = 0; i < C; i++) o[i] = (x[i] - m) * s * w[i] + b[i];
-        mean[n] = m;
-        rstd[n] = s;
+        float *r = res + (size_t)n * C;
+        const float *x = a + (size_t)n * C, *y = b_res + (size_t)n * C;
+#pragma omp simd
+        for (int i = 0; i < C; i++) r[i] = x[i] + y[i];
+        layernorm_row(out + (size_t)n * C, mean + n, rstd + n, r, w, b, C);
     }
 }
 
@@ -91,16 +126,18 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
                                const float *inp, const float *w, const float *mean,
                                const float *rstd, int N, int C) {
     int nt = omp_get_max_threads();
-    float *part = calloc((size_t)nt * 2 * C, sizeof(float));
+    float *part = scratch_get((size_t)nt * 2 * C);
 #pragma omp parallel num_threads(nt)
     {
         int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         int n0 = (int)((long long)N * tid / nth), n1 = (int)((long long)N * (tid + 1) / nth);
         float *pw = part + (size_t)tid * 2 * C, *pb = pw + C;
+        memset(pw, 0, 2 * (size_t)C * sizeof(float));
         for (int n = n0; n < n1; n++) {
             const float *x = inp + (size_t)n * C, *d = dout + (size_t)n * C;
             float m = mean[n], s = rstd[n];
             float dnorm_mean = 0, dnorm_norm_mean = 0;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
             for (int i = 0; i < C; i++) {
                 float norm = (x[i] - m) * s;
                 float dnorm = w[i] * d[i];
@@ -112,6 +149,7 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
             dnorm_mean /= C;
             dnorm_norm_mean /= C;
             float *di = dinp + (size_t)n * C;
+#pragma omp simd
             for (int i = 0; i < C; i++) {
                 float norm = (x[i] - m) * s;
                 float dnorm = w[i] * d[i];
@@ -124,7 +162,6 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
             dw[i] += part[(size_t)t * 2 * C + i];
             db[i] += part[(size_t)t * 2 * C + C + i];
         }
-    free(part);
 }
 
 static void gelu_forward(float *out, const float *inp, size_t n) {
@@ -203,30 +240,34 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
 static void accumulate(float *dst, const float *src, size_t n) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
+/* Per row: the max, the log-sum-exp, then (for training) the gradient in
+ * place, each a vectorized pass over the row. */
 static void crossentropy(float *losses, float *logits, const int *targets, int N, int V, int Vp,
                          float dloss) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float *z = logits + (size_t)n * Vp;
         float mx = -INFINITY;
-        for (int i = 0; i < V; i++)
-            if (z[i] > mx) mx = z[i];
+#pragma omp simd reduction(max : mx)
+        for (int i = 0; i < V; i++) mx = z[i] > mx ? z[i] : mx;
         float sum = 0;
-        for (int i = 0; i < V; i++) sum += expf(z[i] - mx);
+#pragma omp simd reduction(+ : sum)
+        for (int i = 0; i < V; i++) sum += loom_expf(z[i] - mx);
         float logsum = logf(sum) + mx;
         int y = targets[n];
         losses[n] = logsum - z[y];
         if (dloss != 0.0f) {
-            for (int i = 0; i < V; i++) z[i] = expf(z[i] - logsum) * dloss;
+#pragma omp simd
+            for (int i = 0; i < V; i++) z[i] = loom_expf(z[i] - logsum) * dloss;
             z[y] -= dloss;
             for (int i = V; i < Vp; i++) z[i] = 0;
         }
@@ -239,7 +280,7 @@ static void adamw(float *params, const float *grads, float *m, float *v, size_t 
     float b2c = 1.0f - powf(hp->beta2, (float)hp->t);
     float lr = hp->lr, b1 = hp->beta1, b2 = hp->beta2, eps = hp->eps, wd = hp->weight_decay;
     float gs = hp->grad_scale;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float g = grads[i] * gs;
         float mi = b1 * m[i] + (1.0f - b1) * g;
@@ -247,7 +288,7 @@ static void adamw(float *params, const float *grads, float *m, float *v, size_t 
         m[i] = mi;
         v[i] = vi;
         float mhat = mi / b1c, vhat = vi / b2c;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * params[i]);
+        params[i] -= lr * (mhat / (__builtin_sqrtf(vhat) + eps) + wd * params[i]);
     }
 }
 
@@ -261,6 +302,7 @@ static double sumsq(const float *x, size_t n) {
         int tid = omp_get_thread_num(), nth = omp_get_num_threads();
         size_t i0 = n * (size_t)tid / (size_t)nth, i1 = n * (size_t)(tid + 1) / (size_t)nth;
         double s = 0;
+#pragma omp simd reduction(+ : s)
         for (size_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
         part[tid] = s;
     }
@@ -355,6 +397,7 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
         measured_kernel = loom_cpu_gemm_kernel();
     }
     cpu_backend.matmul_forward_gelu = matmul_forward_gelu;
+    cpu_backend.residual_layernorm_forward = residual_layernorm_forward;
     *out = &cpu_backend;
     return LOOM_OK;
 }
