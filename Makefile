@@ -28,31 +28,38 @@ ifneq ($(shell command -v mpicc 2>/dev/null),)
   LDLIBS  += $(shell mpicc --showme:link)
 endif
 
-# CUDA: built only when nvcc is found (PATH or /usr/local/cuda).
+# CUDA: built only when nvcc is found (PATH or /usr/local/cuda), as a plugin,
+# build/libloom_cuda.so, that loom loads with dlopen when a GPU is asked for
+# (src/backend/plugin.h): a CPU run never maps cuBLAS, cuDNN or NCCL. The
+# plugin resolves loom's own functions in the executable, which therefore
+# exports them (-rdynamic) and links all of libloom.a.
 NVCC := $(if $(NO_CUDA),,$(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null))
 CU_SRCS := $(wildcard src/backend/cuda/*.cu)
+PLUGIN_C_SRCS := src/dist/dist_nccl.c
 ifneq ($(and $(NVCC),$(CU_SRCS)),)
   CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
   CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]
   NVFLAGS    := -O3 -std=c++17 $(CUDA_ARCHS) -Isrc -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fPIC \
                 --expt-relaxed-constexpr -Werror all-warnings $(EXTRA_NVFLAGS)
   CFLAGS     += -DLOOM_HAVE_CUDA -I$(CUDA_HOME)/include
-  LDLIBS     += -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib \
+  CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib \
                 -lcublasLt -lcublas -lcudnn -lnccl -lcudart -lstdc++
-  CU_OBJS    := $(CU_SRCS:%.cu=$(BUILD)/%.o)
-  CUDA_NOTE  := CUDA backend built with $(NVCC) for sm_80 and sm_90 (+PTX)
+  PLUGIN     := $(BUILD)/libloom_cuda.so
+  PLUGIN_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o) $(PLUGIN_C_SRCS:%.c=$(BUILD)/%.pic.o)
+  CUDA_NOTE  := CUDA backend built with $(NVCC) for sm_80 and sm_90 (+PTX): $(PLUGIN)
 else
-  CU_OBJS    :=
+  PLUGIN     :=
   CUDA_NOTE  := CUDA backend not built ($(if $(NO_CUDA),NO_CUDA set,$(if $(NVCC),no sources in src/backend/cuda,nvcc not found))): CPU only
 endif
+LINK_LIB = -rdynamic -Wl,--whole-archive $(BUILD)/libloom.a -Wl,--no-whole-archive
 
-LIB_SRCS  := $(filter-out src/cli/main.c,$(shell find src -name '*.c' | sort))
-LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o) $(CU_OBJS)
+LIB_SRCS  := $(filter-out src/cli/main.c $(PLUGIN_C_SRCS),$(shell find src -name '*.c' | sort))
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
 .PHONY: all loom tests test test-fast demo deps clean bench
-all: $(BUILD)/loom $(TEST_BINS)
+all: $(BUILD)/loom $(TEST_BINS) $(PLUGIN)
 	@echo "$(CUDA_NOTE)"
 
 loom: $(BUILD)/loom
@@ -63,11 +70,18 @@ $(BUILD)/libloom.a: $(LIB_OBJS)
 	ar rcs $@ $^
 
 $(BUILD)/loom: $(BUILD)/src/cli/main.o $(BUILD)/libloom.a
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(BUILD)/src/cli/main.o $(LINK_LIB) $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/tests/check.o $(BUILD)/libloom.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Itests $(LDFLAGS) -o $@ $< $(BUILD)/tests/check.o $(BUILD)/libloom.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Itests $(LDFLAGS) -o $@ $< $(BUILD)/tests/check.o $(LINK_LIB) $(LDLIBS)
+
+$(BUILD)/libloom_cuda.so: $(PLUGIN_OBJS)
+	$(CC) -shared -o $@ $^ $(CUDA_LIBS)
+
+$(BUILD)/%.pic.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -MMD -MP -c -o $@ $<
 
 $(BUILD)/tests/check.o: tests/check.c tests/check.h
 	@mkdir -p $(dir $@)

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/plugin.h"
 #include "backend/cuda/cuda_peak.h"
 #include "check.h"
 #ifdef LOOM_HAVE_CUDA
@@ -779,7 +780,8 @@ static const gpu_case gpu_cases[] = {
 static void probe_gpu(void) {
 #ifdef LOOM_HAVE_CUDA
     char why[256] = "";
-    int n = loom_cuda_device_count(why, sizeof why);
+    int (*device_count)(char *, size_t) = (int (*)(char *, size_t))loom_cuda_symbol("loom_cuda_device_count", why, sizeof why);
+    int n = device_count ? device_count(why, sizeof why) : -1;
     if (n <= 0) snprintf(no_gpu, sizeof no_gpu, "no CUDA device: %s", why);
 #else
     snprintf(no_gpu, sizeof no_gpu,

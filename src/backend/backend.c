@@ -1,4 +1,5 @@
 #include "backend.h"
+#include "plugin.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -29,12 +30,11 @@ loom_status loom_backend_open(const loom_backend_t **out, const char *device, in
                 return loom_error(LOOM_EINVAL, "--device %s: expected cuda:N with N a device index", device);
             index = (int)v;
         }
-#ifdef LOOM_HAVE_CUDA
-        return loom_backend_cuda_init(out, index, dtype);
-#else
-        (void)index;
-        return loom_error(LOOM_EUNAVAIL, "--device %s: this loom was built without CUDA (nvcc was not found at build time); use --device cpu", device);
-#endif
+        char why[1200];
+        loom_status (*init)(const loom_backend_t **, int, loom_dtype) =
+            (loom_status(*)(const loom_backend_t **, int, loom_dtype))loom_cuda_symbol("loom_backend_cuda_init", why, sizeof why);
+        if (!init) return loom_error(LOOM_EUNAVAIL, "--device %s: %s; use --device cpu", device, why);
+        return init(out, index, dtype);
     }
     return loom_error(LOOM_EINVAL, "--device %s: unknown device; use cpu, cuda or cuda:N", device);
 }

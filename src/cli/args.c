@@ -1,5 +1,8 @@
 #include "args.h"
 
+#include "cli/commands.h"
+#include "core/core.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -176,4 +179,12 @@ int loom_args_parse(const char *cmd, const char *usage, const loom_arg_t *args, 
         if (set_value(cmd, a, val)) return 2;
     }
     return 0;
+}
+
+int loom_exit_code(int status) {
+    switch (status) {
+    case LOOM_OK: return 0;
+    case LOOM_EINVAL: case LOOM_EFORMAT: case LOOM_EIO: case LOOM_EUNAVAIL: return 2;
+    default: return 1;
+    }
 }

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/plugin.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/core.h"
@@ -18,10 +19,18 @@ static void print_version(const char *what, int v) {
 }
 
 static int list_devices(int json) {
-    int driver, runtime;
-    loom_cuda_versions(&driver, &runtime);
-    char why[256] = "";
-    int n = loom_cuda_device_count(why, sizeof why);
+    int driver = 0, runtime = 0;
+    char why[1200] = "";
+    /* The CUDA runtime lives in the plugin (src/backend/plugin.h). */
+    void (*versions)(int *, int *) = (void (*)(int *, int *))loom_cuda_symbol("loom_cuda_versions", why, sizeof why);
+    int (*device_count)(char *, size_t) = (int (*)(char *, size_t))loom_cuda_symbol("loom_cuda_device_count", why, sizeof why);
+    int (*device_get)(int, loom_cuda_device_t *, char *, size_t) =
+        (int (*)(int, loom_cuda_device_t *, char *, size_t))loom_cuda_symbol("loom_cuda_device_get", why, sizeof why);
+    int n = -1;
+    if (versions && device_count && device_get) {
+        versions(&driver, &runtime);
+        n = device_count(why, sizeof why);
+    }
     if (json) {
         printf("{\"cuda_build\": true, \"driver_version\": %d, \"runtime_version\": %d, "
                "\"devices\": [", driver, runtime);
@@ -44,7 +53,7 @@ static int list_devices(int json) {
     int bad = 0;
     for (int i = 0; i < n; i++) {
         loom_cuda_device_t d;
-        if (loom_cuda_device_get(i, &d, why, sizeof why) != 0) {
+        if (device_get(i, &d, why, sizeof why) != 0) {
             if (!json) printf("  cuda:%d  unreadable: %s\n", i, why);
             bad++;
             continue;

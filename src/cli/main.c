@@ -31,14 +31,6 @@ static void usage(FILE *f) {
                "  loom sample --run runs/first --prompt \"In the beginning\"\n");
 }
 
-int loom_exit_code(int status) {
-    switch (status) {
-    case LOOM_OK: return 0;
-    case LOOM_EINVAL: case LOOM_EFORMAT: case LOOM_EIO: case LOOM_EUNAVAIL: return 2;
-    default: return 1;
-    }
-}
-
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stdout);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli/args.h"
+#include "cli/commands.h"
 #include "core/core.h"
 #include "data/bpe_pretok.h"
 #include "data/shard.h"
@@ -22,11 +23,9 @@
 #define CHUNK (8u << 20)
 #define CHUNK_MAX (64u << 20)
 
-static int exit_code(loom_status s) { return s == LOOM_OK ? 0 : (s == LOOM_ENOMEM || s == LOOM_EINTERNAL) ? 1 : 2; }
-
 static int fail(loom_status s) {
     fprintf(stderr, "loom tokenize: %s\n", loom_errmsg());
-    return exit_code(s);
+    return loom_exit_code(s);
 }
 
 /* ---- progress ---- */

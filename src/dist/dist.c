@@ -5,6 +5,7 @@
  * the watchdog that turns a dead or hung rank into a prompt, named exit. */
 #define _GNU_SOURCE
 #include "dist.h"
+#include "backend/plugin.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -464,7 +465,12 @@ loom_status loom_dist_init(loom_dist_t **out, const loom_dist_opts_t *o) {
     s = dist_mesh_build(d->rank, d->size, addr, xchg_host, d, d->timeout_s, d->hb);
     if (s == LOOM_OK && o->gpu) {
 #ifdef LOOM_HAVE_CUDA
-        s = dist_nccl_join(&d->dev, &d->host, o->device >= 0 ? o->device : d->local_rank, d->timeout_s);
+        /* NCCL lives in the CUDA plugin (src/backend/plugin.h). */
+        char why[1200];
+        loom_status (*nccl_join)(dist_join_t *, const dist_join_t *, int, double) =
+            (loom_status(*)(dist_join_t *, const dist_join_t *, int, double))loom_cuda_symbol("dist_nccl_join", why, sizeof why);
+        s = nccl_join ? nccl_join(&d->dev, &d->host, o->device >= 0 ? o->device : d->local_rank, d->timeout_s)
+                      : loom_error(LOOM_EUNAVAIL, "NCCL: %s", why);
         if (s == LOOM_OK) {
             d->have_dev = 1;
             snprintf(d->name + strlen(d->name), sizeof d->name - strlen(d->name), "+nccl");
