@@ -23,11 +23,14 @@
 #define MR_MAX 16
 #define NR_MAX 32
 
-/* One micro-kernel: tile (mr x nr) of C from kc packed columns of A and rows
- * of B. When `acc` is 0 the tile is overwritten with the product (plus
- * addrow[j] when addrow is non-NULL); when 1 the product is added. */
-typedef void (*kernel_fn)(int kc, const float *ap, const float *bp, float *c, ptrdiff_t ldc,
-                          const float *addrow, int acc);
+/* One micro-kernel: tile (MR x NR) of C from kc steps of A and of packed B
+ * (one NR-float row per k). A is either packed (lda == 0: one MR-float
+ * column per k) or read in place from MR rows lda floats apart, each
+ * contiguous in k (row-major A needs no packing). When `acc` is 0 the tile
+ * is overwritten with the product (plus addrow[j] when addrow is non-NULL);
+ * when 1 the product is added. */
+typedef void (*kernel_fn)(int kc, const float *a, ptrdiff_t lda, const float *bp, float *c,
+                          ptrdiff_t ldc, const float *addrow, int acc);
 
 typedef struct {
     const char *name;
@@ -39,14 +42,14 @@ typedef struct {
 
 #define SC_MR 4
 #define SC_NR 16
-static void kernel_scalar(int kc, const float *ap, const float *bp, float *c, ptrdiff_t ldc,
-                          const float *addrow, int acc) {
+static void kernel_scalar(int kc, const float *a, ptrdiff_t lda, const float *bp, float *c,
+                          ptrdiff_t ldc, const float *addrow, int acc) {
     float t[SC_MR][SC_NR];
     memset(t, 0, sizeof t);
     for (int k = 0; k < kc; k++) {
         for (int i = 0; i < SC_MR; i++) {
-            float a = ap[k * SC_MR + i];
-            for (int j = 0; j < SC_NR; j++) t[i][j] = fmaf(a, bp[k * SC_NR + j], t[i][j]);
+            float x = lda ? a[i * lda + k] : a[k * SC_MR + i];
+            for (int j = 0; j < SC_NR; j++) t[i][j] = fmaf(x, bp[k * SC_NR + j], t[i][j]);
         }
     }
     for (int i = 0; i < SC_MR; i++)
@@ -56,83 +59,58 @@ static void kernel_scalar(int kc, const float *ap, const float *bp, float *c, pt
         }
 }
 
-/* ---- AVX2 + FMA: 6 x 16 (12 ymm accumulators) ---- */
+/* The body shared by both A layouts: VEC/LOAD/BCAST/FMA/ADD/STORE/ZERO are
+ * the ISA's intrinsics, NV the vectors per row of the tile. */
+#define KERNEL_LOOP(MR, NV, W, VEC, LOAD, BCAST, FMA, AOF)                        \
+    for (int k = 0; k < kc; k++) {                                                \
+        VEC b[NV];                                                                \
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) b[v] = LOAD(bp + v * W); \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                  \
+            VEC x = BCAST(AOF);                                                   \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc_[i][v] = FMA(x, b[v], acc_[i][v]); \
+        }                                                                         \
+        ap += MR;                                                                 \
+        bp += NV * W;                                                             \
+    }
 
+#define KERNEL_STORE(MR, NV, W, VEC, LOAD, ADD, STORE, ZERO)                      \
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++) {                      \
+        float *r = c + i * ldc;                                                   \
+        _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {                   \
+            VEC base = acc ? LOAD(r + v * W) : (addrow ? LOAD(addrow + v * W) : ZERO()); \
+            STORE(r + v * W, ADD(base, acc_[i][v]));                              \
+        }                                                                         \
+    }
+
+#define DEFINE_KERNEL(NAME, TARGET, MR, NV, W, VEC, LOAD, BCAST, FMA, ADD, STORE, ZERO) \
+    __attribute__((target(TARGET))) static void NAME(int kc, const float *a, ptrdiff_t lda, \
+                                                     const float *bp, float *c, ptrdiff_t ldc, \
+                                                     const float *addrow, int acc) {   \
+        VEC acc_[MR][NV];                                                         \
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                    \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc_[i][v] = ZERO(); \
+        const float *ap = a;                                                      \
+        if (lda == 0) {                                                           \
+            KERNEL_LOOP(MR, NV, W, VEC, LOAD, BCAST, FMA, &ap[i])                 \
+        } else {                                                                  \
+            const float *ar = a;                                                  \
+            KERNEL_LOOP(MR, NV, W, VEC, LOAD, BCAST, FMA, &ar[i * lda + k])       \
+        }                                                                         \
+        KERNEL_STORE(MR, NV, W, VEC, LOAD, ADD, STORE, ZERO)                      \
+    }
+
+/* AVX2 + FMA: 6 x 16 (12 ymm accumulators). */
 #define A2_MR 6
 #define A2_NR 16
-__attribute__((target("avx2,fma"))) static void kernel_avx2(int kc, const float *ap, const float *bp,
-                                                              float *c, ptrdiff_t ldc,
-                                                              const float *addrow, int acc) {
-    __m256 c0[A2_MR], c1[A2_MR];
-#pragma GCC unroll 6
-    for (int i = 0; i < A2_MR; i++) c0[i] = c1[i] = _mm256_setzero_ps();
-    for (int k = 0; k < kc; k++) {
-        __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps(bp + 8);
-#pragma GCC unroll 6
-        for (int i = 0; i < A2_MR; i++) {
-            __m256 a = _mm256_broadcast_ss(ap + i);
-            c0[i] = _mm256_fmadd_ps(a, b0, c0[i]);
-            c1[i] = _mm256_fmadd_ps(a, b1, c1[i]);
-        }
-        ap += A2_MR;
-        bp += A2_NR;
-    }
-#pragma GCC unroll 6
-    for (int i = 0; i < A2_MR; i++) {
-        float *r = c + i * ldc;
-        __m256 x0, x1;
-        if (acc) {
-            x0 = _mm256_loadu_ps(r);
-            x1 = _mm256_loadu_ps(r + 8);
-        } else if (addrow) {
-            x0 = _mm256_loadu_ps(addrow);
-            x1 = _mm256_loadu_ps(addrow + 8);
-        } else {
-            x0 = x1 = _mm256_setzero_ps();
-        }
-        _mm256_storeu_ps(r, _mm256_add_ps(x0, c0[i]));
-        _mm256_storeu_ps(r + 8, _mm256_add_ps(x1, c1[i]));
-    }
-}
+DEFINE_KERNEL(kernel_avx2, "avx2,fma", A2_MR, 2, 8, __m256, _mm256_loadu_ps, _mm256_broadcast_ss,
+              _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps, _mm256_setzero_ps)
 
-/* ---- AVX-512: 12 x 32 (24 zmm accumulators), BLIS's skx shape ---- */
-
+/* AVX-512: 12 x 32 (24 zmm accumulators), BLIS's skx shape. */
 #define A5_MR 12
 #define A5_NR 32
-__attribute__((target("avx512f"))) static void kernel_avx512(int kc, const float *ap, const float *bp,
-                                                               float *c, ptrdiff_t ldc,
-                                                               const float *addrow, int acc) {
-    __m512 c0[A5_MR], c1[A5_MR];
-#pragma GCC unroll 12
-    for (int i = 0; i < A5_MR; i++) c0[i] = c1[i] = _mm512_setzero_ps();
-    for (int k = 0; k < kc; k++) {
-        __m512 b0 = _mm512_loadu_ps(bp), b1 = _mm512_loadu_ps(bp + 16);
-#pragma GCC unroll 12
-        for (int i = 0; i < A5_MR; i++) {
-            __m512 a = _mm512_set1_ps(ap[i]);
-            c0[i] = _mm512_fmadd_ps(a, b0, c0[i]);
-            c1[i] = _mm512_fmadd_ps(a, b1, c1[i]);
-        }
-        ap += A5_MR;
-        bp += A5_NR;
-    }
-#pragma GCC unroll 12
-    for (int i = 0; i < A5_MR; i++) {
-        float *r = c + i * ldc;
-        __m512 x0, x1;
-        if (acc) {
-            x0 = _mm512_loadu_ps(r);
-            x1 = _mm512_loadu_ps(r + 16);
-        } else if (addrow) {
-            x0 = _mm512_loadu_ps(addrow);
-            x1 = _mm512_loadu_ps(addrow + 16);
-        } else {
-            x0 = x1 = _mm512_setzero_ps();
-        }
-        _mm512_storeu_ps(r, _mm512_add_ps(x0, c0[i]));
-        _mm512_storeu_ps(r + 16, _mm512_add_ps(x1, c1[i]));
-    }
-}
+static inline __attribute__((target("avx512f"))) __m512 bcast512(const float *p) { return _mm512_set1_ps(*p); }
+DEFINE_KERNEL(kernel_avx512, "avx512f", A5_MR, 2, 16, __m512, _mm512_loadu_ps, bcast512,
+              _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps, _mm512_setzero_ps)
 
 static const kernel_t kernels[] = {
     {"avx512", A5_MR, A5_NR, kernel_avx512},
@@ -172,9 +150,15 @@ int loom_cpu_gemm_select(const char *name, const char **why) {
 
 const char *loom_cpu_gemm_kernel(void) { return kern->name; }
 
-/* Per-thread packing buffers, sized once. */
-static float **pack_a, **pack_b;
+/* Packing buffers, sized once: per thread for A and for B, plus one B
+ * block that all threads fill together when they share it. */
+static float **pack_a, **pack_b, *pack_b_shared;
 static int pack_threads;
+
+static float *buf_new(size_t floats) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, floats * sizeof(float)) == 0 ? p : NULL;
+}
 
 int loom_cpu_gemm_init(int threads) {
     if (threads <= pack_threads) return 0;
@@ -184,18 +168,17 @@ int loom_cpu_gemm_init(int threads) {
     nb = realloc(pack_b, (size_t)threads * sizeof *nb);
     if (!nb) return -1;
     pack_b = nb;
+    if (!pack_b_shared && !(pack_b_shared = buf_new((size_t)(NCB + NR_MAX) * KC))) return -1;
     for (int t = pack_threads; t < threads; t++) {
-        void *pa = NULL, *pb = NULL;
-        if (posix_memalign(&pa, 64, (size_t)(MCB + MR_MAX) * KC * sizeof(float)) != 0) return -1;
-        if (posix_memalign(&pb, 64, (size_t)(NCB + NR_MAX) * KC * sizeof(float)) != 0) return -1;
-        pack_a[t] = pa;
-        pack_b[t] = pb;
+        if (!(pack_a[t] = buf_new((size_t)(MCB + MR_MAX) * KC))) return -1;
+        if (!(pack_b[t] = buf_new((size_t)(NCB + NR_MAX) * KC))) return -1;
         pack_threads = t + 1;
     }
     return 0;
 }
 
-/* Pack rows [i0, i0+mc) x depth [p0, p0+kc) of A into MR-row micro-panels. */
+/* Pack rows [i0, i0+mc) x depth [p0, p0+kc) of A into MR-row micro-panels
+ * (one MR-float column per k). */
 static void pack_a_block(float *dst, const loom_gemm_t *g, int i0, int mc, int p0, int kc, int MR) {
     for (int ip = 0; ip < mc; ip += MR) {
         int mr = mc - ip < MR ? mc - ip : MR;
@@ -205,16 +188,17 @@ static void pack_a_block(float *dst, const loom_gemm_t *g, int i0, int mc, int p
             for (int k = 0; k < kc; k++) {
                 const float *s = src + (ptrdiff_t)k * g->csa;
                 float *o = d + (size_t)k * MR;
-                for (int i = 0; i < mr; i++) o[i] = s[i];
-                for (int i = mr; i < MR; i++) o[i] = 0.0f;
+                if (mr == MR) {
+                    memcpy(o, s, (size_t)MR * sizeof(float));
+                } else {
+                    for (int i = 0; i < mr; i++) o[i] = s[i];
+                    for (int i = mr; i < MR; i++) o[i] = 0.0f;
+                }
             }
         } else {
             for (int i = 0; i < mr; i++) {
                 const float *s = src + (ptrdiff_t)i * g->rsa;
-                if (g->csa == 1)
-                    for (int k = 0; k < kc; k++) d[(size_t)k * MR + i] = s[k];
-                else
-                    for (int k = 0; k < kc; k++) d[(size_t)k * MR + i] = s[(ptrdiff_t)k * g->csa];
+                for (int k = 0; k < kc; k++) d[(size_t)k * MR + i] = s[(ptrdiff_t)k * g->csa];
             }
             for (int i = mr; i < MR; i++)
                 for (int k = 0; k < kc; k++) d[(size_t)k * MR + i] = 0.0f;
@@ -222,114 +206,202 @@ static void pack_a_block(float *dst, const loom_gemm_t *g, int i0, int mc, int p
     }
 }
 
-/* Pack depth [p0, p0+kc) x columns [j0, j0+nc) of B into NR-column micro-panels. */
-static void pack_b_block(float *dst, const loom_gemm_t *g, int p0, int kc, int j0, int nc, int NR) {
-    for (int jp = 0; jp < nc; jp += NR) {
-        int nr = nc - jp < NR ? nc - jp : NR;
+/* 16 x 16 transpose: out row kk (16 floats, at o + kk*ld) = column kk of the
+ * 16 rows at s + j*lds. */
+__attribute__((target("avx512f"))) static void transpose16(float *o, ptrdiff_t ld, const float *s,
+                                                             ptrdiff_t lds) {
+    __m512 r[16], t[16];
+    for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_ps(s + j * lds);
+    for (int j = 0; j < 16; j += 2) {
+        t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+        t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+    }
+    for (int j = 0; j < 16; j += 4) {
+        r[j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+        r[j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+        r[j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+        r[j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+    }
+    /* r[4q + m] holds, in each 128-bit lane L, rows 4L'.. of column 4L + m
+     * for row group q; gather the lanes. */
+    for (int m = 0; m < 4; m++) {
+        __m512 a0 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0x88);      /* lanes 0,2 of r[m]; 0,2 of r[4+m] */
+        __m512 a1 = _mm512_shuffle_f32x4(r[m], r[4 + m], 0xDD);      /* lanes 1,3 */
+        __m512 b0 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0x88);
+        __m512 b1 = _mm512_shuffle_f32x4(r[8 + m], r[12 + m], 0xDD);
+        t[m] = _mm512_shuffle_f32x4(a0, b0, 0x88);      /* lane 0 of each: column m */
+        t[8 + m] = _mm512_shuffle_f32x4(a0, b0, 0xDD);  /* lane 2: column 8+m */
+        t[4 + m] = _mm512_shuffle_f32x4(a1, b1, 0x88);  /* lane 1: column 4+m */
+        t[12 + m] = _mm512_shuffle_f32x4(a1, b1, 0xDD); /* lane 3: column 12+m */
+    }
+    for (int kk = 0; kk < 16; kk++) _mm512_storeu_ps(o + kk * ld, t[kk]);
+}
+
+/* Pack micro-panels [q0, q1) of depth [p0, p0+kc) x columns [j0, j0+nc) of
+ * B (one NR-float row per k, zero-padded). */
+static void pack_b_panels(float *dst, const loom_gemm_t *g, int p0, int kc, int j0, int nc, int NR,
+                          int q0, int q1) {
+    for (int q = q0; q < q1; q++) {
+        int jp = q * NR, nr = nc - jp < NR ? nc - jp : NR;
         float *d = dst + (size_t)jp * kc;
         const float *src = g->b + (ptrdiff_t)p0 * g->rsb + (ptrdiff_t)(j0 + jp) * g->csb;
         if (g->csb == 1) { /* rows of B contiguous: copy NR-float rows */
             for (int k = 0; k < kc; k++) {
                 const float *s = src + (ptrdiff_t)k * g->rsb;
                 float *o = d + (size_t)k * NR;
-                for (int j = 0; j < nr; j++) o[j] = s[j];
-                for (int j = nr; j < NR; j++) o[j] = 0.0f;
+                if (nr == NR) {
+                    memcpy(o, s, (size_t)NR * sizeof(float));
+                } else {
+                    for (int j = 0; j < nr; j++) o[j] = s[j];
+                    for (int j = nr; j < NR; j++) o[j] = 0.0f;
+                }
             }
-        } else {
-            for (int j = 0; j < nr; j++) {
-                const float *s = src + (ptrdiff_t)j * g->csb;
-                if (g->rsb == 1)
-                    for (int k = 0; k < kc; k++) d[(size_t)k * NR + j] = s[k];
-                else
-                    for (int k = 0; k < kc; k++) d[(size_t)k * NR + j] = s[(ptrdiff_t)k * g->rsb];
-            }
-            for (int j = nr; j < NR; j++)
-                for (int k = 0; k < kc; k++) d[(size_t)k * NR + j] = 0.0f;
+            continue;
         }
+        int k = 0;
+        if (g->rsb == 1 && nr == NR && NR % 16 == 0 && kern->fn == kernel_avx512)
+            for (; k + 16 <= kc; k += 16)
+                for (int j = 0; j < NR; j += 16) transpose16(d + (size_t)k * NR + j, NR, src + k + j * g->csb, g->csb);
+        for (int j = 0; j < nr; j++) {
+            const float *s = src + (ptrdiff_t)j * g->csb;
+            for (int kk = k; kk < kc; kk++) d[(size_t)kk * NR + j] = s[(ptrdiff_t)kk * g->rsb];
+        }
+        for (int j = nr; j < NR; j++)
+            for (int kk = k; kk < kc; kk++) d[(size_t)kk * NR + j] = 0.0f;
     }
 }
 
 /* GELU over a finished (mr x nr) tile. */
 static void gelu_tile(const loom_gemm_t *g, int i, int j, int mr, int nr) {
     for (int r = 0; r < mr; r++) {
-        const float *x = g->c + (ptrdiff_t)(i + r) * g->ldc + j;
-        float *y = g->gelu + (ptrdiff_t)(i + r) * g->ldc + j;
+        const float *x = g->c + (ptrdiff_t)i * g->ldc + (ptrdiff_t)r * g->ldc + j;
+        float *y = g->gelu + (ptrdiff_t)i * g->ldc + (ptrdiff_t)r * g->ldc + j;
 #pragma omp simd
         for (int q = 0; q < nr; q++) y[q] = loom_gelu(x[q]);
     }
 }
 
-/* C[i0:i1, j0:j1] on the calling thread with buffers pa, pb. */
-static void gemm_part(const loom_gemm_t *g, int i0, int i1, int j0, int j1, float *pa, float *pb) {
+/* Rows [i0, i1) x columns [jc, jc+nc) of C, depth [pc, pc+kc), from the
+ * packed B block pb and A either packed in pa (rows from i0) or, when pa is
+ * NULL, read in place (csa == 1). `edge` holds one packed A panel. */
+static void compute_block(const loom_gemm_t *g, int i0, int i1, int jc, int nc, int pc, int kc,
+                          const float *pa, const float *pb, float *edge) {
     const int MR = kern->mr, NR = kern->nr;
     float tile[MR_MAX * NR_MAX] __attribute__((aligned(64)));
-    if (i0 >= i1 || j0 >= j1) return;
-    if (g->K == 0) { /* no product: C = bias (or 0), or unchanged */
-        for (int i = i0; i < i1; i++)
-            for (int j = j0; j < j1; j++) {
-                float *c = g->c + (ptrdiff_t)i * g->ldc + j;
-                if (!g->accumulate) *c = g->bias ? g->bias[j] : 0.0f;
-                if (g->gelu) g->gelu[(ptrdiff_t)i * g->ldc + j] = loom_gelu(*c);
+    int acc = g->accumulate || pc > 0, last = pc + kc == g->K;
+    for (int i = i0; i < i1; i += MR) {
+        int mr = i1 - i < MR ? i1 - i : MR;
+        const float *a;
+        ptrdiff_t lda = 0;
+        if (pa) {
+            a = pa + (size_t)(i - i0) * kc;
+        } else if (mr == MR) {
+            a = g->a + (ptrdiff_t)i * g->rsa + pc;
+            lda = g->rsa;
+        } else {
+            pack_a_block(edge, g, i, mr, pc, kc, MR);
+            a = edge;
+        }
+        for (int jr = 0; jr < nc; jr += NR) {
+            int nr = nc - jr < NR ? nc - jr : NR, j = jc + jr;
+            float *c = g->c + (ptrdiff_t)i * g->ldc + j;
+            const float *bias = !acc && g->bias ? g->bias + j : NULL;
+            const float *bp = pb + (size_t)jr * kc;
+            if (mr == MR && nr == NR) {
+                kern->fn(kc, a, lda, bp, c, g->ldc, bias, acc);
+            } else {
+                kern->fn(kc, a, lda, bp, tile, NR, NULL, 0);
+                for (int r = 0; r < mr; r++)
+                    for (int q = 0; q < nr; q++) {
+                        float base = acc ? c[r * g->ldc + q] : (bias ? bias[q] : 0.0f);
+                        c[r * g->ldc + q] = base + tile[r * NR + q];
+                    }
             }
-        return;
+            if (last && g->gelu) gelu_tile(g, i, j, mr, nr);
+        }
     }
+}
+
+/* C with K == 0: C = bias (or 0), or unchanged; then the GELU. */
+static void gemm_k0(const loom_gemm_t *g) {
+    for (int i = 0; i < g->M; i++)
+        for (int j = 0; j < g->N; j++) {
+            float *c = g->c + (ptrdiff_t)i * g->ldc + j;
+            if (!g->accumulate) *c = g->bias ? g->bias[j] : 0.0f;
+            if (g->gelu) g->gelu[(ptrdiff_t)i * g->ldc + j] = loom_gelu(*c);
+        }
+}
+
+/* C[i0:i1, j0:j1] on the calling thread with its own buffers. */
+static void gemm_part(const loom_gemm_t *g, int i0, int i1, int j0, int j1, int tid) {
+    const int MR = kern->mr, NR = kern->nr;
+    float *pa = pack_a[tid], *pb = pack_b[tid];
+    int direct = g->csa == 1;
+    if (i0 >= i1 || j0 >= j1) return;
     for (int ic = i0; ic < i1; ic += MCB) {
         int mc = i1 - ic < MCB ? i1 - ic : MCB;
         for (int pc = 0; pc < g->K; pc += KC) {
             int kc = g->K - pc < KC ? g->K - pc : KC;
-            int first = pc == 0, last = pc + kc == g->K;
-            int acc = g->accumulate || !first;
-            pack_a_block(pa, g, ic, mc, pc, kc, MR);
+            if (!direct) pack_a_block(pa, g, ic, mc, pc, kc, MR);
             for (int jc = j0; jc < j1; jc += NCB) {
                 int nc = j1 - jc < NCB ? j1 - jc : NCB;
-                pack_b_block(pb, g, pc, kc, jc, nc, NR);
-                for (int ir = 0; ir < mc; ir += MR) {
-                    int mr = mc - ir < MR ? mc - ir : MR;
-                    const float *ap = pa + (size_t)ir * kc;
-                    for (int jr = 0; jr < nc; jr += NR) {
-                        int nr = nc - jr < NR ? nc - jr : NR;
-                        int i = ic + ir, j = jc + jr;
-                        float *c = g->c + (ptrdiff_t)i * g->ldc + j;
-                        const float *bias = !acc && g->bias ? g->bias + j : NULL;
-                        if (mr == MR && nr == NR) {
-                            kern->fn(kc, ap, pb + (size_t)jr * kc, c, g->ldc, bias, acc);
-                        } else {
-                            kern->fn(kc, ap, pb + (size_t)jr * kc, tile, NR, NULL, 0);
-                            for (int r = 0; r < mr; r++)
-                                for (int q = 0; q < nr; q++) {
-                                    float base = acc ? c[r * g->ldc + q] : (bias ? bias[q] : 0.0f);
-                                    c[r * g->ldc + q] = base + tile[r * NR + q];
-                                }
-                        }
-                        if (last && g->gelu) gelu_tile(g, i, j, mr, nr);
-                    }
-                }
+                pack_b_panels(pb, g, pc, kc, jc, nc, NR, 0, (nc + NR - 1) / NR);
+                compute_block(g, ic, ic + mc, jc, nc, pc, kc, direct ? NULL : pa, pb, pa);
             }
         }
     }
 }
 
 void loom_cpu_gemm_serial(const loom_gemm_t *g, int tid) {
-    gemm_part(g, 0, g->M, 0, g->N, pack_a[tid], pack_b[tid]);
+    if (g->K == 0) {
+        gemm_k0(g);
+        return;
+    }
+    gemm_part(g, 0, g->M, 0, g->N, tid);
 }
 
 void loom_cpu_gemm(const loom_gemm_t *g) {
     const int MR = kern->mr, NR = kern->nr;
+    if (g->K == 0 || g->M == 0 || g->N == 0) {
+        gemm_k0(g);
+        return;
+    }
     int mp = (g->M + MR - 1) / MR, np = (g->N + NR - 1) / NR;
     int nt = omp_get_max_threads();
     if (nt > pack_threads) nt = pack_threads;
     if (nt > (mp > np ? mp : np)) nt = mp > np ? mp : np;
     if (nt < 1) nt = 1;
-    /* Split the longer side of C into equal runs of whole micro-tiles. */
+    if (g->csa == 1 && mp >= nt) {
+        /* Row-major A read in place; the threads split the rows and pack
+         * each B block together (each packs a share of its panels). */
+#pragma omp parallel num_threads(nt)
+        {
+            int t = omp_get_thread_num(), n = omp_get_num_threads();
+            int i0 = (int)((long long)mp * t / n) * MR, i1 = (int)((long long)mp * (t + 1) / n) * MR;
+            if (i1 > g->M) i1 = g->M;
+            for (int jc = 0; jc < g->N; jc += NCB) {
+                int nc = g->N - jc < NCB ? g->N - jc : NCB, panels = (nc + NR - 1) / NR;
+                for (int pc = 0; pc < g->K; pc += KC) {
+                    int kc = g->K - pc < KC ? g->K - pc : KC;
+                    pack_b_panels(pack_b_shared, g, pc, kc, jc, nc, NR, panels * t / n, panels * (t + 1) / n);
+#pragma omp barrier
+                    compute_block(g, i0, i1, jc, nc, pc, kc, NULL, pack_b_shared, pack_a[t]);
+#pragma omp barrier
+                }
+            }
+        }
+        return;
+    }
+    /* Otherwise split the longer side of C into equal runs of whole micro-tiles. */
 #pragma omp parallel num_threads(nt)
     {
         int t = omp_get_thread_num(), n = omp_get_num_threads();
         if (mp >= np) {
             int a = (int)((long long)mp * t / n) * MR, b = (int)((long long)mp * (t + 1) / n) * MR;
-            gemm_part(g, a, b < g->M ? b : g->M, 0, g->N, pack_a[t], pack_b[t]);
+            gemm_part(g, a, b < g->M ? b : g->M, 0, g->N, t);
         } else {
             int a = (int)((long long)np * t / n) * NR, b = (int)((long long)np * (t + 1) / n) * NR;
-            gemm_part(g, 0, g->M, a, b < g->N ? b : g->N, pack_a[t], pack_b[t]);
+            gemm_part(g, 0, g->M, a, b < g->N ? b : g->N, t);
         }
     }
 }
