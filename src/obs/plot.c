@@ -49,7 +49,14 @@ loom_status loom_plot_loss_svg(const char *path, const char *title, const double
     sbuf_t b = {0};
     sb_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" font-family=\"sans-serif\" font-size=\"12\">\n", W, H);
     sb_printf(&b, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-    sb_printf(&b, "<text x=\"%.0f\" y=\"24\" font-size=\"15\">%s</text>\n", L, title);
+    sb_printf(&b, "<text x=\"%.0f\" y=\"24\" font-size=\"15\">", L);
+    for (const char *c = title; *c; c++) { /* the title holds user paths: escape XML */
+        if (*c == '<') sb_printf(&b, "&lt;");
+        else if (*c == '>') sb_printf(&b, "&gt;");
+        else if (*c == '&') sb_printf(&b, "&amp;");
+        else sb_printf(&b, "%c", *c);
+    }
+    sb_printf(&b, "</text>\n");
     for (int k = 0; k <= 5; k++) {
         double y = y0 + (y1 - y0) * k / 5, x = x0 + (x1 - x0) * k / 5;
         sb_printf(&b, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n", L, PY(y), W - R, PY(y));
