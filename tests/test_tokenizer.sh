@@ -54,6 +54,11 @@ if "$LOOM" tokenize --input "$T/corpus" --vocab 1000 --out "$T/d" --quiet --shar
     else fail folder_to_shards "files: $(ls "$T/d" | tr '\n' ' ')"; fi
 else fail folder_to_shards "exit $?: $(cat "$T/err")"; fi
 
+# Re-tokenizing into the same folder with fewer shards leaves no stale shard.
+if "$LOOM" tokenize --input "$T/corpus" --vocab 1000 --out "$T/d" --quiet >/dev/null 2>"$T/err" &&
+    [ -f "$T/d/train_000000.bin" ] && [ ! -f "$T/d/train_000001.bin" ]; then pass no_stale_shards
+else fail no_stale_shards "files: $(ls "$T/d" | tr '\n' ' ')"; fi
+
 ids=$("$LOOM" tokenize --out "$T/d" --encode "In the beginning God created" 2>/dev/null)
 back=$("$LOOM" tokenize --out "$T/d" --decode "$ids" 2>/dev/null)
 if [ "$back" = "In the beginning God created" ] && [ "$(echo "$ids" | wc -w)" -lt 20 ]; then pass encode_decode

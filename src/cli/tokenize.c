@@ -593,6 +593,14 @@ int cmd_tokenize(int argc, char **argv) {
         rc = fail(s);
         goto done;
     }
+    /* Shards beyond these, left by an earlier run into the same folder,
+     * would be read as data by `loom train`: remove them. */
+    for (int k = 0; k < 2; k++)
+        for (int i = k ? va.index : tr.index;; i++) {
+            char stale[4200];
+            snprintf(stale, sizeof stale, "%s/%s_%06d.bin", out, k ? "val" : "train", i);
+            if (unlink(stale) != 0) break;
+        }
     printf("%s: vocabulary %d (%d merges, %d special), %zu train tokens in %d shard(s), %zu val tokens in %d shard(s)\n", out,
            loom_tokenizer_vocab_size(tok), loom_tokenizer_merges(tok), loom_tokenizer_nspecial(tok), tr.tokens, tr.index,
            va.tokens, va.index);
