@@ -244,6 +244,26 @@ static void torch_script_path(char *out, size_t n, const char *given) {
     snprintf(out, n, "bench/torch_train.py");
 }
 
+/* Wait for a side's "ready" line (building and its warm-up step are not
+ * timed). Sides start one at a time so that no two build or measure their
+ * GEMM peak at once. */
+static void side_ready(side_t *s, int is_loom) {
+    char line[512] = "";
+    if (!s->ok) return;
+    if (child_ask(&s->c, NULL, line, sizeof line) != 0 || strncmp(line, "ready", 5) != 0) {
+        s->ok = 0;
+        snprintf(s->why, sizeof s->why, "%s", strncmp(line, "error ", 6) == 0 ? line + 6 : "exited before it was ready (see its stderr)");
+        s->why[strcspn(s->why, "\n")] = 0;
+        return;
+    }
+    if (is_loom && sscanf(line, "ready %lf %159[^\n]", &s->peak, s->peak_source) < 1) s->peak = 0;
+}
+
+/* The pause before each side's turn: OpenBLAS's workers (in PyTorch and in
+ * loom with --gemm blas) spin for tens of milliseconds after their last
+ * call, and would otherwise steal the cores from the side that runs next. */
+#define SETTLE_US 300000
+
 typedef struct {
     const char *model;
     int seq, threads;
@@ -280,6 +300,7 @@ static int run_train_config(const bench_cfg_t *bc, int batch, int rounds, int st
         s->label = labels[g];
         s->ok = child_start(&s->c, loom_child, &ls[g], NULL) == 0;
         if (!s->ok) snprintf(s->why, sizeof s->why, "fork: %s", strerror(errno));
+        side_ready(s, 1);
     }
     side_t *torch = NULL;
     if (torch_on) {
@@ -304,30 +325,18 @@ static int run_train_config(const bench_cfg_t *bc, int batch, int rounds, int st
         } else {
             torch->ok = child_start(&torch->c, NULL, NULL, argv) == 0;
             if (!torch->ok) snprintf(torch->why, sizeof torch->why, "fork: %s", strerror(errno));
+            side_ready(torch, 0);
         }
     }
 
-    /* Handshake one side at a time: building and the warm-up step are not timed. */
     char line[65536];
-    for (int i = 0; i < ns; i++) {
-        side_t *s = &sides[i];
-        if (!s->ok) continue;
-        if (child_ask(&s->c, NULL, line, sizeof line) != 0 || strncmp(line, "ready", 5) != 0) {
-            s->ok = 0;
-            snprintf(s->why, sizeof s->why, "%s", line[0] && strncmp(line, "error ", 6) == 0 ? line + 6 : "exited before it was ready (see its stderr)");
-            s->why[strcspn(s->why, "\n")] = 0;
-            line[0] = 0;
-            continue;
-        }
-        if (s != torch && sscanf(line, "ready %lf %159[^\n]", &s->peak, s->peak_source) < 1) s->peak = 0;
-        line[0] = 0;
-    }
     char cmd[32];
     snprintf(cmd, sizeof cmd, "run %d", steps);
     for (int r = 0; r < rounds; r++)
         for (int i = 0; i < ns; i++) {
             side_t *s = &sides[i];
             if (!s->ok) continue;
+            usleep(SETTLE_US);
             if (child_ask(&s->c, cmd, line, sizeof line) != 0 || take_times(s, line) != 0) {
                 s->ok = 0;
                 if (!s->why[0]) snprintf(s->why, sizeof s->why, "exited during the run");
