@@ -169,8 +169,9 @@ loom_status loom_gpt_alloc_train(loom_gpt_t *m) {
 }
 
 /* Activation layout for (B, T): one allocation split by this table. Layer
- * tensors hold all L layers back to back; the backward scratch buffers are
- * shared by every layer. */
+ * tensors (A_LN1 .. A_RESIDUAL3) hold L slices back to back, one per layer,
+ * or a single slice all layers share when the recompute mode does not keep
+ * them; the backward scratch buffers are shared by every layer. */
 enum {
     A_ENCODED,   /* (B,T,C) */
     A_LN1,       /* (L,B,T,C) */
@@ -200,18 +201,20 @@ enum {
     A_COUNT
 };
 
-static void act_sizes(const loom_gpt_config_t *c, int B, int T, size_t sz[A_COUNT]) {
-    size_t BT = (size_t)B * T, C = c->channels, L = c->n_layer, NH = c->n_head;
+/* sz: floats of one slice (one layer's, for layer tensors); nl: slices kept. */
+static void act_sizes(const loom_gpt_config_t *c, loom_recompute rc, int B, int T, size_t sz[A_COUNT],
+                      size_t nl[A_COUNT]) {
+    size_t BT = (size_t)B * T, C = c->channels, NH = c->n_head;
     sz[A_ENCODED] = BT * C;
-    sz[A_LN1] = L * BT * C;
-    sz[A_LN1_MEAN] = sz[A_LN1_RSTD] = L * BT;
-    sz[A_QKV] = L * BT * 3 * C;
-    sz[A_ATTY] = L * BT * C;
-    sz[A_ATT_LSE] = L * NH * BT;
-    sz[A_ATTPROJ] = sz[A_RESIDUAL2] = sz[A_LN2] = L * BT * C;
-    sz[A_LN2_MEAN] = sz[A_LN2_RSTD] = L * BT;
-    sz[A_FCH] = sz[A_FCH_GELU] = L * BT * 4 * C;
-    sz[A_FCPROJ] = sz[A_RESIDUAL3] = L * BT * C;
+    sz[A_LN1] = BT * C;
+    sz[A_LN1_MEAN] = sz[A_LN1_RSTD] = BT;
+    sz[A_QKV] = BT * 3 * C;
+    sz[A_ATTY] = BT * C;
+    sz[A_ATT_LSE] = NH * BT;
+    sz[A_ATTPROJ] = sz[A_RESIDUAL2] = sz[A_LN2] = BT * C;
+    sz[A_LN2_MEAN] = sz[A_LN2_RSTD] = BT;
+    sz[A_FCH] = sz[A_FCH_GELU] = BT * 4 * C;
+    sz[A_FCPROJ] = sz[A_RESIDUAL3] = BT * C;
     sz[A_LNF] = BT * C;
     sz[A_LNF_MEAN] = sz[A_LNF_RSTD] = BT;
     sz[A_LOGITS] = BT * c->padded_vocab_size;
@@ -219,35 +222,68 @@ static void act_sizes(const loom_gpt_config_t *c, int B, int T, size_t sz[A_COUN
     sz[G_RESIDUAL] = sz[G_BTC] = BT * C;
     sz[G_QKV] = BT * 3 * C;
     sz[G_FCH] = BT * 4 * C;
+    for (int i = 0; i < A_COUNT; i++) {
+        int keep = rc == LOOM_RECOMPUTE_NONE || (rc == LOOM_RECOMPUTE_GELU && i != A_FCH_GELU) || i == A_RESIDUAL3;
+        nl[i] = i >= A_LN1 && i <= A_RESIDUAL3 && keep ? (size_t)c->n_layer : 1;
+    }
 }
 
 /* Views into the activation block for the current (B, T). */
 typedef struct {
     float *a[A_COUNT];
+    size_t stride[A_COUNT]; /* floats between layers' slices; 0 = shared */
 } acts_t;
 
 static void act_views(const loom_gpt_t *m, int B, int T, acts_t *v) {
-    size_t sz[A_COUNT], off = 0;
-    act_sizes(&m->cfg, B, T, sz);
+    size_t sz[A_COUNT], nl[A_COUNT], off = 0;
+    act_sizes(&m->cfg, m->recompute, B, T, sz, nl);
     for (int i = 0; i < A_COUNT; i++) {
         v->a[i] = m->acts + off;
-        off += (sz[i] + 15) / 16 * 16;
+        v->stride[i] = nl[i] > 1 ? sz[i] : 0;
+        off += (sz[i] * nl[i] + 15) / 16 * 16;
     }
+}
+
+/* Layer l's slice of activation tensor i. */
+static float *lay(const acts_t *v, int i, int l) { return v->a[i] + (size_t)l * v->stride[i]; }
+
+static const char *const recompute_names[] = {"none", "gelu", "all"};
+
+int loom_recompute_parse(const char *s) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, recompute_names[i]) == 0) return i;
+    return -1;
+}
+
+const char *loom_recompute_name(loom_recompute r) { return (unsigned)r < 3 ? recompute_names[r] : "?"; }
+
+static void free_acts(loom_gpt_t *m) {
+    if (!m->acts) return;
+    m->be->free(m->acts);
+    m->be->free(m->tokens);
+    m->be->free(m->targets);
+    free(m->loss_host);
+    m->acts = NULL;
+    m->tokens = m->targets = NULL;
+    m->loss_host = NULL;
+    m->act_B = m->act_T = 0;
+    m->num_acts = 0;
+}
+
+void loom_gpt_set_recompute(loom_gpt_t *m, loom_recompute r) {
+    if (m->recompute == r) return;
+    free_acts(m);
+    m->recompute = r;
 }
 
 loom_status loom_gpt_alloc_acts(loom_gpt_t *m, int B, int T) {
     if (B < 1 || T < 1 || T > m->cfg.max_seq_len)
         return loom_error(LOOM_EINVAL, "batch %d x sequence %d: the sequence must be 1 to %d for this model", B, T, m->cfg.max_seq_len);
     if (m->acts && (size_t)B * T <= (size_t)m->act_B * m->act_T) return LOOM_OK;
-    if (m->acts) {
-        m->be->free(m->acts);
-        m->be->free(m->tokens);
-        m->be->free(m->targets);
-        free(m->loss_host);
-    }
-    size_t sz[A_COUNT], total = 0;
-    act_sizes(&m->cfg, B, T, sz);
-    for (int i = 0; i < A_COUNT; i++) total += (sz[i] + 15) / 16 * 16;
+    free_acts(m);
+    size_t sz[A_COUNT], nl[A_COUNT], total = 0;
+    act_sizes(&m->cfg, m->recompute, B, T, sz, nl);
+    for (int i = 0; i < A_COUNT; i++) total += (sz[i] * nl[i] + 15) / 16 * 16;
     m->acts = m->be->alloc(total * sizeof(float));
     m->tokens = m->be->alloc((size_t)B * T * sizeof(int));
     m->targets = m->be->alloc((size_t)B * T * sizeof(int));
@@ -268,12 +304,7 @@ void loom_gpt_free(loom_gpt_t *m) {
     if (m->grads) be->free(m->grads);
     if (m->m) be->free(m->m);
     if (m->v) be->free(m->v);
-    if (m->acts) {
-        be->free(m->acts);
-        be->free(m->tokens);
-        be->free(m->targets);
-    }
-    free(m->loss_host);
+    free_acts(m);
     free(m);
 }
 
@@ -288,11 +319,8 @@ static void residual_layernorm(const loom_backend_t *be, float *res, float *out,
     be->layernorm_forward(out, mean, rstd, res, w, b, N, C);
 }
 
-loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
-                             float dloss, float *loss) {
-    const loom_backend_t *be = m->be;
-    int L = m->cfg.n_layer, C = m->cfg.channels, NH = m->cfg.n_head;
-    int V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
+loom_status loom_gpt_set_batch(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T) {
+    int V = m->cfg.vocab_size;
     if (T > m->cfg.max_seq_len)
         return loom_error(LOOM_EINVAL, "sequence length %d is above the model's %d", T, m->cfg.max_seq_len);
     LOOM_TRY(loom_gpt_alloc_acts(m, B, T));
@@ -303,46 +331,74 @@ loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *target
         if (targets && (targets[i] < 0 || targets[i] >= V))
             return loom_error(LOOM_EINVAL, "target %d at position %zu is outside the model's vocabulary (%d)", targets[i], i, V);
     }
-    be->upload(m->tokens, tokens, N * sizeof(int));
-    if (targets) be->upload(m->targets, targets, N * sizeof(int));
+    m->be->upload(m->tokens, tokens, N * sizeof(int));
+    if (targets) m->be->upload(m->targets, targets, N * sizeof(int));
+    return LOOM_OK;
+}
 
-    acts_t a;
-    act_views(m, B, T, &a);
+/* Block l from its input on the residual stream. Forward (recompute = 0)
+ * expects ln1 of block l in place and ends with the residual add fused with
+ * the next LayerNorm (block l+1's ln1, or lnf). Recompute (in backward)
+ * first computes ln1 (unfused, as no fcproj of block l-1 is kept) and stops
+ * after the GELU: what block l's backward reads. */
+static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, int recompute) {
+    const loom_backend_t *be = m->be;
+    int L = m->cfg.n_layer, C = m->cfg.channels, NH = m->cfg.n_head;
+    size_t N = (size_t)B * T, btc = N * C, lc = (size_t)l * C;
     float *const *p = m->param;
-    be->encoder_forward(a.a[A_ENCODED], m->tokens, p[LOOM_WTE], p[LOOM_WPE], B, T, C);
+    const float *resid = l == 0 ? a->a[A_ENCODED] : lay(a, A_RESIDUAL3, l - 1);
+    float *ln1 = lay(a, A_LN1, l);
+    float *qkv = lay(a, A_QKV, l), *atty = lay(a, A_ATTY, l);
+    float *lse = lay(a, A_ATT_LSE, l), *attproj = lay(a, A_ATTPROJ, l);
+    float *res2 = lay(a, A_RESIDUAL2, l), *ln2 = lay(a, A_LN2, l);
+    float *ln2_mean = lay(a, A_LN2_MEAN, l), *ln2_rstd = lay(a, A_LN2_RSTD, l);
+    float *fch = lay(a, A_FCH, l), *fch_gelu = lay(a, A_FCH_GELU, l);
+    float *fcproj = lay(a, A_FCPROJ, l), *res3 = lay(a, A_RESIDUAL3, l);
+
+    if (recompute)
+        be->layernorm_forward(ln1, lay(a, A_LN1_MEAN, l), lay(a, A_LN1_RSTD, l), resid, p[LOOM_LN1W] + lc, p[LOOM_LN1B] + lc, (int)N, C);
+    be->matmul_forward(qkv, ln1, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, (int)N, C, 3 * C);
+    be->attention_forward(atty, lse, qkv, B, T, C, NH);
+    be->matmul_forward(attproj, atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, (int)N, C, C);
+    residual_layernorm(be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, p[LOOM_LN2W] + lc, p[LOOM_LN2B] + lc, (int)N, C);
+    if (be->matmul_forward_gelu) {
+        be->matmul_forward_gelu(fch_gelu, fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
+    } else {
+        be->matmul_forward(fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
+        be->gelu_forward(fch_gelu, fch, 4 * btc);
+    }
+    if (recompute) return;
+    be->matmul_forward(fcproj, fch_gelu, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, (int)N, 4 * C, C);
+    if (l + 1 < L)
+        residual_layernorm(be, res3, lay(a, A_LN1, l + 1), lay(a, A_LN1_MEAN, l + 1), lay(a, A_LN1_RSTD, l + 1), res2, fcproj,
+                           p[LOOM_LN1W] + lc + C, p[LOOM_LN1B] + lc + C, (int)N, C);
+    else
+        residual_layernorm(be, res3, a->a[A_LNF], a->a[A_LNF_MEAN], a->a[A_LNF_RSTD], res2, fcproj, p[LOOM_LNFW], p[LOOM_LNFB], (int)N, C);
+}
+
+/* Embeddings, the blocks, the head: logits of the batch in m->tokens. */
+static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T) {
+    const loom_backend_t *be = m->be;
+    int C = m->cfg.channels, Vp = m->cfg.padded_vocab_size;
+    size_t N = (size_t)B * T;
+    float *const *p = m->param;
+    be->encoder_forward(a->a[A_ENCODED], m->tokens, p[LOOM_WTE], p[LOOM_WPE], B, T, C);
     /* Each residual add is fused with the LayerNorm that reads it (the next
      * block's ln1 or the final lnf) where the backend offers the fusion. */
-    be->layernorm_forward(a.a[A_LN1], a.a[A_LN1_MEAN], a.a[A_LN1_RSTD], a.a[A_ENCODED], p[LOOM_LN1W], p[LOOM_LN1B], (int)N, C);
-    for (int l = 0; l < L; l++) {
-        size_t btc = N * C;
-        const float *resid = l == 0 ? a.a[A_ENCODED] : a.a[A_RESIDUAL3] + (l - 1) * btc;
-        float *ln1 = a.a[A_LN1] + l * btc;
-        float *qkv = a.a[A_QKV] + l * 3 * btc, *atty = a.a[A_ATTY] + l * btc;
-        float *lse = a.a[A_ATT_LSE] + l * NH * N, *attproj = a.a[A_ATTPROJ] + l * btc;
-        float *res2 = a.a[A_RESIDUAL2] + l * btc, *ln2 = a.a[A_LN2] + l * btc;
-        float *ln2_mean = a.a[A_LN2_MEAN] + l * N, *ln2_rstd = a.a[A_LN2_RSTD] + l * N;
-        float *fch = a.a[A_FCH] + l * 4 * btc, *fch_gelu = a.a[A_FCH_GELU] + l * 4 * btc;
-        float *fcproj = a.a[A_FCPROJ] + l * btc, *res3 = a.a[A_RESIDUAL3] + l * btc;
-        size_t lc = (size_t)l * C;
+    be->layernorm_forward(lay(a, A_LN1, 0), lay(a, A_LN1_MEAN, 0), lay(a, A_LN1_RSTD, 0), a->a[A_ENCODED], p[LOOM_LN1W], p[LOOM_LN1B], (int)N, C);
+    for (int l = 0; l < m->cfg.n_layer; l++) block_forward(m, a, l, B, T, 0);
+    be->matmul_forward(a->a[A_LOGITS], a->a[A_LNF], p[LOOM_WTE], NULL, (int)N, C, Vp);
+}
 
-        be->matmul_forward(qkv, ln1, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, (int)N, C, 3 * C);
-        be->attention_forward(atty, lse, qkv, B, T, C, NH);
-        be->matmul_forward(attproj, atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, (int)N, C, C);
-        residual_layernorm(be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, p[LOOM_LN2W] + lc, p[LOOM_LN2B] + lc, (int)N, C);
-        if (be->matmul_forward_gelu) {
-            be->matmul_forward_gelu(fch_gelu, fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
-        } else {
-            be->matmul_forward(fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
-            be->gelu_forward(fch_gelu, fch, 4 * btc);
-        }
-        be->matmul_forward(fcproj, fch_gelu, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, (int)N, 4 * C, C);
-        if (l + 1 < L)
-            residual_layernorm(be, res3, ln1 + btc, a.a[A_LN1_MEAN] + (l + 1) * N, a.a[A_LN1_RSTD] + (l + 1) * N, res2, fcproj,
-                               p[LOOM_LN1W] + lc + C, p[LOOM_LN1B] + lc + C, (int)N, C);
-        else
-            residual_layernorm(be, res3, a.a[A_LNF], a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], res2, fcproj, p[LOOM_LNFW], p[LOOM_LNFB], (int)N, C);
-    }
-    be->matmul_forward(a.a[A_LOGITS], a.a[A_LNF], p[LOOM_WTE], NULL, (int)N, C, Vp);
+loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
+                             float dloss, float *loss) {
+    const loom_backend_t *be = m->be;
+    int V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
+    LOOM_TRY(loom_gpt_set_batch(m, tokens, targets, B, T));
+    size_t N = (size_t)B * T;
+    acts_t a;
+    act_views(m, B, T, &a);
+    forward_body(m, &a, B, T);
     if (targets) {
         be->crossentropy(a.a[A_LOSSES], a.a[A_LOGITS], m->targets, (int)N, V, Vp, dloss);
         be->download(m->loss_host, a.a[A_LOSSES], N * sizeof(float));
@@ -351,6 +407,19 @@ loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *target
         if (loss) *loss = (float)(sum / (double)N);
     }
     return LOOM_OK;
+}
+
+void loom_gpt_forward_dev(loom_gpt_t *m, int B, int T, const float *scalars) {
+    acts_t a;
+    act_views(m, B, T, &a);
+    forward_body(m, &a, B, T);
+    m->be->crossentropy_dev(a.a[A_LOSSES], a.a[A_LOGITS], m->targets, B * T, m->cfg.vocab_size, m->cfg.padded_vocab_size, scalars);
+}
+
+float *loom_gpt_losses_dev(const loom_gpt_t *m, int B, int T) {
+    acts_t a;
+    act_views(m, B, T, &a);
+    return a.a[A_LOSSES];
 }
 
 void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
@@ -367,18 +436,21 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
     be->zero(dbtc, btc * sizeof(float));
     be->matmul_backward(dbtc, g[LOOM_WTE], NULL, a.a[A_LOGITS], a.a[A_LNF], p[LOOM_WTE], (int)N, C, Vp);
     be->zero(dres, btc * sizeof(float));
-    const float *last = a.a[A_RESIDUAL3] + (size_t)(L - 1) * btc;
+    const float *last = lay(&a, A_RESIDUAL3, L - 1);
     be->layernorm_backward(dres, g[LOOM_LNFW], g[LOOM_LNFB], dbtc, last, p[LOOM_LNFW], a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N, C);
 
     for (int l = L - 1; l >= 0; l--) {
-        const float *resid = l == 0 ? a.a[A_ENCODED] : a.a[A_RESIDUAL3] + (l - 1) * btc;
-        float *ln1 = a.a[A_LN1] + l * btc, *ln1_mean = a.a[A_LN1_MEAN] + l * N, *ln1_rstd = a.a[A_LN1_RSTD] + l * N;
-        float *qkv = a.a[A_QKV] + l * 3 * btc, *atty = a.a[A_ATTY] + l * btc;
-        float *lse = a.a[A_ATT_LSE] + l * NH * N;
-        float *res2 = a.a[A_RESIDUAL2] + l * btc, *ln2 = a.a[A_LN2] + l * btc;
-        float *ln2_mean = a.a[A_LN2_MEAN] + l * N, *ln2_rstd = a.a[A_LN2_RSTD] + l * N;
-        float *fch = a.a[A_FCH] + l * 4 * btc, *fch_gelu = a.a[A_FCH_GELU] + l * 4 * btc;
+        const float *resid = l == 0 ? a.a[A_ENCODED] : lay(&a, A_RESIDUAL3, l - 1);
+        float *ln1 = lay(&a, A_LN1, l), *ln1_mean = lay(&a, A_LN1_MEAN, l), *ln1_rstd = lay(&a, A_LN1_RSTD, l);
+        float *qkv = lay(&a, A_QKV, l), *atty = lay(&a, A_ATTY, l);
+        float *lse = lay(&a, A_ATT_LSE, l);
+        float *res2 = lay(&a, A_RESIDUAL2, l), *ln2 = lay(&a, A_LN2, l);
+        float *ln2_mean = lay(&a, A_LN2_MEAN, l), *ln2_rstd = lay(&a, A_LN2_RSTD, l);
+        float *fch = lay(&a, A_FCH, l), *fch_gelu = lay(&a, A_FCH_GELU, l);
         size_t lc = (size_t)l * C;
+
+        if (m->recompute == LOOM_RECOMPUTE_ALL) block_forward(m, &a, l, B, T, 1);
+        else if (m->recompute == LOOM_RECOMPUTE_GELU) be->gelu_forward(fch_gelu, fch, 4 * btc);
 
         /* res3 = res2 + fcproj: dres flows to both. */
         be->zero(dfch, 4 * btc * sizeof(float));
@@ -404,13 +476,25 @@ void loom_gpt_zero_grad(loom_gpt_t *m) { m->be->zero(m->grads, m->num_params * s
 
 float loom_gpt_grad_norm(loom_gpt_t *m) { return (float)sqrt(m->be->sumsq(m->grads, m->num_params)); }
 
-void loom_gpt_adamw(loom_gpt_t *m, const loom_adamw_t *hp) {
+/* Two calls: decayed tensors, then the rest without weight decay; through
+ * adamw_dev when `scalars` is given. */
+static void adamw_groups(loom_gpt_t *m, const loom_adamw_t *hp, const float *scalars) {
+    const loom_backend_t *be = m->be;
     size_t split = m->ptable[LOOM_FIRST_NODECAY].offset;
-    m->be->adamw(m->params, m->grads, m->m, m->v, split, hp);
     loom_adamw_t nodecay = *hp;
     nodecay.weight_decay = 0.0f;
-    m->be->adamw(m->params + split, m->grads + split, m->m + split, m->v + split, m->num_params - split, &nodecay);
+    if (scalars) {
+        be->adamw_dev(m->params, m->grads, m->m, m->v, split, hp, scalars);
+        be->adamw_dev(m->params + split, m->grads + split, m->m + split, m->v + split, m->num_params - split, &nodecay, scalars);
+    } else {
+        be->adamw(m->params, m->grads, m->m, m->v, split, hp);
+        be->adamw(m->params + split, m->grads + split, m->m + split, m->v + split, m->num_params - split, &nodecay);
+    }
 }
+
+void loom_gpt_adamw(loom_gpt_t *m, const loom_adamw_t *hp) { adamw_groups(m, hp, NULL); }
+
+void loom_gpt_adamw_dev(loom_gpt_t *m, const loom_adamw_t *hp, const float *scalars) { adamw_groups(m, hp, scalars); }
 
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T) {
     acts_t a;

@@ -68,6 +68,17 @@ typedef struct {
 void loom_gpt_param_table(const loom_gpt_config_t *cfg, loom_tensor_info_t table[LOOM_NPARAMS],
                           size_t *total);
 
+/* Activation recompute, trading backward compute for activation memory:
+ * NONE keeps every activation; GELU keeps no per-layer GELU output (one
+ * (B,T,4C) buffer serves all layers, backward recomputes gelu(fch));
+ * ALL keeps only each block's input on the residual stream and recomputes
+ * the block's forward (up to the GELU) in backward. Gradients are those of
+ * NONE up to float rounding (ALL recomputes ln1 unfused). */
+typedef enum { LOOM_RECOMPUTE_NONE = 0, LOOM_RECOMPUTE_GELU, LOOM_RECOMPUTE_ALL } loom_recompute;
+/* Parse "none", "gelu", "all"; -1 if unknown. */
+int loom_recompute_parse(const char *s);
+const char *loom_recompute_name(loom_recompute r);
+
 typedef struct loom_gpt loom_gpt_t;
 struct loom_gpt {
     loom_gpt_config_t cfg;
@@ -83,6 +94,7 @@ struct loom_gpt {
     /* Activations, sized for (B, T) at loom_gpt_alloc_acts; any smaller
      * B*T fits too. */
     int act_B, act_T;
+    loom_recompute recompute; /* decides the activation layout; set with loom_gpt_set_recompute */
     float *acts;             /* one backend allocation */
     size_t num_acts;
     int *tokens, *targets;   /* backend memory, (B, T) int32 */
@@ -111,12 +123,28 @@ loom_status loom_gpt_alloc_train(loom_gpt_t *m);
 /* Allocate activations for batches up to (B, T), T <= max_seq_len. */
 loom_status loom_gpt_alloc_acts(loom_gpt_t *m, int B, int T);
 
+/* Choose what backward recomputes. Drops the activations (the layout
+ * changes); the next forward or loom_gpt_alloc_acts allocates them again. */
+void loom_gpt_set_recompute(loom_gpt_t *m, loom_recompute r);
+
 /* Forward pass on host tokens (B,T). When targets (host, B*T) is non-NULL,
  * computes the per-position losses and returns their mean through *loss.
  * When `dloss` != 0, the logits buffer is replaced by d(loss)/d(logits)
  * scaled by dloss, ready for loom_gpt_backward. */
 loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
                              float dloss, float *loss);
+/* The device-resident step (train/step_graph.c) splits loom_gpt_forward:
+ * loom_gpt_set_batch checks host tokens (B,T) and targets (B*T, may be
+ * NULL), allocates activations and uploads both into m->tokens and
+ * m->targets (always the same buffers, so a captured CUDA graph reads each
+ * step's batch); loom_gpt_forward_dev runs the forward on them and the
+ * cross-entropy with dloss read from scalars[5] (backend.h, step scalars),
+ * leaving the per-position losses in device memory at
+ * loom_gpt_losses_dev(m, B, T) (B*T floats). forward_dev launches ops only:
+ * no upload, download, sync or allocation. */
+loom_status loom_gpt_set_batch(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T);
+void loom_gpt_forward_dev(loom_gpt_t *m, int B, int T, const float *scalars);
+float *loom_gpt_losses_dev(const loom_gpt_t *m, int B, int T);
 /* Backward pass after a forward with dloss != 0; ACCUMULATES into grads. */
 void loom_gpt_backward(loom_gpt_t *m, int B, int T);
 /* Zero the gradients. */
@@ -126,6 +154,9 @@ float loom_gpt_grad_norm(loom_gpt_t *m);
 /* One AdamW step: weight decay on matrices and embeddings only; grads are
  * multiplied by hp->grad_scale first. */
 void loom_gpt_adamw(loom_gpt_t *m, const loom_adamw_t *hp);
+/* The same through the backend's adamw_dev: lr, grad_scale, t, clipping
+ * and the skip on a non-finite gradient norm come from device `scalars`. */
+void loom_gpt_adamw_dev(loom_gpt_t *m, const loom_adamw_t *hp, const float *scalars);
 /* Copy the logits (B,T,Vp) of the last forward to host memory `out`. Only
  * meaningful after a forward with dloss == 0. */
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);
