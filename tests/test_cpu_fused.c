@@ -1,0 +1,97 @@
+/* The CPU backend's fused entries against the unfused ops they replace
+ * (which test_ops checks against double references): matmul_forward_gelu
+ * = matmul_forward + gelu_forward, residual_layernorm_forward =
+ * residual_forward + layernorm_forward. Shapes cover ragged micro-tiles
+ * (rows and columns not multiples of the kernels' 12 x 32, 6 x 16, 4 x 16)
+ * and K deeper than one packed slice (384). Runs with 1 and 2 threads, with
+ * whatever LOOM_CPU_KERNEL / LOOM_GEMM select (tests/test_ops_variants.sh
+ * runs every variant). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "check.h"
+
+#define TOL 1e-6
+
+static const loom_backend_t *be;
+static int nthreads;
+
+static float *frand(size_t n, float scale, unsigned seed) {
+    float *x = loom_calloc(n ? n : 1, sizeof(float));
+    check_fill(x, n, scale, seed);
+    return x;
+}
+
+static void gelu_case(int N, int C, int OC, int has_bias) {
+    size_t NO = (size_t)N * OC;
+    float *x = frand((size_t)N * C, 1, 1), *w = frand((size_t)OC * C, 0.1f, 2), *b = frand(OC, 1, 3);
+    float *pre = frand(NO, 100, 4), *out = frand(NO, 100, 5), *rpre = frand(NO, 100, 6), *rout = frand(NO, 100, 7);
+    be->matmul_forward_gelu(out, pre, x, w, has_bias ? b : NULL, N, C, OC);
+    be->matmul_forward(rpre, x, w, has_bias ? b : NULL, N, C, OC);
+    be->gelu_forward(rout, rpre, NO);
+    double ep = check_rel_err(pre, rpre, NO), eo = check_rel_err(out, rout, NO);
+    CHECK(ep < TOL && eo < TOL, "matmul_forward_gelu N=%d C=%d OC=%d bias=%d, %d thread(s): pre error %.3g, out error %.3g, bound %.0e",
+          N, C, OC, has_bias, nthreads, ep, eo, TOL);
+    free(x), free(w), free(b), free(pre), free(out), free(rpre), free(rout);
+}
+
+static void test_matmul_forward_gelu(void) {
+    if (!be->matmul_forward_gelu) {
+        check_skip("the CPU backend has no matmul_forward_gelu");
+        return;
+    }
+    gelu_case(7, 13, 5, 1);
+    gelu_case(64, 48, 130, 1);
+    gelu_case(37, 800, 70, 0); /* K over one 384-deep slice */
+    gelu_case(1, 1, 1, 1);
+}
+
+static void resln_case(int N, int C) {
+    size_t n = (size_t)N * C;
+    float *a = frand(n, 1, 11), *r = frand(n, 1, 12), *w = frand(C, 1, 13), *b = frand(C, 1, 14);
+    float *res = frand(n, 100, 15), *out = frand(n, 100, 16), *mean = frand(N, 100, 17), *rstd = frand(N, 100, 18);
+    float *rres = frand(n, 100, 19), *rout = frand(n, 100, 20), *rmean = frand(N, 100, 21), *rrstd = frand(N, 100, 22);
+    be->residual_layernorm_forward(res, out, mean, rstd, a, r, w, b, N, C);
+    be->residual_forward(rres, a, r, n);
+    be->layernorm_forward(rout, rmean, rrstd, rres, w, b, N, C);
+    double e1 = check_rel_err(res, rres, n), e2 = check_rel_err(out, rout, n);
+    double e3 = check_rel_err(mean, rmean, N), e4 = check_rel_err(rstd, rrstd, N);
+    CHECK(e1 < TOL && e2 < TOL && e3 < TOL && e4 < TOL,
+          "residual_layernorm_forward N=%d C=%d, %d thread(s): errors res %.3g out %.3g mean %.3g rstd %.3g, bound %.0e",
+          N, C, nthreads, e1, e2, e3, e4, TOL);
+    /* res may alias a */
+    memcpy(rres, a, n * sizeof(float));
+    be->residual_layernorm_forward(rres, out, mean, rstd, rres, r, w, b, N, C);
+    CHECK(check_rel_err(rres, res, n) < TOL, "residual_layernorm_forward with res aliasing a differs");
+    free(a), free(r), free(w), free(b), free(res), free(out), free(mean), free(rstd);
+    free(rres), free(rout), free(rmean), free(rrstd);
+}
+
+static void test_residual_layernorm_forward(void) {
+    if (!be->residual_layernorm_forward) {
+        check_skip("the CPU backend has no residual_layernorm_forward");
+        return;
+    }
+    resln_case(1, 1);
+    resln_case(5, 7);
+    resln_case(33, 768);
+}
+
+int main(void) {
+    static const int counts[] = {1, 2};
+    for (int i = 0; i < 2; i++) {
+        nthreads = counts[i];
+        if (loom_backend_cpu_init(&be, nthreads) != LOOM_OK) {
+            printf("FAIL cpu backend init (%d threads): %s\n", nthreads, loom_errmsg());
+            return 1;
+        }
+        char name[96];
+        snprintf(name, sizeof name, "matmul_forward_gelu (%d thread%s)", nthreads, nthreads == 1 ? "" : "s");
+        check_run(name, test_matmul_forward_gelu);
+        snprintf(name, sizeof name, "residual_layernorm_forward (%d thread%s)", nthreads, nthreads == 1 ? "" : "s");
+        check_run(name, test_residual_layernorm_forward);
+    }
+    return check_main_end();
+}
