@@ -19,7 +19,7 @@
 
 #define KC 384     /* depth of a packed slice */
 #define NCB 480    /* columns of B packed at once (KC x NCB floats ~ 720 KB, in L2) */
-#define MCB 3072   /* rows of A packed at once */
+#define MCB 480    /* rows of A packed at once: with KC x NCB of B and MCB x NCB of C, about L2 */
 #define MR_MAX 16
 #define NR_MAX 32
 
@@ -180,29 +180,40 @@ int loom_cpu_gemm_init(int threads) {
 /* Pack rows [i0, i0+mc) x depth [p0, p0+kc) of A into MR-row micro-panels
  * (one MR-float column per k). */
 static void pack_a_block(float *dst, const loom_gemm_t *g, int i0, int mc, int p0, int kc, int MR) {
+    if (g->rsa == 1) {
+        /* k-major source (A^T row-major): copy MR-float columns, 8 source
+         * rows at a time across all panels, so that reads run along rows
+         * and writes stay in a few lines per panel. */
+        for (int k0 = 0; k0 < kc; k0 += 8) {
+            int k1 = k0 + 8 < kc ? k0 + 8 : kc;
+            for (int ip = 0; ip < mc; ip += MR) {
+                int mr = mc - ip < MR ? mc - ip : MR;
+                float *d = dst + (size_t)ip * kc;
+                const float *src = g->a + (ptrdiff_t)(i0 + ip) + (ptrdiff_t)p0 * g->csa;
+                for (int k = k0; k < k1; k++) {
+                    const float *s = src + (ptrdiff_t)k * g->csa;
+                    float *o = d + (size_t)k * MR;
+                    if (mr == MR) {
+                        memcpy(o, s, (size_t)MR * sizeof(float));
+                    } else {
+                        for (int i = 0; i < mr; i++) o[i] = s[i];
+                        for (int i = mr; i < MR; i++) o[i] = 0.0f;
+                    }
+                }
+            }
+        }
+        return;
+    }
     for (int ip = 0; ip < mc; ip += MR) {
         int mr = mc - ip < MR ? mc - ip : MR;
         float *d = dst + (size_t)ip * kc;
         const float *src = g->a + (ptrdiff_t)(i0 + ip) * g->rsa + (ptrdiff_t)p0 * g->csa;
-        if (g->rsa == 1) { /* k-major source: copy MR-float columns */
-            for (int k = 0; k < kc; k++) {
-                const float *s = src + (ptrdiff_t)k * g->csa;
-                float *o = d + (size_t)k * MR;
-                if (mr == MR) {
-                    memcpy(o, s, (size_t)MR * sizeof(float));
-                } else {
-                    for (int i = 0; i < mr; i++) o[i] = s[i];
-                    for (int i = mr; i < MR; i++) o[i] = 0.0f;
-                }
-            }
-        } else {
-            for (int i = 0; i < mr; i++) {
-                const float *s = src + (ptrdiff_t)i * g->rsa;
-                for (int k = 0; k < kc; k++) d[(size_t)k * MR + i] = s[(ptrdiff_t)k * g->csa];
-            }
-            for (int i = mr; i < MR; i++)
-                for (int k = 0; k < kc; k++) d[(size_t)k * MR + i] = 0.0f;
+        for (int i = 0; i < mr; i++) {
+            const float *s = src + (ptrdiff_t)i * g->rsa;
+            for (int k = 0; k < kc; k++) d[(size_t)k * MR + i] = s[(ptrdiff_t)k * g->csa];
         }
+        for (int i = mr; i < MR; i++)
+            for (int k = 0; k < kc; k++) d[(size_t)k * MR + i] = 0.0f;
     }
 }
 
