@@ -122,8 +122,11 @@ typedef struct loom_backend {
      * capture, which is why the *_dev entries read them from device memory.
      * Buffers are frozen too: replay reads and writes the same pointers, so
      * upload each step's tokens into the same buffers before replay. Run one
-     * plain step first (it sizes the backend's scratch buffers). Without
-     * these entries the trainer launches the ops each step. */
+     * plain step first (it sizes the backend's scratch buffers). A later op
+     * that needs more scratch than any before (larger shapes) makes the
+     * backend drop every graph: graph_replay then returns LOOM_EINVAL and
+     * the caller captures again. Without these entries the trainer launches
+     * the ops each step. */
     loom_status (*graph_begin)(int key);
     loom_status (*graph_end)(int key);
     loom_status (*graph_replay)(int key);

@@ -153,7 +153,9 @@ int cmd_train(int argc, char **argv) {
         {"seed", ARG_LONG, &o.seed, "1337", 0, 9.2e18, "seed for initialization and samples"},
         {"threads", ARG_INT, &o.threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
         {"device", ARG_STR, &o.device, "cpu", 0, 0, "cpu, cuda or cuda:N"},
-        {"dtype", ARG_STR, &o.dtype, "fp32", 0, 0, "matrix precision: fp32 (CPU), tf32, bf16, fp16 (CUDA)"},
+        {"dtype", ARG_STR, &o.dtype, "auto", 0, 0, "matrix precision: fp32, tf32, bf16, fp16 (the last three CUDA only); auto = bf16 on a GPU that has it (compute capability >= 8), else fp32; fp16 uses dynamic loss scaling"},
+        {"cuda-graphs", ARG_STR, &o.cuda_graphs, NULL, 0, 0, "on|off: capture the whole step as a CUDA graph after warm-up and replay it (default on for CUDA; ignored on the CPU)"},
+        {"recompute", ARG_STR, &o.recompute, "none", 0, 0, "activation recompute for memory: none, gelu (recompute each layer's GELU output), all (keep only each block's input)"},
         {"nproc", ARG_INT, &nproc, "0", 0, 4096, "start this many local ranks (data parallel over TCP on 127.0.0.1); 0 = as launched (mpirun, srun, torchrun environment)"},
         {"zero", ARG_INT, &o.zero, "0", 0, 2, "ZeRO stage: 0 replicate, 1 shard AdamW state, 2 also shard gradients"},
         {"grad-dtype", ARG_STR, &o.grad_dtype, "fp32", 0, 0, "gradients on the wire between ranks: fp32 or bf16"},
@@ -176,6 +178,14 @@ int cmd_train(int argc, char **argv) {
     }
     if (strcmp(o.grad_dtype, "fp32") && strcmp(o.grad_dtype, "bf16")) {
         fprintf(stderr, "loom train: --grad-dtype %s: unknown; use fp32 or bf16\n", o.grad_dtype);
+        return 2;
+    }
+    if (o.cuda_graphs && strcmp(o.cuda_graphs, "on") && strcmp(o.cuda_graphs, "off")) {
+        fprintf(stderr, "loom train: --cuda-graphs %s: use on or off\n", o.cuda_graphs);
+        return 2;
+    }
+    if (strcmp(o.recompute, "none") && strcmp(o.recompute, "gelu") && strcmp(o.recompute, "all")) {
+        fprintf(stderr, "loom train: --recompute %s: use none, gelu or all\n", o.recompute);
         return 2;
     }
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);

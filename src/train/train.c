@@ -18,6 +18,7 @@
 #include "model/gpt.h"
 #include "obs/plot.h"
 #include "train/step.h"
+#include "train/step_graph.h"
 
 double loom_lr_at(long long t, long long steps, int warmup, double lr, double min_lr_ratio) {
     if (warmup > 0 && t <= warmup) return lr * (double)t / warmup;
@@ -87,8 +88,17 @@ static void fmt_eta(double s, char *buf, size_t cap) {
     else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
 }
 
+/* How the step runs, for config.json and the log. */
+typedef struct {
+    const char *dtype_source; /* "--dtype" or "default" */
+    int graphs;               /* CUDA graphs in use */
+    int loss_scaling;         /* dynamic fp16 loss scaling */
+    int device_step;          /* the device-resident step (step_graph.h) */
+} step_mode_t;
+
 static loom_status write_run_config(const loom_train_opts_t *o, const loom_gpt_t *m,
-                                    const loom_backend_t *be, const loom_dataset_t *ds) {
+                                    const loom_backend_t *be, const loom_dataset_t *ds,
+                                    const step_mode_t *sm) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "format", "loom-run-1");
     cJSON_AddStringToObject(j, "data", o->data);
@@ -104,6 +114,11 @@ static loom_status write_run_config(const loom_train_opts_t *o, const loom_gpt_t
     cJSON_AddNumberToObject(mc, "parameters", (double)loom_gpt_num_params(&m->cfg));
     cJSON_AddStringToObject(j, "device", be->name);
     cJSON_AddStringToObject(j, "dtype", loom_dtype_name(be->dtype));
+    cJSON_AddStringToObject(j, "dtype_source", sm->dtype_source);
+    cJSON_AddStringToObject(j, "loss_scaling", sm->loss_scaling ? "dynamic" : "none");
+    cJSON_AddStringToObject(j, "recompute", loom_recompute_name(m->recompute));
+    cJSON_AddBoolToObject(j, "cuda_graphs", sm->graphs);
+    cJSON_AddStringToObject(j, "step", sm->device_step ? "device" : "host");
     cJSON_AddNumberToObject(j, "threads", loom_backend_cpu_threads());
     cJSON_AddNumberToObject(j, "batch", o->batch);
     cJSON_AddNumberToObject(j, "seq", o->seq);
@@ -198,8 +213,17 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     int T = o->seq ? o->seq : cfg.max_seq_len, B = o->batch;
     if (T > cfg.max_seq_len)
         return loom_error(LOOM_EINVAL, "--seq %d is above the model's context of %d; lower --seq or raise --context", T, cfg.max_seq_len);
-    int dt = loom_dtype_parse(o->dtype);
+    int is_cuda = !strncmp(o->device, "cuda", 4);
+    int auto_dtype = !o->dtype || !strcmp(o->dtype, "auto");
+    int dt = auto_dtype ? (is_cuda ? LOOM_BF16 : LOOM_FP32) : loom_dtype_parse(o->dtype);
     if (dt < 0) return loom_error(LOOM_EINVAL, "--dtype %s: unknown; use fp32, tf32, bf16 or fp16", o->dtype);
+    int rc = o->recompute ? loom_recompute_parse(o->recompute) : LOOM_RECOMPUTE_NONE;
+    if (rc < 0) return loom_error(LOOM_EINVAL, "--recompute %s: unknown; use none, gelu or all", o->recompute);
+    if (o->cuda_graphs && strcmp(o->cuda_graphs, "on") && strcmp(o->cuda_graphs, "off"))
+        return loom_error(LOOM_EINVAL, "--cuda-graphs %s: use on or off", o->cuda_graphs);
+    step_mode_t sm = {.dtype_source = auto_dtype ? "default" : "--dtype"};
+    loom_step_graph_t *sg = NULL;
+    loom_loss_scaler_t ls = {0};
 
     loom_dataset_t *ds;
     LOOM_TRY(loom_dataset_open(&ds, o->data, o->val_fraction));
@@ -221,10 +245,20 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     char devname[64];
     snprintf(devname, sizeof devname, "%s", o->device);
     if (multi && !strcmp(o->device, "cuda")) snprintf(devname, sizeof devname, "cuda:%d", loom_dist_local_rank(dist));
-    if ((s = loom_backend_open(&be, devname, o->threads, (loom_dtype)dt)) != LOOM_OK) goto done;
+    s = loom_backend_open(&be, devname, o->threads, (loom_dtype)dt);
+    if (s == LOOM_EUNAVAIL && auto_dtype && dt == LOOM_BF16) {
+        /* No bf16 tensor cores (compute capability < 8), or no GPU at all:
+         * fp32 either opens or fails again with the reason. */
+        char why[512];
+        snprintf(why, sizeof why, "%s", loom_errmsg());
+        if ((s = loom_backend_open(&be, devname, o->threads, LOOM_FP32)) == LOOM_OK)
+            loom_info("loom train: default precision fp32 (%s)", why);
+    }
+    if (s != LOOM_OK) goto done;
     if (lead && (s = loom_run_prepare(o->out, o->force)) != LOOM_OK) goto done;
     /* Every rank draws the same initial weights from the same seed. */
     if ((s = loom_gpt_init(&m, &cfg, be, (unsigned long long)o->seed)) != LOOM_OK) goto done;
+    loom_gpt_set_recompute(m, (loom_recompute)rc);
     if ((s = loom_gpt_alloc_train(m)) != LOOM_OK) goto done;
     if ((s = loom_gpt_alloc_acts(m, B, T)) != LOOM_OK) goto done;
     loom_dp_opts_t dpo = {.zero = o->zero, .overlap = !o->no_overlap,
@@ -236,7 +270,23 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     }
     /* A single process at ZeRO 0 keeps the plain step, bit for bit. */
     if ((multi || o->zero > 0) && (s = loom_dp_init(&dp, m, dist, &dpo)) != LOOM_OK) goto done;
-    if (lead && (s = write_run_config(o, m, be, ds)) != LOOM_OK) goto done;
+    /* The device-resident step (CUDA graphs, fp16 loss scaling) where the
+     * backend has it; data parallelism reduces from the host during
+     * backward, so it keeps the host step. */
+    int want_graphs = is_cuda && (!o->cuda_graphs || !strcmp(o->cuda_graphs, "on"));
+    if (!is_cuda && o->cuda_graphs)
+        loom_info("loom train: --cuda-graphs %s is ignored on %s (CUDA graphs are for CUDA devices)", o->cuda_graphs, be->name);
+    if (!dp && loom_step_graph_supported(be, NULL, 0)) {
+        if ((s = loom_step_graph_init(&sg, m, want_graphs)) != LOOM_OK) goto done;
+        sm.device_step = 1;
+        sm.graphs = loom_step_graph_uses_graphs(sg);
+        sm.loss_scaling = be->dtype == LOOM_FP16;
+    } else if (dp && is_cuda) {
+        loom_info("loom train: data parallelism or ZeRO: the step runs from the host with plain launches (no CUDA graphs%s)",
+                  be->dtype == LOOM_FP16 ? ", and fp16 without loss scaling" : "");
+    }
+    if (sm.loss_scaling) loom_loss_scaler_init(&ls, 65536.0f, 2000);
+    if (lead && (s = write_run_config(o, m, be, ds, &sm)) != LOOM_OK) goto done;
     const loom_tokenizer_t *tok = loom_dataset_tokenizer(ds);
     char path[4096];
     if (lead && tok) {
@@ -259,6 +309,10 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     loom_info("loom train: %s (%s), %d thread%s; batch %d x seq %d x accum %d = %zu tokens/step, %lld steps; peak %s",
               be->name, loom_dtype_name(be->dtype), loom_backend_cpu_threads(), loom_backend_cpu_threads() == 1 ? "" : "s",
               B, T, o->grad_accum, per_step, o->steps, be->peak_source ? be->peak_source : "unknown");
+    if (sg || rc != LOOM_RECOMPUTE_NONE)
+        loom_info("loom train: %s step%s%s; recompute %s (%.1f MB of activations)", sm.device_step ? "device-resident" : "host",
+                  sm.device_step ? (sm.graphs ? ", CUDA graphs after the warm-up steps" : ", CUDA graphs off") : "",
+                  sm.loss_scaling ? ", dynamic fp16 loss scaling from 65536" : "", loom_recompute_name(m->recompute), m->num_acts * 4.0 / 1e6);
     if (multi || dp) {
         loom_dp_memory_t mem = {0};
         if (dp) loom_dp_memory(dp, &mem);
@@ -308,9 +362,19 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
         }
         pos = (pos + per_step * o->world_size) % ntrain;
         double lr = loom_lr_at(step, o->steps, o->warmup, o->lr, o->min_lr_ratio);
-        float loss, gnorm;
+        float loss, gnorm, scale_used = sm.loss_scaling ? ls.scale : 1.0f;
+        loom_step_result_t r = {0};
         double t0 = loom_now();
-        if ((s = loom_train_step_dp(m, dp, in, tg, B, T, o->grad_accum, &opt, (float)lr, (int)step, &loss, &gnorm)) != LOOM_OK) break;
+        if (sg) {
+            if ((s = loom_step_graph_run(sg, in, tg, B, T, o->grad_accum, &opt, (float)lr, (int)step, sm.loss_scaling ? &ls : NULL, &r)) != LOOM_OK) break;
+            loss = r.loss;
+            gnorm = r.grad_norm;
+            if (r.skipped)
+                loom_info("%sloom train: step %lld skipped: inf/nan gradients at loss scale %g; scale now %g (%lld skipped so far)",
+                          tty ? "\n" : "", step, scale_used, ls.scale, ls.skipped);
+        } else if ((s = loom_train_step_dp(m, dp, in, tg, B, T, o->grad_accum, &opt, (float)lr, (int)step, &loss, &gnorm)) != LOOM_OK) {
+            break;
+        }
         be->sync();
         double dt = loom_now() - t0, wait = loom_dp_last_wait(dp);
         train_time += dt;
@@ -334,8 +398,12 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
         fprintf(log, "{\"step\":%lld,\"loss\":%.6f,", step, loss);
         if (do_eval) fprintf(log, "\"val_loss\":%.6f,", vloss);
         if (multi) fprintf(log, "\"comm_wait_s\":%.4f,", wait);
-        fprintf(log, "\"lr\":%.6e,\"grad_norm\":%.6f,\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"step_s\":%.4f,\"elapsed_s\":%.2f}\n",
-                lr, gnorm, tok_s, mfu, dt, elapsed);
+        if (sm.loss_scaling) fprintf(log, "\"loss_scale\":%g,\"skipped\":%s,", scale_used, r.skipped ? "true" : "false");
+        fprintf(log, "\"lr\":%.6e,", lr);
+        if (isfinite(gnorm)) fprintf(log, "\"grad_norm\":%.6f,", gnorm);
+        else fprintf(log, "\"grad_norm\":null,"); /* a skipped fp16 step; JSON has no inf */
+        fprintf(log, "\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"step_s\":%.4f,\"elapsed_s\":%.2f}\n",
+                tok_s, mfu, dt, elapsed);
         fflush(log);
 
         char eta[32];
@@ -397,6 +465,7 @@ done:
     free(vhist);
     free(in);
     free(tg);
+    loom_step_graph_free(sg);
     loom_dp_free(dp);
     loom_gpt_free(m);
     loom_dataset_free(ds);

@@ -7,7 +7,10 @@
 #include "core/core.h"
 
 typedef struct {
-    const char *data, *model, *out, *device, *dtype;
+    const char *data, *model, *out, *device;
+    const char *dtype;       /* fp32, tf32, bf16, fp16; NULL or "auto": bf16 on a CUDA GPU that has it, else fp32 */
+    const char *cuda_graphs; /* "on" or "off"; NULL = on for CUDA (ignored with a note on the CPU) */
+    const char *recompute;   /* activation recompute: none, gelu, all (NULL = none) */
     int layers, heads, channels, context; /* model overrides; 0 = the preset's */
     int batch, seq, grad_accum;           /* seq 0 = the model's context */
     long long steps;

@@ -23,6 +23,8 @@ static char g_peak_source[320];
 
 /* ---- scratch ---- */
 
+static void cuda_graph_reset(void);
+
 static struct {
     void *p;
     size_t bytes;
@@ -43,6 +45,10 @@ void *cuda_scratch(int slot, size_t bytes) {
                    bytes, slot, g_scratch[slot].bytes);
     /* Ops already queued may still read the old buffer. */
     CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
+    /* Captured graphs point at the old buffer: drop them, so that their
+     * replay fails (graph_replay returns LOOM_EINVAL) instead of reading
+     * freed memory; the trainer captures again. */
+    if (g_scratch[slot].p) cuda_graph_reset();
     if (g_scratch[slot].p) CUDA_CHECK(cudaFree(g_scratch[slot].p));
     size_t grow = bytes + bytes / 4; /* room for slightly larger shapes later */
     CUDA_CHECK(cudaMalloc(&g_scratch[slot].p, grow));
