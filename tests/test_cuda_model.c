@@ -1,0 +1,346 @@
+/* test_cuda_model: the whole model and the training step on the GPU against
+ * the CPU reference.
+ *
+ * GPU cases (each prints `SKIP name: <reason>` with the CUDA runtime's
+ * reason, from loom_backend_open("cuda:0"), where no GPU can be used):
+ * - loss and every parameter gradient of one forward/backward, GPU vs CPU,
+ *   at fp32 and bf16;
+ * - 20 training steps on the GPU (bf16, the device-resident step) track the
+ *   CPU's loss curve;
+ * - CUDA-graph replay gives the losses of plain launches, with and without
+ *   gradient accumulation;
+ * - fp16 with a loss scale too large for fp16: steps are skipped, the scale
+ *   backs off, training goes on and the loss falls;
+ * - recompute all on the GPU gives the gradients of recompute none.
+ * The bounds are set a priori (no GPU has run these yet): bf16 rounds the
+ * GEMM inputs to 8 significant bits, so a two-layer model's gradients get
+ * 5e-2 normalized error, fp32 1e-4 (a different summation order).
+ *
+ * CPU cases (run everywhere): the loss-scale policy, and the device-resident
+ * step (train/step_graph.c) on a simulated device, the CPU backend plus
+ * host versions of the step-scalar entries: same losses as loom_train_step,
+ * an overflowing loss scale skips the update and leaves the parameters. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "model/gpt.h"
+#include "train/step.h"
+#include "train/step_graph.h"
+
+static const loom_backend_t *cpu;
+
+static loom_gpt_config_t cfg(void) {
+    loom_gpt_config_t c = {.max_seq_len = 64, .vocab_size = 211, .n_layer = 2, .n_head = 4, .channels = 64};
+    return c;
+}
+enum { B = 4, T = 64, BT = B * T, STEPS = 20 };
+
+static void tokens(int *x, int n, int V, unsigned seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = (int)((seed >> 8) % (unsigned)V);
+    }
+}
+
+/* A batch with structure to learn: targets are the next token of a
+ * repeating sequence. */
+static void batch(int *in, int *tg, int n, int V, unsigned seed) {
+    int seq[17];
+    tokens(seq, 17, V, seed);
+    for (int i = 0; i < n; i++) {
+        in[i] = seq[i % 17];
+        tg[i] = seq[(i + 1) % 17];
+    }
+}
+
+static const loom_optim_t opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+
+/* The GPU backend at `d`, or NULL after marking the case skipped with the
+ * reason loom_backend_open gives (the CUDA runtime's, or the build's). */
+static const loom_backend_t *gpu_or_skip(loom_dtype d) {
+    const loom_backend_t *g;
+    if (loom_backend_open(&g, "cuda:0", 1, d) != LOOM_OK) {
+        check_skip("%s", loom_errmsg());
+        return NULL;
+    }
+    return g;
+}
+
+static loom_gpt_t *model(const loom_backend_t *be, unsigned long long seed) {
+    loom_gpt_config_t c = cfg();
+    loom_gpt_t *m = NULL;
+    CHECK(loom_gpt_init(&m, &c, be, seed) == LOOM_OK, "init on %s: %s", be->name, loom_errmsg());
+    if (m) CHECK(loom_gpt_alloc_train(m) == LOOM_OK, "alloc on %s: %s", be->name, loom_errmsg());
+    return m;
+}
+
+/* Loss of one forward/backward; the gradients copied to host memory. */
+static float grads_host(loom_gpt_t *m, const int *in, const int *tg, float *out) {
+    float loss = NAN;
+    loom_gpt_zero_grad(m);
+    CHECK(loom_gpt_forward(m, in, tg, B, T, 1.0f / BT, &loss) == LOOM_OK, "forward: %s", loom_errmsg());
+    loom_gpt_backward(m, B, T);
+    m->be->download(out, m->grads, m->num_params * sizeof(float));
+    return loss;
+}
+
+static void compare_grads(const char *what, const loom_gpt_t *m, const float *got, const float *ref, double tol) {
+    for (int i = 0; i < LOOM_NPARAMS; i++) {
+        const loom_tensor_info_t *t = &m->ptable[i];
+        double e = check_rel_err(got + t->offset, ref + t->offset, t->numel);
+        CHECK(e <= tol, "%s: gradient of %s: normalized error %.3g > %.3g", what, t->name, e, tol);
+    }
+}
+
+/* ---- GPU cases ---- */
+
+static void model_matches_cpu_at(loom_dtype d, double tol_loss, double tol_grad) {
+    const loom_backend_t *gpu = gpu_or_skip(d);
+    if (!gpu) return;
+    loom_gpt_t *mc = model(cpu, 17), *mg = model(gpu, 17);
+    if (!mc || !mg) return;
+    int in[BT], tg[BT];
+    batch(in, tg, BT, cfg().vocab_size, 1);
+    float *gc = malloc(mc->num_params * sizeof(float)), *gg = malloc(mc->num_params * sizeof(float));
+    float lc = grads_host(mc, in, tg, gc), lg = grads_host(mg, in, tg, gg);
+    CHECK(fabs(lg - lc) <= tol_loss * fabs(lc), "%s: loss %.7g on the GPU vs %.7g on the CPU", loom_dtype_name(d), lg, lc);
+    compare_grads(loom_dtype_name(d), mc, gg, gc, tol_grad);
+    free(gc);
+    free(gg);
+    loom_gpt_free(mc);
+    loom_gpt_free(mg);
+}
+
+static void cuda_model_matches_cpu_fp32(void) { model_matches_cpu_at(LOOM_FP32, 1e-5, 1e-4); }
+static void cuda_model_matches_cpu_bf16(void) { model_matches_cpu_at(LOOM_BF16, 1e-2, 5e-2); }
+
+/* Runs `steps` device-resident steps; losses into out. */
+static int device_steps(loom_gpt_t *m, int graphs, int accum, int steps, loom_loss_scaler_t *ls, float *out, int *replays) {
+    loom_step_graph_t *sg;
+    if (loom_step_graph_init(&sg, m, graphs) != LOOM_OK) {
+        CHECK(0, "step_graph_init: %s", loom_errmsg());
+        return 0;
+    }
+    int in[BT * 2], tg[BT * 2], ok = 1;
+    *replays = 0;
+    for (int s = 0; s < steps && ok; s++) {
+        batch(in, tg, BT * accum, cfg().vocab_size, 100 + (unsigned)s % 3);
+        loom_step_result_t r;
+        loom_status st = loom_step_graph_run(sg, in, tg, B, T, accum, &opt, 1e-3f, s + 1, ls, &r);
+        CHECK(st == LOOM_OK, "step %d: %s", s + 1, loom_errmsg());
+        ok = st == LOOM_OK;
+        out[s] = r.loss;
+        *replays += r.replayed;
+    }
+    loom_step_graph_free(sg);
+    return ok;
+}
+
+static void cuda_training_tracks_cpu(void) {
+    const loom_backend_t *gpu = gpu_or_skip(LOOM_BF16);
+    if (!gpu) return;
+    loom_gpt_t *mc = model(cpu, 23), *mg = model(gpu, 23);
+    if (!mc || !mg) return;
+    float lc[STEPS], lg[STEPS];
+    int replays;
+    int in[BT], tg[BT];
+    for (int s = 0; s < STEPS; s++) {
+        float norm;
+        batch(in, tg, BT, cfg().vocab_size, 100 + (unsigned)s % 3);
+        CHECK(loom_train_step(mc, in, tg, B, T, 1, &opt, 1e-3f, s + 1, &lc[s], &norm) == LOOM_OK, "cpu step: %s", loom_errmsg());
+    }
+    if (device_steps(mg, 1, 1, STEPS, NULL, lg, &replays)) {
+        for (int s = 0; s < STEPS; s++)
+            CHECK(fabsf(lg[s] - lc[s]) <= 2e-2f * lc[s], "step %d: GPU loss %.5f vs CPU %.5f", s + 1, lg[s], lc[s]);
+        CHECK(lg[STEPS - 1] < lg[0] - 0.5f, "GPU loss did not fall: %.4f -> %.4f", lg[0], lg[STEPS - 1]);
+        CHECK(replays == STEPS - LOOM_STEP_GRAPH_WARMUP, "%d of %d steps replayed a graph", replays, STEPS);
+    }
+    loom_gpt_free(mc);
+    loom_gpt_free(mg);
+}
+
+static void cuda_graph_replay_matches_plain(void) {
+    const loom_backend_t *gpu = gpu_or_skip(LOOM_FP32);
+    if (!gpu) return;
+    for (int accum = 1; accum <= 2; accum++) {
+        float lp[8], lr[8];
+        int rp, rr;
+        loom_gpt_t *a = model(gpu, 31);
+        if (!a) return;
+        int ok = device_steps(a, 0, accum, 8, NULL, lp, &rp);
+        loom_gpt_free(a);
+        loom_gpt_t *b = model(gpu, 31);
+        if (!b) return;
+        ok = ok && device_steps(b, 1, accum, 8, NULL, lr, &rr);
+        loom_gpt_free(b);
+        if (!ok) return;
+        CHECK(rp == 0 && rr == 8 - LOOM_STEP_GRAPH_WARMUP, "accum %d: %d plain and %d graph steps replayed", accum, rp, rr);
+        /* Same kernels either way; only the two atomics-based reductions
+         * (encoder dwte, layernorm dw/db) may order sums differently. */
+        for (int s = 0; s < 8; s++)
+            CHECK(fabsf(lr[s] - lp[s]) <= 1e-5f * lp[s], "accum %d step %d: graph %.7f vs plain %.7f", accum, s + 1, lr[s], lp[s]);
+    }
+}
+
+static void cuda_fp16_loss_scaling(void) {
+    const loom_backend_t *gpu = gpu_or_skip(LOOM_FP16);
+    if (!gpu) return;
+    loom_gpt_t *m = model(gpu, 41);
+    if (!m) return;
+    /* 2^24 / (B*T) per logit gradient overflows fp16 in the head's GEMM. */
+    loom_loss_scaler_t ls;
+    loom_loss_scaler_init(&ls, 16777216.0f, 2000);
+    float l[STEPS];
+    int replays;
+    if (device_steps(m, 1, 1, STEPS, &ls, l, &replays)) {
+        CHECK(ls.skipped >= 1, "no step was skipped at a loss scale of 2^24");
+        CHECK(ls.scale < 16777216.0f, "the scale did not back off: %g", ls.scale);
+        CHECK(l[STEPS - 1] < l[0] - 0.5f, "loss did not fall: %.4f -> %.4f", l[0], l[STEPS - 1]);
+        printf("  fp16: %lld steps skipped, scale now %g, loss %.4f -> %.4f\n", ls.skipped, ls.scale, l[0], l[STEPS - 1]);
+    }
+    loom_gpt_free(m);
+}
+
+static void cuda_recompute_all_matches_none(void) {
+    const loom_backend_t *gpu = gpu_or_skip(LOOM_FP32);
+    if (!gpu) return;
+    loom_gpt_t *a = model(gpu, 53), *b = model(gpu, 53);
+    if (!a || !b) return;
+    loom_gpt_set_recompute(b, LOOM_RECOMPUTE_ALL);
+    int in[BT], tg[BT];
+    batch(in, tg, BT, cfg().vocab_size, 7);
+    float *ga = malloc(a->num_params * sizeof(float)), *gb = malloc(a->num_params * sizeof(float));
+    float la = grads_host(a, in, tg, ga), lb = grads_host(b, in, tg, gb);
+    CHECK(fabsf(la - lb) <= 1e-6f * la, "loss %.7g vs %.7g", lb, la);
+    compare_grads("recompute all", a, gb, ga, 1e-5);
+    CHECK(b->num_acts < a->num_acts, "activations %zu vs %zu floats", b->num_acts, a->num_acts);
+    free(ga);
+    free(gb);
+    loom_gpt_free(a);
+    loom_gpt_free(b);
+}
+
+/* ---- CPU cases: the loss-scale policy, the device step on a simulated device ---- */
+
+static void loss_scaler_policy(void) {
+    loom_loss_scaler_t s;
+    loom_loss_scaler_init(&s, 65536.0f, 3);
+    CHECK(loom_loss_scaler_update(&s, 1) == -1 && s.scale == 32768.0f && s.skipped == 1, "backoff: %g", s.scale);
+    CHECK(loom_loss_scaler_update(&s, 0) == 0 && loom_loss_scaler_update(&s, 0) == 0, "grew too early");
+    CHECK(loom_loss_scaler_update(&s, 0) == 1 && s.scale == 65536.0f, "growth after 3 good steps: %g", s.scale);
+    CHECK(loom_loss_scaler_update(&s, 0) == 0 && loom_loss_scaler_update(&s, 1) == -1 && s.good == 0, "overflow resets the count");
+    loom_loss_scaler_init(&s, 2.0f, 1);
+    loom_loss_scaler_update(&s, 1);
+    CHECK(loom_loss_scaler_update(&s, 1) == 0 && s.scale == 1.0f, "scale went below 1: %g", s.scale);
+    loom_loss_scaler_init(&s, 16777216.0f, 1);
+    CHECK(loom_loss_scaler_update(&s, 0) == 0 && s.scale == 16777216.0f, "scale grew past 2^24");
+}
+
+/* The CPU backend plus host versions of the step-scalar entries (no graph
+ * entries: the device step then launches plainly). */
+static loom_backend_t sim;
+
+static void sim_sumsq_dev(float *acc, const float *x, size_t n) { acc[0] += (float)cpu->sumsq(x, n); }
+
+static void sim_crossentropy_dev(float *losses, float *logits, const int *targets, int N, int V, int Vp, const float *sc) {
+    cpu->crossentropy(losses, logits, targets, N, V, Vp, sc[5]);
+}
+
+static void sim_adamw_dev(float *p, const float *g, float *m, float *v, size_t n, const loom_adamw_t *hp, const float *sc) {
+    if (!isfinite(sc[4])) return;
+    loom_adamw_t h = *hp;
+    h.lr = sc[0];
+    h.grad_scale = sc[1];
+    h.t = (int)sc[2];
+    float norm = sqrtf(sc[4]) * sc[1];
+    if (sc[3] > 0 && norm > sc[3]) h.grad_scale *= sc[3] / norm;
+    cpu->adamw(p, g, m, v, n, &h);
+}
+
+static const loom_backend_t *sim_backend(void) {
+    sim = *cpu;
+    sim.name = "cpu-sim";
+    sim.sumsq_dev = sim_sumsq_dev;
+    sim.crossentropy_dev = sim_crossentropy_dev;
+    sim.adamw_dev = sim_adamw_dev;
+    return &sim;
+}
+
+static void device_step_matches_host_step(void) {
+    const loom_backend_t *be = sim_backend();
+    char why[128];
+    CHECK(loom_step_graph_supported(be, why, sizeof why), "sim: %s", why);
+    CHECK(!loom_step_graph_supported(cpu, why, sizeof why) && strstr(why, "sumsq_dev"), "cpu backend: %s", why);
+    for (int accum = 1; accum <= 2; accum++) {
+        loom_gpt_t *h = model(cpu, 61), *d = model(be, 61);
+        if (!h || !d) return;
+        loom_step_graph_t *sg;
+        CHECK(loom_step_graph_init(&sg, d, 1) == LOOM_OK, "init: %s", loom_errmsg());
+        CHECK(!loom_step_graph_uses_graphs(sg), "graphs on a backend without graph entries");
+        int in[2 * BT], tg[2 * BT];
+        for (int s = 0; s < 3; s++) {
+            batch(in, tg, BT * accum, cfg().vocab_size, 200 + (unsigned)s);
+            float lh, nh;
+            loom_step_result_t r;
+            CHECK(loom_train_step(h, in, tg, B, T, accum, &opt, 1e-3f, s + 1, &lh, &nh) == LOOM_OK, "host step: %s", loom_errmsg());
+            CHECK(loom_step_graph_run(sg, in, tg, B, T, accum, &opt, 1e-3f, s + 1, NULL, &r) == LOOM_OK, "device step: %s", loom_errmsg());
+            CHECK(fabsf(r.loss - lh) <= 1e-5f * lh, "accum %d step %d: loss %.7g vs %.7g", accum, s + 1, r.loss, lh);
+            CHECK(fabsf(r.grad_norm - nh) <= 1e-4f * nh, "accum %d step %d: grad norm %.7g vs %.7g", accum, s + 1, r.grad_norm, nh);
+            CHECK(!r.skipped && !r.replayed, "skipped %d replayed %d", r.skipped, r.replayed);
+        }
+        double e = check_rel_err(d->params, h->params, h->num_params);
+        CHECK(e < 1e-5, "accum %d: parameters after 3 steps differ: %.3g", accum, e);
+        loom_step_graph_free(sg);
+        loom_gpt_free(h);
+        loom_gpt_free(d);
+    }
+}
+
+static void device_step_overflow_skips(void) {
+    const loom_backend_t *be = sim_backend();
+    loom_gpt_t *m = model(be, 67);
+    if (!m) return;
+    loom_step_graph_t *sg;
+    CHECK(loom_step_graph_init(&sg, m, 0) == LOOM_OK, "init: %s", loom_errmsg());
+    int in[BT], tg[BT];
+    batch(in, tg, BT, cfg().vocab_size, 5);
+    float *before = malloc(m->num_params * sizeof(float));
+    memcpy(before, m->params, m->num_params * sizeof(float));
+    loom_loss_scaler_t ls;
+    loom_loss_scaler_init(&ls, 1e38f, 2000); /* float overflows in backward */
+    loom_step_result_t r;
+    CHECK(loom_step_graph_run(sg, in, tg, B, T, 1, &opt, 1e-3f, 1, &ls, &r) == LOOM_OK, "overflowing step: %s", loom_errmsg());
+    CHECK(r.skipped && !isfinite(r.grad_norm) && isfinite(r.loss), "skipped %d, norm %g, loss %g", r.skipped, r.grad_norm, r.loss);
+    CHECK(memcmp(before, m->params, m->num_params * sizeof(float)) == 0, "a skipped step changed the parameters");
+    CHECK(ls.skipped == 1 && ls.scale == 5e37f, "scale after the skip: %g", ls.scale);
+    loom_loss_scaler_init(&ls, 1024.0f, 2000);
+    CHECK(loom_step_graph_run(sg, in, tg, B, T, 1, &opt, 1e-3f, 2, &ls, &r) == LOOM_OK, "scaled step: %s", loom_errmsg());
+    CHECK(!r.skipped && isfinite(r.grad_norm), "a finite step was skipped");
+    CHECK(memcmp(before, m->params, m->num_params * sizeof(float)) != 0, "the step after the skip did not update");
+    /* Overflow again: skipped again, counted by the scaler. */
+    loom_loss_scaler_init(&ls, 1e38f, 2000);
+    loom_status st = loom_step_graph_run(sg, in, tg, B, T, 1, &opt, 1e-3f, 3, &ls, &r);
+    CHECK(st == LOOM_OK && r.skipped && ls.skipped == 1, "second overflow: %s", loom_errmsg());
+    free(before);
+    loom_step_graph_free(sg);
+    loom_gpt_free(m);
+}
+
+int main(void) {
+    if (loom_backend_cpu_init(&cpu, 2) != LOOM_OK) {
+        printf("FAIL cpu backend: %s\n", loom_errmsg());
+        return 1;
+    }
+    RUN(loss_scaler_policy);
+    RUN(device_step_matches_host_step);
+    RUN(device_step_overflow_skips);
+    RUN(cuda_model_matches_cpu_fp32);
+    RUN(cuda_model_matches_cpu_bf16);
+    RUN(cuda_training_tracks_cpu);
+    RUN(cuda_graph_replay_matches_plain);
+    RUN(cuda_fp16_loss_scaling);
+    RUN(cuda_recompute_all_matches_none);
+    return check_main_end();
+}
