@@ -5,7 +5,10 @@
 #   1. build for sm_80 and sm_90 (+PTX), warnings as errors
 #   2. `loom devices`
 #   3. build/tests/test_cuda_ops: every CUDA op against the CPU op, per dtype
-#   4. the other C tests (the slow whole-program ones left out)
+#   4. the other C tests (the slow whole-program ones left out), among
+#      them test_cuda_model (whole model and training step, GPU vs CPU)
+#   4b. `loom train --device cuda` on gpt2-tiny: CUDA graphs on vs off (same
+#      losses), the bf16 default, fp16 loss scaling, --recompute all
 #   5. `loom bench train --device cuda` on GPT-2 124M, T=1024, bf16
 #      (if this loom has `bench train`), and PyTorch on the same model on the
 #      same GPU, eager and torch.compile, bf16 autocast, fused AdamW,
@@ -97,6 +100,44 @@ for b in build/tests/test_*; do
     [ "$nf" != 0 ] && failed="$failed $n"
 done
 row other_tests "$([ $fl = 0 ] && echo ok || echo FAIL)" "$p passed, $fl failed, $s skipped${failed:+ (failed:$failed)}"
+
+# 4b. loom train on the GPU: the device-resident step with CUDA graphs and
+# with plain launches must give the same losses; the bf16 default, fp16
+# loss scaling and activation recompute must train
+say "loom train --device cuda (gpt2-tiny: graphs on/off, fp16, recompute all)"
+if [ -x build/loom ] && [ -f data/kjv.txt ]; then
+    head -c 1000000 data/kjv.txt >"$OUTDIR/kjv.txt"
+    targs=(--data "$OUTDIR/kjv.txt" --model gpt2-tiny --steps 60 --batch 8 --seq 256 --eval-every 0
+           --sample-tokens 0 --ckpt-every 0 --seed 7 --force --device cuda)
+    for v in "graphs_on --cuda-graphs on" "graphs_off --cuda-graphs off" "fp16 --dtype fp16" "recompute_all --recompute all"; do
+        read -r name extra <<<"$v"
+        # shellcheck disable=SC2086 # $extra is two words on purpose
+        run 120 "train_$name" build/loom train "${targs[@]}" --out "$OUTDIR/run_$name" $extra; rc=$?
+        last=$(python3 - "$OUTDIR/run_$name" <<'PY' 2>/dev/null
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1] + "/metrics.jsonl")]
+cfg = json.load(open(sys.argv[1] + "/config.json"))
+skipped = sum(1 for r in rows if r.get("skipped"))
+print(f"{cfg['dtype']} ({cfg['dtype_source']}), graphs {cfg['cuda_graphs']}, recompute {cfg['recompute']}: "
+      f"loss {rows[0]['loss']:.3f} -> {rows[-1]['loss']:.3f}, {rows[-1]['tokens_per_s']:.0f} tok/s, {skipped} skipped")
+PY
+)
+        row "train_$name" "$([ $rc = 0 ] && echo ok || echo "FAIL rc=$rc")" "${last:-see $OUTDIR/train_$name.out}"
+    done
+    cmp_out=$(python3 - "$OUTDIR/run_graphs_on" "$OUTDIR/run_graphs_off" <<'PY' 2>&1
+import json, sys
+try:
+    a, b = ([json.loads(l)["loss"] for l in open(d + "/metrics.jsonl")] for d in sys.argv[1:3])
+except OSError as e:
+    sys.exit(print(f"FAIL no metrics to compare ({e.filename})"))
+worst = max(abs(x - y) / abs(y) for x, y in zip(a, b)) if a and len(a) == len(b) else float("inf")
+print(f"{'ok' if worst <= 1e-4 else 'FAIL'} max relative loss difference {worst:.2e} over {len(a)} steps (bound 1e-4)")
+PY
+)
+    row graphs_vs_plain "${cmp_out%% *}" "${cmp_out#* }"
+else
+    row loom_train skipped "no build/loom or no data/kjv.txt"
+fi
 
 # 5a. loom bench train on the GPU
 say "loom bench train --device cuda (GPT-2 124M, T=1024, bf16, batch $BATCH)"
