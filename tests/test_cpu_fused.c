@@ -1,7 +1,8 @@
 /* The CPU backend's fused entries against the unfused ops they replace
  * (which test_ops checks against double references): matmul_forward_gelu
  * = matmul_forward + gelu_forward, residual_layernorm_forward =
- * residual_forward + layernorm_forward. Shapes cover ragged micro-tiles
+ * residual_forward + layernorm_forward, matmul_backward_gelu =
+ * matmul_backward + gelu_backward. Shapes cover ragged micro-tiles
  * (rows and columns not multiples of the kernels' 12 x 32, 6 x 16, 4 x 16)
  * and K deeper than one packed slice (384). Runs with 1 and 2 threads, with
  * whatever LOOM_CPU_KERNEL / LOOM_GEMM select (tests/test_ops_variants.sh
@@ -48,6 +49,37 @@ static void test_matmul_forward_gelu(void) {
     gelu_case(1, 1, 1, 1);
 }
 
+/* matmul_backward_gelu: dpre overwritten with gelu'(pre) * (dout @ w); dw,
+ * dbias accumulated as matmul_backward. */
+static void bgelu_case(int N, int C, int OC, int has_bias) {
+    size_t NC = (size_t)N * C, WC = (size_t)OC * C;
+    float *dout = frand((size_t)N * OC, 1, 31), *inp = frand(NC, 1, 32), *pre = frand(NC, 2, 33);
+    float *w = frand(WC, 0.1f, 34);
+    float *dpre = frand(NC, 100, 35), *dw = frand(WC, 1, 36), *db = frand(OC, 1, 37);
+    float *rdpre = loom_calloc(NC ? NC : 1, sizeof(float)), *rdw = loom_calloc(WC, sizeof(float)), *rdb = loom_calloc(OC, sizeof(float));
+    memcpy(rdw, dw, WC * sizeof(float));
+    memcpy(rdb, db, OC * sizeof(float));
+    be->matmul_backward_gelu(dpre, dw, has_bias ? db : NULL, dout, inp, pre, w, N, C, OC);
+    be->matmul_backward(rdpre, rdw, has_bias ? rdb : NULL, dout, inp, w, N, C, OC);
+    be->gelu_backward(rdpre, pre, rdpre, NC);
+    double e1 = check_rel_err(dpre, rdpre, NC), e2 = check_rel_err(dw, rdw, WC), e3 = check_rel_err(db, rdb, OC);
+    CHECK(e1 < TOL && e2 < TOL && e3 < TOL,
+          "matmul_backward_gelu N=%d C=%d OC=%d bias=%d, %d thread(s): errors dpre %.3g dw %.3g dbias %.3g, bound %.0e",
+          N, C, OC, has_bias, nthreads, e1, e2, e3, TOL);
+    free(dout), free(inp), free(pre), free(w), free(dpre), free(dw), free(db), free(rdpre), free(rdw), free(rdb);
+}
+
+static void test_matmul_backward_gelu(void) {
+    if (!be->matmul_backward_gelu) {
+        check_skip("the CPU backend has no matmul_backward_gelu");
+        return;
+    }
+    bgelu_case(7, 13, 5, 1);
+    bgelu_case(64, 130, 48, 1);
+    bgelu_case(37, 70, 800, 0); /* K (= OC here) over one 384-deep slice */
+    bgelu_case(1, 1, 1, 1);
+}
+
 static void resln_case(int N, int C) {
     size_t n = (size_t)N * C;
     float *a = frand(n, 1, 11), *r = frand(n, 1, 12), *w = frand(C, 1, 13), *b = frand(C, 1, 14);
@@ -92,6 +124,8 @@ int main(void) {
         check_run(name, test_matmul_forward_gelu);
         snprintf(name, sizeof name, "residual_layernorm_forward (%d thread%s)", nthreads, nthreads == 1 ? "" : "s");
         check_run(name, test_residual_layernorm_forward);
+        snprintf(name, sizeof name, "matmul_backward_gelu (%d thread%s)", nthreads, nthreads == 1 ? "" : "s");
+        check_run(name, test_matmul_backward_gelu);
     }
     return check_main_end();
 }

@@ -563,6 +563,11 @@ static void w_matmul_forward_gelu(float *out, float *pre, const float *inp, cons
     WRAP(OP_MM_FC_GELU_F, 2.0 * N * C * OC, ops_inner->matmul_forward_gelu(out, pre, inp, w, bias, N, C, OC));
 }
 
+static void w_matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
+                                   const float *pre, const float *w, int N, int C, int OC) {
+    WRAP(OP_MM_FC_GELU_B, 4.0 * N * C * OC, ops_inner->matmul_backward_gelu(dpre, dw, dbias, dout, inp, pre, w, N, C, OC));
+}
+
 /* A copy of the table whose ops time themselves; the graph and *_dev
  * entries are dropped so that the model launches ops one by one. */
 static const loom_backend_t *ops_wrap(const loom_backend_t *be) {
@@ -593,6 +598,7 @@ static const loom_backend_t *ops_wrap(const loom_backend_t *be) {
     ops_table.crossentropy_dev = NULL;
     ops_table.residual_layernorm_forward = be->residual_layernorm_forward ? w_residual_layernorm_forward : NULL;
     ops_table.matmul_forward_gelu = be->matmul_forward_gelu ? w_matmul_forward_gelu : NULL;
+    ops_table.matmul_backward_gelu = be->matmul_backward_gelu ? w_matmul_backward_gelu : NULL;
     return &ops_table;
 }
 

@@ -453,9 +453,13 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
         else if (m->recompute == LOOM_RECOMPUTE_GELU) be->gelu_forward(fch_gelu, fch, 4 * btc);
 
         /* res3 = res2 + fcproj: dres flows to both. */
-        be->zero(dfch, 4 * btc * sizeof(float));
-        be->matmul_backward(dfch, g[LOOM_FCPROJW] + lc * 4 * C, g[LOOM_FCPROJB] + lc, dres, fch_gelu, p[LOOM_FCPROJW] + lc * 4 * C, (int)N, 4 * C, C);
-        be->gelu_backward(dfch, fch, dfch, 4 * btc);
+        if (be->matmul_backward_gelu) {
+            be->matmul_backward_gelu(dfch, g[LOOM_FCPROJW] + lc * 4 * C, g[LOOM_FCPROJB] + lc, dres, fch_gelu, fch, p[LOOM_FCPROJW] + lc * 4 * C, (int)N, 4 * C, C);
+        } else {
+            be->zero(dfch, 4 * btc * sizeof(float));
+            be->matmul_backward(dfch, g[LOOM_FCPROJW] + lc * 4 * C, g[LOOM_FCPROJB] + lc, dres, fch_gelu, p[LOOM_FCPROJW] + lc * 4 * C, (int)N, 4 * C, C);
+            be->gelu_backward(dfch, fch, dfch, 4 * btc);
+        }
         be->zero(dbtc, btc * sizeof(float));
         be->matmul_backward(dbtc, g[LOOM_FCW] + lc * 4 * C, g[LOOM_FCB] + 4 * lc, dfch, ln2, p[LOOM_FCW] + lc * 4 * C, (int)N, C, 4 * C);
         be->layernorm_backward(dres, g[LOOM_LN2W] + lc, g[LOOM_LN2B] + lc, dbtc, res2, p[LOOM_LN2W] + lc, ln2_mean, ln2_rstd, (int)N, C);

@@ -207,6 +207,22 @@ static void matmul_forward_gelu(float *out, float *pre, const float *inp, const 
     loom_cpu_gemm(&g);
 }
 
+/* dbias (OC) += column sums of dout (N,OC), in blocks of 64 columns. */
+static void bias_backward(float *dbias, const float *dout, int N, int OC) {
+    const int OB = 64;
+    int nblocks = (OC + OB - 1) / OB;
+#pragma omp parallel for schedule(static)
+    for (int blk = 0; blk < nblocks; blk++) {
+        int o0 = blk * OB, o1 = o0 + OB < OC ? o0 + OB : OC;
+        float acc[64] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *d = dout + (size_t)n * OC;
+            for (int o = o0; o < o1; o++) acc[o - o0] += d[o];
+        }
+        for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
+    }
+}
+
 static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC) {
     if (use_blas) {
@@ -223,20 +239,24 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
                          .ldc = C, .M = OC, .N = C, .K = N, .accumulate = 1};
         loom_cpu_gemm(&g);
     }
-    if (dbias) {
-        const int OB = 64;
-        int nblocks = (OC + OB - 1) / OB;
-#pragma omp parallel for schedule(static)
-        for (int blk = 0; blk < nblocks; blk++) {
-            int o0 = blk * OB, o1 = o0 + OB < OC ? o0 + OB : OC;
-            float acc[64] = {0};
-            for (int n = 0; n < N; n++) {
-                const float *d = dout + (size_t)n * OC;
-                for (int o = o0; o < o1; o++) acc[o - o0] += d[o];
-            }
-            for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
-        }
+    if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
+/* dpre = gelu'(pre) * (dout @ w), overwritten, the derivative applied in
+ * the GEMM's epilogue; dw, dbias as matmul_backward. */
+static void matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout,
+                                 const float *inp, const float *pre, const float *w, int N, int C,
+                                 int OC) {
+    if (use_blas) {
+        memset(dpre, 0, (size_t)N * C * sizeof(float));
+        matmul_backward(dpre, dw, dbias, dout, inp, w, N, C, OC);
+        gelu_backward(dpre, pre, dpre, (size_t)N * C);
+        return;
     }
+    loom_gemm_t gd = {.a = dout, .rsa = OC, .csa = 1, .b = w, .rsb = C, .csb = 1, .c = dpre,
+                      .ldc = C, .M = N, .N = C, .K = OC, .dgelu = pre};
+    loom_cpu_gemm(&gd);
+    matmul_backward(NULL, dw, dbias, dout, inp, w, N, C, OC);
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t n) {
@@ -415,6 +435,7 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
     }
     cpu_backend.matmul_forward_gelu = matmul_forward_gelu;
     cpu_backend.residual_layernorm_forward = residual_layernorm_forward;
+    cpu_backend.matmul_backward_gelu = matmul_backward_gelu;
     *out = &cpu_backend;
     return LOOM_OK;
 }

@@ -282,13 +282,22 @@ static void pack_b_panels(float *dst, const loom_gemm_t *g, int p0, int kc, int 
     }
 }
 
-/* GELU over a finished (mr x nr) tile. */
-static void gelu_tile(const loom_gemm_t *g, int i, int j, int mr, int nr) {
+/* The epilogues on a finished (mr x nr) tile: GELU into g->gelu, or the
+ * GELU derivative at g->dgelu multiplied in. */
+static void epilogue_tile(const loom_gemm_t *g, int i, int j, int mr, int nr) {
     for (int r = 0; r < mr; r++) {
-        const float *x = g->c + (ptrdiff_t)i * g->ldc + (ptrdiff_t)r * g->ldc + j;
-        float *y = g->gelu + (ptrdiff_t)i * g->ldc + (ptrdiff_t)r * g->ldc + j;
+        ptrdiff_t off = (ptrdiff_t)(i + r) * g->ldc + j;
+        float *x = g->c + off;
+        if (g->gelu) {
+            float *y = g->gelu + off;
 #pragma omp simd
-        for (int q = 0; q < nr; q++) y[q] = loom_gelu(x[q]);
+            for (int q = 0; q < nr; q++) y[q] = loom_gelu(x[q]);
+        }
+        if (g->dgelu) {
+            const float *pre = g->dgelu + off;
+#pragma omp simd
+            for (int q = 0; q < nr; q++) x[q] *= loom_gelu_grad(pre[q]);
+        }
     }
 }
 
@@ -328,7 +337,7 @@ static void compute_block(const loom_gemm_t *g, int i0, int i1, int jc, int nc, 
                         c[r * g->ldc + q] = base + tile[r * NR + q];
                     }
             }
-            if (last && g->gelu) gelu_tile(g, i, j, mr, nr);
+            if (last && (g->gelu || g->dgelu)) epilogue_tile(g, i, j, mr, nr);
         }
     }
 }
@@ -340,6 +349,7 @@ static void gemm_k0(const loom_gemm_t *g) {
             float *c = g->c + (ptrdiff_t)i * g->ldc + j;
             if (!g->accumulate) *c = g->bias ? g->bias[j] : 0.0f;
             if (g->gelu) g->gelu[(ptrdiff_t)i * g->ldc + j] = loom_gelu(*c);
+            if (g->dgelu) *c *= loom_gelu_grad(g->dgelu[(ptrdiff_t)i * g->ldc + j]);
         }
 }
 

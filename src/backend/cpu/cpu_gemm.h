@@ -26,6 +26,7 @@ typedef struct {
     int accumulate;    /* 1: C += A B; 0: C = A B (+ bias) */
     const float *bias; /* (N) added to every row when !accumulate; may be NULL */
     float *gelu;       /* if non-NULL: gelu[i*ldc + j] = gelu(C(i,j)) once C is final */
+    const float *dgelu; /* if non-NULL: C(i,j) *= gelu'(dgelu[i*ldc + j]) once C is final */
 } loom_gemm_t;
 
 /* Select the micro-kernel: "avx512", "avx2", "scalar" or NULL for the best
