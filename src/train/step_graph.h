@@ -12,7 +12,8 @@
  * Parts of a step, and the graph keys (bit masks) they are captured under:
  * ZERO (gradients and the loss sum to 0), MICRO (forward, loss, backward of
  * one micro-batch), OPT (gradient norm, AdamW). accum 1 is one graph
- * ZERO|MICRO|OPT; accum > 1 is ZERO|MICRO, then MICRO, then MICRO|OPT.
+ * ZERO|MICRO|OPT; accum > 1 is ZERO|MICRO, then MICRO for each middle
+ * micro-batch (none when accum is 2), then MICRO|OPT.
  * Each micro-batch's tokens are uploaded into the model's token buffers
  * between replays, outside the graphs.
  *
