@@ -12,6 +12,8 @@
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,7 +154,7 @@ const char *loom_cpu_gemm_kernel(void) { return kern->name; }
 
 /* Packing buffers, sized once: per thread for A and for B, plus one B
  * block that all threads fill together when they share it. */
-static float **pack_a, **pack_b, *pack_b_shared;
+static float **pack_a, **pack_b, *pack_b_shared[2];
 static int pack_threads;
 
 static float *buf_new(size_t floats) {
@@ -168,7 +170,8 @@ int loom_cpu_gemm_init(int threads) {
     nb = realloc(pack_b, (size_t)threads * sizeof *nb);
     if (!nb) return -1;
     pack_b = nb;
-    if (!pack_b_shared && !(pack_b_shared = buf_new((size_t)(NCB + NR_MAX) * KC))) return -1;
+    for (int i = 0; i < 2; i++)
+        if (!pack_b_shared[i] && !(pack_b_shared[i] = buf_new((size_t)(NCB + NR_MAX) * KC))) return -1;
     for (int t = pack_threads; t < threads; t++) {
         if (!(pack_a[t] = buf_new((size_t)(MCB + MR_MAX) * KC))) return -1;
         if (!(pack_b[t] = buf_new((size_t)(NCB + NR_MAX) * KC))) return -1;
@@ -381,6 +384,25 @@ void loom_cpu_gemm_serial(const loom_gemm_t *g, int tid) {
     gemm_part(g, 0, g->M, 0, g->N, tid);
 }
 
+/* A barrier for the GEMM's team that spins briefly, then yields the core:
+ * on a machine shared with other work, a waiting thread that only spins
+ * keeps the core from the thread it waits for (OpenBLAS yields the same
+ * way). Sense-reversing; one GEMM runs at a time. */
+static atomic_int bar_count, bar_sense;
+static void team_barrier(int n, int *sense) {
+    int s = !*sense;
+    *sense = s;
+    if (atomic_fetch_add(&bar_count, 1) == n - 1) {
+        atomic_store(&bar_count, 0);
+        atomic_store(&bar_sense, s);
+        return;
+    }
+    for (int spins = 0; atomic_load(&bar_sense) != s; spins++) {
+        if (spins < 2000) _mm_pause();
+        else sched_yield();
+    }
+}
+
 void loom_cpu_gemm(const loom_gemm_t *g) {
     const int MR = kern->mr, NR = kern->nr;
     if (g->K == 0 || g->M == 0 || g->N == 0) {
@@ -394,20 +416,24 @@ void loom_cpu_gemm(const loom_gemm_t *g) {
     if (nt < 1) nt = 1;
     if (g->csa == 1 && mp >= nt) {
         /* Row-major A read in place; the threads split the rows and pack
-         * each B block together (each packs a share of its panels). */
+         * each B block together (each packs a share of its panels), into
+         * two buffers in turn so that one barrier per block suffices: a
+         * thread packing block s+1 has passed barrier s, so every thread
+         * has finished block s-1, the last user of that buffer. */
 #pragma omp parallel num_threads(nt)
         {
-            int t = omp_get_thread_num(), n = omp_get_num_threads();
+            int t = omp_get_thread_num(), n = omp_get_num_threads(), step = 0;
+            int sense = atomic_load(&bar_sense);
             int i0 = (int)((long long)mp * t / n) * MR, i1 = (int)((long long)mp * (t + 1) / n) * MR;
             if (i1 > g->M) i1 = g->M;
             for (int jc = 0; jc < g->N; jc += NCB) {
                 int nc = g->N - jc < NCB ? g->N - jc : NCB, panels = (nc + NR - 1) / NR;
-                for (int pc = 0; pc < g->K; pc += KC) {
+                for (int pc = 0; pc < g->K; pc += KC, step++) {
                     int kc = g->K - pc < KC ? g->K - pc : KC;
-                    pack_b_panels(pack_b_shared, g, pc, kc, jc, nc, NR, panels * t / n, panels * (t + 1) / n);
-#pragma omp barrier
-                    compute_block(g, i0, i1, jc, nc, pc, kc, NULL, pack_b_shared, pack_a[t]);
-#pragma omp barrier
+                    float *pb = pack_b_shared[step & 1];
+                    pack_b_panels(pb, g, pc, kc, jc, nc, NR, panels * t / n, panels * (t + 1) / n);
+                    team_barrier(n, &sense);
+                    compute_block(g, i0, i1, jc, nc, pc, kc, NULL, pb, pack_a[t]);
                 }
             }
         }
