@@ -92,6 +92,10 @@ static void kernel_scalar(int kc, const float *a, ptrdiff_t lda, const float *bp
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                    \
             _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc_[i][v] = ZERO(); \
         const float *ap = a;                                                      \
+        if (acc) /* the tile's rows arrive while the k loop runs */              \
+            _Pragma("GCC unroll 16") for (int i = 0; i < MR; i++)                \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v += 64 / (4 * W) ? 64 / (4 * W) : 1) \
+                    _mm_prefetch((const char *)(c + i * ldc + v * W), _MM_HINT_T0); \
         if (lda == 0) {                                                           \
             KERNEL_LOOP(MR, NV, W, VEC, LOAD, BCAST, FMA, &ap[i])                 \
         } else {                                                                  \
