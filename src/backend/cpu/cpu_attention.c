@@ -53,6 +53,7 @@ void loom_cpu_attention_forward(float *out, float *lse, const float *qkv, int B,
     float scale = 1.0f / sqrtf((float)hs);
     size_t C3 = 3 * (size_t)C;
     int nt = omp_get_max_threads();
+    if (nt > loom_cpu_gemm_threads()) nt = loom_cpu_gemm_threads();
     if (scratch_reserve(nt, T) != 0) loom_panic(__FILE__, __LINE__, "out of memory for attention scratch (T=%d)", T);
 #pragma omp parallel num_threads(nt)
     {
@@ -100,6 +101,7 @@ void loom_cpu_attention_backward(float *dqkv, const float *dout, const float *qk
     float scale = 1.0f / sqrtf((float)hs);
     size_t C3 = 3 * (size_t)C;
     int nt = omp_get_max_threads();
+    if (nt > loom_cpu_gemm_threads()) nt = loom_cpu_gemm_threads();
     if (scratch_reserve(nt, T) != 0) loom_panic(__FILE__, __LINE__, "out of memory for attention scratch (T=%d)", T);
 #pragma omp parallel num_threads(nt)
     {

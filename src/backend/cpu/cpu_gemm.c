@@ -166,6 +166,8 @@ static float *buf_new(size_t floats) {
     return posix_memalign(&p, 64, floats * sizeof(float)) == 0 ? p : NULL;
 }
 
+int loom_cpu_gemm_threads(void) { return pack_threads; }
+
 int loom_cpu_gemm_init(int threads) {
     if (threads <= pack_threads) return 0;
     float **na = realloc(pack_a, (size_t)threads * sizeof *na), **nb;

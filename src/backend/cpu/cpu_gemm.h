@@ -38,6 +38,9 @@ const char *loom_cpu_gemm_kernel(void);
 /* Size the per-thread packing buffers for `threads` threads. 0 or -1 (out
  * of memory). */
 int loom_cpu_gemm_init(int threads);
+/* Threads that have packing buffers (loom_cpu_gemm_serial's tid must be
+ * below this). */
+int loom_cpu_gemm_threads(void);
 /* Run on the calling OpenMP team's threads: opens its own parallel region,
  * so call it from serial code. */
 void loom_cpu_gemm(const loom_gemm_t *g);
