@@ -8,23 +8,6 @@
 #include "cli/runload.h"
 #include "model/generate.h"
 
-typedef struct {
-    const loom_tokenizer_t *tok;
-} out_ctx_t;
-
-static int emit(int token, void *vctx) {
-    out_ctx_t *c = vctx;
-    uint32_t id = (uint32_t)token;
-    char *text;
-    size_t len;
-    if (loom_tokenizer_decode(c->tok, &id, 1, &text, &len) == LOOM_OK) {
-        fwrite(text, 1, len, stdout);
-        fflush(stdout);
-        free(text);
-    }
-    return 0;
-}
-
 int cmd_sample(int argc, char **argv) {
     const char *run, *prompt;
     int tokens, top_k, threads;
@@ -76,8 +59,8 @@ int cmd_sample(int argc, char **argv) {
         loom_sampling_t sp = {(float)temperature, top_k, (float)top_p};
         loom_rng_t rng;
         loom_rng_seed(&rng, (uint64_t)seed);
-        out_ctx_t ctx = {tok};
-        s = loom_gpt_generate(m, ids, n, tokens, &sp, &rng, emit, &ctx);
+        loom_text_sink_t sink = {tok, stdout};
+        s = loom_gpt_generate(m, ids, n, tokens, &sp, &rng, loom_text_sink_emit, &sink);
         fputc('\n', stdout);
     }
     free(ids);

@@ -1009,3 +1009,16 @@ loom_status loom_tokenizer_load_gpt2(loom_tokenizer_t **out, const char *vocab_p
     vocab_free(&v);
     return s;
 }
+
+int loom_text_sink_emit(int token, void *vsink) {
+    loom_text_sink_t *sink = vsink;
+    uint32_t id = (uint32_t)token;
+    char *text = NULL;
+    size_t len = 0;
+    if (loom_tokenizer_decode(sink->tok, &id, 1, &text, &len) == LOOM_OK) {
+        fwrite(text, 1, len, sink->out);
+        fflush(sink->out);
+        free(text);
+    }
+    return 0;
+}

@@ -15,6 +15,7 @@
 #define LOOM_TOKENIZER_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "../core/core.h"
@@ -102,5 +103,14 @@ typedef struct {
  * occurs min_frequency times (the vocabulary is smaller then: check
  * loom_tokenizer_vocab_size). Ties go to the pair of smaller ids. */
 loom_status loom_bpe_train(loom_tokenizer_t **out, loom_bpe_counter_t *c, const loom_bpe_train_opts *opts);
+
+/* Where generated tokens go as text: loom_text_sink_emit, given a sink as
+ * its context, decodes one token and writes its bytes to `out`, flushed.
+ * It has the shape of loom_gpt_generate's callback and never stops it. */
+typedef struct {
+    const loom_tokenizer_t *tok;
+    FILE *out;
+} loom_text_sink_t;
+int loom_text_sink_emit(int token, void *sink);
 
 #endif
