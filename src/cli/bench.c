@@ -23,8 +23,6 @@
 #include "model/gpt.h"
 #include "train/step.h"
 
-#pragma weak cmd_bench_dist
-
 #define BENCH_VOCAB 50257 /* GPT-2's */
 #define MAX_TIMES 4096
 
@@ -689,13 +687,7 @@ int cmd_bench(int argc, char **argv) {
     }
     if (strcmp(argv[0], "train") == 0) return bench_train(argc - 1, argv + 1);
     if (strcmp(argv[0], "ops") == 0) return bench_ops(argc - 1, argv + 1);
-    if (strcmp(argv[0], "dist") == 0) {
-        if (!cmd_bench_dist) {
-            fprintf(stderr, "loom bench dist: not part of this build\n");
-            return 2;
-        }
-        return cmd_bench_dist(argc - 1, argv + 1);
-    }
+    if (strcmp(argv[0], "dist") == 0) return cmd_bench_dist(argc - 1, argv + 1);
     fprintf(stderr, "loom bench: unknown benchmark '%s'\n%s", argv[0], help);
     return 2;
 }
