@@ -11,16 +11,16 @@ if [ ! -s data/kjv.txt ]; then
     bible Gen1:1-Rev22:21 </dev/null > data/kjv.txt.tmp
     mv data/kjv.txt.tmp data/kjv.txt
 fi
-STEPS=${STEPS:-600}
+STEPS=${STEPS:-2000}
 # A byte-level BPE tokenizer with 4096 ids (256 bytes, <|endoftext|>, 3839
 # merges) trained on the corpus; 5% of the text (Genesis on) is validation.
 $LOOM tokenize --input data/kjv.txt --vocab 4096 --val-fraction 0.05 --out data/kjv
 echo
 $LOOM train --data data/kjv --model gpt2-tiny --out runs/kjv --force \
-    --steps "$STEPS" --batch 8 --seq 128 --lr 2e-3 --warmup 50 --eval-every 100 \
+    --steps "$STEPS" --batch 8 --seq 128 --lr 2e-3 --warmup 100 --eval-every 250 \
     --sample-tokens 0
 echo
-$LOOM eval --run runs/kjv --data data/kjv --batches 16
+$LOOM eval --run runs/kjv --data data/kjv --seq 128 --batches 16
 echo
 echo "sample (loom sample --run runs/kjv --prompt \"In the beginning\"):"
 $LOOM sample --run runs/kjv --prompt "In the beginning" --tokens 120
