@@ -325,10 +325,12 @@ static const int att_shapes[][4] = {{2, 64, 128, 4}, {3, 37, 96, 3}, {1, 37, 96,
                                     {2, 70, 192, 2}, {1, 33, 256, 2}, {1, 20, 40, 1},
                                     {1, 17, 160, 1}};
 
-static void attention_cases(double tol_fwd, double tol_bwd) {
+/* Every shape of att_shapes whose head size is at most max_hs (0: all). */
+static void attention_cases(double tol_fwd, double tol_bwd, int max_hs) {
     for (size_t s = 0; s < sizeof att_shapes / sizeof att_shapes[0]; s++) {
         int B = att_shapes[s][0], T = att_shapes[s][1], C = att_shapes[s][2],
             NH = att_shapes[s][3];
+        if (max_hs && C / NH > max_hs) continue;
         snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d hs=%d", B, T, C, NH, C / NH);
         size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
         float *qkv = hrand(nqkv, 1.5f), *out = hrand(nout, 1), *lse = hrand(nl, 1);
@@ -353,7 +355,7 @@ static void test_attention_fused(void) {
     if (!gpu_ready()) return;
     /* fused kernels are fp32; the hs=160 case falls back to the unfused
      * path, whose GEMMs run at the dtype */
-    attention_cases(tol_matmul(), tol_attention_unfused_backward());
+    attention_cases(tol_matmul(), tol_attention_unfused_backward(), 0);
 }
 
 /* Reopens the backend with LOOM_CUDA_ATTENTION set (it is read at open). */
@@ -368,33 +370,14 @@ static int reopen_with_attention(const char *mode) {
 static void test_attention_unfused(void) {
     if (!gpu_ready()) return;
     if (!reopen_with_attention("unfused")) return;
-    attention_cases(tol_matmul(), tol_attention_unfused_backward());
+    attention_cases(tol_matmul(), tol_attention_unfused_backward(), 0);
     reopen_with_attention(NULL);
 }
 
 /* The fused path alone at the fp32 bound: shapes it takes (hs <= 128). */
 static void test_attention_fused_fp32_bound(void) {
     if (!gpu_ready()) return;
-    for (size_t s = 0; s < sizeof att_shapes / sizeof att_shapes[0]; s++) {
-        int B = att_shapes[s][0], T = att_shapes[s][1], C = att_shapes[s][2],
-            NH = att_shapes[s][3];
-        if (C / NH > 128) continue;
-        snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d hs=%d", B, T, C, NH, C / NH);
-        size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
-        float *qkv = hrand(nqkv, 1.5f), *out = hrand(nout, 1), *lse = hrand(nl, 1);
-        cpu->attention_forward(out, lse, qkv, B, T, C, NH);
-        float *d_qkv = dput(qkv, nqkv * 4), *d_out = dpoison(nout), *d_lse = dpoison(nl);
-        gpu->attention_forward(d_out, d_lse, d_qkv, B, T, C, NH);
-        expect("flash forward out", d_out, out, nout, TOL_FP32);
-        expect("flash forward lse", d_lse, lse, nl, TOL_FP32);
-        float *dout = hrand(nout, 1), *dqkv = hrand(nqkv, 1);
-        cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
-        float *d_dout = dput(dout, nout * 4), *d_oref = dput(out, nout * 4),
-              *d_lref = dput(lse, nl * 4), *d_dqkv = dpoison(nqkv);
-        gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_oref, d_lref, B, T, C, NH);
-        expect("flash backward dqkv", d_dqkv, dqkv, nqkv, TOL_FP32);
-        release();
-    }
+    attention_cases(TOL_FP32, TOL_FP32, 128);
 }
 
 /* ---- elementwise ---- */
