@@ -127,6 +127,7 @@ int cmd_train(int argc, char **argv) {
         {"model", ARG_STR, &o.model, "gpt2-tiny", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"},
         {"out", ARG_STR, &o.out, NULL, 0, 0, "run folder to create (config, metrics log, checkpoints, plot)"},
         {"force", ARG_BOOL, &o.force, "0", 0, 0, "replace the run in an existing --out folder"},
+        {"resume", ARG_BOOL, &o.resume, "0", 0, 0, "continue the run in --out from its newest checkpoint (weights, AdamW state, step, data position); same data, model and ranks"},
         {"layers", ARG_INT, &o.layers, "0", 0, 1024, "override the preset's layer count (0 = preset)"},
         {"heads", ARG_INT, &o.heads, "0", 0, 1024, "override the preset's head count (0 = preset)"},
         {"channels", ARG_INT, &o.channels, "0", 0, 65536, "override the preset's width (0 = preset)"},

@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "ckpt/optim.h"
 #include "ckpt/run.h"
+#include "ckpt/safetensors.h"
 #include "dist/dist.h"
 #include "data/dataset.h"
 #include "model/generate.h"
@@ -179,6 +180,57 @@ static loom_status save_checkpoint(const loom_train_opts_t *o, shard_ctx_t *c, c
     return write_optim_shards(NULL, c);
 }
 
+/* Resume: keep the metrics lines of steps up to `upto` (a crash may have
+ * logged steps past the checkpoint), rewrite the log atomically, and read
+ * the kept losses back into the plot's history. */
+static loom_status resume_metrics(const char *path, long long upto, double *hist, long long nsteps,
+                                  double *vhist, int *nv) {
+    char *text;
+    size_t len;
+    if (loom_file_read(path, &text, &len) != LOOM_OK) return LOOM_OK; /* no log: start one */
+    char *kept = loom_malloc(len + 1);
+    size_t k = 0;
+    for (char *line = text; *line;) {
+        char *end = strchr(line, '\n');
+        size_t n = end ? (size_t)(end - line + 1) : strlen(line);
+        const char *st = strstr(line, "\"step\":"), *lo = strstr(line, "\"loss\":"), *vl = strstr(line, "\"val_loss\":");
+        long long step = st && st < line + n ? strtoll(st + 7, NULL, 10) : 0;
+        if (step >= 1 && step <= upto && step <= nsteps && end) {
+            memcpy(kept + k, line, n);
+            k += n;
+            hist[step - 1] = (double)step;
+            hist[nsteps + step - 1] = lo && lo < line + n ? strtod(lo + 7, NULL) : NAN;
+            if (vl && vl < line + n) {
+                vhist[*nv] = (double)step;
+                vhist[nsteps + 2 + *nv] = strtod(vl + 11, NULL);
+                (*nv)++;
+            }
+        }
+        line += n;
+    }
+    loom_status s = loom_file_write_atomic(path, kept, k);
+    free(kept);
+    free(text);
+    return s;
+}
+
+/* Resume: the newest checkpoint's weights, and this rank's AdamW state. */
+static loom_status resume_state(const char *ckpt, loom_gpt_t *m, loom_dp_t *dp, int zero, int rank, int world) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", ckpt);
+    LOOM_TRY(loom_safetensors_load_gpt(m, path));
+    size_t lo = 0, hi = m->num_params;
+    float *am = m->m, *av = m->v;
+    if (dp) loom_dp_shard(dp, &lo, &hi, &am, &av);
+    int w = zero >= 1 ? world : 1, r = zero >= 1 ? rank : 0;
+    loom_optim_shard_path(path, sizeof path, ckpt, r, w);
+    if (!loom_path_exists(path))
+        return loom_error(LOOM_EINVAL, "%s: no optimizer state for rank %d of %d (ZeRO-%d); resume with the --nproc and --zero the run was saved with",
+                          path, r, w, zero);
+    loom_optim_shard_t want = {(uint32_t)r, (uint32_t)w, (uint32_t)zero, m->num_params, lo, hi, 0}, got;
+    return loom_optim_shard_load(path, &want, m->be, am, av, &got);
+}
+
 static double peak_rss_mb(void) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -218,6 +270,28 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     FILE *log = NULL;
     double *hist = NULL, *vhist = NULL;
     cfg.vocab_size = loom_dataset_vocab_size(ds);
+    loom_ckpt_state_t rst = {0};
+    char rck[4096] = "";
+    if (o->resume) {
+        /* The model's shape comes from the checkpoint, not the preset. */
+        loom_gpt_config_t rcfg;
+        if ((s = loom_run_latest(o->out, rck, sizeof rck, &rcfg, &rst)) != LOOM_OK) goto done;
+        const loom_tokenizer_t *dtok = loom_dataset_tokenizer(ds);
+        if (rcfg.vocab_size != cfg.vocab_size || (rst.tokenizer_hash && dtok && loom_tokenizer_hash(dtok) != rst.tokenizer_hash)) {
+            s = loom_error(LOOM_EINVAL, "--resume: %s was not made with the tokenizer run %s trained with; resume on the same --data", o->data, o->out);
+            goto done;
+        }
+        if (rst.step >= o->steps) {
+            s = loom_error(LOOM_EINVAL, "--resume: %s is already at step %lld of --steps %lld; raise --steps to train further", o->out, rst.step, o->steps);
+            goto done;
+        }
+        cfg = rcfg;
+        if (!o->seq) T = cfg.max_seq_len;
+        if (T > cfg.max_seq_len) {
+            s = loom_error(LOOM_EINVAL, "--seq %d is above the run's context of %d", T, cfg.max_seq_len);
+            goto done;
+        }
+    }
     size_t need = (size_t)B * T * o->grad_accum * o->world_size + 1;
     if (loom_dataset_ntokens(ds, LOOM_SPLIT_TRAIN) < need) {
         s = loom_error(LOOM_EINVAL, "%s: %zu training tokens, fewer than one step needs (%zu = batch %d x seq %d x accum %d); give more text or lower --batch/--seq",
@@ -238,7 +312,7 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
             loom_info("loom train: default precision fp32 (%s)", why);
     }
     if (s != LOOM_OK) goto done;
-    if (lead && (s = loom_run_prepare(o->out, o->force)) != LOOM_OK) goto done;
+    if (lead && !o->resume && (s = loom_run_prepare(o->out, o->force)) != LOOM_OK) goto done;
     /* Every rank draws the same initial weights from the same seed. */
     if ((s = loom_gpt_init(&m, &cfg, be, (unsigned long long)o->seed)) != LOOM_OK) goto done;
     loom_gpt_set_recompute(m, (loom_recompute)rc);
@@ -253,6 +327,7 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     }
     /* A single process at ZeRO 0 keeps the plain step, bit for bit. */
     if ((multi || o->zero > 0) && (s = loom_dp_init(&dp, m, dist, &dpo)) != LOOM_OK) goto done;
+    if (o->resume && (s = resume_state(rck, m, dp, o->zero, o->rank, o->world_size)) != LOOM_OK) goto done;
     /* The device-resident step (CUDA graphs, fp16 loss scaling) where the
      * backend has it; data parallelism reduces from the host during
      * backward, so it keeps the host step. */
@@ -269,15 +344,23 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
                   be->dtype == LOOM_FP16 ? ", and fp16 without loss scaling" : "");
     }
     if (sm.loss_scaling) loom_loss_scaler_init(&ls, 65536.0f, 2000);
-    if (lead && (s = write_run_config(o, m, be, ds, &sm)) != LOOM_OK) goto done;
+    if (lead && !o->resume && (s = write_run_config(o, m, be, ds, &sm)) != LOOM_OK) goto done;
     const loom_tokenizer_t *tok = loom_dataset_tokenizer(ds);
     char path[4096];
-    if (lead && tok) {
+    if (lead && tok && !o->resume) {
         snprintf(path, sizeof path, "%s/tokenizer.json", o->out);
         if ((s = loom_tokenizer_save(tok, path)) != LOOM_OK) goto done;
     }
     snprintf(path, sizeof path, "%s/metrics.jsonl", o->out);
-    log = lead ? fopen(path, "w") : fopen("/dev/null", "w");
+    hist = loom_malloc(2 * (size_t)o->steps * sizeof(double));
+    vhist = loom_malloc(2 * ((size_t)o->steps + 2) * sizeof(double));
+    int nv = 0;
+    for (long long i = 0; i < o->steps; i++) { /* steps with no logged loss are not drawn */
+        hist[i] = (double)(i + 1);
+        hist[o->steps + i] = NAN;
+    }
+    if (lead && o->resume && (s = resume_metrics(path, rst.step, hist, o->steps, vhist, &nv)) != LOOM_OK) goto done;
+    log = lead ? fopen(path, o->resume ? "a" : "w") : fopen("/dev/null", "w");
     if (!log) {
         s = loom_error(LOOM_EIO, "%s: cannot create the metrics log", path);
         goto done;
@@ -313,9 +396,6 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     in = loom_malloc(per_step * sizeof(int));
     tg = loom_malloc(per_step * sizeof(int));
     int *vin = loom_malloc((size_t)B * T * sizeof(int)), *vtg = loom_malloc((size_t)B * T * sizeof(int));
-    hist = loom_malloc(2 * (size_t)o->steps * sizeof(double));
-    vhist = loom_malloc(2 * ((size_t)o->steps + 2) * sizeof(double));
-    int nv = 0;
     int tty = isatty(2);
     struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
     sigaction(SIGINT, &sa, &old_int);
@@ -326,14 +406,16 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
                         .weight_decay = (float)o->weight_decay, .clip = (float)o->clip};
     size_t ntrain = loom_dataset_ntokens(ds, LOOM_SPLIT_TRAIN);
     int have_val = loom_dataset_ntokens(ds, LOOM_SPLIT_VAL) > 1;
-    unsigned long long pos = 0;
+    unsigned long long pos = rst.data_pos;
+    long long first = rst.step + 1;
+    if (o->resume) loom_info("loom train: resuming %s from step %lld (%s), data position %llu", o->out, rst.step, rck, pos);
     shard_ctx_t shards = {dist, dp, m, o->zero, 0};
     double comm_wait = 0;
     double peak = be->peak_flops;
     int peak_raised = 0;
     double t_start = loom_now(), train_time = 0, last_loss = NAN, last_val = -1;
     long long step;
-    for (step = 1; step <= o->steps; step++) {
+    for (step = first; step <= o->steps; step++) {
         double stop = stop_requested; /* every rank stops at the same step */
         if (multi && (s = loom_dist_allreduce_f64(dist, &stop, 1)) != LOOM_OK) break;
         if (stop > 0) {
@@ -404,8 +486,8 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
         fflush(log);
 
         char eta[32];
-        fmt_eta(train_time / step * (o->steps - step), eta, sizeof eta);
-        int print = tty || step % o->log_every == 0 || step == 1 || step == o->steps || do_eval;
+        fmt_eta(train_time / (double)(step - first + 1) * (o->steps - step), eta, sizeof eta);
+        int print = tty || step % o->log_every == 0 || step == first || step == o->steps || do_eval;
         if (print && o->rank == 0) {
             char mfus[32] = "n/a";
             if (mfu >= 0) snprintf(mfus, sizeof mfus, "%.1f%%", 100 * mfu);
@@ -424,7 +506,7 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     step--; /* the last completed step */
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
-    if (s == LOOM_OK && step > 0) {
+    if (s == LOOM_OK && step >= first) {
         if (stop_requested) loom_info("\nloom train: stopped by signal %d after step %lld; writing a checkpoint", (int)stop_requested, step);
         if (lead && have_val && (nv == 0 || vhist[nv - 1] != (double)step)) {
             if ((s = eval_loss(m, ds, B, T, o->eval_batches, vin, vtg, &last_val)) == LOOM_OK) {
@@ -443,10 +525,10 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
         loom_status ps = loom_plot_loss_svg(path, title, hist, hist + o->steps, (int)step, vhist, vhist + o->steps + 2, nv);
         if (s == LOOM_OK) s = ps;
     }
-    if (s == LOOM_OK && step > 0) {
+    if (s == LOOM_OK && step >= first) {
         double wall = loom_now() - t_start;
         loom_info("loom train: done: %lld steps in %.1fs, %.0f tokens/s; final train loss %.4f, val loss %s%.4f; checkpoint in %s/checkpoints",
-                  step, wall, (double)per_step * o->world_size * step / train_time, last_loss, last_val < 0 ? "n/a " : "",
+                  step - first + 1, wall, (double)per_step * o->world_size * (double)(step - first + 1) / train_time, last_loss, last_val < 0 ? "n/a " : "",
                   last_val, o->out);
         if (multi)
             loom_info("loom train: %d ranks: %.1f%% of step time waiting for communication (%.2fs of %.2fs)", o->world_size,

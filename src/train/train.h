@@ -18,6 +18,7 @@ typedef struct {
     double lr, min_lr_ratio, weight_decay, clip, beta1, beta2, val_fraction;
     int eval_every, eval_batches, sample_every, sample_tokens, ckpt_every, keep_ckpts;
     int log_every, threads, force;
+    int resume; /* continue the run in `out` from its newest checkpoint */
     long long seed;
     /* Data parallelism. The ranks come from the launch (mpirun, srun, the
      * torchrun environment; see dist/dist.h); loom_train fills rank and
