@@ -6,12 +6,9 @@
  * spent blocked on communication. Each configuration runs in fresh
  * processes so thread pools and sockets do not carry over. */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,17 +28,6 @@ typedef struct {
     double step_s, wait_s, loss;
     int ok;
 } bench_result_t;
-
-static int bench_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    int port = 29600;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
 
 /* One rank's part, in a forked child; the result goes back through `fd`. */
 static void run_rank(const bench_cfg_t *c, int rank, int world, int threads, int overlap, int port, int fd) {
@@ -116,7 +102,7 @@ static bench_result_t run_config(const bench_cfg_t *c, int world, int threads, i
     int p[2];
     bench_result_t r0 = {0};
     if (pipe(p) != 0) return r0;
-    int port = bench_port();
+    int port = loom_dist_free_port(29600);
     pid_t *pids = loom_calloc((size_t)world, sizeof *pids);
     for (int r = 0; r < world; r++) {
         pids[r] = fork();

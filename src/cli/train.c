@@ -1,31 +1,17 @@
 /* loom train */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "dist/dist.h"
 #include "train/train.h"
-
-/* A free TCP port on 127.0.0.1 for the rendezvous of --nproc. */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    int port = 29500;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
 
 static volatile sig_atomic_t launcher_signal;
 static void launcher_on_signal(int sig) { launcher_signal = sig; }
@@ -54,7 +40,7 @@ static int launch_local(int nproc, int threads, double timeout, int argc, char *
     snprintf(tbuf, sizeof tbuf, "%d", per);
     cargv[n++] = "--threads";
     cargv[n++] = tbuf;
-    snprintf(port, sizeof port, "%d", free_port());
+    snprintf(port, sizeof port, "%d", loom_dist_free_port(29500));
     pid_t *pids = calloc((size_t)nproc, sizeof *pids);
     struct sigaction sa = {.sa_handler = launcher_on_signal}, old_int, old_term;
     sigaction(SIGINT, &sa, &old_int);

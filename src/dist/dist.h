@@ -49,6 +49,10 @@ loom_status loom_dist_init(loom_dist_t **out, const loom_dist_opts_t *o);
 /* Leave the job: a last barrier, then close everything. NULL is fine. */
 void loom_dist_free(loom_dist_t *d);
 
+/* A TCP port on 127.0.0.1 that is free right now (for a local
+ * rendezvous: --nproc, loom bench dist); `fallback` if none is found. */
+int loom_dist_free_port(int fallback);
+
 int loom_dist_rank(const loom_dist_t *d);
 int loom_dist_size(const loom_dist_t *d);
 int loom_dist_local_rank(const loom_dist_t *d);
