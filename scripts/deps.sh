@@ -2,7 +2,7 @@
 # Install what loom needs to build and test, only what is missing.
 # Debian packages through apt-get; PyPI packages for the test oracles.
 set -eu
-pkgs=(build-essential libopenblas-dev libcjson-dev bible-kjv python3-torch python3-numpy libopenmpi-dev openmpi-bin slurmctld slurmd slurm-client munge)
+pkgs=(build-essential libopenblas-dev libcjson-dev bible-kjv python3-torch python3-numpy python3-pip libopenmpi-dev openmpi-bin slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
