@@ -67,3 +67,20 @@ PY
 else
     echo "FAIL resume_zero1_setup: $(tail -3 "$tmp/z.log")"
 fi
+
+# SIGTERM (a preempted spot machine): the step in flight finishes, a
+# checkpoint is written, the exit is non-zero, and --resume continues.
+$LOOM train "${A[@]}" --threads 1 --steps 100000 --ckpt-every 0 --eval-every 0 --out "$tmp/s" > "$tmp/s.log" 2>&1 &
+pid=$!
+for _ in $(seq 300); do
+    [ "$(cat "$tmp/s/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break
+    sleep 0.1
+done
+kill -TERM $pid; wait $pid; rc=$?
+last=$(cat "$tmp/s/latest" 2>/dev/null)
+if [ $rc -ne 0 ] && [ -n "$last" ] && [ -s "$tmp/s/checkpoints/$last/model.safetensors" ] && grep -q "stopped by signal 15" "$tmp/s.log" &&
+   $LOOM train "${A[@]}" --threads 1 --ckpt-every 0 --eval-every 0 --out "$tmp/s" --resume --steps "$(( 10#${last#step_} + 2 ))" > "$tmp/s2.log" 2>&1; then
+    echo "PASS sigterm_checkpoints_and_resumes ($last)"
+else
+    echo "FAIL sigterm_checkpoints_and_resumes: exit $rc, latest '$last': $(tail -2 "$tmp/s.log") $(tail -2 "$tmp/s2.log" 2>/dev/null)"
+fi

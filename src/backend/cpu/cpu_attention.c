@@ -47,14 +47,21 @@ static void scores(float *S, int ld, const float *q, const float *k, size_t C3, 
     loom_cpu_gemm_serial(&g, tid);
 }
 
+/* Threads for an attention call (no more than the GEMM team) with their
+ * per-thread scratch reserved for length T. */
+static int attention_team(int T) {
+    int nt = omp_get_max_threads();
+    if (nt > loom_cpu_gemm_threads()) nt = loom_cpu_gemm_threads();
+    if (scratch_reserve(nt, T) != 0) loom_panic(__FILE__, __LINE__, "out of memory for attention scratch (T=%d)", T);
+    return nt;
+}
+
 void loom_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
                                 int NH) {
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     size_t C3 = 3 * (size_t)C;
-    int nt = omp_get_max_threads();
-    if (nt > loom_cpu_gemm_threads()) nt = loom_cpu_gemm_threads();
-    if (scratch_reserve(nt, T) != 0) loom_panic(__FILE__, __LINE__, "out of memory for attention scratch (T=%d)", T);
+    int nt = attention_team(T);
 #pragma omp parallel num_threads(nt)
     {
         int tid = omp_get_thread_num();
@@ -100,9 +107,7 @@ void loom_cpu_attention_backward(float *dqkv, const float *dout, const float *qk
     int hs = C / NH;
     float scale = 1.0f / sqrtf((float)hs);
     size_t C3 = 3 * (size_t)C;
-    int nt = omp_get_max_threads();
-    if (nt > loom_cpu_gemm_threads()) nt = loom_cpu_gemm_threads();
-    if (scratch_reserve(nt, T) != 0) loom_panic(__FILE__, __LINE__, "out of memory for attention scratch (T=%d)", T);
+    int nt = attention_team(T);
 #pragma omp parallel num_threads(nt)
     {
         int tid = omp_get_thread_num();
