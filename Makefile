@@ -22,7 +22,7 @@ ifneq ($(SANITIZE),)
   NO_CUDA := 1
 endif
 
-# MPI: the mpi transport of src/dist/ is built when Open MPI's mpicc is found.
+# MPI: the mpi transport of src/parallel/ is built when Open MPI's mpicc is found.
 ifneq ($(shell command -v mpicc 2>/dev/null),)
   CFLAGS  += -DLOOM_HAVE_MPI $(shell mpicc --showme:compile)
   LDLIBS  += $(shell mpicc --showme:link)
@@ -35,7 +35,7 @@ endif
 # exports them (-rdynamic) and links all of libloom.a.
 NVCC := $(if $(NO_CUDA),,$(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null))
 CU_SRCS := $(wildcard src/backend/cuda/*.cu)
-PLUGIN_C_SRCS := src/dist/dist_nccl.c
+PLUGIN_C_SRCS := src/parallel/dist_nccl.c
 ifneq ($(and $(NVCC),$(CU_SRCS)),)
   CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
   CUDA_ARCHS ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=[sm_90,compute_90]

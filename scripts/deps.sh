@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # Install what loom needs to build and test, only what is missing.
-# Debian packages through apt-get; PyPI packages for the test oracles.
+# Debian packages through apt-get; PyPI packages for the test oracles and
+# real clients, each set in an ignored folder of its own under .deps/ so that
+# Debian's python3 stays as Debian ships it (except `tokenizers`, below).
 set -eu
-pkgs=(build-essential libopenblas-dev libcjson-dev bible-kjv python3-torch python3-numpy python3-pip libopenmpi-dev openmpi-bin slurmctld slurmd slurm-client munge)
+cd "$(dirname "$0")/.."
+pkgs=(build-essential libopenblas-dev libcjson-dev bible-kjv python3-torch python3-numpy python3-pip
+      libopenmpi-dev openmpi-bin slurmctld slurmd slurm-client munge
+      libmicrohttpd-dev prometheus libjs-dygraphs chromium strace python3-yaml)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,3 +28,20 @@ if ! /usr/bin/python3 -c 'import tokenizers' 2>/dev/null; then
     echo "deps: installing the tokenizers Python package"
     /usr/bin/python3 -m pip install -q --break-system-packages tokenizers
 fi
+# pip_target DIR MODULE PKG...: install PKGs into DIR unless MODULE imports from it.
+pip_target() {
+    local dir=$1 mod=$2; shift 2
+    if ! PYTHONPATH=$dir /usr/bin/python3 -c "import $mod" 2>/dev/null; then
+        echo "deps: installing $* into $dir"
+        /usr/bin/python3 -m pip install -q --disable-pip-version-check --target "$dir" "$@"
+    fi
+}
+# Real clients and readers used by tests (PYTHONPATH=.deps/py): the official
+# openai client, llama.cpp's gguf reader, the Kubernetes schema validator.
+pip_target .deps/py openai openai
+pip_target .deps/py gguf gguf "numpy<2"
+pip_target .deps/py kubernetes_validate kubernetes-validate
+# Hugging Face transformers, the oracle of the interop and engine tests
+# (PYTHONPATH=.deps/hf), pinned to versions that run on Debian's torch 1.13;
+# kept apart so the tokenizer tests keep Debian python's own `tokenizers`.
+pip_target .deps/hf transformers transformers==4.36.2 tokenizers==0.15.2 huggingface_hub==0.20.3 safetensors==0.4.2 "numpy<2"

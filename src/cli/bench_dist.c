@@ -15,7 +15,7 @@
 #include "backend/backend.h"
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "model/gpt.h"
 #include "train/step.h"
 

@@ -10,7 +10,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "train/train.h"
 
 static volatile sig_atomic_t launcher_signal;

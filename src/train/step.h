@@ -4,7 +4,7 @@
 #ifndef LOOM_STEP_H
 #define LOOM_STEP_H
 
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "model/gpt.h"
 
 typedef struct {

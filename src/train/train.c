@@ -13,7 +13,7 @@
 #include "ckpt/optim.h"
 #include "ckpt/run.h"
 #include "ckpt/safetensors.h"
-#include "dist/dist.h"
+#include "parallel/dist.h"
 #include "data/dataset.h"
 #include "model/generate.h"
 #include "model/gpt.h"

@@ -21,7 +21,7 @@ typedef struct {
     int resume; /* continue the run in `out` from its newest checkpoint */
     long long seed;
     /* Data parallelism. The ranks come from the launch (mpirun, srun, the
-     * torchrun environment; see dist/dist.h); loom_train fills rank and
+     * torchrun environment; see parallel/dist.h); loom_train fills rank and
      * world_size in its own copy. */
     int zero;               /* ZeRO stage 0, 1, 2 */
     const char *grad_dtype; /* gradients on the wire: "fp32" or "bf16" (NULL = fp32) */

@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "dist/dist_impl.h"
+#include "parallel/dist_impl.h"
 
 typedef struct {
     int rank, size;

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "dist/dist_impl.h"
+#include "parallel/dist_impl.h"
 
 typedef struct {
     int rank, size;

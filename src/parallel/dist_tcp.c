@@ -19,7 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "dist/dist_impl.h"
+#include "parallel/dist_impl.h"
 
 #define TCP_MAGIC 0x6c6f6f6d44495354ULL /* "loomDIST" */
 #define CHUNK (1u << 20)                /* bytes per ring transfer */

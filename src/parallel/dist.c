@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "dist/dist_impl.h"
+#include "parallel/dist_impl.h"
 
 /* ---------------- element types ---------------- */
 

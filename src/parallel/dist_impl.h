@@ -1,6 +1,6 @@
 /* dist_impl: what a transport (tcp, mpi, nccl) gives the generic layer in
  * dist.c, and the socket helpers shared by the tcp transport and the
- * watchdog's heartbeat mesh. Private to src/dist/. */
+ * watchdog's heartbeat mesh. Private to src/parallel/. */
 #ifndef LOOM_DIST_IMPL_H
 #define LOOM_DIST_IMPL_H
 
