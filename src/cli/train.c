@@ -111,6 +111,7 @@ int cmd_train(int argc, char **argv) {
     const loom_arg_t args[] = {
         {"data", ARG_STR, &o.data, NULL, 0, 0, "text file, or folder of token shards from `loom tokenize`"},
         {"model", ARG_STR, &o.model, "gpt2-tiny", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"},
+        {"init-from", ARG_STR, &o.init_from, NULL, 0, 0, "Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer) to fine-tune; --data must use its tokenizer"},
         {"out", ARG_STR, &o.out, NULL, 0, 0, "run folder to create (config, metrics log, checkpoints, plot)"},
         {"force", ARG_BOOL, &o.force, "0", 0, 0, "replace the run in an existing --out folder"},
         {"resume", ARG_BOOL, &o.resume, "0", 0, 0, "continue the run in --out from its newest checkpoint (weights, AdamW state, step, data position); same data, model and ranks"},
@@ -175,6 +176,11 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: --recompute %s: use none, gelu or all\n", o.recompute);
         return 2;
     }
+    if (o.init_from && (o.layers || o.heads || o.channels || o.context)) {
+        fprintf(stderr, "loom train: --init-from %s takes the architecture from its config.json; drop --layers/--heads/--channels/--context\n", o.init_from);
+        return 2;
+    }
+    if (o.init_from) o.model = o.init_from;
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);
     o.world_size = 1;
     loom_status s = loom_train(&o);

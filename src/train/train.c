@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "ckpt/hf.h"
 #include "ckpt/optim.h"
 #include "ckpt/run.h"
 #include "ckpt/safetensors.h"
@@ -240,7 +241,7 @@ static double peak_rss_mb(void) {
 static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     loom_gpt_config_t cfg;
-    LOOM_TRY(loom_gpt_preset(&cfg, o->model));
+    LOOM_TRY(o->init_from ? loom_hf_read_config(o->init_from, &cfg) : loom_gpt_preset(&cfg, o->model));
     if (o->layers) cfg.n_layer = o->layers;
     if (o->heads) cfg.n_head = o->heads;
     if (o->channels) cfg.channels = o->channels;
@@ -270,6 +271,7 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     FILE *log = NULL;
     double *hist = NULL, *vhist = NULL;
     cfg.vocab_size = loom_dataset_vocab_size(ds);
+    if (o->init_from && (s = loom_hf_check_data(o->init_from, o->data, loom_dataset_tokenizer(ds), cfg.vocab_size, &cfg)) != LOOM_OK) goto done;
     loom_ckpt_state_t rst = {0};
     char rck[4096] = "";
     if (o->resume) {
@@ -315,6 +317,7 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     if (lead && !o->resume && (s = loom_run_prepare(o->out, o->force)) != LOOM_OK) goto done;
     /* Every rank draws the same initial weights from the same seed. */
     if ((s = loom_gpt_init(&m, &cfg, be, (unsigned long long)o->seed)) != LOOM_OK) goto done;
+    if (o->init_from && !o->resume && (s = loom_hf_load_weights(m, o->init_from)) != LOOM_OK) goto done;
     loom_gpt_set_recompute(m, (loom_recompute)rc);
     if ((s = loom_gpt_alloc_train(m)) != LOOM_OK) goto done;
     if ((s = loom_gpt_alloc_acts(m, B, T)) != LOOM_OK) goto done;
