@@ -182,7 +182,13 @@ def mode_greedy(d, prompt, n):
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=model.config.eos_token_id,
                              attention_mask=torch.ones_like(ids))
-    sys.stdout.write(tok.decode(out[0]))
+    # Raw bytes, as loom prints them: tok.decode would turn a token that ends
+    # inside a UTF-8 character into U+FFFD.
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+    inv = {c: b for b, c in bytes_to_unicode().items()}
+    special = set(tok.all_special_tokens)
+    raw = b"".join(t.encode() if t in special else bytes(inv[c] for c in t) for t in tok.convert_ids_to_tokens(out[0]))
+    sys.stdout.buffer.write(raw)
 
 
 if __name__ == "__main__":
