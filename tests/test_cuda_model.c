@@ -293,6 +293,7 @@ struct call {
         LOOM_OPS(REC_MEMBER_)
     } a;
     loom_adamw_t hp; /* an HP argument, copied: a real graph freezes it at capture */
+    loom_tensor_t qt; /* a QT argument's descriptor, copied likewise (one per op) */
 };
 #define SIM_KEYS 8
 #define SIM_CALLS 1024
@@ -328,7 +329,7 @@ static void forbidden(const char *what) {
 #define REC_KEEP_ACT_(name)
 #define REC_KEEP_F32_(name)
 #define REC_KEEP_I32_(name)
-#define REC_KEEP_QT_(name)
+#define REC_KEEP_QT_(name) c->qt = *name, s.name = &c->qt;
 #define REC_KEEP_BYTES_(name)
 #define REC_KEEP_VAL_(name)
 #define REC_CAPTURE_(name, ret, kind, fallback, flops, n, args)                                  \
