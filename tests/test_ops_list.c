@@ -148,7 +148,28 @@ static void sparse_and_half_tensors_dequantize(void) {
     CHECK(loom_tensor_check(&h, "h") == LOOM_EINVAL && strstr(loom_errmsg(), "no scales"), "fp16 with scales: %s", loom_errmsg());
 }
 
-int main(void) {
+/* `--check-rules`: the harness's SKIP rules on made-up statuses, for
+ * tests/test_skip_rules.sh (these cases are meant to fail and skip). */
+static void rule_other_error_fails(void) {
+    loom_error(LOOM_EINVAL, "made-up invalid argument");
+    check_available(LOOM_EINVAL, 1);
+}
+static void rule_unavailable_gpu_skips(void) {
+    loom_error(LOOM_EUNAVAIL, "made-up: no GPU");
+    check_available(LOOM_EUNAVAIL, 1);
+}
+static void rule_unavailable_part_skips(void) {
+    loom_error(LOOM_EUNAVAIL, "made-up: no MPI");
+    check_available(LOOM_EUNAVAIL, 0);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--check-rules") == 0) {
+        RUN(rule_other_error_fails);
+        RUN(rule_unavailable_gpu_skips);
+        RUN(rule_unavailable_part_skips);
+        return check_main_end();
+    }
     if (loom_backend_cpu_init(&cpu, 1) != LOOM_OK) {
         printf("FAIL cpu backend: %s\n", loom_errmsg());
         return 1;
