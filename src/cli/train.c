@@ -10,6 +10,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "parallel/dist.h"
 #include "train/train.h"
 
@@ -177,6 +178,9 @@ int cmd_train(int argc, char **argv) {
     }
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);
     o.world_size = 1;
+    loom_train_observer_t *observers[] = {loom_progress_observer(&o)};
+    o.observers = observers;
+    o.n_observers = 1;
     loom_status s = loom_train(&o);
     if (s != LOOM_OK) {
         fprintf(stderr, "loom train: %s\n", loom_errmsg());
