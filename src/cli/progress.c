@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 typedef struct {
@@ -54,4 +55,38 @@ loom_train_observer_t *loom_progress_observer(const loom_train_opts_t *o) {
     p->self = (loom_train_observer_t){.name = "progress", .ctx = p, .after_step = progress_after_step,
                                       .on_end = progress_end, .free = progress_free};
     return &p->self;
+}
+
+void loom_progress_bar_init(loom_progress_bar_t *p, int quiet) {
+    *p = (loom_progress_bar_t){.tty = isatty(2), .quiet = quiet};
+}
+
+static void fmt_eta_clock(char *buf, size_t n, double s) {
+    if (s < 0 || s > 1e7) snprintf(buf, n, "?");
+    else snprintf(buf, n, "%d:%02d", (int)s / 60, (int)s % 60);
+}
+
+void loom_progress_bar_show(void *ctx, const char *stage, double done, double total, const char *unit, const char *extra,
+                            int final) {
+    loom_progress_bar_t *p = ctx;
+    if (p->quiet) return;
+    double now = loom_now();
+    if (strcmp(p->stage, stage)) {
+        snprintf(p->stage, sizeof p->stage, "%s", stage);
+        p->start = p->last = now;
+    }
+    if (!final && now - p->last < (p->tty ? 0.1 : 10.0)) return;
+    p->last = now;
+    double el = now - p->start, rate = el > 0 ? done / el : 0;
+    char eta[32];
+    fmt_eta_clock(eta, sizeof eta, rate > 0 ? (total - done) / rate : -1);
+    double pct = total > 0 ? 100.0 * done / total : 100.0;
+    int bar = (int)(pct / 5);
+    char b[21];
+    for (int i = 0; i < 20; i++) b[i] = i < bar ? '#' : '.';
+    b[20] = 0;
+    int prec = strcmp(unit, "MB") ? 0 : 1;
+    fprintf(stderr, "%s%-9s [%s] %3.0f%% %.*f/%.*f %s, %.*f %s/s%s, ETA %s%s", p->tty ? "\r" : "", stage, b, pct, prec, done,
+            prec, total, unit, prec, rate, unit, extra ? extra : "", final ? "0:00" : eta, final || !p->tty ? "\n" : "");
+    fflush(stderr);
 }
