@@ -1,26 +1,16 @@
+/* train: the step loop and the points where it calls its observers (the
+ * order is in train.h). Setup and teardown are in setup.c, the built-in
+ * observers in observers.c and checkpoint.c. */
 #define _GNU_SOURCE
 #include "train.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
-#include "backend/backend.h"
-#include "ckpt/hf.h"
-#include "ckpt/optim.h"
-#include "ckpt/run.h"
-#include "ckpt/safetensors.h"
-#include "parallel/dist.h"
-#include "data/dataset.h"
-#include "model/generate.h"
-#include "model/gpt.h"
-#include "obs/plot.h"
-#include "train/step.h"
-#include "train/step_graph.h"
+#include "train/eval.h"
+#include "train/train_impl.h"
 
 double loom_lr_at(long long t, long long steps, int warmup, double lr, double min_lr_ratio) {
     if (warmup > 0 && t <= warmup) return lr * (double)t / warmup;
@@ -31,150 +21,172 @@ double loom_lr_at(long long t, long long steps, int warmup, double lr, double mi
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(M_PI * progress));
 }
 
-static volatile sig_atomic_t stop_requested;
-static void on_signal(int sig) { stop_requested = sig; }
+void loom_train_request_stop(loom_train_run_t *run, int sig) {
+    if (!run->stop_signal) run->stop_signal = sig ? sig : SIGTERM;
+}
 
-/* Validation loss: mean over up to `nb` batches from the start of the split. */
-static loom_status eval_loss(loom_gpt_t *m, const loom_dataset_t *ds, int B, int T, int nb,
-                             int *in, int *tg, double *out) {
-    size_t ntok = loom_dataset_ntokens(ds, LOOM_SPLIT_VAL);
-    size_t per = (size_t)B * T;
-    int n = (int)(ntok / per);
-    if (n > nb) n = nb;
-    if (n < 1) n = 1;
-    double sum = 0;
-    for (int i = 0; i < n; i++) {
-        loom_dataset_batch(ds, LOOM_SPLIT_VAL, (size_t)i * per, B, T, in, tg);
-        float l;
-        LOOM_TRY(loom_gpt_forward(m, in, tg, B, T, 0.0f, &l));
-        sum += l;
-    }
-    *out = sum / n;
+/* ---- the observer points ---- */
+
+#define EMIT(run, hook, ...)                                                                   \
+    do {                                                                                       \
+        for (int i_ = 0; i_ < (run)->n_obs; i_++) {                                            \
+            loom_train_observer_t *ob_ = (run)->obs[i_];                                       \
+            if (ob_->hook) LOOM_TRY(ob_->hook(ob_->ctx, (run), __VA_ARGS__));                  \
+        }                                                                                      \
+    } while (0)
+
+static loom_status emit_start(loom_train_run_t *run) {
+    for (int i = 0; i < run->n_obs; i++)
+        if (run->obs[i]->on_start) LOOM_TRY(run->obs[i]->on_start(run->obs[i]->ctx, run));
     return LOOM_OK;
 }
 
-static void print_sample(loom_gpt_t *m, const loom_tokenizer_t *tok, int ntok, unsigned long long seed) {
-    if (!tok || ntok <= 0) return;
-    int eot = loom_tokenizer_eot(tok);
-    uint32_t start = eot >= 0 ? (uint32_t)eot : (uint32_t)'\n';
-    loom_sampling_t s = {.temperature = 1.0f, .top_k = 40, .top_p = 1.0f};
-    loom_rng_t rng;
-    loom_rng_seed(&rng, seed);
-    loom_text_sink_t sink = {tok, stderr};
-    fprintf(stderr, "---- sample ----\n");
-    loom_gpt_generate(m, &start, 1, ntok, &s, &rng, loom_text_sink_emit, &sink);
-    fprintf(stderr, "\n----------------\n");
+static loom_status emit_before_step(loom_train_run_t *run, long long step) {
+    EMIT(run, before_step, step);
+    return LOOM_OK;
 }
 
-static void fmt_eta(double s, char *buf, size_t cap) {
-    if (!isfinite(s) || s < 0) snprintf(buf, cap, "?");
-    else if (s < 60) snprintf(buf, cap, "%.0fs", s);
-    else if (s < 3600) snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
-    else snprintf(buf, cap, "%dh%02dm", (int)s / 3600, ((int)s % 3600) / 60);
+static loom_status emit_eval(loom_train_run_t *run, long long step, double val) {
+    EMIT(run, on_eval, step, val);
+    return LOOM_OK;
 }
 
-/* How the step runs, for config.json and the log. */
-typedef struct {
-    const char *dtype_source; /* "--dtype" or "default" */
-    int graphs;               /* CUDA graphs in use */
-    int loss_scaling;         /* dynamic fp16 loss scaling */
-    int device_step;          /* the device-resident step (step_graph.h) */
-} step_mode_t;
-
-static loom_status write_run_config(const loom_train_opts_t *o, const loom_gpt_t *m,
-                                    const loom_backend_t *be, const loom_dataset_t *ds,
-                                    const step_mode_t *sm) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "format", "loom-run-1");
-    cJSON_AddStringToObject(j, "data", o->data);
-    cJSON_AddStringToObject(j, "data_description", loom_dataset_describe(ds));
-    cJSON_AddStringToObject(j, "model", o->model);
-    cJSON *mc = cJSON_AddObjectToObject(j, "model_config");
-    cJSON_AddNumberToObject(mc, "n_layer", m->cfg.n_layer);
-    cJSON_AddNumberToObject(mc, "n_head", m->cfg.n_head);
-    cJSON_AddNumberToObject(mc, "n_embd", m->cfg.channels);
-    cJSON_AddNumberToObject(mc, "n_positions", m->cfg.max_seq_len);
-    cJSON_AddNumberToObject(mc, "vocab_size", m->cfg.vocab_size);
-    cJSON_AddNumberToObject(mc, "padded_vocab_size", m->cfg.padded_vocab_size);
-    cJSON_AddNumberToObject(mc, "parameters", (double)loom_gpt_num_params(&m->cfg));
-    cJSON_AddStringToObject(j, "device", be->name);
-    cJSON_AddStringToObject(j, "dtype", loom_dtype_name(be->dtype));
-    cJSON_AddStringToObject(j, "dtype_source", sm->dtype_source);
-    cJSON_AddStringToObject(j, "loss_scaling", sm->loss_scaling ? "dynamic" : "none");
-    cJSON_AddStringToObject(j, "recompute", loom_recompute_name(m->recompute));
-    cJSON_AddBoolToObject(j, "cuda_graphs", sm->graphs);
-    cJSON_AddStringToObject(j, "step", sm->device_step ? "device" : "host");
-    cJSON_AddNumberToObject(j, "threads", loom_backend_cpu_threads());
-    cJSON_AddNumberToObject(j, "batch", o->batch);
-    cJSON_AddNumberToObject(j, "seq", o->seq);
-    cJSON_AddNumberToObject(j, "grad_accum", o->grad_accum);
-    cJSON_AddNumberToObject(j, "world_size", o->world_size);
-    cJSON_AddNumberToObject(j, "zero", o->zero);
-    cJSON_AddStringToObject(j, "grad_dtype", o->grad_dtype ? o->grad_dtype : "fp32");
-    cJSON_AddNumberToObject(j, "steps", (double)o->steps);
-    cJSON_AddNumberToObject(j, "lr", o->lr);
-    cJSON_AddNumberToObject(j, "min_lr_ratio", o->min_lr_ratio);
-    cJSON_AddNumberToObject(j, "warmup", o->warmup);
-    cJSON_AddNumberToObject(j, "weight_decay", o->weight_decay);
-    cJSON_AddNumberToObject(j, "clip", o->clip);
-    cJSON_AddNumberToObject(j, "beta1", o->beta1);
-    cJSON_AddNumberToObject(j, "beta2", o->beta2);
-    cJSON_AddNumberToObject(j, "seed", (double)o->seed);
-    char hash[32];
-    const loom_tokenizer_t *tok = loom_dataset_tokenizer(ds);
-    snprintf(hash, sizeof hash, "%016llx", tok ? (unsigned long long)loom_tokenizer_hash(tok) : 0ULL);
-    cJSON_AddStringToObject(j, "tokenizer_hash", hash);
-    cJSON_AddStringToObject(j, "peak_flops_source", be->peak_source ? be->peak_source : "unknown");
-    char *text = cJSON_Print(j);
-    cJSON_Delete(j);
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", o->out);
-    loom_status s = loom_file_write_atomic(path, text, strlen(text));
-    free(text);
-    return s;
+static loom_status emit_after_step(loom_train_run_t *run, const loom_step_record_t *rec) {
+    EMIT(run, after_step, rec);
+    return LOOM_OK;
 }
 
-/* Every rank's AdamW state into the checkpoint being written. Rank 0
- * calls this from inside loom_run_save_checkpoint_with with the temporary
- * folder; the others call it with NULL at the same point of the loop and
- * learn the folder by broadcast. */
-typedef struct {
-    loom_dist_t *d;
-    loom_dp_t *dp;
-    loom_gpt_t *m;
-    int zero;
-    long long step;
-} shard_ctx_t;
+loom_status loom_train_emit_checkpoint(loom_train_run_t *run, const loom_ckpt_event_t *ev) {
+    EMIT(run, on_checkpoint, ev);
+    return LOOM_OK;
+}
 
-static loom_status write_optim_shards(const char *tmp_dir, void *vctx) {
-    shard_ctx_t *c = vctx;
-    int rank = loom_dist_rank(c->d), world = loom_dist_size(c->d);
-    char dir[4096] = "", path[4200];
-    if (tmp_dir) snprintf(dir, sizeof dir, "%s", tmp_dir);
-    LOOM_TRY(loom_dist_broadcast(c->d, dir, sizeof dir, 0));
-    loom_status s = LOOM_OK;
-    if (c->zero >= 1 || rank == 0) {
-        size_t lo, hi;
-        float *am, *av;
-        if (c->dp) {
-            loom_dp_shard(c->dp, &lo, &hi, &am, &av);
-        } else {
-            lo = 0;
-            hi = c->m->num_params;
-            am = c->m->m;
-            av = c->m->v;
-        }
-        int w = c->zero >= 1 ? world : 1;
-        loom_optim_shard_path(path, sizeof path, dir, rank, w);
-        loom_optim_shard_t h = {(uint32_t)rank, (uint32_t)w, (uint32_t)c->zero, c->m->num_params, lo, hi, (uint64_t)c->step};
-        s = loom_optim_shard_save(path, &h, c->m->be, am, av);
+/* Every observer's on_stop, even after one failed; the first error wins. */
+static loom_status emit_stop(loom_train_run_t *run, loom_status s) {
+    for (int i = 0; i < run->n_obs; i++) {
+        loom_train_observer_t *ob = run->obs[i];
+        if (!ob->on_stop) continue;
+        loom_status r = ob->on_stop(ob->ctx, run, s);
+        if (s == LOOM_OK) s = r;
     }
-    double failed = s != LOOM_OK;
-    LOOM_TRY(loom_dist_allreduce_f64(c->d, &failed, 1));
-    if (s == LOOM_OK && failed > 0) s = loom_error(LOOM_EIO, "%.0f rank(s) could not write their optimizer shard into %s", failed, dir);
     return s;
 }
 
+static void emit_end(loom_train_run_t *run, loom_status s) {
+    for (int i = 0; i < run->n_obs; i++)
+        if (run->obs[i]->on_end) run->obs[i]->on_end(run->obs[i]->ctx, run, s);
+}
+
+/* ---- one step ---- */
+
+/* A stop asked for on any rank stops every rank at the same step. */
+static loom_status agree_on_stop(loom_train_run_t *run) {
+    double stop = run->stop_signal;
+    if (run->multi) LOOM_TRY(loom_dist_allreduce_f64(run->dist, &stop, 1));
+    if (stop > 0) loom_train_request_stop(run, 0);
+    return LOOM_OK;
+}
+
+/* This rank's micro-batches: disjoint slices of the global batch. */
+static void next_batches(loom_train_job_t *j) {
+    loom_train_run_t *run = &j->run;
+    size_t BT = (size_t)run->B * run->T, ntrain = loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN);
+    for (int k = 0; k < j->o.grad_accum; k++) {
+        size_t p = (run->data_pos + ((size_t)k * j->o.world_size + j->o.rank) * BT) % ntrain;
+        loom_dataset_batch(j->ds, LOOM_SPLIT_TRAIN, p, run->B, run->T, j->in + k * BT, j->tg + k * BT);
+    }
+    run->data_pos = (run->data_pos + run->tokens_per_step) % ntrain;
+}
+
+/* The optimizer step itself: device-resident where the backend has it. */
+static loom_status optimizer_step(loom_train_job_t *j, loom_step_record_t *rec) {
+    loom_train_run_t *run = &j->run;
+    if (!j->sg)
+        return loom_train_step_dp(run->model, run->dp, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt,
+                                  (float)rec->lr, (int)rec->step, &rec->loss, &rec->grad_norm);
+    loom_step_result_t r = {0};
+    LOOM_TRY(loom_step_graph_run(j->sg, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt, (float)rec->lr,
+                                 (int)rec->step, run->loss_scaling ? &j->ls : NULL, &r));
+    rec->loss = r.loss;
+    rec->grad_norm = r.grad_norm;
+    rec->skipped = r.skipped;
+    if (r.skipped)
+        loom_info("%sloom train: step %lld skipped: inf/nan gradients at loss scale %g; scale now %g (%lld skipped so far)",
+                  isatty(2) ? "\n" : "", rec->step, rec->loss_scale, j->ls.scale, j->ls.skipped);
+    return LOOM_OK;
+}
+
+/* Model FLOPs utilization of a step. A peak measured while other work
+ * loaded the machine is too low; a step that beats it proves more is
+ * possible, so the peak rises to what was achieved and MFU never reads
+ * above 100%. */
+static double step_mfu(loom_train_job_t *j, const loom_step_record_t *rec) {
+    double achieved = j->run.flops_per_token * rec->tokens_per_s / j->o.world_size;
+    if (j->peak > 0 && achieved > j->peak) {
+        if (!j->peak_raised)
+            loom_warn("step %lld ran at %.1f GFLOP/s per rank, above the measured peak of %.1f; "
+                      "the peak measurement ran on a busy machine, so MFU now uses the best observed rate",
+                      rec->step, achieved / 1e9, j->peak / 1e9);
+        j->peak = achieved;
+        j->peak_raised = 1;
+    }
+    return j->peak > 0 ? achieved / j->peak : -1;
+}
+
+static loom_status run_step(loom_train_job_t *j, long long step, loom_step_record_t *rec) {
+    loom_train_run_t *run = &j->run;
+    const loom_train_opts_t *o = &j->o;
+    next_batches(j);
+    *rec = (loom_step_record_t){.step = step, .val_loss = -1, .loss_scale = run->loss_scaling ? j->ls.scale : 1.0f,
+                                .lr = loom_lr_at(step, o->steps, o->warmup, o->lr, o->min_lr_ratio)};
+    double t0 = loom_now();
+    LOOM_TRY(optimizer_step(j, rec));
+    run->be->sync();
+    rec->step_s = loom_now() - t0;
+    rec->comm_wait_s = loom_dp_last_wait(run->dp);
+    rec->tokens_per_s = run->tokens_per_step / rec->step_s;
+    rec->mfu = step_mfu(j, rec);
+    run->train_time += rec->step_s;
+    run->comm_wait += rec->comm_wait_s;
+    run->step = step;
+    run->last_loss = rec->loss;
+    rec->elapsed_s = loom_now() - run->t_start;
+    rec->eta_s = run->train_time / (double)(step - run->first_step + 1) * (double)(o->steps - step);
+    return LOOM_OK;
+}
+
+/* Validation on the lead rank, then on_eval. */
+static loom_status run_eval(loom_train_job_t *j, long long step, double *val) {
+    loom_eval_result_t r;
+    LOOM_TRY(loom_eval_loss(j->run.model, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
+    j->run.last_val = r.loss;
+    j->run.last_val_step = step;
+    if (val) *val = r.loss;
+    return emit_eval(&j->run, step, r.loss);
+}
+
+static int eval_due(const loom_train_job_t *j, long long step) {
+    return j->run.lead && j->run.have_val && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
+}
+
+/* ---- the loop ---- */
+
+static loom_status train_loop(loom_train_job_t *j) {
+    loom_train_run_t *run = &j->run;
+    loom_status s = LOOM_OK;
+    run->t_start = loom_now();
+    for (long long step = run->first_step; step <= j->o.steps; step++) {
+        if ((s = emit_before_step(run, step)) != LOOM_OK || (s = agree_on_stop(run)) != LOOM_OK) break;
+        if (run->stop_signal) break;
+        loom_step_record_t rec;
+        if ((s = run_step(j, step, &rec)) != LOOM_OK) break;
+        if (eval_due(j, step) && (s = run_eval(j, step, &rec.val_loss)) != LOOM_OK) break;
+        if ((s = emit_after_step(run, &rec)) != LOOM_OK) break;
+    }
+    return s;
+}
+
+<<<<<<< HEAD
 static loom_status save_checkpoint(const loom_train_opts_t *o, shard_ctx_t *c, const loom_ckpt_state_t *st) {
     c->step = st->step;
     if (o->rank == 0) return loom_run_save_checkpoint_with(o->out, c->m, st, o->keep_ckpts, write_optim_shards, c);
@@ -241,7 +253,7 @@ static double peak_rss_mb(void) {
 static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     loom_gpt_config_t cfg;
-    LOOM_TRY(o->init_from ? loom_hf_read_config(o->init_from, &cfg) : loom_gpt_preset(&cfg, o->model));
+    LOOM_TRY(loom_gpt_preset(&cfg, o->model));
     if (o->layers) cfg.n_layer = o->layers;
     if (o->heads) cfg.n_head = o->heads;
     if (o->channels) cfg.channels = o->channels;
@@ -249,9 +261,8 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     int T = o->seq ? o->seq : cfg.max_seq_len, B = o->batch;
     if (T > cfg.max_seq_len)
         return loom_error(LOOM_EINVAL, "--seq %d is above the model's context of %d; lower --seq or raise --context", T, cfg.max_seq_len);
-    int is_cuda = !strncmp(o->device, "cuda", 4);
     int auto_dtype = !o->dtype || !strcmp(o->dtype, "auto");
-    int dt = auto_dtype ? (is_cuda ? LOOM_BF16 : LOOM_FP32) : loom_dtype_parse(o->dtype);
+    int dt = auto_dtype ? (int)loom_backend_default_dtype(o->device) : loom_dtype_parse(o->dtype);
     if (dt < 0) return loom_error(LOOM_EINVAL, "--dtype %s: unknown; use fp32, tf32, bf16 or fp16", o->dtype);
     int rc = o->recompute ? loom_recompute_parse(o->recompute) : LOOM_RECOMPUTE_NONE;
     if (rc < 0) return loom_error(LOOM_EINVAL, "--recompute %s: unknown; use none, gelu or all", o->recompute);
@@ -271,7 +282,6 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     FILE *log = NULL;
     double *hist = NULL, *vhist = NULL;
     cfg.vocab_size = loom_dataset_vocab_size(ds);
-    if (o->init_from && (s = loom_hf_check_data(o->init_from, o->data, loom_dataset_tokenizer(ds), cfg.vocab_size, &cfg)) != LOOM_OK) goto done;
     loom_ckpt_state_t rst = {0};
     char rck[4096] = "";
     if (o->resume) {
@@ -317,7 +327,6 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     if (lead && !o->resume && (s = loom_run_prepare(o->out, o->force)) != LOOM_OK) goto done;
     /* Every rank draws the same initial weights from the same seed. */
     if ((s = loom_gpt_init(&m, &cfg, be, (unsigned long long)o->seed)) != LOOM_OK) goto done;
-    if (o->init_from && !o->resume && (s = loom_hf_load_weights(m, o->init_from)) != LOOM_OK) goto done;
     loom_gpt_set_recompute(m, (loom_recompute)rc);
     if ((s = loom_gpt_alloc_train(m)) != LOOM_OK) goto done;
     if ((s = loom_gpt_alloc_acts(m, B, T)) != LOOM_OK) goto done;
@@ -334,6 +343,7 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     /* The device-resident step (CUDA graphs, fp16 loss scaling) where the
      * backend has it; data parallelism reduces from the host during
      * backward, so it keeps the host step. */
+    int is_cuda = (be->caps & LOOM_CAP_GRAPHS) != 0; /* capability flags, not the backend's name */
     int want_graphs = is_cuda && (!o->cuda_graphs || !strcmp(o->cuda_graphs, "on"));
     if (!is_cuda && o->cuda_graphs)
         loom_info("loom train: --cuda-graphs %s is ignored on %s (CUDA graphs are for CUDA devices)", o->cuda_graphs, be->name);
@@ -551,22 +561,43 @@ done:
     loom_dp_free(dp);
     loom_gpt_free(m);
     loom_dataset_free(ds);
+=======
+/* After the loop: a validation loss for the last step if it has none,
+ * then on_stop (final checkpoint, plot) and on_end (reports). */
+static loom_status train_finish(loom_train_job_t *j, loom_status s) {
+    loom_train_run_t *run = &j->run;
+    if (s == LOOM_OK && run->step >= run->first_step && run->lead && run->have_val && run->last_val_step != run->step)
+        s = run_eval(j, run->step, NULL);
+    s = emit_stop(run, s);
+    emit_end(run, s);
+    if (s == LOOM_OK && run->stop_signal)
+        s = loom_error(LOOM_EINTERNAL, "stopped by signal %d; the checkpoint of step %lld is in %s", run->stop_signal,
+                       run->step, j->o.out);
+>>>>>>> loop
     return s;
 }
 
 loom_status loom_train(const loom_train_opts_t *opts) {
     loom_dist_t *d;
-    loom_dist_opts_t dopt = {.transport = "auto", .gpu = opts->device && !strncmp(opts->device, "cuda", 4),
+    loom_dist_opts_t dopt = {.transport = "auto", .gpu = opts->device && (loom_backend_device_caps(opts->device) & LOOM_CAP_DEVICE_MEMORY),
                              .timeout_s = opts->dist_timeout};
     dopt.device = -1; /* the local rank's GPU */
     LOOM_TRY(loom_dist_init(&d, &dopt));
-    loom_train_opts_t o = *opts;
-    o.rank = loom_dist_rank(d);
-    o.world_size = loom_dist_size(d);
-    if (o.rank != 0) loom_log_quiet(1);
-    loom_status s = train_run(&o, d);
+    loom_train_job_t *j = loom_calloc(1, sizeof *j);
+    j->o = *opts;
+    j->o.rank = loom_dist_rank(d);
+    j->o.world_size = loom_dist_size(d);
+    if (j->o.rank != 0) loom_log_quiet(1);
+    loom_status s = loom_train_setup(j, d);
+    /* An observer that cannot start (no metrics log) ends the run before
+     * its first step, with no final checkpoint or plot. */
+    if (s == LOOM_OK) s = emit_start(&j->run);
+    if (s == LOOM_OK) s = train_finish(j, train_loop(j));
+    loom_train_teardown(j);
+    int world = j->o.world_size;
+    free(j);
     /* On failure the process exits without the last barrier: its peers
      * see the closed connections and stop, naming this rank. */
-    if (s == LOOM_OK || o.world_size == 1) loom_dist_free(d);
+    if (s == LOOM_OK || world == 1) loom_dist_free(d);
     return s;
 }
