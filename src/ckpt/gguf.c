@@ -421,7 +421,9 @@ static loom_status read_config(const gguf_t *g, loom_gpt_config_t *c) {
     return loom_gpt_config_finish(c);
 }
 
-static loom_status read_tensor(const gguf_t *g, const loom_xtensor_t *x, float *out) {
+/* A loom_xsource_fn over a parsed GGUF file (ctx: the gguf_t). */
+static loom_status read_tensor(void *ctx, const loom_xtensor_t *x, float *out) {
+    const gguf_t *g = ctx;
     const tinfo_t *t = NULL;
     for (uint64_t i = 0; i < g->nt && !t; i++)
         if (!strcmp(g->t[i].name, x->gguf)) t = &g->t[i];
@@ -516,18 +518,6 @@ static loom_status read_tokenizer(const gguf_t *g, loom_tokenizer_t **tok) {
     return st;
 }
 
-static loom_status load_weights(const gguf_t *g, loom_gpt_t *m) {
-    loom_xtensor_t *x;
-    int n = loom_xtensors(&m->cfg, &x);
-    float *host = loom_calloc(m->num_params, sizeof(float));
-    loom_status s = LOOM_OK;
-    for (int i = 0; i < n && s == LOOM_OK; i++) s = read_tensor(g, &x[i], loom_xtensor_view(m, host, &x[i]));
-    if (s == LOOM_OK) m->be->upload(m->params, host, m->num_params * sizeof(float));
-    free(host);
-    free(x);
-    return s;
-}
-
 loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok) {
     *model = NULL;
     *tok = NULL;
@@ -548,7 +538,7 @@ loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_
         s = loom_error(LOOM_EFORMAT, "%s: the tokenizer has %d tokens but token_embd.weight only %d rows", path,
                        loom_tokenizer_vocab_size(*tok), cfg.vocab_size);
     if (s == LOOM_OK) s = loom_gpt_create(model, &cfg, be);
-    if (s == LOOM_OK) s = load_weights(&g, *model);
+    if (s == LOOM_OK) s = loom_xload(*model, read_tensor, &g);
     if (s != LOOM_OK) {
         if (*model) loom_gpt_free(*model);
         if (*tok) loom_tokenizer_free(*tok);

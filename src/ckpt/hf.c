@@ -138,14 +138,7 @@ loom_status loom_hf_load_weights(loom_gpt_t *m, const char *dir) {
     LOOM_TRY(weights_path(dir, path, sizeof path));
     loom_stview_t *v;
     LOOM_TRY(loom_stview_open(&v, path));
-    loom_xtensor_t *x;
-    int n = loom_xtensors(&m->cfg, &x);
-    float *host = loom_calloc(m->num_params, sizeof(float));
-    loom_status s = LOOM_OK;
-    for (int i = 0; i < n && s == LOOM_OK; i++) s = loom_xsource_safetensors(v, &x[i], loom_xtensor_view(m, host, &x[i]));
-    if (s == LOOM_OK) m->be->upload(m->params, host, m->num_params * sizeof(float));
-    free(host);
-    free(x);
+    loom_status s = loom_xload(m, loom_xsource_safetensors, v);
     loom_stview_close(v);
     return s;
 }

@@ -66,6 +66,18 @@ float *loom_xtensor_view(const loom_gpt_t *m, float *host, const loom_xtensor_t 
     return base;
 }
 
+loom_status loom_xload(loom_gpt_t *m, loom_xsource_fn src, void *ctx) {
+    loom_xtensor_t *x;
+    int n = loom_xtensors(&m->cfg, &x);
+    float *host = loom_calloc(m->num_params, sizeof(float));
+    loom_status s = LOOM_OK;
+    for (int i = 0; i < n && s == LOOM_OK; i++) s = src(ctx, &x[i], loom_xtensor_view(m, host, &x[i]));
+    if (s == LOOM_OK) m->be->upload(m->params, host, m->num_params * sizeof(float));
+    free(host);
+    free(x);
+    return s;
+}
+
 /* ---- encodings ----------------------------------------------------------- */
 
 int loom_xdtype_parse(const char *s) {

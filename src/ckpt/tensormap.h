@@ -64,6 +64,10 @@ float loom_f16_to_f32(uint16_t h);
 /* Where a writer gets tensor x's values, in loom layout (x->numel floats). */
 typedef loom_status (*loom_xsource_fn)(void *ctx, const loom_xtensor_t *x, float *out);
 
+/* Fill m's parameters from `src` one tensor at a time (the padding rows of
+ * wte stay zero) and upload them; the first failing tensor's error returns. */
+loom_status loom_xload(loom_gpt_t *m, loom_xsource_fn src, void *ctx);
+
 /* A mmap'd safetensors file. */
 typedef struct loom_stview loom_stview_t;
 /* Map `path` and parse its header; errors name the file. */
