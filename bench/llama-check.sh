@@ -15,6 +15,8 @@
 #    Pass: the two perplexities within 0.1%.
 # 2. Greedy: llama-server's /completion (temperature 0) from loom's prompt
 #    ids, 50 tokens, must equal `loom sample --temperature 0`'s 50 tokens.
+# 0. (before the build) llama.cpp's convert_hf_to_gguf.py on loom's hf export
+#    writes the same GGUF as `loom export --format gguf`; loom reads it.
 # Prints the figures and PASS/FAIL lines; exits 1 when a check fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,8 +26,7 @@ THREADS=${THREADS:-2}
 C=${CTX:-128}      # llama-perplexity's chunk (<= the model's context)
 K=${CHUNKS:-8}     # chunks scored
 NGEN=50
-BIN="$(bench/llama-build.sh | tail -n 1)"
-export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+LLAMA_DIR="${LOOM_LLAMA_DIR:-$ROOT/.cache/llama.cpp}"
 work=$(mktemp -d /tmp/loom-llama-check-XXXXXX)
 server_pid=
 cleanup() { [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null; rm -rf "$work"; }
@@ -44,6 +45,37 @@ if [ -z "${RUN:-}" ]; then
         --lr 3e-3 --warmup 40 --eval-every 0 --sample-tokens 0 --threads "$THREADS" --out "$RUN" 2>&1 | tail -n 1
 fi
 $LOOM export --run "$RUN" --format gguf --dtype f32 --out "$work/m.gguf"
+
+# 0. llama.cpp's own converter on loom's Hugging Face export writes the same
+#    GGUF (metadata, tensor names, shapes, types, bytes) as loom, and loom
+#    reads the converter's file. Needs only the source tree.
+[ -f "$LLAMA_DIR/src/convert_hf_to_gguf.py" ] || bench/llama-build.sh > /dev/null
+$LOOM export --run "$RUN" --format hf --out "$work/hf" > /dev/null
+(cd "$LLAMA_DIR/src" && PYTHONPATH="gguf-py:.:$ROOT/.deps/hf" /usr/bin/python3 "$ROOT/bench/llama_convert.py" "$work/hf" \
+    --outtype f32 --outfile "$work/conv.gguf" > "$work/convert.log" 2>&1) || { tail -n 20 "$work/convert.log"; exit 1; }
+PYTHONPATH="$LLAMA_DIR/src/gguf-py" /usr/bin/python3 - "$work/conv.gguf" "$work/m.gguf" <<'PY' && echo "PASS llama_converter_same_gguf" || { echo "FAIL llama_converter_same_gguf"; fail=1; }
+import sys
+import numpy as np
+import gguf
+a, b = gguf.GGUFReader(sys.argv[1]), gguf.GGUFReader(sys.argv[2])
+ka, kb = set(a.fields), set(b.fields)
+print("converter-only keys:", sorted(ka - kb), "loom-only keys:", sorted(kb - ka))
+diff = [k for k in sorted(ka & kb) if k != "general.name" and not k.startswith("GGUF.") and
+        (a.fields[k].types != b.fields[k].types or a.fields[k].contents() != b.fields[k].contents())]
+print("keys with other values:", diff)
+ta = {t.name: t for t in a.tensors}
+tb = {t.name: t for t in b.tensors}
+same = set(ta) == set(tb) and all(list(ta[n].shape) == list(tb[n].shape) and ta[n].tensor_type == tb[n].tensor_type
+                                  and np.array_equal(ta[n].data, tb[n].data) for n in ta)
+print("tensors: %d vs %d, names, shapes, types and bytes %s" % (len(ta), len(tb), "identical" if same else "DIFFER"))
+sys.exit(0 if same and not diff and not (kb - ka) and (ka - kb) <= {"general.size_label"} else 1)
+PY
+a=$($LOOM sample --gguf "$work/conv.gguf" --prompt "And" --tokens 30 --temperature 0 --threads "$THREADS" 2>/dev/null)
+b=$($LOOM sample --run "$RUN" --prompt "And" --tokens 30 --temperature 0 --threads "$THREADS" 2>/dev/null)
+[ "$a" = "$b" ] && echo "PASS loom_reads_converter_gguf" || { echo "FAIL loom_reads_converter_gguf: '$a' vs '$b'"; fail=1; }
+
+BIN="$(bench/llama-build.sh | tail -n 1)"
+export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # 1. Perplexity.
 "$BIN/llama-perplexity" -m "$work/m.gguf" -f "$work/eval.txt" -c "$C" -b "$C" --chunks "$K" -t "$THREADS" \

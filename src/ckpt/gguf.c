@@ -117,7 +117,8 @@ static int put_tokenizer(buf_t *b, const loom_tokenizer_t *t, int V) {
     if (loom_tokenizer_eot(t) >= 0) {
         kv_u32(b, "tokenizer.ggml.bos_token_id", (uint32_t)loom_tokenizer_eot(t));
         kv_u32(b, "tokenizer.ggml.eos_token_id", (uint32_t)loom_tokenizer_eot(t));
-        n += 2;
+        kv_u32(b, "tokenizer.ggml.unknown_token_id", (uint32_t)loom_tokenizer_eot(t)); /* as GPT-2's tokenizer_config says */
+        n += 3;
     }
     return n;
 }

@@ -16,7 +16,7 @@
  * context_length, embedding_length, feed_forward_length,
  * attention.head_count, attention.layer_norm_epsilon}, general.file_type,
  * the tokenizer as tokenizer.ggml.{model "gpt2", pre "gpt-2", tokens,
- * token_type, merges, bos_token_id, eos_token_id}, and the tensors named in
+ * token_type, merges, bos_token_id, eos_token_id, unknown_token_id}, and the tensors named in
  * tensormap.h (no output.weight: llama.cpp ties it to token_embd). Vectors
  * stay f32 in every file type; with q8_0 a matrix whose rows are not a
  * multiple of 32 is written f16 (as the converter falls back).
