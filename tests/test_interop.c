@@ -254,6 +254,13 @@ static void test_gguf_bad_inputs(void) {
     LOOM_ASSERT(loom_file_read(good, &d, &len) == LOOM_OK);
     free(d);
     cases[3].at = len - 300 * 1024 / 10; /* inside the last layer's weights */
+    /* Cut anywhere in the header and metadata: an error, never a crash. */
+    for (size_t cut = 1; cut < 12000; cut = cut * 3 / 2 + 1) {
+        corrupt(good, bad, cut, NULL, 0);
+        loom_gpt_t *m2;
+        loom_tokenizer_t *t2;
+        CHECK(loom_gguf_load(bad, be, &m2, &t2) != LOOM_OK, "a file cut at byte %zu loaded", cut);
+    }
     for (int i = 0; i < 4; i++) {
         corrupt(good, bad, cases[i].at, cases[i].bytes, cases[i].n);
         loom_gpt_t *m2;
