@@ -280,5 +280,10 @@ loom_status loom_backend_cuda_init(const loom_backend_t **out, int index, loom_d
 #endif
 /* Threads the CPU backend uses. */
 int loom_backend_cpu_threads(void);
+/* The CPU's SGEMM rate in FLOP/s: the best of `reps` n^3 products with
+ * the GEMM and threads of the open CPU backend; `how` says so in words.
+ * Larger n and more reps than the quick measurement at open, for
+ * benchmarks (n = 2048, 5 reps take about 2 s on 2 cores). */
+double loom_backend_cpu_measure_peak(int n, int reps, char *how, size_t how_size);
 
 #endif
