@@ -71,8 +71,7 @@ static loom_status parse_modes(loom_train_job_t *j) {
 static loom_status open_backend(loom_train_job_t *j, loom_dist_t *dist) {
     const loom_train_opts_t *o = &j->o;
     char devname[64];
-    snprintf(devname, sizeof devname, "%s", o->device);
-    if (o->world_size > 1 && !strcmp(o->device, "cuda")) snprintf(devname, sizeof devname, "cuda:%d", loom_dist_local_rank(dist));
+    loom_backend_rank_device(devname, sizeof devname, o->device, o->world_size > 1 ? loom_dist_local_rank(dist) : -1);
     loom_status s = loom_backend_open(&j->run.be, devname, o->threads, (loom_dtype)j->dtype);
     if (s == LOOM_EUNAVAIL && j->auto_dtype && j->dtype == LOOM_BF16) {
         /* No bf16 tensor cores (compute capability < 8), or no GPU at all:
