@@ -48,11 +48,11 @@ static loom_status resolve_model(loom_train_job_t *j) {
 /* How the step runs, from the options (the CLI's flag table checked them). */
 static void step_modes(loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
-    int is_cuda = !strncmp(o->device, "cuda", 4);
+    int has_graphs = (loom_backend_device_caps(o->device) & LOOM_CAP_GRAPHS) != 0;
     j->auto_dtype = o->dtype < 0;
-    j->dtype = j->auto_dtype ? (is_cuda ? LOOM_BF16 : LOOM_FP32) : o->dtype;
+    j->dtype = j->auto_dtype ? (int)loom_backend_default_dtype(o->device) : o->dtype;
     j->recompute = o->recompute;
-    j->want_graphs = is_cuda && o->cuda_graphs != 0;
+    j->want_graphs = has_graphs && o->cuda_graphs != 0;
     j->dpo = (loom_dp_opts_t){.zero = o->zero, .overlap = !o->no_overlap, .grad_dtype = (loom_dist_dtype)o->grad_dtype,
                               .bucket_floats = o->bucket_mb > 0 ? (size_t)(o->bucket_mb * 1e6 / 4) : 0};
 }
@@ -91,7 +91,7 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
     /* The device-resident step (CUDA graphs, fp16 loss scaling) where the
      * backend has it; data parallelism reduces from the host during
      * backward, so it keeps the host step. */
-    int is_cuda = !strncmp(o->device, "cuda", 4);
+    int is_cuda = (run->be->caps & LOOM_CAP_GRAPHS) != 0; /* capability flags, not the backend's name */
     if (!is_cuda && o->cuda_graphs >= 0)
         loom_info("loom train: --cuda-graphs %s is ignored on %s (CUDA graphs are for CUDA devices)", o->cuda_graphs ? "on" : "off",
                   run->be->name);
