@@ -316,7 +316,7 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     /* Every rank draws the same initial weights from the same seed. */
     if ((s = loom_gpt_init(&m, &cfg, be, (unsigned long long)o->seed)) != LOOM_OK) goto done;
     loom_gpt_set_recompute(m, (loom_recompute)rc);
-    if ((s = loom_gpt_alloc_train(m)) != LOOM_OK) goto done;
+    if (o->zero == 0 && (s = loom_gpt_alloc_train(m)) != LOOM_OK) goto done; /* ZeRO >= 1: loom_dp_init */
     if ((s = loom_gpt_alloc_acts(m, B, T)) != LOOM_OK) goto done;
     loom_dp_opts_t dpo = {.zero = o->zero, .overlap = !o->no_overlap,
                           .grad_dtype = o->grad_dtype && !strcmp(o->grad_dtype, "bf16") ? LOOM_DIST_BF16 : LOOM_DIST_FP32,
