@@ -193,7 +193,16 @@ static loom_status no_fit(const train_ctx_t *c, const train_flags_t *f, const lo
         if (mem_need(&d, f, 1, &m) <= t->gpus[i].memory_gb * 1e9 && t->gpus[i].memory_gb > c->gpu->memory_gb)
             k += snprintf(hint + k, sizeof hint - k, "%s%s", strstr(hint, "fits on") ? ", " : "; fits on ", t->gpus[i].id);
     }
-    if (!k) snprintf(hint, sizeof hint, "; more GPUs with --zero 2 shard only AdamW and part of the gradients, so try a smaller --model");
+    if (!k && c->gpu) { /* nothing listed fits: the deepest model of this width that fits the largest GPU */
+        const loom_gpu_t *big = &t->gpus[0];
+        for (int i = 1; i < t->n; i++)
+            if (t->gpus[i].memory_gb > big->memory_gb) big = &t->gpus[i];
+        d = *c;
+        d.capacity = big->memory_gb * 1e9;
+        int L = c->cfg.n_layer;
+        while (L > 1 && (d.cfg.n_layer = --L) && mem_need(&d, f, 1, &m) > d.capacity) {}
+        snprintf(hint, sizeof hint, "; nothing in the GPU table fits it; at most %d layers of this width fit on %s", L, big->id);
+    }
     return loom_error(LOOM_EINVAL, "does not fit: batch 1 x %d needs %s per %s, which has %s%s", c->T, plan_bytes(need, nb, 32),
                       c->gpu ? c->gpu->id : "host", plan_bytes(c->capacity, cb, 32), hint);
 }
