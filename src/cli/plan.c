@@ -471,12 +471,7 @@ static loom_status plan_train(train_flags_t *f) {
 static int cmd_plan_train(int argc, char **argv) {
     train_flags_t f = {.mf.vocab = 50257, .price = -1, .spot_price = -1};
     const loom_arg_t args[] = {
-        {"model", ARG_STR, &f.mf.model, "gpt2-small", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"},
-        {"layers", ARG_INT, &f.mf.layers, "0", 0, 1024, "override the preset's layer count"},
-        {"heads", ARG_INT, &f.mf.heads, "0", 0, 1024, "override the preset's head count"},
-        {"channels", ARG_INT, &f.mf.channels, "0", 0, 65536, "override the preset's width"},
-        {"context", ARG_INT, &f.mf.context, "0", 0, 1 << 20, "override the preset's context length"},
-        {"vocab", ARG_INT, &f.mf.vocab, "50257", 2, 1 << 30, "vocabulary size (the tokenizer's)"},
+        PLAN_MODEL_ARGS(f.mf),
         {"tokens", ARG_STR, &f.tokens, "", 0, 0, "tokens to train on, e.g. 30B (default: 20 per parameter)"},
         {"gpu", ARG_STR, &f.gpu, "a100-80gb", 0, 0, "GPU id from the GPU table, or cpu"},
         {"gpus", ARG_INT, &f.gpus, "1", -1e9, 1e9, "GPUs (data-parallel ranks)"},

@@ -39,6 +39,14 @@ typedef struct {
     const char *model;
     int layers, heads, channels, context, vocab;
 } plan_model_flags_t;
+/* Their rows of a loom_arg_t table (cli/args.h). */
+#define PLAN_MODEL_ARGS(mf)                                                                                           \
+    {"model", ARG_STR, &(mf).model, "gpt2-small", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"}, \
+    {"layers", ARG_INT, &(mf).layers, "0", 0, 1024, "override the preset's layer count"},                              \
+    {"heads", ARG_INT, &(mf).heads, "0", 0, 1024, "override the preset's head count"},                                 \
+    {"channels", ARG_INT, &(mf).channels, "0", 0, 65536, "override the preset's width"},                               \
+    {"context", ARG_INT, &(mf).context, "0", 0, 1 << 20, "override the preset's context length"},                      \
+    {"vocab", ARG_INT, &(mf).vocab, "50257", 2, 1 << 30, "vocabulary size (the tokenizer's)"}
 /* The finished config, or a one-line error naming the bad flag. */
 loom_status plan_model_config(const plan_model_flags_t *f, loom_gpt_config_t *cfg);
 /* The GPU with id `id` from `t`, or LOOM_EINVAL listing the known ones. */

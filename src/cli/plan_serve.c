@@ -111,12 +111,7 @@ static loom_status plan_serve(serve_flags_t *f) {
 int cmd_plan_serve(int argc, char **argv) {
     serve_flags_t f = {0};
     const loom_arg_t args[] = {
-        {"model", ARG_STR, &f.mf.model, "gpt2-small", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"},
-        {"layers", ARG_INT, &f.mf.layers, "0", 0, 1024, "override the preset's layer count"},
-        {"heads", ARG_INT, &f.mf.heads, "0", 0, 1024, "override the preset's head count"},
-        {"channels", ARG_INT, &f.mf.channels, "0", 0, 65536, "override the preset's width"},
-        {"context", ARG_INT, &f.mf.context, "0", 0, 1 << 20, "override the preset's context length"},
-        {"vocab", ARG_INT, &f.mf.vocab, "50257", 2, 1 << 30, "vocabulary size"},
+        PLAN_MODEL_ARGS(f.mf),
         {"gpu", ARG_STR, &f.gpu, "a100-80gb", 0, 0, "GPU id from the GPU table"},
         {"mig", ARG_STR, &f.mig, "", 0, 0, "plan one MIG profile only, e.g. 1g.10gb (default: the whole GPU and every profile)"},
         {"clients", ARG_INT, &f.clients, "64", -1e9, 1e9, "concurrent clients"},
