@@ -82,7 +82,7 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
     dp->o = *o;
     dp->world = loom_dist_size(d);
     dp->rank = loom_dist_rank(d);
-    dp->gpu = strncmp(m->be->name, "cuda", 4) == 0;
+    dp->gpu = (m->be->caps & LOOM_CAP_DEVICE_MEMORY) != 0;
     dp->lo = loom_malloc(((size_t)dp->world + 1) * sizeof(size_t));
     size_t N = m->num_params, hi_r;
     for (int r = 0; r < dp->world; r++) loom_dp_shard_range(N, dp->world, r, &dp->lo[r], &hi_r);
