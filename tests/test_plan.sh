@@ -136,8 +136,12 @@ def solve(A, b):
     return [A[i][3] / A[i][i] for i in range(3)]
 a, b, c = solve(A, bv)
 best = math.sqrt(a / b) if a > 0 and b > 0 else float("nan")
-ok = abs(best / tau - 1) <= 0.05
-print(f"{'PASS' if ok else 'FAIL'} plan_spot_interval_vs_monte_carlo{'' if ok else ':'} planned {tau:.0f} s, simulated optimum {best:.0f} s")
+# The planned interval beats 0.6x and 2.2x of it in the simulation, and the
+# fitted optimum is within 5% of it.
+near = ys[grid.index(tau)] < min(ys[2], ys[-2])
+ok = abs(best / tau - 1) <= 0.05 and near
+print(f"{'PASS' if ok else 'FAIL'} plan_spot_interval_vs_monte_carlo{'' if ok else ':'} planned {tau:.0f} s, simulated optimum {best:.0f} s; "
+      f"overhead {ys[grid.index(tau)]:.4f} at it, {ys[2]:.4f} at {grid[2]:.0f} s, {ys[-2]:.4f} at {grid[-2]:.0f} s")
 PY
 
 # ---- MIG output: YAML with the fields mig-parted and the device plugin read ----
