@@ -5,9 +5,11 @@
  * layout it enumerates is valid, known-valid layouts are found, known-
  * invalid ones rejected; and the planner's memory functions against the
  * model's own allocation counters (src/core/mem.h) in this process. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_peak.h"
 #include "check.h"
 #include "core/mem.h"
 #include "plan/mig.h"
@@ -137,6 +139,22 @@ static void memory_matches_allocations(void) {
     }
 }
 
+/* The table's peak rates are the trainer's (src/backend/cuda/cuda_peak.c),
+ * so a plan's MFU means what `loom train` reports. */
+static void peaks_match_trainer_table(void) {
+    for (int k = 0; k < table.n; k++) {
+        const loom_gpu_t *g = &table.gpus[k];
+        loom_cuda_gpu_t dev = {.cc_major = 9, .sms = 132, .clock_khz = 1980000};
+        snprintf(dev.name, sizeof dev.name, "%s", g->cuda_name);
+        for (int d = LOOM_FP32; d <= LOOM_FP16; d++) {
+            char src[320];
+            double want = loom_cuda_peak_flops(&dev, (loom_dtype)d, src, sizeof src);
+            CHECK(fabs(g->peak_tflops[d] * 1e12 - want) <= 1e-9 * want, "%s %s: table %.1f TFLOP/s, trainer %.1f (%s)", g->id,
+                  loom_dtype_name((loom_dtype)d), g->peak_tflops[d], want / 1e12, src);
+        }
+    }
+}
+
 int main(void) {
     if (loom_gpu_table_load(&table, "src/plan/gpus.json") != LOOM_OK) {
         printf("FAIL plan_table: %s\n", loom_errmsg());
@@ -146,6 +164,7 @@ int main(void) {
     RUN(mig_known_layouts);
     RUN(mig_plan_fewest_unused);
     RUN(memory_matches_allocations);
+    RUN(peaks_match_trainer_table);
     loom_gpu_table_free(&table);
     return check_main_end();
 }

@@ -308,6 +308,26 @@ static void report_memory(plan_report_t *r, const train_ctx_t *c, const train_fl
     else plan_report_num(r, "host_peak", m.host_peak, "peak process memory", "%s (all of the above, staging, step buffers)", plan_bytes(m.host_peak, b[2], 32));
 }
 
+/* The same GPU at every ZeRO stage: per-GPU bytes at this micro-batch and
+ * the largest micro-batch. Memory does not depend on the dtype in loom
+ * (fp32 tensors everywhere; the dtype is the tensor cores' rate). */
+static void report_stages(plan_report_t *r, const train_ctx_t *c, const train_flags_t *f, const loom_gpu_table_t *t) {
+    plan_report_section(r, "zero_stages", "by ZeRO stage (same micro-batch; the largest that fits)");
+    for (int z = 0; z < 3; z++) {
+        train_flags_t g = *f;
+        train_ctx_t d = *c;
+        loom_plan_mem_t m;
+        char key[16], label[64], b[32];
+        g.zero = z;
+        g.batch = 0;
+        double need = mem_need(&d, &g, c->B, &m);
+        int fits = pick_batch(&d, &g, t) == LOOM_OK;
+        snprintf(key, sizeof key, "zero%d", z);
+        snprintf(label, sizeof label, "ZeRO-%d%s", z, z == f->zero ? " (this plan)" : "");
+        plan_report_num(r, key, need, label, "%s per GPU at micro-batch %d; the largest that fits: %d", plan_bytes(need, b, 32), c->B, fits ? d.B : 0);
+    }
+}
+
 static void report_time(plan_report_t *r, const train_ctx_t *c, const train_flags_t *f, double tokens, double *total_s) {
     char b[4][32];
     int accum = accum_for(f, c->B, c->T, f->gpus);
@@ -451,6 +471,7 @@ static loom_status plan_train(train_flags_t *f) {
                     tokens / loom_gpt_num_params(&c.cfg));
     link_gbs(&c, f, f->gpus, &r);
     report_memory(&r, &c, f);
+    report_stages(&r, &c, f, &t);
     double total_s;
     report_time(&r, &c, f, tokens, &total_s);
     loom_plan_mem_t mem;
