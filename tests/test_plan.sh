@@ -23,7 +23,7 @@ train() { # name, extra flags...
     local name=$1; shift
     LOOM_MEM_REPORT="$tmp/$name.mem" $LOOM train "${M[@]}" --out "$tmp/$name" "$@" > "$tmp/$name.log" 2>&1
 }
-train plain --batch 4 --steps 6 || echo "FAIL plan_setup_plain: $(tail -2 "$tmp/plain.log")"
+train plain --batch 4 --steps 2 || echo "FAIL plan_setup_plain: $(tail -2 "$tmp/plain.log")"
 train gelu --batch 4 --steps 2 --recompute gelu || echo "FAIL plan_setup_gelu: $(tail -2 "$tmp/gelu.log")"
 train zero1 --batch 4 --steps 2 --nproc 2 --zero 1 --recompute all || echo "FAIL plan_setup_zero1: $(tail -2 "$tmp/zero1.log")"
 for name in plain gelu zero1; do
@@ -43,16 +43,20 @@ print(f"{'PASS' if ok else 'FAIL'} plan_peak_rss_{name}{'' if ok else ':'} plann
 PY
 done
 
-# ---- time: the plain run's median step, then another batch size ----
+# ---- time: a run's median step, then another batch size ----
+# The two runs go side by side (the batch-4 one with twice the steps, so
+# they take about as long), so that whatever else loads the machine slows
+# both alike; a pair whose medians still moved apart is measured once more.
 median() { $PY -c "import json,sys,statistics; s=[json.loads(l)['step_s'] for l in open(sys.argv[1])][1:]; print(statistics.median(s))" "$1"; }
-# The machine running the suite may be shared: a pair of runs whose
-# medians moved with the load is measured once more.
 for attempt in 1 2; do
-    [ $attempt = 2 ] && { rm -rf "$tmp/plain" "$tmp/b8"; train plain --batch 4 --steps 6; }
-    train b8 --batch 8 --steps 6 --force || echo "FAIL plan_setup_b8: $(tail -2 "$tmp/b8.log")"
-    same=$($LOOM plan train --gpu cpu --measured "$tmp/plain" --json | $PY -c "import json,sys; print(json.load(sys.stdin)['time']['step_s'])")
-    other=$($LOOM plan train --gpu cpu --measured "$tmp/plain" --batch 8 --json | $PY -c "import json,sys; print(json.load(sys.stdin)['time']['step_s'])")
-    res=$($PY - "$same" "$(median "$tmp/plain/metrics.jsonl")" "$other" "$(median "$tmp/b8/metrics.jsonl")" $attempt <<'PY'
+    rm -rf "$tmp/t4" "$tmp/t8"
+    train t4 --batch 4 --steps 12 & p4=$!
+    train t8 --batch 8 --steps 6 & p8=$!
+    wait $p4 || echo "FAIL plan_setup_t4: $(tail -2 "$tmp/t4.log")"
+    wait $p8 || echo "FAIL plan_setup_t8: $(tail -2 "$tmp/t8.log")"
+    same=$($LOOM plan train --gpu cpu --measured "$tmp/t4" --json | $PY -c "import json,sys; print(json.load(sys.stdin)['time']['step_s'])")
+    other=$($LOOM plan train --gpu cpu --measured "$tmp/t4" --batch 8 --json | $PY -c "import json,sys; print(json.load(sys.stdin)['time']['step_s'])")
+    res=$($PY - "$same" "$(median "$tmp/t4/metrics.jsonl")" "$other" "$(median "$tmp/t8/metrics.jsonl")" $attempt <<'PY'
 import sys
 p1, m1, p2, m2 = map(float, sys.argv[1:5])
 last = sys.argv[5] == "2"

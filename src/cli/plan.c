@@ -175,12 +175,17 @@ static double mem_need(const train_ctx_t *c, const train_flags_t *f, int B, loom
 }
 
 /* What would fit instead: more ZeRO, recompute, or a bigger GPU of the table. */
-static loom_status no_fit(const train_ctx_t *c, const train_flags_t *f, const loom_gpu_table_t *t, double need) {
+static loom_status no_fit(const train_ctx_t *c, const train_flags_t *f, const loom_gpu_table_t *t, int B, double need) {
     char hint[1024] = "", nb[32], cb[32];
     int k = 0;
     train_ctx_t d = *c;
     train_flags_t g = *f;
     loom_plan_mem_t m;
+    if (B > 1 && mem_need(&d, f, 1, &m) <= c->capacity) {
+        int lo = 1;
+        while (lo < B && mem_need(&d, f, lo + 1, &m) <= c->capacity) lo++;
+        k += snprintf(hint + k, sizeof hint - k, "; --batch %d fits", lo);
+    }
     if (f->zero < 2) {
         g.zero = 2;
         if (mem_need(&d, &g, 1, &m) <= c->capacity) k += snprintf(hint + k, sizeof hint - k, "; --zero 2 fits");
@@ -203,7 +208,7 @@ static loom_status no_fit(const train_ctx_t *c, const train_flags_t *f, const lo
         while (L > 1 && (d.cfg.n_layer = --L) && mem_need(&d, f, 1, &m) > d.capacity) {}
         snprintf(hint, sizeof hint, "; nothing in the GPU table fits it; at most %d layers of this width fit on %s", L, big->id);
     }
-    return loom_error(LOOM_EINVAL, "does not fit: batch 1 x %d needs %s per %s, which has %s%s", c->T, plan_bytes(need, nb, 32),
+    return loom_error(LOOM_EINVAL, "does not fit: batch %d x %d needs %s per %s, which has %s%s", B, c->T, plan_bytes(need, nb, 32),
                       c->gpu ? c->gpu->id : "host", plan_bytes(c->capacity, cb, 32), hint);
 }
 
@@ -211,7 +216,7 @@ static loom_status no_fit(const train_ctx_t *c, const train_flags_t *f, const lo
 static loom_status pick_batch(train_ctx_t *c, const train_flags_t *f, const loom_gpu_table_t *t) {
     loom_plan_mem_t m;
     double need = mem_need(c, f, f->batch > 0 ? f->batch : 1, &m);
-    if (need > c->capacity) return no_fit(c, f, t, need);
+    if (need > c->capacity) return no_fit(c, f, t, f->batch > 0 ? f->batch : 1, need);
     if (f->batch > 0) {
         c->B = f->batch;
         return LOOM_OK;
