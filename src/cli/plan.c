@@ -154,10 +154,11 @@ static loom_status read_run_metrics(const char *run, const loom_gpt_config_t *cf
     return LOOM_OK;
 }
 
-static void print_flops_row(plan_report_t *r, double v, const loom_gpt_config_t *cfg, int T) {
+/* The trainer's own function (loom_gpt_flops_per_token), so MFU means the same in both. */
+static void print_flops_row(plan_report_t *r, const loom_gpt_config_t *cfg, int T) {
+    double v = loom_gpt_flops_per_token(cfg, T);
     plan_report_num(r, "flops_per_token", v, "FLOPs per token", "%.4g (6N + 6LCT, N = %.4gM without wpe; the trainer's MFU formula)",
                     v, ((double)loom_gpt_num_params(cfg) - (double)cfg->max_seq_len * cfg->channels) / 1e6);
-    (void)T;
 }
 
 /* The training plan's inputs after resolution. */
@@ -343,7 +344,7 @@ static void report_time(plan_report_t *r, const train_ctx_t *c, const train_flag
     plan_report_num(r, "micro_batch", c->B, "micro-batch per GPU", "%d x %d tokens%s", c->B, c->T, f->batch > 0 ? "" : " (the largest that fits)");
     plan_report_num(r, "accum", accum, "gradient accumulation", "%d (global batch %.4g tokens)", accum, per_step);
     plan_report_section(r, "time", "time");
-    print_flops_row(r, loom_gpt_flops_per_token(&c->cfg, c->T), &c->cfg, c->T);
+    print_flops_row(r, &c->cfg, c->T);
     if (c->gpu) plan_report_num(r, "mfu", c->rate / (c->gpu->peak_tflops[c->dt] * 1e12), "MFU", "%.3f", c->rate / (c->gpu->peak_tflops[c->dt] * 1e12));
     plan_report_num(r, "compute_s", s.compute_s, "compute per step", "%s", plan_duration(s.compute_s, b[0], 32));
     plan_report_num(r, "comm_s", s.comm_s, "communication per step", "%s (%s not hidden behind backward)", plan_duration(s.comm_s, b[1], 32), plan_duration(s.exposed_s, b[2], 32));
