@@ -82,7 +82,7 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
     /* Every rank draws the same initial weights from the same seed. */
     LOOM_TRY(loom_gpt_init(&run->model, &j->cfg, run->be, (unsigned long long)o->seed));
     loom_gpt_set_recompute(run->model, (loom_recompute)j->recompute);
-    LOOM_TRY(loom_gpt_alloc_train(run->model));
+    if (o->zero == 0) LOOM_TRY(loom_gpt_alloc_train(run->model)); /* ZeRO >= 1: loom_dp_init, shard only */
     LOOM_TRY(loom_gpt_alloc_acts(run->model, run->B, run->T));
     /* A single process at ZeRO 0 keeps the plain step, bit for bit. */
     if (o->world_size > 1 || o->zero > 0) LOOM_TRY(loom_dp_init(&run->dp, run->model, dist, &j->dpo));
