@@ -3,6 +3,7 @@
 #include <stdio.h>
 
 #include "backend/backend.h"
+#include "ckpt/gguf.h"
 #include "ckpt/safetensors.h"
 
 void loom_run_close(loom_opened_run_t *r) {
@@ -40,5 +41,10 @@ static loom_status open_run(const char *run, int threads, loom_gpt_t **model, lo
 
 loom_status loom_run_open(const char *run, int threads, loom_opened_run_t *out) {
     *out = (loom_opened_run_t){0};
+    if (run && !loom_path_is_dir(run) && loom_path_exists(run)) { /* --run FILE.gguf */
+        const loom_backend_t *be;
+        LOOM_TRY(loom_backend_cpu_init(&be, threads));
+        return loom_gguf_load(run, be, &out->model, &out->tok);
+    }
     return open_run(run, threads, &out->model, &out->tok, &out->state);
 }

@@ -9,12 +9,13 @@
 #include "model/generate.h"
 
 int cmd_sample(int argc, char **argv) {
-    const char *run, *prompt;
+    const char *run, *prompt, *gguf;
     int tokens, top_k, threads;
     double temperature, top_p;
     long long seed;
     const loom_arg_t args[] = {
         loom_flag(LOOM_FLAG_RUN, &run),
+        {"gguf", ARG_STR, &gguf, NULL, 0, 0, "GPT-2 GGUF file (loom export or llama.cpp's converter) instead of --run"},
         {"prompt", ARG_STR, &prompt, "", 0, 0, "text to continue (none: start from <|endoftext|>)"},
         {"tokens", ARG_INT, &tokens, "200", 1, 1 << 24, "tokens to generate"},
         {"temperature", ARG_FLOAT, &temperature, "0.8", 0, 100, "softmax temperature (0 = greedy)"},
@@ -27,6 +28,7 @@ int cmd_sample(int argc, char **argv) {
                             (int)(sizeof args / sizeof args[0]), argc, argv);
     if (r == 1) return 0;
     if (r) return 2;
+    if (gguf) run = gguf;
     loom_opened_run_t R;
     loom_status s = loom_run_open(run, threads, &R);
     loom_gpt_t *m = R.model;

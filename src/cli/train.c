@@ -45,6 +45,7 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int argc, char **argv) 
     const loom_arg_t args[] = {
         loom_flag(LOOM_FLAG_DATA, &o->data),
         loom_flag(LOOM_FLAG_MODEL, &o->model),
+        {"init-from", ARG_STR, &o->init_from, NULL, 0, 0, "Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer) to fine-tune; --data must use its tokenizer"},
         {"out", ARG_STR, &o->out, NULL, 0, 0, "run folder to create (config, metrics log, checkpoints, plot)"},
         {"force", ARG_BOOL, &o->force, "0", 0, 0, "replace the run in an existing --out folder"},
         {"resume", ARG_BOOL, &o->resume, "0", 0, 0, "continue the run in --out from its newest checkpoint (weights, AdamW state, step, data position); same data, model and ranks"},
@@ -103,6 +104,11 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: no --out folder; name where the run goes, e.g. --out runs/first\n");
         return 2;
     }
+    if (o.init_from && (o.layers || o.heads || o.channels || o.context)) {
+        fprintf(stderr, "loom train: --init-from %s takes the architecture from its config.json; drop --layers/--heads/--channels/--context\n", o.init_from);
+        return 2;
+    }
+    if (o.init_from) o.model = o.init_from;
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);
     o.world_size = 1;
     loom_train_observer_t *observers[] = {loom_progress_observer(&o)};

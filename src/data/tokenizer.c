@@ -932,6 +932,29 @@ loom_status loom_tokenizer_load(loom_tokenizer_t **out, const char *path) {
     return s;
 }
 
+char *loom_tokenizer_token_name(const loom_tokenizer_t *t, uint32_t id) {
+    size_t n = tok_len(t, id);
+    if (!t->special[id]) return bytes_to_name(t->bytes + t->off[id], n);
+    char *name = loom_malloc(n + 1);
+    memcpy(name, t->bytes + t->off[id], n);
+    name[n] = 0;
+    return name;
+}
+
+void loom_tokenizer_merge(const loom_tokenizer_t *t, size_t i, uint32_t *a, uint32_t *b) {
+    *a = t->merges[i][0];
+    *b = t->merges[i][1];
+}
+
+loom_status loom_tokenizer_parse(loom_tokenizer_t **out, const char *origin, const char *json, size_t len) {
+    *out = NULL;
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root) return loom_error(LOOM_EFORMAT, "%s: the embedded tokenizer is not valid JSON", origin);
+    loom_status s = load_json(out, origin, root);
+    cJSON_Delete(root);
+    return s;
+}
+
 loom_status loom_tokenizer_load_gpt2(loom_tokenizer_t **out, const char *vocab_path, const char *merges_path) {
     *out = NULL;
     loom_status s;

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "ckpt/hf.h"
 #include "ckpt/run.h"
 #include "train/train_impl.h"
 
@@ -16,12 +17,13 @@
 static loom_status resolve_model(loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
     loom_gpt_config_t *cfg = &j->cfg;
-    LOOM_TRY(loom_gpt_preset(cfg, o->model));
+    LOOM_TRY(o->init_from ? loom_hf_read_config(o->init_from, cfg) : loom_gpt_preset(cfg, o->model));
     if (o->layers) cfg->n_layer = o->layers;
     if (o->heads) cfg->n_head = o->heads;
     if (o->channels) cfg->channels = o->channels;
     if (o->context) cfg->max_seq_len = o->context;
     cfg->vocab_size = loom_dataset_vocab_size(j->ds);
+    if (o->init_from && !o->resume) LOOM_TRY(loom_hf_check_data(o->init_from, o->data, loom_dataset_tokenizer(j->ds), cfg->vocab_size, cfg));
     if (o->resume) { /* the model's shape comes from the checkpoint, not the preset */
         loom_gpt_config_t rcfg;
         LOOM_TRY(loom_run_latest(o->out, j->rck, sizeof j->rck, &rcfg, &j->rst));
@@ -81,6 +83,7 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
     const loom_train_opts_t *o = &j->o;
     /* Every rank draws the same initial weights from the same seed. */
     LOOM_TRY(loom_gpt_init(&run->model, &j->cfg, run->be, (unsigned long long)o->seed));
+    if (o->init_from && !o->resume) LOOM_TRY(loom_hf_load_weights(run->model, o->init_from)); /* fine-tune a Hugging Face GPT-2 */
     loom_gpt_set_recompute(run->model, (loom_recompute)j->recompute);
     if (o->zero == 0) LOOM_TRY(loom_gpt_alloc_train(run->model)); /* ZeRO >= 1: loom_dp_init, shard only */
     LOOM_TRY(loom_gpt_alloc_acts(run->model, run->B, run->T));

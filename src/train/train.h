@@ -53,6 +53,7 @@ typedef struct {
     int eval_every, eval_batches, sample_every, sample_tokens, ckpt_every, keep_ckpts;
     int log_every, threads, force;
     int resume; /* continue the run in `out` from its newest checkpoint */
+    const char *init_from; /* Hugging Face GPT-2 folder: architecture and weights (ckpt/hf.h); NULL = a preset */
     long long seed;
     /* Data parallelism. The ranks come from the launch (mpirun, srun, the
      * torchrun environment; see parallel/dist.h); loom_train fills rank and
