@@ -24,7 +24,7 @@ struct loom_train_metrics {
     int world, local_world, cpu_energy;
     double energy0;     /* telemetry energy at start (NaN: no counter) */
     double tokens;      /* this rank's tokens since then */
-    char title[512];
+    char title[512], gpu_why[512], energy_why[600]; /* the dashboard's texts (it keeps pointers) */
 };
 
 static const double step_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300};
@@ -65,6 +65,10 @@ static void declare(loom_train_metrics_t *tm, const char *rank) {
 
 static loom_status start_dashboard(loom_train_metrics_t *tm, const loom_train_metrics_opts_t *o) {
     const char *why = loom_telemetry_status(tm->tel);
+    char gpu_why[512];
+    snprintf(gpu_why, sizeof gpu_why, "%.*s", (int)strcspn(why, ";"), why); /* the GPU part of the status */
+    snprintf(tm->gpu_why, sizeof tm->gpu_why, "%s", gpu_why);
+    snprintf(tm->energy_why, sizeof tm->energy_why, "no energy counter: %s", why);
     loom_metric_t *power = loom_telemetry_power_metric(tm->tel), *mem = loom_telemetry_memory_metric(tm->tel);
     const loom_dashboard_line_t lines[] = {
         {"loss", "train", tm->m[M_LOSS], LOOM_LINE_VALUE, 0, 0, NULL},
@@ -74,9 +78,9 @@ static loom_status start_dashboard(loom_train_metrics_t *tm, const loom_train_me
         {"step time (s)", "compute", tm->m[M_COMPUTE], LOOM_LINE_VALUE, 0, 0, NULL},
         {"step time (s)", "comm wait", tm->m[M_COMM], LOOM_LINE_VALUE, 0, 0, NULL},
         {"step time (s)", "data wait", tm->m[M_DATA], LOOM_LINE_VALUE, 0, 0, NULL},
-        {"GPU power (W)", "power", power, LOOM_LINE_VALUE, 0, 0, why},
-        {"GPU memory used (MiB)", "used", mem, LOOM_LINE_VALUE, 0, 0, why},
-        {"energy per token (J)", "J/token", tm->m[M_JPT], LOOM_LINE_VALUE, 0, 0, why},
+        {"GPU power (W)", "power", power, LOOM_LINE_VALUE, 0, 0, tm->gpu_why},
+        {"GPU memory used (MiB)", "used", mem, LOOM_LINE_VALUE, 0, 0, tm->gpu_why},
+        {"energy per token (J)", "J/token", isfinite(tm->energy0) ? tm->m[M_JPT] : NULL, LOOM_LINE_VALUE, 0, 0, tm->energy_why},
     };
     snprintf(tm->title, sizeof tm->title, "loom train %s: %s (%s, %s), rank %d of %d", o->run ? o->run : "", o->model ? o->model : "",
              o->device ? o->device : "cpu", o->dtype ? o->dtype : "", o->rank, o->world_size);
