@@ -280,6 +280,19 @@ static void test_http_server(void) {
     r = http_do(port, "GET /stream HTTP/1.0\r\n\r\n");
     CHECK(strstr(r, "data: 3\n\ndata: 2\n\ndata: 1\n\n") && strstr(r, "text/event-stream"), "%s", r);
     free(r);
+    /* A body above 16 MiB is refused with 413, and the server goes on. */
+    size_t big = (17u << 20);
+    char *req = malloc(big + 128);
+    int hl = snprintf(req, 128, "POST /v1/echo HTTP/1.0\r\nContent-Length: %zu\r\n\r\n", big);
+    memset(req + hl, 'x', big);
+    req[hl + big] = 0;
+    r = http_do(port, req);
+    CHECK(strstr(r, " 413 ") != NULL, "%.200s", r);
+    free(r);
+    free(req);
+    r = http_do(port, "GET /v1/after HTTP/1.0\r\n\r\n");
+    CHECK(strstr(r, "GET /v1/after") != NULL, "%s", r);
+    free(r);
     /* The same port again: a one-line reason. */
     loom_http_t *h2;
     CHECK(loom_http_start(&h2, "127.0.0.1", port, routes, 1) == LOOM_EIO, "second server on a busy port started");
