@@ -18,14 +18,25 @@
 #include "obs/telemetry.h"
 #include "obs/train_metrics.h"
 
-static char tmp[] = "/tmp/loom-telemetry-XXXXXX";
-static char stub[512];
+static char tmp[512], stub[600];
+static const char *no_stub = "no C compiler (cc) to build the NVML stand-in";
 
-static int build_stub(void) {
+/* The stand-in library, built once; "" when there is no compiler. */
+static void build_stub(void) {
+    snprintf(tmp, sizeof tmp, "%s", check_tmpdir("telemetry"));
+    if (system("command -v cc > /dev/null 2>&1") != 0) return;
     snprintf(stub, sizeof stub, "%s/libnvidia-ml.so.1", tmp);
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "cc -shared -fPIC -O1 -o %s tests/obs_nvml_stub.c 2>&1", stub);
-    return system(cmd) == 0;
+    if (system(cmd) != 0) no_stub = "cc could not build tests/obs_nvml_stub.c";
+}
+
+/* 1 when the stand-in is there; else the case is skipped (no compiler) or failed. */
+static int have_stub(void) {
+    if (loom_path_exists(stub)) return 1;
+    if (!strcmp(no_stub, "cc could not build tests/obs_nvml_stub.c")) check_fail_why("%s", no_stub);
+    else check_skip("%s", no_stub);
+    return 0;
 }
 
 static void test_nvml_missing(void) {
@@ -46,10 +57,7 @@ static void test_nvml_missing(void) {
 }
 
 static void test_nvml_stub_units(void) {
-    if (!stub[0]) {
-        check_skip("no C compiler to build the NVML stand-in");
-        return;
-    }
+    if (!have_stub()) return;
     setenv("LOOM_NVML_LIB", stub, 1);
     setenv("NVML_STUB_ENERGY_MJ", "2500000", 1);
     loom_nvml_t *nv;
@@ -92,10 +100,7 @@ static void test_cuda_visible_devices(void) {
 /* Through the exporter: DCGM names in DCGM's units, and J/token =
  * (2,000,000 - 1,500,000 mJ) / 1000 / (4000 global tokens / 2 ranks) = 0.25. */
 static void test_dcgm_names_and_energy_per_token(void) {
-    if (!stub[0]) {
-        check_skip("no C compiler to build the NVML stand-in");
-        return;
-    }
+    if (!have_stub()) return;
     setenv("LOOM_NVML_LIB", stub, 1);
     setenv("NVML_STUB_ENERGY_MJ", "1500000", 1);
     loom_train_metrics_opts_t o = {.port = -1, .rank = 0, .world_size = 2, .device = "cuda:0", .model = "gpt2-tiny", .steps = 10};
@@ -129,10 +134,7 @@ static void test_dcgm_names_and_energy_per_token(void) {
 
 /* On a MIG instance the utilisation series is absent and says why. */
 static void test_mig_utilisation_absent(void) {
-    if (!stub[0]) {
-        check_skip("no C compiler to build the NVML stand-in");
-        return;
-    }
+    if (!have_stub()) return;
     setenv("LOOM_NVML_LIB", stub, 1);
     setenv("CUDA_VISIBLE_DEVICES", "MIG-stub-0", 1);
     loom_metrics_t *r = loom_metrics_new();
@@ -202,16 +204,12 @@ static void test_rapl(void) {
 }
 
 int main(void) {
-    if (!mkdtemp(tmp)) return 1;
-    if (!build_stub()) stub[0] = 0;
+    build_stub();
     RUN(test_nvml_missing);
     RUN(test_nvml_stub_units);
     RUN(test_cuda_visible_devices);
     RUN(test_dcgm_names_and_energy_per_token);
     RUN(test_mig_utilisation_absent);
     RUN(test_rapl);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (system(cmd) != 0) printf("  could not remove %s\n", tmp);
     return check_main_end();
 }
