@@ -25,7 +25,7 @@ cleanup() {
 trap cleanup EXIT
 $PY -c "import random; random.seed(4); print(' '.join(random.choice(['in','the','beginning','God','created','heaven','and','earth.']) for _ in range(40000)))" > "$tmp/text.txt"
 # A tiny model that trains until stopped; each step takes milliseconds.
-TRAIN=(train --data "$tmp/text.txt" --layers 1 --heads 2 --channels 32 --context 32 --batch 2 --seq 32
+TRAIN=(train --data "$tmp/text.txt" --layers 2 --heads 2 --channels 64 --context 32 --batch 4 --seq 32 --lr 3e-3 --warmup 50
        --steps 1000000 --eval-every 20 --eval-batches 1 --ckpt-every 0 --sample-tokens 0 --log-every 1000000 --threads 1)
 free_port() { $PY -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
 get() { $PY - "$1" <<'PY'
@@ -141,7 +141,7 @@ browser_check() {
     (cd "$tmp" && timeout 120 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir="$tmp/chrome" \
         --virtual-time-budget=8000 --dump-dom "$url/" > "$tmp/dom.html" 2> "$tmp/chrome.log")
     (cd "$tmp" && timeout 120 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --user-data-dir="$tmp/chrome" \
-        --virtual-time-budget=8000 --window-size=1420,1140 --screenshot="$shot" "$url/" >> "$tmp/chrome.log" 2>&1)
+        --virtual-time-budget=8000 --window-size=1440,1000 --screenshot="$shot" "$url/" >> "$tmp/chrome.log" 2>&1)
     $PY - "$tmp/dom.html" "$shot" "${LOOM_SAVE_SCREENSHOT:-}" <<'PY'
 import re, shutil, struct, sys, zlib
 dom = open(sys.argv[1]).read()
@@ -217,6 +217,28 @@ wait "${pids[-1]}" 2>/dev/null
 out=$(LOOM_DYGRAPHS_JS=/nonexistent/dygraph.min.js $LOOM "${TRAIN[@]}" --steps 3 --out "$tmp/nojs" --metrics-port 0 2>&1); rc=$?
 [ $rc = 0 ] && [ "$(printf '%s' "$out" | grep -c 'charting library is missing')" = 1 ] && printf '%s' "$out" | grep -q "libjs-dygraphs" \
     && echo "PASS obs_missing_charting_library_said_once" || echo "FAIL obs_missing_charting_library_said_once: exit $rc: $out"
+
+# ---- energy per token on the CPU: a powercap tree whose counter rises ----
+mkdir -p "$tmp/powercap/intel-rapl:0"
+echo 262143328850 > "$tmp/powercap/intel-rapl:0/max_energy_range_uj"
+echo 1000000 > "$tmp/powercap/intel-rapl:0/energy_uj"
+( e=1000000; while [ -d "$tmp/powercap" ]; do e=$((e + 50000)); echo $e > "$tmp/powercap/intel-rapl:0/energy_uj.new" \
+    && mv "$tmp/powercap/intel-rapl:0/energy_uj.new" "$tmp/powercap/intel-rapl:0/energy_uj"; sleep 0.01; done ) 2>/dev/null &
+pids+=($!)
+out=$(LOOM_POWERCAP_ROOT="$tmp/powercap" $LOOM "${TRAIN[@]}" --steps 300 --out "$tmp/energy" 2>&1); rc=$?
+$PY - "$tmp/energy/metrics.jsonl" "$rc" "$out" <<'PY'
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])] if sys.argv[2] == "0" else []
+e = [r.get("energy_j_per_token") for r in rows]
+done = re.search(r"energy: ([0-9.e+-]+) J per trained token", sys.argv[3])
+ok = len(rows) == 300 and all(x is not None for x in e) and e[-1] > 0 and done and abs(float(done.group(1)) - e[-1]) <= 1e-3 * e[-1]
+print(("PASS" if ok else "FAIL") + " obs_energy_per_token_in_log_and_summary" +
+      (" (%.3g J/token)" % e[-1] if ok else ": exit %s, %d rows, last %s, summary %s" % (sys.argv[2], len(rows), e[-1:] , done and done.group(0))))
+PY
+rm -rf "$tmp/powercap"
+out=$($LOOM "${TRAIN[@]}" --steps 3 --out "$tmp/noenergy" 2>&1)
+! grep -q energy_j_per_token "$tmp/noenergy/metrics.jsonl" && ! printf '%s' "$out" | grep -q "J per trained token" \
+    && echo "PASS obs_no_energy_counter_no_figure" || echo "FAIL obs_no_energy_counter_no_figure: $(head -2 "$tmp/noenergy/metrics.jsonl")"
 
 # ---- loom devices: an NVML stand-in's values, or the reason ----
 out=$(LOOM_NVML_LIB=/nonexistent/libnvidia-ml.so.1 $LOOM devices 2>&1); rc=$?

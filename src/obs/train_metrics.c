@@ -68,7 +68,8 @@ static loom_status start_dashboard(loom_train_metrics_t *tm, const loom_train_me
     char gpu_why[512];
     snprintf(gpu_why, sizeof gpu_why, "%.*s", (int)strcspn(why, ";"), why); /* the GPU part of the status */
     snprintf(tm->gpu_why, sizeof tm->gpu_why, "%s", gpu_why);
-    snprintf(tm->energy_why, sizeof tm->energy_why, "no energy counter: %s", why);
+    const char *rest = strstr(why, "; "); /* the CPU part of a CPU run's status */
+    snprintf(tm->energy_why, sizeof tm->energy_why, "no energy counter: %s", rest && tm->cpu_energy ? rest + 2 : why);
     loom_metric_t *power = loom_telemetry_power_metric(tm->tel), *mem = loom_telemetry_memory_metric(tm->tel);
     const loom_dashboard_line_t lines[] = {
         {"loss", "train", tm->m[M_LOSS], LOOM_LINE_VALUE, 0, 0, NULL},
