@@ -84,6 +84,8 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int argc, char **argv) 
         {"dist-timeout", ARG_FLOAT, &o->dist_timeout, "300", 1, 1e6, "seconds a rank waits for a dead or hung peer before every rank exits naming it"},
         {"no-overlap", ARG_BOOL, &o->no_overlap, "0", 0, 0, "reduce gradients after backward instead of during it"},
         {"bucket-mb", ARG_FLOAT, &o->bucket_mb, "4", 0.001, 1e5, "gradient bucket size for overlapped reduction, MB"},
+        {"metrics-port", ARG_INT, &o->metrics_port, "-1", -1, 65535, "serve Prometheus /metrics and the live dashboard (/) on this port plus the local rank; 0 = any free port; -1 = off"},
+        {"metrics-host", ARG_STR, &o->metrics_host, "127.0.0.1", 0, 0, "address the metrics server listens on (0.0.0.0 = every interface)"},
     };
     return loom_args_parse("train", "loom train --data FILE_OR_DIR --out runs/NAME [--model gpt2-tiny] [flags]", args,
                            (int)(sizeof args / sizeof args[0]), argc, argv);

@@ -10,6 +10,7 @@
 
 #include "ckpt/hf.h"
 #include "ckpt/run.h"
+#include "train/exporter.h"
 #include "train/train_impl.h"
 
 /* The model's shape and the batch shape: preset and overrides, or the
@@ -202,6 +203,7 @@ static void add_observers(loom_train_job_t *j) {
     loom_train_observer_t *list[LOOM_TRAIN_MAX_OBS];
     int n = 0;
     list[n++] = loom_train_observer_signals();
+    list[n++] = loom_train_observer_exporter(o); /* before the log: it reads energy_j_per_token */
     list[n++] = loom_train_observer_metrics_log(o);
     for (int i = 0; i < o->n_observers && n < LOOM_TRAIN_MAX_OBS - 3; i++) list[n++] = o->observers[i];
     list[n++] = loom_train_observer_sampler(o);
@@ -216,7 +218,7 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     const loom_train_opts_t *o = &j->o;
     loom_train_run_t *run = &j->run;
     *run = (loom_train_run_t){.o = o, .dist = dist, .lead = o->rank == 0, .multi = o->world_size > 1,
-                              .last_loss = NAN, .last_val = -1};
+                              .last_loss = NAN, .last_val = -1, .energy_j_per_token = NAN};
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     step_modes(j);
     LOOM_TRY(loom_dataset_open(&j->ds, o->data, o->val_fraction));

@@ -69,6 +69,10 @@ typedef struct {
      * free hook is called, the array is not. */
     loom_train_observer_t *const *observers;
     int n_observers;
+    /* --metrics-port: /metrics and the live dashboard on this port plus the
+     * local rank (0 = any free port, < 0 = no server); --metrics-host. */
+    int metrics_port;
+    const char *metrics_host;
 } loom_train_opts_t;
 
 /* One optimizer step's numbers, as observers see them. */
@@ -85,6 +89,7 @@ typedef struct {
     double eta_s;            /* estimated time to the last step */
     float loss_scale;        /* fp16 dynamic loss scale used (1 without scaling) */
     int skipped;             /* the step was skipped (inf/nan gradients under loss scaling) */
+    double data_s;           /* time loading this step's batches, before step_s */
 } loom_step_record_t;
 
 /* A checkpoint that was just written (complete and renamed into place). */
@@ -123,6 +128,7 @@ struct loom_train_run {
     double train_time;           /* seconds spent inside steps */
     double comm_wait;            /* of which blocked on communication */
     int stop_signal;             /* a stop was asked for: the signal number (or SIGTERM) */
+    double energy_j_per_token;   /* energy per trained token so far (NAN: no energy counter); set by the exporter (train/exporter.h) */
     loom_train_observer_t **obs; /* every observer, in call order */
     int n_obs;
 };
