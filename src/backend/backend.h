@@ -171,6 +171,11 @@ typedef struct loom_backend {
     void (*matmul_backward_gelu)(float *dpre, float *dw, float *dbias, const float *dout,
                                  const float *inp, const float *pre, const float *w, int N,
                                  int C, int OC);
+
+    /* --- Inference over a paged KV cache (backend/paged.h): the engine's
+     * ops. NULL where a backend has none: the engine then refuses the
+     * device with a message. */
+    const struct loom_paged_ops *paged;
 } loom_backend_t;
 
 /* Look up a backend by device name: "cpu", "cuda", "cuda:N". `threads` is

@@ -12,6 +12,7 @@
 #include "cpu_attention.h"
 #include "cpu_gemm.h"
 #include "cpu_math.h"
+#include "cpu_paged.h"
 
 static int cpu_threads = 1;
 
@@ -449,6 +450,7 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
     cpu_backend.matmul_forward_gelu = matmul_forward_gelu;
     cpu_backend.residual_layernorm_forward = residual_layernorm_forward;
     cpu_backend.matmul_backward_gelu = matmul_backward_gelu;
+    cpu_backend.paged = loom_cpu_paged_ops();
     *out = &cpu_backend;
     return LOOM_OK;
 }

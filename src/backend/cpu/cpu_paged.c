@@ -1,0 +1,215 @@
+/* cpu_paged: the CPU's paged-cache ops (see backend/paged.h).
+ *
+ * linear: a matrix-vector kernel grown to a few rows. Both operands are
+ * contiguous in k (a row of the input, a row of the weight), so a register
+ * tile of 3 rows x 4 outputs keeps 12 AVX2 accumulators and each weight row
+ * is streamed from memory once per block of 64 input rows: at decode, once
+ * per step for every sequence of the batch. Each output element is one FMA
+ * chain per vector lane in k order, then a fixed horizontal sum, whatever
+ * the tile it fell in: results do not depend on N or on the threads.
+ *
+ * attention: one (row, head) pair per task; keys are visited block by block
+ * of the sequence's block table with a running (online) softmax, so no
+ * scratch longer than a block is needed. */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "backend/paged.h"
+#include "cpu_math.h"
+#include "cpu_paged.h"
+
+#define ROWS_PER_PASS 64 /* input rows per pass over the weights (L2-resident) */
+#define TILE_J 4
+#define TILE_M 3
+
+static void embed(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
+                  int N, int C) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < N; i++) {
+        float *o = out + (size_t)i * C;
+        const float *e = wte + (size_t)tokens[i] * C, *p = wpe + (size_t)pos[i] * C;
+        for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+}
+
+/* Fixed-order sum of the 8 lanes. */
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* out[m][j] for mr <= TILE_M rows of x and jr <= TILE_J rows of w. Always
+ * inlined with constant mr, jr so that each variant keeps its accumulators
+ * in registers; every (m, j) element sees the same operations in each. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+tile_avx2(const float *x, int K, const float *w, int mr, int jr, float out[TILE_M][TILE_J]) {
+    __m256 acc[TILE_M][TILE_J];
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) acc[m][j] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 xv[TILE_M];
+        for (int m = 0; m < mr; m++) xv[m] = _mm256_loadu_ps(x + (size_t)m * K + k);
+        for (int j = 0; j < jr; j++) {
+            __m256 wv = _mm256_loadu_ps(w + (size_t)j * K + k);
+            for (int m = 0; m < mr; m++) acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) {
+            float s = hsum8(acc[m][j]);
+            for (int kk = k; kk < K; kk++) s = fmaf(x[(size_t)m * K + kk], w[(size_t)j * K + kk], s);
+            out[m][j] = s;
+        }
+}
+
+#define TILE_CASE(MR, JR) tile_avx2(x, K, w, MR, JR, t)
+__attribute__((target("avx2,fma"))) static void tile_dispatch_avx2(const float *x, int K, const float *w,
+                                                                   int mr, int jr, float t[TILE_M][TILE_J]) {
+    if (jr == TILE_J) {
+        if (mr == 3) TILE_CASE(3, 4);
+        else if (mr == 2) TILE_CASE(2, 4);
+        else TILE_CASE(1, 4);
+    } else {
+        for (int j = 0; j < jr; j++) { /* edge outputs one by one: same chain per element */
+            float tj[TILE_M][TILE_J];
+            if (mr == 3) tile_avx2(x, K, w + (size_t)j * K, 3, 1, tj);
+            else if (mr == 2) tile_avx2(x, K, w + (size_t)j * K, 2, 1, tj);
+            else tile_avx2(x, K, w + (size_t)j * K, 1, 1, tj);
+            for (int m = 0; m < mr; m++) t[m][j] = tj[m][0];
+        }
+    }
+}
+
+static void tile_scalar(const float *x, int K, const float *w, int mr, int jr, float t[TILE_M][TILE_J]) {
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) {
+            float s = 0;
+            for (int k = 0; k < K; k++) s = fmaf(x[(size_t)m * K + k], w[(size_t)j * K + k], s);
+            t[m][j] = s;
+        }
+}
+
+static int have_avx2(void) {
+    static int v = -1;
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return v;
+}
+
+static void linear(float *out, const float *inp, const float *w, const float *bias, int N, int C,
+                   int OC, int gelu) {
+    int avx2 = have_avx2(), nblk = (OC + TILE_J - 1) / TILE_J;
+#pragma omp parallel
+    {
+        int t = omp_get_thread_num(), n = omp_get_num_threads();
+        int b0 = (int)((long long)nblk * t / n), b1 = (int)((long long)nblk * (t + 1) / n);
+        for (int r0 = 0; r0 < N; r0 += ROWS_PER_PASS) {
+            int r1 = r0 + ROWS_PER_PASS < N ? r0 + ROWS_PER_PASS : N;
+            for (int b = b0; b < b1; b++) {
+                int j0 = b * TILE_J, jr = OC - j0 < TILE_J ? OC - j0 : TILE_J;
+                for (int m0 = r0; m0 < r1; m0 += TILE_M) {
+                    int mr = r1 - m0 < TILE_M ? r1 - m0 : TILE_M;
+                    float tl[TILE_M][TILE_J];
+                    const float *x = inp + (size_t)m0 * C, *wj = w + (size_t)j0 * C;
+                    if (avx2) tile_dispatch_avx2(x, C, wj, mr, jr, tl);
+                    else tile_scalar(x, C, wj, mr, jr, tl);
+                    for (int m = 0; m < mr; m++)
+                        for (int j = 0; j < jr; j++) {
+                            float v = tl[m][j] + (bias ? bias[j0 + j] : 0.0f);
+                            out[(size_t)(m0 + m) * OC + j0 + j] = gelu ? loom_gelu(v) : v;
+                        }
+                }
+            }
+        }
+    }
+}
+
+static inline float *kv_at(const loom_kv_layer_t *kv, void *base, int block, int h, int off) {
+    return (float *)base + (((size_t)block * kv->NH + h) * kv->block_size + off) * kv->hs;
+}
+
+static void kv_write(const loom_kv_layer_t *kv, const float *qkv, const loom_paged_batch_t *b) {
+    int NH = kv->NH, hs = kv->hs, C = NH * hs;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < b->N; i++) {
+        int slot = b->slot[i], blk = slot / kv->block_size, off = slot % kv->block_size;
+        const float *row = qkv + (size_t)i * 3 * C;
+        for (int h = 0; h < NH; h++) {
+            memcpy(kv_at(kv, kv->k, blk, h, off), row + C + h * hs, (size_t)hs * sizeof(float));
+            memcpy(kv_at(kv, kv->v, blk, h, off), row + 2 * C + h * hs, (size_t)hs * sizeof(float));
+        }
+    }
+}
+
+#define MAX_BLOCK 256 /* the largest block_size the engine accepts */
+
+/* One (row, head): o (hs) = softmax(q K^T * scale) V over keys 0..pos. */
+static void attend_row(float *o, const float *q, const loom_kv_layer_t *kv, const int *table, int pos,
+                       int h) {
+    int bs = kv->block_size, hs = kv->hs;
+    float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0, s[MAX_BLOCK];
+    for (int e = 0; e < hs; e++) o[e] = 0.0f;
+    for (int t0 = 0; t0 <= pos; t0 += bs) {
+        int n = pos + 1 - t0 < bs ? pos + 1 - t0 : bs, blk = table[t0 / bs];
+        const float *K = kv_at(kv, kv->k, blk, h, 0), *V = kv_at(kv, kv->v, blk, h, 0);
+        float bmx = mx;
+        for (int j = 0; j < n; j++) {
+            float d = 0;
+#pragma omp simd reduction(+ : d)
+            for (int e = 0; e < hs; e++) d += q[e] * K[(size_t)j * hs + e];
+            s[j] = d * scale;
+            bmx = s[j] > bmx ? s[j] : bmx;
+        }
+        float corr = loom_expf(mx - bmx); /* 0 on the first block (mx = -inf) */
+        sum *= corr;
+#pragma omp simd
+        for (int e = 0; e < hs; e++) o[e] *= corr;
+        for (int j = 0; j < n; j++) {
+            float p = loom_expf(s[j] - bmx);
+            sum += p;
+#pragma omp simd
+            for (int e = 0; e < hs; e++) o[e] = fmaf(p, V[(size_t)j * hs + e], o[e]);
+        }
+        mx = bmx;
+    }
+    float inv = 1.0f / sum;
+    for (int e = 0; e < hs; e++) o[e] *= inv;
+}
+
+static void attention(float *out, const float *qkv, const loom_kv_layer_t *kv, const loom_paged_batch_t *b) {
+    int NH = kv->NH, hs = kv->hs, C = NH * hs, tasks = b->N * NH;
+#pragma omp parallel for schedule(dynamic, 4)
+    for (int task = 0; task < tasks; task++) {
+        int i = task / NH, h = task % NH;
+        attend_row(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv,
+                   b->block_tables + (size_t)b->seq[i] * b->max_blocks, b->pos[i], h);
+    }
+}
+
+static void gather_rows(float *out, const float *inp, const int *rows, int R, int C) {
+    for (int r = 0; r < R; r++) memcpy(out + (size_t)r * C, inp + (size_t)rows[r] * C, (size_t)C * sizeof(float));
+}
+
+static void kv_copy_block(const loom_kv_layer_t *kv, int src, int dst) {
+    size_t n = (size_t)kv->NH * kv->block_size * kv->hs;
+    memcpy(kv_at(kv, kv->k, dst, 0, 0), kv_at(kv, kv->k, src, 0, 0), n * sizeof(float));
+    memcpy(kv_at(kv, kv->v, dst, 0, 0), kv_at(kv, kv->v, src, 0, 0), n * sizeof(float));
+}
+
+static const loom_paged_ops_t cpu_paged_ops = {
+    .embed = embed,
+    .linear = linear,
+    .kv_write = kv_write,
+    .attention = attention,
+    .gather_rows = gather_rows,
+    .kv_copy_block = kv_copy_block,
+};
+
+const loom_paged_ops_t *loom_cpu_paged_ops(void) { return &cpu_paged_ops; }
