@@ -26,7 +26,7 @@
 
 static void embed(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
                   int N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
     for (int i = 0; i < N; i++) {
         float *o = out + (size_t)i * C;
         const float *e = wte + (size_t)tokens[i] * C, *p = wpe + (size_t)pos[i] * C;
@@ -106,7 +106,9 @@ static int have_avx2(void) {
 static void linear(float *out, const float *inp, const float *w, const float *bias, int N, int C,
                    int OC, int gelu) {
     int avx2 = have_avx2(), nblk = (OC + TILE_J - 1) / TILE_J;
-#pragma omp parallel
+    /* a small product is not worth waking the team (on a busy machine a
+     * descheduled thread stalls every barrier) */
+#pragma omp parallel if ((double)N * C * OC > 1 << 18)
     {
         int t = omp_get_thread_num(), n = omp_get_num_threads();
         int b0 = (int)((long long)nblk * t / n), b1 = (int)((long long)nblk * (t + 1) / n);
@@ -137,7 +139,7 @@ static inline float *kv_at(const loom_kv_layer_t *kv, void *base, int block, int
 
 static void kv_write(const loom_kv_layer_t *kv, const float *qkv, const loom_paged_batch_t *b) {
     int NH = kv->NH, hs = kv->hs, C = NH * hs;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)b->N * C > 1 << 16)
     for (int i = 0; i < b->N; i++) {
         int slot = b->slot[i], blk = slot / kv->block_size, off = slot % kv->block_size;
         const float *row = qkv + (size_t)i * 3 * C;
@@ -185,7 +187,7 @@ static void attend_row(float *o, const float *q, const loom_kv_layer_t *kv, cons
 
 static void attention(float *out, const float *qkv, const loom_kv_layer_t *kv, const loom_paged_batch_t *b) {
     int NH = kv->NH, hs = kv->hs, C = NH * hs, tasks = b->N * NH;
-#pragma omp parallel for schedule(dynamic, 4)
+#pragma omp parallel for schedule(dynamic, 4) if ((double)b->N * (b->max_pos + 1) * C > 1 << 17)
     for (int task = 0; task < tasks; task++) {
         int i = task / NH, h = task % NH;
         attend_row(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv,
