@@ -110,11 +110,12 @@ static void linear(float *out, const float *inp, const float *w, const float *bi
      * descheduled thread stalls every barrier) */
 #pragma omp parallel if ((double)N * C * OC > 1 << 18)
     {
-        int t = omp_get_thread_num(), n = omp_get_num_threads();
-        int b0 = (int)((long long)nblk * t / n), b1 = (int)((long long)nblk * (t + 1) / n);
         for (int r0 = 0; r0 < N; r0 += ROWS_PER_PASS) {
             int r1 = r0 + ROWS_PER_PASS < N ? r0 + ROWS_PER_PASS : N;
-            for (int b = b0; b < b1; b++) {
+            /* dynamic: on a shared machine a descheduled thread's share
+             * is taken by the others instead of waited for */
+#pragma omp for schedule(dynamic, 16) nowait
+            for (int b = 0; b < nblk; b++) {
                 int j0 = b * TILE_J, jr = OC - j0 < TILE_J ? OC - j0 : TILE_J;
                 for (int m0 = r0; m0 < r1; m0 += TILE_M) {
                     int mr = r1 - m0 < TILE_M ? r1 - m0 : TILE_M;

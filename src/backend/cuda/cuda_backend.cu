@@ -217,6 +217,8 @@ static loom_status state_init(int index, const cudaDeviceProp *prop) {
     return LOOM_OK;
 }
 
+extern "C" const struct loom_paged_ops *loom_cuda_paged_ops(void);
+
 extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int index,
                                               loom_dtype dtype) {
     int count = 0;
@@ -322,6 +324,7 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
     b->residual_layernorm_forward = cuda_residual_layernorm_forward;
     b->matmul_forward_gelu = cuda_matmul_forward_gelu;
     b->matmul_backward_gelu = cuda_matmul_backward_gelu;
+    b->paged = loom_cuda_paged_ops(); /* cuda_paged.cu: the inference engine's ops */
     *out = b;
     return LOOM_OK;
 }

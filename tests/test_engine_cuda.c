@@ -1,0 +1,111 @@
+/* The CUDA paged-cache ops (src/backend/cuda/cuda_paged.cu) against the
+ * CPU's on random data, and the engine's greedy tokens on the GPU against
+ * the CPU engine's. SKIP without a usable GPU; FAIL instead when
+ * LOOM_REQUIRE_GPU=1. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "serve/engine.h"
+
+static const loom_backend_t *cpu, *gpu;
+static char no_gpu[512];
+
+static int gpu_ready(void) {
+    if (!no_gpu[0]) return 1;
+    const char *req = getenv("LOOM_REQUIRE_GPU");
+    if (req && strcmp(req, "1") == 0) CHECK(0, "LOOM_REQUIRE_GPU=1 but no GPU: %s", no_gpu);
+    else check_skip("%s", no_gpu);
+    return 0;
+}
+
+static void *dev_copy(const void *h, size_t bytes) {
+    void *d = gpu->alloc(bytes);
+    gpu->upload(d, h, bytes);
+    return d;
+}
+
+static void expect(const char *what, const float *d, const float *ref, size_t n) {
+    float *got = malloc(n * sizeof(float));
+    gpu->download(got, d, n * sizeof(float));
+    double e = check_rel_err(got, ref, n);
+    CHECK(e < 1e-5, "%s: normalized error %.3g", what, e);
+    free(got);
+}
+
+/* kv_write then attention over scattered blocks, three sequences. */
+static void paged_attention_matches_cpu(void) {
+    if (!gpu_ready()) return;
+    enum { NH = 4, hs = 32, C = NH * hs, bs = 8, nb = 20, mb = 6, N = 3 };
+    int pos[N] = {0, 13, 41}, seq[N] = {0, 1, 2}, tables[3 * mb], slot[N];
+    for (int i = 0; i < 3 * mb; i++) tables[i] = (i * 7 + 3) % nb;
+    for (int i = 0; i < N; i++) slot[i] = tables[seq[i] * mb + pos[i] / bs] * bs + pos[i] % bs;
+    size_t cache = (size_t)nb * NH * bs * hs;
+    float *kc = calloc(cache, 4), *vc = calloc(cache, 4), *qkv = malloc(sizeof(float) * N * 3 * C), *out = malloc(sizeof(float) * N * C);
+    check_fill(kc, cache, 1.0f, 1), check_fill(vc, cache, 1.0f, 2), check_fill(qkv, (size_t)N * 3 * C, 1.0f, 3);
+    loom_kv_layer_t hk = {.k = kc, .v = vc, .num_blocks = nb, .block_size = bs, .NH = NH, .hs = hs}, dk = hk;
+    dk.k = dev_copy(kc, cache * 4), dk.v = dev_copy(vc, cache * 4);
+    loom_paged_batch_t hb = {.N = N, .pos = pos, .seq = seq, .slot = slot, .block_tables = tables, .max_blocks = mb, .max_pos = 41}, db = hb;
+    db.pos = dev_copy(pos, sizeof pos), db.seq = dev_copy(seq, sizeof seq), db.slot = dev_copy(slot, sizeof slot);
+    db.block_tables = dev_copy(tables, sizeof tables);
+    float *dqkv = dev_copy(qkv, sizeof(float) * N * 3 * C), *dout = gpu->alloc(sizeof(float) * N * C);
+    cpu->paged->kv_write(&hk, qkv, &hb);
+    cpu->paged->attention(out, qkv, &hk, &hb);
+    gpu->paged->kv_write(&dk, dqkv, &db);
+    gpu->paged->attention(dout, dqkv, &dk, &db);
+    expect("kv_write K", dk.k, kc, cache);
+    expect("kv_write V", dk.v, vc, cache);
+    expect("attention", dout, out, (size_t)N * C);
+    cpu->paged->kv_copy_block(&hk, tables[0], 19);
+    gpu->paged->kv_copy_block(&dk, tables[0], 19);
+    expect("kv_copy_block", dk.k, kc, cache);
+    free(kc), free(vc), free(qkv), free(out);
+}
+
+/* Greedy tokens of four requests on the GPU engine equal the CPU engine's. */
+typedef struct {
+    int tok[4][12], n[4];
+} got_t;
+static void on_ev(void *ctx, const loom_engine_event_t *ev) {
+    got_t *g = ctx;
+    if (ev->token >= 0 && g->n[ev->index] < 12) g->tok[ev->index][g->n[ev->index]++] = ev->token;
+}
+
+static void run_engine(const loom_backend_t *be, got_t *g) {
+    loom_gpt_config_t c = {.max_seq_len = 64, .vocab_size = 300, .n_layer = 2, .n_head = 4, .channels = 64};
+    loom_gpt_config_finish(&c);
+    loom_gpt_t *m;
+    loom_engine_t *e;
+    loom_engine_config_t ec;
+    loom_engine_config_default(&ec);
+    ec.kv_bytes = 8 << 20, ec.block_size = 8, ec.debug = 1;
+    CHECK(loom_gpt_init(&m, &c, be, 9) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(loom_engine_create(&e, m, NULL, &ec) == LOOM_OK, "%s", loom_errmsg());
+    loom_request_params_t p;
+    loom_request_params_default(&p);
+    p.max_tokens = 12, p.n = 4, p.temperature = 0;
+    int prompt[20];
+    for (int i = 0; i < 20; i++) prompt[i] = (i * 37 + 5) % 300;
+    loom_engine_submit(e, prompt, 20, &p, on_ev, g, NULL);
+    CHECK(loom_engine_run(e) == LOOM_OK, "%s", loom_errmsg());
+    loom_engine_free(e);
+    loom_gpt_free(m);
+}
+
+static void engine_matches_cpu(void) {
+    if (!gpu_ready()) return;
+    got_t a, b;
+    memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
+    run_engine(cpu, &a);
+    run_engine(gpu, &b);
+    CHECK(memcmp(&a, &b, sizeof a) == 0, "greedy tokens differ between the CPU and GPU engines");
+}
+
+int main(void) {
+    loom_backend_cpu_init(&cpu, 2);
+    if (loom_backend_open(&gpu, "cuda:0", 1, LOOM_FP32) != LOOM_OK) snprintf(no_gpu, sizeof no_gpu, "%s", loom_errmsg());
+    if (!no_gpu[0] && !gpu->paged) snprintf(no_gpu, sizeof no_gpu, "the CUDA backend has no paged ops");
+    RUN(paged_attention_matches_cpu);
+    RUN(engine_matches_cpu);
+    return check_main_end();
+}
