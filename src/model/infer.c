@@ -6,7 +6,6 @@
 struct loom_infer {
     loom_gpt_t *m;
     const loom_backend_t *be;
-    const loom_paged_ops_t *ops;
     int max_tokens, max_seqs, max_logits, max_blocks;
     loom_kv_layer_t *layers; /* (L) views into cache */
     void *cache;             /* one backend allocation: per layer K then V */
@@ -28,7 +27,7 @@ struct loom_infer {
 };
 
 size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_kv_dtype dtype) {
-    size_t per = (size_t)cfg->n_layer * 2 * (size_t)block_size * cfg->channels * loom_kv_elem_bytes(dtype);
+    size_t per = (size_t)cfg->n_layer * 2 * (size_t)block_size * cfg->channels * LOOM_KV_ELEM_BYTES(dtype);
     if (dtype != LOOM_KV_F32) per += (size_t)cfg->n_layer * 2 * cfg->n_head * sizeof(float);
     return per;
 }
@@ -59,8 +58,6 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
                               loom_kv_dtype dtype, int max_tokens, int max_seqs, int max_logits) {
     const loom_backend_t *be = m->be;
     const loom_gpt_config_t *c = &m->cfg;
-    if (!be->paged)
-        return loom_error(LOOM_EUNAVAIL, "the %s backend has no paged-attention ops, so it cannot run the inference engine", be->name);
     if (block_size < 1 || block_size > 256)
         return loom_error(LOOM_EINVAL, "--block-size %d: expected 1 to 256 tokens", block_size);
     if (num_blocks < 1 || max_tokens < 1 || max_seqs < 1 || max_logits < 1)
@@ -70,7 +67,6 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     loom_infer_t *inf = loom_calloc(1, sizeof *inf);
     inf->m = m;
     inf->be = be;
-    inf->ops = be->paged;
     inf->max_tokens = max_tokens;
     inf->max_seqs = max_seqs;
     inf->max_logits = max_logits;
@@ -78,11 +74,11 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     int C = c->channels, L = c->n_layer, NH = c->n_head, fail = 0;
     size_t N = (size_t)max_tokens, R = (size_t)max_logits, f = sizeof(float);
     size_t per_layer = (size_t)num_blocks * block_size * C; /* elements of K (or V) per layer */
-    inf->cache = buf(be, 2 * per_layer * L, loom_kv_elem_bytes(dtype), &fail);
+    inf->cache = buf(be, 2 * per_layer * L, LOOM_KV_ELEM_BYTES(dtype), &fail);
     inf->layers = loom_calloc((size_t)L, sizeof *inf->layers);
     for (int l = 0; l < L && inf->cache; l++) {
-        char *base = (char *)inf->cache + 2 * per_layer * l * loom_kv_elem_bytes(dtype);
-        inf->layers[l] = (loom_kv_layer_t){.k = base, .v = base + per_layer * loom_kv_elem_bytes(dtype),
+        char *base = (char *)inf->cache + 2 * per_layer * l * LOOM_KV_ELEM_BYTES(dtype);
+        inf->layers[l] = (loom_kv_layer_t){.k = base, .v = base + per_layer * LOOM_KV_ELEM_BYTES(dtype),
                                            .dtype = dtype, .num_blocks = num_blocks,
                                            .block_size = block_size, .NH = NH, .hs = C / NH};
     }
@@ -153,20 +149,20 @@ static void add_layernorm(const loom_backend_t *be, float *res, float *out, floa
 
 /* Block l on the rows in inf->x, with its ln1 already in inf->ln; leaves
  * the next block's ln1 (or lnf) in inf->ln. */
-static void block(loom_infer_t *inf, const loom_paged_batch_t *pb, int l) {
+static void block(loom_infer_t *inf, int N, int max_pos, int l) {
     const loom_backend_t *be = inf->be;
-    const loom_paged_ops_t *op = inf->ops;
-    int C = inf->m->cfg.channels, L = inf->m->cfg.n_layer, N = pb->N;
+    int C = inf->m->cfg.channels, L = inf->m->cfg.n_layer;
     size_t lc = (size_t)l * C;
     float *const *p = inf->m->param;
-    op->linear(inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, N, C, 3 * C, 0);
-    op->kv_write(&inf->layers[l], inf->qkv, pb);
-    op->attention(inf->atty, inf->qkv, &inf->layers[l], pb);
-    op->linear(inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
+    be->matmul_forward_rows(inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, N, C, 3 * C, 0);
+    be->kv_write(&inf->layers[l], inf->qkv, inf->d_slot, N);
+    be->paged_attention(inf->atty, inf->qkv, &inf->layers[l], inf->d_pos, inf->d_seq, inf->d_tables,
+                        inf->max_blocks, max_pos, N);
+    be->matmul_forward_rows(inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
     add_layernorm(be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, p[LOOM_LN2W] + lc,
                   p[LOOM_LN2B] + lc, N, C);
-    op->linear(inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, N, C, 4 * C, 1);
-    op->linear(inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, N, 4 * C, C, 0);
+    be->matmul_forward_rows(inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, N, C, 4 * C, 1);
+    be->matmul_forward_rows(inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, N, 4 * C, C, 0);
     const float *w = l + 1 < L ? p[LOOM_LN1W] + lc + C : p[LOOM_LNFW];
     const float *bb = l + 1 < L ? p[LOOM_LN1B] + lc + C : p[LOOM_LNFB];
     add_layernorm(be, inf->x, inf->ln, inf->mean, inf->rstd, inf->res2, inf->proj, w, bb, N, C);
@@ -185,20 +181,18 @@ loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, f
     be->upload(inf->d_slot, inf->h_slot, ni);
     be->upload(inf->d_tables, b->block_tables, (size_t)b->n_seqs * inf->max_blocks * sizeof(int));
     if (b->n_logits) be->upload(inf->d_rows, b->logit_rows, (size_t)b->n_logits * sizeof(int));
-    loom_paged_batch_t pb = {.N = N, .pos = inf->d_pos, .seq = inf->d_seq, .slot = inf->d_slot,
-                             .block_tables = inf->d_tables, .max_blocks = inf->max_blocks, .max_pos = maxp};
     float *const *p = inf->m->param;
-    inf->ops->embed(inf->x, inf->d_tokens, inf->d_pos, p[LOOM_WTE], p[LOOM_WPE], N, C);
+    be->embed_positions(inf->x, inf->d_tokens, inf->d_pos, p[LOOM_WTE], p[LOOM_WPE], N, C);
     be->layernorm_forward(inf->ln, inf->mean, inf->rstd, inf->x, p[LOOM_LN1W], p[LOOM_LN1B], N, C);
-    for (int l = 0; l < c->n_layer; l++) block(inf, &pb, l);
+    for (int l = 0; l < c->n_layer; l++) block(inf, N, maxp, l);
     if (b->n_logits) {
-        inf->ops->gather_rows(inf->rows, inf->ln, inf->d_rows, b->n_logits, C);
-        inf->ops->linear(inf->logits, inf->rows, p[LOOM_WTE], NULL, b->n_logits, C, Vp, 0);
+        be->gather_rows(inf->rows, inf->ln, inf->d_rows, b->n_logits, C);
+        be->matmul_forward_rows(inf->logits, inf->rows, p[LOOM_WTE], NULL, b->n_logits, C, Vp, 0);
         be->download(logits, inf->logits, (size_t)b->n_logits * Vp * sizeof(float));
     }
     return LOOM_OK;
 }
 
 void loom_infer_copy_block(loom_infer_t *inf, int src, int dst) {
-    for (int l = 0; l < inf->m->cfg.n_layer; l++) inf->ops->kv_copy_block(&inf->layers[l], src, dst);
+    for (int l = 0; l < inf->m->cfg.n_layer; l++) inf->be->kv_copy_block(&inf->layers[l], src, dst);
 }

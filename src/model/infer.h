@@ -35,8 +35,8 @@ size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom
 /* Create an inference context for model `m` (which must outlive it): a
  * cache of num_blocks blocks of block_size tokens (1..256) in the model's
  * backend memory, and activations for batches of up to max_tokens rows,
- * max_seqs sequences and max_logits logit rows. Fails with LOOM_EUNAVAIL
- * when the backend has no paged ops, LOOM_ENOMEM when memory is short. */
+ * max_seqs sequences and max_logits logit rows. Fails with
+ * LOOM_ENOMEM when memory is short. */
 loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks, int block_size,
                               loom_kv_dtype dtype, int max_tokens, int max_seqs, int max_logits);
 void loom_infer_free(loom_infer_t *inf);

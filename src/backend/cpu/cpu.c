@@ -358,6 +358,9 @@ static double sumsq(const float *x, size_t n) {
 static loom_backend_t cpu_backend = {
     .name = "cpu",
     .dtype = LOOM_FP32,
+    .caps = 0, /* host memory, synchronous ops, no graphs, no device step */
+    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32),
+    .act_dtype = LOOM_FP32,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_copy,
@@ -379,6 +382,12 @@ static loom_backend_t cpu_backend = {
     .crossentropy = crossentropy,
     .adamw = adamw,
     .sumsq = sumsq,
+    .embed_positions = loom_cpu_embed_positions,
+    .matmul_forward_rows = loom_cpu_matmul_forward_rows,
+    .kv_write = loom_cpu_kv_write,
+    .paged_attention = loom_cpu_paged_attention,
+    .gather_rows = loom_cpu_gather_rows,
+    .kv_copy_block = loom_cpu_kv_copy_block,
 };
 
 /* Peak: the best of a few 1024^3 SGEMMs on the threads we were given, with
@@ -450,7 +459,7 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
     cpu_backend.matmul_forward_gelu = matmul_forward_gelu;
     cpu_backend.residual_layernorm_forward = residual_layernorm_forward;
     cpu_backend.matmul_backward_gelu = matmul_backward_gelu;
-    cpu_backend.paged = loom_cpu_paged_ops();
+    LOOM_TRY(loom_backend_check(&cpu_backend));
     *out = &cpu_backend;
     return LOOM_OK;
 }

@@ -1,4 +1,5 @@
-/* cpu_paged: the CPU's paged-cache ops (see backend/paged.h).
+/* cpu_paged: the CPU's inference ops over the paged KV cache (contracts in
+ * backend.h, cache layout in backend/paged.h).
  *
  * linear: a matrix-vector kernel grown to a few rows. Both operands are
  * contiguous in k (a row of the input, a row of the weight), so a register
@@ -16,7 +17,6 @@
 #include <omp.h>
 #include <string.h>
 
-#include "backend/paged.h"
 #include "cpu_math.h"
 #include "cpu_paged.h"
 
@@ -24,8 +24,8 @@
 #define TILE_J 4
 #define TILE_M 3
 
-static void embed(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
-                  int N, int C) {
+void loom_cpu_embed_positions(float *out, const int *tokens, const int *pos, const float *wte,
+                              const float *wpe, int N, int C) {
 #pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
     for (int i = 0; i < N; i++) {
         float *o = out + (size_t)i * C;
@@ -103,8 +103,8 @@ static int have_avx2(void) {
     return v;
 }
 
-static void linear(float *out, const float *inp, const float *w, const float *bias, int N, int C,
-                   int OC, int gelu) {
+void loom_cpu_matmul_forward_rows(float *out, const float *inp, const float *w, const float *bias,
+                                  int N, int C, int OC, int gelu) {
     int avx2 = have_avx2(), nblk = (OC + TILE_J - 1) / TILE_J;
     /* a small product is not worth waking the team (on a busy machine a
      * descheduled thread stalls every barrier) */
@@ -138,11 +138,11 @@ static inline float *kv_at(const loom_kv_layer_t *kv, void *base, int block, int
     return (float *)base + (((size_t)block * kv->NH + h) * kv->block_size + off) * kv->hs;
 }
 
-static void kv_write(const loom_kv_layer_t *kv, const float *qkv, const loom_paged_batch_t *b) {
+void loom_cpu_kv_write(const loom_kv_layer_t *kv, const float *qkv, const int *slots, int N) {
     int NH = kv->NH, hs = kv->hs, C = NH * hs;
-#pragma omp parallel for schedule(static) if ((size_t)b->N * C > 1 << 16)
-    for (int i = 0; i < b->N; i++) {
-        int slot = b->slot[i], blk = slot / kv->block_size, off = slot % kv->block_size;
+#pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
+    for (int i = 0; i < N; i++) {
+        int slot = slots[i], blk = slot / kv->block_size, off = slot % kv->block_size;
         const float *row = qkv + (size_t)i * 3 * C;
         for (int h = 0; h < NH; h++) {
             memcpy(kv_at(kv, kv->k, blk, h, off), row + C + h * hs, (size_t)hs * sizeof(float));
@@ -186,33 +186,23 @@ static void attend_row(float *o, const float *q, const loom_kv_layer_t *kv, cons
     for (int e = 0; e < hs; e++) o[e] *= inv;
 }
 
-static void attention(float *out, const float *qkv, const loom_kv_layer_t *kv, const loom_paged_batch_t *b) {
-    int NH = kv->NH, hs = kv->hs, C = NH * hs, tasks = b->N * NH;
-#pragma omp parallel for schedule(dynamic, 4) if ((double)b->N * (b->max_pos + 1) * C > 1 << 17)
+void loom_cpu_paged_attention(float *out, const float *qkv, const loom_kv_layer_t *kv, const int *pos,
+                              const int *seq, const int *block_tables, int max_blocks, int max_pos, int N) {
+    int NH = kv->NH, hs = kv->hs, C = NH * hs, tasks = N * NH;
+#pragma omp parallel for schedule(dynamic, 4) if ((double)N * (max_pos + 1) * C > 1 << 17)
     for (int task = 0; task < tasks; task++) {
         int i = task / NH, h = task % NH;
         attend_row(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv,
-                   b->block_tables + (size_t)b->seq[i] * b->max_blocks, b->pos[i], h);
+                   block_tables + (size_t)seq[i] * max_blocks, pos[i], h);
     }
 }
 
-static void gather_rows(float *out, const float *inp, const int *rows, int R, int C) {
+void loom_cpu_gather_rows(float *out, const float *inp, const int *rows, int R, int C) {
     for (int r = 0; r < R; r++) memcpy(out + (size_t)r * C, inp + (size_t)rows[r] * C, (size_t)C * sizeof(float));
 }
 
-static void kv_copy_block(const loom_kv_layer_t *kv, int src, int dst) {
+void loom_cpu_kv_copy_block(const loom_kv_layer_t *kv, int src, int dst) {
     size_t n = (size_t)kv->NH * kv->block_size * kv->hs;
     memcpy(kv_at(kv, kv->k, dst, 0, 0), kv_at(kv, kv->k, src, 0, 0), n * sizeof(float));
     memcpy(kv_at(kv, kv->v, dst, 0, 0), kv_at(kv, kv->v, src, 0, 0), n * sizeof(float));
 }
-
-static const loom_paged_ops_t cpu_paged_ops = {
-    .embed = embed,
-    .linear = linear,
-    .kv_write = kv_write,
-    .attention = attention,
-    .gather_rows = gather_rows,
-    .kv_copy_block = kv_copy_block,
-};
-
-const loom_paged_ops_t *loom_cpu_paged_ops(void) { return &cpu_paged_ops; }

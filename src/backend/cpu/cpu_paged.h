@@ -1,11 +1,19 @@
-/* cpu_paged: the CPU implementation of the paged-cache ops (backend/paged.h).
+/* cpu_paged: the CPU implementation of the inference engine's ops over the
+ * paged KV cache (contracts in backend.h, layout in backend/paged.h).
  * Internal to src/backend/cpu/. */
 #ifndef LOOM_CPU_PAGED_H
 #define LOOM_CPU_PAGED_H
 
 #include "backend/paged.h"
 
-/* The CPU's table of paged ops (static, never freed). */
-const loom_paged_ops_t *loom_cpu_paged_ops(void);
+void loom_cpu_embed_positions(float *out, const int *tokens, const int *pos, const float *wte,
+                              const float *wpe, int N, int C);
+void loom_cpu_matmul_forward_rows(float *out, const float *inp, const float *w, const float *bias,
+                                  int N, int C, int OC, int gelu);
+void loom_cpu_kv_write(const loom_kv_layer_t *kv, const float *qkv, const int *slot, int N);
+void loom_cpu_paged_attention(float *out, const float *qkv, const loom_kv_layer_t *kv, const int *pos,
+                              const int *seq, const int *block_tables, int max_blocks, int max_pos, int N);
+void loom_cpu_gather_rows(float *out, const float *inp, const int *rows, int R, int C);
+void loom_cpu_kv_copy_block(const loom_kv_layer_t *kv, int src, int dst);
 
 #endif

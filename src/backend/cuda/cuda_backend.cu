@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "cuda_paged.h"
 
 extern "C" {
 #include "cuda_peak.h"
@@ -217,8 +218,6 @@ static loom_status state_init(int index, const cudaDeviceProp *prop) {
     return LOOM_OK;
 }
 
-extern "C" const struct loom_paged_ops *loom_cuda_paged_ops(void);
-
 extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int index,
                                               loom_dtype dtype) {
     int count = 0;
@@ -292,6 +291,10 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
     b->dtype = dtype;
     b->peak_flops = peak;
     b->peak_source = g_peak_source;
+    b->caps = LOOM_CAP_DEVICE_MEMORY | LOOM_CAP_DEVICE_STEP | LOOM_CAP_GRAPHS |
+              (dtype == LOOM_FP16 ? (unsigned)LOOM_CAP_LOSS_SCALING : 0u);
+    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32);
+    b->act_dtype = LOOM_FP32;
     b->alloc = cuda_alloc;
     b->free = cuda_free;
     b->upload = cuda_upload;
@@ -324,7 +327,12 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
     b->residual_layernorm_forward = cuda_residual_layernorm_forward;
     b->matmul_forward_gelu = cuda_matmul_forward_gelu;
     b->matmul_backward_gelu = cuda_matmul_backward_gelu;
-    b->paged = loom_cuda_paged_ops(); /* cuda_paged.cu: the inference engine's ops */
+    b->embed_positions = cuda_embed_positions; /* cuda_paged.cu: the inference engine's ops */
+    b->matmul_forward_rows = cuda_matmul_forward_rows;
+    b->kv_write = cuda_kv_write;
+    b->paged_attention = cuda_paged_attention;
+    b->gather_rows = cuda_gather_rows;
+    b->kv_copy_block = cuda_kv_copy_block;
     *out = b;
     return LOOM_OK;
 }

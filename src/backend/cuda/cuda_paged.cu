@@ -1,4 +1,4 @@
-/* cuda_paged: the paged-cache ops of backend/paged.h on the GPU, the same
+/* cuda_paged: the inference engine's paged-cache ops (backend.h) on the GPU, the same
  * contract as the CPU's (src/backend/cpu/cpu_paged.c), which they are
  * tested against (tests/test_engine_cuda.c). Compiled, not yet run on a GPU.
  *
@@ -10,10 +10,7 @@
  * and of the output; keys are walked through the block table with an
  * online softmax (running max and sum), one key at a time. */
 #include "cuda_internal.h"
-
-extern "C" {
-#include "backend/paged.h"
-}
+#include "cuda_paged.h"
 
 #define MAX_HS_PER_LANE 8 /* head size up to 256 */
 
@@ -26,13 +23,13 @@ __global__ void paged_embed_kernel(float *out, const int *tokens, const int *pos
     }
 }
 
-static void paged_embed(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
+void cuda_embed_positions(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
                         int N, int C) {
     paged_embed_kernel<<<cuda_grid((size_t)N * C, 256), 256, 0, g_cuda.stream>>>(out, tokens, pos, wte, wpe, N, C);
     LAUNCH_CHECK();
 }
 
-static void paged_linear(float *out, const float *inp, const float *w, const float *bias, int N, int C,
+void cuda_matmul_forward_rows(float *out, const float *inp, const float *w, const float *bias, int N, int C,
                          int OC, int gelu) {
     cuda_matmul_forward(out, inp, w, bias, N, C, OC);
     if (gelu) cuda_gelu_forward(out, out, (size_t)N * OC);
@@ -55,9 +52,9 @@ __global__ void kv_write_kernel(loom_kv_layer_t kv, const float *qkv, const int 
     }
 }
 
-static void paged_kv_write(const loom_kv_layer_t *kv, const float *qkv, const loom_paged_batch_t *b) {
-    size_t n = (size_t)b->N * kv->NH * kv->hs;
-    kv_write_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(*kv, qkv, b->slot, b->N);
+void cuda_kv_write(const loom_kv_layer_t *kv, const float *qkv, const int *slot, int N) {
+    size_t n = (size_t)N * kv->NH * kv->hs;
+    kv_write_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(*kv, qkv, slot, N);
     LAUNCH_CHECK();
 }
 
@@ -98,12 +95,13 @@ __global__ void paged_attention_kernel(float *out, const float *qkv, loom_kv_lay
     }
 }
 
-static void paged_attention(float *out, const float *qkv, const loom_kv_layer_t *kv, const loom_paged_batch_t *b) {
+void cuda_paged_attention(float *out, const float *qkv, const loom_kv_layer_t *kv, const int *pos,
+                          const int *seq, const int *block_tables, int max_blocks, int max_pos, int N) {
     if (kv->hs > 32 * MAX_HS_PER_LANE)
         loom_panic(__FILE__, __LINE__, "paged attention: head size %d is above %d", kv->hs, 32 * MAX_HS_PER_LANE);
-    int warps = b->N * kv->NH;
-    paged_attention_kernel<<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(out, qkv, *kv, b->pos, b->seq, b->block_tables,
-                                                                      b->max_blocks, b->N);
+    int warps = N * kv->NH;
+    paged_attention_kernel<<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(out, qkv, *kv, pos, seq, block_tables,
+                                                                      max_blocks, N);
     LAUNCH_CHECK();
 }
 
@@ -113,21 +111,15 @@ __global__ void gather_rows_kernel(float *out, const float *inp, const int *rows
         out[i] = inp[(size_t)rows[i / C] * C + i % C];
 }
 
-static void paged_gather_rows(float *out, const float *inp, const int *rows, int R, int C) {
+void cuda_gather_rows(float *out, const float *inp, const int *rows, int R, int C) {
     gather_rows_kernel<<<cuda_grid((size_t)R * C, 256), 256, 0, g_cuda.stream>>>(out, inp, rows, R, C);
     LAUNCH_CHECK();
 }
 
-static void paged_kv_copy_block(const loom_kv_layer_t *kv, int src, int dst) {
+void cuda_kv_copy_block(const loom_kv_layer_t *kv, int src, int dst) {
     size_t bytes = (size_t)kv->NH * kv->block_size * kv->hs * sizeof(float), stride = bytes;
     CUDA_CHECK(cudaMemcpyAsync((char *)kv->k + dst * stride, (char *)kv->k + src * stride, bytes,
                                cudaMemcpyDeviceToDevice, g_cuda.stream));
     CUDA_CHECK(cudaMemcpyAsync((char *)kv->v + dst * stride, (char *)kv->v + src * stride, bytes,
                                cudaMemcpyDeviceToDevice, g_cuda.stream));
 }
-
-static const loom_paged_ops_t cuda_paged_ops = {
-    paged_embed, paged_linear, paged_kv_write, paged_attention, paged_gather_rows, paged_kv_copy_block,
-};
-
-extern "C" const loom_paged_ops_t *loom_cuda_paged_ops(void) { return &cuda_paged_ops; }
