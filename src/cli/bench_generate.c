@@ -11,6 +11,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
+#include "cli/runload.h"
 #include "model/infer.h"
 
 typedef struct {
@@ -85,21 +86,31 @@ static double measure_bandwidth(size_t bytes) {
     return sink < 0 ? 0 : (double)bytes / best;
 }
 
-static void llama_row(void) {
-    const char *bin = getenv("LLAMA_BENCH"), *gguf = getenv("LLAMA_GGUF");
-    if (!bin || !gguf || !loom_path_exists(bin) || !loom_path_exists(gguf)) {
-        printf("SKIP llama.cpp: no build here (set LLAMA_BENCH to llama-bench and LLAMA_GGUF to the model's GGUF; bench/llama-build.sh builds it)\n");
+/* llama.cpp's llama-bench on the same weights (a GGUF exported from the
+ * run given with --run), or a line saying why that row is skipped. */
+static void llama_row(const char *bin, const char *gguf, int plen, int gen) {
+    if (!loom_path_exists(bin)) {
+        printf("SKIP llama.cpp: %s is not built (bench/llama-build.sh builds it; --llama-bench names another)\n", bin);
         return;
     }
-    printf("llama.cpp (%s):\n", bin);
+    if (!gguf || !loom_path_exists(gguf)) {
+        printf("SKIP llama.cpp: no --gguf of the same weights (export the --run checkpoint with `loom export --format gguf`)\n");
+        return;
+    }
+    char dir[4096], cmd[12288];
+    snprintf(dir, sizeof dir, "%s", bin);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s' '%s' -m '%s' -t %d -p %d -n %d -r 3 2>&1", dir, bin, gguf,
+             loom_backend_cpu_threads(), plen, gen);
+    printf("llama.cpp on the same weights (%s):\n", cmd);
     fflush(stdout);
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' -m '%s' -t %d -p 128 -n 128 2>&1", bin, gguf, omp_get_max_threads());
     if (system(cmd) != 0) printf("llama.cpp: llama-bench failed\n");
 }
 
 typedef struct {
-    const char *model, *kv_memory, *conc_text;
+    const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf;
     int conc[16], nconc;
     int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens;
 } bench_flags_t;
@@ -132,19 +143,31 @@ static void run_table(loom_engine_t *e, const bench_flags_t *f, const int *promp
     free(ttft);
 }
 
-static int bench_generate(const bench_flags_t *f) {
+/* The model: a run's checkpoint, or a preset with random weights. */
+static loom_status bench_model(const bench_flags_t *f, loom_gpt_t **m) {
+    if (f->run) {
+        loom_tokenizer_t *tok;
+        loom_ckpt_state_t ck;
+        LOOM_TRY(loom_run_open(f->run, f->threads, m, &tok, &ck));
+        if (tok) loom_tokenizer_free(tok);
+        return LOOM_OK;
+    }
     const loom_backend_t *be;
     loom_gpt_config_t cfg;
+    LOOM_TRY(loom_backend_cpu_init(&be, f->threads));
+    LOOM_TRY(loom_gpt_preset(&cfg, f->model));
+    cfg.vocab_size = f->vocab;
+    LOOM_TRY(loom_gpt_config_finish(&cfg));
+    return loom_gpt_init(m, &cfg, be, 1);
+}
+
+static int bench_generate(const bench_flags_t *f) {
     loom_gpt_t *m = NULL;
     loom_engine_t *e = NULL;
     loom_engine_config_t ec;
-    loom_status s = loom_backend_cpu_init(&be, f->threads);
-    if (s == LOOM_OK) s = loom_gpt_preset(&cfg, f->model);
-    cfg.vocab_size = f->vocab;
-    if (s == LOOM_OK) s = loom_gpt_config_finish(&cfg);
-    if (s == LOOM_OK && f->plen + f->gen > cfg.max_seq_len)
-        s = loom_error(LOOM_EINVAL, "--prompt-len %d + --gen %d is above the model's context (%d)", f->plen, f->gen, cfg.max_seq_len);
-    if (s == LOOM_OK) s = loom_gpt_init(&m, &cfg, be, 1);
+    loom_status s = bench_model(f, &m);
+    if (s == LOOM_OK && f->plen + f->gen > m->cfg.max_seq_len)
+        s = loom_error(LOOM_EINVAL, "--prompt-len %d + --gen %d is above the model's context (%d)", f->plen, f->gen, m->cfg.max_seq_len);
     if (s == LOOM_OK) s = loom_cli_engine_config(f->kv_memory, f->block_size, f->max_batch_tokens, 64, &ec);
     if (s == LOOM_OK) s = loom_engine_create(&e, m, NULL, &ec);
     if (s != LOOM_OK) {
@@ -152,10 +175,12 @@ static int bench_generate(const bench_flags_t *f) {
         loom_gpt_free(m);
         return loom_exit_code(s);
     }
+    const loom_gpt_config_t cfg = m->cfg;
     double bw = measure_bandwidth((size_t)1 << 30);
     size_t weight_bytes = 4 * (loom_gpt_num_params(&cfg) - (size_t)cfg.max_seq_len * cfg.channels);
-    printf("model %s (%.1fM parameters, vocabulary %d, random weights, fp32), %d CPU threads, prompts %d + %d new tokens, KV blocks %d x %d tokens\n",
-           f->model, loom_gpt_num_params(&cfg) / 1e6, cfg.vocab_size, loom_backend_cpu_threads(), f->plen, f->gen,
+    printf("model %s (%.1fM parameters, vocabulary %d, %s, fp32), %d CPU threads, prompts %d + %d new tokens, KV blocks %d x %d tokens\n",
+           f->run ? f->run : f->model, loom_gpt_num_params(&cfg) / 1e6, cfg.vocab_size, f->run ? "checkpoint" : "random weights",
+           loom_backend_cpu_threads(), f->plen, f->gen,
            (int)(ec.kv_bytes / loom_infer_block_bytes(&cfg, ec.block_size, ec.kv_dtype)), ec.block_size);
     printf("memory read bandwidth %.1f GB/s (1 GiB summed, best of 5): single-stream decode floor %.1f tokens/s (%.0f MB of weights per token)\n",
            bw / 1e9, bw / (double)weight_bytes, weight_bytes / 1e6);
@@ -165,7 +190,7 @@ static int bench_generate(const bench_flags_t *f) {
     loom_engine_stats_t st;
     loom_engine_stats(e, &st);
     printf("engine: %lld steps, mean batch %.1f rows, %lld preemptions\n", st.steps, (double)st.batch_rows / (double)(st.steps ? st.steps : 1), st.preemptions);
-    llama_row();
+    llama_row(f->llama_bin, f->gguf, f->plen, f->gen);
     free(prompt);
     loom_engine_free(e);
     loom_gpt_free(m);
@@ -176,6 +201,7 @@ int cmd_bench_generate(int argc, char **argv) {
     bench_flags_t f;
     const loom_arg_t args[] = {
         {"model", ARG_STR, &f.model, "gpt2-small", 0, 0, "model preset (random weights)"},
+        {"run", ARG_STR, &f.run, "", 0, 0, "a run folder's newest checkpoint instead of a random preset (the weights a GGUF for llama.cpp was exported from)"},
         {"vocab", ARG_INT, &f.vocab, "50257", 2, 1 << 24, "vocabulary size"},
         {"prompt-len", ARG_INT, &f.plen, "128", 1, 1 << 20, "prompt tokens per request"},
         {"gen", ARG_INT, &f.gen, "128", 1, 1 << 20, "new tokens per request"},
@@ -185,6 +211,8 @@ int cmd_bench_generate(int argc, char **argv) {
         {"kv-memory", ARG_STR, &f.kv_memory, "2G", 0, 0, "KV cache size: bytes (512M, 2G) or a share of free memory"},
         {"block-size", ARG_INT, &f.block_size, "16", 1, 256, "tokens per KV block"},
         {"max-batch-tokens", ARG_INT, &f.max_batch_tokens, "512", 1, 1 << 20, "rows per step"},
+        {"llama-bench", ARG_STR, &f.llama_bin, ".cache/llama.cpp/build/bin/llama-bench", 0, 0, "llama.cpp's llama-bench, for the peer row"},
+        {"gguf", ARG_STR, &f.gguf, "", 0, 0, "the same weights as GGUF, for llama.cpp"},
     };
     int r = loom_args_parse("bench generate", "loom bench generate [flags]", args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (r == 1) return 0;
