@@ -136,17 +136,6 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
     return LOOM_OK;
 }
 
-/* res = a + b_res, then out = layernorm(res), fused when the backend can. */
-static void add_layernorm(const loom_backend_t *be, float *res, float *out, float *mean, float *rstd,
-                          const float *a, const float *b_res, const float *w, const float *b, int N, int C) {
-    if (be->residual_layernorm_forward) {
-        be->residual_layernorm_forward(res, out, mean, rstd, a, b_res, w, b, N, C);
-        return;
-    }
-    be->residual_forward(res, a, b_res, (size_t)N * C);
-    be->layernorm_forward(out, mean, rstd, res, w, b, N, C);
-}
-
 /* Block l on the rows in inf->x, with its ln1 already in inf->ln; leaves
  * the next block's ln1 (or lnf) in inf->ln. */
 static void block(loom_infer_t *inf, int N, int max_pos, int l) {
@@ -159,13 +148,13 @@ static void block(loom_infer_t *inf, int N, int max_pos, int l) {
     be->paged_attention(inf->atty, inf->qkv, &inf->layers[l], inf->d_pos, inf->d_seq, inf->d_tables,
                         inf->max_blocks, max_pos, N);
     be->matmul_forward_rows(inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
-    add_layernorm(be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, p[LOOM_LN2W] + lc,
+    loom_gpt_residual_layernorm(be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, p[LOOM_LN2W] + lc,
                   p[LOOM_LN2B] + lc, N, C);
     be->matmul_forward_rows(inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, N, C, 4 * C, 1);
     be->matmul_forward_rows(inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, N, 4 * C, C, 0);
     const float *w = l + 1 < L ? p[LOOM_LN1W] + lc + C : p[LOOM_LNFW];
     const float *bb = l + 1 < L ? p[LOOM_LN1B] + lc + C : p[LOOM_LNFB];
-    add_layernorm(be, inf->x, inf->ln, inf->mean, inf->rstd, inf->res2, inf->proj, w, bb, N, C);
+    loom_gpt_residual_layernorm(be, inf->x, inf->ln, inf->mean, inf->rstd, inf->res2, inf->proj, w, bb, N, C);
 }
 
 loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, float *logits) {
