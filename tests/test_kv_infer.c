@@ -39,7 +39,7 @@ static void cached_equals_full(void) {
     if (!m) return;
     int Vp = m->cfg.padded_vocab_size, len[3] = {48, 17, 33}, chunk[3] = {7, 1, 16};
     loom_infer_t *inf;
-    CHECK(loom_infer_create(&inf, m, nb, bs, LOOM_KV_F32, 64, S, 64) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(loom_infer_create(&inf, m, nb, bs, LOOM_FP32, 64, S, 64) == LOOM_OK, "%s", loom_errmsg());
     int mb = loom_infer_max_blocks(inf);
     int *tables = malloc(sizeof(int) * S * mb), tok[3][48];
     /* blocks handed out in a scrambled order: tables are not contiguous */
@@ -88,7 +88,7 @@ static void bad_batch(void) {
     loom_gpt_t *m = tiny_model(16);
     if (!m) return;
     loom_infer_t *inf;
-    CHECK(loom_infer_create(&inf, m, 4, 4, LOOM_KV_F32, 8, 2, 8) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(loom_infer_create(&inf, m, 4, 4, LOOM_FP32, 8, 2, 8) == LOOM_OK, "%s", loom_errmsg());
     int table[4] = {0, 1, 2, 3}, tok = 500, pos = 0, seq = 0, row = 0;
     float *lg = malloc(sizeof(float) * m->cfg.padded_vocab_size);
     loom_infer_batch_t b = {.n_tokens = 1, .tokens = &tok, .pos = &pos, .seq = &seq, .n_seqs = 1,

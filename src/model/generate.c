@@ -109,7 +109,7 @@ loom_status loom_gpt_generate(loom_gpt_t *m, const uint32_t *prompt, size_t np, 
     int maxT = m->cfg.max_seq_len, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
     const int bs = 16, chunk = maxT < 256 ? maxT : 256, nb = (maxT + bs - 1) / bs;
     loom_infer_t *inf;
-    LOOM_TRY(loom_infer_create(&inf, m, nb, bs, LOOM_KV_F32, chunk, 1, 1));
+    LOOM_TRY(loom_infer_create(&inf, m, nb, bs, LOOM_FP32, chunk, 1, 1));
     int *seq = loom_malloc((np + (size_t)n + 1) * sizeof(int)), *table = loom_malloc((size_t)nb * sizeof(int));
     int *pos = loom_malloc((size_t)chunk * sizeof(int)), *zeros = loom_calloc((size_t)chunk, sizeof(int));
     float *row = loom_malloc((size_t)Vp * sizeof(float)), *scratch = loom_malloc(2 * (size_t)V * sizeof(float));

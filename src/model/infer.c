@@ -7,7 +7,8 @@ struct loom_infer {
     loom_gpt_t *m;
     const loom_backend_t *be;
     int max_tokens, max_seqs, max_logits, max_blocks;
-    loom_kv_layer_t *layers; /* (L) views into cache */
+    loom_tensor_t *layers;   /* (L) views into cache: (num_blocks*2*NH, block_size*hs) each */
+    int NH, block_size;
     void *cache;             /* one backend allocation: per layer K then V */
     /* Activations, backend memory, one buffer each reused by every layer. */
     float *x;      /* (N, C) residual stream */
@@ -26,9 +27,9 @@ struct loom_infer {
     int *h_slot;   /* (N) host */
 };
 
-size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_kv_dtype dtype) {
-    size_t per = (size_t)cfg->n_layer * 2 * (size_t)block_size * cfg->channels * LOOM_KV_ELEM_BYTES(dtype);
-    if (dtype != LOOM_KV_F32) per += (size_t)cfg->n_layer * 2 * cfg->n_head * sizeof(float);
+size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_dtype dtype) {
+    size_t per = (size_t)cfg->n_layer * 2 * (size_t)block_size * cfg->channels * loom_dtype_size(dtype);
+    if (dtype == LOOM_INT8) per += (size_t)cfg->n_layer * 2 * cfg->n_head * sizeof(float); /* row scales */
     return per;
 }
 
@@ -55,7 +56,7 @@ static void *buf(const loom_backend_t *be, size_t n, size_t size, int *fail) {
 }
 
 loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks, int block_size,
-                              loom_kv_dtype dtype, int max_tokens, int max_seqs, int max_logits) {
+                              loom_dtype dtype, int max_tokens, int max_seqs, int max_logits) {
     const loom_backend_t *be = m->be;
     const loom_gpt_config_t *c = &m->cfg;
     if (block_size < 1 || block_size > 256)
@@ -63,7 +64,8 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     if (num_blocks < 1 || max_tokens < 1 || max_seqs < 1 || max_logits < 1)
         return loom_error(LOOM_EINVAL, "inference context: %d blocks, %d tokens, %d sequences, %d logit rows: each must be at least 1",
                           num_blocks, max_tokens, max_seqs, max_logits);
-    if (dtype != LOOM_KV_F32) return loom_error(LOOM_EINVAL, "KV cache type %d: only f32 exists", (int)dtype);
+    if (dtype != LOOM_FP32)
+        return loom_error(LOOM_EINVAL, "KV cache of %s: only fp32 exists so far", loom_dtype_name(dtype));
     loom_infer_t *inf = loom_calloc(1, sizeof *inf);
     inf->m = m;
     inf->be = be;
@@ -73,15 +75,15 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     inf->max_blocks = (c->max_seq_len + block_size - 1) / block_size;
     int C = c->channels, L = c->n_layer, NH = c->n_head, fail = 0;
     size_t N = (size_t)max_tokens, R = (size_t)max_logits, f = sizeof(float);
-    size_t per_layer = (size_t)num_blocks * block_size * C; /* elements of K (or V) per layer */
-    inf->cache = buf(be, 2 * per_layer * L, LOOM_KV_ELEM_BYTES(dtype), &fail);
+    size_t per_layer = 2 * (size_t)num_blocks * block_size * C; /* elements of K and V per layer */
+    inf->NH = NH;
+    inf->block_size = block_size;
+    inf->cache = buf(be, per_layer * L, loom_dtype_size(dtype), &fail);
     inf->layers = loom_calloc((size_t)L, sizeof *inf->layers);
-    for (int l = 0; l < L && inf->cache; l++) {
-        char *base = (char *)inf->cache + 2 * per_layer * l * LOOM_KV_ELEM_BYTES(dtype);
-        inf->layers[l] = (loom_kv_layer_t){.k = base, .v = base + per_layer * LOOM_KV_ELEM_BYTES(dtype),
-                                           .dtype = dtype, .num_blocks = num_blocks,
-                                           .block_size = block_size, .NH = NH, .hs = C / NH};
-    }
+    for (int l = 0; l < L && inf->cache; l++)
+        inf->layers[l] = (loom_tensor_t){.data = (char *)inf->cache + per_layer * l * loom_dtype_size(dtype),
+                                         .dtype = dtype, .rows = (long long)num_blocks * 2 * NH,
+                                         .cols = (long long)block_size * (C / NH)};
     inf->x = buf(be, N * C, f, &fail);
     inf->ln = buf(be, N * C, f, &fail);
     inf->mean = buf(be, N, f, &fail);
@@ -112,7 +114,7 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
 /* Check the batch against the model and the cache; fill h_slot. */
 static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
     const loom_gpt_config_t *c = &inf->m->cfg;
-    int bs = inf->layers[0].block_size, nb = inf->layers[0].num_blocks;
+    int bs = inf->block_size, nb = (int)(inf->layers[0].rows / (2 * inf->NH));
     if (b->n_tokens < 1 || b->n_tokens > inf->max_tokens || b->n_seqs < 1 || b->n_seqs > inf->max_seqs ||
         b->n_logits < 0 || b->n_logits > inf->max_logits)
         return loom_error(LOOM_EINVAL, "batch of %d tokens, %d sequences, %d logit rows: this context takes 1..%d, 1..%d, 0..%d",
@@ -138,15 +140,15 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
 
 /* Block l on the rows in inf->x, with its ln1 already in inf->ln; leaves
  * the next block's ln1 (or lnf) in inf->ln. */
-static void block(loom_infer_t *inf, int N, int max_pos, int l) {
+static void block(loom_infer_t *inf, int N, int l) {
     const loom_backend_t *be = inf->be;
     int C = inf->m->cfg.channels, L = inf->m->cfg.n_layer;
     size_t lc = (size_t)l * C;
     float *const *p = inf->m->param;
     be->matmul_forward_rows(inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, N, C, 3 * C, 0);
-    be->kv_write(&inf->layers[l], inf->qkv, inf->d_slot, N);
+    be->kv_write(&inf->layers[l], inf->qkv, inf->d_slot, N, inf->NH, inf->block_size);
     be->paged_attention(inf->atty, inf->qkv, &inf->layers[l], inf->d_pos, inf->d_seq, inf->d_tables,
-                        inf->max_blocks, max_pos, N);
+                        inf->max_blocks, N, inf->NH, inf->block_size);
     be->matmul_forward_rows(inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
     loom_gpt_residual_layernorm(be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, p[LOOM_LN2W] + lc,
                   p[LOOM_LN2B] + lc, N, C);
@@ -161,8 +163,7 @@ loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, f
     LOOM_TRY(check_batch(inf, b));
     const loom_backend_t *be = inf->be;
     const loom_gpt_config_t *c = &inf->m->cfg;
-    int N = b->n_tokens, C = c->channels, Vp = c->padded_vocab_size, maxp = 0;
-    for (int i = 0; i < N; i++) maxp = b->pos[i] > maxp ? b->pos[i] : maxp;
+    int N = b->n_tokens, C = c->channels, Vp = c->padded_vocab_size;
     size_t ni = (size_t)N * sizeof(int);
     be->upload(inf->d_tokens, b->tokens, ni);
     be->upload(inf->d_pos, b->pos, ni);
@@ -173,7 +174,7 @@ loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, f
     float *const *p = inf->m->param;
     be->embed_positions(inf->x, inf->d_tokens, inf->d_pos, p[LOOM_WTE], p[LOOM_WPE], N, C);
     be->layernorm_forward(inf->ln, inf->mean, inf->rstd, inf->x, p[LOOM_LN1W], p[LOOM_LN1B], N, C);
-    for (int l = 0; l < c->n_layer; l++) block(inf, N, maxp, l);
+    for (int l = 0; l < c->n_layer; l++) block(inf, N, l);
     if (b->n_logits) {
         be->gather_rows(inf->rows, inf->ln, inf->d_rows, b->n_logits, C);
         be->matmul_forward_rows(inf->logits, inf->rows, p[LOOM_WTE], NULL, b->n_logits, C, Vp, 0);
@@ -183,5 +184,5 @@ loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, f
 }
 
 void loom_infer_copy_block(loom_infer_t *inf, int src, int dst) {
-    for (int l = 0; l < inf->m->cfg.n_layer; l++) inf->be->kv_copy_block(&inf->layers[l], src, dst);
+    for (int l = 0; l < inf->m->cfg.n_layer; l++) inf->be->kv_copy_block(&inf->layers[l], src, dst, inf->NH);
 }

@@ -7,13 +7,14 @@
  * positions 0..pos of its own sequence through that table. Logits come
  * back only for the rows asked for (usually each sequence's last row).
  *
- * The cache storage is owned here (the model knows its shape); which block
+ * The cache storage is owned here (the model knows its shape: per layer a
+ * typed tensor laid out as backend.h describes, fp32 today); which block
  * belongs to which sequence is the caller's business (src/serve/kv_cache
  * keeps that bookkeeping). Blocks are numbered 0..num_blocks-1. */
 #ifndef LOOM_INFER_H
 #define LOOM_INFER_H
 
-#include "backend/paged.h"
+#include "backend/backend.h"
 #include "model/gpt.h"
 
 typedef struct {
@@ -30,7 +31,7 @@ typedef struct {
 typedef struct loom_infer loom_infer_t;
 
 /* Bytes of cache one block takes over all layers (K and V). */
-size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_kv_dtype dtype);
+size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_dtype dtype);
 
 /* Create an inference context for model `m` (which must outlive it): a
  * cache of num_blocks blocks of block_size tokens (1..256) in the model's
@@ -38,7 +39,7 @@ size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom
  * max_seqs sequences and max_logits logit rows. Fails with
  * LOOM_ENOMEM when memory is short. */
 loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks, int block_size,
-                              loom_kv_dtype dtype, int max_tokens, int max_seqs, int max_logits);
+                              loom_dtype dtype, int max_tokens, int max_seqs, int max_logits);
 void loom_infer_free(loom_infer_t *inf);
 
 /* Block-table width: ceil(max_seq_len / block_size). */

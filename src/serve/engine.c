@@ -77,7 +77,7 @@ struct loom_engine {
 };
 
 void loom_engine_config_default(loom_engine_config_t *c) {
-    *c = (loom_engine_config_t){.block_size = 16, .kv_bytes = (size_t)256 << 20, .kv_dtype = LOOM_KV_F32,
+    *c = (loom_engine_config_t){.block_size = 16, .kv_bytes = (size_t)256 << 20, .kv_dtype = LOOM_FP32,
                                 .max_batch_tokens = 512, .max_seqs = 64};
 }
 

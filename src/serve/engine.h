@@ -30,14 +30,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend/paged.h"
+#include "backend/backend.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
 
 typedef struct {
     int block_size;       /* tokens per KV block (default 16) */
     size_t kv_bytes;      /* bytes for the KV pool (see loom_engine_parse_kv_memory) */
-    loom_kv_dtype kv_dtype; /* element type of the cache (f32) */
+    loom_dtype kv_dtype;  /* element type of the cache (LOOM_FP32; int8 to come) */
     int max_batch_tokens; /* rows per step, prefill and decode together (default 512) */
     int max_seqs;         /* running sequences at most (default 64) */
     int debug;            /* 1: check block ownership on every change (tests) */

@@ -1,5 +1,5 @@
 /* cpu_paged: the CPU's inference ops over the paged KV cache (contracts in
- * backend.h, cache layout in backend/paged.h).
+ * backend.h, with the cache's layout).
  *
  * linear: a matrix-vector kernel grown to a few rows. Both operands are
  * contiguous in k (a row of the input, a row of the weight), so a register
@@ -18,6 +18,8 @@
 #include <string.h>
 
 #include "cpu_math.h"
+#include "backend/backend.h"
+#include "core/core.h"
 #include "cpu_paged.h"
 
 #define ROWS_PER_PASS 64 /* input rows per pass over the weights (L2-resident) */
@@ -134,19 +136,29 @@ void loom_cpu_matmul_forward_rows(float *out, const float *inp, const float *w, 
     }
 }
 
-static inline float *kv_at(const loom_kv_layer_t *kv, void *base, int block, int h, int off) {
-    return (float *)base + (((size_t)block * kv->NH + h) * kv->block_size + off) * kv->hs;
+/* Head h's keys (which 0) or values (which 1) of block `block`, token
+ * `off` (the layout in backend.h). */
+static inline float *kv_at(const loom_tensor_t *kv, int NH, int bs, int block, int which, int h, int off) {
+    size_t hs = (size_t)kv->cols / (size_t)bs;
+    return (float *)kv->data + ((((size_t)block * 2 + which) * NH + h) * bs + off) * hs;
 }
 
-void loom_cpu_kv_write(const loom_kv_layer_t *kv, const float *qkv, const int *slots, int N) {
-    int NH = kv->NH, hs = kv->hs, C = NH * hs;
+static void fp32_only(const loom_tensor_t *kv) {
+    if (kv->dtype != LOOM_FP32)
+        loom_panic(__FILE__, __LINE__, "KV cache of %s: the CPU's paged ops take fp32 (a quantized cache needs its variant ops)",
+                   loom_dtype_name(kv->dtype));
+}
+
+void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slots, int N, int NH, int bs) {
+    fp32_only(kv);
+    int hs = (int)(kv->cols / bs), C = NH * hs;
 #pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
     for (int i = 0; i < N; i++) {
-        int slot = slots[i], blk = slot / kv->block_size, off = slot % kv->block_size;
+        int slot = slots[i], blk = slot / bs, off = slot % bs;
         const float *row = qkv + (size_t)i * 3 * C;
         for (int h = 0; h < NH; h++) {
-            memcpy(kv_at(kv, kv->k, blk, h, off), row + C + h * hs, (size_t)hs * sizeof(float));
-            memcpy(kv_at(kv, kv->v, blk, h, off), row + 2 * C + h * hs, (size_t)hs * sizeof(float));
+            memcpy(kv_at(kv, NH, bs, blk, 0, h, off), row + C + h * hs, (size_t)hs * sizeof(float));
+            memcpy(kv_at(kv, NH, bs, blk, 1, h, off), row + 2 * C + h * hs, (size_t)hs * sizeof(float));
         }
     }
 }
@@ -154,14 +166,14 @@ void loom_cpu_kv_write(const loom_kv_layer_t *kv, const float *qkv, const int *s
 #define MAX_BLOCK 256 /* the largest block_size the engine accepts */
 
 /* One (row, head): o (hs) = softmax(q K^T * scale) V over keys 0..pos. */
-static void attend_row(float *o, const float *q, const loom_kv_layer_t *kv, const int *table, int pos,
-                       int h) {
-    int bs = kv->block_size, hs = kv->hs;
+static void attend_row(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table,
+                       int pos, int h) {
+    int hs = (int)(kv->cols / bs);
     float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0, s[MAX_BLOCK];
     for (int e = 0; e < hs; e++) o[e] = 0.0f;
     for (int t0 = 0; t0 <= pos; t0 += bs) {
         int n = pos + 1 - t0 < bs ? pos + 1 - t0 : bs, blk = table[t0 / bs];
-        const float *K = kv_at(kv, kv->k, blk, h, 0), *V = kv_at(kv, kv->v, blk, h, 0);
+        const float *K = kv_at(kv, NH, bs, blk, 0, h, 0), *V = kv_at(kv, NH, bs, blk, 1, h, 0);
         float bmx = mx;
         for (int j = 0; j < n; j++) {
             float d = 0;
@@ -186,13 +198,14 @@ static void attend_row(float *o, const float *q, const loom_kv_layer_t *kv, cons
     for (int e = 0; e < hs; e++) o[e] *= inv;
 }
 
-void loom_cpu_paged_attention(float *out, const float *qkv, const loom_kv_layer_t *kv, const int *pos,
-                              const int *seq, const int *block_tables, int max_blocks, int max_pos, int N) {
-    int NH = kv->NH, hs = kv->hs, C = NH * hs, tasks = N * NH;
-#pragma omp parallel for schedule(dynamic, 4) if ((double)N * (max_pos + 1) * C > 1 << 17)
+void loom_cpu_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
+                              const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs) {
+    fp32_only(kv);
+    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH;
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * C > 1 << 12)
     for (int task = 0; task < tasks; task++) {
         int i = task / NH, h = task % NH;
-        attend_row(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv,
+        attend_row(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv, NH, bs,
                    block_tables + (size_t)seq[i] * max_blocks, pos[i], h);
     }
 }
@@ -201,8 +214,7 @@ void loom_cpu_gather_rows(float *out, const float *inp, const int *rows, int R, 
     for (int r = 0; r < R; r++) memcpy(out + (size_t)r * C, inp + (size_t)rows[r] * C, (size_t)C * sizeof(float));
 }
 
-void loom_cpu_kv_copy_block(const loom_kv_layer_t *kv, int src, int dst) {
-    size_t n = (size_t)kv->NH * kv->block_size * kv->hs;
-    memcpy(kv_at(kv, kv->k, dst, 0, 0), kv_at(kv, kv->k, src, 0, 0), n * sizeof(float));
-    memcpy(kv_at(kv, kv->v, dst, 0, 0), kv_at(kv, kv->v, src, 0, 0), n * sizeof(float));
+void loom_cpu_kv_copy_block(const loom_tensor_t *kv, int src, int dst, int NH) {
+    size_t row = (size_t)kv->cols * loom_dtype_size(kv->dtype), n = 2 * (size_t)NH * row;
+    memcpy((char *)kv->data + (size_t)dst * n, (char *)kv->data + (size_t)src * n, n);
 }

@@ -35,35 +35,44 @@ void cuda_matmul_forward_rows(float *out, const float *inp, const float *w, cons
     if (gelu) cuda_gelu_forward(out, out, (size_t)N * OC);
 }
 
-__device__ __forceinline__ float *kv_slot(const loom_kv_layer_t kv, void *base, int block, int h, int off) {
-    return (float *)base + (((size_t)block * kv.NH + h) * kv.block_size + off) * kv.hs;
+/* The cache's layout (backend.h): head h's keys (which 0) or values
+ * (which 1) of block `block`, token `off`. */
+__device__ __forceinline__ float *kv_slot(float *kv, int NH, int bs, int hs, int block, int which, int h, int off) {
+    return kv + ((((size_t)block * 2 + which) * NH + h) * bs + off) * hs;
+}
+
+static void fp32_only(const loom_tensor_t *kv) {
+    if (kv->dtype != LOOM_FP32)
+        loom_panic(__FILE__, __LINE__, "KV cache of %s: the CUDA paged ops take fp32", loom_dtype_name(kv->dtype));
 }
 
 /* One thread per (row, element of C): K and V parts of qkv into the cache. */
-__global__ void kv_write_kernel(loom_kv_layer_t kv, const float *qkv, const int *slot, int N) {
-    int C = kv.NH * kv.hs;
+__global__ void kv_write_kernel(float *kv, const float *qkv, const int *slot, int N, int NH, int bs, int hs) {
+    int C = NH * hs;
     size_t n = (size_t)N * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int r = (int)(i / C), c = (int)(i % C), h = c / kv.hs, e = c % kv.hs;
-        int s = slot[r], blk = s / kv.block_size, off = s % kv.block_size;
+        int r = (int)(i / C), c = (int)(i % C), h = c / hs, e = c % hs;
+        int s = slot[r], blk = s / bs, off = s % bs;
         const float *row = qkv + (size_t)r * 3 * C;
-        kv_slot(kv, kv.k, blk, h, off)[e] = row[C + c];
-        kv_slot(kv, kv.v, blk, h, off)[e] = row[2 * C + c];
+        kv_slot(kv, NH, bs, hs, blk, 0, h, off)[e] = row[C + c];
+        kv_slot(kv, NH, bs, hs, blk, 1, h, off)[e] = row[2 * C + c];
     }
 }
 
-void cuda_kv_write(const loom_kv_layer_t *kv, const float *qkv, const int *slot, int N) {
-    size_t n = (size_t)N * kv->NH * kv->hs;
-    kv_write_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(*kv, qkv, slot, N);
+void cuda_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs) {
+    fp32_only(kv);
+    int hs = (int)(kv->cols / bs);
+    size_t n = (size_t)N * NH * hs;
+    kv_write_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((float *)kv->data, qkv, slot, N, NH, bs, hs);
     LAUNCH_CHECK();
 }
 
 /* One warp per (row, head), 4 warps per block. */
-__global__ void paged_attention_kernel(float *out, const float *qkv, loom_kv_layer_t kv, const int *pos,
-                                       const int *seq, const int *tables, int max_blocks, int N) {
+__global__ void paged_attention_kernel(float *out, const float *qkv, float *kv, const int *pos, const int *seq,
+                                       const int *tables, int max_blocks, int N, int NH, int bs, int hs) {
     int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp >= N * kv.NH) return;
-    int r = warp / kv.NH, h = warp % kv.NH, hs = kv.hs, C = kv.NH * hs, per = (hs + 31) / 32;
+    if (warp >= N * NH) return;
+    int r = warp / NH, h = warp % NH, C = NH * hs, per = (hs + 31) / 32;
     const float *q = qkv + (size_t)r * 3 * C + h * hs;
     const int *table = tables + (size_t)seq[r] * max_blocks;
     float ql[MAX_HS_PER_LANE], o[MAX_HS_PER_LANE], mx = -INFINITY, sum = 0.0f, scale = rsqrtf((float)hs);
@@ -73,8 +82,8 @@ __global__ void paged_attention_kernel(float *out, const float *qkv, loom_kv_lay
         o[k] = 0.0f;
     }
     for (int t = 0; t <= pos[r]; t++) {
-        int blk = table[t / kv.block_size], off = t % kv.block_size;
-        const float *K = kv_slot(kv, kv.k, blk, h, off), *V = kv_slot(kv, kv.v, blk, h, off);
+        int blk = table[t / bs], off = t % bs;
+        const float *K = kv_slot(kv, NH, bs, hs, blk, 0, h, off), *V = kv_slot(kv, NH, bs, hs, blk, 1, h, off);
         float d = 0.0f;
         for (int k = 0; k < per; k++) {
             int e = lane + 32 * k;
@@ -95,13 +104,14 @@ __global__ void paged_attention_kernel(float *out, const float *qkv, loom_kv_lay
     }
 }
 
-void cuda_paged_attention(float *out, const float *qkv, const loom_kv_layer_t *kv, const int *pos,
-                          const int *seq, const int *block_tables, int max_blocks, int max_pos, int N) {
-    if (kv->hs > 32 * MAX_HS_PER_LANE)
-        loom_panic(__FILE__, __LINE__, "paged attention: head size %d is above %d", kv->hs, 32 * MAX_HS_PER_LANE);
-    int warps = N * kv->NH;
-    paged_attention_kernel<<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(out, qkv, *kv, pos, seq, block_tables,
-                                                                      max_blocks, N);
+void cuda_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos, const int *seq,
+                          const int *block_tables, int max_blocks, int N, int NH, int bs) {
+    fp32_only(kv);
+    int hs = (int)(kv->cols / bs), warps = N * NH;
+    if (hs > 32 * MAX_HS_PER_LANE)
+        loom_panic(__FILE__, __LINE__, "paged attention: head size %d is above %d", hs, 32 * MAX_HS_PER_LANE);
+    paged_attention_kernel<<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(out, qkv, (float *)kv->data, pos, seq,
+                                                                      block_tables, max_blocks, N, NH, bs, hs);
     LAUNCH_CHECK();
 }
 
@@ -116,10 +126,8 @@ void cuda_gather_rows(float *out, const float *inp, const int *rows, int R, int 
     LAUNCH_CHECK();
 }
 
-void cuda_kv_copy_block(const loom_kv_layer_t *kv, int src, int dst) {
-    size_t bytes = (size_t)kv->NH * kv->block_size * kv->hs * sizeof(float), stride = bytes;
-    CUDA_CHECK(cudaMemcpyAsync((char *)kv->k + dst * stride, (char *)kv->k + src * stride, bytes,
-                               cudaMemcpyDeviceToDevice, g_cuda.stream));
-    CUDA_CHECK(cudaMemcpyAsync((char *)kv->v + dst * stride, (char *)kv->v + src * stride, bytes,
+void cuda_kv_copy_block(const loom_tensor_t *kv, int src, int dst, int NH) {
+    size_t n = 2 * (size_t)NH * (size_t)kv->cols * loom_dtype_size(kv->dtype);
+    CUDA_CHECK(cudaMemcpyAsync((char *)kv->data + (size_t)dst * n, (char *)kv->data + (size_t)src * n, n,
                                cudaMemcpyDeviceToDevice, g_cuda.stream));
 }
