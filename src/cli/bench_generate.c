@@ -110,7 +110,7 @@ static void llama_row(const char *bin, const char *gguf, int plen, int gen) {
 }
 
 typedef struct {
-    const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf;
+    const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf, *device;
     int conc[16], nconc;
     int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens;
 } bench_flags_t;
@@ -150,11 +150,12 @@ static loom_status bench_model(const bench_flags_t *f, loom_gpt_t **m) {
         loom_ckpt_state_t ck;
         LOOM_TRY(loom_run_open(f->run, f->threads, m, &tok, &ck));
         if (tok) loom_tokenizer_free(tok);
-        return LOOM_OK;
+        return loom_cli_model_to_device(m, f->device);
     }
     const loom_backend_t *be;
     loom_gpt_config_t cfg;
     LOOM_TRY(loom_backend_cpu_init(&be, f->threads));
+    if (strcmp(f->device, "cpu") != 0) LOOM_TRY(loom_backend_open(&be, f->device, f->threads, LOOM_FP32));
     LOOM_TRY(loom_gpt_preset(&cfg, f->model));
     cfg.vocab_size = f->vocab;
     LOOM_TRY(loom_gpt_config_finish(&cfg));
@@ -208,6 +209,7 @@ int cmd_bench_generate(int argc, char **argv) {
         {"concurrency", ARG_STR, &f.conc_text, "1,4,16,64", 0, 0, "requests in flight per level, comma-separated (1 = one at a time)"},
         {"repeat", ARG_INT, &f.repeat, "3", 1, 100, "rounds per level (medians and spread)"},
         {"threads", ARG_INT, &f.threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
+        {"device", ARG_STR, &f.device, "cpu", 0, 0, "cpu, cuda or cuda:N"},
         {"kv-memory", ARG_STR, &f.kv_memory, "2G", 0, 0, "KV cache size: bytes (512M, 2G) or a share of free memory"},
         {"block-size", ARG_INT, &f.block_size, "16", 1, 256, "tokens per KV block"},
         {"max-batch-tokens", ARG_INT, &f.max_batch_tokens, "512", 1, 1 << 20, "rows per step"},

@@ -172,7 +172,7 @@ static loom_status write_out(const gen_state_t *g, const char *path) {
 
 /* The engine flags that generate and bench generate share. */
 typedef struct {
-    const char *kv_memory;
+    const char *kv_memory, *device;
     int block_size, max_batch_tokens, max_seqs;
 } engine_flags_t;
 
@@ -186,6 +186,18 @@ loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int ma
     return LOOM_OK;
 }
 
+loom_status loom_cli_model_to_device(loom_gpt_t **m, const char *device) {
+    if (strcmp(device, "cpu") == 0) return LOOM_OK;
+    const loom_backend_t *be;
+    loom_gpt_t *g;
+    LOOM_TRY(loom_backend_open(&be, device, 0, LOOM_FP32));
+    LOOM_TRY(loom_gpt_create(&g, &(*m)->cfg, be));
+    be->upload(g->params, (*m)->params, (*m)->num_params * sizeof(float));
+    loom_gpt_free(*m);
+    *m = g;
+    return LOOM_OK;
+}
+
 static loom_status generate_run(const char *run, int threads, const char *in, const char *out,
                                 const loom_request_params_t *p, const engine_flags_t *ef) {
     loom_gpt_t *m;
@@ -196,7 +208,8 @@ static loom_status generate_run(const char *run, int threads, const char *in, co
     loom_engine_t *e = NULL;
     gen_state_t g = {0};
     req_ctx_t *ctxs = NULL;
-    loom_status s = loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, &c);
+    loom_status s = loom_cli_model_to_device(&m, ef->device);
+    if (s == LOOM_OK) s = loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, &c);
     if (s == LOOM_OK) s = loom_engine_create(&e, m, tok, &c);
     g.t0 = loom_now();
     if (s == LOOM_OK) s = submit_all(e, tok, in, p, &g, &ctxs);
@@ -235,6 +248,7 @@ int cmd_generate(int argc, char **argv) {
         {"top-p", ARG_FLOAT, &top_p, "1.0", 0.000001, 1, "nucleus sampling mass (1 = off)"},
         {"seed", ARG_LONG, &seed, "1337", 0, 9.2e18, "sampling seed"},
         {"threads", ARG_INT, &threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
+        {"device", ARG_STR, &ef.device, "cpu", 0, 0, "cpu, cuda or cuda:N (the engine's ops run there)"},
         {"kv-memory", ARG_STR, &ef.kv_memory, "0.2", 0, 0, "KV cache size: bytes (512M, 2G) or a share of free memory (0.2)"},
         {"block-size", ARG_INT, &ef.block_size, "16", 1, 256, "tokens per KV block"},
         {"max-batch-tokens", ARG_INT, &ef.max_batch_tokens, "512", 1, 1 << 20, "rows per step (prefill chunks and decodes together)"},

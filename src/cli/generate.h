@@ -9,4 +9,8 @@
 loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int max_batch_tokens,
                                    int max_seqs, loom_engine_config_t *c);
 
+/* Move a model loaded on the CPU to `device` ("cpu" leaves it): the same
+ * weights in a new model on that backend (fp32); the CPU copy is freed. */
+loom_status loom_cli_model_to_device(loom_gpt_t **m, const char *device);
+
 #endif
