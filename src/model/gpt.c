@@ -353,8 +353,7 @@ void loom_gpt_free(loom_gpt_t *m) {
     free(m);
 }
 
-/* res = a + b_res, then out = layernorm(res): fused when the backend can. */
-static void residual_layernorm(const loom_backend_t *be, float *res, float *out, float *mean, float *rstd,
+void loom_gpt_residual_layernorm(const loom_backend_t *be, float *res, float *out, float *mean, float *rstd,
                                const float *a, const float *b_res, const float *w, const float *b, int N, int C) {
     if (be->residual_layernorm_forward) {
         be->residual_layernorm_forward(res, out, mean, rstd, a, b_res, w, b, N, C);
@@ -405,7 +404,7 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
     be->matmul_forward(qkv, ln1, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, (int)N, C, 3 * C);
     be->attention_forward(atty, lse, qkv, B, T, C, NH);
     be->matmul_forward(attproj, atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, (int)N, C, C);
-    residual_layernorm(be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, p[LOOM_LN2W] + lc, p[LOOM_LN2B] + lc, (int)N, C);
+    loom_gpt_residual_layernorm(be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, p[LOOM_LN2W] + lc, p[LOOM_LN2B] + lc, (int)N, C);
     if (be->matmul_forward_gelu) {
         be->matmul_forward_gelu(fch_gelu, fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
     } else {
@@ -415,10 +414,10 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
     if (recompute) return;
     be->matmul_forward(fcproj, fch_gelu, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, (int)N, 4 * C, C);
     if (l + 1 < L)
-        residual_layernorm(be, res3, lay(a, A_LN1, l + 1), lay(a, A_LN1_MEAN, l + 1), lay(a, A_LN1_RSTD, l + 1), res2, fcproj,
+        loom_gpt_residual_layernorm(be, res3, lay(a, A_LN1, l + 1), lay(a, A_LN1_MEAN, l + 1), lay(a, A_LN1_RSTD, l + 1), res2, fcproj,
                            p[LOOM_LN1W] + lc + C, p[LOOM_LN1B] + lc + C, (int)N, C);
     else
-        residual_layernorm(be, res3, a->a[A_LNF], a->a[A_LNF_MEAN], a->a[A_LNF_RSTD], res2, fcproj, p[LOOM_LNFW], p[LOOM_LNFB], (int)N, C);
+        loom_gpt_residual_layernorm(be, res3, a->a[A_LNF], a->a[A_LNF_MEAN], a->a[A_LNF_RSTD], res2, fcproj, p[LOOM_LNFW], p[LOOM_LNFB], (int)N, C);
 }
 
 /* Embeddings, the blocks, the head: logits of the batch in m->tokens. */

@@ -181,6 +181,12 @@ void loom_gpt_adamw_dev(loom_gpt_t *m, const loom_adamw_t *hp, const float *scal
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);
 /* Copy row `row` (0 <= row < B*T) of the last forward's logits (Vp floats). */
 void loom_gpt_logits_row(const loom_gpt_t *m, float *out, int B, int T, size_t row);
+/* res (N,C) = a + b_res, then out, mean, rstd = layernorm(res) with w, b:
+ * the backend's fused entry when it has one, else the two ops. Used by
+ * the forward here and by the inference path (model/infer.c). */
+void loom_gpt_residual_layernorm(const loom_backend_t *be, float *res, float *out, float *mean,
+                                 float *rstd, const float *a, const float *b_res, const float *w,
+                                 const float *b, int N, int C);
 /* Model FLOPs per token for training (6N plus attention), N excluding the
  * position embedding, for MFU. */
 double loom_gpt_flops_per_token(const loom_gpt_config_t *cfg, int T);
