@@ -28,7 +28,7 @@ K=${CHUNKS:-8}     # chunks scored
 NGEN=50
 LLAMA_DIR="${LOOM_LLAMA_DIR:-$ROOT/.cache/llama.cpp}"
 work=$(mktemp -d /tmp/loom-llama-check-XXXXXX)
-cleanup() { rm -rf "$work"; }
+cleanup() { if [ -n "${KEEP:-}" ]; then echo "llama-check: files kept in $work"; else rm -rf "$work"; fi; }
 trap cleanup EXIT
 fail=0
 
@@ -73,13 +73,21 @@ a=$($LOOM sample --gguf "$work/conv.gguf" --prompt "And" --tokens 30 --temperatu
 b=$($LOOM sample --run "$RUN" --prompt "And" --tokens 30 --temperature 0 --threads "$THREADS" 2>/dev/null)
 [ "$a" = "$b" ] && echo "PASS loom_reads_converter_gguf" || { echo "FAIL loom_reads_converter_gguf: '$a' vs '$b'"; fail=1; }
 
-BIN="$(bench/llama-build.sh | tail -n 1)"  # waits for (or runs) the build
+BIN="$LLAMA_DIR/build/bin" # the two tools this check needs, else wait for (or run) the build
+[ -x "$BIN/llama-perplexity" ] && [ -x "$BIN/llama-simple" ] || BIN="$(bench/llama-build.sh | tail -n 1)"
 export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 # 1. Perplexity.
-"$BIN/llama-perplexity" -m "$work/m.gguf" -f "$work/eval.txt" -c "$C" -b "$C" --chunks "$K" -t "$THREADS" \
-    --kl-divergence-base "$work/base.bin" > "$work/ppl.log" 2>&1 || { tail -n 20 "$work/ppl.log"; exit 1; }
-ppl_llama=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$work/ppl.log")
+# llama.cpp logs from a thread that may lose the last lines at exit: the
+# figure is read from stdout or --log-file, with up to three tries.
+ppl_llama=
+for try in 1 2 3; do
+    "$BIN/llama-perplexity" -m "$work/m.gguf" -f "$work/eval.txt" -c "$C" -b "$C" --chunks "$K" -t "$THREADS" \
+        --kl-divergence-base "$work/base.bin" --log-file "$work/ppl-file.log" > "$work/ppl.log" 2>&1 || { tail -n 20 "$work/ppl.log"; exit 1; }
+    ppl_llama=$(cat "$work/ppl.log" "$work/ppl-file.log" | sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' | tail -n 1)
+    [ -n "$ppl_llama" ] && break
+done
+[ -n "$ppl_llama" ] || { echo "FAIL llama_perplexity: no 'Final estimate' in three runs (log: $work/ppl.log)"; exit 1; }
 $LOOM tokenize --tokenizer "$RUN/tokenizer.json" --encode "$(cat "$work/eval.txt")" > "$work/loom_ids.txt"
 # Per chunk: a data folder whose val split is exactly the chunk's C tokens.
 /usr/bin/python3 - "$work" "$C" "$K" "$RUN/tokenizer.json" <<'PY'
