@@ -697,7 +697,8 @@ int cmd_bench(int argc, char **argv) {
     const char *help = "usage: loom bench train|ops|dist [flags]   (loom bench train --help lists the flags)\n"
                        "  train  loom's training step side by side with PyTorch: tokens/s, GFLOP/s, MFU, peak memory\n"
                        "  ops    where one training step's time goes, op by op, forward and backward\n"
-                       "  dist   scaling over ranks\n";
+                       "  dist   scaling over ranks\n"
+                       "  generate  inference engine: one request at a time vs continuous batching, tokens/s and TTFT\n";
     if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
         fputs(help, argc < 1 ? stderr : stdout);
         return argc < 1 ? 2 : 0;
@@ -705,6 +706,7 @@ int cmd_bench(int argc, char **argv) {
     if (strcmp(argv[0], "train") == 0) return bench_train(argc - 1, argv + 1);
     if (strcmp(argv[0], "ops") == 0) return bench_ops(argc - 1, argv + 1);
     if (strcmp(argv[0], "dist") == 0) return cmd_bench_dist(argc - 1, argv + 1);
+    if (strcmp(argv[0], "generate") == 0) return cmd_bench_generate(argc - 1, argv + 1);
     fprintf(stderr, "loom bench: unknown benchmark '%s'\n%s", argv[0], help);
     return 2;
 }

@@ -13,6 +13,7 @@
 #include "cpu_attention.h"
 #include "cpu_gemm.h"
 #include "cpu_math.h"
+#include "cpu_paged.h"
 
 static int cpu_threads = 1;
 
@@ -382,6 +383,12 @@ static loom_backend_t cpu_backend = {
     .crossentropy = crossentropy,
     .adamw = adamw,
     .sumsq = sumsq,
+    .embed_positions = loom_cpu_embed_positions,
+    .matmul_forward_rows = loom_cpu_matmul_forward_rows,
+    .kv_write = loom_cpu_kv_write,
+    .paged_attention = loom_cpu_paged_attention,
+    .gather_rows = loom_cpu_gather_rows,
+    .kv_copy_block = loom_cpu_kv_copy_block,
 };
 
 /* Peak: the best of `reps` n^3 SGEMMs on the threads we were given, with

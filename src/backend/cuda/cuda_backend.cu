@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "cuda_paged.h"
 
 extern "C" {
 #include "cuda_peak.h"
@@ -261,6 +262,12 @@ static void fill_table(loom_backend_t *b, loom_dtype dtype, double peak) {
     b->residual_layernorm_forward = cuda_residual_layernorm_forward;
     b->matmul_forward_gelu = cuda_matmul_forward_gelu;
     b->matmul_backward_gelu = cuda_matmul_backward_gelu;
+    b->embed_positions = cuda_embed_positions; /* cuda_paged.cu: the inference engine's ops */
+    b->matmul_forward_rows = cuda_matmul_forward_rows;
+    b->kv_write = cuda_kv_write;
+    b->paged_attention = cuda_paged_attention;
+    b->gather_rows = cuda_gather_rows;
+    b->kv_copy_block = cuda_kv_copy_block;
 }
 
 extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int index,
