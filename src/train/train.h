@@ -42,9 +42,9 @@ typedef struct loom_train_observer loom_train_observer_t;
 
 typedef struct {
     const char *data, *model, *out, *device;
-    const char *dtype;       /* fp32, tf32, bf16, fp16; NULL or "auto": bf16 on a CUDA GPU that has it, else fp32 */
-    const char *cuda_graphs; /* "on" or "off"; NULL = on for CUDA (ignored with a note on the CPU) */
-    const char *recompute;   /* activation recompute: none, gelu, all (NULL = none) */
+    int dtype;               /* loom_dtype; -1 = auto: bf16 on a CUDA GPU that has it, else fp32 */
+    int cuda_graphs;         /* 1 on, 0 off, -1 default: on for CUDA (ignored with a note on the CPU) */
+    int recompute;           /* loom_recompute: activation recompute */
     int layers, heads, channels, context; /* model overrides; 0 = the preset's */
     int batch, seq, grad_accum;           /* seq 0 = the model's context */
     long long steps;
@@ -53,12 +53,13 @@ typedef struct {
     int eval_every, eval_batches, sample_every, sample_tokens, ckpt_every, keep_ckpts;
     int log_every, threads, force;
     int resume; /* continue the run in `out` from its newest checkpoint */
+    const char *init_from; /* Hugging Face GPT-2 folder: architecture and weights (ckpt/hf.h); NULL = a preset */
     long long seed;
     /* Data parallelism. The ranks come from the launch (mpirun, srun, the
      * torchrun environment; see parallel/dist.h); loom_train fills rank and
      * world_size in its own copy. */
     int zero;               /* ZeRO stage 0, 1, 2 */
-    const char *grad_dtype; /* gradients on the wire: "fp32" or "bf16" (NULL = fp32) */
+    int grad_dtype;         /* loom_dist_dtype: gradients on the wire */
     double dist_timeout;    /* seconds a collective may wait for a peer (0 = 300) */
     int no_overlap;         /* reduce after backward instead of during it */
     double bucket_mb;       /* gradient bucket size in MB (0 = 4) */
