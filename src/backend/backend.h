@@ -285,6 +285,9 @@ void *loom_backend_slot(const loom_backend_t *be, loom_op_id op);
 /* The dtype `--dtype auto` means on `device` (bf16 on CUDA, fp32 on the
  * CPU), without opening it; LOOM_FP32 for a name it does not know. */
 loom_dtype loom_backend_default_dtype(const char *device);
+/* The device a rank opens: "cuda" becomes "cuda:<local_rank>" (one GPU
+ * per process) when local_rank >= 0; anything else is copied as given. */
+void loom_backend_rank_device(char *out, size_t n, const char *device, int local_rank);
 /* The LOOM_CAP_DEVICE_MEMORY bit `device` will have once opened, without
  * opening it (for choosing a transport before the backend exists). */
 unsigned loom_backend_device_caps(const char *device);
@@ -305,5 +308,10 @@ loom_status loom_backend_cuda_init(const loom_backend_t **out, int index, loom_d
 #endif
 /* Threads the CPU backend uses. */
 int loom_backend_cpu_threads(void);
+/* The CPU's SGEMM rate in FLOP/s: the best of `reps` n^3 products with
+ * the GEMM and threads of the open CPU backend; `how` says so in words.
+ * Larger n and more reps than the quick measurement at open, for
+ * benchmarks (n = 2048, 5 reps take about 2 s on 2 cores). */
+double loom_backend_cpu_measure_peak(int n, int reps, char *how, size_t how_size);
 
 #endif

@@ -152,10 +152,10 @@ static void run_table(loom_engine_t *e, const bench_flags_t *f, const int *promp
 /* The model: a run's checkpoint, or a preset with random weights. */
 static loom_status bench_model(const bench_flags_t *f, loom_gpt_t **m) {
     if (f->run) {
-        loom_tokenizer_t *tok;
-        loom_ckpt_state_t ck;
-        LOOM_TRY(loom_run_open(f->run, f->threads, m, &tok, &ck));
-        if (tok) loom_tokenizer_free(tok);
+        loom_opened_run_t R;
+        LOOM_TRY(loom_run_open(f->run, f->threads, &R));
+        if (R.tok) loom_tokenizer_free(R.tok);
+        *m = R.model;
         return loom_cli_model_to_device(m, f->device);
     }
     const loom_backend_t *be;

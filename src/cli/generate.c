@@ -200,10 +200,10 @@ loom_status loom_cli_model_to_device(loom_gpt_t **m, const char *device) {
 
 static loom_status generate_run(const char *run, int threads, const char *in, const char *out,
                                 const loom_request_params_t *p, const engine_flags_t *ef) {
-    loom_gpt_t *m;
-    loom_tokenizer_t *tok;
-    loom_ckpt_state_t ck;
-    LOOM_TRY(loom_run_open(run, threads, &m, &tok, &ck));
+    loom_opened_run_t R;
+    LOOM_TRY(loom_run_open(run, threads, &R));
+    loom_gpt_t *m = R.model;
+    loom_tokenizer_t *tok = R.tok;
     loom_engine_config_t c;
     loom_engine_t *e = NULL;
     gen_state_t g = {0};
