@@ -741,6 +741,56 @@ typedef struct {
     const char *covers; /* the ops.h entries the case checks, space-separated */
 } gpu_case;
 
+/* ---- the inference engine's ops (paged KV cache) ---- */
+
+static void test_paged_rows(void) {
+    if (!gpu_ready()) return;
+    const int N = 5, C = 96, OC = 200, V = 50, maxT = 40;
+    snprintf(shape, sizeof shape, "N=%d C=%d OC=%d", N, C, OC);
+    int *tok = hrand_ids(N, V), *pos = hrand_ids(N, maxT), rows[3] = {4, 0, 2};
+    float *wte = hrand((size_t)V * C, 1), *wpe = hrand((size_t)maxT * C, 1), *x = hrand((size_t)N * C, 1);
+    float *w = hrand((size_t)OC * C, 1), *bias = hrand(OC, 1), *y = hrand((size_t)N * OC, 1), *g = hrand(3 * (size_t)C, 1);
+    float *d_x = dpoison((size_t)N * C), *d_y = dpoison((size_t)N * OC), *d_g = dpoison(3 * (size_t)C);
+    cpu->embed_positions(x, tok, pos, wte, wpe, N, C);
+    gpu->embed_positions(d_x, dput(tok, N * 4), dput(pos, N * 4), dput(wte, (size_t)V * C * 4), dput(wpe, (size_t)maxT * C * 4), N, C);
+    expect("embed_positions", d_x, x, (size_t)N * C, TOL_FP32);
+    for (int gelu = 0; gelu < 2; gelu++) {
+        cpu->matmul_forward_rows(y, x, w, bias, N, C, OC, gelu);
+        gpu->matmul_forward_rows(d_y, d_x, dput(w, (size_t)OC * C * 4), dput(bias, OC * 4), N, C, OC, gelu);
+        expect(gelu ? "matmul_forward_rows gelu" : "matmul_forward_rows", d_y, y, (size_t)N * OC, tol_matmul());
+    }
+    cpu->gather_rows(g, x, rows, 3, C);
+    gpu->gather_rows(d_g, d_x, dput(rows, sizeof rows), 3, C);
+    expect("gather_rows", d_g, g, 3 * (size_t)C, TOL_FP32);
+    release();
+}
+
+/* Three sequences over scattered blocks of 8 tokens, 4 heads of 32. */
+static void test_paged_kv(void) {
+    if (!gpu_ready()) return;
+    enum { NH = 4, hs = 32, C = NH * hs, bs = 8, nb = 20, mb = 6, N = 3 };
+    snprintf(shape, sizeof shape, "N=%d NH=%d hs=%d block=%d", N, NH, hs, bs);
+    int pos[N] = {0, 13, 41}, seq[N] = {0, 1, 2}, tables[3 * mb], slot[N];
+    for (int i = 0; i < 3 * mb; i++) tables[i] = (i * 7 + 3) % nb;
+    for (int i = 0; i < N; i++) slot[i] = tables[seq[i] * mb + pos[i] / bs] * bs + pos[i] % bs;
+    size_t cache = (size_t)nb * 2 * NH * bs * hs;
+    float *kc = hrand(cache, 1), *qkv = hrand((size_t)N * 3 * C, 1), *out = hrand((size_t)N * C, 1);
+    loom_tensor_t hk = {.data = kc, .dtype = LOOM_FP32, .rows = nb * 2 * NH, .cols = bs * hs}, dk = hk;
+    dk.data = dput(kc, cache * 4);
+    int *d_pos = dput(pos, sizeof pos), *d_seq = dput(seq, sizeof seq), *d_tab = dput(tables, sizeof tables);
+    float *d_qkv = dput(qkv, (size_t)N * 3 * C * 4), *d_out = dpoison((size_t)N * C);
+    cpu->kv_write(&hk, qkv, slot, N, NH, bs);
+    gpu->kv_write(&dk, d_qkv, dput(slot, sizeof slot), N, NH, bs);
+    expect("kv_write", dk.data, kc, cache, TOL_FP32);
+    cpu->paged_attention(out, qkv, &hk, pos, seq, tables, mb, N, NH, bs);
+    gpu->paged_attention(d_out, d_qkv, &dk, d_pos, d_seq, d_tab, mb, N, NH, bs);
+    expect("paged_attention", d_out, out, (size_t)N * C, TOL_FP32);
+    cpu->kv_copy_block(&hk, tables[0], nb - 1, NH);
+    gpu->kv_copy_block(&dk, tables[0], nb - 1, NH);
+    expect("kv_copy_block", dk.data, kc, cache, TOL_FP32);
+    release();
+}
+
 static const gpu_case gpu_cases[] = {
     {"encoder", test_encoder, "encoder_forward encoder_backward"},
     {"layernorm", test_layernorm, "layernorm_forward layernorm_backward"},
@@ -760,6 +810,8 @@ static const gpu_case gpu_cases[] = {
     {"adamw_dev", test_adamw_dev, "adamw_dev"},
     {"sumsq", test_sumsq, "sumsq sumsq_dev"},
     {"graph_replay", test_graph_replay, "zero graph_begin graph_end graph_replay graph_reset"},
+    {"paged_rows", test_paged_rows, "embed_positions matmul_forward_rows gather_rows"},
+    {"paged_kv", test_paged_kv, "kv_write paged_attention kv_copy_block"},
 };
 
 /* Ops whose GPU cases live in another test binary (the serving engine's). */
