@@ -16,6 +16,12 @@ void check_skip(const char *fmt, ...) {
     vsnprintf(skip_reason, sizeof skip_reason, fmt, ap);
     va_end(ap);
     case_skipped = 1;
+    /* bench/gpu-check.sh on a GPU machine: nothing may skip there */
+    const char *req = getenv("LOOM_REQUIRE_GPU");
+    if (req && strcmp(req, "1") == 0) {
+        printf("  LOOM_REQUIRE_GPU=1, so this skip fails: %s\n", skip_reason);
+        case_failed = 1;
+    }
 }
 
 void check_run(const char *name, void (*fn)(void)) {
