@@ -344,6 +344,9 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
                   be->dtype == LOOM_FP16 ? ", and fp16 without loss scaling" : "");
     }
     if (sm.loss_scaling) loom_loss_scaler_init(&ls, 65536.0f, 2000);
+    if (sm.loss_scaling && o->resume && rst.loss_scale > 0) { /* the saved scaler continues */
+        ls.scale = rst.loss_scale, ls.good = rst.loss_scale_good, ls.skipped = rst.loss_scale_skipped;
+    }
     if (lead && !o->resume && (s = write_run_config(o, m, be, ds, &sm)) != LOOM_OK) goto done;
     const loom_tokenizer_t *tok = loom_dataset_tokenizer(ds);
     char path[4096];
@@ -499,7 +502,8 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
         if (lead && o->sample_every > 0 && step % o->sample_every == 0 && step != o->steps)
             print_sample(m, tok, o->sample_tokens, (unsigned long long)o->seed + (unsigned long long)step);
         if (o->ckpt_every > 0 && step % o->ckpt_every == 0 && step != o->steps) {
-            loom_ckpt_state_t st = {step, loss, do_eval ? vloss : -1, pos, tok ? loom_tokenizer_hash(tok) : 0};
+            loom_ckpt_state_t st = {step, loss, do_eval ? vloss : -1, pos, tok ? loom_tokenizer_hash(tok) : 0, 0, 0, 0};
+            if (sm.loss_scaling) st.loss_scale = ls.scale, st.loss_scale_good = ls.good, st.loss_scale_skipped = ls.skipped;
             if ((s = save_checkpoint(o, &shards, &st)) != LOOM_OK) break;
         }
     }
@@ -515,7 +519,8 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
                 nv++;
             }
         }
-        loom_ckpt_state_t st = {step, last_loss, last_val, pos, tok ? loom_tokenizer_hash(tok) : 0};
+        loom_ckpt_state_t st = {step, last_loss, last_val, pos, tok ? loom_tokenizer_hash(tok) : 0, 0, 0, 0};
+        if (sm.loss_scaling) st.loss_scale = ls.scale, st.loss_scale_good = ls.good, st.loss_scale_skipped = ls.skipped;
         if (s == LOOM_OK) s = save_checkpoint(o, &shards, &st);
     }
     if (lead && step > 0) {

@@ -19,18 +19,21 @@ extern "C" {
 
 /* A failed CUDA call inside an op is a device fault or a bug (ops return
  * void), so it stops the process with the call's text, file:line and the
- * library's message. */
+ * library's message; except while a CUDA graph is being captured, where the
+ * first failure is kept and graph_end reports it (the trainer then runs the
+ * step with plain launches). */
+void cuda_check_failed(const char *file, int line, const char *call, const char *msg);
 #define CUDA_CHECK(call)                                                                     \
     do {                                                                                     \
         cudaError_t cuda_e_ = (call);                                                        \
         if (cuda_e_ != cudaSuccess)                                                          \
-            loom_panic(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorString(cuda_e_));    \
+            cuda_check_failed(__FILE__, __LINE__, #call, cudaGetErrorString(cuda_e_));       \
     } while (0)
 #define CUBLAS_CHECK(call)                                                                   \
     do {                                                                                     \
         cublasStatus_t blas_s_ = (call);                                                     \
         if (blas_s_ != CUBLAS_STATUS_SUCCESS)                                                \
-            loom_panic(__FILE__, __LINE__, "%s: %s", #call, cublasGetStatusString(blas_s_)); \
+            cuda_check_failed(__FILE__, __LINE__, #call, cublasGetStatusString(blas_s_));    \
     } while (0)
 /* After every kernel launch: catches bad launch configurations at once. */
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
