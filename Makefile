@@ -46,12 +46,13 @@ ifneq ($(and $(NVCC),$(CU_SRCS)),)
   CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib \
                 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
   # cuDNN (fused attention through NVIDIA's header-only cudnn-frontend, PyPI
-  # nvidia-cudnn-frontend in .deps/cudnn-fe) is compiled in and linked only
-  # when those headers are found; without them the own attention kernels run.
+  # nvidia-cudnn-frontend in .deps/cudnn-fe; nvrtc for its run-time compiled
+  # engines) is compiled in and linked only when those headers are found;
+  # without them the own attention kernels run.
   CUDNN_FE   ?= $(wildcard .deps/cudnn-fe/include/cudnn_frontend.h)
   ifneq ($(CUDNN_FE),)
-    NVFLAGS   += -DLOOM_HAVE_CUDNN_FE -I$(dir $(CUDNN_FE))
-    CUDA_LIBS += -lcudnn
+    NVFLAGS   += -DLOOM_HAVE_CUDNN_FE -isystem $(dir $(CUDNN_FE))
+    CUDA_LIBS += -lcudnn -lnvrtc
   endif
   PLUGIN     := $(BUILD)/libloom_cuda.so
   PLUGIN_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o) $(PLUGIN_C_SRCS:%.c=$(BUILD)/%.pic.o)

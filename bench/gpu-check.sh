@@ -233,14 +233,14 @@ rebuild_here() {
     for d in "${ROOTS[@]}"; do
         [ -d "$d/../include" ] && inc="$inc -I$(cd "$d/../include" && pwd)"
     done
-    for lib in cublasLt cublas nccl cudart cudnn; do
+    for lib in cublasLt cublas nccl cudart cudnn nvrtc; do
         for d in "${ROOTS[@]}"; do
             f=$(ls "$d/lib$lib.so" "$d"/lib"$lib".so.[0-9]* 2>/dev/null | head -n 1)
             if [ -n "$f" ]; then ln -sf "$f" "$linkdir/lib$lib.so"; libs="$libs -l$lib"; break; fi
         done
     done
-    case "$libs" in *-lcudnn*) [ -f "$BUNDLE/include/cudnn-fe/cudnn_frontend.h" ] && fe="$BUNDLE/include/cudnn-fe/cudnn_frontend.h" ;; esac
-    [ -n "$fe" ] || libs=${libs/ -lcudnn/}
+    case "$libs" in *-lcudnn*-lnvrtc*) [ -f "$BUNDLE/include/cudnn-fe/cudnn_frontend.h" ] && fe="$BUNDLE/include/cudnn-fe/cudnn_frontend.h" ;; esac
+    [ -n "$fe" ] || { libs=${libs/ -lcudnn/}; libs=${libs/ -lnvrtc/}; }
     run 240 rebuild make -j"$(nproc)" BUILD=build-there NO_MPI=1 ARCH=-march=native \
         "CUDA_ARCHS=-gencode arch=compute_90,code=[sm_90,compute_90]" "CUDNN_FE=$fe" \
         "EXTRA_CFLAGS=-I$BUNDLE/include$inc" "EXTRA_NVFLAGS=$inc" \

@@ -34,10 +34,17 @@ expect gpu_check_no_bundle 1 "make gpu-bundle" bench/gpu-check.sh --dry-run --bu
 expect gpu_bundle_unknown_arg 2 "unknown argument" bench/gpu-bundle.sh --frobnicate
 
 if [ ! -x build/loom ] || [ ! -f build/libloom_cuda.so ]; then
-    for t in gpu_bundle_from_build gpu_check_dry_run_whole gpu_check_dry_run_missing_library gpu_check_dry_run_checksum; do
+    for t in cuda_plugin_loads gpu_bundle_from_build gpu_check_dry_run_whole gpu_check_dry_run_missing_library gpu_check_dry_run_checksum; do
         echo "SKIP $t: build/loom or build/libloom_cuda.so not built (needs nvcc; run make all)"
     done
     exit 0
+fi
+
+# the plugin loads (every symbol it needs resolves): no GPU is needed for that
+if build/loom devices 2>&1 | grep -q 'plugin could not be loaded'; then
+    fail cuda_plugin_loads "$(build/loom devices 2>&1 | grep -m1 'plugin could not be loaded')"
+else
+    pass cuda_plugin_loads
 fi
 
 b="$tmp/bundle"

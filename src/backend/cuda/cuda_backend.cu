@@ -327,6 +327,7 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
     g_cuda.dtype = dtype;
     const char *att = getenv("LOOM_CUDA_ATTENTION");
     g_cuda.attention_unfused = att && strcmp(att, "unfused") == 0;
+    g_cuda.attention_own = att && strcmp(att, "own") == 0;
     cuda_matmul_reset(); /* the cached algorithms depend on the compute type */
 
     int clock_khz = 0;

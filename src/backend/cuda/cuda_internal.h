@@ -45,6 +45,7 @@ struct loom_cuda_state {
     loom_dtype dtype;     /* precision of the matrix work */
     int num_sms;          /* streaming multiprocessors, for grid sizes */
     int attention_unfused;/* LOOM_CUDA_ATTENTION=unfused */
+    int attention_own;    /* LOOM_CUDA_ATTENTION=own: the own fused kernels even where cuDNN would serve */
     cudaStream_t stream;  /* every op runs here */
     cublasLtHandle_t lt;
     cublasHandle_t blas;  /* batched GEMMs of the unfused attention */
@@ -57,7 +58,7 @@ extern loom_cuda_state g_cuda;
 /* Scratch: one grow-only device buffer per purpose. Growing is refused
  * (panic with the reason) while a CUDA graph is being captured, so the
  * warm-up step before capture must use the largest shapes. */
-enum { SCRATCH_LN, SCRATCH_BIAS, SCRATCH_ATTN, SCRATCH_ATTN_D, SCRATCH_COUNT };
+enum { SCRATCH_LN, SCRATCH_BIAS, SCRATCH_ATTN, SCRATCH_ATTN_D, SCRATCH_ATTN_LP, SCRATCH_CUDNN_WS, SCRATCH_COUNT };
 void *cuda_scratch(int slot, size_t bytes);
 /* Whether g_cuda.stream is being captured into a graph right now. */
 int cuda_capturing(void);
@@ -73,6 +74,13 @@ void cuda_gelu_forward(float *out, const float *inp, size_t n);
 /* Returns cudaSuccess when this build has a kernel image for the device. */
 cudaError_t cuda_kernels_probe(void);
 void cuda_attention_init(void);
+/* cuda_attention_cudnn.cu: cuDNN's fused SDPA at bf16/fp16. takes: whether
+ * it would serve this width and head count at the run's dtype; forward and
+ * backward return false (nothing launched) when cuDNN refuses the shape. */
+bool cuda_attention_cudnn_takes(int C, int NH);
+bool cuda_attention_cudnn_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
+bool cuda_attention_cudnn_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                   const float *lse, int B, int T, int C, int NH);
 
 /* The ops of the table, one function each (see backend.h for contracts). */
 void cuda_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,
