@@ -36,6 +36,7 @@ endif
 # exports them (-rdynamic) and links all of libloom.a.
 NVCC := $(if $(NO_CUDA),,$(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null))
 CU_SRCS := $(wildcard src/backend/cuda/*.cu)
+CUDA_CPP_SRCS := $(wildcard src/backend/cuda/*.cpp) # host-only C++ of the plugin (no kernels)
 PLUGIN_C_SRCS := src/parallel/dist_nccl.c
 ifneq ($(and $(NVCC),$(CU_SRCS)),)
   CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -52,10 +53,13 @@ ifneq ($(and $(NVCC),$(CU_SRCS)),)
   CUDNN_FE   ?= $(wildcard .deps/cudnn-fe/include/cudnn_frontend.h)
   ifneq ($(CUDNN_FE),)
     NVFLAGS   += -DLOOM_HAVE_CUDNN_FE -isystem $(dir $(CUDNN_FE))
+    CUDA_CXXFLAGS_FE := -DLOOM_HAVE_CUDNN_FE -isystem $(dir $(CUDNN_FE))
     CUDA_LIBS += -lcudnn -lnvrtc
   endif
   PLUGIN     := $(BUILD)/libloom_cuda.so
-  PLUGIN_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o) $(PLUGIN_C_SRCS:%.c=$(BUILD)/%.pic.o)
+  PLUGIN_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o) $(CUDA_CPP_SRCS:%.cpp=$(BUILD)/%.o) $(PLUGIN_C_SRCS:%.c=$(BUILD)/%.pic.o)
+  CUDA_CXXFLAGS := -std=c++17 -O2 -g -fPIC -Isrc -I$(CUDA_HOME)/include -Wall -Wextra -Werror -Wno-unused-parameter \
+                   $(CUDA_CXXFLAGS_FE) $(EXTRA_NVFLAGS)
   CUDA_NOTE  := CUDA backend built with $(NVCC) ($(CUDA_ARCHS)), cuDNN attention $(if $(CUDNN_FE),on,off: no .deps/cudnn-fe): $(PLUGIN)
 else
   PLUGIN     :=
@@ -104,6 +108,10 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
+
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUDA_CXXFLAGS) -MMD -MP -c -o $@ $<
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 

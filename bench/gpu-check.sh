@@ -30,6 +30,8 @@
 #   --bundle DIR     the bundle (default .gpu)
 #   --budget S       total seconds for the rows (default 450, 60..3600); a row
 #                    that would start too late is reported as not run
+# Knobs: GPU_CHECK_FORCE_REBUILD=1 (rebuild even when the carried binaries
+#        start), GPU_CHECK_STOP_AFTER_BUILD=1, GPU_CHECK_BATCHES="64 32 16 8".
 # Exit status: 0 all rows ok, 1 a row failed or did not run, 2 usage error.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -256,11 +258,21 @@ rebuild_here() {
     return 1
 }
 
-if starts "$BIN"; then
+if [ "${GPU_CHECK_FORCE_REBUILD:-0}" = 1 ]; then
+    row binaries info "GPU_CHECK_FORCE_REBUILD=1: rebuilding here"
+    rebuild_here || BIN=""
+elif starts "$BIN"; then
     row binaries ok "the carried binaries start ($BIN)"
 else
     row binaries info "the carried binaries cannot start: $(why "$WORK/start.log"); rebuilding here"
     rebuild_here || BIN=""
+fi
+
+if [ "${GPU_CHECK_STOP_AFTER_BUILD:-0}" = 1 ]; then
+    echo "gpu-check: GPU_CHECK_STOP_AFTER_BUILD=1: stopping; binaries: ${BIN:-none}"
+    rm -rf "$WORK"
+    [ "$NFAIL" = 0 ]
+    exit
 fi
 
 # 3. the rows

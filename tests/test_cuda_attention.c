@@ -82,13 +82,10 @@ static void one_shape(loom_dtype dt, const int *s) {
 static loom_dtype cur;
 static void attention_gpt2_shapes(void) {
     if (no_gpu[0]) {
-        check_skip("%s", no_gpu);
+        check_skip_gpu("%s", no_gpu);
         return;
     }
-    if (loom_backend_open(&gpu, "cuda:0", 1, cur) != LOOM_OK) {
-        check_skip("%s", loom_errmsg());
-        return;
-    }
+    if (!check_available(loom_backend_open(&gpu, "cuda:0", 1, cur), 1)) return;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) one_shape(cur, shapes[i]);
 }
 

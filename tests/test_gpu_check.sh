@@ -34,7 +34,7 @@ expect gpu_check_no_bundle 1 "make gpu-bundle" bench/gpu-check.sh --dry-run --bu
 expect gpu_bundle_unknown_arg 2 "unknown argument" bench/gpu-bundle.sh --frobnicate
 
 if [ ! -x build/loom ] || [ ! -f build/libloom_cuda.so ]; then
-    for t in cuda_plugin_loads gpu_bundle_from_build gpu_check_dry_run_whole gpu_check_dry_run_missing_library gpu_check_dry_run_checksum; do
+    for t in cuda_plugin_loads gpu_bundle_from_build gpu_check_dry_run_whole gpu_check_fails_without_gpu gpu_check_dry_run_missing_library gpu_check_dry_run_checksum; do
         echo "SKIP $t: build/loom or build/libloom_cuda.so not built (needs nvcc; run make all)"
     done
     exit 0
@@ -81,6 +81,26 @@ if [ -n "$lib" ]; then
     mv "$tmp/$lib" "$b/lib/$lib"
 else
     fail gpu_check_dry_run_missing_library "no libcjson in the bundle: $(ls "$b/lib" | tr '\n' ' ')"
+fi
+
+# the real run on a machine without a usable GPU: it must fail (never "ok"
+# for the wrong reason), say why per row, end with the table and leave its
+# three files in $OUT
+if ! nvidia-smi >/dev/null 2>&1; then
+    mkdir -p "$tmp/out"
+    OUT="$tmp/out" GPU_CHECK_BATCHES=8 timeout 200 bench/gpu-check.sh --bundle "$b" --budget 60 >"$tmp/run.log" 2>&1
+    rc=$?
+    if [ "$rc" != 1 ]; then
+        fail gpu_check_fails_without_gpu "exit $rc, want 1: $(tail -n 5 "$tmp/run.log")"
+    elif ! grep -qE '^devices +(FAIL|TIMEOUT)' "$tmp/run.log" || ! grep -qE '^test_cuda_ops +(FAIL|TIMEOUT|NOT RUN)' "$tmp/run.log"; then
+        fail gpu_check_fails_without_gpu "devices or test_cuda_ops not failed in the table: $(grep -A30 '^row ' "$tmp/run.log" | head -n 12)"
+    elif [ "$(ls "$tmp/out" | sort | tr '\n' ' ')" != "gpu-check-logs.tar.gz gpu-check.log gpu-check.txt " ]; then
+        fail gpu_check_fails_without_gpu "files in \$OUT: $(ls "$tmp/out" | tr '\n' ' ')"
+    else
+        pass gpu_check_fails_without_gpu
+    fi
+else
+    echo "SKIP gpu_check_fails_without_gpu: this machine has a GPU (nvidia-smi answers)"
 fi
 
 # a file changed after bundling: the manifest's checksum catches it

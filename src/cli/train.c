@@ -1,34 +1,22 @@
 /* loom train */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "parallel/dist.h"
+#include "cli/progress.h"
+#include "parallel/launch.h"
 #include "train/train.h"
 
-static volatile sig_atomic_t launcher_signal;
-static void launcher_on_signal(int sig) { launcher_signal = sig; }
-
-/* --nproc N: start N ranks of this same command on this machine with the
- * torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
- * MASTER_PORT) and wait for them. Signals are passed on; when a rank fails
- * the others stop on their own (the watchdog) or are killed after the
- * timeout. Returns the first failing rank's exit code. */
+/* --nproc N: this same command in N local ranks (parallel/launch.h), each
+ * with --threads set to its share of the cores. Returns the exit status. */
 static int launch_local(int nproc, int threads, double timeout, int argc, char **argv) {
-    if (getenv("RANK") && getenv("WORLD_SIZE")) {
-        fprintf(stderr, "loom train: --nproc inside a launched job (RANK and WORLD_SIZE are set); drop --nproc or the launcher\n");
-        return 2;
-    }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int per = threads > 0 ? threads : (int)(ncpu / nproc > 0 ? ncpu / nproc : 1);
-    char **cargv = calloc((size_t)argc + 5, sizeof *cargv), tbuf[16], port[16];
+    char **cargv = loom_calloc((size_t)argc + 5, sizeof *cargv), tbuf[16];
     int n = 0;
     cargv[n++] = "loom";
     cargv[n++] = "train";
@@ -40,69 +28,15 @@ static int launch_local(int nproc, int threads, double timeout, int argc, char *
     snprintf(tbuf, sizeof tbuf, "%d", per);
     cargv[n++] = "--threads";
     cargv[n++] = tbuf;
-    snprintf(port, sizeof port, "%d", loom_dist_free_port(29500));
-    pid_t *pids = calloc((size_t)nproc, sizeof *pids);
-    struct sigaction sa = {.sa_handler = launcher_on_signal}, old_int, old_term;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    for (int r = 0; r < nproc; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            char v[16];
-            snprintf(v, sizeof v, "%d", r);
-            setenv("RANK", v, 1);
-            setenv("LOCAL_RANK", v, 1);
-            snprintf(v, sizeof v, "%d", nproc);
-            setenv("WORLD_SIZE", v, 1);
-            setenv("LOCAL_WORLD_SIZE", v, 1);
-            setenv("MASTER_ADDR", "127.0.0.1", 1);
-            setenv("MASTER_PORT", port, 1);
-            sigaction(SIGINT, &old_int, NULL);
-            sigaction(SIGTERM, &old_term, NULL);
-            execv("/proc/self/exe", cargv);
-            fprintf(stderr, "loom train: rank %d: cannot start /proc/self/exe: %s\n", r, strerror(errno));
-            _exit(127);
-        }
-    }
-    int left = nproc, rc = 0, first_bad = -1, passed = 0;
-    double fail_at = 0;
-    while (left > 0) {
-        int st;
-        pid_t p = waitpid(-1, &st, WNOHANG);
-        if (p > 0) {
-            int r = 0;
-            while (r < nproc && pids[r] != p) r++;
-            if (r == nproc) continue;
-            pids[r] = 0;
-            left--;
-            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            if (code != 0) {
-                if (first_bad < 0) {
-                    first_bad = r;
-                    rc = code;
-                    fail_at = loom_now();
-                }
-                if (WIFSIGNALED(st)) fprintf(stderr, "loom train: rank %d was killed by signal %d\n", r, WTERMSIG(st));
-                else fprintf(stderr, "loom train: rank %d exited with status %d\n", r, code);
-            }
-            continue;
-        }
-        if (launcher_signal && !passed) {
-            for (int r = 0; r < nproc; r++)
-                if (pids[r] > 0) kill(pids[r], launcher_signal);
-            passed = 1;
-        }
-        if (first_bad >= 0 && loom_now() - fail_at > timeout + 10) {
-            for (int r = 0; r < nproc; r++)
-                if (pids[r] > 0) kill(pids[r], SIGKILL);
-        }
-        usleep(20 * 1000);
-    }
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    free(pids);
+    loom_launch_t l = {.what = "loom train", .nproc = nproc, .kill_after_s = timeout + 10, .argv = cargv};
+    int code;
+    loom_status s = loom_launch_local(&l, &code);
     free(cargv);
-    return rc;
+    if (s != LOOM_OK) {
+        fprintf(stderr, "loom train: %s\n", loom_errmsg());
+        return loom_exit_code(s);
+    }
+    return code;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -177,6 +111,9 @@ int cmd_train(int argc, char **argv) {
     }
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);
     o.world_size = 1;
+    loom_train_observer_t *observers[] = {loom_progress_observer(&o)};
+    o.observers = observers;
+    o.n_observers = 1;
     loom_status s = loom_train(&o);
     if (s != LOOM_OK) {
         fprintf(stderr, "loom train: %s\n", loom_errmsg());

@@ -4,7 +4,8 @@
  * that a whole training step can be captured into a CUDA graph.
  *
  * The few device helpers below have bodies here because nvcc inlines
- * __device__ functions only within a translation unit (no -rdc). */
+ * __device__ functions only within a translation unit (no -rdc); a host-only
+ * .cpp file of the plugin (compiled by the C++ compiler) does not see them. */
 #ifndef LOOM_CUDA_INTERNAL_H
 #define LOOM_CUDA_INTERNAL_H
 
@@ -125,6 +126,11 @@ void cuda_sumsq_dev(float *acc, const float *x, size_t n);
 void cuda_matmul_stats(long *queries, long *hits);
 void cuda_matmul_reset(void);
 
+/* fp32 <-> the run's 16-bit type (bf16 when bf16 is set, else fp16), n elements. */
+void cuda_to_lp16(void *dst, const float *src, size_t n, bool bf16);
+void cuda_from_lp16(float *dst, const void *src, size_t n, bool bf16);
+
+#ifdef __CUDACC__
 /* ---- device helpers ---- */
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -143,5 +149,7 @@ static inline bool aligned16(const void *a, const void *b = nullptr, const void 
                              const void *d = nullptr) {
     return ((((uintptr_t)a) | ((uintptr_t)b) | ((uintptr_t)c) | ((uintptr_t)d)) & 15) == 0;
 }
+
+#endif /* __CUDACC__ */
 
 #endif

@@ -11,14 +11,17 @@
  * backend.h's lse. A graph is built once per (B, T, NH, hs, dtype,
  * direction) and cached; a shape cuDNN refuses is remembered and served by
  * the own kernels (with one warning). Without the cudnn-frontend headers at
- * build time this file compiles to a stub that always declines. */
+ * build time this file compiles to a stub that always declines.
+ *
+ * Host code only, compiled by the C++ compiler rather than nvcc: the
+ * frontend's headers are large, and nvcc would parse them once per GPU
+ * architecture. The fp32 <-> 16-bit kernels live in cuda_kernels.cu. */
 #include "cuda_internal.h"
 
 #ifdef LOOM_HAVE_CUDNN_FE
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cudnn_frontend.h>
+
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -120,36 +123,8 @@ static fe::graph::Graph *get_graph(int B, int T, int NH, int hs, bool backward) 
     return g.get();
 }
 
-/* ---- fp32 <-> 16-bit copies ---- */
-
-template <typename T> __device__ __forceinline__ T to_lp(float x);
-template <> __device__ __forceinline__ __nv_bfloat16 to_lp(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ __half to_lp(float x) { return __float2half(x); }
-
-template <typename T> static __global__ void to_lp_kernel(T *dst, const float *src, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = to_lp<T>(src[i]);
-}
-template <typename T> static __global__ void from_lp_kernel(float *dst, const T *src, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = (float)src[i];
-}
-
-/* dst (n, 16-bit) = src (n, fp32), at the run's 16-bit type. */
-static void to_lp16(void *dst, const float *src, size_t n) {
-    if (g_cuda.dtype == LOOM_BF16)
-        to_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((__nv_bfloat16 *)dst, src, n);
-    else
-        to_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((__half *)dst, src, n);
-    LAUNCH_CHECK();
-}
-static void from_lp16(float *dst, const void *src, size_t n) {
-    if (g_cuda.dtype == LOOM_BF16)
-        from_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dst, (const __nv_bfloat16 *)src, n);
-    else
-        from_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dst, (const __half *)src, n);
-    LAUNCH_CHECK();
-}
+static void to_lp16(void *dst, const float *src, size_t n) { cuda_to_lp16(dst, src, n, g_cuda.dtype == LOOM_BF16); }
+static void from_lp16(float *dst, const void *src, size_t n) { cuda_from_lp16(dst, src, n, g_cuda.dtype == LOOM_BF16); }
 
 static void *workspace(fe::graph::Graph *g) {
     int64_t ws = 0;
