@@ -89,14 +89,8 @@ static loom_status ckpt_stop(void *ctx, loom_train_run_t *run, loom_status s) {
     return loom_train_write_checkpoint(run, &st, 1);
 }
 
-static void ckpt_free(void *ctx) { free(ctx); }
-
 loom_train_observer_t *loom_train_observer_checkpoint(const loom_train_opts_t *o) {
     loom_train_observer_t *ob = loom_calloc(1, sizeof *ob);
-    ob->name = "checkpoint";
-    ob->ctx = ob;
-    ob->after_step = ckpt_after_step;
-    ob->on_stop = ckpt_stop;
-    ob->free = ckpt_free;
+    *ob = (loom_train_observer_t){.name = "checkpoint", .ctx = ob, .after_step = ckpt_after_step, .on_stop = ckpt_stop, .free = free};
     return ob;
 }
