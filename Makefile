@@ -58,7 +58,7 @@ ifneq ($(and $(NVCC),$(CU_SRCS)),)
   endif
   PLUGIN     := $(BUILD)/libloom_cuda.so
   PLUGIN_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o) $(CUDA_CPP_SRCS:%.cpp=$(BUILD)/%.o) $(PLUGIN_C_SRCS:%.c=$(BUILD)/%.pic.o)
-  CUDA_CXXFLAGS := -std=c++17 -O2 -g -fPIC -Isrc -I$(CUDA_HOME)/include -Wall -Wextra -Werror -Wno-unused-parameter \
+  CUDA_CXXFLAGS := -std=c++17 -O2 -fPIC -Isrc -I$(CUDA_HOME)/include -Wall -Wextra -Werror -Wno-unused-parameter \
                    $(CUDA_CXXFLAGS_FE) $(EXTRA_NVFLAGS)
   CUDA_NOTE  := CUDA backend built with $(NVCC) ($(CUDA_ARCHS)), cuDNN attention $(if $(CUDNN_FE),on,off: no .deps/cudnn-fe): $(PLUGIN)
 else

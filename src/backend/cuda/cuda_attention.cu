@@ -1,5 +1,5 @@
 /* cuda_attention: causal multi-head attention, two ways (three at bf16 and
- * fp16, where cuDNN's tensor-core SDPA in cuda_attention_cudnn.cu comes
+ * fp16, where cuDNN's tensor-core SDPA in cuda_attention_cudnn.cpp comes
  * first for head sizes it serves; LOOM_CUDA_ATTENTION=own skips it).
  *
  * Fused (default): flash-style kernels of our own. Forward streams key/value

@@ -75,7 +75,7 @@ void cuda_gelu_forward(float *out, const float *inp, size_t n);
 /* Returns cudaSuccess when this build has a kernel image for the device. */
 cudaError_t cuda_kernels_probe(void);
 void cuda_attention_init(void);
-/* cuda_attention_cudnn.cu: cuDNN's fused SDPA at bf16/fp16. takes: whether
+/* cuda_attention_cudnn.cpp: cuDNN's fused SDPA at bf16/fp16. takes: whether
  * it would serve this width and head count at the run's dtype; forward and
  * backward return false (nothing launched) when cuDNN refuses the shape. */
 bool cuda_attention_cudnn_takes(int C, int NH);
