@@ -108,6 +108,10 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
                   run->be->dtype == LOOM_FP16 ? ", and fp16 without loss scaling" : "");
     }
     if (run->loss_scaling) loom_loss_scaler_init(&j->ls, 65536.0f, 2000);
+    if (run->loss_scaling && j->rst.loss_scale > 0) { /* --resume: the saved scaler continues */
+        j->ls.scale = j->rst.loss_scale, j->ls.good = j->rst.loss_scale_good, j->ls.skipped = j->rst.loss_scale_skipped;
+    }
+    run->loss_scaler = run->loss_scaling ? &j->ls : NULL;
     return LOOM_OK;
 }
 
