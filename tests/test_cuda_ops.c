@@ -818,14 +818,6 @@ static const gpu_case gpu_cases[] = {
     {"paged_kv", test_paged_kv, "kv_write paged_attention kv_copy_block"},
 };
 
-/* Ops whose GPU cases live in another test file (the serving engine's);
- * that file must call each of them on the GPU as `gpu->NAME(`. */
-static const struct {
-    const char *covers, *file;
-} elsewhere[] = {
-    {"kv_write paged_attention kv_copy_block", "tests/test_engine_cuda.c"},
-};
-
 /* 1 when `name` is a whole word of the space-separated `list`. */
 static int listed(const char *list, const char *name) {
     size_t len = strlen(name);
@@ -834,30 +826,16 @@ static int listed(const char *list, const char *name) {
     return 0;
 }
 
-/* 1 when the file of elsewhere[i] names `name` and calls gpu->name(. */
-static int covered_elsewhere(size_t i, const char *name) {
-    if (!listed(elsewhere[i].covers, name)) return 0;
-    char call[96], *text = NULL;
-    size_t n = 0;
-    snprintf(call, sizeof call, "gpu->%s(", name);
-    if (loom_file_read(elsewhere[i].file, &text, &n) != LOOM_OK) return 0;
-    int found = strstr(text, call) != NULL;
-    free(text);
-    return found;
-}
-
 /* Every op of ops.h that runs on the device (all kinds but MEM, whose
- * entries every case uses) has a case above or in the binary `elsewhere`
- * names: an op added to the list without a GPU test fails here, on every
- * machine. */
+ * entries every case uses) has a case above: an op added to the list
+ * without a GPU test fails here, on every machine. */
 static void every_op_has_a_gpu_case(void) {
     for (int op = 0; op < LOOM_OP_COUNT; op++) {
         const loom_op_info_t *info = loom_op_info((loom_op_id)op);
         if (info->kind == LOOM_OPK_MEM) continue;
         int found = 0;
         for (size_t i = 0; i < sizeof gpu_cases / sizeof gpu_cases[0]; i++) found |= listed(gpu_cases[i].covers, info->name);
-        for (size_t i = 0; i < sizeof elsewhere / sizeof elsewhere[0]; i++) found |= covered_elsewhere(i, info->name);
-        CHECK(found, "%s (src/backend/ops.h) has no GPU case (tests/test_cuda_ops.c or a binary it names)", info->name);
+        CHECK(found, "%s (src/backend/ops.h) has no GPU case in tests/test_cuda_ops.c", info->name);
     }
 }
 
