@@ -40,8 +40,15 @@ loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,
 loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
                                           const loom_ckpt_state_t *st, int keep,
                                           loom_status (*extra)(const char *tmp_dir, void *ctx), void *ctx);
-/* Read the model config and state of the newest checkpoint of a run. */
+/* Read the model config and state of the newest complete checkpoint of a
+ * run (see ckpt/checkpoint.h: verified against its manifest; state.json
+ * checked for range and against the folder's step). */
 loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap,
                             loom_gpt_config_t *cfg, loom_ckpt_state_t *st);
+
+/* The same for a chosen checkpoint: `which` is NULL/"latest"/"auto" (the
+ * newest) or "step_N"/"N". */
+loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
+                          loom_gpt_config_t *cfg, loom_ckpt_state_t *st);
 
 #endif

@@ -14,10 +14,12 @@ loom_status loom_run_open(const char *run, int threads, loom_gpt_t **model,
     *tok = NULL;
     if (loom_path_exists(path)) {
         LOOM_TRY(loom_tokenizer_load(tok, path));
-        if (st->tokenizer_hash && loom_tokenizer_hash(*tok) != st->tokenizer_hash) {
+        uint64_t have = loom_tokenizer_hash(*tok); /* read before the free: the message needs it */
+        if (st->tokenizer_hash && have != st->tokenizer_hash) {
             loom_tokenizer_free(*tok);
+            *tok = NULL;
             return loom_error(LOOM_EFORMAT, "%s: this tokenizer (hash %016llx) is not the one the run trained with (%016llx); restore the run's tokenizer.json",
-                              path, (unsigned long long)loom_tokenizer_hash(*tok), (unsigned long long)st->tokenizer_hash);
+                              path, (unsigned long long)have, (unsigned long long)st->tokenizer_hash);
         }
     }
     const loom_backend_t *be;
