@@ -82,14 +82,9 @@ loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,
     return loom_run_save_checkpoint_with(dir, m, st, keep, NULL, NULL);
 }
 
-loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
-                                          const loom_ckpt_state_t *st, int keep,
-                                          loom_status (*extra)(const char *tmp_dir, void *ctx), void *ctx) {
-    char tmp[4096], path[4200];
-    LOOM_TRY(loom_ckpt_begin(dir, st->step, tmp, sizeof tmp));
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    LOOM_TRY(loom_safetensors_save_gpt(m, path));
-    cJSON *hf = hf_config(&m->cfg);
+loom_status loom_run_write_ckpt_meta(const char *tmp, const loom_gpt_config_t *cfg, const loom_ckpt_state_t *st) {
+    char path[4200];
+    cJSON *hf = hf_config(cfg);
     snprintf(path, sizeof path, "%s/config.json", tmp);
     loom_status s = write_json(path, hf);
     cJSON_Delete(hf);
@@ -102,11 +97,28 @@ loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
     char hash[32];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)st->tokenizer_hash);
     cJSON_AddStringToObject(j, "tokenizer_hash", hash);
-    cJSON_AddNumberToObject(j, "padded_vocab_size", m->cfg.padded_vocab_size);
+    cJSON_AddNumberToObject(j, "padded_vocab_size", cfg->padded_vocab_size);
+    if (st->world_size > 0) { /* what the global batch was made of */
+        cJSON_AddNumberToObject(j, "world_size", st->world_size);
+        cJSON_AddNumberToObject(j, "zero", st->zero);
+        cJSON_AddNumberToObject(j, "batch", st->batch);
+        cJSON_AddNumberToObject(j, "seq", st->seq);
+        cJSON_AddNumberToObject(j, "grad_accum", st->grad_accum);
+    }
     snprintf(path, sizeof path, "%s/state.json", tmp);
     s = write_json(path, j);
     cJSON_Delete(j);
-    LOOM_TRY(s);
+    return s;
+}
+
+loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
+                                          const loom_ckpt_state_t *st, int keep,
+                                          loom_status (*extra)(const char *tmp_dir, void *ctx), void *ctx) {
+    char tmp[4096], path[4200];
+    LOOM_TRY(loom_ckpt_begin(dir, st->step, tmp, sizeof tmp));
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    LOOM_TRY(loom_safetensors_save_gpt(m, path));
+    LOOM_TRY(loom_run_write_ckpt_meta(tmp, &m->cfg, st));
     if (extra) LOOM_TRY(extra(tmp, ctx));
     return loom_ckpt_commit(dir, st->step, keep);
 }
@@ -154,7 +166,7 @@ static loom_status read_state(const char *path, long long folder_step, int padde
                        path, step, folder_step);
     else if (!json_whole(j, "data_position", 0, 9007199254740992.0, &pos))
         s = loom_error(LOOM_EFORMAT, "%s: \"data_position\" is missing or not a whole number from 0 to 2^53", path);
-    else if ((tl && (!cJSON_IsNumber(tl) || !isfinite(tl->valuedouble))) ||
+    else if ((tl && !cJSON_IsNull(tl) && (!cJSON_IsNumber(tl) || !isfinite(tl->valuedouble))) ||
              (vl && (!cJSON_IsNumber(vl) || !isfinite(vl->valuedouble) || vl->valuedouble < 0)))
         s = loom_error(LOOM_EFORMAT, "%s: \"train_loss\" or \"val_loss\" is not a finite number", path);
     else if (th && (!cJSON_IsString(th) || strlen(th->valuestring) != 16 || (strtoull(th->valuestring, &end, 16), *end)))
@@ -165,7 +177,13 @@ static loom_status read_state(const char *path, long long folder_step, int padde
     if (s == LOOM_OK) {
         st->step = (long long)step;
         st->data_pos = (unsigned long long)pos;
-        st->train_loss = tl ? tl->valuedouble : NAN;
+        st->train_loss = cJSON_IsNumber(tl) ? tl->valuedouble : NAN;
+        static const char *const shape[] = {"world_size", "zero", "batch", "seq", "grad_accum"};
+        int *dst[] = {&st->world_size, &st->zero, &st->batch, &st->seq, &st->grad_accum};
+        for (int i = 0; i < 5; i++) {
+            double x;
+            if (json_whole(j, shape[i], i == 1 ? 0 : 1, 1 << 30, &x)) *dst[i] = (int)x;
+        }
         if (vl) st->val_loss = vl->valuedouble;
         if (th) st->tokenizer_hash = strtoull(th->valuestring, NULL, 16);
     }

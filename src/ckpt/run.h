@@ -29,7 +29,14 @@ typedef struct {
     double train_loss, val_loss; /* val_loss < 0: not measured */
     unsigned long long data_pos; /* next training token */
     uint64_t tokenizer_hash;
+    /* How the global batch was made when saved (0: not recorded, an older
+     * checkpoint): ranks, ZeRO stage, micro-batch, sequence, accumulation. */
+    int world_size, zero, batch, seq, grad_accum;
 } loom_ckpt_state_t;
+
+/* config.json (Hugging Face GPT2Config) and state.json of a checkpoint
+ * into folder `tmp` (see ckpt/checkpoint.h for the rest of the protocol). */
+loom_status loom_run_write_ckpt_meta(const char *tmp, const loom_gpt_config_t *cfg, const loom_ckpt_state_t *st);
 
 /* Write a checkpoint of `m` for `st->step`; keep the newest `keep`. */
 loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,

@@ -90,6 +90,14 @@ static void convert(const st_entry_t *x, float *hf, float *lm, int to_hf) {
 }
 
 loom_status loom_safetensors_save_gpt(const loom_gpt_t *m, const char *path) {
+    float *host = loom_malloc(m->num_params * sizeof(float));
+    m->be->download(host, m->params, m->num_params * sizeof(float));
+    loom_status s = loom_safetensors_save_gpt_host(m, host, path);
+    free(host);
+    return s;
+}
+
+loom_status loom_safetensors_save_gpt_host(const loom_gpt_t *m, const float *host, const char *path) {
     st_entry_t *e;
     int n = build_entries(&m->cfg, &e);
     cJSON *hdr = cJSON_CreateObject();
@@ -108,8 +116,6 @@ loom_status loom_safetensors_save_gpt(const loom_gpt_t *m, const char *path) {
     cJSON_Delete(hdr);
     size_t jlen = strlen(json), padded = (jlen + 7) / 8 * 8;
 
-    float *host = loom_malloc(m->num_params * sizeof(float));
-    m->be->download(host, m->params, m->num_params * sizeof(float));
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
@@ -129,7 +135,7 @@ loom_status loom_safetensors_save_gpt(const loom_gpt_t *m, const char *path) {
             bufn = e[i].numel;
             buf = loom_malloc(bufn * sizeof(float));
         }
-        convert(&e[i], buf, loom_view(m, host, &e[i]), 1);
+        convert(&e[i], buf, loom_view(m, (float *)host, &e[i]), 1);
         ok = fwrite(buf, sizeof(float), e[i].numel, f) == e[i].numel;
     }
     free(buf);
@@ -146,7 +152,6 @@ loom_status loom_safetensors_save_gpt(const loom_gpt_t *m, const char *path) {
         s = loom_error(LOOM_EIO, "%s: rename failed: %s", path, strerror(errno));
     }
 done:
-    free(host);
     free(json);
     free(e);
     return s;

@@ -499,7 +499,7 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
         if (lead && o->sample_every > 0 && step % o->sample_every == 0 && step != o->steps)
             print_sample(m, tok, o->sample_tokens, (unsigned long long)o->seed + (unsigned long long)step);
         if (o->ckpt_every > 0 && step % o->ckpt_every == 0 && step != o->steps) {
-            loom_ckpt_state_t st = {step, loss, do_eval ? vloss : -1, pos, tok ? loom_tokenizer_hash(tok) : 0};
+            loom_ckpt_state_t st = {step, loss, do_eval ? vloss : -1, pos, tok ? loom_tokenizer_hash(tok) : 0, o->world_size, o->zero, B, T, o->grad_accum};
             if ((s = save_checkpoint(o, &shards, &st)) != LOOM_OK) break;
         }
     }
@@ -515,7 +515,7 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
                 nv++;
             }
         }
-        loom_ckpt_state_t st = {step, last_loss, last_val, pos, tok ? loom_tokenizer_hash(tok) : 0};
+        loom_ckpt_state_t st = {step, last_loss, last_val, pos, tok ? loom_tokenizer_hash(tok) : 0, o->world_size, o->zero, B, T, o->grad_accum};
         if (s == LOOM_OK) s = save_checkpoint(o, &shards, &st);
     }
     if (lead && step > 0) {
