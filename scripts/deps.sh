@@ -34,7 +34,12 @@ pip_target() {
     local dir=$1 mod=$2; shift 2
     if ! PYTHONPATH=$dir /usr/bin/python3 -c "import $mod" 2>/dev/null; then
         echo "deps: installing $* into $dir"
-        /usr/bin/python3 -m pip install -q --disable-pip-version-check --target "$dir" "$@"
+        local log; log=$(mktemp)
+        if ! /usr/bin/python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+                --target "$dir" "$@" >"$log" 2>&1; then
+            cat "$log"; rm -f "$log"; echo "deps: pip could not install $* (see above)"; exit 1
+        fi
+        rm -f "$log"
     fi
 }
 # Real clients and readers used by tests (PYTHONPATH=.deps/py): the official

@@ -269,6 +269,7 @@ static const loom_backend_t *sim_backend(void) {
     sim.sumsq_dev = sim_sumsq_dev;
     sim.crossentropy_dev = sim_crossentropy_dev;
     sim.adamw_dev = sim_adamw_dev;
+    sim.caps |= LOOM_CAP_DEVICE_STEP;
     return &sim;
 }
 
@@ -278,13 +279,20 @@ static const loom_backend_t *sim_backend(void) {
  * violations of the protocol (backend.h); so are the by-value crossentropy
  * and adamw, whose dloss and lr would be frozen in a real graph. ---- */
 
+/* Each entry's arguments as a struct, from ops.h (`unused_` keeps entries
+ * without arguments legal C). */
+#define REC_ARGS_(name, ret, kind, fallback, flops, n, args) \
+    typedef struct { char unused_; LOOM_OP_MAP(LOOM_OP_FIELD, LOOM_OP_NOSEP, n, args) } args_##name;
+LOOM_OPS(REC_ARGS_)
+
 typedef struct call call_t;
 struct call {
     void (*run)(const call_t *);
-    void *p[8];
-    long i[6];
-    size_t n;
-    loom_adamw_t hp;
+    union {
+#define REC_MEMBER_(name, ...) args_##name name;
+        LOOM_OPS(REC_MEMBER_)
+    } a;
+    loom_adamw_t hp; /* an HP argument, copied: a real graph freezes it at capture */
 };
 #define SIM_KEYS 8
 #define SIM_CALLS 1024
@@ -310,112 +318,48 @@ static void forbidden(const char *what) {
     sim_violations++;
 }
 
-static void *g_alloc(size_t n) { forbidden("alloc"); return cpu->alloc(n); }
-static void g_upload(void *d, const void *s, size_t n) { forbidden("upload"); cpu->upload(d, s, n); }
-static void g_download(void *d, const void *s, size_t n) { forbidden("download"); cpu->download(d, s, n); }
-static void g_sync(void) { forbidden("sync"); }
-static double g_sumsq(const float *x, size_t n) { forbidden("sumsq"); return cpu->sumsq(x, n); }
-static void g_crossentropy(float *l, float *x, const int *t, int N, int V, int Vp, float d) { forbidden("crossentropy (dloss by value)"); cpu->crossentropy(l, x, t, N, V, Vp, d); }
-static void g_adamw(float *p, const float *g, float *m, float *v, size_t n, const loom_adamw_t *hp) { forbidden("adamw (lr by value)"); cpu->adamw(p, g, m, v, n, hp); }
-
-/* One recorder and one replayer per op the step launches. */
-#define P(i, T) ((T)c->p[i])
-static void r_zero(const call_t *c) { cpu->zero(c->p[0], c->n); }
-static void g_zero(void *p, size_t n) {
-    if (sim_capturing < 0) { cpu->zero(p, n); return; }
-    call_t *c = rec(r_zero); c->p[0] = p; c->n = n;
-}
-static void r_enc_f(const call_t *c) { cpu->encoder_forward(P(0, float *), P(1, const int *), P(2, const float *), P(3, const float *), (int)c->i[0], (int)c->i[1], (int)c->i[2]); }
-static void g_enc_f(float *o, const int *t, const float *wte, const float *wpe, int B_, int T_, int C) {
-    if (sim_capturing < 0) { cpu->encoder_forward(o, t, wte, wpe, B_, T_, C); return; }
-    call_t *c = rec(r_enc_f); c->p[0] = o; c->p[1] = (void *)t; c->p[2] = (void *)wte; c->p[3] = (void *)wpe; c->i[0] = B_; c->i[1] = T_; c->i[2] = C;
-}
-static void r_enc_b(const call_t *c) { cpu->encoder_backward(P(0, float *), P(1, float *), P(2, const float *), P(3, const int *), (int)c->i[0], (int)c->i[1], (int)c->i[2]); }
-static void g_enc_b(float *dwte, float *dwpe, const float *d, const int *t, int B_, int T_, int C) {
-    if (sim_capturing < 0) { cpu->encoder_backward(dwte, dwpe, d, t, B_, T_, C); return; }
-    call_t *c = rec(r_enc_b); c->p[0] = dwte; c->p[1] = dwpe; c->p[2] = (void *)d; c->p[3] = (void *)t; c->i[0] = B_; c->i[1] = T_; c->i[2] = C;
-}
-static void r_ln_f(const call_t *c) { cpu->layernorm_forward(P(0, float *), P(1, float *), P(2, float *), P(3, const float *), P(4, const float *), P(5, const float *), (int)c->i[0], (int)c->i[1]); }
-static void g_ln_f(float *o, float *mean, float *rstd, const float *x, const float *w, const float *b, int N, int C) {
-    if (sim_capturing < 0) { cpu->layernorm_forward(o, mean, rstd, x, w, b, N, C); return; }
-    call_t *c = rec(r_ln_f); c->p[0] = o; c->p[1] = mean; c->p[2] = rstd; c->p[3] = (void *)x; c->p[4] = (void *)w; c->p[5] = (void *)b; c->i[0] = N; c->i[1] = C;
-}
-static void r_ln_b(const call_t *c) { cpu->layernorm_backward(P(0, float *), P(1, float *), P(2, float *), P(3, const float *), P(4, const float *), P(5, const float *), P(6, const float *), P(7, const float *), (int)c->i[0], (int)c->i[1]); }
-static void g_ln_b(float *dx, float *dw, float *db, const float *d, const float *x, const float *w, const float *mean, const float *rstd, int N, int C) {
-    if (sim_capturing < 0) { cpu->layernorm_backward(dx, dw, db, d, x, w, mean, rstd, N, C); return; }
-    call_t *c = rec(r_ln_b); c->p[0] = dx; c->p[1] = dw; c->p[2] = db; c->p[3] = (void *)d; c->p[4] = (void *)x; c->p[5] = (void *)w; c->p[6] = (void *)mean; c->p[7] = (void *)rstd; c->i[0] = N; c->i[1] = C;
-}
-static void r_rln(const call_t *c) { cpu->residual_layernorm_forward(P(0, float *), P(1, float *), P(2, float *), P(3, float *), P(4, const float *), P(5, const float *), P(6, const float *), P(7, const float *), (int)c->i[0], (int)c->i[1]); }
-static void g_rln(float *res, float *o, float *mean, float *rstd, const float *a, const float *b_, const float *w, const float *b, int N, int C) {
-    if (sim_capturing < 0) { cpu->residual_layernorm_forward(res, o, mean, rstd, a, b_, w, b, N, C); return; }
-    call_t *c = rec(r_rln); c->p[0] = res; c->p[1] = o; c->p[2] = mean; c->p[3] = rstd; c->p[4] = (void *)a; c->p[5] = (void *)b_; c->p[6] = (void *)w; c->p[7] = (void *)b; c->i[0] = N; c->i[1] = C;
-}
-static void r_mm_f(const call_t *c) { cpu->matmul_forward(P(0, float *), P(1, const float *), P(2, const float *), P(3, const float *), (int)c->i[0], (int)c->i[1], (int)c->i[2]); }
-static void g_mm_f(float *o, const float *x, const float *w, const float *b, int N, int C, int OC) {
-    if (sim_capturing < 0) { cpu->matmul_forward(o, x, w, b, N, C, OC); return; }
-    call_t *c = rec(r_mm_f); c->p[0] = o; c->p[1] = (void *)x; c->p[2] = (void *)w; c->p[3] = (void *)b; c->i[0] = N; c->i[1] = C; c->i[2] = OC;
-}
-static void r_mm_fg(const call_t *c) { cpu->matmul_forward_gelu(P(0, float *), P(1, float *), P(2, const float *), P(3, const float *), P(4, const float *), (int)c->i[0], (int)c->i[1], (int)c->i[2]); }
-static void g_mm_fg(float *o, float *pre, const float *x, const float *w, const float *b, int N, int C, int OC) {
-    if (sim_capturing < 0) { cpu->matmul_forward_gelu(o, pre, x, w, b, N, C, OC); return; }
-    call_t *c = rec(r_mm_fg); c->p[0] = o; c->p[1] = pre; c->p[2] = (void *)x; c->p[3] = (void *)w; c->p[4] = (void *)b; c->i[0] = N; c->i[1] = C; c->i[2] = OC;
-}
-static void r_mm_b(const call_t *c) { cpu->matmul_backward(P(0, float *), P(1, float *), P(2, float *), P(3, const float *), P(4, const float *), P(5, const float *), (int)c->i[0], (int)c->i[1], (int)c->i[2]); }
-static void g_mm_b(float *dx, float *dw, float *db, const float *d, const float *x, const float *w, int N, int C, int OC) {
-    if (sim_capturing < 0) { cpu->matmul_backward(dx, dw, db, d, x, w, N, C, OC); return; }
-    call_t *c = rec(r_mm_b); c->p[0] = dx; c->p[1] = dw; c->p[2] = db; c->p[3] = (void *)d; c->p[4] = (void *)x; c->p[5] = (void *)w; c->i[0] = N; c->i[1] = C; c->i[2] = OC;
-}
-static void r_mm_bg(const call_t *c) { cpu->matmul_backward_gelu(P(0, float *), P(1, float *), P(2, float *), P(3, const float *), P(4, const float *), P(5, const float *), P(6, const float *), (int)c->i[0], (int)c->i[1], (int)c->i[2]); }
-static void g_mm_bg(float *dpre, float *dw, float *db, const float *d, const float *x, const float *pre, const float *w, int N, int C, int OC) {
-    if (sim_capturing < 0) { cpu->matmul_backward_gelu(dpre, dw, db, d, x, pre, w, N, C, OC); return; }
-    call_t *c = rec(r_mm_bg); c->p[0] = dpre; c->p[1] = dw; c->p[2] = db; c->p[3] = (void *)d; c->p[4] = (void *)x; c->p[5] = (void *)pre; c->p[6] = (void *)w; c->i[0] = N; c->i[1] = C; c->i[2] = OC;
-}
-static void r_att_f(const call_t *c) { cpu->attention_forward(P(0, float *), P(1, float *), P(2, const float *), (int)c->i[0], (int)c->i[1], (int)c->i[2], (int)c->i[3]); }
-static void g_att_f(float *o, float *lse, const float *qkv, int B_, int T_, int C, int NH) {
-    if (sim_capturing < 0) { cpu->attention_forward(o, lse, qkv, B_, T_, C, NH); return; }
-    call_t *c = rec(r_att_f); c->p[0] = o; c->p[1] = lse; c->p[2] = (void *)qkv; c->i[0] = B_; c->i[1] = T_; c->i[2] = C; c->i[3] = NH;
-}
-static void r_att_b(const call_t *c) { cpu->attention_backward(P(0, float *), P(1, const float *), P(2, const float *), P(3, const float *), P(4, const float *), (int)c->i[0], (int)c->i[1], (int)c->i[2], (int)c->i[3]); }
-static void g_att_b(float *dqkv, const float *d, const float *qkv, const float *o, const float *lse, int B_, int T_, int C, int NH) {
-    if (sim_capturing < 0) { cpu->attention_backward(dqkv, d, qkv, o, lse, B_, T_, C, NH); return; }
-    call_t *c = rec(r_att_b); c->p[0] = dqkv; c->p[1] = (void *)d; c->p[2] = (void *)qkv; c->p[3] = (void *)o; c->p[4] = (void *)lse; c->i[0] = B_; c->i[1] = T_; c->i[2] = C; c->i[3] = NH;
-}
-static void r_gelu_f(const call_t *c) { cpu->gelu_forward(P(0, float *), P(1, const float *), c->n); }
-static void g_gelu_f(float *o, const float *x, size_t n) {
-    if (sim_capturing < 0) { cpu->gelu_forward(o, x, n); return; }
-    call_t *c = rec(r_gelu_f); c->p[0] = o; c->p[1] = (void *)x; c->n = n;
-}
-static void r_gelu_b(const call_t *c) { cpu->gelu_backward(P(0, float *), P(1, const float *), P(2, const float *), c->n); }
-static void g_gelu_b(float *dx, const float *x, const float *d, size_t n) {
-    if (sim_capturing < 0) { cpu->gelu_backward(dx, x, d, n); return; }
-    call_t *c = rec(r_gelu_b); c->p[0] = dx; c->p[1] = (void *)x; c->p[2] = (void *)d; c->n = n;
-}
-static void r_resid(const call_t *c) { cpu->residual_forward(P(0, float *), P(1, const float *), P(2, const float *), c->n); }
-static void g_resid(float *o, const float *a, const float *b, size_t n) {
-    if (sim_capturing < 0) { cpu->residual_forward(o, a, b, n); return; }
-    call_t *c = rec(r_resid); c->p[0] = o; c->p[1] = (void *)a; c->p[2] = (void *)b; c->n = n;
-}
-static void r_acc(const call_t *c) { cpu->accumulate(P(0, float *), P(1, const float *), c->n); }
-static void g_acc(float *d, const float *x, size_t n) {
-    if (sim_capturing < 0) { cpu->accumulate(d, x, n); return; }
-    call_t *c = rec(r_acc); c->p[0] = d; c->p[1] = (void *)x; c->n = n;
-}
-static void r_ce_dev(const call_t *c) { sim_crossentropy_dev(P(0, float *), P(1, float *), P(2, const int *), (int)c->i[0], (int)c->i[1], (int)c->i[2], P(3, const float *)); }
-static void g_ce_dev(float *l, float *x, const int *t, int N, int V, int Vp, const float *sc) {
-    if (sim_capturing < 0) { sim_crossentropy_dev(l, x, t, N, V, Vp, sc); return; }
-    call_t *c = rec(r_ce_dev); c->p[0] = l; c->p[1] = x; c->p[2] = (void *)t; c->p[3] = (void *)sc; c->i[0] = N; c->i[1] = V; c->i[2] = Vp;
-}
-static void r_sumsq_dev(const call_t *c) { sim_sumsq_dev(P(0, float *), P(1, const float *), c->n); }
-static void g_sumsq_dev(float *acc, const float *x, size_t n) {
-    if (sim_capturing < 0) { sim_sumsq_dev(acc, x, n); return; }
-    call_t *c = rec(r_sumsq_dev); c->p[0] = acc; c->p[1] = (void *)x; c->n = n;
-}
-static void r_adamw_dev(const call_t *c) { sim_adamw_dev(P(0, float *), P(1, const float *), P(2, float *), P(3, float *), c->n, &c->hp, P(4, const float *)); }
-static void g_adamw_dev(float *p, const float *g, float *m, float *v, size_t n, const loom_adamw_t *hp, const float *sc) {
-    if (sim_capturing < 0) { sim_adamw_dev(p, g, m, v, n, hp, sc); return; }
-    call_t *c = rec(r_adamw_dev); c->p[0] = p; c->p[1] = (void *)g; c->p[2] = m; c->p[3] = v; c->p[4] = (void *)sc; c->n = n; c->hp = *hp;
-}
-#undef P
+/* One recorder and one replayer per entry of kind OP, FUSED, DEV and
+ * VARIANT (what a graph may hold), from ops.h; MEM and HOST entries count
+ * as violations during capture and then run. Outside capture every entry
+ * runs on `sim`. */
+#define REC_FROM_S_(tag, type, name) s->name
+#define REC_KEEP_(tag, type, name) REC_KEEP_##tag##_(name)
+#define REC_KEEP_HP_(name) c->hp = *name, s.name = &c->hp;
+#define REC_KEEP_ACT_(name)
+#define REC_KEEP_F32_(name)
+#define REC_KEEP_I32_(name)
+#define REC_KEEP_QT_(name)
+#define REC_KEEP_BYTES_(name)
+#define REC_KEEP_VAL_(name)
+#define REC_CAPTURE_(name, ret, kind, fallback, flops, n, args)                                  \
+    static void r_##name(const call_t *c) {                                                    \
+        const args_##name *s = &c->a.name;                                                     \
+        sim.name(LOOM_OP_MAP(REC_FROM_S_, LOOM_OP_COMMA, n, args));                            \
+    }                                                                                          \
+    static void g_##name LOOM_OP_PARAMS(n, args) {                                             \
+        if (sim_capturing < 0) {                                                               \
+            sim.name LOOM_OP_ARGS(n, args);                                                    \
+            return;                                                                            \
+        }                                                                                      \
+        call_t *c = rec(r_##name);                                                             \
+        args_##name s = {0, LOOM_OP_MAP(LOOM_OP_NAME, LOOM_OP_COMMA, n, args)};                \
+        LOOM_OP_MAP(REC_KEEP_, LOOM_OP_NOSEP, n, args)                                         \
+        c->a.name = s;                                                                         \
+    }
+#define REC_FORBID_(name, ret, kind, fallback, flops, n, args) \
+    static ret g_##name LOOM_OP_PARAMS(n, args) {              \
+        forbidden(#name " (" #kind ")");                       \
+        return sim.name LOOM_OP_ARGS(n, args);                 \
+    }
+#define REC_OP_ REC_CAPTURE_
+#define REC_FUSED_ REC_CAPTURE_
+#define REC_DEV_ REC_CAPTURE_
+#define REC_VARIANT_ REC_CAPTURE_
+#define REC_MEM_ REC_FORBID_
+#define REC_HOST_ REC_FORBID_
+#define REC_GRAPH_(...)
+#define REC_(name, ret, kind, fallback, flops, n, args) REC_##kind##_(name, ret, kind, fallback, flops, n, args)
+LOOM_OPS(REC_)
 
 static loom_status g_begin(int key) {
     if (key < 0 || key >= SIM_KEYS || sim_capturing >= 0) return loom_error(LOOM_EINVAL, "sim graph_begin(%d)", key);
@@ -445,19 +389,19 @@ static const loom_backend_t *sim_graph_backend(void) {
     loom_backend_t *b = &sim_graphs;
     *b = *sim_backend();
     b->name = "cpu-sim-graphs";
-    b->alloc = g_alloc, b->upload = g_upload, b->download = g_download, b->sync = g_sync, b->zero = g_zero;
-    b->encoder_forward = g_enc_f, b->encoder_backward = g_enc_b;
-    b->layernorm_forward = g_ln_f, b->layernorm_backward = g_ln_b;
-    b->matmul_forward = g_mm_f, b->matmul_backward = g_mm_b;
-    b->attention_forward = g_att_f, b->attention_backward = g_att_b;
-    b->gelu_forward = g_gelu_f, b->gelu_backward = g_gelu_b;
-    b->residual_forward = g_resid, b->accumulate = g_acc;
-    b->crossentropy = g_crossentropy, b->adamw = g_adamw, b->sumsq = g_sumsq;
+    b->caps |= LOOM_CAP_GRAPHS;
+#define SIM_SET_(name, ret, kind, fallback, flops, n, args) SIM_SET_##kind##_(name)
+#define SIM_SET_ALL_(name) b->name = g_##name;
+#define SIM_SET_IF_(name) b->name = sim.name ? g_##name : NULL;
+#define SIM_SET_MEM_ SIM_SET_ALL_
+#define SIM_SET_OP_ SIM_SET_ALL_
+#define SIM_SET_HOST_ SIM_SET_ALL_
+#define SIM_SET_FUSED_ SIM_SET_IF_
+#define SIM_SET_DEV_ SIM_SET_IF_
+#define SIM_SET_VARIANT_ SIM_SET_IF_
+#define SIM_SET_GRAPH_(name)
+    LOOM_OPS(SIM_SET_)
     b->graph_begin = g_begin, b->graph_end = g_end, b->graph_replay = g_replay, b->graph_reset = g_reset;
-    b->sumsq_dev = g_sumsq_dev, b->adamw_dev = g_adamw_dev, b->crossentropy_dev = g_ce_dev;
-    b->residual_layernorm_forward = cpu->residual_layernorm_forward ? g_rln : NULL;
-    b->matmul_forward_gelu = cpu->matmul_forward_gelu ? g_mm_fg : NULL;
-    b->matmul_backward_gelu = cpu->matmul_backward_gelu ? g_mm_bg : NULL;
     return b;
 }
 

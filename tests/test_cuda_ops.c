@@ -736,28 +736,45 @@ static void test_peak_never_negative(void) {
 typedef struct {
     const char *name;
     void (*fn)(void);
+    const char *covers; /* the ops.h entries the case checks, space-separated */
 } gpu_case;
 
 static const gpu_case gpu_cases[] = {
-    {"encoder", test_encoder},
-    {"layernorm", test_layernorm},
-    {"residual_layernorm", test_residual_layernorm},
-    {"matmul_forward", test_matmul_forward},
-    {"matmul_backward", test_matmul_backward},
-    {"matmul_forward_gelu", test_matmul_forward_gelu},
-    {"matmul_backward_gelu", test_matmul_backward_gelu},
-    {"attention_fused", test_attention_fused},
-    {"attention_fused_fp32_bound", test_attention_fused_fp32_bound},
-    {"attention_unfused", test_attention_unfused},
-    {"gelu", test_gelu},
-    {"residual_accumulate", test_residual_accumulate},
-    {"crossentropy", test_crossentropy},
-    {"crossentropy_dev", test_crossentropy_dev},
-    {"adamw", test_adamw},
-    {"adamw_dev", test_adamw_dev},
-    {"sumsq", test_sumsq},
-    {"graph_replay", test_graph_replay},
+    {"encoder", test_encoder, "encoder_forward encoder_backward"},
+    {"layernorm", test_layernorm, "layernorm_forward layernorm_backward"},
+    {"residual_layernorm", test_residual_layernorm, "residual_layernorm_forward"},
+    {"matmul_forward", test_matmul_forward, "matmul_forward"},
+    {"matmul_backward", test_matmul_backward, "matmul_backward"},
+    {"matmul_forward_gelu", test_matmul_forward_gelu, "matmul_forward_gelu"},
+    {"matmul_backward_gelu", test_matmul_backward_gelu, "matmul_backward_gelu"},
+    {"attention_fused", test_attention_fused, "attention_forward attention_backward"},
+    {"attention_fused_fp32_bound", test_attention_fused_fp32_bound, ""},
+    {"attention_unfused", test_attention_unfused, "attention_forward attention_backward"},
+    {"gelu", test_gelu, "gelu_forward gelu_backward"},
+    {"residual_accumulate", test_residual_accumulate, "residual_forward accumulate"},
+    {"crossentropy", test_crossentropy, "crossentropy"},
+    {"crossentropy_dev", test_crossentropy_dev, "crossentropy_dev"},
+    {"adamw", test_adamw, "adamw"},
+    {"adamw_dev", test_adamw_dev, "adamw_dev"},
+    {"sumsq", test_sumsq, "sumsq sumsq_dev"},
+    {"graph_replay", test_graph_replay, "zero graph_begin graph_end graph_replay graph_reset"},
 };
+
+/* Every op of ops.h that runs on the device (all kinds but MEM, whose
+ * entries every case uses) has a case above: an op added to the list
+ * without a GPU test fails here, on every machine. */
+static void every_op_has_a_gpu_case(void) {
+    for (int op = 0; op < LOOM_OP_COUNT; op++) {
+        const loom_op_info_t *info = loom_op_info((loom_op_id)op);
+        if (info->kind == LOOM_OPK_MEM) continue;
+        int found = 0;
+        size_t len = strlen(info->name);
+        for (size_t i = 0; i < sizeof gpu_cases / sizeof gpu_cases[0] && !found; i++)
+            for (const char *p = gpu_cases[i].covers; (p = strstr(p, info->name)) != NULL; p += len)
+                if ((p == gpu_cases[i].covers || p[-1] == ' ') && (p[len] == 0 || p[len] == ' ')) found = 1;
+        CHECK(found, "%s (src/backend/ops.h) has no case in tests/test_cuda_ops.c", info->name);
+    }
+}
 
 /* Fills no_gpu with the reason no GPU case can run, or leaves it empty. */
 static void probe_gpu(void) {
@@ -779,6 +796,7 @@ int main(void) {
     printf("# test_cuda_ops seed %u (LOOM_TEST_SEED=%u repeats this run)\n", seed0, seed0);
     RUN(test_peak_table);
     RUN(test_peak_never_negative);
+    RUN(every_op_has_a_gpu_case);
 
     probe_gpu();
     char reason_all[512];

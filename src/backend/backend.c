@@ -1,6 +1,7 @@
 #include "backend.h"
 #include "plugin.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +15,72 @@ int loom_dtype_parse(const char *s) {
 
 const char *loom_dtype_name(loom_dtype d) { return (unsigned)d < 4 ? dtype_names[d] : "?"; }
 
+/* ---- the op list as data ---- */
+
+#define ARG_NAME_(tag, type, name) #name
+#define ARG_TAG_(tag, type, name) LOOM_ARG_##tag
+#define INFO_(name, ret, kind, fallback, flops, n, args)                                   \
+    {#name, LOOM_OPK_##kind, LOOM_OP_REQUIRED_##kind, fallback, n,                        \
+     {LOOM_OP_MAP(ARG_NAME_, LOOM_OP_COMMA, n, args)}, {LOOM_OP_MAP(ARG_TAG_, LOOM_OP_COMMA, n, args)}},
+static const loom_op_info_t op_info[LOOM_OP_COUNT] = {LOOM_OPS(INFO_)};
+#undef INFO_
+
+const loom_op_info_t *loom_op_info(loom_op_id op) {
+    return (unsigned)op < LOOM_OP_COUNT ? &op_info[op] : NULL;
+}
+
+void *loom_backend_slot(const loom_backend_t *be, loom_op_id op) {
+    switch (op) {
+#define SLOT_(name, ret, kind, fallback, flops, n, args) \
+    case LOOM_OP_##name: return (void *)be->name;
+        LOOM_OPS(SLOT_)
+#undef SLOT_
+    default: return NULL;
+    }
+}
+
+/* Which optional entries each capability flag promises. */
+static int caps_agree(const loom_backend_t *be, char *why, size_t n) {
+    static const struct {
+        unsigned cap;
+        loom_op_kind kind;
+        const char *flag;
+    } need[] = {{LOOM_CAP_DEVICE_STEP, LOOM_OPK_DEV, "LOOM_CAP_DEVICE_STEP"},
+                {LOOM_CAP_GRAPHS, LOOM_OPK_GRAPH, "LOOM_CAP_GRAPHS"}};
+    for (size_t k = 0; k < sizeof need / sizeof need[0]; k++)
+        for (int op = 0; op < LOOM_OP_COUNT; op++) {
+            int has = loom_backend_slot(be, (loom_op_id)op) != NULL;
+            if (op_info[op].kind != need[k].kind || has == !!(be->caps & need[k].cap)) continue;
+            snprintf(why, n, "%s %s but %s is %s", need[k].flag, be->caps & need[k].cap ? "is set" : "is not set",
+                     op_info[op].name, has ? "filled" : "empty");
+            return 0;
+        }
+    return 1;
+}
+
+loom_status loom_backend_check(const loom_backend_t *be) {
+    for (int op = 0; op < LOOM_OP_COUNT; op++)
+        if (op_info[op].required && !loom_backend_slot(be, (loom_op_id)op))
+            return loom_error(LOOM_EINTERNAL, "the %s backend has no %s, which every backend must have (src/backend/ops.h)",
+                              be->name, op_info[op].name);
+    char why[256];
+    if (!caps_agree(be, why, sizeof why))
+        return loom_error(LOOM_EINTERNAL, "the %s backend's capability flags disagree with its table: %s", be->name, why);
+    return LOOM_OK;
+}
+
+static int is_cuda_device(const char *device) {
+    return strncmp(device, "cuda", 4) == 0 && (device[4] == 0 || device[4] == ':');
+}
+
+loom_dtype loom_backend_default_dtype(const char *device) {
+    return is_cuda_device(device) ? LOOM_BF16 : LOOM_FP32;
+}
+
+unsigned loom_backend_device_caps(const char *device) {
+    return is_cuda_device(device) ? LOOM_CAP_DEVICE_MEMORY : 0u;
+}
+
 loom_status loom_backend_open(const loom_backend_t **out, const char *device, int threads,
                               loom_dtype dtype) {
     if (strcmp(device, "cpu") == 0) {
@@ -21,7 +88,7 @@ loom_status loom_backend_open(const loom_backend_t **out, const char *device, in
             return loom_error(LOOM_EINVAL, "--dtype %s: the CPU backend computes in fp32; use --dtype fp32 or --device cuda", loom_dtype_name(dtype));
         return loom_backend_cpu_init(out, threads);
     }
-    if (strncmp(device, "cuda", 4) == 0 && (device[4] == 0 || device[4] == ':')) {
+    if (is_cuda_device(device)) {
         int index = 0;
         if (device[4] == ':') {
             char *end;
@@ -34,7 +101,8 @@ loom_status loom_backend_open(const loom_backend_t **out, const char *device, in
         loom_status (*init)(const loom_backend_t **, int, loom_dtype) =
             (loom_status(*)(const loom_backend_t **, int, loom_dtype))loom_cuda_symbol("loom_backend_cuda_init", why, sizeof why);
         if (!init) return loom_error(LOOM_EUNAVAIL, "--device %s: %s; use --device cpu", device, why);
-        return init(out, index, dtype);
+        LOOM_TRY(init(out, index, dtype));
+        return loom_backend_check(*out);
     }
     return loom_error(LOOM_EINVAL, "--device %s: unknown device; use cpu, cuda or cuda:N", device);
 }

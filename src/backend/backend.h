@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "../core/core.h"
+#include "ops.h"
 
 /* Precision of the matrix work. fp32 everywhere on the CPU; the CUDA backend
  * runs tensor cores at tf32/bf16/fp16 with fp32 master weights. */
@@ -28,6 +29,9 @@ typedef enum { LOOM_FP32 = 0, LOOM_TF32, LOOM_BF16, LOOM_FP16 } loom_dtype;
 int loom_dtype_parse(const char *s);
 const char *loom_dtype_name(loom_dtype d);
 
+/* alloc's return type, one token for ops.h. */
+typedef void *loom_ptr;
+
 /* AdamW hyperparameters for one update call. */
 typedef struct {
     float lr, beta1, beta2, eps, weight_decay;
@@ -35,147 +39,175 @@ typedef struct {
     int t;            /* 1-based step count, for bias correction */
 } loom_adamw_t;
 
+/* The kinds of ops.h, as values. */
+typedef enum {
+    LOOM_OPK_MEM, LOOM_OPK_OP, LOOM_OPK_HOST, LOOM_OPK_FUSED, LOOM_OPK_DEV, LOOM_OPK_GRAPH,
+    LOOM_OPK_VARIANT
+} loom_op_kind;
+
+/* The argument tags of ops.h, as values. */
+typedef enum {
+    LOOM_ARG_ACT, LOOM_ARG_F32, LOOM_ARG_I32, LOOM_ARG_QT, LOOM_ARG_BYTES, LOOM_ARG_VAL, LOOM_ARG_HP
+} loom_arg_tag;
+
+/* One id per entry of ops.h: LOOM_OP_alloc, ..., LOOM_OP_COUNT. */
+typedef enum {
+#define LOOM_OP_ENUM_(name, ret, kind, fallback, flops, n, args) LOOM_OP_##name,
+    LOOM_OPS(LOOM_OP_ENUM_)
+#undef LOOM_OP_ENUM_
+    LOOM_OP_COUNT
+} loom_op_id;
+
+#define LOOM_OP_MAX_ARGS 10
+
+/* What ops.h says about one entry, for tools and tests. */
+typedef struct {
+    const char *name;
+    loom_op_kind kind;
+    int required;         /* a backend must fill it */
+    const char *fallback; /* what the model does without it ("" if required) */
+    int nargs;
+    const char *arg_names[LOOM_OP_MAX_ARGS];
+    loom_arg_tag arg_tags[LOOM_OP_MAX_ARGS];
+} loom_op_info_t;
+
+/* Everything ops.h says about entry `op` (0 <= op < LOOM_OP_COUNT). */
+const loom_op_info_t *loom_op_info(loom_op_id op);
+
+/* Capability flags (loom_backend_t.caps): what a caller may rely on
+ * without knowing which backend it has. */
+enum {
+    /* Tensors live in device memory and ops run asynchronously on a
+     * stream: call sync before another stream (NCCL) or the host reads. */
+    LOOM_CAP_DEVICE_MEMORY = 1u << 0,
+    /* The device-resident step: sumsq_dev, adamw_dev, crossentropy_dev. */
+    LOOM_CAP_DEVICE_STEP = 1u << 1,
+    /* Whole-step graphs: graph_begin, graph_end, graph_replay, graph_reset. */
+    LOOM_CAP_GRAPHS = 1u << 2,
+    /* The matrix precision (dtype) needs a dynamic loss scale (fp16). */
+    LOOM_CAP_LOSS_SCALING = 1u << 3,
+};
+
+/* Bit of `d` in loom_backend_t.dtypes. */
+#define LOOM_DTYPE_BIT(d) (1u << (unsigned)(d))
+
 typedef struct loom_backend {
-    const char *name; /* "cpu", "cuda:0", ... */
+    const char *name; /* "cpu", "cuda:0", ... for messages only: never compare it */
     loom_dtype dtype; /* precision of the matrix work */
     /* Peak dense FLOP/s for this dtype, for MFU; 0 = unknown. */
     double peak_flops;
     const char *peak_source; /* how peak_flops was found, for the log */
+    unsigned caps;           /* LOOM_CAP_* */
+    /* Element types the ops accept (LOOM_DTYPE_BIT of each): tensors
+     * tagged F32 and I32 in ops.h are always fp32 and int32, ACT tensors
+     * are act_dtype, QT tensors say their own type (loom_tensor_t). */
+    unsigned dtypes;
+    loom_dtype act_dtype; /* element type of ACT arguments: LOOM_FP32 today */
 
-    /* Memory. alloc returns zeroed memory or NULL. */
-    void *(*alloc)(size_t bytes);
-    void (*free)(void *p);
-    void (*upload)(void *dst, const void *src_host, size_t bytes);
-    void (*download)(void *dst_host, const void *src, size_t bytes);
-    void (*zero)(void *p, size_t bytes);
-    void (*sync)(void);
-
-    /* out (B,T,C) = wte[tokens] + wpe[t]; wte (Vp,C), wpe (maxT,C), tokens (B,T). */
-    void (*encoder_forward)(float *out, const int *tokens, const float *wte, const float *wpe,
-                            int B, int T, int C);
-    /* dwte += scatter(dout by token), dwpe += sum over batch; dout (B,T,C). */
-    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
-                             int B, int T, int C);
-
-    /* out (N,C) = (inp - mean) * rstd * w + b, eps 1e-5; mean, rstd (N) saved for backward. */
-    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
-                              const float *w, const float *b, int N, int C);
-    /* dinp += , dw += , db += . */
-    void (*layernorm_backward)(float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
-                               const float *rstd, int N, int C);
-
-    /* out (N,OC) = inp (N,C) @ w (OC,C)^T + bias (OC); bias may be NULL. Overwrites out. */
-    void (*matmul_forward)(float *out, const float *inp, const float *w, const float *bias,
-                           int N, int C, int OC);
-    /* dinp (N,C) += dout @ w; dw (OC,C) += dout^T @ inp; dbias (OC) += colsum(dout).
-     * dinp and dbias may be NULL (not needed). */
-    void (*matmul_backward)(float *dinp, float *dw, float *dbias, const float *dout,
-                            const float *inp, const float *w, int N, int C, int OC);
-
-    /* Causal multi-head attention. qkv (B,T,3C) holds q, k, v side by side,
-     * each split into NH heads of C/NH. out (B,T,C) overwritten; lse (B,NH,T)
-     * receives each query row's log-sum-exp of scaled scores, which is all
-     * backward needs (no T x T tensor is kept). */
-    void (*attention_forward)(float *out, float *lse, const float *qkv, int B, int T, int C,
-                              int NH);
-    /* dqkv (B,T,3C) overwritten, from dout (B,T,C), qkv, out and lse of forward. */
-    void (*attention_backward)(float *dqkv, const float *dout, const float *qkv,
-                               const float *out, const float *lse, int B, int T, int C,
-                               int NH);
-
-    /* GELU, tanh approximation. backward overwrites dinp (may alias dout). */
-    void (*gelu_forward)(float *out, const float *inp, size_t n);
-    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, size_t n);
-
-    /* out = a + b (out may alias a or b); dst += src. */
-    void (*residual_forward)(float *out, const float *a, const float *b, size_t n);
-    void (*accumulate)(float *dst, const float *src, size_t n);
-
-    /* Fused softmax + cross-entropy over logits (N,Vp), only the first V
-     * columns count. losses (N) = -log softmax(logits)[target]. If dloss != 0
-     * the logits are overwritten in place by their gradient
-     * dloss * (softmax - onehot(target)), with padded columns set to 0; no
-     * probability tensor is ever stored. targets (N) int32 in [0,V). */
-    void (*crossentropy)(float *losses, float *logits, const int *targets, int N, int V,
-                         int Vp, float dloss);
-
-    /* AdamW over n contiguous parameters with decoupled weight decay. */
-    void (*adamw)(float *params, const float *grads, float *m, float *v, size_t n,
-                  const loom_adamw_t *hp);
-
-    /* Sum of squares of x (n), returned to the host in double. */
-    double (*sumsq)(const float *x, size_t n);
-
-    /* Optional entries (NULL where a backend has none) go below; append
-     * only, each with a comment saying what the model does without it. */
-
-    /* --- CUDA graphs (CUDA backend; NULL on the CPU, where ops are simply
-     * launched). graph_begin(key) starts recording every op launched after
-     * it instead of running it; graph_end(key) ends the recording and keeps
-     * it under `key` (replacing an older one); nothing recorded has run yet,
-     * so call graph_replay(key) to run it, now and on every later step.
-     * Between begin and end call only ops, zero, and the *_dev entries below:
-     * upload, download, sync and sumsq synchronize with the host and abort
-     * the process if called while recording; alloc must not be called.
-     * Scalars passed by value (dloss, hp->lr, hp->t, ...) are frozen at
-     * capture, which is why the *_dev entries read them from device memory.
-     * Buffers are frozen too: replay reads and writes the same pointers, so
-     * upload each step's tokens into the same buffers before replay. Run one
-     * plain step first (it sizes the backend's scratch buffers). A later op
-     * that needs more scratch than any before (larger shapes) makes the
-     * backend drop every graph: graph_replay then returns LOOM_EINVAL and
-     * the caller captures again. Without these entries the trainer launches
-     * the ops each step. */
-    loom_status (*graph_begin)(int key);
-    loom_status (*graph_end)(int key);
-    loom_status (*graph_replay)(int key);
-    void (*graph_reset)(void); /* drop every captured graph (shapes changed) */
-
-    /* --- Step scalars in device memory, for graphs. `scalars` is a device
-     * array of 8 floats: [0] lr, [1] grad_scale, [2] t (1-based step, as a
-     * float), [3] max_norm for global-norm clipping (0 = none), [4] sumsq of
-     * all gradients (filled by sumsq_dev), [5] dloss for crossentropy_dev,
-     * [6], [7] unused (0). The trainer uploads [0..3], [5] before each
-     * replay and zeroes [4] inside the graph before the sumsq_dev calls.
-     * Without these entries the trainer uses sumsq, adamw, crossentropy. */
-    /* acc[0] += sum of squares of x (n), all on the device. */
-    void (*sumsq_dev)(float *acc, const float *x, size_t n);
-    /* adamw with lr, grad_scale and t from scalars (hp's are ignored;
-     * beta1, beta2, eps, weight_decay come from hp). If max_norm > 0 and
-     * sqrt(sumsq) * grad_scale > max_norm, the gradients are scaled down to
-     * max_norm. If sumsq is inf or nan the update is skipped (params, m, v
-     * unchanged): the trainer downloads scalars[4] after the step to log the
-     * skip and adjust an fp16 loss scale. */
-    void (*adamw_dev)(float *params, const float *grads, float *m, float *v, size_t n,
-                      const loom_adamw_t *hp, const float *scalars);
-    /* crossentropy with dloss read from scalars[5]. */
-    void (*crossentropy_dev)(float *losses, float *logits, const int *targets, int N, int V,
-                             int Vp, const float *scalars);
-
-    /* --- Fusions. Without them the model calls the unfused ops named. */
-    /* res (N,C) = a + b_res, then out, mean, rstd = layernorm_forward(res):
-     * residual_forward + layernorm_forward in one pass. res may alias a. */
-    void (*residual_layernorm_forward)(float *res, float *out, float *mean, float *rstd,
-                                       const float *a, const float *b_res, const float *w,
-                                       const float *b, int N, int C);
-    /* pre (N,OC) = inp @ w^T + bias; out (N,OC) = gelu(pre): matmul_forward
-     * + gelu_forward in one GEMM (epilogue), pre kept for gelu_backward. */
-    void (*matmul_forward_gelu)(float *out, float *pre, const float *inp, const float *w,
-                                const float *bias, int N, int C, int OC);
-    /* Backward of inp = gelu(pre) followed by a matmul: dw (OC,C) +=
-     * dout^T @ inp and dbias (OC) += colsum(dout) as matmul_backward; then
-     * dpre (N,C) = gelu_backward(pre, dout @ w), OVERWRITTEN, the GELU
-     * derivative applied in the same GEMM (epilogue). dbias may be NULL.
-     * Without it: matmul_backward into a zeroed dinp, then gelu_backward. */
-    void (*matmul_backward_gelu)(float *dpre, float *dw, float *dbias, const float *dout,
-                                 const float *inp, const float *pre, const float *w, int N,
-                                 int C, int OC);
+    /* One slot per entry of ops.h, in its order; the contract of each: */
+#define LOOM_OP_SLOT_(name, ret, kind, fallback, flops, n, args) ret(*name) LOOM_OP_PARAMS(n, args);
+    LOOM_OPS(LOOM_OP_SLOT_)
+#undef LOOM_OP_SLOT_
 } loom_backend_t;
+
+/* The contract of each slot (shapes, what it computes). Memory: alloc
+ * returns zeroed memory or NULL; upload/download copy bytes between host
+ * and backend memory (download is synchronous); zero clears bytes; sync
+ * waits for every op launched.
+ *
+ * encoder_forward: out (B,T,C) = wte[tokens] + wpe[t]; wte (Vp,C), wpe
+ *   (maxT,C), tokens (B,T).
+ * encoder_backward: dwte += scatter(dout by token), dwpe += sum over
+ *   batch; dout (B,T,C).
+ * layernorm_forward: out (N,C) = (inp - mean) * rstd * w + b, eps 1e-5;
+ *   mean, rstd (N) saved for backward.
+ * layernorm_backward: dinp += , dw += , db += .
+ * matmul_forward: out (N,OC) = inp (N,C) @ w (OC,C)^T + bias (OC); bias
+ *   may be NULL. Overwrites out.
+ * matmul_backward: dinp (N,C) += dout @ w; dw (OC,C) += dout^T @ inp;
+ *   dbias (OC) += colsum(dout). dinp and dbias may be NULL (not needed).
+ * attention_forward: causal multi-head attention. qkv (B,T,3C) holds q, k,
+ *   v side by side, each split into NH heads of C/NH. out (B,T,C)
+ *   overwritten; lse (B,NH,T) receives each query row's log-sum-exp of
+ *   scaled scores, which is all backward needs (no T x T tensor is kept).
+ * attention_backward: dqkv (B,T,3C) overwritten, from dout (B,T,C), qkv,
+ *   out and lse of forward.
+ * gelu_forward, gelu_backward: GELU, tanh approximation. backward
+ *   overwrites dinp (may alias dout).
+ * residual_forward: out = a + b (out may alias a or b). accumulate: dst += src.
+ * crossentropy: fused softmax + cross-entropy over logits (N,Vp), only the
+ *   first V columns count. losses (N) = -log softmax(logits)[target]. If
+ *   dloss != 0 the logits are overwritten in place by their gradient
+ *   dloss * (softmax - onehot(target)), with padded columns set to 0; no
+ *   probability tensor is ever stored. targets (N) int32 in [0,V).
+ * adamw: AdamW over n contiguous parameters with decoupled weight decay.
+ * sumsq: sum of squares of x (n), returned to the host in double.
+ *
+ * Optional entries (NULL where a backend has none; ops.h says what the
+ * model does without each):
+ *
+ * graph_*: CUDA graphs (CUDA backend; NULL on the CPU, where ops are simply
+ *   launched). graph_begin(key) starts recording every op launched after
+ *   it instead of running it; graph_end(key) ends the recording and keeps
+ *   it under `key` (replacing an older one); nothing recorded has run yet,
+ *   so call graph_replay(key) to run it, now and on every later step.
+ *   Between begin and end call only entries of kind OP, FUSED and DEV:
+ *   MEM and HOST entries synchronize with the host and abort the process
+ *   if called while recording; alloc must not be called. Scalars passed by
+ *   value (dloss, hp->lr, hp->t, ...) are frozen at capture, which is why
+ *   the DEV entries read them from device memory. Buffers are frozen too:
+ *   replay reads and writes the same pointers, so upload each step's
+ *   tokens into the same buffers before replay. Run one plain step first
+ *   (it sizes the backend's scratch buffers). A later op that needs more
+ *   scratch than any before (larger shapes) makes the backend drop every
+ *   graph: graph_replay then returns LOOM_EINVAL and the caller captures
+ *   again. graph_reset drops every captured graph (shapes changed).
+ *
+ * DEV entries: step scalars in device memory, for graphs. `scalars` is a
+ *   device array of 8 floats: [0] lr, [1] grad_scale, [2] t (1-based step,
+ *   as a float), [3] max_norm for global-norm clipping (0 = none), [4]
+ *   sumsq of all gradients (filled by sumsq_dev), [5] dloss for
+ *   crossentropy_dev, [6], [7] unused (0). The trainer uploads [0..3], [5]
+ *   before each replay and zeroes [4] inside the graph before the
+ *   sumsq_dev calls.
+ * sumsq_dev: acc[0] += sum of squares of x (n), all on the device.
+ * adamw_dev: adamw with lr, grad_scale and t from scalars (hp's are
+ *   ignored; beta1, beta2, eps, weight_decay come from hp). If max_norm > 0
+ *   and sqrt(sumsq) * grad_scale > max_norm, the gradients are scaled down
+ *   to max_norm. If sumsq is inf or nan the update is skipped (params, m, v
+ *   unchanged): the trainer downloads scalars[4] after the step to log the
+ *   skip and adjust an fp16 loss scale.
+ * crossentropy_dev: crossentropy with dloss read from scalars[5].
+ *
+ * FUSED entries:
+ * residual_layernorm_forward: res (N,C) = a + b_res, then out, mean, rstd
+ *   = layernorm_forward(res) in one pass. res may alias a.
+ * matmul_forward_gelu: pre (N,OC) = inp @ w^T + bias; out (N,OC) =
+ *   gelu(pre) in one GEMM (epilogue), pre kept for gelu_backward.
+ * matmul_backward_gelu: backward of inp = gelu(pre) followed by a matmul:
+ *   dw (OC,C) += dout^T @ inp and dbias (OC) += colsum(dout) as
+ *   matmul_backward; then dpre (N,C) = gelu_backward(pre, dout @ w),
+ *   OVERWRITTEN, the GELU derivative applied in the same GEMM (epilogue).
+ *   dbias may be NULL. */
+
+/* LOOM_OK when every required entry of `be` is filled and its type flags
+ * agree with its slots; else LOOM_EINTERNAL naming the first missing op. */
+loom_status loom_backend_check(const loom_backend_t *be);
+
+/* The slot of entry `op` in `be` (NULL when the backend has none). */
+void *loom_backend_slot(const loom_backend_t *be, loom_op_id op);
+
+/* The dtype `--dtype auto` means on `device` (bf16 on CUDA, fp32 on the
+ * CPU), without opening it; LOOM_FP32 for a name it does not know. */
+loom_dtype loom_backend_default_dtype(const char *device);
+/* The LOOM_CAP_DEVICE_MEMORY bit `device` will have once opened, without
+ * opening it (for choosing a transport before the backend exists). */
+unsigned loom_backend_device_caps(const char *device);
 
 /* Look up a backend by device name: "cpu", "cuda", "cuda:N". `threads` is
  * the CPU thread count (0 = all cores). Returns LOOM_EUNAVAIL with the
- * reason when the device cannot be used on this build or machine. */
+ * reason when the device cannot be used on this build or machine, and
+ * LOOM_EINTERNAL when the backend leaves a required op empty. */
 loom_status loom_backend_open(const loom_backend_t **out, const char *device, int threads,
                               loom_dtype dtype);
 

@@ -457,151 +457,111 @@ static int bench_train(int argc, char **argv) {
 
 /* ---- bench ops: the backend table wrapped with timers ---- */
 
-enum {
-    OP_ENCODER_F, OP_ENCODER_B, OP_LN_F, OP_LN_B,
-    OP_MM_QKV_F, OP_MM_ATTPROJ_F, OP_MM_FC_F, OP_MM_FCPROJ_F, OP_MM_HEAD_F,
-    OP_MM_QKV_B, OP_MM_ATTPROJ_B, OP_MM_FC_B, OP_MM_FCPROJ_B, OP_MM_HEAD_B,
-    OP_ATT_F, OP_ATT_B, OP_GELU_F, OP_GELU_B, OP_RESID_F, OP_ACCUM, OP_XENT,
-    OP_ADAMW, OP_SUMSQ, OP_ZERO, OP_RESID_LN_F, OP_MM_FC_GELU_F, OP_MM_FC_GELU_B, OP_COUNT
-};
-static const char *const op_names[OP_COUNT] = {
-    "encoder fwd", "encoder bwd", "layernorm fwd", "layernorm bwd",
-    "matmul qkv fwd", "matmul attproj fwd", "matmul fc fwd", "matmul fcproj fwd", "matmul head fwd",
-    "matmul qkv bwd", "matmul attproj bwd", "matmul fc bwd", "matmul fcproj bwd", "matmul head bwd",
-    "attention fwd", "attention bwd", "gelu fwd", "gelu bwd", "residual fwd", "accumulate",
-    "crossentropy", "adamw", "sumsq (grad norm)", "zero", "residual+layernorm fwd",
-    "matmul fc+gelu fwd", "matmul fcproj+gelu' bwd"};
+/* One row per op of ops.h; matmul_forward and matmul_backward get one row
+ * per role in the model (the shapes tell them apart). */
+enum { ROLE_ANY, ROLE_QKV, ROLE_ATTPROJ, ROLE_FC, ROLE_FCPROJ, ROLE_HEAD, ROLE_COUNT };
+static const char *const role_names[ROLE_COUNT] = {"", " qkv", " attproj", " fc", " fcproj", " head"};
 
 static const loom_backend_t *ops_inner;
 static loom_backend_t ops_table;
 static loom_gpt_config_t ops_cfg;
-static double op_time[OP_COUNT], op_flops[OP_COUNT];
-static long op_calls[OP_COUNT];
-static double op_t0;
+static double op_time[LOOM_OP_COUNT][ROLE_COUNT], op_flops[LOOM_OP_COUNT][ROLE_COUNT];
+static long op_calls[LOOM_OP_COUNT][ROLE_COUNT];
+static int op_role; /* set by the matmul wrappers around the timed call */
 
-static void op_begin(void) {
+typedef struct {
+    int op;
+    double flops, t0;
+} op_timer_t;
+
+static op_timer_t op_begin(int op, double flops) {
     ops_inner->sync();
-    op_t0 = loom_now();
+    return (op_timer_t){op, flops, loom_now()};
 }
-static void op_end(int op, double flops) {
+/* Runs when a wrapper's timer leaves scope, after the op's return value
+ * was taken (__attribute__((cleanup)) below). */
+static void op_end(op_timer_t *t) {
     ops_inner->sync();
-    op_time[op] += loom_now() - op_t0;
-    op_flops[op] += flops;
-    op_calls[op]++;
-}
-static int mm_op(int C, int OC, int bwd) {
-    int c = ops_cfg.channels, base;
-    if (OC == 3 * c) base = OP_MM_QKV_F;
-    else if (C == 4 * c) base = OP_MM_FCPROJ_F;
-    else if (OC == 4 * c) base = OP_MM_FC_F;
-    else if (OC == c) base = OP_MM_ATTPROJ_F;
-    else base = OP_MM_HEAD_F;
-    return base + (bwd ? OP_MM_QKV_B - OP_MM_QKV_F : 0);
+    op_time[t->op][op_role] += loom_now() - t->t0;
+    op_flops[t->op][op_role] += t->flops;
+    op_calls[t->op][op_role]++;
 }
 
-#define WRAP(op, flops, call) \
-    do {                      \
-        op_begin();           \
-        call;                 \
-        op_end(op, flops);    \
-    } while (0)
+/* A timed wrapper for every op the model launches (kinds OP, HOST, FUSED,
+ * VARIANT), made from ops.h; flops is the list's FLOP expression. The
+ * memory entries pass through; graph and DEV entries are dropped so that
+ * the model launches the ops one by one. */
+#define WRAP_TIMED_(name, ret, kind, fallback, flops, n, args)                                  \
+    static ret w_##name LOOM_OP_PARAMS(n, args) {                                             \
+        op_timer_t t_ __attribute__((cleanup(op_end))) = op_begin(LOOM_OP_##name, (flops));  \
+        return ops_inner->name LOOM_OP_ARGS(n, args);                                       \
+    }
+#define WRAP_OP_ WRAP_TIMED_
+#define WRAP_HOST_ WRAP_TIMED_
+#define WRAP_FUSED_ WRAP_TIMED_
+#define WRAP_VARIANT_ WRAP_TIMED_
+#define WRAP_MEM_(...)
+#define WRAP_DEV_(...)
+#define WRAP_GRAPH_(...)
+#define WRAP_(name, ret, kind, fallback, flops, n, args) WRAP_##kind##_(name, ret, kind, fallback, flops, n, args)
+LOOM_OPS(WRAP_)
 
-static void w_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B, int T, int C) {
-    WRAP(OP_ENCODER_F, 0, ops_inner->encoder_forward(out, tokens, wte, wpe, B, T, C));
+#define SET_TIMED_(name) ops_table.name = be->name ? w_##name : NULL;
+#define SET_OP_ SET_TIMED_
+#define SET_HOST_ SET_TIMED_
+#define SET_FUSED_ SET_TIMED_
+#define SET_VARIANT_ SET_TIMED_
+#define SET_MEM_(name)
+#define SET_DEV_(name) ops_table.name = NULL;
+#define SET_GRAPH_(name) ops_table.name = NULL;
+#define SET_(name, ret, kind, fallback, flops, n, args) SET_##kind##_(name)
+
+static int mm_role(int C, int OC) {
+    int c = ops_cfg.channels;
+    if (OC == 3 * c) return ROLE_QKV;
+    if (C == 4 * c) return ROLE_FCPROJ;
+    if (OC == 4 * c) return ROLE_FC;
+    if (OC == c) return ROLE_ATTPROJ;
+    return ROLE_HEAD;
 }
-static void w_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T, int C) {
-    WRAP(OP_ENCODER_B, 0, ops_inner->encoder_backward(dwte, dwpe, dout, tokens, B, T, C));
+static void w_mm_forward_role(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
+    op_role = mm_role(C, OC);
+    w_matmul_forward(out, inp, w, bias, N, C, OC);
+    op_role = ROLE_ANY;
 }
-static void w_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N, int C) {
-    WRAP(OP_LN_F, 0, ops_inner->layernorm_forward(out, mean, rstd, inp, w, b, N, C));
-}
-static void w_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
-                                 const float *mean, const float *rstd, int N, int C) {
-    WRAP(OP_LN_B, 0, ops_inner->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C));
-}
-static void w_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
-    WRAP(mm_op(C, OC, 0), 2.0 * N * C * OC, ops_inner->matmul_forward(out, inp, w, bias, N, C, OC));
-}
-static void w_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
-                              int N, int C, int OC) {
-    WRAP(mm_op(C, OC, 1), (dinp ? 4.0 : 2.0) * N * C * OC,
-         ops_inner->matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC));
-}
-/* Causal attention does half of the full T x T work the FLOP count of
- * loom_gpt_flops_per_token assumes; the table counts the full work too. */
-static void w_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
-    WRAP(OP_ATT_F, 4.0 * B * T * T * C, ops_inner->attention_forward(out, lse, qkv, B, T, C, NH));
-}
-static void w_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                                 int B, int T, int C, int NH) {
-    WRAP(OP_ATT_B, 8.0 * B * T * T * C, ops_inner->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH));
-}
-static void w_gelu_forward(float *out, const float *inp, size_t n) { WRAP(OP_GELU_F, 0, ops_inner->gelu_forward(out, inp, n)); }
-static void w_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-    WRAP(OP_GELU_B, 0, ops_inner->gelu_backward(dinp, inp, dout, n));
-}
-static void w_residual_forward(float *out, const float *a, const float *b, size_t n) {
-    WRAP(OP_RESID_F, 0, ops_inner->residual_forward(out, a, b, n));
-}
-static void w_accumulate(float *dst, const float *src, size_t n) { WRAP(OP_ACCUM, 0, ops_inner->accumulate(dst, src, n)); }
-static void w_crossentropy(float *losses, float *logits, const int *targets, int N, int V, int Vp, float dloss) {
-    WRAP(OP_XENT, 0, ops_inner->crossentropy(losses, logits, targets, N, V, Vp, dloss));
-}
-static void w_adamw(float *params, const float *grads, float *m, float *v, size_t n, const loom_adamw_t *hp) {
-    WRAP(OP_ADAMW, 0, ops_inner->adamw(params, grads, m, v, n, hp));
-}
-static double w_sumsq(const float *x, size_t n) {
-    double r;
-    WRAP(OP_SUMSQ, 0, r = ops_inner->sumsq(x, n));
-    return r;
-}
-static void w_zero(void *p, size_t bytes) { WRAP(OP_ZERO, 0, ops_inner->zero(p, bytes)); }
-static void w_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
-                                         const float *b_res, const float *w, const float *b, int N, int C) {
-    WRAP(OP_RESID_LN_F, 0, ops_inner->residual_layernorm_forward(res, out, mean, rstd, a, b_res, w, b, N, C));
-}
-static void w_matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w, const float *bias,
-                                  int N, int C, int OC) {
-    WRAP(OP_MM_FC_GELU_F, 2.0 * N * C * OC, ops_inner->matmul_forward_gelu(out, pre, inp, w, bias, N, C, OC));
+static void w_mm_backward_role(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
+                               int N, int C, int OC) {
+    op_role = mm_role(C, OC);
+    w_matmul_backward(dinp, dw, dbias, dout, inp, w, N, C, OC);
+    op_role = ROLE_ANY;
 }
 
-static void w_matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
-                                   const float *pre, const float *w, int N, int C, int OC) {
-    WRAP(OP_MM_FC_GELU_B, 4.0 * N * C * OC, ops_inner->matmul_backward_gelu(dpre, dw, dbias, dout, inp, pre, w, N, C, OC));
-}
-
-/* A copy of the table whose ops time themselves; the graph and *_dev
- * entries are dropped so that the model launches ops one by one. */
+/* A copy of the table whose ops time themselves. */
 static const loom_backend_t *ops_wrap(const loom_backend_t *be) {
     ops_inner = be;
     ops_table = *be;
-    ops_table.encoder_forward = w_encoder_forward;
-    ops_table.encoder_backward = w_encoder_backward;
-    ops_table.layernorm_forward = w_layernorm_forward;
-    ops_table.layernorm_backward = w_layernorm_backward;
-    ops_table.matmul_forward = w_matmul_forward;
-    ops_table.matmul_backward = w_matmul_backward;
-    ops_table.attention_forward = w_attention_forward;
-    ops_table.attention_backward = w_attention_backward;
-    ops_table.gelu_forward = w_gelu_forward;
-    ops_table.gelu_backward = w_gelu_backward;
-    ops_table.residual_forward = w_residual_forward;
-    ops_table.accumulate = w_accumulate;
-    ops_table.crossentropy = w_crossentropy;
-    ops_table.adamw = w_adamw;
-    ops_table.sumsq = w_sumsq;
-    ops_table.zero = w_zero;
-    ops_table.graph_begin = NULL;
-    ops_table.graph_end = NULL;
-    ops_table.graph_replay = NULL;
-    ops_table.graph_reset = NULL;
-    ops_table.sumsq_dev = NULL;
-    ops_table.adamw_dev = NULL;
-    ops_table.crossentropy_dev = NULL;
-    ops_table.residual_layernorm_forward = be->residual_layernorm_forward ? w_residual_layernorm_forward : NULL;
-    ops_table.matmul_forward_gelu = be->matmul_forward_gelu ? w_matmul_forward_gelu : NULL;
-    ops_table.matmul_backward_gelu = be->matmul_backward_gelu ? w_matmul_backward_gelu : NULL;
+    ops_table.caps &= ~(unsigned)(LOOM_CAP_DEVICE_STEP | LOOM_CAP_GRAPHS);
+    LOOM_OPS(SET_)
+    ops_table.matmul_forward = w_mm_forward_role;
+    ops_table.matmul_backward = w_mm_backward_role;
     return &ops_table;
+}
+
+/* The table of where a step's time went, one line per op (and role). */
+static void ops_print(int steps, double total) {
+    printf("  %-30s %7s %10s %7s %9s\n", "op", "calls", "ms/step", "share", "GFLOP/s");
+    double sum = 0;
+    for (int i = 0; i < LOOM_OP_COUNT; i++)
+        for (int r = 0; r < ROLE_COUNT; r++) {
+            if (!op_calls[i][r]) continue;
+            double ms = op_time[i][r] / steps * 1e3;
+            sum += op_time[i][r];
+            char gf[16] = "", name[64];
+            if (op_flops[i][r] > 0) snprintf(gf, sizeof gf, "%.1f", op_flops[i][r] / op_time[i][r] / 1e9);
+            snprintf(name, sizeof name, "%s%s", loom_op_info((loom_op_id)i)->name, role_names[r]);
+            printf("  %-30s %7ld %10.2f %6.1f%% %9s\n", name, op_calls[i][r] / steps, ms, 100 * op_time[i][r] / total, gf);
+        }
+    printf("  %-30s %7s %10.2f %6.1f%%\n", "(outside ops)", "", (total - sum) / steps * 1e3, 100 * (total - sum) / total);
 }
 
 static int bench_ops(int argc, char **argv) {
@@ -659,17 +619,7 @@ static int bench_ops(int argc, char **argv) {
            s.batch, s.seq, s.threads, be->name, getenv("LOOM_GEMM") ? getenv("LOOM_GEMM") : "own", steps);
     printf("step %.1f ms, %.0f tokens/s, %.1f model GFLOP/s; peak: %s\n", step * 1e3, s.batch * s.seq / step,
            s.batch * s.seq * fpt / step / 1e9, be->peak_source ? be->peak_source : "unknown");
-    printf("  %-26s %7s %10s %7s %9s\n", "op", "calls", "ms/step", "share", "GFLOP/s");
-    double sum = 0;
-    for (int i = 0; i < OP_COUNT; i++) {
-        if (!op_calls[i]) continue;
-        double ms = op_time[i] / steps * 1e3;
-        sum += op_time[i];
-        char gf[16] = "";
-        if (op_flops[i] > 0) snprintf(gf, sizeof gf, "%.1f", op_flops[i] / op_time[i] / 1e9);
-        printf("  %-26s %7ld %10.2f %6.1f%% %9s\n", op_names[i], op_calls[i] / steps, ms, 100 * op_time[i] / total, gf);
-    }
-    printf("  %-26s %7s %10.2f %6.1f%%\n", "(outside ops)", "", (total - sum) / steps * 1e3, 100 * (total - sum) / total);
+    ops_print(steps, total);
     loom_gpt_free(m);
     free(tok);
     free(tgt);

@@ -78,7 +78,7 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
     dp->o = *o;
     dp->world = loom_dist_size(d);
     dp->rank = loom_dist_rank(d);
-    dp->gpu = strncmp(m->be->name, "cuda", 4) == 0;
+    dp->gpu = (m->be->caps & LOOM_CAP_DEVICE_MEMORY) != 0;
     dp->lo = loom_malloc(((size_t)dp->world + 1) * sizeof(size_t));
     /* Shards of equal size, rounded to 16 floats (64 bytes) */
     size_t N = m->num_params, S = (N + (size_t)dp->world - 1) / (size_t)dp->world;

@@ -248,9 +248,8 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     int T = o->seq ? o->seq : cfg.max_seq_len, B = o->batch;
     if (T > cfg.max_seq_len)
         return loom_error(LOOM_EINVAL, "--seq %d is above the model's context of %d; lower --seq or raise --context", T, cfg.max_seq_len);
-    int is_cuda = !strncmp(o->device, "cuda", 4);
     int auto_dtype = !o->dtype || !strcmp(o->dtype, "auto");
-    int dt = auto_dtype ? (is_cuda ? LOOM_BF16 : LOOM_FP32) : loom_dtype_parse(o->dtype);
+    int dt = auto_dtype ? (int)loom_backend_default_dtype(o->device) : loom_dtype_parse(o->dtype);
     if (dt < 0) return loom_error(LOOM_EINVAL, "--dtype %s: unknown; use fp32, tf32, bf16 or fp16", o->dtype);
     int rc = o->recompute ? loom_recompute_parse(o->recompute) : LOOM_RECOMPUTE_NONE;
     if (rc < 0) return loom_error(LOOM_EINVAL, "--recompute %s: unknown; use none, gelu or all", o->recompute);
@@ -331,6 +330,7 @@ static loom_status train_run(const loom_train_opts_t *o, loom_dist_t *dist) {
     /* The device-resident step (CUDA graphs, fp16 loss scaling) where the
      * backend has it; data parallelism reduces from the host during
      * backward, so it keeps the host step. */
+    int is_cuda = (be->caps & LOOM_CAP_GRAPHS) != 0; /* capability flags, not the backend's name */
     int want_graphs = is_cuda && (!o->cuda_graphs || !strcmp(o->cuda_graphs, "on"));
     if (!is_cuda && o->cuda_graphs)
         loom_info("loom train: --cuda-graphs %s is ignored on %s (CUDA graphs are for CUDA devices)", o->cuda_graphs, be->name);
@@ -553,7 +553,7 @@ done:
 
 loom_status loom_train(const loom_train_opts_t *opts) {
     loom_dist_t *d;
-    loom_dist_opts_t dopt = {.transport = "auto", .gpu = opts->device && !strncmp(opts->device, "cuda", 4),
+    loom_dist_opts_t dopt = {.transport = "auto", .gpu = opts->device && (loom_backend_device_caps(opts->device) & LOOM_CAP_DEVICE_MEMORY),
                              .timeout_s = opts->dist_timeout};
     dopt.device = -1; /* the local rank's GPU */
     LOOM_TRY(loom_dist_init(&d, &dopt));

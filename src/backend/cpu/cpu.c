@@ -357,6 +357,9 @@ static double sumsq(const float *x, size_t n) {
 static loom_backend_t cpu_backend = {
     .name = "cpu",
     .dtype = LOOM_FP32,
+    .caps = 0, /* host memory, synchronous ops, no graphs, no device step */
+    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32),
+    .act_dtype = LOOM_FP32,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_copy,
@@ -449,6 +452,7 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
     cpu_backend.matmul_forward_gelu = matmul_forward_gelu;
     cpu_backend.residual_layernorm_forward = residual_layernorm_forward;
     cpu_backend.matmul_backward_gelu = matmul_backward_gelu;
+    LOOM_TRY(loom_backend_check(&cpu_backend));
     *out = &cpu_backend;
     return LOOM_OK;
 }
