@@ -1,6 +1,6 @@
 /* loom's tokenizer against Hugging Face `tokenizers` (tests/tokenizer_oracle.py)
- * on a few MB of mixed text: a tokenizer loom trained (through `loom
- * tokenize`, shards included) and one `tokenizers` trained, loaded both as
+ * on a few MB of mixed text: a tokenizer loom trained (through the
+ * tokenize pipeline, data/pipeline.h, shards included) and one `tokenizers` trained, loaded both as
  * tokenizer.json and as vocab.json + merges.txt, must give the same ids in
  * both; the pre-tokenizer must split every sampled code point the same way. */
 #define _GNU_SOURCE
@@ -10,10 +10,9 @@
 
 #include "check.h"
 #include "data/bpe_pretok.h"
+#include "data/pipeline.h"
 #include "data/shard.h"
 #include "data/tokenizer.h"
-
-int cmd_tokenize(int argc, char **argv);
 
 static char dir[256], python[256], text_path[512];
 static int have_oracle;
@@ -63,11 +62,15 @@ static uint32_t *loom_encode_file(const loom_tokenizer_t *t, const char *p, size
 static void loom_trained(void) {
     if (!have_oracle) return check_skip("Hugging Face tokenizers not importable by %s (scripts/deps.sh installs it)", python);
     const char *out = path("loom");
-    char *argv[] = {"--input", text_path, "--vocab", "3000", "--out", (char *)out, "--quiet", "--threads", "2",
-                    "--val-fraction", "0.05", "--shard-tokens", "300000"};
-    int rc = cmd_tokenize((int)(sizeof argv / sizeof argv[0]), argv);
-    CHECK(rc == 0, "loom tokenize exited %d: %s", rc, loom_errmsg());
+    const char *inputs[] = {text_path}, *specials[] = {"<|endoftext|>"};
+    loom_pipeline_opts_t po = {.inputs = inputs, .ninputs = 1, .out = out, .vocab = 3000, .specials = specials, .nspecial = 1,
+                               .val_fraction = 0.05, .shard_tokens = 300000, .threads = 2};
+    loom_pipeline_result_t res;
+    loom_status rc = loom_pipeline_run(&po, &res);
+    CHECK(rc == LOOM_OK, "the tokenize pipeline failed: %s", loom_errmsg());
     if (rc) return;
+    CHECK(res.vocab == 3000 && res.val_shards >= 1 && res.train_shards >= 2, "pipeline result: vocabulary %d, %d val and %d train shards",
+          res.vocab, res.val_shards, res.train_shards);
     loom_tokenizer_t *t = NULL;
     CHECK(loom_tokenizer_load(&t, path("loom/tokenizer.json")) == LOOM_OK, "%s", loom_errmsg());
     if (!t) return;

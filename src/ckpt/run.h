@@ -20,6 +20,34 @@
 
 #include "model/gpt.h"
 
+/* The run's config.json: what the run is -- data, model, how the step
+ * runs, the optimizer. One writer and one reader; the model block uses the
+ * same keys as the checkpoints' Hugging Face config.json (n_layer, n_head,
+ * n_embd, n_positions, vocab_size). Format "loom-run-1"; keys a reader does
+ * not find keep the defaults of loom_run_config_defaults (older runs lack
+ * val_fraction). */
+#define LOOM_RUN_FORMAT "loom-run-1"
+
+typedef struct {
+    char format[32];
+    char data[4096], data_description[512], model[64];
+    loom_gpt_config_t model_cfg;
+    char device[64], dtype[16], dtype_source[16], loss_scaling[16], recompute[16], step[16], grad_dtype[16];
+    char peak_flops_source[512];
+    int cuda_graphs, threads, batch, seq, grad_accum, world_size, zero, warmup;
+    long long steps, seed;
+    double lr, min_lr_ratio, weight_decay, clip, beta1, beta2, val_fraction;
+    uint64_t tokenizer_hash;
+} loom_run_config_t;
+
+/* Defaults for fields an older config.json lacks. */
+void loom_run_config_defaults(loom_run_config_t *c);
+/* Write dir/config.json atomically. */
+loom_status loom_run_config_write(const char *dir, const loom_run_config_t *c);
+/* Read dir/config.json; a folder without one, or another format, is an
+ * error that says what was found. */
+loom_status loom_run_config_read(const char *dir, loom_run_config_t *c);
+
 /* Prepare `dir` for a new run. An existing non-empty folder is refused
  * unless `force`, in which case loom's own files in it are removed. */
 loom_status loom_run_prepare(const char *dir, int force);

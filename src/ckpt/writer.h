@@ -49,6 +49,9 @@ typedef loom_status (*loom_ckpt_agree_fn)(double *v, int n, void *ctx);
  * no rank returns (or exits) while another still writes. `agree` may be
  * NULL on one rank. */
 loom_status loom_ckpt_writer_settle(loom_ckpt_writer_t *w, loom_ckpt_agree_fn agree, void *ctx);
+/* Wait until this rank's files (and, on rank 0 of one, the commit) are
+ * done; the error of the background write, if any. No collective. */
+loom_status loom_ckpt_writer_wait(loom_ckpt_writer_t *w);
 /* The step of the newest checkpoint submitted (0: none yet). */
 long long loom_ckpt_writer_last_step(const loom_ckpt_writer_t *w);
 /* Seconds the caller spent in submit (snapshot plus waiting for the

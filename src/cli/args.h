@@ -9,7 +9,8 @@ typedef enum {
     ARG_FLOAT, /* double */
     ARG_STR,   /* const char * */
     ARG_BOOL,  /* int, set to 1 by the bare flag */
-    ARG_LIST   /* loom_arg_list_t: every value up to the next --flag */
+    ARG_LIST,  /* loom_arg_list_t: every value up to the next --flag */
+    ARG_OPTSTR /* const char *, the value optional: the bare flag (or one followed by a --flag) stores "latest" */
 } loom_arg_type;
 
 typedef struct {

@@ -9,13 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend/backend.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "parallel/dist.h"
+#include "parallel/launch.h"
 #include "model/gpt.h"
 #include "train/step.h"
 
@@ -29,20 +29,10 @@ typedef struct {
     int ok;
 } bench_result_t;
 
-/* One rank's part, in a forked child; the result goes back through `fd`. */
-static void run_rank(const bench_cfg_t *c, int rank, int world, int threads, int overlap, int port, int fd) {
+/* One rank's part, in a rank the launcher forked (its RANK/WORLD_SIZE
+ * environment set); the result goes back through `fd`. */
+static int run_rank(const bench_cfg_t *c, int rank, int world, int threads, int overlap, int fd) {
     bench_result_t res = {0};
-    char v[16];
-    if (world > 1) {
-        snprintf(v, sizeof v, "%d", rank);
-        setenv("RANK", v, 1);
-        setenv("LOCAL_RANK", v, 1);
-        snprintf(v, sizeof v, "%d", world);
-        setenv("WORLD_SIZE", v, 1);
-        setenv("MASTER_ADDR", "127.0.0.1", 1);
-        snprintf(v, sizeof v, "%d", port);
-        setenv("MASTER_PORT", v, 1);
-    }
     loom_log_quiet(1);
     loom_dist_t *d = NULL;
     const loom_backend_t *be;
@@ -51,15 +41,11 @@ static void run_rank(const bench_cfg_t *c, int rank, int world, int threads, int
     loom_dist_opts_t dopt = {.transport = world > 1 ? "tcp" : "single", .timeout_s = 120};
     loom_gpt_config_t cfg = {.max_seq_len = c->seq, .vocab_size = c->vocab, .n_layer = c->layers, .n_head = c->heads, .channels = c->channels};
     int B = c->batch, T = c->seq;
-    if (loom_dist_init(&d, &dopt) != LOOM_OK || loom_backend_cpu_init(&be, threads) != LOOM_OK ||
-        loom_gpt_config_finish(&cfg) != LOOM_OK || loom_gpt_init(&m, &cfg, be, 7) != LOOM_OK ||
-        loom_gpt_alloc_acts(m, B, T) != LOOM_OK) {
-        fprintf(stderr, "loom bench dist: rank %d: %s\n", rank, loom_errmsg());
-        goto out;
-    }
     loom_dp_opts_t dpo = {.zero = c->zero, .overlap = overlap,
                           .grad_dtype = !strcmp(c->grad_dtype, "bf16") ? LOOM_DIST_BF16 : LOOM_DIST_FP32};
-    if (world > 1 && loom_dp_init(&dp, m, d, &dpo) != LOOM_OK) {
+    if (loom_dist_init(&d, &dopt) != LOOM_OK || loom_backend_cpu_init(&be, threads) != LOOM_OK ||
+        loom_gpt_config_finish(&cfg) != LOOM_OK || loom_gpt_init(&m, &cfg, be, 7) != LOOM_OK ||
+        loom_gpt_alloc_acts(m, B, T) != LOOM_OK || (world > 1 && loom_dp_init(&dp, m, d, &dpo) != LOOM_OK)) {
         fprintf(stderr, "loom bench dist: rank %d: %s\n", rank, loom_errmsg());
         goto out;
     }
@@ -74,66 +60,62 @@ static void run_rank(const bench_cfg_t *c, int rank, int world, int threads, int
     loom_optim_t opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f};
     double tsum = 0, wsum = 0;
     float loss = 0, norm;
-    for (int s = 0; s < c->warmup + c->steps; s++) {
+    int s;
+    for (s = 0; s < c->warmup + c->steps; s++) {
         double t0 = loom_now();
-        if (loom_train_step_dp(m, dp, in, tg, B, T, 1, &opt, 1e-4f, s + 1, &loss, &norm) != LOOM_OK) {
-            fprintf(stderr, "loom bench dist: rank %d: %s\n", rank, loom_errmsg());
-            free(all);
-            goto out;
-        }
+        if (loom_train_step_dp(m, dp, in, tg, B, T, 1, &opt, 1e-4f, s + 1, &loss, &norm) != LOOM_OK) break;
         if (s >= c->warmup) {
             tsum += loom_now() - t0;
             wsum += loom_dp_last_wait(dp);
         }
     }
     free(all);
-    res = (bench_result_t){tsum / c->steps, wsum / c->steps, loss, 1};
+    if (s < c->warmup + c->steps) fprintf(stderr, "loom bench dist: rank %d: %s\n", rank, loom_errmsg());
+    else res = (bench_result_t){tsum / c->steps, wsum / c->steps, loss, 1};
 out:
     if (write(fd, &res, sizeof res) != (ssize_t)sizeof res) res.ok = 0;
     loom_dp_free(dp);
     loom_gpt_free(m);
     if (res.ok) loom_dist_free(d);
-    _exit(res.ok ? 0 : 1);
+    return res.ok ? 0 : 1;
 }
 
-/* Run one configuration; rank 0's numbers (the slowest rank sets the pace
- * anyway, so the step times agree). */
+typedef struct {
+    const bench_cfg_t *c;
+    int world, threads, overlap, fd;
+} rank_args_t;
+
+static int rank_main(int rank, void *ctx) {
+    const rank_args_t *a = ctx;
+    return run_rank(a->c, rank, a->world, a->threads, a->overlap, a->fd);
+}
+
+/* Run one configuration in fresh processes (parallel/launch.h); the slowest
+ * rank's step time (it sets the pace) and the mean communication wait. */
 static bench_result_t run_config(const bench_cfg_t *c, int world, int threads, int overlap) {
     int p[2];
     bench_result_t r0 = {0};
     if (pipe(p) != 0) return r0;
-    int port = loom_dist_free_port(29600);
-    pid_t *pids = loom_calloc((size_t)world, sizeof *pids);
-    for (int r = 0; r < world; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            close(p[0]);
-            run_rank(c, r, world, threads, overlap, port, p[1]);
-        }
-    }
+    rank_args_t a = {c, world, threads, overlap, p[1]};
+    loom_launch_t l = {.what = "loom bench dist", .nproc = world, .kill_after_s = 130, .run = rank_main, .ctx = &a};
+    int code;
+    loom_status s = loom_launch_local(&l, &code);
     close(p[1]);
-    int ok = 1;
-    double step = 0, wait = 0;
+    if (s != LOOM_OK) fprintf(stderr, "loom bench dist: %s\n", loom_errmsg());
+    int ok = s == LOOM_OK && code == 0;
+    /* Every rank wrote its result before it exited; the pipe holds them. */
     for (int r = 0; r < world; r++) {
         bench_result_t x;
         if (read(p[0], &x, sizeof x) != (ssize_t)sizeof x || !x.ok) {
             ok = 0;
             continue;
         }
-        if (x.step_s > step) step = x.step_s;
-        wait += x.wait_s / world;
+        if (x.step_s > r0.step_s) r0.step_s = x.step_s;
+        r0.wait_s += x.wait_s / world;
         r0.loss = x.loss;
     }
     close(p[0]);
-    for (int r = 0; r < world; r++) {
-        int st;
-        waitpid(pids[r], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = 0;
-    }
-    free(pids);
     r0.ok = ok;
-    r0.step_s = step;
-    r0.wait_s = wait;
     return r0;
 }
 

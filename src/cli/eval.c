@@ -6,6 +6,28 @@
 #include "cli/commands.h"
 #include "cli/runload.h"
 #include "data/dataset.h"
+#include "train/eval.h"
+
+/* The data must be made with the run's tokenizer and fit the model. */
+static loom_status check_data(const loom_dataset_t *ds, const char *data, const loom_tokenizer_t *tok, const loom_gpt_t *m, int T) {
+    if (loom_dataset_vocab_size(ds) != m->cfg.vocab_size)
+        return loom_error(LOOM_EINVAL, "%s: vocabulary %d, but the run's model has %d; evaluate on data made with the run's tokenizer",
+                          data, loom_dataset_vocab_size(ds), m->cfg.vocab_size);
+    if (tok && loom_dataset_tokenizer(ds) && loom_tokenizer_hash(loom_dataset_tokenizer(ds)) != loom_tokenizer_hash(tok))
+        return loom_error(LOOM_EINVAL, "%s: tokenized with a different tokenizer than the run's; evaluate on data made with the run's tokenizer", data);
+    if (T > m->cfg.max_seq_len) return loom_error(LOOM_EINVAL, "--seq %d is above the model's context of %d", T, m->cfg.max_seq_len);
+    return LOOM_OK;
+}
+
+/* Without --data: the run's own data and held-out share, from its config. */
+static loom_status run_data(const char *run, loom_run_config_t *rc, const char **data, double *val_fraction) {
+    if (*data) return LOOM_OK;
+    LOOM_TRY(loom_run_config_read(run, rc));
+    if (!rc->data[0]) return loom_error(LOOM_EINVAL, "%s/config.json names no data; pass --data", run);
+    *data = rc->data;
+    if (!loom_args_given("val-fraction")) *val_fraction = rc->val_fraction;
+    return LOOM_OK;
+}
 
 int cmd_eval(int argc, char **argv) {
     const char *run, *data;
@@ -13,7 +35,7 @@ int cmd_eval(int argc, char **argv) {
     double val_fraction;
     const loom_arg_t args[] = {
         {"run", ARG_STR, &run, NULL, 0, 0, "run folder written by `loom train --out`"},
-        {"data", ARG_STR, &data, NULL, 0, 0, "text file or shard folder; its validation split is scored"},
+        {"data", ARG_STR, &data, NULL, 0, 0, "text file or shard folder; its validation split is scored (default: the run's own --data)"},
         {"batch", ARG_INT, &batch, "8", 1, 1 << 20, "sequences per batch"},
         {"seq", ARG_INT, &seq, "0", 0, 1 << 20, "tokens per sequence (0 = the model's context)"},
         {"batches", ARG_INT, &batches, "0", 0, 1 << 30, "batches to score (0 = the whole split)"},
@@ -24,14 +46,19 @@ int cmd_eval(int argc, char **argv) {
                             (int)(sizeof args / sizeof args[0]), argc, argv);
     if (r == 1) return 0;
     if (r) return 2;
-    if (!run || !data) {
-        fprintf(stderr, "loom eval: pass both --run (a `loom train --out` folder) and --data\n");
+    if (!run) {
+        fprintf(stderr, "loom eval: no --run; pass the folder of a `loom train --out`\n");
         return 2;
     }
     loom_gpt_t *m;
     loom_tokenizer_t *tok;
     loom_ckpt_state_t st;
+    loom_run_config_t rc;
     loom_status s = loom_run_open(run, threads, &m, &tok, &st);
+    if (s == LOOM_OK && (s = run_data(run, &rc, &data, &val_fraction)) != LOOM_OK) {
+        if (tok) loom_tokenizer_free(tok);
+        loom_gpt_free(m);
+    }
     if (s != LOOM_OK) {
         fprintf(stderr, "loom eval: %s\n", loom_errmsg());
         return loom_exit_code(s);
@@ -39,37 +66,10 @@ int cmd_eval(int argc, char **argv) {
     loom_dataset_t *ds = NULL;
     s = loom_dataset_open(&ds, data, val_fraction);
     int T = seq ? seq : m->cfg.max_seq_len;
-    if (s == LOOM_OK && loom_dataset_vocab_size(ds) != m->cfg.vocab_size)
-        s = loom_error(LOOM_EINVAL, "%s: vocabulary %d, but the run's model has %d; evaluate on data made with the run's tokenizer",
-                       data, loom_dataset_vocab_size(ds), m->cfg.vocab_size);
-    else if (s == LOOM_OK && tok && loom_dataset_tokenizer(ds) && loom_tokenizer_hash(loom_dataset_tokenizer(ds)) != loom_tokenizer_hash(tok))
-        s = loom_error(LOOM_EINVAL, "%s: tokenized with a different tokenizer than the run's; evaluate on data made with the run's tokenizer", data);
-    else if (s == LOOM_OK && T > m->cfg.max_seq_len)
-        s = loom_error(LOOM_EINVAL, "--seq %d is above the model's context of %d", T, m->cfg.max_seq_len);
-    else if (s == LOOM_OK && loom_dataset_ntokens(ds, LOOM_SPLIT_VAL) < 2)
-        s = loom_error(LOOM_EINVAL, "%s: no validation tokens to score", data);
-    if (s == LOOM_OK) {
-        size_t nval = loom_dataset_ntokens(ds, LOOM_SPLIT_VAL), per = (size_t)batch * T;
-        if (nval - 1 < per) { /* shrink to what the split holds */
-            batch = 1;
-            if ((size_t)T > nval - 1) T = (int)(nval - 1);
-            per = (size_t)T;
-        }
-        int nb = (int)((nval - 1) / per);
-        if (batches > 0 && batches < nb) nb = batches;
-        int *in = malloc(per * sizeof(int)), *tg = malloc(per * sizeof(int));
-        double sum = 0;
-        for (int i = 0; i < nb && s == LOOM_OK; i++) {
-            float l;
-            loom_dataset_batch(ds, LOOM_SPLIT_VAL, (size_t)i * per, batch, T, in, tg);
-            s = loom_gpt_forward(m, in, tg, batch, T, 0.0f, &l);
-            sum += l;
-        }
-        free(in);
-        free(tg);
-        if (s == LOOM_OK)
-            printf("val_loss %.4f (step %lld, %d batches of %d x %d tokens)\n", sum / nb, st.step, nb, batch, T);
-    }
+    if (s == LOOM_OK) s = check_data(ds, data, tok, m, T);
+    loom_eval_result_t ev;
+    if (s == LOOM_OK) s = loom_eval_loss(m, ds, batch, T, batches, &ev);
+    if (s == LOOM_OK) printf("val_loss %.4f (step %lld, %d batches of %d x %d tokens)\n", ev.loss, st.step, ev.batches, ev.B, ev.T);
     loom_dataset_free(ds);
     if (tok) loom_tokenizer_free(tok);
     loom_gpt_free(m);

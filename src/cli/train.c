@@ -1,34 +1,22 @@
 /* loom train */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/args.h"
 #include "cli/commands.h"
-#include "parallel/dist.h"
+#include "cli/progress.h"
+#include "parallel/launch.h"
 #include "train/train.h"
 
-static volatile sig_atomic_t launcher_signal;
-static void launcher_on_signal(int sig) { launcher_signal = sig; }
-
-/* --nproc N: start N ranks of this same command on this machine with the
- * torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
- * MASTER_PORT) and wait for them. Signals are passed on; when a rank fails
- * the others stop on their own (the watchdog) or are killed after the
- * timeout. Returns the first failing rank's exit code. */
+/* --nproc N: this same command in N local ranks (parallel/launch.h), each
+ * with --threads set to its share of the cores. Returns the exit status. */
 static int launch_local(int nproc, int threads, double timeout, int argc, char **argv) {
-    if (getenv("RANK") && getenv("WORLD_SIZE")) {
-        fprintf(stderr, "loom train: --nproc inside a launched job (RANK and WORLD_SIZE are set); drop --nproc or the launcher\n");
-        return 2;
-    }
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int per = threads > 0 ? threads : (int)(ncpu / nproc > 0 ? ncpu / nproc : 1);
-    char **cargv = calloc((size_t)argc + 5, sizeof *cargv), tbuf[16], port[16];
+    char **cargv = loom_calloc((size_t)argc + 5, sizeof *cargv), tbuf[16];
     int n = 0;
     cargv[n++] = "loom";
     cargv[n++] = "train";
@@ -40,69 +28,15 @@ static int launch_local(int nproc, int threads, double timeout, int argc, char *
     snprintf(tbuf, sizeof tbuf, "%d", per);
     cargv[n++] = "--threads";
     cargv[n++] = tbuf;
-    snprintf(port, sizeof port, "%d", loom_dist_free_port(29500));
-    pid_t *pids = calloc((size_t)nproc, sizeof *pids);
-    struct sigaction sa = {.sa_handler = launcher_on_signal}, old_int, old_term;
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-    for (int r = 0; r < nproc; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
-            char v[16];
-            snprintf(v, sizeof v, "%d", r);
-            setenv("RANK", v, 1);
-            setenv("LOCAL_RANK", v, 1);
-            snprintf(v, sizeof v, "%d", nproc);
-            setenv("WORLD_SIZE", v, 1);
-            setenv("LOCAL_WORLD_SIZE", v, 1);
-            setenv("MASTER_ADDR", "127.0.0.1", 1);
-            setenv("MASTER_PORT", port, 1);
-            sigaction(SIGINT, &old_int, NULL);
-            sigaction(SIGTERM, &old_term, NULL);
-            execv("/proc/self/exe", cargv);
-            fprintf(stderr, "loom train: rank %d: cannot start /proc/self/exe: %s\n", r, strerror(errno));
-            _exit(127);
-        }
-    }
-    int left = nproc, rc = 0, first_bad = -1, passed = 0;
-    double fail_at = 0;
-    while (left > 0) {
-        int st;
-        pid_t p = waitpid(-1, &st, WNOHANG);
-        if (p > 0) {
-            int r = 0;
-            while (r < nproc && pids[r] != p) r++;
-            if (r == nproc) continue;
-            pids[r] = 0;
-            left--;
-            int code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-            if (code != 0) {
-                if (first_bad < 0) {
-                    first_bad = r;
-                    rc = code;
-                    fail_at = loom_now();
-                }
-                if (WIFSIGNALED(st)) fprintf(stderr, "loom train: rank %d was killed by signal %d\n", r, WTERMSIG(st));
-                else fprintf(stderr, "loom train: rank %d exited with status %d\n", r, code);
-            }
-            continue;
-        }
-        if (launcher_signal && !passed) {
-            for (int r = 0; r < nproc; r++)
-                if (pids[r] > 0) kill(pids[r], launcher_signal);
-            passed = 1;
-        }
-        if (first_bad >= 0 && loom_now() - fail_at > timeout + 10) {
-            for (int r = 0; r < nproc; r++)
-                if (pids[r] > 0) kill(pids[r], SIGKILL);
-        }
-        usleep(20 * 1000);
-    }
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    free(pids);
+    loom_launch_t l = {.what = "loom train", .nproc = nproc, .kill_after_s = timeout + 10, .argv = cargv};
+    int code;
+    loom_status s = loom_launch_local(&l, &code);
     free(cargv);
-    return rc;
+    if (s != LOOM_OK) {
+        fprintf(stderr, "loom train: %s\n", loom_errmsg());
+        return loom_exit_code(s);
+    }
+    return code;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -113,7 +47,7 @@ int cmd_train(int argc, char **argv) {
         {"model", ARG_STR, &o.model, "gpt2-tiny", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"},
         {"out", ARG_STR, &o.out, NULL, 0, 0, "run folder to create (config, metrics log, checkpoints, plot)"},
         {"force", ARG_BOOL, &o.force, "0", 0, 0, "replace the run in an existing --out folder"},
-        {"resume", ARG_BOOL, &o.resume, "0", 0, 0, "continue the run in --out from its newest checkpoint (weights, AdamW state, step, data position); same data, model and ranks"},
+        {"resume", ARG_OPTSTR, &o.resume_from, "", 0, 0, "continue the run in --out from its newest verified checkpoint (weights, AdamW state, step, data position), or from step_N; auto: resume when --out holds a checkpoint, else start fresh (one command for first start and restarts). Another --nproc is fine (the global batch is kept)"},
         {"layers", ARG_INT, &o.layers, "0", 0, 1024, "override the preset's layer count (0 = preset)"},
         {"heads", ARG_INT, &o.heads, "0", 0, 1024, "override the preset's head count (0 = preset)"},
         {"channels", ARG_INT, &o.channels, "0", 0, 65536, "override the preset's width (0 = preset)"},
@@ -135,13 +69,15 @@ int cmd_train(int argc, char **argv) {
         {"sample-every", ARG_INT, &o.sample_every, "0", 0, 1 << 30, "steps between text samples (0 = only at the end)"},
         {"sample-tokens", ARG_INT, &o.sample_tokens, "200", 0, 1 << 20, "tokens per text sample (0 = none)"},
         {"ckpt-every", ARG_INT, &o.ckpt_every, "500", 0, 1 << 30, "steps between checkpoints (always one at the end)"},
-        {"keep-ckpts", ARG_INT, &o.keep_ckpts, "3", 1, 1 << 20, "checkpoints kept (oldest removed first)"},
+        {"keep-ckpts", ARG_INT, &o.keep_ckpts, "3", 1, 1 << 20, "checkpoints kept (oldest removed first, only after the new one is on disk)"},
+        {"ckpt-every-minutes", ARG_FLOAT, &o.ckpt_every_minutes, "0", 0, 1e6, "also checkpoint when this many minutes passed since the last one (0 = off)"},
+        {"ckpt-sync", ARG_BOOL, &o.ckpt_sync, "0", 0, 0, "write checkpoints in the training thread instead of the background (for comparison)"},
         {"log-every", ARG_INT, &o.log_every, "10", 1, 1 << 30, "steps between progress lines when stderr is not a terminal"},
         {"seed", ARG_LONG, &o.seed, "1337", 0, 9.2e18, "seed for initialization and samples"},
         {"threads", ARG_INT, &o.threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
         {"device", ARG_STR, &o.device, "cpu", 0, 0, "cpu, cuda or cuda:N"},
         {"dtype", ARG_STR, &o.dtype, "auto", 0, 0, "matrix precision: fp32, tf32, bf16, fp16 (the last three CUDA only); auto = bf16 on a GPU that has it (compute capability >= 8), else fp32; fp16 uses dynamic loss scaling"},
-        {"cuda-graphs", ARG_STR, &o.cuda_graphs, NULL, 0, 0, "on|off: capture the whole step as a CUDA graph after warm-up and replay it (default on for CUDA; ignored on the CPU)"},
+        {"cuda-graphs", ARG_STR, &o.cuda_graphs, "", 0, 0, "on|off: capture the whole step as a CUDA graph after warm-up and replay it (default on for CUDA; ignored on the CPU)"},
         {"recompute", ARG_STR, &o.recompute, "none", 0, 0, "activation recompute for memory: none, gelu (recompute each layer's GELU output), all (keep only each block's input)"},
         {"nproc", ARG_INT, &nproc, "0", 0, 4096, "start this many local ranks (data parallel over TCP on 127.0.0.1); 0 = as launched (mpirun, srun, torchrun environment)"},
         {"zero", ARG_INT, &o.zero, "0", 0, 2, "ZeRO stage: 0 replicate, 1 shard AdamW state, 2 also shard gradients"},
@@ -175,8 +111,12 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: --recompute %s: use none, gelu or all\n", o.recompute);
         return 2;
     }
+    o.resume = o.resume_from != NULL;
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);
     o.world_size = 1;
+    loom_train_observer_t *observers[] = {loom_progress_observer(&o)};
+    o.observers = observers;
+    o.n_observers = 1;
     loom_status s = loom_train(&o);
     if (s != LOOM_OK) {
         fprintf(stderr, "loom train: %s\n", loom_errmsg());

@@ -1,0 +1,89 @@
+#include "obs/metrics_log.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct loom_metrics_log {
+    FILE *f;
+    char path[4096];
+};
+
+/* A number after `"key":` within the line [line, end), or NAN. */
+static double field(const char *line, const char *end, const char *key) {
+    const char *p = strstr(line, key);
+    return p && p < end ? strtod(p + strlen(key), NULL) : NAN;
+}
+
+loom_status loom_metrics_log_scan(const char *path, void (*row)(void *ctx, long long step, double loss, double val_loss),
+                                  void *ctx) {
+    char *text;
+    size_t len;
+    if (!loom_path_exists(path) || loom_file_read(path, &text, &len) != LOOM_OK) return LOOM_OK;
+    for (char *line = text; *line;) {
+        char *end = strchr(line, '\n');
+        if (!end) break; /* a torn last line */
+        double step = field(line, end, "\"step\":");
+        if (step >= 1) row(ctx, (long long)step, field(line, end, "\"loss\":"), field(line, end, "\"val_loss\":"));
+        line = end + 1;
+    }
+    free(text);
+    return LOOM_OK;
+}
+
+/* Keep the complete lines of steps 1..upto; rewrite atomically. */
+static loom_status trim(const char *path, long long upto) {
+    char *text;
+    size_t len;
+    if (!loom_path_exists(path) || loom_file_read(path, &text, &len) != LOOM_OK) return LOOM_OK;
+    char *kept = loom_malloc(len + 1);
+    size_t k = 0;
+    for (char *line = text; *line;) {
+        char *end = strchr(line, '\n');
+        if (!end) break;
+        size_t n = (size_t)(end - line + 1);
+        double step = field(line, end, "\"step\":");
+        if (step >= 1 && step <= (double)upto) {
+            memcpy(kept + k, line, n);
+            k += n;
+        }
+        line = end + 1;
+    }
+    loom_status s = loom_file_write_atomic(path, kept, k);
+    free(kept);
+    free(text);
+    return s;
+}
+
+loom_status loom_metrics_log_open(loom_metrics_log_t **out, const char *path, long long keep_upto) {
+    if (keep_upto >= 0) LOOM_TRY(trim(path, keep_upto));
+    FILE *f = fopen(path, keep_upto >= 0 ? "a" : "w");
+    if (!f) return loom_error(LOOM_EIO, "%s: cannot create the metrics log", path);
+    loom_metrics_log_t *l = loom_malloc(sizeof *l);
+    l->f = f;
+    snprintf(l->path, sizeof l->path, "%s", path);
+    *out = l;
+    return LOOM_OK;
+}
+
+loom_status loom_metrics_log_write(loom_metrics_log_t *l, const loom_metrics_row_t *r) {
+    FILE *f = l->f;
+    fprintf(f, "{\"step\":%lld,\"loss\":%.6f,", r->step, r->loss);
+    if (r->val_loss >= 0) fprintf(f, "\"val_loss\":%.6f,", r->val_loss);
+    if (r->has_comm_wait) fprintf(f, "\"comm_wait_s\":%.4f,", r->comm_wait_s);
+    if (r->has_loss_scale) fprintf(f, "\"loss_scale\":%g,\"skipped\":%s,", r->loss_scale, r->skipped ? "true" : "false");
+    fprintf(f, "\"lr\":%.6e,", r->lr);
+    if (isfinite(r->grad_norm)) fprintf(f, "\"grad_norm\":%.6f,", r->grad_norm);
+    else fprintf(f, "\"grad_norm\":null,");
+    fprintf(f, "\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"step_s\":%.4f,\"elapsed_s\":%.2f}\n", r->tokens_per_s, r->mfu,
+            r->step_s, r->elapsed_s);
+    if (fflush(f) != 0 || ferror(f)) return loom_error(LOOM_EIO, "%s: cannot write the metrics log", l->path);
+    return LOOM_OK;
+}
+
+void loom_metrics_log_close(loom_metrics_log_t *l) {
+    if (!l) return;
+    fclose(l->f);
+    free(l);
+}

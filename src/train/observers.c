@@ -1,0 +1,251 @@
+/* observers: the built-in training observers -- signals, the metrics log,
+ * text samples and the loss plot (checkpoints are in checkpoint.c, the
+ * progress line in cli/progress.c). Each is a small state struct and the
+ * hooks it needs; train.h says when the loop calls them. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/generate.h"
+#include "obs/metrics_log.h"
+#include "obs/plot.h"
+#include "train/train.h"
+
+static loom_train_observer_t *observer_new(const char *name, void *ctx) {
+    loom_train_observer_t *ob = loom_calloc(1, sizeof *ob);
+    ob->name = name;
+    ob->ctx = ctx;
+    return ob;
+}
+
+/* ---- signals: SIGINT/SIGTERM stop the run after the step in flight ---- */
+
+static volatile sig_atomic_t stop_signal;
+static void on_signal(int sig) { stop_signal = sig; }
+
+typedef struct {
+    struct sigaction old_int, old_term;
+    int installed;
+    loom_train_observer_t *self;
+} signals_t;
+
+static loom_status signals_start(void *ctx, loom_train_run_t *run) {
+    signals_t *g = ctx;
+    struct sigaction sa = {.sa_handler = on_signal};
+    stop_signal = 0;
+    sigaction(SIGINT, &sa, &g->old_int);
+    sigaction(SIGTERM, &sa, &g->old_term);
+    g->installed = 1;
+    return LOOM_OK;
+}
+
+static loom_status signals_before_step(void *ctx, loom_train_run_t *run, long long step) {
+    if (stop_signal) loom_train_request_stop(run, stop_signal);
+    return LOOM_OK;
+}
+
+static void signals_restore(signals_t *g) {
+    if (!g->installed) return;
+    sigaction(SIGINT, &g->old_int, NULL);
+    sigaction(SIGTERM, &g->old_term, NULL);
+    g->installed = 0;
+}
+
+/* A signal during the last step counts too. A second signal while the
+ * final checkpoint is written acts as it would without loom. */
+static loom_status signals_stop(void *ctx, loom_train_run_t *run, loom_status s) {
+    signals_restore(ctx);
+    if (stop_signal) loom_train_request_stop(run, stop_signal);
+    if (s == LOOM_OK && run->stop_signal && run->step >= run->first_step)
+        loom_info("\nloom train: stopped by signal %d after step %lld; writing a checkpoint", run->stop_signal, run->step);
+    return LOOM_OK;
+}
+
+static void signals_free(void *ctx) {
+    signals_t *g = ctx;
+    signals_restore(g);
+    free(g->self);
+    free(g);
+}
+
+loom_train_observer_t *loom_train_observer_signals(void) {
+    signals_t *g = loom_calloc(1, sizeof *g);
+    loom_train_observer_t *ob = g->self = observer_new("signals", g);
+    ob->on_start = signals_start;
+    ob->before_step = signals_before_step;
+    ob->on_stop = signals_stop;
+    ob->free = signals_free;
+    return ob;
+}
+
+/* ---- the metrics log (src/obs/metrics_log.h), on the lead rank ---- */
+
+typedef struct {
+    loom_metrics_log_t *log;
+    loom_train_observer_t *self;
+} mlog_t;
+
+static loom_status mlog_start(void *ctx, loom_train_run_t *run) {
+    mlog_t *g = ctx;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run->o->out);
+    return loom_metrics_log_open(&g->log, path, run->resumed_from ? run->resumed_step : -1);
+}
+
+static loom_status mlog_after_step(void *ctx, loom_train_run_t *run, const loom_step_record_t *r) {
+    mlog_t *g = ctx;
+    loom_metrics_row_t row = {.step = r->step, .loss = r->loss, .val_loss = r->val_loss, .has_comm_wait = run->multi,
+                              .comm_wait_s = r->comm_wait_s, .has_loss_scale = run->loss_scaling, .loss_scale = r->loss_scale,
+                              .skipped = r->skipped, .lr = r->lr, .grad_norm = r->grad_norm, .tokens_per_s = r->tokens_per_s,
+                              .mfu = r->mfu, .step_s = r->step_s, .elapsed_s = r->elapsed_s};
+    return loom_metrics_log_write(g->log, &row);
+}
+
+static void mlog_free(void *ctx) {
+    mlog_t *g = ctx;
+    loom_metrics_log_close(g->log);
+    free(g->self);
+    free(g);
+}
+
+loom_train_observer_t *loom_train_observer_metrics_log(const loom_train_opts_t *o) {
+    if (o->rank != 0) return NULL;
+    mlog_t *g = loom_calloc(1, sizeof *g);
+    loom_train_observer_t *ob = g->self = observer_new("metrics log", g);
+    ob->on_start = mlog_start;
+    ob->after_step = mlog_after_step;
+    ob->free = mlog_free;
+    return ob;
+}
+
+/* ---- text samples: every --sample-every steps and at the end ---- */
+
+typedef struct {
+    loom_train_observer_t *self;
+} sampler_t;
+
+static void print_sample(loom_train_run_t *run, unsigned long long seed) {
+    int ntok = run->o->sample_tokens;
+    if (!run->tok || ntok <= 0) return;
+    int eot = loom_tokenizer_eot(run->tok);
+    uint32_t start = eot >= 0 ? (uint32_t)eot : (uint32_t)'\n';
+    loom_sampling_t s = {.temperature = 1.0f, .top_k = 40, .top_p = 1.0f};
+    loom_rng_t rng;
+    loom_rng_seed(&rng, seed);
+    loom_text_sink_t sink = {run->tok, stderr};
+    fprintf(stderr, "---- sample ----\n");
+    loom_gpt_generate(run->model, &start, 1, ntok, &s, &rng, loom_text_sink_emit, &sink);
+    fprintf(stderr, "\n----------------\n");
+}
+
+static loom_status sampler_after_step(void *ctx, loom_train_run_t *run, const loom_step_record_t *r) {
+    const loom_train_opts_t *o = run->o;
+    if (o->sample_every > 0 && r->step % o->sample_every == 0 && r->step != o->steps)
+        print_sample(run, (unsigned long long)o->seed + (unsigned long long)r->step);
+    return LOOM_OK;
+}
+
+static void sampler_end(void *ctx, loom_train_run_t *run, loom_status s) {
+    if (s == LOOM_OK && run->step >= run->first_step) print_sample(run, (unsigned long long)run->o->seed);
+}
+
+static void sampler_free(void *ctx) {
+    sampler_t *g = ctx;
+    free(g->self);
+    free(g);
+}
+
+loom_train_observer_t *loom_train_observer_sampler(const loom_train_opts_t *o) {
+    if (o->rank != 0) return NULL;
+    sampler_t *g = loom_calloc(1, sizeof *g);
+    loom_train_observer_t *ob = g->self = observer_new("sampler", g);
+    ob->after_step = sampler_after_step;
+    ob->on_end = sampler_end;
+    ob->free = sampler_free;
+    return ob;
+}
+
+/* ---- the loss plot: loss.svg, written when the loop ends ---- */
+
+typedef struct {
+    long long nsteps;
+    double *steps, *loss;   /* (nsteps): step i+1 and its loss (NAN: not logged, not drawn) */
+    double *vsteps, *vloss; /* (nsteps + 2) validation points */
+    int nv;
+    loom_train_observer_t *self;
+} plot_t;
+
+static void plot_add_val(plot_t *g, long long step, double val) {
+    if (g->nv >= g->nsteps + 2) return;
+    g->vsteps[g->nv] = (double)step;
+    g->vloss[g->nv++] = val;
+}
+
+/* A resumed run's history, read back from its (trimmed) metrics log. */
+static void plot_row(void *ctx, long long step, double loss, double val) {
+    plot_t *g = ctx;
+    if (step < 1 || step > g->nsteps) return;
+    g->loss[step - 1] = loss;
+    if (!isnan(val)) plot_add_val(g, step, val);
+}
+
+static loom_status plot_start(void *ctx, loom_train_run_t *run) {
+    plot_t *g = ctx;
+    if (!run->resumed_from) return LOOM_OK;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run->o->out);
+    return loom_metrics_log_scan(path, plot_row, g);
+}
+
+static loom_status plot_after_step(void *ctx, loom_train_run_t *run, const loom_step_record_t *r) {
+    plot_t *g = ctx;
+    g->loss[r->step - 1] = r->loss;
+    return LOOM_OK;
+}
+
+static loom_status plot_eval(void *ctx, loom_train_run_t *run, long long step, double val) {
+    plot_add_val(ctx, step, val);
+    return LOOM_OK;
+}
+
+static loom_status plot_stop(void *ctx, loom_train_run_t *run, loom_status s) {
+    plot_t *g = ctx;
+    if (run->step <= 0) return LOOM_OK;
+    const loom_train_opts_t *o = run->o;
+    char path[4200], title[256];
+    snprintf(path, sizeof path, "%s/loss.svg", o->out);
+    snprintf(title, sizeof title, "%s: %s on %s", o->out, o->model, o->data);
+    return loom_plot_loss_svg(path, title, g->steps, g->loss, (int)run->step, g->vsteps, g->vloss, g->nv);
+}
+
+static void plot_free(void *ctx) {
+    plot_t *g = ctx;
+    free(g->steps);
+    free(g->vsteps);
+    free(g->self);
+    free(g);
+}
+
+loom_train_observer_t *loom_train_observer_plot(const loom_train_opts_t *o) {
+    if (o->rank != 0) return NULL;
+    plot_t *g = loom_calloc(1, sizeof *g);
+    g->nsteps = o->steps;
+    g->steps = loom_malloc(2 * (size_t)o->steps * sizeof(double));
+    g->loss = g->steps + o->steps;
+    g->vsteps = loom_malloc(2 * ((size_t)o->steps + 2) * sizeof(double));
+    g->vloss = g->vsteps + o->steps + 2;
+    for (long long i = 0; i < o->steps; i++) {
+        g->steps[i] = (double)(i + 1);
+        g->loss[i] = NAN;
+    }
+    loom_train_observer_t *ob = g->self = observer_new("plot", g);
+    ob->on_start = plot_start;
+    ob->after_step = plot_after_step;
+    ob->on_eval = plot_eval;
+    ob->on_stop = plot_stop;
+    ob->free = plot_free;
+    return ob;
+}

@@ -1,0 +1,314 @@
+/* setup: everything a run needs before its first step -- the model config
+ * (preset, overrides or the resumed checkpoint's), the backend with its
+ * precision, the model, data parallelism, the device-resident step, the run
+ * folder, the observers -- and the teardown that undoes it. */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include <unistd.h>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/resume.h"
+#include "ckpt/run.h"
+#include "train/train_impl.h"
+
+/* --resume auto: resume when the run folder holds a checkpoint, else a
+ * fresh start. A resumed run's folder loses the leftovers of interrupted
+ * writes before anything is written (rank 0, before any collective). */
+static loom_status resolve_resume(loom_train_job_t *j) {
+    loom_train_opts_t *o = &j->o;
+    if (!o->resume) return LOOM_OK;
+    if (o->resume_from && !strcmp(o->resume_from, "auto")) {
+        o->resume = loom_ckpt_any(o->out);
+        if (!o->resume) {
+            loom_info("loom train: --resume auto: %s holds no checkpoint; starting the run", o->out);
+            return LOOM_OK;
+        }
+    }
+    if (!loom_path_is_dir(o->out))
+        return loom_error(LOOM_EINVAL, "--resume: --out %s does not exist, nothing to resume; --resume auto starts a run there when it has none", o->out);
+    return j->run.lead ? loom_ckpt_clean(o->out) : LOOM_OK;
+}
+
+/* The settings a resume may not change, and the accumulation that keeps
+ * the global batch on this world size (ckpt/resume.h). */
+static loom_status check_resume(loom_train_job_t *j, int T) {
+    loom_train_opts_t *o = &j->o;
+    loom_resume_settings_t now = {.batch = o->batch, .seq = T, .grad_accum = o->grad_accum, .world_size = o->world_size,
+                                  .zero = o->zero, .steps = o->steps, .seed = o->seed, .warmup = o->warmup, .lr = o->lr,
+                                  .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
+                                  .beta1 = o->beta1, .beta2 = o->beta2, .dtype = j->auto_dtype ? NULL : loom_dtype_name(j->dtype),
+                                  .grad_dtype = o->grad_dtype ? o->grad_dtype : "fp32"};
+    return loom_resume_check(o->out, &now, &j->rst, j->run.lead, &o->grad_accum);
+}
+
+/* The loss history and the plot keep a few numbers per step: --steps must
+ * fit in memory (checked before the run folder is made). */
+static loom_status check_steps(const loom_train_opts_t *o) {
+    double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE), per = 64;
+    if (mem > 0 && (double)o->steps * per > mem / 4)
+        return loom_error(LOOM_EINVAL, "--steps %lld: the per-step loss history would take %.1f GB of this machine's %.1f GB; use at most %.0f steps",
+                          o->steps, (double)o->steps * per / 1e9, mem / 1e9, mem / 4 / per);
+    return LOOM_OK;
+}
+
+/* The model's shape and the batch shape: preset and overrides, or the
+ * checkpoint's on --resume. The data must be open. */
+static loom_status resolve_model(loom_train_job_t *j) {
+    const loom_train_opts_t *o = &j->o;
+    LOOM_TRY(check_steps(o));
+    LOOM_TRY(resolve_resume(j));
+    loom_gpt_config_t *cfg = &j->cfg;
+    LOOM_TRY(loom_gpt_preset(cfg, o->model));
+    if (o->layers) cfg->n_layer = o->layers;
+    if (o->heads) cfg->n_head = o->heads;
+    if (o->channels) cfg->channels = o->channels;
+    if (o->context) cfg->max_seq_len = o->context;
+    cfg->vocab_size = loom_dataset_vocab_size(j->ds);
+    if (o->resume) { /* the model's shape comes from the checkpoint, not the preset */
+        loom_gpt_config_t rcfg;
+        const char *which = o->resume_from && strcmp(o->resume_from, "auto") ? o->resume_from : NULL;
+        LOOM_TRY(loom_run_find(o->out, which, j->rck, sizeof j->rck, &rcfg, &j->rst));
+        const loom_tokenizer_t *dtok = loom_dataset_tokenizer(j->ds);
+        if (rcfg.vocab_size != cfg->vocab_size || (j->rst.tokenizer_hash && dtok && loom_tokenizer_hash(dtok) != j->rst.tokenizer_hash))
+            return loom_error(LOOM_EINVAL, "--resume: %s was not made with the tokenizer run %s trained with; resume on the same --data", o->data, o->out);
+        if (j->rst.data_pos >= loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN))
+            return loom_error(LOOM_EFORMAT, "%s/state.json: data position %llu is past the %zu training tokens of %s; the checkpoint is not of this data",
+                              j->rck, j->rst.data_pos, loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN), o->data);
+        if (j->rst.step >= o->steps)
+            return loom_error(LOOM_EINVAL, "--resume: %s is already at step %lld of --steps %lld; raise --steps to train further", o->out, j->rst.step, o->steps);
+        *cfg = rcfg;
+    }
+    int T = o->seq ? o->seq : cfg->max_seq_len;
+    if (T > cfg->max_seq_len)
+        return loom_error(LOOM_EINVAL, "--seq %d is above the %s context of %d; lower --seq%s", T, o->resume ? "run's" : "model's",
+                          cfg->max_seq_len, o->resume ? "" : " or raise --context");
+    if (o->resume) LOOM_TRY(check_resume(j, T));
+    j->run.B = o->batch;
+    j->run.T = T;
+    size_t need = (size_t)o->batch * T * o->grad_accum * o->world_size + 1;
+    if (loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN) < need)
+        return loom_error(LOOM_EINVAL, "%s: %zu training tokens, fewer than one step needs (%zu = batch %d x seq %d x accum %d); give more text or lower --batch/--seq",
+                          o->data, loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN), need, o->batch, T, o->grad_accum);
+    return LOOM_OK;
+}
+
+/* The flags that pick how the step runs, parsed once. */
+static loom_status parse_modes(loom_train_job_t *j) {
+    const loom_train_opts_t *o = &j->o;
+    int is_cuda = !strncmp(o->device, "cuda", 4);
+    j->auto_dtype = !o->dtype || !strcmp(o->dtype, "auto");
+    j->dtype = j->auto_dtype ? (is_cuda ? LOOM_BF16 : LOOM_FP32) : loom_dtype_parse(o->dtype);
+    if (j->dtype < 0) return loom_error(LOOM_EINVAL, "--dtype %s: unknown; use fp32, tf32, bf16 or fp16", o->dtype);
+    int rc = o->recompute ? loom_recompute_parse(o->recompute) : LOOM_RECOMPUTE_NONE;
+    if (rc < 0) return loom_error(LOOM_EINVAL, "--recompute %s: unknown; use none, gelu or all", o->recompute);
+    j->recompute = rc;
+    if (o->cuda_graphs && strcmp(o->cuda_graphs, "on") && strcmp(o->cuda_graphs, "off"))
+        return loom_error(LOOM_EINVAL, "--cuda-graphs %s: use on or off", o->cuda_graphs);
+    if (o->grad_dtype && strcmp(o->grad_dtype, "fp32") && strcmp(o->grad_dtype, "bf16"))
+        return loom_error(LOOM_EINVAL, "--grad-dtype %s: unknown; use fp32 or bf16", o->grad_dtype);
+    j->want_graphs = is_cuda && (!o->cuda_graphs || !strcmp(o->cuda_graphs, "on"));
+    j->dpo = (loom_dp_opts_t){.zero = o->zero, .overlap = !o->no_overlap,
+                              .grad_dtype = o->grad_dtype && !strcmp(o->grad_dtype, "bf16") ? LOOM_DIST_BF16 : LOOM_DIST_FP32,
+                              .bucket_floats = o->bucket_mb > 0 ? (size_t)(o->bucket_mb * 1e6 / 4) : 0};
+    return LOOM_OK;
+}
+
+/* The backend at the asked precision; an automatic bf16 that the device
+ * lacks falls back to fp32. */
+static loom_status open_backend(loom_train_job_t *j, loom_dist_t *dist) {
+    const loom_train_opts_t *o = &j->o;
+    char devname[64];
+    snprintf(devname, sizeof devname, "%s", o->device);
+    if (o->world_size > 1 && !strcmp(o->device, "cuda")) snprintf(devname, sizeof devname, "cuda:%d", loom_dist_local_rank(dist));
+    loom_status s = loom_backend_open(&j->run.be, devname, o->threads, (loom_dtype)j->dtype);
+    if (s == LOOM_EUNAVAIL && j->auto_dtype && j->dtype == LOOM_BF16) {
+        /* No bf16 tensor cores (compute capability < 8), or no GPU at all:
+         * fp32 either opens or fails again with the reason. */
+        char why[512];
+        snprintf(why, sizeof why, "%s", loom_errmsg());
+        if ((s = loom_backend_open(&j->run.be, devname, o->threads, LOOM_FP32)) == LOOM_OK)
+            loom_info("loom train: default precision fp32 (%s)", why);
+    }
+    return s;
+}
+
+/* The model, its training state, data parallelism and the step to run. */
+static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
+    loom_train_run_t *run = &j->run;
+    const loom_train_opts_t *o = &j->o;
+    /* Every rank draws the same initial weights from the same seed. */
+    LOOM_TRY(loom_gpt_init(&run->model, &j->cfg, run->be, (unsigned long long)o->seed));
+    loom_gpt_set_recompute(run->model, (loom_recompute)j->recompute);
+    LOOM_TRY(loom_gpt_alloc_train(run->model));
+    LOOM_TRY(loom_gpt_alloc_acts(run->model, run->B, run->T));
+    /* A single process at ZeRO 0 keeps the plain step, bit for bit. */
+    if (o->world_size > 1 || o->zero > 0) LOOM_TRY(loom_dp_init(&run->dp, run->model, dist, &j->dpo));
+    if (o->resume) LOOM_TRY(loom_train_load_checkpoint(j));
+    /* The device-resident step (CUDA graphs, fp16 loss scaling) where the
+     * backend has it; data parallelism reduces from the host during
+     * backward, so it keeps the host step. */
+    int is_cuda = !strncmp(o->device, "cuda", 4);
+    if (!is_cuda && o->cuda_graphs)
+        loom_info("loom train: --cuda-graphs %s is ignored on %s (CUDA graphs are for CUDA devices)", o->cuda_graphs, run->be->name);
+    if (!run->dp && loom_step_graph_supported(run->be, NULL, 0)) {
+        LOOM_TRY(loom_step_graph_init(&j->sg, run->model, j->want_graphs));
+        j->device_step = 1;
+        j->graphs = loom_step_graph_uses_graphs(j->sg);
+        run->loss_scaling = run->be->dtype == LOOM_FP16;
+    } else if (run->dp && is_cuda) {
+        loom_info("loom train: data parallelism or ZeRO: the step runs from the host with plain launches (no CUDA graphs%s)",
+                  run->be->dtype == LOOM_FP16 ? ", and fp16 without loss scaling" : "");
+    }
+    if (run->loss_scaling) loom_loss_scaler_init(&j->ls, 65536.0f, 2000);
+    return LOOM_OK;
+}
+
+/* config.json as the one run-config writer (ckpt/run.h) lays it out. */
+static void fill_run_config(const loom_train_job_t *j, loom_run_config_t *c) {
+    const loom_train_opts_t *o = &j->o;
+    const loom_backend_t *be = j->run.be;
+    *c = (loom_run_config_t){.model_cfg = j->run.model->cfg, .cuda_graphs = j->graphs, .threads = loom_backend_cpu_threads(),
+                             .batch = o->batch, .seq = o->seq, .grad_accum = o->grad_accum, .world_size = o->world_size,
+                             .zero = o->zero, .warmup = o->warmup, .steps = o->steps, .seed = o->seed, .lr = o->lr,
+                             .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
+                             .beta1 = o->beta1, .beta2 = o->beta2, .val_fraction = o->val_fraction};
+    snprintf(c->format, sizeof c->format, "%s", LOOM_RUN_FORMAT);
+    snprintf(c->data, sizeof c->data, "%s", o->data);
+    snprintf(c->data_description, sizeof c->data_description, "%s", loom_dataset_describe(j->ds));
+    snprintf(c->model, sizeof c->model, "%s", o->model);
+    snprintf(c->device, sizeof c->device, "%s", be->name);
+    snprintf(c->dtype, sizeof c->dtype, "%s", loom_dtype_name(be->dtype));
+    snprintf(c->dtype_source, sizeof c->dtype_source, "%s", j->auto_dtype ? "default" : "--dtype");
+    snprintf(c->loss_scaling, sizeof c->loss_scaling, "%s", j->run.loss_scaling ? "dynamic" : "none");
+    snprintf(c->recompute, sizeof c->recompute, "%s", loom_recompute_name(j->run.model->recompute));
+    snprintf(c->step, sizeof c->step, "%s", j->device_step ? "device" : "host");
+    snprintf(c->grad_dtype, sizeof c->grad_dtype, "%s", o->grad_dtype ? o->grad_dtype : "fp32");
+    snprintf(c->peak_flops_source, sizeof c->peak_flops_source, "%s", be->peak_source ? be->peak_source : "unknown");
+    c->tokenizer_hash = j->run.tok ? loom_tokenizer_hash(j->run.tok) : 0;
+}
+
+/* A new run's folder: emptied (--force), config.json, tokenizer.json. */
+static loom_status write_run_folder(loom_train_job_t *j) {
+    const loom_train_opts_t *o = &j->o;
+    if (!j->run.lead || o->resume) return LOOM_OK;
+    LOOM_TRY(loom_run_prepare(o->out, o->force));
+    loom_run_config_t c;
+    fill_run_config(j, &c);
+    LOOM_TRY(loom_run_config_write(o->out, &c));
+    if (!j->run.tok) return LOOM_OK;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->out);
+    return loom_tokenizer_save(j->run.tok, path);
+}
+
+static double peak_rss_mb(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
+/* The ranks, and the memory each holds for model state. */
+static void report_ranks(const loom_train_job_t *j) {
+    const loom_train_opts_t *o = &j->o;
+    const loom_train_run_t *run = &j->run;
+    loom_dp_memory_t mem = {0};
+    if (run->dp) loom_dp_memory(run->dp, &mem);
+    loom_info("loom train: %d ranks over %s, global batch %zu tokens/step (batch %d x seq %d x accum %d x %d ranks); ZeRO-%d, gradients reduced in %s%s",
+              o->world_size, loom_dist_name(run->dist), run->tokens_per_step, run->B, run->T, o->grad_accum, o->world_size, o->zero,
+              j->dpo.grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32", j->dpo.overlap ? ", overlapped with backward" : ", after backward");
+    if (run->dp)
+        loom_info("loom train: memory per rank (P = %zu floats, N = %d): params %.2f MB + grads %.2f MB + AdamW %.2f MB = %.2f MB; ZeRO-%d formula %s = %.2f MB%s; peak resident %.1f MB",
+                  run->model->num_params, o->world_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, mem.total / 1e6, o->zero,
+                  mem.formula_text, mem.formula / 1e6,
+                  o->zero == 2 ? " (loom's backward writes one whole-model working gradient buffer; the accumulated gradient is the shard)" : "",
+                  peak_rss_mb());
+}
+
+/* What is about to run, before the first step. */
+static void report_setup(const loom_train_job_t *j) {
+    const loom_train_opts_t *o = &j->o;
+    const loom_train_run_t *run = &j->run;
+    const loom_gpt_config_t *c = &run->model->cfg;
+    const loom_backend_t *be = run->be;
+    int threads = loom_backend_cpu_threads();
+    size_t per_rank = (size_t)run->B * run->T * o->grad_accum;
+    loom_info("loom train: %s", loom_dataset_describe(j->ds));
+    loom_info("loom train: model %s: %d layers, %d heads, %d channels, context %d, vocabulary %d (padded %d), %.2fM parameters",
+              o->model, c->n_layer, c->n_head, c->channels, c->max_seq_len, c->vocab_size, c->padded_vocab_size, loom_gpt_num_params(c) / 1e6);
+    loom_info("loom train: %s (%s), %d thread%s; batch %d x seq %d x accum %d = %zu tokens/step, %lld steps; peak %s",
+              be->name, loom_dtype_name(be->dtype), threads, threads == 1 ? "" : "s", run->B, run->T, o->grad_accum, per_rank, o->steps,
+              be->peak_source ? be->peak_source : "unknown");
+    if (j->sg || j->recompute != LOOM_RECOMPUTE_NONE)
+        loom_info("loom train: %s step%s%s; recompute %s (%.1f MB of activations)", j->device_step ? "device-resident" : "host",
+                  j->device_step ? (j->graphs ? ", CUDA graphs after the warm-up steps" : ", CUDA graphs off") : "",
+                  run->loss_scaling ? ", dynamic fp16 loss scaling from 65536" : "", loom_recompute_name(run->model->recompute),
+                  run->model->num_acts * 4.0 / 1e6);
+    if (run->multi || run->dp) report_ranks(j);
+    if (o->resume)
+        loom_info("loom train: resuming %s from step %lld (%s), data position %llu", o->out, j->rst.step, j->rck, j->rst.data_pos);
+}
+
+/* The observers in call order (see train.h): recorders, the caller's,
+ * actors. */
+static void add_observers(loom_train_job_t *j) {
+    const loom_train_opts_t *o = &j->o;
+    loom_train_observer_t *list[LOOM_TRAIN_MAX_OBS];
+    int n = 0;
+    list[n++] = loom_train_observer_signals();
+    list[n++] = loom_train_observer_metrics_log(o);
+    for (int i = 0; i < o->n_observers && n < LOOM_TRAIN_MAX_OBS - 3; i++) list[n++] = o->observers[i];
+    list[n++] = loom_train_observer_sampler(o);
+    list[n++] = loom_train_observer_checkpoint(o);
+    list[n++] = loom_train_observer_plot(o);
+    for (int i = 0; i < n; i++)
+        if (list[i]) j->obs[j->run.n_obs++] = list[i];
+    j->run.obs = j->obs;
+}
+
+loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
+    const loom_train_opts_t *o = &j->o;
+    loom_train_run_t *run = &j->run;
+    *run = (loom_train_run_t){.o = o, .dist = dist, .lead = o->rank == 0, .multi = o->world_size > 1,
+                              .last_loss = NAN, .last_val = -1};
+    if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
+    LOOM_TRY(parse_modes(j));
+    LOOM_TRY(loom_dataset_open(&j->ds, o->data, o->val_fraction));
+    run->data = j->ds;
+    run->tok = loom_dataset_tokenizer(j->ds);
+    run->have_val = loom_dataset_ntokens(j->ds, LOOM_SPLIT_VAL) > 1;
+    LOOM_TRY(resolve_model(j));
+    run->tokens_per_step = (size_t)run->B * run->T * o->grad_accum * o->world_size;
+    LOOM_TRY(open_backend(j, dist));
+    LOOM_TRY(build_model(j, dist));
+    LOOM_TRY(write_run_folder(j));
+    run->flops_per_token = loom_gpt_flops_per_token(&run->model->cfg, run->T);
+    run->resumed_from = o->resume ? j->rck : NULL;
+    run->resumed_step = j->rst.step;
+    run->first_step = j->rst.step + 1;
+    run->step = j->rst.step;
+    run->data_pos = j->rst.data_pos;
+    j->peak = run->be->peak_flops;
+    j->opt = (loom_optim_t){.beta1 = (float)o->beta1, .beta2 = (float)o->beta2, .eps = 1e-8f,
+                            .weight_decay = (float)o->weight_decay, .clip = (float)o->clip};
+    size_t per_rank = (size_t)run->B * run->T * o->grad_accum;
+    j->in = loom_malloc(per_rank * sizeof(int));
+    j->tg = loom_malloc(per_rank * sizeof(int));
+    report_setup(j);
+    add_observers(j);
+    return LOOM_OK;
+}
+
+void loom_train_teardown(loom_train_job_t *j) {
+    for (int i = 0; i < j->run.n_obs; i++)
+        if (j->obs[i]->free) j->obs[i]->free(j->obs[i]->ctx);
+    free(j->in);
+    free(j->tg);
+    loom_step_graph_free(j->sg);
+    loom_dp_free(j->run.dp);
+    loom_gpt_free(j->run.model);
+    loom_dataset_free(j->ds);
+}

@@ -1,0 +1,40 @@
+/* train_impl: what train.c (the loop), setup.c (setup and teardown) and
+ * checkpoint.c share. Not part of the public API. */
+#ifndef LOOM_TRAIN_IMPL_H
+#define LOOM_TRAIN_IMPL_H
+
+#include "train/step_graph.h"
+#include "train/train.h"
+
+#define LOOM_TRAIN_MAX_OBS 32
+
+/* A whole training job: the public view observers get, and the loop's own. */
+typedef struct {
+    loom_train_run_t run;
+    loom_train_opts_t o;          /* run.o points here */
+    loom_dataset_t *ds;
+    loom_gpt_config_t cfg;
+    int dtype, auto_dtype;        /* the --dtype asked for (loom_dtype); auto = chosen by loom */
+    int recompute;                /* loom_recompute */
+    int want_graphs, device_step, graphs;
+    loom_step_graph_t *sg;        /* the device-resident step, NULL for the host step */
+    loom_loss_scaler_t ls;
+    loom_dp_opts_t dpo;
+    loom_optim_t opt;
+    int *in, *tg;                 /* this rank's micro-batches, (accum, B, T) */
+    double peak;                  /* FLOP/s per rank the MFU is relative to */
+    int peak_raised;
+    loom_ckpt_state_t rst;        /* the checkpoint resumed from */
+    char rck[4096];               /* its folder */
+    loom_train_observer_t *obs[LOOM_TRAIN_MAX_OBS];
+} loom_train_job_t;
+
+/* setup.c: everything before the first step, and its undoing. */
+loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist);
+void loom_train_teardown(loom_train_job_t *j);
+
+/* checkpoint.c: load the resumed checkpoint's weights and this rank's part
+ * of its AdamW state, from shards of any world size and ZeRO stage. */
+loom_status loom_train_load_checkpoint(loom_train_job_t *j);
+
+#endif
