@@ -330,3 +330,25 @@ loom_status loom_ckpt_find(const char *run, const char *which, char *ckpt_dir, s
     free_names(names, n);
     return s;
 }
+
+loom_status loom_ckpt_supersede(const char *run, long long step) {
+    char ck[4096], **names, from[4400], to[4400], name[64];
+    snprintf(ck, sizeof ck, "%s/checkpoints", run);
+    int n = list_prefixed(ck, "step_", &names);
+    loom_status s = LOOM_OK;
+    for (int i = 0; i < n && s == LOOM_OK; i++) {
+        if (step_of(names[i]) <= step) continue;
+        snprintf(from, sizeof from, "%s/%s", ck, names[i]);
+        snprintf(to, sizeof to, "%s/.superseded-%s", ck, names[i]);
+        if (loom_path_exists(to)) rm_rf(to);
+        if (rename(from, to) != 0) s = loom_error(LOOM_EIO, "%s: cannot move aside: %s", from, strerror(errno));
+        else loom_info("loom: resuming from an older checkpoint: %s moved aside to %s", from, to);
+    }
+    free_names(names, n);
+    if (s != LOOM_OK) return s;
+    loom_fsync_dir(ck);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/latest", run);
+    int len = snprintf(name, sizeof name, "step_%08lld\n", step);
+    return loom_file_write_atomic(path, name, (size_t)len);
+}

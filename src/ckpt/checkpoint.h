@@ -45,6 +45,11 @@ loom_status loom_ckpt_verify(const char *ckpt_dir, int *verified);
  * an error that names the newest good older one. *step gets the step
  * encoded in the folder name; LOOM_EINVAL with no checkpoint at all. */
 loom_status loom_ckpt_find(const char *run, const char *which, char *ckpt_dir, size_t cap, long long *step);
+/* Resuming from an older checkpoint than the newest (--resume step_N):
+ * the newer ones are moved aside to .superseded-step_K (kept, never read
+ * again, never removed by loom) and `latest` names step_N, so the run's
+ * new checkpoints of those steps do not meet the old ones. */
+loom_status loom_ckpt_supersede(const char *run, long long step);
 /* 1 when `run`/checkpoints holds at least one complete checkpoint. */
 int loom_ckpt_any(const char *run);
 /* Fault injection for the chaos test: when the environment variable

@@ -72,13 +72,16 @@ static loom_status resolve_model(loom_train_job_t *j) {
         loom_gpt_config_t rcfg;
         const char *which = o->resume_from && strcmp(o->resume_from, "auto") ? o->resume_from : NULL;
         LOOM_TRY(loom_run_find(o->out, which, j->rck, sizeof j->rck, &rcfg, &j->rst));
+        if (which && strcmp(which, "latest") && j->run.lead) LOOM_TRY(loom_ckpt_supersede(o->out, j->rst.step));
         const loom_tokenizer_t *dtok = loom_dataset_tokenizer(j->ds);
         if (rcfg.vocab_size != cfg->vocab_size || (j->rst.tokenizer_hash && dtok && loom_tokenizer_hash(dtok) != j->rst.tokenizer_hash))
             return loom_error(LOOM_EINVAL, "--resume: %s was not made with the tokenizer run %s trained with; resume on the same --data", o->data, o->out);
         if (j->rst.data_pos >= loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN))
             return loom_error(LOOM_EFORMAT, "%s/state.json: data position %llu is past the %zu training tokens of %s; the checkpoint is not of this data",
                               j->rck, j->rst.data_pos, loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN), o->data);
-        if (j->rst.step >= o->steps)
+        if (j->rst.step >= o->steps && o->resume_from && !strcmp(o->resume_from, "auto"))
+            loom_info("loom train: %s is complete (step %lld of --steps %lld); nothing to train", o->out, j->rst.step, o->steps);
+        else if (j->rst.step >= o->steps)
             return loom_error(LOOM_EINVAL, "--resume: %s is already at step %lld of --steps %lld; raise --steps to train further", o->out, j->rst.step, o->steps);
         *cfg = rcfg;
     }

@@ -220,7 +220,8 @@ loom_status loom_train(const loom_train_opts_t *opts) {
     int world = j->o.world_size;
     free(j);
     /* On failure the process exits without the last barrier: its peers
-     * see the closed connections and stop, naming this rank. */
-    if (s == LOOM_OK || world == 1) loom_dist_free(d);
+     * see the closed connections and stop, naming this rank. A stop that
+     * every rank agreed on is no failure: all of them meet there. */
+    if (s == LOOM_OK || s == LOOM_ESTOPPED || world == 1) loom_dist_free(d);
     return s;
 }
