@@ -1,14 +1,23 @@
 #include "check.h"
 
+#define _GNU_SOURCE
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 static int case_failed, case_skipped, any_failed;
-static char skip_reason[512];
+static char skip_reason[512], fail_reason[512];
 
 void check_fail(void) { case_failed = 1; }
+
+void check_fail_why(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(fail_reason, sizeof fail_reason, fmt, ap);
+    va_end(ap);
+    case_failed = 1;
+}
 
 void check_skip(const char *fmt, ...) {
     va_list ap;
@@ -18,12 +27,36 @@ void check_skip(const char *fmt, ...) {
     case_skipped = 1;
 }
 
+static int require_gpu(void) {
+    const char *e = getenv("LOOM_REQUIRE_GPU");
+    return e && strcmp(e, "1") == 0;
+}
+
+void check_skip_gpu(const char *fmt, ...) {
+    char why[480];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (require_gpu()) check_fail_why("LOOM_REQUIRE_GPU=1 and no usable GPU: %s", why);
+    else check_skip("%s", why);
+}
+
+int check_available(loom_status st, int gpu) {
+    if (st == LOOM_OK) return 1;
+    if (st == LOOM_EUNAVAIL && gpu) check_skip_gpu("%s", loom_errmsg());
+    else if (st == LOOM_EUNAVAIL) check_skip("%s", loom_errmsg());
+    else check_fail_why("status %d: %s", (int)st, loom_errmsg());
+    return 0;
+}
+
 void check_run(const char *name, void (*fn)(void)) {
     case_failed = case_skipped = 0;
-    skip_reason[0] = 0;
+    skip_reason[0] = fail_reason[0] = 0;
     fflush(stdout);
     fn();
-    if (case_failed) printf("FAIL %s\n", name);
+    if (case_failed && fail_reason[0]) printf("FAIL %s: %s\n", name, fail_reason);
+    else if (case_failed) printf("FAIL %s\n", name);
     else if (case_skipped) printf("SKIP %s: %s\n", name, skip_reason);
     else printf("PASS %s\n", name);
     fflush(stdout);
@@ -63,4 +96,41 @@ void check_fill(float *x, size_t n, float scale, unsigned seed) {
         unsigned long long r = s * 0x2545F4914F6CDD1DULL;
         x[i] = scale * (2.0f * (float)(r >> 40) / 16777216.0f - 1.0f);
     }
+}
+
+float *check_rand(size_t n, float scale, unsigned seed) {
+    float *x = loom_calloc(n ? n : 1, sizeof(float));
+    check_fill(x, n, scale, seed);
+    return x;
+}
+
+void check_tokens(int *x, int n, int V, unsigned seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = (int)((seed >> 8) % (unsigned)V);
+    }
+}
+
+static char tmpdir[256];
+
+static void tmpdir_remove(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    if (tmpdir[0] && system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+}
+
+const char *check_tmpdir(const char *name) {
+    if (tmpdir[0]) return tmpdir;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/loom-test-%s-XXXXXX", name);
+    if (!mkdtemp(tmpdir)) loom_panic(__FILE__, __LINE__, "mkdtemp %s failed", tmpdir);
+    atexit(tmpdir_remove);
+    return tmpdir;
+}
+
+const char *check_tmp_path(const char *file) {
+    static char buf[8][512];
+    static int k;
+    k = (k + 1) % 8;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", check_tmpdir("tmp"), file);
+    return buf[k];
 }

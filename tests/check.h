@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "core/core.h"
+
 #define CHECK(cond, ...)                                                         \
     do {                                                                         \
         if (!(cond)) {                                                           \
@@ -22,8 +24,20 @@
 #define RUN(fn) check_run(#fn, fn)
 
 void check_fail(void);
-/* Mark the running case skipped with a reason (it counts as neither). */
+/* Mark the running case failed with a reason, printed on its FAIL line. */
+void check_fail_why(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Mark the running case skipped with a reason (it counts as neither).
+ * Only for a part that is really absent on this machine (a package not
+ * installed, no GPU): anything that failed is check_fail_why. */
 void check_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* check_skip for a GPU case: a FAIL instead when LOOM_REQUIRE_GPU=1 (the
+ * GPU check sets it, so that a machine whose GPU cannot be used fails). */
+void check_skip_gpu(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* After opening a part (a backend, a device): 1 if `st` is LOOM_OK. Else
+ * 0, and the case is skipped when `st` is LOOM_EUNAVAIL (the library says
+ * the part is absent; with `gpu` set that is check_skip_gpu) and failed
+ * for any other status, with loom_errmsg() as the reason. */
+int check_available(loom_status st, int gpu);
 void check_run(const char *name, void (*fn)(void));
 int check_main_end(void);
 
@@ -32,5 +46,15 @@ double check_rel_err(const float *a, const float *b, size_t n);
 double check_rel_err_d(const float *a, const double *b, size_t n);
 /* Random floats in [-scale, scale) from a fixed-per-call seed. */
 void check_fill(float *x, size_t n, float scale, unsigned seed);
+/* A new array of n (at least 1) such floats; free() it. */
+float *check_rand(size_t n, float scale, unsigned seed);
+/* n token ids in [0, V) from `seed` (a linear congruential sequence). */
+void check_tokens(int *x, int n, int V, unsigned seed);
+
+/* A fresh folder /tmp/loom-test-NAME-XXXXXX for this process, made on the
+ * first call and removed with its contents at exit; later calls return it. */
+const char *check_tmpdir(const char *name);
+/* check_tmpdir()/file. The last 8 results stay valid. */
+const char *check_tmp_path(const char *file);
 
 #endif

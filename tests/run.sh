@@ -3,6 +3,8 @@
 # build-san/tests under the sanitizers), then the tests/test_*.sh scripts.
 # Each case prints PASS/FAIL/SKIP lines; a binary that exits non-zero
 # without a FAIL line (a crash, a sanitizer report) counts as one failure.
+# A test_*.c whose binary is missing fails, and so does a run in which no
+# case ran at all (a filter that matches nothing included).
 # Ends with "N passed, N failed, N skipped" and exits 1 if anything failed.
 set -u
 cd "$(dirname "$0")/.."
@@ -26,9 +28,17 @@ run_one() { # label, command...
     [ "$f" -gt 0 ] && failed_names+=("$label")
 }
 filter=${1:-}
-for b in build/tests/test_*; do
-    [ -x "$b" ] || continue
+# Every tests/test_*.c must have its binary: one that is missing (a build
+# that failed or was not run) fails instead of silently running fewer cases.
+build=${LOOM_TEST_BUILD:-build}
+for src in tests/test_*.c; do
+    b=$build/tests/$(basename "$src" .c)
     case "$b" in *"$filter"*) ;; *) continue ;; esac
+    if [ ! -x "$b" ]; then
+        echo "[$(basename "$b")] FAIL $(basename "$b"): $b is not built (run make)"
+        fail=$((fail + 1)); failed_names+=("$(basename "$b")")
+        continue
+    fi
     run_one "$(basename "$b")" "$b"
 done
 if [ -d build-san/tests ]; then
@@ -46,6 +56,10 @@ for s in tests/test_*.sh; do
     run_one "$(basename "$s")" bash "$s"
 done
 echo
+if [ $((pass + fail + skip)) -eq 0 ]; then
+    echo "FAIL run.sh: no test case ran${filter:+ (filter '$filter')}"
+    fail=1
+fi
 [ ${#failed_names[@]} -gt 0 ] && echo "failed: ${failed_names[*]}"
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

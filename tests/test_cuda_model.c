@@ -39,18 +39,11 @@ static loom_gpt_config_t cfg(void) {
 }
 enum { B = 4, T = 64, BT = B * T, STEPS = 20 };
 
-static void tokens(int *x, int n, int V, unsigned seed) {
-    for (int i = 0; i < n; i++) {
-        seed = seed * 1103515245u + 12345u;
-        x[i] = (int)((seed >> 8) % (unsigned)V);
-    }
-}
-
 /* A batch with structure to learn: targets are the next token of a
  * repeating sequence. */
 static void batch(int *in, int *tg, int n, int V, unsigned seed) {
     int seq[17];
-    tokens(seq, 17, V, seed);
+    check_tokens(seq, 17, V, seed);
     for (int i = 0; i < n; i++) {
         in[i] = seq[i % 17];
         tg[i] = seq[(i + 1) % 17];
@@ -60,14 +53,12 @@ static void batch(int *in, int *tg, int n, int V, unsigned seed) {
 static const loom_optim_t opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
 
 /* The GPU backend at `d`, or NULL after marking the case skipped with the
- * reason loom_backend_open gives (the CUDA runtime's, or the build's). */
+ * reason loom_backend_open gives when it says the GPU is unavailable (the
+ * CUDA runtime's, or the build's; a FAIL under LOOM_REQUIRE_GPU=1), or
+ * failed when it fails otherwise. */
 static const loom_backend_t *gpu_or_skip(loom_dtype d) {
-    const loom_backend_t *g;
-    if (loom_backend_open(&g, "cuda:0", 1, d) != LOOM_OK) {
-        check_skip("%s", loom_errmsg());
-        return NULL;
-    }
-    return g;
+    const loom_backend_t *g = NULL;
+    return check_available(loom_backend_open(&g, "cuda:0", 1, d), 1) ? g : NULL;
 }
 
 static loom_gpt_t *model(const loom_backend_t *be, unsigned long long seed) {
@@ -293,6 +284,7 @@ struct call {
         LOOM_OPS(REC_MEMBER_)
     } a;
     loom_adamw_t hp; /* an HP argument, copied: a real graph freezes it at capture */
+    loom_tensor_t qt; /* a QT argument's descriptor, copied likewise (one per op) */
 };
 #define SIM_KEYS 8
 #define SIM_CALLS 1024
@@ -328,7 +320,7 @@ static void forbidden(const char *what) {
 #define REC_KEEP_ACT_(name)
 #define REC_KEEP_F32_(name)
 #define REC_KEEP_I32_(name)
-#define REC_KEEP_QT_(name)
+#define REC_KEEP_QT_(name) c->qt = *name, s.name = &c->qt;
 #define REC_KEEP_BYTES_(name)
 #define REC_KEEP_VAL_(name)
 #define REC_CAPTURE_(name, ret, kind, fallback, flops, n, args)                                  \

@@ -28,7 +28,8 @@
 
 static const loom_backend_t *cpu, *gpu;
 static loom_dtype dtype;
-static char no_gpu[512];   /* why the GPU cases of this dtype skip ("" = they run) */
+static char no_gpu[512];   /* why the GPU cases of this dtype do not run ("" = they run) */
+static int no_gpu_fails;   /* 1: the reason is a failure (FAIL), not an absent GPU (SKIP) */
 static unsigned seed_next; /* advanced by every random array */
 static unsigned seed0;
 static char shape[160];    /* the shape under test, for failure messages */
@@ -114,7 +115,8 @@ static void expect(const char *what, const float *d, const float *ref, size_t n,
 
 static int gpu_ready(void) {
     if (no_gpu[0]) {
-        check_skip("%s", no_gpu);
+        if (no_gpu_fails) check_fail_why("%s", no_gpu);
+        else check_skip_gpu("%s", no_gpu);
         return 0;
     }
     return 1;
@@ -189,7 +191,7 @@ static void test_layernorm(void) {
 static void test_residual_layernorm(void) {
     if (!gpu_ready()) return;
     if (!gpu->residual_layernorm_forward) {
-        check_skip("the backend has no residual_layernorm_forward");
+        check_fail_why("the CUDA backend has no residual_layernorm_forward, which it is meant to have");
         return;
     }
     for (size_t s = 0; s < sizeof ln_shapes / sizeof ln_shapes[0]; s++) {
@@ -265,7 +267,7 @@ static void test_matmul_backward(void) {
 static void test_matmul_forward_gelu(void) {
     if (!gpu_ready()) return;
     if (!gpu->matmul_forward_gelu) {
-        check_skip("the backend has no matmul_forward_gelu");
+        check_fail_why("the CUDA backend has no matmul_forward_gelu, which it is meant to have");
         return;
     }
     for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++)
@@ -290,7 +292,7 @@ static void test_matmul_forward_gelu(void) {
 static void test_matmul_backward_gelu(void) {
     if (!gpu_ready()) return;
     if (!gpu->matmul_backward_gelu) {
-        check_skip("the backend has no matmul_backward_gelu");
+        check_fail_why("the CUDA backend has no matmul_backward_gelu, which it is meant to have");
         return;
     }
     for (size_t s = 0; s < sizeof mm_shapes / sizeof mm_shapes[0]; s++)
@@ -466,7 +468,7 @@ static void test_crossentropy(void) {
 static void test_crossentropy_dev(void) {
     if (!gpu_ready()) return;
     if (!gpu->crossentropy_dev) {
-        check_skip("the backend has no crossentropy_dev");
+        check_fail_why("the CUDA backend has no crossentropy_dev, which it is meant to have");
         return;
     }
     crossentropy_cases(1);
@@ -501,7 +503,7 @@ static void test_adamw(void) {
 static void test_adamw_dev(void) {
     if (!gpu_ready()) return;
     if (!gpu->adamw_dev) {
-        check_skip("the backend has no adamw_dev");
+        check_fail_why("the CUDA backend has no adamw_dev, which it is meant to have");
         return;
     }
     /* mode 0: plain; 1: clipped by max_norm; 2: sumsq = inf, step skipped */
@@ -609,7 +611,7 @@ static void graph_setup(graph_bufs *b, int N, int C, int V, unsigned seed) {
 static void test_graph_replay(void) {
     if (!gpu_ready()) return;
     if (!gpu->graph_begin || !gpu->adamw_dev || !gpu->sumsq_dev || !gpu->crossentropy_dev) {
-        check_skip("the backend has no CUDA graph entries");
+        check_fail_why("the CUDA backend has no graph or DEV entries, which it is meant to have");
         return;
     }
     const int N = 64, C = 96, V = 128; /* N x V logits: y doubles as the gradient */
@@ -808,8 +810,14 @@ int main(void) {
     for (int d = LOOM_FP32; d <= LOOM_FP16; d++) {
         dtype = (loom_dtype)d;
         snprintf(no_gpu, sizeof no_gpu, "%s", reason_all);
-        if (!no_gpu[0] && loom_backend_open(&gpu, "cuda:0", 1, dtype) != LOOM_OK)
+        no_gpu_fails = 0;
+        loom_status st = no_gpu[0] ? LOOM_EUNAVAIL : loom_backend_open(&gpu, "cuda:0", 1, dtype);
+        if (!no_gpu[0] && st != LOOM_OK) {
+            /* EUNAVAIL: this GPU lacks the dtype (bf16 before sm_80), a SKIP;
+             * anything else is a failure of every case at this dtype. */
             snprintf(no_gpu, sizeof no_gpu, "%s", loom_errmsg());
+            no_gpu_fails = st != LOOM_EUNAVAIL;
+        }
         for (size_t i = 0; i < sizeof gpu_cases / sizeof gpu_cases[0]; i++) {
             char name[96];
             snprintf(name, sizeof name, "cuda_%s/%s", gpu_cases[i].name, loom_dtype_name(dtype));

@@ -26,11 +26,6 @@ static const loom_backend_t *be;
 
 static float *fnew(size_t n) { return loom_calloc(n ? n : 1, sizeof(float)); }
 static double *dnew(size_t n) { return loom_calloc(n ? n : 1, sizeof(double)); }
-static float *frand(size_t n, float scale, unsigned seed) {
-    float *x = fnew(n);
-    check_fill(x, n, scale, seed);
-    return x;
-}
 
 /* sum r * y in double */
 static double dot_loss(const float *r, const float *y, size_t n) {
@@ -76,7 +71,7 @@ static double ln_loss(void *p) {
 static void test_layernorm(void) {
     const int N = 4, C = 9;
     size_t NC = (size_t)N * C;
-    ln_ctx c = {N, C, frand(NC, 1, 1), frand(C, 1, 2), frand(C, 1, 3), frand(NC, 1, 4), fnew(NC),
+    ln_ctx c = {N, C, check_rand(NC, 1, 1), check_rand(C, 1, 2), check_rand(C, 1, 3), check_rand(NC, 1, 4), fnew(NC),
                 fnew(N), fnew(N)};
     for (size_t i = 0; i < NC; i++) c.x[i] += 0.3f;
     float *dx = fnew(NC), *dw = fnew(C), *db = fnew(C);
@@ -109,7 +104,7 @@ static double mm_loss(void *p) {
 static void test_matmul(void) {
     const int N = 5, C = 7, OC = 6;
     size_t NC = (size_t)N * C, WC = (size_t)OC * C, NO = (size_t)N * OC;
-    mm_ctx c = {N, C, OC, frand(NC, 1, 11), frand(WC, 1, 12), frand(OC, 1, 13), frand(NO, 1, 14),
+    mm_ctx c = {N, C, OC, check_rand(NC, 1, 11), check_rand(WC, 1, 12), check_rand(OC, 1, 13), check_rand(NO, 1, 14),
                 fnew(NO)};
     float *dx = fnew(NC), *dw = fnew(WC), *db = fnew(OC);
     be->matmul_backward(dx, dw, db, c.r, c.x, c.w, N, C, OC);
@@ -140,7 +135,7 @@ static double att_loss(void *p) {
 static void test_attention(void) {
     const int B = 2, T = 6, C = 12, NH = 3;
     size_t NC = (size_t)B * T * C, N3 = 3 * NC;
-    att_ctx c = {B, T, C, NH, frand(N3, 1.5f, 21), frand(NC, 1, 22), fnew(NC), fnew((size_t)B * NH * T)};
+    att_ctx c = {B, T, C, NH, check_rand(N3, 1.5f, 21), check_rand(NC, 1, 22), fnew(NC), fnew((size_t)B * NH * T)};
     float *dqkv = fnew(N3);
     att_loss(&c);
     be->attention_backward(dqkv, c.r, c.qkv, c.out, c.lse, B, T, C, NH);
@@ -176,7 +171,7 @@ static double gelu_loss(void *p) {
 
 static void test_gelu(void) {
     const size_t n = 101;
-    gelu_ctx c = {n, frand(n, 4, 31), frand(n, 1, 32), fnew(n)};
+    gelu_ctx c = {n, check_rand(n, 4, 31), check_rand(n, 1, 32), fnew(n)};
     float *dx = fnew(n);
     be->gelu_backward(dx, c.x, c.r, n);
     double *g = dnew(n);
@@ -204,8 +199,8 @@ static void test_encoder(void) {
     size_t N = (size_t)B * T;
     int tokens[10];
     for (size_t i = 0; i < N; i++) tokens[i] = (int)(i * 3 % V); /* repeats */
-    enc_ctx c = {B, T, C, tokens, frand((size_t)Vp * C, 1, 41), frand((size_t)T * C, 1, 42),
-                 frand(N * C, 1, 43), fnew(N * C)};
+    enc_ctx c = {B, T, C, tokens, check_rand((size_t)Vp * C, 1, 41), check_rand((size_t)T * C, 1, 42),
+                 check_rand(N * C, 1, 43), fnew(N * C)};
     float *dwte = fnew((size_t)Vp * C), *dwpe = fnew((size_t)T * C);
     be->encoder_backward(dwte, dwpe, c.r, tokens, B, T, C);
     double *gte = dnew((size_t)Vp * C), *gpe = dnew((size_t)T * C);
@@ -237,7 +232,7 @@ static void test_crossentropy(void) {
     const int N = 4, V = 11, Vp = 64;
     size_t NV = (size_t)N * Vp;
     int targets[4] = {0, 3, 10, 3};
-    ce_ctx c = {N, V, Vp, frand(NV, 2, 51), fnew(N), targets};
+    ce_ctx c = {N, V, Vp, check_rand(NV, 2, 51), fnew(N), targets};
     float *grad = fnew(NV);
     memcpy(grad, c.logits, NV * sizeof(float));
     be->crossentropy(c.losses, grad, targets, N, V, Vp, 1.0f / N);

@@ -18,12 +18,6 @@ static loom_gpt_config_t tiny(void) {
     return c;
 }
 
-static void random_tokens(int *x, int n, int V, unsigned seed) {
-    for (int i = 0; i < n; i++) {
-        seed = seed * 1103515245u + 12345u;
-        x[i] = (int)((seed >> 8) % (unsigned)V);
-    }
-}
 
 /* Loss in double from a float forward: fine for central differences with
  * a step large enough to dominate float rounding. */
@@ -49,8 +43,8 @@ static void finite_difference_gradients(void) {
         for (size_t i = 0; i < n; i++) m->param[t][i] += tmp[i];
     }
     int B = 2, T = 7, in[14], tg[14];
-    random_tokens(in, B * T, c.vocab_size, 1);
-    random_tokens(tg, B * T, c.vocab_size, 2);
+    check_tokens(in, B * T, c.vocab_size, 1);
+    check_tokens(tg, B * T, c.vocab_size, 2);
     CHECK(loom_gpt_alloc_train(m) == LOOM_OK, "alloc");
     loom_gpt_zero_grad(m);
     float l;
@@ -91,8 +85,8 @@ static void grad_accum_matches_big_batch(void) {
     loom_gpt_init(&a, &c, be, 3);
     loom_gpt_init(&b, &c, be, 3);
     int in[32], tg[32];
-    random_tokens(in, 32, c.vocab_size, 5);
-    random_tokens(tg, 32, c.vocab_size, 6);
+    check_tokens(in, 32, c.vocab_size, 5);
+    check_tokens(tg, 32, c.vocab_size, 6);
     loom_optim_t opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
     float la, lb, na, nb;
     CHECK(loom_train_step(a, in, tg, 4, 8, 1, &opt, 1e-3f, 1, &la, &na) == LOOM_OK, "step a");
@@ -116,8 +110,8 @@ static void training_is_deterministic(void) {
         loom_gpt_init(&m, &c, be, 11);
         int in[64], tg[64];
         loom_optim_t opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
-        random_tokens(in, 64, c.vocab_size, 100);
-        random_tokens(tg, 64, c.vocab_size, 200);
+        check_tokens(in, 64, c.vocab_size, 100);
+        check_tokens(tg, 64, c.vocab_size, 200);
         for (int s = 0; s < 5; s++) { /* one batch, so the loss must fall */
             float norm;
             loom_train_step(m, in, tg, 4, 16, 1, &opt, 1e-3f, s + 1, &losses[run][s], &norm);

@@ -50,11 +50,6 @@ static int runs(void) { return nthreads > 1 ? 2 : 1; }
 
 static float *fnew(size_t n) { return loom_calloc(n ? n : 1, sizeof(float)); }
 static double *dnew(size_t n) { return loom_calloc(n ? n : 1, sizeof(double)); }
-static float *frand(size_t n, float scale, unsigned seed) {
-    float *x = fnew(n);
-    check_fill(x, n, scale, seed);
-    return x;
-}
 static float *fcopy(const float *x, size_t n) {
     float *y = fnew(n);
     memcpy(y, x, n * sizeof(float));
@@ -85,13 +80,13 @@ static void encoder_case(int B, int T, int C, int V, int Vp, int maxT) {
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d V=%d Vp=%d maxT=%d", B, T, C, V, Vp, maxT);
     size_t N = (size_t)B * T, nte = (size_t)Vp * C, npe = (size_t)maxT * C;
     int *tok = tokens_new((int)N, V, 1);
-    float *wte = frand(nte, 1, 2), *wpe = frand(npe, 1, 3), *dout = frand(N * C, 1, 4);
-    float *dwte0 = frand(nte, 1, 5), *dwpe0 = frand(npe, 1, 6);
+    float *wte = check_rand(nte, 1, 2), *wpe = check_rand(npe, 1, 3), *dout = check_rand(N * C, 1, 4);
+    float *dwte0 = check_rand(nte, 1, 5), *dwpe0 = check_rand(npe, 1, 6);
 
     /* forward overwrites out */
     float *out[2], *dwte[2], *dwpe[2];
     for (int r = 0; r < runs(); r++) {
-        out[r] = frand(N * C, 100, 7);
+        out[r] = check_rand(N * C, 100, 7);
         be->encoder_forward(out[r], tok, wte, wpe, B, T, C);
         dwte[r] = fcopy(dwte0, nte);
         dwpe[r] = fcopy(dwpe0, npe);
@@ -133,11 +128,11 @@ static void test_encoder(void) {
 static void layernorm_case(int N, int C, float shift) {
     snprintf(shape, sizeof shape, "N=%d C=%d shift=%g", N, C, shift);
     size_t NC = (size_t)N * C;
-    float *x = frand(NC, 1, 11), *w = frand(C, 0.5f, 12), *b = frand(C, 0.5f, 13);
+    float *x = check_rand(NC, 1, 11), *w = check_rand(C, 0.5f, 12), *b = check_rand(C, 0.5f, 13);
     for (size_t i = 0; i < NC; i++) x[i] += shift;
     for (int i = 0; i < C; i++) w[i] += 1.0f;
-    float *dout = frand(NC, 1, 14), *dinp0 = frand(NC, 1, 15), *dw0 = frand(C, 1, 16),
-          *db0 = frand(C, 1, 17);
+    float *dout = check_rand(NC, 1, 14), *dinp0 = check_rand(NC, 1, 15), *dw0 = check_rand(C, 1, 16),
+          *db0 = check_rand(C, 1, 17);
 
     /* reference forward */
     double *ref = dnew(NC), *rmean = dnew(N), *rrstd = dnew(N);
@@ -175,9 +170,9 @@ static void layernorm_case(int N, int C, float shift) {
 
     float *out[2], *mean[2], *rstd[2], *dinp[2], *dw[2], *db[2];
     for (int r = 0; r < runs(); r++) {
-        out[r] = frand(NC, 100, 18); /* overwritten */
-        mean[r] = frand(N, 100, 19);
-        rstd[r] = frand(N, 100, 20);
+        out[r] = check_rand(NC, 100, 18); /* overwritten */
+        mean[r] = check_rand(N, 100, 19);
+        rstd[r] = check_rand(N, 100, 20);
         be->layernorm_forward(out[r], mean[r], rstd[r], x, w, b, N, C);
         dinp[r] = fcopy(dinp0, NC);
         dw[r] = fcopy(dw0, C);
@@ -215,9 +210,9 @@ static void matmul_case(int N, int C, int OC, int has_bias, int which) {
     snprintf(shape, sizeof shape, "N=%d C=%d OC=%d bias=%d dinp=%s dbias=%s", N, C, OC, has_bias,
              which & 1 ? "yes" : "NULL", which & 2 ? "yes" : "NULL");
     size_t NC = (size_t)N * C, WC = (size_t)OC * C, NO = (size_t)N * OC;
-    float *x = frand(NC, 1, 21), *w = frand(WC, 1, 22), *bias = has_bias ? frand(OC, 1, 23) : NULL;
-    float *dout = frand(NO, 1, 24), *dinp0 = frand(NC, 1, 25), *dw0 = frand(WC, 1, 26),
-          *db0 = frand(OC, 1, 27);
+    float *x = check_rand(NC, 1, 21), *w = check_rand(WC, 1, 22), *bias = has_bias ? check_rand(OC, 1, 23) : NULL;
+    float *dout = check_rand(NO, 1, 24), *dinp0 = check_rand(NC, 1, 25), *dw0 = check_rand(WC, 1, 26),
+          *db0 = check_rand(OC, 1, 27);
     /* Old values scaled like the new ones: a gradient of K terms is ~sqrt(K)/3. */
     for (size_t i = 0; i < NC; i++) dinp0[i] *= sqrtf((float)OC);
     for (size_t i = 0; i < WC; i++) dw0[i] *= sqrtf((float)N);
@@ -247,7 +242,7 @@ static void matmul_case(int N, int C, int OC, int has_bias, int which) {
 
     float *out[2], *dinp[2] = {0}, *dw[2], *db[2] = {0};
     for (int r = 0; r < runs(); r++) {
-        out[r] = frand(NO, 100, 28); /* overwritten */
+        out[r] = check_rand(NO, 100, 28); /* overwritten */
         be->matmul_forward(out[r], x, w, bias, N, C, OC);
         if (which & 1) dinp[r] = fcopy(dinp0, NC);
         if (which & 2) db[r] = fcopy(db0, OC);
@@ -352,7 +347,7 @@ static void take_part_d(double *dst, const double *src, size_t N, int C, int par
 static void attention_case(int B, int T, int C, int NH, float qk_scale) {
     snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d qk scale %g", B, T, C, NH, qk_scale);
     size_t N = (size_t)B * T, NC = N * C, N3 = 3 * NC, NL = (size_t)B * NH * T;
-    float *qkv = frand(N3, 1, 31), *dout = frand(NC, 1, 32);
+    float *qkv = check_rand(N3, 1, 31), *dout = check_rand(NC, 1, 32);
     for (size_t n = 0; n < N; n++)
         for (int c = 0; c < 2 * C; c++) qkv[n * 3 * C + c] *= qk_scale; /* sharper softmax */
     double *ref = dnew(NC), *rlse = dnew(NL), *rdqkv = dnew(N3);
@@ -362,9 +357,9 @@ static void attention_case(int B, int T, int C, int NH, float qk_scale) {
 
     float *out[2], *lse[2], *dqkv[2];
     for (int r = 0; r < runs(); r++) {
-        out[r] = frand(NC, 100, 33); /* all three overwritten */
-        lse[r] = frand(NL, 100, 34);
-        dqkv[r] = frand(N3, 100, 35);
+        out[r] = check_rand(NC, 100, 33); /* all three overwritten */
+        lse[r] = check_rand(NL, 100, 34);
+        dqkv[r] = check_rand(N3, 100, 35);
         be->attention_forward(out[r], lse[r], qkv, B, T, C, NH);
         be->attention_backward(dqkv[r], dout, qkv, fout, flse, B, T, C, NH);
     }
@@ -412,7 +407,7 @@ static double gelu_grad_ref(double x) {
  * others, but a single input must stay out of that tail. */
 static void gelu_case(size_t n, float scale) {
     snprintf(shape, sizeof shape, "n=%zu scale=%g", n, scale);
-    float *x = frand(n, scale, 41), *dout = frand(n, 1, 42);
+    float *x = check_rand(n, scale, 41), *dout = check_rand(n, 1, 42);
     double *ref = dnew(n), *rd = dnew(n);
     for (size_t i = 0; i < n; i++) {
         ref[i] = gelu_ref(x[i]);
@@ -420,9 +415,9 @@ static void gelu_case(size_t n, float scale) {
     }
     float *out[2], *dinp[2], *alias[2];
     for (int r = 0; r < runs(); r++) {
-        out[r] = frand(n, 100, 43); /* overwritten */
+        out[r] = check_rand(n, 100, 43); /* overwritten */
         be->gelu_forward(out[r], x, n);
-        dinp[r] = frand(n, 100, 44); /* overwritten */
+        dinp[r] = check_rand(n, 100, 44); /* overwritten */
         be->gelu_backward(dinp[r], x, dout, n);
         alias[r] = fcopy(dout, n); /* dinp aliases dout */
         be->gelu_backward(alias[r], x, alias[r], n);
@@ -446,7 +441,7 @@ static void test_gelu(void) {
 
 static void elementwise_case(size_t n) {
     snprintf(shape, sizeof shape, "n=%zu", n);
-    float *a = frand(n, 1, 51), *b = frand(n, 1, 52), *dst0 = frand(n, 1, 53);
+    float *a = check_rand(n, 1, 51), *b = check_rand(n, 1, 52), *dst0 = check_rand(n, 1, 53);
     double *sum = dnew(n), *acc = dnew(n);
     for (size_t i = 0; i < n; i++) {
         sum[i] = (double)a[i] + b[i];
@@ -454,7 +449,7 @@ static void elementwise_case(size_t n) {
     }
     float *out[2], *oa[2], *ob[2], *dst[2];
     for (int r = 0; r < runs(); r++) {
-        out[r] = frand(n, 100, 54); /* overwritten */
+        out[r] = check_rand(n, 100, 54); /* overwritten */
         be->residual_forward(out[r], a, b, n);
         oa[r] = fcopy(a, n); /* out aliases a */
         be->residual_forward(oa[r], oa[r], b, n);
@@ -489,7 +484,7 @@ static void crossentropy_case(int N, int V, int Vp, float scale, float shift, fl
     snprintf(shape, sizeof shape, "N=%d V=%d Vp=%d scale=%g shift=%g dloss=%g", N, V, Vp, scale,
              shift, dloss);
     size_t NV = (size_t)N * Vp;
-    float *logits = frand(NV, scale, 61), *pad = frand(NV, 10, 62);
+    float *logits = check_rand(NV, scale, 61), *pad = check_rand(NV, 10, 62);
     for (int n = 0; n < N; n++)
         for (int i = 0; i < Vp; i++) {
             float *z = logits + (size_t)n * Vp + i;
@@ -511,10 +506,10 @@ static void crossentropy_case(int N, int V, int Vp, float scale, float shift, fl
 
     float *loss[2], *grad[2], *loss0[2], *kept[2];
     for (int r = 0; r < runs(); r++) {
-        loss[r] = frand(N, 100, 64); /* overwritten */
+        loss[r] = check_rand(N, 100, 64); /* overwritten */
         grad[r] = fcopy(logits, NV);
         be->crossentropy(loss[r], grad[r], targets, N, V, Vp, dloss);
-        loss0[r] = frand(N, 100, 65);
+        loss0[r] = check_rand(N, 100, 65);
         kept[r] = fcopy(logits, NV);
         be->crossentropy(loss0[r], kept[r], targets, N, V, Vp, 0.0f);
     }
@@ -560,7 +555,7 @@ static void adamw_case(size_t n, loom_adamw_t hp, int first) {
     snprintf(shape, sizeof shape, "n=%zu lr=%g b1=%g b2=%g eps=%g wd=%g gs=%g t=%d%s", n, hp.lr,
              hp.beta1, hp.beta2, hp.eps, hp.weight_decay, hp.grad_scale, hp.t,
              first ? " (zero moments)" : "");
-    float *p0 = frand(n, 1, 71), *g = frand(n, 2, 72), *m0 = frand(n, 0.1f, 73), *v0 = frand(n, 0.1f, 74);
+    float *p0 = check_rand(n, 1, 71), *g = check_rand(n, 2, 72), *m0 = check_rand(n, 0.1f, 73), *v0 = check_rand(n, 0.1f, 74);
     for (size_t i = 0; i < n; i++) {
         if (first) m0[i] = v0[i] = 0;
         v0[i] *= v0[i];
@@ -614,7 +609,7 @@ static void test_adamw(void) {
 
 static void sumsq_case(size_t n) {
     snprintf(shape, sizeof shape, "n=%zu", n);
-    float *x = frand(n, 3, 81);
+    float *x = check_rand(n, 3, 81);
     double ref = 0, got[2];
     for (size_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
     for (int r = 0; r < runs(); r++) got[r] = be->sumsq(x, n);

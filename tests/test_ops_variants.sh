@@ -11,8 +11,8 @@ cd "$(dirname "$0")/.."
 bins=(build/tests/test_ops build/tests/test_gradcheck_ops build/tests/test_cpu_fused)
 for b in "${bins[@]}"; do
     if [ ! -x "$b" ]; then
-        echo "SKIP variants: $b is not built (run make first)"
-        exit 0
+        echo "FAIL variants: $b is not built (run make first)"
+        exit 1
     fi
 done
 flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)

@@ -14,16 +14,9 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 
-static char dir[256], python[256], text_path[512];
-static int have_oracle;
-
-static const char *path(const char *name) {
-    static char buf[8][512];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
-}
+static char python[256], text_path[512];
+static int have_oracle;   /* `tokenizers` imports: the oracle is installed */
+static char oracle_broken[256]; /* set when it is installed but produced no text */
 
 static int oracle(const char *args) {
     char cmd[2048];
@@ -33,12 +26,31 @@ static int oracle(const char *args) {
     return rc == 0;
 }
 
+/* The ids the oracle wrote to p, or NULL after failing the case when it
+ * wrote none: an oracle that produced nothing must not let a comparison
+ * of two empty lists pass. */
 static uint32_t *read_u32(const char *p, size_t *n) {
-    char *data;
-    size_t len;
-    if (loom_file_read(p, &data, &len) != LOOM_OK) return NULL;
+    char *data = NULL;
+    size_t len = 0;
+    loom_status st = loom_file_read(p, &data, &len);
+    if (st != LOOM_OK || len < 4) {
+        CHECK(0, "the oracle produced no ids in %s", p);
+        if (st == LOOM_OK) free(data);
+        return NULL;
+    }
     *n = len / 4;
     return (uint32_t *)data;
+}
+
+/* 1 when the case can compare against the oracle; else skipped (not
+ * installed) or failed (installed, but it produced no text). */
+static int oracle_ready(void) {
+    if (oracle_broken[0]) {
+        check_fail_why("%s", oracle_broken);
+        return 0;
+    }
+    if (!have_oracle) check_skip("Hugging Face tokenizers not importable by %s (scripts/deps.sh installs it)", python);
+    return have_oracle;
 }
 
 /* Compare two id arrays; report the first difference with some context. */
@@ -60,8 +72,8 @@ static uint32_t *loom_encode_file(const loom_tokenizer_t *t, const char *p, size
 }
 
 static void loom_trained(void) {
-    if (!have_oracle) return check_skip("Hugging Face tokenizers not importable by %s (scripts/deps.sh installs it)", python);
-    const char *out = path("loom");
+    if (!oracle_ready()) return;
+    const char *out = check_tmp_path("loom");
     const char *inputs[] = {text_path}, *specials[] = {"<|endoftext|>"};
     loom_pipeline_opts_t po = {.inputs = inputs, .ninputs = 1, .out = out, .vocab = 3000, .specials = specials, .nspecial = 1,
                                .val_fraction = 0.05, .shard_tokens = 300000, .threads = 2};
@@ -72,14 +84,14 @@ static void loom_trained(void) {
     CHECK(res.vocab == 3000 && res.val_shards >= 1 && res.train_shards >= 2, "pipeline result: vocabulary %d, %d val and %d train shards",
           res.vocab, res.val_shards, res.train_shards);
     loom_tokenizer_t *t = NULL;
-    CHECK(loom_tokenizer_load(&t, path("loom/tokenizer.json")) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(loom_tokenizer_load(&t, check_tmp_path("loom/tokenizer.json")) == LOOM_OK, "%s", loom_errmsg());
     if (!t) return;
     CHECK(loom_tokenizer_vocab_size(t) == 3000, "vocab %d", loom_tokenizer_vocab_size(t));
     size_t n = 0, m = 0;
     uint32_t *mine = loom_encode_file(t, text_path, &n);
     char args[1024];
-    snprintf(args, sizeof args, "encode %s %s %s", path("loom/tokenizer.json"), text_path, path("hf_ids.bin"));
-    uint32_t *theirs = oracle(args) ? read_u32(path("hf_ids.bin"), &m) : NULL;
+    snprintf(args, sizeof args, "encode %s %s %s", check_tmp_path("loom/tokenizer.json"), text_path, check_tmp_path("hf_ids.bin"));
+    uint32_t *theirs = oracle(args) ? read_u32(check_tmp_path("hf_ids.bin"), &m) : NULL;
     CHECK(theirs != NULL, "no ids from the oracle");
     if (theirs) same_ids("loom-trained tokenizer.json", mine, n, theirs, m);
 
@@ -90,9 +102,9 @@ static void loom_trained(void) {
         for (int i = 0;; i++) {
             char name[64];
             snprintf(name, sizeof name, "loom/%s_%06d.bin", split ? "train" : "val", i);
-            if (!loom_path_exists(path(name))) break;
+            if (!loom_path_exists(check_tmp_path(name))) break;
             loom_shard_t s;
-            CHECK(loom_shard_open(&s, path(name)) == LOOM_OK && loom_shard_validate(&s, path(name), 0) == LOOM_OK, "%s", loom_errmsg());
+            CHECK(loom_shard_open(&s, check_tmp_path(name)) == LOOM_OK && loom_shard_validate(&s, check_tmp_path(name), 0) == LOOM_OK, "%s", loom_errmsg());
             for (size_t k = 0; k < s.ntokens; k++) loom_ids_push(&all, loom_shard_get(&s, k));
             loom_shard_close(&s);
             shards++;
@@ -115,17 +127,17 @@ static void loom_trained(void) {
 }
 
 static void hf_trained(void) {
-    if (!have_oracle) return check_skip("Hugging Face tokenizers not importable by %s", python);
+    if (!oracle_ready()) return;
     char args[1024];
-    snprintf(args, sizeof args, "train %s 4000 %s", text_path, path("hf"));
+    snprintf(args, sizeof args, "train %s 4000 %s", text_path, check_tmp_path("hf"));
     if (!oracle(args)) {
         CHECK(0, "training with tokenizers failed");
         return;
     }
     size_t m = 0, n = 0;
-    uint32_t *theirs = read_u32(path("hf/ids.bin"), &m);
+    uint32_t *theirs = read_u32(check_tmp_path("hf/ids.bin"), &m);
     loom_tokenizer_t *t = NULL;
-    CHECK(loom_tokenizer_load(&t, path("hf/tokenizer.json")) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(loom_tokenizer_load(&t, check_tmp_path("hf/tokenizer.json")) == LOOM_OK, "%s", loom_errmsg());
     if (t && theirs) {
         uint32_t *mine = loom_encode_file(t, text_path, &n);
         same_ids("tokenizers-trained tokenizer.json", mine, n, theirs, m);
@@ -133,9 +145,9 @@ static void hf_trained(void) {
     }
     loom_tokenizer_free(t);
     t = NULL;
-    CHECK(loom_tokenizer_load_gpt2(&t, path("hf/vocab.json"), path("hf/merges.txt")) == LOOM_OK, "%s", loom_errmsg());
-    snprintf(args, sizeof args, "encode-gpt2 %s %s %s %s", path("hf/vocab.json"), path("hf/merges.txt"), text_path, path("gpt2_ids.bin"));
-    uint32_t *pair = oracle(args) ? read_u32(path("gpt2_ids.bin"), &m) : NULL;
+    CHECK(loom_tokenizer_load_gpt2(&t, check_tmp_path("hf/vocab.json"), check_tmp_path("hf/merges.txt")) == LOOM_OK, "%s", loom_errmsg());
+    snprintf(args, sizeof args, "encode-gpt2 %s %s %s %s", check_tmp_path("hf/vocab.json"), check_tmp_path("hf/merges.txt"), text_path, check_tmp_path("gpt2_ids.bin"));
+    uint32_t *pair = oracle(args) ? read_u32(check_tmp_path("gpt2_ids.bin"), &m) : NULL;
     if (t && pair) {
         uint32_t *mine = loom_encode_file(t, text_path, &n);
         same_ids("vocab.json + merges.txt", mine, n, pair, m);
@@ -147,15 +159,15 @@ static void hf_trained(void) {
 }
 
 static void pretokenize_code_points(void) {
-    if (!have_oracle) return check_skip("Hugging Face tokenizers not importable by %s", python);
+    if (!oracle_ready()) return;
     char args[1024];
-    snprintf(args, sizeof args, "pretok-text %s 13 && %s tests/tokenizer_oracle.py pretok %s %s", path("cps.txt"), python,
-             path("cps.txt"), path("cps_lens.bin"));
+    snprintf(args, sizeof args, "pretok-text %s 13 && %s tests/tokenizer_oracle.py pretok %s %s", check_tmp_path("cps.txt"), python,
+             check_tmp_path("cps.txt"), check_tmp_path("cps_lens.bin"));
     size_t m = 0;
-    uint32_t *theirs = oracle(args) ? read_u32(path("cps_lens.bin"), &m) : NULL;
+    uint32_t *theirs = oracle(args) ? read_u32(check_tmp_path("cps_lens.bin"), &m) : NULL;
     char *text;
     size_t len;
-    if (!theirs || loom_file_read(path("cps.txt"), &text, &len) != LOOM_OK) {
+    if (!theirs || loom_file_read(check_tmp_path("cps.txt"), &text, &len) != LOOM_OK) {
         CHECK(0, "oracle gave no pre-tokens");
         free(theirs);
         return;
@@ -177,23 +189,24 @@ static void pretokenize_code_points(void) {
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "/tmp/loom_test_oracle_tokenizer_%d", (int)getpid());
-    loom_mkdir_p(dir);
+    check_tmpdir("oracle-tokenizer");
     loom_log_quiet(1);
     snprintf(python, sizeof python, "%s", getenv("LOOM_PYTHON") ? getenv("LOOM_PYTHON") : "/usr/bin/python3");
     char cmd[600];
     snprintf(cmd, sizeof cmd, "%s -c 'import tokenizers' 2>/dev/null", python);
     have_oracle = system(cmd) == 0;
-    snprintf(text_path, sizeof text_path, "%s", path("mixed.txt"));
+    snprintf(text_path, sizeof text_path, "%s", check_tmp_path("mixed.txt"));
     if (have_oracle) {
         char args[700];
         snprintf(args, sizeof args, "gen %s 3 1234", text_path);
-        have_oracle = oracle(args);
+        size_t len = 0;
+        char *text = NULL;
+        if (!oracle(args) || loom_file_read(text_path, &text, &len) != LOOM_OK || len < 100000)
+            snprintf(oracle_broken, sizeof oracle_broken, "the oracle produced %zu bytes of test text (want a few MB): %s tests/tokenizer_oracle.py gen", len, python);
+        free(text);
     }
     RUN(loom_trained);
     RUN(hf_trained);
     RUN(pretokenize_code_points);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
     return check_main_end();
 }

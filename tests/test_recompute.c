@@ -19,12 +19,6 @@ static loom_gpt_config_t cfg(void) {
     return c;
 }
 
-static void tokens(int *x, int n, int V, unsigned seed) {
-    for (int i = 0; i < n; i++) {
-        seed = seed * 1103515245u + 12345u;
-        x[i] = (int)((seed >> 8) % (unsigned)V);
-    }
-}
 
 /* One forward + backward at recompute mode r; gradients copied to *grads,
  * loss and activation floats returned. */
@@ -35,8 +29,8 @@ static void grads_at(loom_recompute r, float **grads, float *loss, size_t *num_a
     loom_gpt_set_recompute(m, r);
     CHECK(loom_gpt_alloc_train(m) == LOOM_OK, "alloc");
     int B = 3, T = 16, in[48], tg[48];
-    tokens(in, B * T, c.vocab_size, 3);
-    tokens(tg, B * T, c.vocab_size, 4);
+    check_tokens(in, B * T, c.vocab_size, 3);
+    check_tokens(tg, B * T, c.vocab_size, 4);
     loom_gpt_zero_grad(m);
     CHECK(loom_gpt_forward(m, in, tg, B, T, 1.0f / (B * T), loss) == LOOM_OK, "forward: %s", loom_errmsg());
     loom_gpt_backward(m, B, T);
@@ -85,8 +79,8 @@ static void recompute_training_steps(void) {
         loom_gpt_init(&m, &c, be, 5);
         loom_gpt_set_recompute(m, (loom_recompute)r);
         int in[64], tg[64];
-        tokens(in, 64, c.vocab_size, 8);
-        tokens(tg, 64, c.vocab_size, 9);
+        check_tokens(in, 64, c.vocab_size, 8);
+        check_tokens(tg, 64, c.vocab_size, 9);
         loom_optim_t opt = {0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
         for (int s = 0; s < 5; s++) {
             float norm;

@@ -11,15 +11,7 @@
 #include "data/shard.h"
 #include "data/tokenizer.h"
 
-static char dir[256];
 
-static const char *tmp_path(const char *name) {
-    static char buf[8][512];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
-    return buf[k];
-}
 
 static void write_file(const char *path, const char *text) {
     FILE *f = fopen(path, "wb");
@@ -86,9 +78,9 @@ static void byte_level_layout(void) {
     CHECK(n == 5 && !memcmp(ids, want, sizeof want), "byte ids: n=%zu", n);
     free(ids);
     /* saved and loaded, it is the same tokenizer */
-    CHECK(loom_tokenizer_save(t, tmp_path("bytes.json")) == LOOM_OK, "save: %s", loom_errmsg());
+    CHECK(loom_tokenizer_save(t, check_tmp_path("bytes.json")) == LOOM_OK, "save: %s", loom_errmsg());
     loom_tokenizer_t *u;
-    CHECK(loom_tokenizer_load(&u, tmp_path("bytes.json")) == LOOM_OK, "load: %s", loom_errmsg());
+    CHECK(loom_tokenizer_load(&u, check_tmp_path("bytes.json")) == LOOM_OK, "load: %s", loom_errmsg());
     if (u) CHECK(loom_tokenizer_hash(u) == h && loom_tokenizer_merges(u) == 0, "reloaded byte-level differs");
     loom_tokenizer_free(u);
     uint32_t bad[] = {65, 257};
@@ -176,7 +168,7 @@ static void write_gpt2_vocab(const char *path, const char *extra) {
 }
 
 static void gpt2_pair_known_ids(void) {
-    const char *vocab = tmp_path("vocab.json"), *merges = tmp_path("merges.txt");
+    const char *vocab = check_tmp_path("vocab.json"), *merges = check_tmp_path("merges.txt");
     write_gpt2_vocab(vocab, "\"\xc4\xa0t\": 256, \"he\": 257, \"\xc4\xa0the\": 258, \"in\": 259, \"<|endoftext|>\": 260");
     write_file(merges, "#version: 0.2\n\xc4\xa0 t\nh e\n\xc4\xa0t he\ni n\n");
     loom_tokenizer_t *t = NULL;
@@ -306,9 +298,9 @@ static void training_invariants(void) {
     p = loom_tokenizer_token(a, 257, &n);
     CHECK(p && n == 2, "first merge has %zu bytes", n);
     /* save / load keeps ids and hash */
-    CHECK(loom_tokenizer_save(a, tmp_path("t.json")) == LOOM_OK, "save: %s", loom_errmsg());
+    CHECK(loom_tokenizer_save(a, check_tmp_path("t.json")) == LOOM_OK, "save: %s", loom_errmsg());
     loom_tokenizer_t *c = NULL;
-    CHECK(loom_tokenizer_load(&c, tmp_path("t.json")) == LOOM_OK, "load: %s", loom_errmsg());
+    CHECK(loom_tokenizer_load(&c, check_tmp_path("t.json")) == LOOM_OK, "load: %s", loom_errmsg());
     if (c) CHECK(loom_tokenizer_hash(c) == loom_tokenizer_hash(a), "hash changed through tokenizer.json");
     loom_tokenizer_free(c);
     loom_tokenizer_free(a);
@@ -341,7 +333,7 @@ static void bad_tokenizer_json(void) {
         {"{\"normalizer\": {\"type\": \"NFKC\"}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "normalizer NFKC"},
         {"{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "pre_tokenizer is Whitespace"},
     };
-    const char *path = tmp_path("bad.json");
+    const char *path = check_tmp_path("bad.json");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         write_file(path, cases[i].json);
         loom_tokenizer_t *t = NULL;
@@ -384,7 +376,7 @@ static void bad_tokenizer_json(void) {
 static void shard_formats(void) {
     uint32_t tok[1000];
     for (int i = 0; i < 1000; i++) tok[i] = (uint32_t)(i * 37 % 1000);
-    const char *p16 = tmp_path("s16.bin"), *p32 = tmp_path("s32.bin");
+    const char *p16 = check_tmp_path("s16.bin"), *p32 = check_tmp_path("s32.bin");
     CHECK(loom_shard_write(p16, tok, 1000, 1000) == LOOM_OK, "%s", loom_errmsg());
     loom_shard_t s;
     CHECK(loom_shard_open(&s, p16) == LOOM_OK, "%s", loom_errmsg());
@@ -404,13 +396,13 @@ static void shard_formats(void) {
 
     /* the streaming writer, across its buffer, gives the same file as one write */
     loom_shard_writer_t *w;
-    CHECK(loom_shard_writer_open(&w, tmp_path("big.bin"), 50257) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(loom_shard_writer_open(&w, check_tmp_path("big.bin"), 50257) == LOOM_OK, "%s", loom_errmsg());
     uint32_t *big = malloc(3000000 * sizeof *big);
     for (int i = 0; i < 3000000; i++) big[i] = (uint32_t)i % 50257;
     for (int i = 0; i < 3; i++) loom_shard_writer_append(w, big + i * 1000000, 1000000);
-    CHECK(!loom_path_exists(tmp_path("big.bin")), "the shard is under its final name before close");
+    CHECK(!loom_path_exists(check_tmp_path("big.bin")), "the shard is under its final name before close");
     CHECK(loom_shard_writer_close(w) == LOOM_OK, "%s", loom_errmsg());
-    CHECK(loom_shard_open(&s, tmp_path("big.bin")) == LOOM_OK && s.ntokens == 3000000 && loom_shard_get(&s, 2999999) == 2999999u % 50257,
+    CHECK(loom_shard_open(&s, check_tmp_path("big.bin")) == LOOM_OK && s.ntokens == 3000000 && loom_shard_get(&s, 2999999) == 2999999u % 50257,
           "streamed shard");
     loom_shard_close(&s);
     free(big);
@@ -423,8 +415,8 @@ static void shard_formats(void) {
         uint16_t v = (uint16_t)(50256 - i);
         memcpy(buf + 1024 + 2 * i, &v, 2);
     }
-    loom_file_write_atomic(tmp_path("llmc.bin"), buf, sizeof buf);
-    CHECK(loom_shard_open(&s, tmp_path("llmc.bin")) == LOOM_OK && s.ntokens == 10 && s.vocab_size == 0 && loom_shard_get(&s, 3) == 50253,
+    loom_file_write_atomic(check_tmp_path("llmc.bin"), buf, sizeof buf);
+    CHECK(loom_shard_open(&s, check_tmp_path("llmc.bin")) == LOOM_OK && s.ntokens == 10 && s.vocab_size == 0 && loom_shard_get(&s, 3) == 50253,
           "llm.c shard: %s", loom_errmsg());
     CHECK(loom_shard_validate(&s, "llmc.bin", 50000) == LOOM_EFORMAT && strstr(loom_errmsg(), "position 0"), "validate: %s", loom_errmsg());
     loom_shard_close(&s);
@@ -433,25 +425,25 @@ static void shard_formats(void) {
     char *data;
     size_t len;
     loom_file_read(p16, &data, &len);
-    loom_file_write_atomic(tmp_path("trunc.bin"), data, len - 3);
-    CHECK(loom_shard_open(&s, tmp_path("trunc.bin")) == LOOM_EFORMAT && strstr(loom_errmsg(), "truncated") && strstr(loom_errmsg(), "trunc.bin"),
+    loom_file_write_atomic(check_tmp_path("trunc.bin"), data, len - 3);
+    CHECK(loom_shard_open(&s, check_tmp_path("trunc.bin")) == LOOM_EFORMAT && strstr(loom_errmsg(), "truncated") && strstr(loom_errmsg(), "trunc.bin"),
           "%s", loom_errmsg());
     int32_t v = 12345;
     memcpy(data, &v, 4);
-    loom_file_write_atomic(tmp_path("magic.bin"), data, len);
-    CHECK(loom_shard_open(&s, tmp_path("magic.bin")) == LOOM_EFORMAT && strstr(loom_errmsg(), "magic 12345"), "%s", loom_errmsg());
+    loom_file_write_atomic(check_tmp_path("magic.bin"), data, len);
+    CHECK(loom_shard_open(&s, check_tmp_path("magic.bin")) == LOOM_EFORMAT && strstr(loom_errmsg(), "magic 12345"), "%s", loom_errmsg());
     v = LOOM_SHARD_MAGIC;
     memcpy(data, &v, 4);
     v = 9;
     memcpy(data + 4, &v, 4);
-    loom_file_write_atomic(tmp_path("version.bin"), data, len);
-    CHECK(loom_shard_open(&s, tmp_path("version.bin")) == LOOM_EFORMAT && strstr(loom_errmsg(), "version 9"), "%s", loom_errmsg());
+    loom_file_write_atomic(check_tmp_path("version.bin"), data, len);
+    CHECK(loom_shard_open(&s, check_tmp_path("version.bin")) == LOOM_EFORMAT && strstr(loom_errmsg(), "version 9"), "%s", loom_errmsg());
     v = 1;
     memcpy(data + 4, &v, 4);
     uint16_t big_tok = 5000;
     memcpy(data + 1024 + 2 * 7, &big_tok, 2);
-    loom_file_write_atomic(tmp_path("range.bin"), data, len);
-    CHECK(loom_shard_open(&s, tmp_path("range.bin")) == LOOM_OK, "%s", loom_errmsg());
+    loom_file_write_atomic(check_tmp_path("range.bin"), data, len);
+    CHECK(loom_shard_open(&s, check_tmp_path("range.bin")) == LOOM_OK, "%s", loom_errmsg());
     CHECK(loom_shard_validate(&s, "range.bin", 0) == LOOM_EFORMAT && strstr(loom_errmsg(), "token 5000 at position 7"), "%s", loom_errmsg());
     loom_shard_close(&s);
     free(data);
@@ -459,18 +451,17 @@ static void shard_formats(void) {
     /* a token beyond the vocabulary: error with its position, nothing on disk */
     tok[5] = 1000;
     for (int i = 0; i < 5; i++) tok[i] = 1;
-    const char *bad = tmp_path("bad.bin");
+    const char *bad = check_tmp_path("bad.bin");
     CHECK(loom_shard_write(bad, tok, 10, 1000) == LOOM_EINVAL && strstr(loom_errmsg(), "position 5"), "%s", loom_errmsg());
-    CHECK(!loom_path_exists(bad) && !loom_path_exists(tmp_path("bad.bin.tmp")), "a failed shard left a file behind");
+    CHECK(!loom_path_exists(bad) && !loom_path_exists(check_tmp_path("bad.bin.tmp")), "a failed shard left a file behind");
     CHECK(loom_shard_writer_open(&w, bad, 1000) == LOOM_OK, "open");
     loom_shard_writer_append(w, tok, 3);
     loom_shard_writer_abort(w);
-    CHECK(!loom_path_exists(bad) && !loom_path_exists(tmp_path("bad.bin.tmp")), "an aborted shard left a file behind");
+    CHECK(!loom_path_exists(bad) && !loom_path_exists(check_tmp_path("bad.bin.tmp")), "an aborted shard left a file behind");
 }
 
 int main(void) {
-    snprintf(dir, sizeof dir, "/tmp/loom_test_tokenizer_%d", (int)getpid());
-    loom_mkdir_p(dir);
+    check_tmpdir("tokenizer");
     loom_log_quiet(1);
     RUN(byte_level_layout);
     RUN(pretokenize_cases);
@@ -480,8 +471,5 @@ int main(void) {
     RUN(training_invariants);
     RUN(bad_tokenizer_json);
     RUN(shard_formats);
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
     return check_main_end();
 }

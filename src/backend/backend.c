@@ -5,15 +5,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const dtype_names[] = {"fp32", "tf32", "bf16", "fp16"};
+static const char *const dtype_names[LOOM_DTYPE_COUNT] = {"fp32", "tf32", "bf16", "fp16", "int8", "int32"};
+static const unsigned char dtype_sizes[LOOM_DTYPE_COUNT] = {4, 4, 2, 2, 1, 4};
 
 int loom_dtype_parse(const char *s) {
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i <= LOOM_FP16; i++)
         if (strcmp(s, dtype_names[i]) == 0) return i;
     return -1;
 }
 
-const char *loom_dtype_name(loom_dtype d) { return (unsigned)d < 4 ? dtype_names[d] : "?"; }
+const char *loom_dtype_name(loom_dtype d) { return (unsigned)d < LOOM_DTYPE_COUNT ? dtype_names[d] : "?"; }
+
+size_t loom_dtype_size(loom_dtype d) { return (unsigned)d < LOOM_DTYPE_COUNT ? dtype_sizes[d] : 0; }
 
 /* ---- the op list as data ---- */
 
@@ -58,6 +61,30 @@ static int caps_agree(const loom_backend_t *be, char *why, size_t n) {
     return 1;
 }
 
+int loom_op_arg_dtype(const loom_backend_t *be, loom_op_id op, int arg) {
+    if ((unsigned)op >= LOOM_OP_COUNT || arg < 0 || arg >= op_info[op].nargs) return -1;
+    switch (op_info[op].arg_tags[arg]) {
+    case LOOM_ARG_F32: return LOOM_FP32;
+    case LOOM_ARG_I32: return LOOM_INT32;
+    case LOOM_ARG_ACT: return (int)be->act_dtype;
+    default: return -1;
+    }
+}
+
+/* The element types every backend must take, and act_dtype among them. */
+static int dtypes_agree(const loom_backend_t *be, char *why, size_t n) {
+    unsigned need = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32);
+    if ((be->dtypes & need) != need) {
+        snprintf(why, n, "its dtypes lack fp32 or int32, which the required ops take");
+        return 0;
+    }
+    if ((unsigned)be->act_dtype >= LOOM_DTYPE_COUNT || !(be->dtypes & LOOM_DTYPE_BIT(be->act_dtype))) {
+        snprintf(why, n, "its activation type %s is not among its dtypes", loom_dtype_name(be->act_dtype));
+        return 0;
+    }
+    return 1;
+}
+
 loom_status loom_backend_check(const loom_backend_t *be) {
     for (int op = 0; op < LOOM_OP_COUNT; op++)
         if (op_info[op].required && !loom_backend_slot(be, (loom_op_id)op))
@@ -66,6 +93,7 @@ loom_status loom_backend_check(const loom_backend_t *be) {
     char why[256];
     if (!caps_agree(be, why, sizeof why))
         return loom_error(LOOM_EINTERNAL, "the %s backend's capability flags disagree with its table: %s", be->name, why);
+    if (!dtypes_agree(be, why, sizeof why)) return loom_error(LOOM_EINTERNAL, "the %s backend: %s", be->name, why);
     return LOOM_OK;
 }
 

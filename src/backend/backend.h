@@ -3,8 +3,10 @@
  * and the distributed layer are one piece of code for CPU and GPU.
  *
  * Conventions, for every backend:
- * - All tensors are float32, row-major, in the backend's memory (device
- *   memory for CUDA). Token ids are int32 in backend memory.
+ * - Tensors are row-major, in the backend's memory (device memory for
+ *   CUDA). Their element type follows the argument's tag in ops.h: F32
+ *   float32, I32 int32 (token ids), ACT be->act_dtype (float32 on every
+ *   backend today), QT a loom_tensor_t that says its own type.
  * - B batch, T sequence length, C channels, NH heads, N = B*T rows,
  *   V vocabulary, Vp padded vocabulary (V <= Vp, Vp % 64 == 0).
  * - Backward ops ACCUMULATE (+=) into parameter gradients and into `dinp`
@@ -22,12 +24,63 @@
 #include "../core/core.h"
 #include "ops.h"
 
-/* Precision of the matrix work. fp32 everywhere on the CPU; the CUDA backend
- * runs tensor cores at tf32/bf16/fp16 with fp32 master weights. */
-typedef enum { LOOM_FP32 = 0, LOOM_TF32, LOOM_BF16, LOOM_FP16 } loom_dtype;
-/* Parse "fp32", "tf32", "bf16", "fp16"; -1 if unknown. */
+/* Element types. The first four are also the precision of the matrix
+ * work (loom_backend_t.dtype, --dtype): fp32 everywhere on the CPU; the
+ * CUDA backend runs tensor cores at tf32/bf16/fp16 with fp32 master
+ * weights (tf32 is stored as fp32). The rest are storage types that typed
+ * tensors (loom_tensor_t) and token ids use. Append only: the values are
+ * bits of loom_backend_t.dtypes. */
+typedef enum {
+    LOOM_FP32 = 0, LOOM_TF32, LOOM_BF16, LOOM_FP16, /* matrix precisions */
+    LOOM_INT8, LOOM_INT32,                          /* storage only */
+    LOOM_DTYPE_COUNT
+} loom_dtype;
+/* Parse a matrix precision: "fp32", "tf32", "bf16", "fp16"; -1 if unknown
+ * (storage types are not precisions and do not parse). */
 int loom_dtype_parse(const char *s);
+/* "fp32", ..., "int8", "int32"; "?" out of range. */
 const char *loom_dtype_name(loom_dtype d);
+/* Bytes per element (tf32 is stored as fp32); 0 out of range. */
+size_t loom_dtype_size(loom_dtype d);
+
+/* How a typed tensor's elements are laid out. */
+typedef enum {
+    LOOM_LAYOUT_DENSE = 0, /* rows x cols, row-major */
+    /* 2:4 structured sparsity along each row: of every 4 consecutive
+     * elements 2 are kept. data holds rows x cols/2 kept values, row-major;
+     * meta holds one byte per group of 4: two 2-bit column indices (the
+     * first in bits 0-1, the second in bits 2-3, first < second). */
+    LOOM_LAYOUT_SPARSE24,
+} loom_layout;
+
+/* A typed tensor: the argument kind QT of ops.h, for data whose element
+ * type and scales travel with it (int8 weights, an int8 KV cache, 2:4
+ * sparse weights). A matrix rows x cols, logically; element (r, c) of an
+ * int8 tensor is data[r][c] * scale(r, c), where scale(r, c) is
+ * scales[r] when block == 0 (one per row: per output channel for a
+ * weight (OC, C)) and scales[r * (cols / block) + c / block] when
+ * block > 0 (per block of `block` consecutive elements, 32 in the
+ * quantization issue). fp32/bf16/fp16 tensors have no scales. */
+typedef struct {
+    void *data;          /* in the backend's memory */
+    loom_dtype dtype;    /* element type of data */
+    long long rows, cols;
+    const float *scales; /* int8 only, in the backend's memory, fp32 */
+    int block;           /* 0 = one scale per row; else elements per scale, divides cols */
+    loom_layout layout;
+    const unsigned char *meta; /* LOOM_LAYOUT_SPARSE24 only: rows x cols/4 bytes */
+} loom_tensor_t;
+
+/* LOOM_OK when `t` is self-consistent (a known dtype and layout, scales
+ * where int8 needs them and none elsewhere, block dividing cols, cols a
+ * multiple of 4 for 2:4); else LOOM_EINVAL saying what is wrong, prefixed
+ * by `what` (the tensor's name). */
+loom_status loom_tensor_check(const loom_tensor_t *t, const char *what);
+/* The reference meaning of a typed tensor in host memory: out (rows,
+ * cols) fp32, dense. The fallback of every VARIANT op is "dequantize into
+ * a scratch buffer, then the fp32 op"; backends and tests check against
+ * it. `t` must pass loom_tensor_check. */
+void loom_tensor_dequantize(const loom_tensor_t *t, float *out);
 
 /* alloc's return type, one token for ops.h. */
 typedef void *loom_ptr;
@@ -73,6 +126,13 @@ typedef struct {
 
 /* Everything ops.h says about entry `op` (0 <= op < LOOM_OP_COUNT). */
 const loom_op_info_t *loom_op_info(loom_op_id op);
+
+struct loom_backend;
+/* The element type of argument `arg` of `op` on backend `be`: LOOM_FP32
+ * for F32, LOOM_INT32 for I32, be->act_dtype for ACT; -1 for arguments
+ * that are not tensors of one fixed type (QT tensors carry theirs, BYTES,
+ * VAL, HP) or out of range. */
+int loom_op_arg_dtype(const struct loom_backend *be, loom_op_id op, int arg);
 
 /* Capability flags (loom_backend_t.caps): what a caller may rely on
  * without knowing which backend it has. */

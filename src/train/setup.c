@@ -102,9 +102,9 @@ static loom_status resolve_model(loom_train_job_t *j) {
 /* The flags that pick how the step runs, parsed once. */
 static loom_status parse_modes(loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
-    int is_cuda = !strncmp(o->device, "cuda", 4);
+    int has_graphs = (loom_backend_device_caps(o->device) & LOOM_CAP_GRAPHS) != 0;
     j->auto_dtype = !o->dtype || !strcmp(o->dtype, "auto");
-    j->dtype = j->auto_dtype ? (is_cuda ? LOOM_BF16 : LOOM_FP32) : loom_dtype_parse(o->dtype);
+    j->dtype = j->auto_dtype ? (int)loom_backend_default_dtype(o->device) : loom_dtype_parse(o->dtype);
     if (j->dtype < 0) return loom_error(LOOM_EINVAL, "--dtype %s: unknown; use fp32, tf32, bf16 or fp16", o->dtype);
     int rc = o->recompute ? loom_recompute_parse(o->recompute) : LOOM_RECOMPUTE_NONE;
     if (rc < 0) return loom_error(LOOM_EINVAL, "--recompute %s: unknown; use none, gelu or all", o->recompute);
@@ -113,7 +113,7 @@ static loom_status parse_modes(loom_train_job_t *j) {
         return loom_error(LOOM_EINVAL, "--cuda-graphs %s: use on or off", o->cuda_graphs);
     if (o->grad_dtype && strcmp(o->grad_dtype, "fp32") && strcmp(o->grad_dtype, "bf16"))
         return loom_error(LOOM_EINVAL, "--grad-dtype %s: unknown; use fp32 or bf16", o->grad_dtype);
-    j->want_graphs = is_cuda && (!o->cuda_graphs || !strcmp(o->cuda_graphs, "on"));
+    j->want_graphs = has_graphs && (!o->cuda_graphs || !strcmp(o->cuda_graphs, "on"));
     j->dpo = (loom_dp_opts_t){.zero = o->zero, .overlap = !o->no_overlap,
                               .grad_dtype = o->grad_dtype && !strcmp(o->grad_dtype, "bf16") ? LOOM_DIST_BF16 : LOOM_DIST_FP32,
                               .bucket_floats = o->bucket_mb > 0 ? (size_t)(o->bucket_mb * 1e6 / 4) : 0};
@@ -154,7 +154,7 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
     /* The device-resident step (CUDA graphs, fp16 loss scaling) where the
      * backend has it; data parallelism reduces from the host during
      * backward, so it keeps the host step. */
-    int is_cuda = !strncmp(o->device, "cuda", 4);
+    int is_cuda = (run->be->caps & LOOM_CAP_GRAPHS) != 0; /* capability flags, not the backend's name */
     if (!is_cuda && o->cuda_graphs)
         loom_info("loom train: --cuda-graphs %s is ignored on %s (CUDA graphs are for CUDA devices)", o->cuda_graphs, run->be->name);
     if (!run->dp && loom_step_graph_supported(run->be, NULL, 0)) {

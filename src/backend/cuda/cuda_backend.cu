@@ -292,7 +292,7 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
     b->peak_source = g_peak_source;
     b->caps = LOOM_CAP_DEVICE_MEMORY | LOOM_CAP_DEVICE_STEP | LOOM_CAP_GRAPHS |
               (dtype == LOOM_FP16 ? (unsigned)LOOM_CAP_LOSS_SCALING : 0u);
-    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32);
+    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32);
     b->act_dtype = LOOM_FP32;
     b->alloc = cuda_alloc;
     b->free = cuda_free;
