@@ -72,11 +72,11 @@ out=$($LOOM train --data "$tmp/bpe_v1" "${A[@]}" --steps 1 --out "$tmp/g" 2>&1);
 # the complete step_10 is what loads; killed inside pruning, `latest`'s
 # checkpoint is intact and a .del- leftover is all that remains of the old one.
 LOOM_TEST_KILL_AT=ckpt_renamed:2 $LOOM train --data "$tmp/bpe" "${A[@]}" --steps 10 --ckpt-every 5 --out "$tmp/h" > "$tmp/h.log" 2>&1 &
-wait $!; rc=$?; out=$($LOOM sample --run "$tmp/h" --tokens 2 2>&1); rc2=$?
+wait $! 2>/dev/null; rc=$?; out=$($LOOM sample --run "$tmp/h" --tokens 2 2>&1); rc2=$?
 [ $rc = 137 ] && [ "$(cat "$tmp/h/latest")" = step_00000005 ] && [ $rc2 = 0 ] && printf '%s' "$out" | grep -q "step_00000010 is complete and newer" \
     && pass kill_before_latest_finds_complete_checkpoint || fail kill_before_latest_finds_complete_checkpoint "exit $rc/$rc2: $out"
 LOOM_TEST_KILL_AT=ckpt_prune $LOOM train --data "$tmp/bpe" "${A[@]}" --steps 10 --ckpt-every 5 --keep-ckpts 1 --out "$tmp/i" > "$tmp/i.log" 2>&1 &
-wait $!; rc=$?
+wait $! 2>/dev/null; rc=$?
 if [ $rc = 137 ] && [ "$(cat "$tmp/i/latest")" = step_00000010 ] && [ -d "$tmp/i/checkpoints/.del-step_00000005" ] &&
    [ ! -e "$tmp/i/checkpoints/step_00000005" ] && $LOOM sample --run "$tmp/i" --tokens 2 > /dev/null 2>&1; then
     pass kill_inside_prune_keeps_latest

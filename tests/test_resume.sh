@@ -41,7 +41,7 @@ out=$($LOOM train "${A[@]}" --threads 1 --out "$tmp/a" --resume 2>&1); rc=$?
 [ $rc = 2 ] && printf '%s' "$out" | grep -q "already at step 20" && echo "PASS resume_finished_run_refused" \
     || echo "FAIL resume_finished_run_refused: exit $rc: $out"
 out=$($LOOM train "${A[@]}" --threads 1 --out "$tmp/nothing" --resume 2>&1); rc=$?
-[ $rc = 2 ] && printf '%s' "$out" | grep -q "no such folder" && echo "PASS resume_missing_run_refused" \
+[ $rc = 2 ] && printf '%s' "$out" | grep -q "does not exist" && echo "PASS resume_missing_run_refused" \
     || echo "FAIL resume_missing_run_refused: exit $rc: $out"
 cut_back "$tmp/a" "$tmp/c"
 $LOOM tokenize --input "$tmp/text.txt" --vocab 300 --out "$tmp/bpe" --quiet > /dev/null 2>&1
