@@ -28,7 +28,8 @@ spot() {
           "$ROOT/deploy/slurm/train-spot.sbatch" "${A[@]}" --out "$out" 2>"$tmp/$name.err")
     [ -n "$job" ] || { echo "FAIL ft_slurm_$name: sbatch: $(cat "$tmp/$name.err")"; return; }
     for _ in $(seq 1 600); do
-        [ "$(grep -c '"loss"' "$out/metrics.jsonl" 2>/dev/null)" -ge $((STEPS / 4)) ] && break
+        n=$(grep -c '"loss"' "$out/metrics.jsonl" 2>/dev/null)
+        [ "${n:-0}" -ge $((STEPS / 4)) ] && break
         sleep 0.1
     done
     if [ "$how" = requeue ]; then scontrol requeue "$job"; else scancel --batch --signal=TERM "$job"; fi

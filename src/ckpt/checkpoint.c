@@ -33,10 +33,11 @@ static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *
     return remove(path);
 }
 
-static int rm_rf(const char *path) {
+int loom_ckpt_remove_tree(const char *path) {
     if (!loom_path_exists(path)) return 0;
     return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
 }
+#define rm_rf loom_ckpt_remove_tree
 
 static int cmp_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 

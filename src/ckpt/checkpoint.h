@@ -52,6 +52,8 @@ loom_status loom_ckpt_find(const char *run, const char *which, char *ckpt_dir, s
 loom_status loom_ckpt_supersede(const char *run, long long step);
 /* 1 when `run`/checkpoints holds at least one complete checkpoint. */
 int loom_ckpt_any(const char *run);
+/* Remove a file or a folder with everything in it (0, or -1 with errno). */
+int loom_ckpt_remove_tree(const char *path);
 /* Fault injection for the chaos test: when the environment variable
  * LOOM_TEST_KILL_AT equals `point`, the process SIGKILLs itself here
  * (points: ckpt_files, ckpt_manifest, ckpt_renamed, ckpt_latest, ckpt_prune). */

@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
-#include <ftw.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,15 +13,6 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
 
-static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(path);
-}
-
-static int rm_rf(const char *path) {
-    if (!loom_path_exists(path)) return 0;
-    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 static int dir_is_empty(const char *dir) {
     DIR *d = opendir(dir);
@@ -52,7 +42,7 @@ loom_status loom_run_prepare(const char *dir, int force) {
         for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++) {
             char p[4096];
             snprintf(p, sizeof p, "%s/%s", dir, ours[i]);
-            if (rm_rf(p) != 0) return loom_error(LOOM_EIO, "%s: cannot remove: %s", p, strerror(errno));
+            if (loom_ckpt_remove_tree(p) != 0) return loom_error(LOOM_EIO, "%s: cannot remove: %s", p, strerror(errno));
         }
     }
     char ck[4096];
