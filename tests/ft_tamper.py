@@ -88,6 +88,15 @@ def flip(path, offset_fraction):
     open(path, "wb").write(bytes(data))
 
 
+def optim_step(ckpt, step):
+    """Rewrite the step in an optimizer shard's header (u64 at byte 56)."""
+    path = os.path.join(ckpt, "optim-rank00000-of-00001.bin")
+    data = bytearray(open(path, "rb").read())
+    data[56:64] = struct.pack("<Q", int(step))
+    open(path, "wb").write(bytes(data))
+    remanifest(ckpt)
+
+
 def shard_version(path, v):
     data = bytearray(open(path, "rb").read())
     data[4:8] = struct.pack("<i", int(v))
@@ -97,6 +106,6 @@ def shard_version(path, v):
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     r = {"remanifest": remanifest, "check_manifest": check_manifest, "st": st_edit, "state": state_edit,
-         "flip": flip, "shard_version": shard_version}[cmd](*args)
+         "flip": flip, "shard_version": shard_version, "optim_step": optim_step}[cmd](*args)
     if r is not None:
         print(r)

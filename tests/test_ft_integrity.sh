@@ -39,6 +39,14 @@ fresh() { rm -rf "$tmp/$1"; cp -r "$tmp/a" "$tmp/$1"; }
 fresh b; $T flip "$tmp/b/$ck/model.safetensors" 0.6
 expect_fail bitflip_refused_names_previous_good "fails verification.*step_00000005" $LOOM sample --run "$tmp/b" --tokens 2
 expect_fail bitflip_refused_by_eval "checksum" $LOOM eval --run "$tmp/b" --data "$tmp/bpe" --batch 2 --seq 16 --batches 1
+R=(--data "$tmp/bpe" "${A[@]}" --steps 12 --ckpt-every 5 --resume)
+expect_fail bitflip_resume_offers_previous "continue from it with --resume step_00000005" $LOOM train "${R[@]}" --out "$tmp/b"
+out=$($LOOM train "${R[@]}" step_00000005 --out "$tmp/b" 2>&1); rc=$?
+[ $rc = 0 ] && printf '%s' "$out" | grep -q "resuming .* from step 5" && pass bitflip_resume_from_named_previous || fail bitflip_resume_from_named_previous "exit $rc: $(printf '%s' "$out" | tail -2)"
+fresh b; $T optim_step "$tmp/b/$ck" 7
+expect_fail optimizer_step_crosschecked "optimizer state of step 7, but the checkpoint is of step 10" $LOOM train "${R[@]}" --out "$tmp/b"
+fresh b; $T state "$tmp/b/$ck" world_size 2; $T state "$tmp/b/$ck" zero 1
+expect_fail optimizer_world_crosschecked "shards of 1 rank(s) at ZeRO-0, but its state.json says 2 rank(s) at ZeRO-1" $LOOM train "${R[@]}" --out "$tmp/b"
 fresh b; $T flip "$tmp/b/$ck/optim-rank00000-of-00001.bin" 0.5
 expect_fail bitflip_in_optimizer_state_refused "optim-rank00000-of-00001.bin: checksum" $LOOM sample --run "$tmp/b" --tokens 2
 

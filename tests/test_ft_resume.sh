@@ -105,19 +105,22 @@ $LOOM train "${A[@]}" --steps 60 --ckpt-every 0 --ckpt-every-minutes 0.001 --kee
 n=$(ls -d "$tmp/t/checkpoints"/step_* 2>/dev/null | wc -l)
 [ "$n" -ge 3 ] && pass "checkpoints_by_time ($n checkpoints)" || fail checkpoints_by_time "$n checkpoints: $(tail -2 "$tmp/t.log")"
 
-# Defect 1: SIGTERM to a 2-rank run that checkpoints every step: exit 75 and a verified checkpoint, every time.
+# Defects 1 and 2: SIGTERM to a run that checkpoints every step (2 ranks,
+# then 1 process): exit 75 and a verified checkpoint, every time.
 ok=1
-for i in 1 2 3; do
-    $LOOM train "${A[@]}" --steps 100000 --ckpt-every 1 --keep-ckpts 2 --nproc 2 --zero 1 --out "$tmp/m$i" > "$tmp/m$i.log" 2>&1 &
+for i in 1 2 3 4; do
+    np=(--nproc 2 --zero 1); shard=optim-rank00001-of-00002.bin
+    [ $i = 4 ] && np=() && shard=optim-rank00000-of-00001.bin
+    $LOOM train "${A[@]}" --steps 100000 --ckpt-every 1 --keep-ckpts 2 "${np[@]}" --out "$tmp/m$i" > "$tmp/m$i.log" 2>&1 &
     pid=$!
     for _ in $(seq 300); do [ "$(cat "$tmp/m$i/metrics.jsonl" 2>/dev/null | wc -l)" -ge $((2 + 3 * i)) ] && break; sleep 0.05; done
     kill -TERM $pid; wait $pid; rc=$?
     last=$(cat "$tmp/m$i/latest" 2>/dev/null)
-    if [ $rc != 75 ] || [ ! -f "$tmp/m$i/checkpoints/$last/optim-rank00001-of-00002.bin" ] || ! $LOOM sample --run "$tmp/m$i" --tokens 2 > /dev/null 2>&1; then
+    if [ $rc != 75 ] || [ ! -f "$tmp/m$i/checkpoints/$last/$shard" ] || ! $LOOM sample --run "$tmp/m$i" --tokens 2 > /dev/null 2>&1; then
         ok=0; echo "  round $i: exit $rc, latest '$last': $(ls "$tmp/m$i/checkpoints/$last" 2>&1 | tr '\n' ' ')"
     fi
 done
-[ $ok = 1 ] && pass multirank_sigterm_on_checkpoint_steps_keeps_latest || fail multirank_sigterm_on_checkpoint_steps_keeps_latest "see above"
+[ $ok = 1 ] && pass sigterm_on_checkpoint_steps_keeps_latest_1_and_2_ranks || fail sigterm_on_checkpoint_steps_keeps_latest_1_and_2_ranks "see above"
 
 # Defect 8: SIGKILL the --nproc launcher: its ranks stop (no orphans training on).
 $LOOM train "${A[@]}" --steps 100000 --ckpt-every 50 --nproc 2 --out "$tmp/o" > "$tmp/o.log" 2>&1 &

@@ -29,6 +29,11 @@ typedef struct {
     loom_train_observer_t *obs[LOOM_TRAIN_MAX_OBS];
 } loom_train_job_t;
 
+/* observers.c: SIGINT/SIGTERM handlers for the whole job (install before
+ * setup; restore is idempotent), read by the signals observer. */
+void loom_train_signals_install(void);
+void loom_train_signals_restore(void);
+
 /* setup.c: everything before the first step, and its undoing. */
 loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist);
 void loom_train_teardown(loom_train_job_t *j);
