@@ -12,7 +12,7 @@ OPT     ?= -O3
 # Paths are built with snprintf into PATH_MAX buffers; gcc cannot prove they fit.
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-format-truncation
 CFLAGS  := -std=gnu11 $(OPT) $(ARCH) -g -fopenmp $(WARN) -Isrc $(EXTRA_CFLAGS)
-LDLIBS  := -lopenblas -lcjson -lm -lpthread -ldl
+LDLIBS  := -lopenblas -lcjson -lm -lpthread -ldl -lmicrohttpd
 BUILD   := build
 
 ifneq ($(SANITIZE),)

@@ -13,7 +13,7 @@ set -u
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-build/loom}
 model=${1:-gpt2-small}; batch=${2:-1}; seq=${3:-128}; reps=${4:-3}
-steps=12; every=3; default_every=500
+steps=${STEPS:-9}; every=${EVERY:-4}; default_every=500
 tmp=$(mktemp -d /tmp/loom-ckptbench-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 [ -f "$tmp/text.txt" ] || /usr/bin/python3 -c "import random; random.seed(1); print(' '.join(random.choice(['in','the','beginning','God','created','heaven','and','earth.']) for _ in range(60000)))" > "$tmp/text.txt"

@@ -11,19 +11,21 @@ static char skip_reason[512], fail_reason[512];
 
 void check_fail(void) { case_failed = 1; }
 
+#define FORMAT_INTO(buf, fmt)         \
+    do {                              \
+        va_list ap;                   \
+        va_start(ap, fmt);            \
+        vsnprintf(buf, sizeof buf, fmt, ap); \
+        va_end(ap);                   \
+    } while (0)
+
 void check_fail_why(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(fail_reason, sizeof fail_reason, fmt, ap);
-    va_end(ap);
+    FORMAT_INTO(fail_reason, fmt);
     case_failed = 1;
 }
 
 void check_skip(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(skip_reason, sizeof skip_reason, fmt, ap);
-    va_end(ap);
+    FORMAT_INTO(skip_reason, fmt);
     case_skipped = 1;
 }
 
@@ -34,10 +36,7 @@ static int require_gpu(void) {
 
 void check_skip_gpu(const char *fmt, ...) {
     char why[480];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
+    FORMAT_INTO(why, fmt);
     if (require_gpu()) check_fail_why("LOOM_REQUIRE_GPU=1 and no usable GPU: %s", why);
     else check_skip("%s", why);
 }

@@ -24,10 +24,17 @@ if grep -q '^FAIL rule_unavailable_gpu_skips: LOOM_REQUIRE_GPU=1' <<<"$out" && g
     ok require_gpu_turns_gpu_skips_into_fails
 else bad require_gpu_turns_gpu_skips_into_fails "$out"; fi
 
-out=$(LOOM_REQUIRE_GPU=1 "$B/test_cuda_model" 2>&1); rc=$?
-if grep -q '^SKIP cuda_' <<<"$out"; then bad require_gpu_cuda_model "GPU cases still skipped: $(grep '^SKIP cuda_' <<<"$out" | head -1)"
-elif grep -q '^FAIL cuda_' <<<"$out" && [ $rc -eq 0 ]; then bad require_gpu_cuda_model "FAIL lines but exit status 0"
-else ok require_gpu_cuda_model; fi
+# Under LOOM_REQUIRE_GPU=1 no GPU case of test binary $2 skips, and a FAIL
+# line makes it exit non-zero.
+require_gpu_case() { # case name, binary
+    local out rc
+    out=$(LOOM_REQUIRE_GPU=1 "$B/$2" 2>&1); rc=$?
+    if grep -q '^SKIP cuda_' <<<"$out"; then bad "$1" "GPU cases still skipped: $(grep '^SKIP cuda_' <<<"$out" | head -1)"
+    elif grep -q '^FAIL cuda_' <<<"$out" && [ $rc -eq 0 ]; then bad "$1" "FAIL lines but exit status 0"
+    else ok "$1"; fi
+}
+require_gpu_case require_gpu_cuda_model test_cuda_model
+require_gpu_case require_gpu_cuda_ops test_cuda_ops
 
 mkdir -p "$tmp/emptybuild/tests"
 out=$(LOOM_TEST_BUILD="$tmp/emptybuild" tests/run.sh test_ops_list 2>&1); rc=$?
@@ -48,8 +55,3 @@ out=$(LOOM_PYTHON="$tmp/python" "$B/test_oracle_tokenizer" 2>&1); rc=$?
 if [ $rc -ne 0 ] && ! grep -q '^PASS' <<<"$out" && ! grep -q '^SKIP' <<<"$out" && grep -q 'produced 0 bytes' <<<"$out"; then
     ok oracle_that_produced_nothing_fails
 else bad oracle_that_produced_nothing_fails "rc $rc: $out"; fi
-
-out=$(LOOM_REQUIRE_GPU=1 "$B/test_cuda_ops" 2>&1); rc=$?
-if grep -q '^SKIP cuda_' <<<"$out"; then bad require_gpu_cuda_ops "GPU cases still skipped: $(grep '^SKIP cuda_' <<<"$out" | head -1)"
-elif grep -q '^FAIL cuda_' <<<"$out" && [ $rc -eq 0 ]; then bad require_gpu_cuda_ops "FAIL lines but exit status 0"
-else ok require_gpu_cuda_ops; fi

@@ -105,6 +105,11 @@ loom_dtype loom_backend_default_dtype(const char *device) {
     return is_cuda_device(device) ? LOOM_BF16 : LOOM_FP32;
 }
 
+void loom_backend_rank_device(char *out, size_t n, const char *device, int local_rank) {
+    if (local_rank >= 0 && strcmp(device, "cuda") == 0) snprintf(out, n, "cuda:%d", local_rank);
+    else snprintf(out, n, "%s", device);
+}
+
 unsigned loom_backend_device_caps(const char *device) {
     return is_cuda_device(device) ? LOOM_CAP_DEVICE_MEMORY : 0u;
 }

@@ -248,7 +248,32 @@ typedef struct loom_backend {
  *   dw (OC,C) += dout^T @ inp and dbias (OC) += colsum(dout) as
  *   matmul_backward; then dpre (N,C) = gelu_backward(pre, dout @ w),
  *   OVERWRITTEN, the GELU derivative applied in the same GEMM (epilogue).
- *   dbias may be NULL. */
+ *   dbias may be NULL.
+ *
+ * Inference over a paged KV cache (the engine, src/serve/; PagedAttention).
+ * A layer's cache is a typed tensor `kv` of num_blocks blocks: rows
+ * num_blocks * 2 * NH, cols block_size * hs; row (b * 2 + 0) * NH + h holds
+ * head h's keys of block b (block_size tokens x hs, token-major), row
+ * (b * 2 + 1) * NH + h its values. fp32 today; an int8 cache has one scale
+ * per row (per block, K or V, head: loom_tensor_t with block 0). A
+ * sequence's token at position p lives in block block_tables[seq][p /
+ * block_size] at offset p % block_size; its slot is block * block_size +
+ * offset. Every op computes each output row from its own input row and
+ * its own sequence's cache only; on the CPU in an order that depends
+ * neither on N nor on the threads, so a sequence's tokens are bitwise the
+ * same alone or in a batch.
+ * embed_positions: out (N,C) = wte[tokens[i]] + wpe[pos[i]]; tokens, pos (N).
+ * matmul_forward_rows: out (N,OC) = inp (N,C) @ w (OC,C)^T + bias (may be
+ *   NULL), then GELU when gelu != 0; each weight is read from memory once
+ *   per call whatever N (decode's matrix-vector path, all sequences of a
+ *   step at once).
+ * kv_write: the K and V parts of qkv (N,3C) go into the cache at each
+ *   row's slot (N).
+ * paged_attention: out (N,C): causal attention of each row's q (in qkv)
+ *   over positions 0..pos[i] of sequence seq[i], read through its row of
+ *   block_tables (S, max_blocks). Scale 1/sqrt(hs).
+ * gather_rows: out (R,C) = inp[rows[r]].
+ * kv_copy_block: block src to block dst, K and V of every head (copy-on-write). */
 
 /* LOOM_OK when every required entry of `be` is filled and its type flags
  * agree with its slots; else LOOM_EINTERNAL naming the first missing op. */
@@ -260,6 +285,9 @@ void *loom_backend_slot(const loom_backend_t *be, loom_op_id op);
 /* The dtype `--dtype auto` means on `device` (bf16 on CUDA, fp32 on the
  * CPU), without opening it; LOOM_FP32 for a name it does not know. */
 loom_dtype loom_backend_default_dtype(const char *device);
+/* The device a rank opens: "cuda" becomes "cuda:<local_rank>" (one GPU
+ * per process) when local_rank >= 0; anything else is copied as given. */
+void loom_backend_rank_device(char *out, size_t n, const char *device, int local_rank);
 /* The LOOM_CAP_DEVICE_MEMORY bit `device` will have once opened, without
  * opening it (for choosing a transport before the backend exists). */
 unsigned loom_backend_device_caps(const char *device);
@@ -280,5 +308,10 @@ loom_status loom_backend_cuda_init(const loom_backend_t **out, int index, loom_d
 #endif
 /* Threads the CPU backend uses. */
 int loom_backend_cpu_threads(void);
+/* The CPU's SGEMM rate in FLOP/s: the best of `reps` n^3 products with
+ * the GEMM and threads of the open CPU backend; `how` says so in words.
+ * Larger n and more reps than the quick measurement at open, for
+ * benchmarks (n = 2048, 5 reps take about 2 s on 2 cores). */
+double loom_backend_cpu_measure_peak(int n, int reps, char *how, size_t how_size);
 
 #endif

@@ -112,7 +112,24 @@
       4.0 * N * C * OC, 10, \
       ((ACT, float *, dpre), (F32, float *, dw), (F32, float *, dbias), (ACT, const float *, dout), \
        (ACT, const float *, inp), (ACT, const float *, pre), (F32, const float *, w), (VAL, int, N), \
-       (VAL, int, C), (VAL, int, OC)))
+       (VAL, int, C), (VAL, int, OC))) \
+    X(embed_positions, void, OP, "", 0, 7, \
+      ((ACT, float *, out), (I32, const int *, tokens), (I32, const int *, pos), (F32, const float *, wte), \
+       (F32, const float *, wpe), (VAL, int, N), (VAL, int, C))) \
+    X(matmul_forward_rows, void, OP, "", 2.0 * N * C * OC, 8, \
+      ((ACT, float *, out), (ACT, const float *, inp), (F32, const float *, w), (F32, const float *, bias), \
+       (VAL, int, N), (VAL, int, C), (VAL, int, OC), (VAL, int, gelu))) \
+    X(kv_write, void, OP, "", 0, 6, \
+      ((QT, const loom_tensor_t *, kv), (ACT, const float *, qkv), (I32, const int *, slot), (VAL, int, N), \
+       (VAL, int, NH), (VAL, int, block_size))) \
+    X(paged_attention, void, OP, "", 0, 10, \
+      ((ACT, float *, out), (ACT, const float *, qkv), (QT, const loom_tensor_t *, kv), \
+       (I32, const int *, pos), (I32, const int *, seq), (I32, const int *, block_tables), \
+       (VAL, int, max_blocks), (VAL, int, N), (VAL, int, NH), (VAL, int, block_size))) \
+    X(gather_rows, void, OP, "", 0, 5, \
+      ((ACT, float *, out), (ACT, const float *, inp), (I32, const int *, rows), (VAL, int, R), (VAL, int, C))) \
+    X(kv_copy_block, void, OP, "", 0, 4, \
+      ((QT, const loom_tensor_t *, kv), (VAL, int, src), (VAL, int, dst), (VAL, int, NH)))
 /* clang-format on */
 
 /* ---- helpers to expand the argument lists ---- */

@@ -19,6 +19,74 @@ int loom_args_given(const char *name) {
     return 0;
 }
 
+static const loom_arg_t shared[LOOM_FLAG_COUNT] = {
+    [LOOM_FLAG_RUN] = {"run", ARG_STR, NULL, NULL, 0, 0, "run folder written by `loom train --out`, or a GPT-2 GGUF file (loom export, llama.cpp's converter)"},
+    [LOOM_FLAG_DATA] = {"data", ARG_STR, NULL, NULL, 0, 0, "text file, or folder of token shards from `loom tokenize`"},
+    [LOOM_FLAG_MODEL] = {"model", ARG_STR, NULL, "gpt2-tiny", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"},
+    [LOOM_FLAG_BATCH] = {"batch", ARG_INT, NULL, "8", 1, 1 << 20, "sequences per batch (per micro-batch and rank when training)"},
+    [LOOM_FLAG_SEQ] = {"seq", ARG_INT, NULL, "0", 0, 1 << 20, "tokens per sequence (0 = the model's context)"},
+    [LOOM_FLAG_STEPS] = {"steps", ARG_LONG, NULL, "1000", 1, 1e12, "optimizer steps"},
+    [LOOM_FLAG_THREADS] = {"threads", ARG_INT, NULL, "0", 0, 4096, "CPU threads (0 = all cores)"},
+    [LOOM_FLAG_DEVICE] = {"device", ARG_STR, NULL, "cpu", 0, 0, "cpu, cuda or cuda:N"},
+    [LOOM_FLAG_DTYPE] = {"dtype", ARG_CHOICE, NULL, "auto", -1, 0,
+                         "matrix precision: fp32, tf32, bf16, fp16 (the last three CUDA only); auto = bf16 on a GPU that has it (compute capability >= 8), else fp32; fp16 uses dynamic loss scaling"},
+    [LOOM_FLAG_SEED] = {"seed", ARG_LONG, NULL, "1337", 0, 9.2e18, "random seed (initialization, samples)"},
+    [LOOM_FLAG_VAL_FRACTION] = {"val-fraction", ARG_FLOAT, NULL, "0.1", 0, 0.5, "share of a text file held out for validation"},
+    [LOOM_FLAG_LR] = {"lr", ARG_FLOAT, NULL, "6e-4", 0, 10, "peak learning rate"},
+    [LOOM_FLAG_MIN_LR_RATIO] = {"min-lr-ratio", ARG_FLOAT, NULL, "0.1", 0, 1, "final learning rate as a fraction of --lr (cosine decay)"},
+    [LOOM_FLAG_WARMUP] = {"warmup", ARG_INT, NULL, "100", 0, 1 << 30, "linear warmup steps"},
+    [LOOM_FLAG_WEIGHT_DECAY] = {"weight-decay", ARG_FLOAT, NULL, "0.1", 0, 10, "AdamW decoupled weight decay (matrices and embeddings only)"},
+    [LOOM_FLAG_BETA1] = {"beta1", ARG_FLOAT, NULL, "0.9", 0, 0.999999, "AdamW beta1"},
+    [LOOM_FLAG_BETA2] = {"beta2", ARG_FLOAT, NULL, "0.95", 0, 0.999999, "AdamW beta2"},
+    [LOOM_FLAG_CLIP] = {"clip", ARG_FLOAT, NULL, "1.0", 0, 1e6, "global gradient norm clip (0 = off)"},
+    [LOOM_FLAG_RECOMPUTE] = {"recompute", ARG_CHOICE, NULL, "none", 0, 0,
+                             "activation recompute for memory: none, gelu (recompute each layer's GELU output), all (keep only each block's input)"},
+    [LOOM_FLAG_CUDA_GRAPHS] = {"cuda-graphs", ARG_CHOICE, NULL, "default", -1, 0,
+                               "capture the whole step as a CUDA graph after warm-up and replay it: on, off, default (on for CUDA; ignored on the CPU)"},
+    [LOOM_FLAG_ZERO] = {"zero", ARG_INT, NULL, "0", 0, 2, "ZeRO stage: 0 replicate, 1 shard AdamW state, 2 also shard gradients"},
+    [LOOM_FLAG_GRAD_DTYPE] = {"grad-dtype", ARG_CHOICE, NULL, "fp32", 0, 0, "gradients on the wire between ranks: fp32 or bf16"},
+};
+
+/* The values of the shared ARG_CHOICE flags, '|'-separated. */
+static const char *const shared_choices[LOOM_FLAG_COUNT] = {
+    [LOOM_FLAG_DTYPE] = "auto|fp32|tf32|bf16|fp16",
+    [LOOM_FLAG_RECOMPUTE] = "none|gelu|all",
+    [LOOM_FLAG_CUDA_GRAPHS] = "default|off|on",
+    [LOOM_FLAG_GRAD_DTYPE] = "fp32|bf16",
+};
+
+static const char *choices_of(const char *name) {
+    for (int i = 0; i < LOOM_FLAG_COUNT; i++)
+        if (shared_choices[i] && !strcmp(shared[i].name, name)) return shared_choices[i];
+    return "";
+}
+
+loom_arg_t loom_flag(loom_flag_id id, void *ptr) {
+    loom_arg_t a = shared[id];
+    a.ptr = ptr;
+    return a;
+}
+
+loom_arg_t loom_flag_default(loom_flag_id id, void *ptr, const char *def) {
+    loom_arg_t a = loom_flag(id, ptr);
+    a.def = def;
+    return a;
+}
+
+/* The index of `val` in the '|'-separated `choices`, or -1. */
+static int choice_index(const char *choices, const char *val) {
+    size_t n = strlen(val);
+    int k = 0;
+    for (const char *p = choices; *p; k++) {
+        const char *end = strchr(p, '|');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && !strncmp(p, val, n)) return k;
+        if (!end) break;
+        p = end + 1;
+    }
+    return -1;
+}
+
 static const char *type_hint(loom_arg_type t) {
     switch (t) {
     case ARG_INT: case ARG_LONG: return "N";
@@ -27,6 +95,7 @@ static const char *type_hint(loom_arg_type t) {
     case ARG_BOOL: return "";
     case ARG_LIST: return "S...";
     case ARG_OPTSTR: return "[S]";
+    case ARG_CHOICE: return "S";
     }
     return "";
 }
@@ -100,6 +169,15 @@ static int set_value(const char *cmd, const loom_arg_t *a, const char *val) {
             return 2;
         }
         return 0;
+    case ARG_CHOICE: {
+        int k = choice_index(choices_of(a->name), val);
+        if (k < 0) {
+            fprintf(stderr, "loom %s: --%s %s: unknown; use one of %s\n", cmd, a->name, val, choices_of(a->name));
+            return 2;
+        }
+        *(int *)a->ptr = (int)a->min + k;
+        return 0;
+    }
     case ARG_LIST: {
         loom_arg_list_t *l = a->ptr;
         const char **v = realloc(l->v, (size_t)(l->n + 1) * sizeof *v);

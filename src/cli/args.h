@@ -1,5 +1,10 @@
 /* args: one table per subcommand (name, type, target, default, bounds,
- * help) drives flag parsing, defaults and --help, so they cannot disagree. */
+ * help) drives flag parsing, defaults and --help, so they cannot disagree.
+ * A flag that several commands take (--batch, --threads, --dtype, the
+ * optimizer's) is declared once in the shared table (loom_flag) with one
+ * bound and one help text, and each command's table binds it to its own
+ * variable. Enumerated flags (ARG_CHOICE) are checked here, by the parser,
+ * and nowhere else: what reaches a command is already a valid number. */
 #ifndef LOOM_ARGS_H
 #define LOOM_ARGS_H
 
@@ -10,6 +15,8 @@ typedef enum {
     ARG_STR,   /* const char * */
     ARG_BOOL,  /* int, set to 1 by the bare flag */
     ARG_LIST,  /* loom_arg_list_t: every value up to the next --flag */
+    ARG_CHOICE, /* int: min + the index of the value among the flag's choices ("none|gelu|all");
+                * only for shared flags, whose choices the shared table holds */
     ARG_OPTSTR /* const char *, the value optional: the bare flag (or one followed by a --flag) stores "latest" */
 } loom_arg_type;
 
@@ -26,6 +33,38 @@ typedef struct {
     double min, max;  /* bounds for numbers (min == max: unbounded) */
     const char *help;
 } loom_arg_t;
+
+/* The flags shared by several commands. */
+typedef enum {
+    LOOM_FLAG_RUN,          /* --run: a run folder */
+    LOOM_FLAG_DATA,         /* --data: text file or token shard folder */
+    LOOM_FLAG_MODEL,        /* --model: a preset */
+    LOOM_FLAG_BATCH,        /* --batch: sequences per (micro-)batch */
+    LOOM_FLAG_SEQ,          /* --seq: tokens per sequence */
+    LOOM_FLAG_STEPS,        /* --steps: optimizer steps */
+    LOOM_FLAG_THREADS,      /* --threads: CPU threads */
+    LOOM_FLAG_DEVICE,       /* --device: cpu, cuda, cuda:N */
+    LOOM_FLAG_DTYPE,        /* --dtype: ARG_CHOICE, -1 = auto, else loom_dtype */
+    LOOM_FLAG_SEED,         /* --seed */
+    LOOM_FLAG_VAL_FRACTION, /* --val-fraction: held-out share of a text file */
+    LOOM_FLAG_LR,           /* optimizer: --lr, --min-lr-ratio, --warmup, --weight-decay, --beta1, --beta2, --clip */
+    LOOM_FLAG_MIN_LR_RATIO,
+    LOOM_FLAG_WARMUP,
+    LOOM_FLAG_WEIGHT_DECAY,
+    LOOM_FLAG_BETA1,
+    LOOM_FLAG_BETA2,
+    LOOM_FLAG_CLIP,
+    LOOM_FLAG_RECOMPUTE,    /* --recompute: ARG_CHOICE, a loom_recompute */
+    LOOM_FLAG_CUDA_GRAPHS,  /* --cuda-graphs: ARG_CHOICE, -1 default, 0 off, 1 on */
+    LOOM_FLAG_ZERO,         /* --zero: ZeRO stage */
+    LOOM_FLAG_GRAD_DTYPE,   /* --grad-dtype: ARG_CHOICE, a loom_dist_dtype */
+    LOOM_FLAG_COUNT
+} loom_flag_id;
+
+/* The shared flag `id`, bound to `ptr` (of the flag's type). */
+loom_arg_t loom_flag(loom_flag_id id, void *ptr);
+/* The same with another default (a benchmark's smaller batch). */
+loom_arg_t loom_flag_default(loom_flag_id id, void *ptr, const char *def);
 
 /* Parse argv (after the subcommand name) against the table; defaults are
  * applied first. Returns 0 when parsed, 1 when --help was printed, 2 on a

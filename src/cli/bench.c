@@ -97,6 +97,7 @@ static void child_stop(child_t *c) {
 typedef struct {
     const char *model, *device, *dtype, *gemm;
     int batch, seq, threads;
+    int robust_peak; /* measure the CPU peak at 2048^3 too (bench train's first round) */
 } loom_side_t;
 
 static long long maxrss_bytes(void) {
@@ -130,7 +131,8 @@ static loom_status loom_side_build(const loom_side_t *s, const loom_backend_t **
 
 static const loom_optim_t bench_opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f};
 
-/* The loom child: same protocol as bench/torch_train.py, plus "peak" first. */
+/* The loom child: same protocol as bench/torch_train.py; its "ready" line
+ * carries the peak FLOP/s and how it was found. */
 static void loom_child(FILE *in, FILE *out, void *arg) {
     const loom_side_t *s = arg;
     const loom_backend_t *be;
@@ -146,7 +148,17 @@ static void loom_child(FILE *in, FILE *out, void *arg) {
         fprintf(out, "error %s\n", loom_errmsg());
         return;
     }
-    fprintf(out, "ready %.6g %s\n", be->peak_flops, be->peak_source ? be->peak_source : "unknown");
+    double peak = be->peak_flops;
+    char how[192];
+    snprintf(how, sizeof how, "%s", be->peak_source ? be->peak_source : "unknown");
+    if (s->robust_peak && !(be->caps & LOOM_CAP_DEVICE_MEMORY)) {
+        /* The quick 1024^3 peak of the open can come out low on a busy
+         * machine, and the model's larger GEMMs then beat it. */
+        char how2[192];
+        double p = loom_backend_cpu_measure_peak(2048, 5, how2, sizeof how2);
+        if (p > peak) peak = p, snprintf(how, sizeof how, "%s", how2);
+    }
+    fprintf(out, "ready %.6g %s\n", peak, how);
     fflush(out);
     char line[256];
     while (fgets(line, sizeof line, in)) {
@@ -180,14 +192,15 @@ static void loom_child(FILE *in, FILE *out, void *arg) {
 
 typedef struct {
     const char *label;
-    child_t c;
-    int ok;
-    char why[320];
+    loom_side_t ls;     /* a loom side's settings */
+    char *const *argv;  /* the PyTorch side's command (NULL for a loom side) */
+    int dead, round;    /* dead: it failed in round `round` (-1: never started; why says how) */
+    char why[400];
     double times[MAX_TIMES];
     int n;
-    long long maxrss;
-    double peak;
-    char peak_source[160];
+    long long maxrss;   /* the highest of its rounds */
+    double peak;        /* FLOP/s its "ready" line reported (loom sides) */
+    char peak_source[192];
 } side_t;
 
 static int cmp_double(const void *a, const void *b) {
@@ -195,7 +208,7 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-static double median(double *v, int n) {
+static double median(const double *v, int n) {
     if (n == 0) return 0;
     double tmp[MAX_TIMES];
     memcpy(tmp, v, (size_t)n * sizeof(double));
@@ -203,13 +216,15 @@ static double median(double *v, int n) {
     return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
 }
 
+static double fastest(const double *v, int n) {
+    double b = n ? v[0] : 0;
+    for (int i = 1; i < n; i++) b = v[i] < b ? v[i] : b;
+    return b;
+}
+
 /* Parse "times a b c" into the side's list; 0 on success. */
 static int take_times(side_t *s, const char *line) {
-    if (strncmp(line, "times", 5) != 0) {
-        snprintf(s->why, sizeof s->why, "%s", line);
-        s->why[strcspn(s->why, "\n")] = 0;
-        return -1;
-    }
+    if (strncmp(line, "times", 5) != 0) return -1;
     const char *p = line + 5;
     char *end;
     for (;;) {
@@ -218,7 +233,7 @@ static int take_times(side_t *s, const char *line) {
         if (s->n < MAX_TIMES) s->times[s->n++] = v;
         p = end;
     }
-    return 0;
+    return *p == '\n' || *p == 0 ? 0 : -1; /* " error ..." after the times: the step failed */
 }
 
 /* The torch script: --torch-script, else bench/ beside the repository root
@@ -242,139 +257,190 @@ static void torch_script_path(char *out, size_t n, const char *given) {
     snprintf(out, n, "bench/torch_train.py");
 }
 
-/* Wait for a side's "ready" line (building and its warm-up step are not
- * timed). Sides start one at a time so that no two build or measure their
- * GEMM peak at once. */
-static void side_ready(side_t *s, int is_loom) {
-    char line[512] = "";
-    if (!s->ok) return;
-    if (child_ask(&s->c, NULL, line, sizeof line) != 0 || strncmp(line, "ready", 5) != 0) {
-        s->ok = 0;
-        snprintf(s->why, sizeof s->why, "%s", strncmp(line, "error ", 6) == 0 ? line + 6 : "exited before it was ready (see its stderr)");
-        s->why[strcspn(s->why, "\n")] = 0;
-        return;
+/* The side failed in `round`: wait for its process and say how it ended
+ * (the exit status or the signal: the OOM killer sends SIGKILL), with
+ * the message it printed when there is one. */
+static void side_died(side_t *s, child_t *c, int round, const char *line, const char *when) {
+    s->dead = 1;
+    s->round = round;
+    char msg[256] = "";
+    const char *err = strstr(line, "error ");
+    if (err) snprintf(msg, sizeof msg, ": %s", err + 6);
+    msg[strcspn(msg, "\n")] = 0;
+    fclose(c->to);
+    fclose(c->from);
+    int st = 0;
+    char how[128] = "still running";
+    if (waitpid(c->pid, &st, 0) == c->pid) {
+        if (WIFSIGNALED(st))
+            snprintf(how, sizeof how, "killed by signal %d (%s%s)", WTERMSIG(st), strsignal(WTERMSIG(st)),
+                     WTERMSIG(st) == SIGKILL ? "; the OOM killer sends it when memory runs out" : "");
+        else
+            snprintf(how, sizeof how, "exited with status %d", WEXITSTATUS(st));
     }
-    if (is_loom && sscanf(line, "ready %lf %159[^\n]", &s->peak, s->peak_source) < 1) s->peak = 0;
+    c->pid = 0;
+    snprintf(s->why, sizeof s->why, "%s in round %d, %s%s", when, round + 1, how, msg);
 }
 
-/* The pause before each side's turn: OpenBLAS's workers (in PyTorch and in
- * loom with --gemm blas) spin for tens of milliseconds after their last
- * call, and would otherwise steal the cores from the side that runs next. */
+/* The pause before each side's timed steps: OpenBLAS's workers (in
+ * PyTorch and in loom with --gemm blas) spin for tens of milliseconds
+ * after their last call, here the warm-up step's. */
 #define SETTLE_US 300000
+
+/* One round of one side: start its process, wait for "ready" (building
+ * and the warm-up step are not timed), time `steps` steps, read its peak
+ * memory, stop it. The first round of a loom side also measures the peak
+ * robustly. */
+static void side_round(side_t *s, int round, int steps) {
+    child_t c = {0};
+    s->ls.robust_peak = round == 0;
+    if (child_start(&c, s->argv ? NULL : loom_child, &s->ls, s->argv) != 0) {
+        s->dead = 1;
+        s->round = round;
+        snprintf(s->why, sizeof s->why, "fork: %s", strerror(errno));
+        return;
+    }
+    char line[65536] = "", cmd[32];
+    if (child_ask(&c, NULL, line, sizeof line) != 0 || strncmp(line, "ready", 5) != 0)
+    {
+        side_died(s, &c, round, line, "failed before it was ready");
+        return;
+    }
+    double peak = 0;
+    char src[192] = "";
+    if (!s->argv && sscanf(line, "ready %lf %191[^\n]", &peak, src) >= 1 && peak > s->peak) /* the best of its rounds */
+        s->peak = peak, snprintf(s->peak_source, sizeof s->peak_source, "%s", src);
+    usleep(SETTLE_US);
+    snprintf(cmd, sizeof cmd, "run %d", steps);
+    line[0] = 0;
+    if (child_ask(&c, cmd, line, sizeof line) != 0 || take_times(s, line) != 0)
+    {
+        side_died(s, &c, round, line, "died during its steps");
+        return;
+    }
+    long long rss = 0;
+    if (child_ask(&c, "mem", line, sizeof line) == 0 && sscanf(line, "maxrss %lld", &rss) == 1 && rss > s->maxrss)
+        s->maxrss = rss;
+    child_stop(&c);
+}
 
 typedef struct {
     const char *model;
     int seq, threads;
 } bench_cfg_t;
 
-static int run_train_config(const bench_cfg_t *bc, int batch, int rounds, int steps,
-                            const char *device, const char *dtype, const char **gemms, int ngemm,
-                            int torch_on, const char *script) {
-    loom_gpt_config_t cfg;
-    if (loom_gpt_preset(&cfg, bc->model) != LOOM_OK) {
-        fprintf(stderr, "loom bench train: %s\n", loom_errmsg());
-        return 2;
-    }
-    cfg.vocab_size = BENCH_VOCAB;
-    if (bc->seq > cfg.max_seq_len) cfg.max_seq_len = bc->seq;
-    if (loom_gpt_config_finish(&cfg) != LOOM_OK) {
-        fprintf(stderr, "loom bench train: %s\n", loom_errmsg());
-        return 2;
-    }
-    double fpt = loom_gpt_flops_per_token(&cfg, bc->seq);
-    double tokens = (double)batch * bc->seq;
-
-    side_t sides[4];
-    loom_side_t ls[3];
-    int ns = 0;
-    memset(sides, 0, sizeof sides);
+/* The sides of one configuration: one loom side per GEMM (CPU) or one for
+ * the device, then PyTorch when asked for; returns how many. */
+static int make_sides(side_t *sides, const bench_cfg_t *bc, int batch, const char *device, const char *dtype,
+                      const char **gemms, int ngemm, char *const *torch_argv, const char *torch_why) {
+    static char labels[3][48];
+    int ns = 0, cpu = strcmp(device, "cpu") == 0;
+    memset(sides, 0, 4 * sizeof *sides);
     for (int g = 0; g < ngemm && g < 3; g++) {
-        ls[g] = (loom_side_t){bc->model, device, dtype, strcmp(device, "cpu") == 0 ? gemms[g] : NULL,
-                              batch, bc->seq, bc->threads};
         side_t *s = &sides[ns++];
-        static char labels[3][48];
-        snprintf(labels[g], sizeof labels[g], strcmp(device, "cpu") == 0 ? "loom (gemm %s)" : "loom %s",
-                 strcmp(device, "cpu") == 0 ? gemms[g] : device);
+        s->ls = (loom_side_t){bc->model, device, dtype, cpu ? gemms[g] : NULL, batch, bc->seq, bc->threads, 0};
+        snprintf(labels[g], sizeof labels[g], cpu ? "loom (gemm %s)" : "loom %s", cpu ? gemms[g] : device);
         s->label = labels[g];
-        s->ok = child_start(&s->c, loom_child, &ls[g], NULL) == 0;
-        if (!s->ok) snprintf(s->why, sizeof s->why, "fork: %s", strerror(errno));
-        side_ready(s, 1);
     }
-    side_t *torch = NULL;
-    if (torch_on) {
-        torch = &sides[ns++];
-        torch->label = "pytorch";
-        char a[8][24];
-        snprintf(a[0], 24, "%d", cfg.n_layer);
-        snprintf(a[1], 24, "%d", cfg.channels);
-        snprintf(a[2], 24, "%d", cfg.n_head);
-        snprintf(a[3], 24, "%d", cfg.vocab_size);
-        snprintf(a[4], 24, "%d", cfg.max_seq_len);
-        snprintf(a[5], 24, "%d", batch);
-        snprintf(a[6], 24, "%d", bc->seq);
-        snprintf(a[7], 24, "%d", bc->threads);
-        char *argv[] = {"/usr/bin/python3", (char *)script, "--layers", a[0], "--channels", a[1],
-                        "--heads", a[2], "--vocab", a[3], "--maxT", a[4], "--batch", a[5],
-                        "--seq", a[6], "--threads", a[7], NULL};
-        if (access("/usr/bin/python3", X_OK) != 0) {
-            snprintf(torch->why, sizeof torch->why, "/usr/bin/python3 not found");
-        } else if (access(script, R_OK) != 0) {
-            snprintf(torch->why, sizeof torch->why, "%s not found (pass --torch-script)", script);
-        } else {
-            torch->ok = child_start(&torch->c, NULL, NULL, argv) == 0;
-            if (!torch->ok) snprintf(torch->why, sizeof torch->why, "fork: %s", strerror(errno));
-            side_ready(torch, 0);
-        }
+    if (torch_argv || torch_why) {
+        side_t *s = &sides[ns++];
+        s->label = "pytorch";
+        s->argv = torch_argv;
+        if (torch_why) s->dead = 1, s->round = -1, snprintf(s->why, sizeof s->why, "%s", torch_why);
     }
+    return ns;
+}
 
-    char line[65536];
-    char cmd[32];
-    snprintf(cmd, sizeof cmd, "run %d", steps);
-    for (int r = 0; r < rounds; r++)
-        for (int i = 0; i < ns; i++) {
-            side_t *s = &sides[i];
-            if (!s->ok) continue;
-            usleep(SETTLE_US);
-            if (child_ask(&s->c, cmd, line, sizeof line) != 0 || take_times(s, line) != 0) {
-                s->ok = 0;
-                if (!s->why[0]) snprintf(s->why, sizeof s->why, "exited during the run");
-            }
-        }
-    for (int i = 0; i < ns; i++) {
-        side_t *s = &sides[i];
-        if (s->ok && child_ask(&s->c, "mem", line, sizeof line) == 0) sscanf(line, "maxrss %lld", &s->maxrss);
-        if (s->c.pid) child_stop(&s->c);
-    }
-
+/* The peak for MFU: the highest a loom side reported; when a step of any
+ * side ran faster than that (the peak was measured on a busy machine),
+ * the fastest step's rate, said in *note. MFU is then never above 100%. */
+static double mfu_peak(const side_t *sides, int ns, double flops_per_step, const char **src, char *note, size_t n) {
     double peak = 0;
-    const char *peak_src = "unknown";
+    *src = "unknown";
+    note[0] = 0;
     for (int i = 0; i < ns; i++)
-        if (sides[i].peak > peak) peak = sides[i].peak, peak_src = sides[i].peak_source;
-    double torch_tps = torch && torch->ok && torch->n ? tokens / median(torch->times, torch->n) : 0;
-    long long torch_mem = torch && torch->ok ? torch->maxrss : 0;
-    printf("\n%s  B=%d T=%d  threads=%d  device=%s  (%.1f MFLOP/token; %d rounds x %d steps each, alternating)\n",
-           bc->model, batch, bc->seq, bc->threads, device, fpt / 1e6, rounds, steps);
-    printf("  peak: %s\n", peak_src);
-    printf("  %-16s %10s %10s %9s %7s %10s %12s %10s\n", "", "step ms", "tokens/s", "GFLOP/s", "MFU",
-           "peak MB", "vs pytorch", "mem ratio");
+        if (sides[i].peak > peak) peak = sides[i].peak, *src = sides[i].peak_source;
+    const side_t *best = NULL;
+    for (int i = 0; i < ns; i++)
+        if (sides[i].n && (!best || fastest(sides[i].times, sides[i].n) < fastest(best->times, best->n))) best = &sides[i];
+    double achieved = best ? flops_per_step / fastest(best->times, best->n) : 0;
+    if (peak > 0 && achieved > peak) {
+        snprintf(note, n, "a step of %s ran at %.1f GFLOP/s, above the measured peak of %.1f: the peak was measured "
+                 "while the machine was busy, so MFU uses the fastest step's rate", best->label, achieved / 1e9, peak / 1e9);
+        peak = achieved;
+    }
+    return peak;
+}
+
+/* The results table of one configuration. */
+static void print_sides(const side_t *sides, int ns, double tokens, double fpt, double peak) {
+    const side_t *torch = ns && sides[ns - 1].argv ? &sides[ns - 1] : NULL;
+    double torch_tps = torch && torch->n ? tokens / median(torch->times, torch->n) : 0;
+    long long torch_mem = torch ? torch->maxrss : 0;
+    printf("  %-16s %10s %10s %9s %7s %10s %12s %10s\n", "", "step ms", "tokens/s", "GFLOP/s", "MFU", "peak MB",
+           "vs pytorch", "mem ratio");
     for (int i = 0; i < ns; i++) {
-        side_t *s = &sides[i];
-        if (!s->ok || s->n == 0) {
-            printf("  %-16s unavailable: %s\n", s->label, s->why[0] ? s->why : "no steps ran");
+        const side_t *s = &sides[i];
+        if (s->n == 0) {
+            printf("  %-16s %s: %s\n", s->label, s->round < 0 ? "unavailable" : "failed", s->why[0] ? s->why : "no steps ran");
             continue;
         }
         double med = median(s->times, s->n), tps = tokens / med, gf = tps * fpt / 1e9;
-        char ratio[32] = "-", mratio[32] = "-";
+        char ratio[32] = "-", mratio[32] = "-", mfu[16] = "-";
         if (s != torch && torch_tps > 0) snprintf(ratio, sizeof ratio, "%.2fx", tps / torch_tps);
         if (s != torch && torch_mem > 0) snprintf(mratio, sizeof mratio, "%.2f", (double)s->maxrss / torch_mem);
-        char mfu[16] = "-";
         if (peak > 0) snprintf(mfu, sizeof mfu, "%.1f%%", 100.0 * gf * 1e9 / peak);
-        printf("  %-16s %10.1f %10.0f %9.1f %7s %10.0f %12s %10s\n", s->label, med * 1e3, tps, gf, mfu,
-               s->maxrss / 1048576.0, ratio, mratio);
+        printf("  %-16s %10.1f %10.0f %9.1f %7s %10.0f %12s %10s\n", s->label, med * 1e3, tps, gf, mfu, s->maxrss / 1048576.0,
+               ratio, mratio);
+        if (s->dead) printf("  %-16s (then %s; the row holds the steps before)\n", "", s->why);
     }
+}
+
+/* The PyTorch side's argv in `a` (strings in `num`), or NULL with the
+ * reason in why when it cannot run. */
+static char *const *torch_argv(char *a[20], char num[8][24], const loom_gpt_config_t *cfg, int batch, const bench_cfg_t *bc,
+                               const char *script, char *why, size_t why_size) {
+    const int v[8] = {cfg->n_layer, cfg->channels, cfg->n_head, cfg->vocab_size, cfg->max_seq_len, batch, bc->seq, bc->threads};
+    static const char *const flag[8] = {"--layers", "--channels", "--heads", "--vocab", "--maxT", "--batch", "--seq", "--threads"};
+    if (access("/usr/bin/python3", X_OK) != 0) return snprintf(why, why_size, "/usr/bin/python3 not found"), NULL;
+    if (access(script, R_OK) != 0) return snprintf(why, why_size, "%s not found (pass --torch-script)", script), NULL;
+    a[0] = "/usr/bin/python3";
+    a[1] = (char *)script;
+    for (int i = 0; i < 8; i++) {
+        snprintf(num[i], 24, "%d", v[i]);
+        a[2 + 2 * i] = (char *)flag[i];
+        a[3 + 2 * i] = num[i];
+    }
+    a[18] = NULL;
+    return a;
+}
+
+static int run_train_config(const bench_cfg_t *bc, int batch, int rounds, int steps, const char *device,
+                            const char *dtype, const char **gemms, int ngemm, int torch_on, const char *script) {
+    loom_gpt_config_t cfg;
+    if (loom_gpt_preset(&cfg, bc->model) != LOOM_OK) return fprintf(stderr, "loom bench train: %s\n", loom_errmsg()), 2;
+    cfg.vocab_size = BENCH_VOCAB;
+    if (bc->seq > cfg.max_seq_len) cfg.max_seq_len = bc->seq;
+    if (loom_gpt_config_finish(&cfg) != LOOM_OK) return fprintf(stderr, "loom bench train: %s\n", loom_errmsg()), 2;
+    double fpt = loom_gpt_flops_per_token(&cfg, bc->seq), tokens = (double)batch * bc->seq;
+    char *a[20], num[8][24], why[320] = "";
+    char *const *targv = torch_on ? torch_argv(a, num, &cfg, batch, bc, script, why, sizeof why) : NULL;
+    side_t sides[4];
+    int ns = make_sides(sides, bc, batch, device, dtype, gemms, ngemm, targv, why[0] ? why : NULL);
+    for (int r = 0; r < rounds; r++)
+        for (int i = 0; i < ns; i++)
+            if (!sides[i].dead) side_round(&sides[i], r, steps);
+    const char *src;
+    char note[400];
+    double peak = mfu_peak(sides, ns, tokens * fpt, &src, note, sizeof note);
+    printf("\n%s  B=%d T=%d  threads=%d  device=%s  (%.1f MFLOP/token; %d rounds x %d steps each, alternating, one process at a time)\n",
+           bc->model, batch, bc->seq, bc->threads, device, fpt / 1e6, rounds, steps);
+    printf("  peak: %s\n", src);
+    if (note[0]) printf("  peak raised: %s\n", note);
+    print_sides(sides, ns, tokens, fpt, peak);
     fflush(stdout);
     for (int i = 0; i < ns; i++)
-        if (&sides[i] != torch && sides[i].ok && sides[i].n > 0) return 0;
+        if (!sides[i].argv && sides[i].n > 0) return 0;
     return 1; /* no loom side ran: the reason is printed above */
 }
 
@@ -445,6 +511,7 @@ static int bench_train(int argc, char **argv) {
         }
         list[n++] = (bench_cfg_t){model, seq ? seq : cfg.max_seq_len, threads ? threads : 2};
     }
+    signal(SIGPIPE, SIG_IGN); /* a side that died: its pipe says so (EPIPE), it must not kill the bench */
     const char *ct = getenv("OPENBLAS_CORETYPE");
     printf("loom bench train: loom vs PyTorch (%s), float32, AdamW, clip 1.0, vocab %d; OPENBLAS_CORETYPE=%s\n",
            strcmp(torch, "on") == 0 ? path : "off", BENCH_VOCAB, ct ? ct : "(unset)");
@@ -565,7 +632,7 @@ static void ops_print(int steps, double total) {
 }
 
 static int bench_ops(int argc, char **argv) {
-    loom_side_t s = {"gpt2-tiny", "cpu", "fp32", NULL, 4, 0, 2};
+    loom_side_t s = {"gpt2-tiny", "cpu", "fp32", NULL, 4, 0, 2, 0};
     int steps = 3;
     const loom_arg_t args[] = {
         {"model", ARG_STR, &s.model, "gpt2-tiny", 0, 0, "preset"},
@@ -630,7 +697,8 @@ int cmd_bench(int argc, char **argv) {
     const char *help = "usage: loom bench train|ops|dist [flags]   (loom bench train --help lists the flags)\n"
                        "  train  loom's training step side by side with PyTorch: tokens/s, GFLOP/s, MFU, peak memory\n"
                        "  ops    where one training step's time goes, op by op, forward and backward\n"
-                       "  dist   scaling over ranks\n";
+                       "  dist   scaling over ranks\n"
+                       "  generate  inference engine: one request at a time vs continuous batching, tokens/s and TTFT\n";
     if (argc < 1 || strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0) {
         fputs(help, argc < 1 ? stderr : stdout);
         return argc < 1 ? 2 : 0;
@@ -638,6 +706,7 @@ int cmd_bench(int argc, char **argv) {
     if (strcmp(argv[0], "train") == 0) return bench_train(argc - 1, argv + 1);
     if (strcmp(argv[0], "ops") == 0) return bench_ops(argc - 1, argv + 1);
     if (strcmp(argv[0], "dist") == 0) return cmd_bench_dist(argc - 1, argv + 1);
+    if (strcmp(argv[0], "generate") == 0) return cmd_bench_generate(argc - 1, argv + 1);
     fprintf(stderr, "loom bench: unknown benchmark '%s'\n%s", argv[0], help);
     return 2;
 }

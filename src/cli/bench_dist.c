@@ -21,7 +21,7 @@
 
 typedef struct {
     int layers, channels, heads, seq, batch, vocab, steps, warmup, zero;
-    const char *grad_dtype;
+    int grad_dtype; /* loom_dist_dtype */
 } bench_cfg_t;
 
 typedef struct {
@@ -42,7 +42,7 @@ static int run_rank(const bench_cfg_t *c, int rank, int world, int threads, int 
     loom_gpt_config_t cfg = {.max_seq_len = c->seq, .vocab_size = c->vocab, .n_layer = c->layers, .n_head = c->heads, .channels = c->channels};
     int B = c->batch, T = c->seq;
     loom_dp_opts_t dpo = {.zero = c->zero, .overlap = overlap,
-                          .grad_dtype = !strcmp(c->grad_dtype, "bf16") ? LOOM_DIST_BF16 : LOOM_DIST_FP32};
+                          .grad_dtype = (loom_dist_dtype)c->grad_dtype};
     if (loom_dist_init(&d, &dopt) != LOOM_OK || loom_backend_cpu_init(&be, threads) != LOOM_OK ||
         loom_gpt_config_finish(&cfg) != LOOM_OK || loom_gpt_init(&m, &cfg, be, 7) != LOOM_OK ||
         loom_gpt_alloc_acts(m, B, T) != LOOM_OK || (world > 1 && loom_dp_init(&dp, m, d, &dpo) != LOOM_OK)) {
@@ -127,14 +127,14 @@ int cmd_bench_dist(int argc, char **argv) {
         {"layers", ARG_INT, &c.layers, "4", 1, 64, "model layers"},
         {"channels", ARG_INT, &c.channels, "256", 16, 8192, "model width"},
         {"heads", ARG_INT, &c.heads, "4", 1, 64, "attention heads"},
-        {"seq", ARG_INT, &c.seq, "128", 8, 8192, "sequence length"},
-        {"batch", ARG_INT, &c.batch, "8", 1, 4096, "sequences per rank (the 1-rank run takes ranks x this)"},
+        loom_flag_default(LOOM_FLAG_SEQ, &c.seq, "128"),
+        loom_flag(LOOM_FLAG_BATCH, &c.batch), /* per rank; the 1-rank run takes ranks x this */
         {"vocab", ARG_INT, &c.vocab, "4096", 64, 1 << 20, "vocabulary size"},
         {"steps", ARG_INT, &c.steps, "3", 1, 100000, "timed steps per round"},
         {"warmup", ARG_INT, &c.warmup, "1", 0, 1000, "untimed steps first"},
         {"rounds", ARG_INT, &rounds, "3", 1, 100, "rounds, the configurations alternating; the fastest round of each counts"},
-        {"zero", ARG_INT, &c.zero, "0", 0, 2, "ZeRO stage of the multi-rank runs"},
-        {"grad-dtype", ARG_STR, &c.grad_dtype, "fp32", 0, 0, "gradients on the wire: fp32 or bf16"},
+        loom_flag(LOOM_FLAG_ZERO, &c.zero),
+        loom_flag(LOOM_FLAG_GRAD_DTYPE, &c.grad_dtype),
     };
     int r = loom_args_parse("bench dist", "loom bench dist [--ranks N] [model flags]", args,
                             (int)(sizeof args / sizeof args[0]), argc, argv);
@@ -142,6 +142,10 @@ int cmd_bench_dist(int argc, char **argv) {
     if (r) return 2;
     if (ranks == 0) ranks = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (ranks < 2) ranks = 2;
+    if (c.seq < 1) {
+        fprintf(stderr, "loom bench dist: --seq 0: the benchmark's model has no preset context; give a length, e.g. --seq 128\n");
+        return 2;
+    }
     if (c.channels % c.heads) {
         fprintf(stderr, "loom bench dist: --channels %d is not a multiple of --heads %d\n", c.channels, c.heads);
         return 2;

@@ -12,6 +12,10 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_devices(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_bench_dist(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_bench_generate(int argc, char **argv);
 
 /* Exit code for a failed status: 2 when the user can fix the input. */
 int loom_exit_code(int status);

@@ -1,5 +1,9 @@
 /* loom devices: what CUDA sees (name, SMs, memory, compute capability, MIG
- * or not, peak rate used for MFU), or plainly why there is nothing to see. */
+ * or not, peak rate used for MFU), or plainly why there is nothing to see;
+ * then the telemetry loom can read: NVML for each GPU and MIG instance
+ * (power, energy, memory, clocks, temperature, MIG profile) and RAPL for
+ * the CPU, or the reason it cannot. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,9 +12,103 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/core.h"
+#include "obs/nvml.h"
+#include "obs/rapl.h"
 #ifdef LOOM_HAVE_CUDA
 #include "backend/cuda/cuda_devices.h"
 #endif
+
+static void json_text(const char *s) {
+    putchar('"');
+    for (; *s; s++) printf(*s == '"' || *s == '\\' ? "\\%c" : (unsigned char)*s < 0x20 ? "\\u%04x" : "%c", *s);
+    putchar('"');
+}
+
+static void json_num(const char *key, double v) {
+    if (isfinite(v)) printf(", \"%s\": %.15g", key, v);
+    else printf(", \"%s\": null", key);
+}
+
+/* One NVML device (an index or a MIG-/GPU- UUID): a line of text or a JSON object. */
+static void print_reading(loom_nvml_t *nv, const char *which, int json, int *first) {
+    loom_nvml_reading_t r;
+    if (loom_nvml_read(nv, which, &r) != LOOM_OK) {
+        if (!json) printf("  nvml:%s  unreadable: %s\n", which, loom_errmsg());
+        return;
+    }
+    if (json) {
+        printf("%s{\"which\": ", *first ? "" : ", ");
+        json_text(which);
+        printf(", \"name\": ");
+        json_text(r.name);
+        printf(", \"uuid\": ");
+        json_text(r.uuid);
+        printf(", \"mig\": %s, \"mig_profile\": ", r.is_mig ? "true" : "false");
+        json_text(r.mig_profile);
+        printf(", \"mig_mode\": %d", r.mig_mode);
+        json_num("power_w", r.power_w);
+        json_num("energy_j", r.energy_j);
+        json_num("memory_used_bytes", r.mem_used_bytes);
+        json_num("memory_total_bytes", r.mem_total_bytes);
+        json_num("gpu_util_pct", r.gpu_util_pct);
+        json_num("mem_util_pct", r.mem_util_pct);
+        json_num("sm_clock_mhz", r.sm_clock_mhz);
+        json_num("temperature_c", r.temp_c);
+        printf(", \"utilisation_note\": ");
+        json_text(r.why_util);
+        printf("}");
+        *first = 0;
+        return;
+    }
+    printf("  nvml:%s  %s  %s\n", which, r.name, r.uuid);
+    if (isfinite(r.power_w)) printf("          power %.1f W", r.power_w);
+    else printf("          power n/a (%s)", r.why_power);
+    if (isfinite(r.energy_j)) printf(", energy %.1f kJ since the driver loaded", r.energy_j / 1e3);
+    printf("%s\n", r.is_mig ? " (the whole GPU's)" : "");
+    printf("          memory %.0f / %.0f MiB used", r.mem_used_bytes / 1048576.0, r.mem_total_bytes / 1048576.0);
+    if (isfinite(r.sm_clock_mhz)) printf(", SM clock %.0f MHz", r.sm_clock_mhz);
+    if (isfinite(r.temp_c)) printf(", %.0f C", r.temp_c);
+    printf("\n");
+    if (isfinite(r.gpu_util_pct)) printf("          utilisation %.0f%% (memory %.0f%%)\n", r.gpu_util_pct, r.mem_util_pct);
+    else printf("          utilisation n/a: %s\n", r.why_util);
+    if (r.is_mig) printf("          MIG instance, profile %s\n", r.mig_profile);
+    else printf("          MIG mode %s\n", r.mig_mode == 1 ? "on" : r.mig_mode == 0 ? "off" : "not reported");
+}
+
+/* NVML for every GPU (and the MIG instances in `extra`, UUIDs), then RAPL. */
+static void print_telemetry(int json, const char *const *extra, int nextra) {
+    loom_nvml_t *nv = NULL;
+    char why[600] = "";
+    if (loom_nvml_open(&nv) != LOOM_OK) snprintf(why, sizeof why, "%s", loom_errmsg());
+    if (json) {
+        printf(", \"telemetry\": {\"nvml\": ");
+        json_text(nv ? "ok" : why);
+        printf(", \"gpus\": [");
+    } else if (nv) {
+        printf("GPU telemetry (NVML, driver %s):\n", loom_nvml_driver(nv));
+    } else {
+        printf("GPU telemetry unavailable: %s\n", why);
+    }
+    int first = 1;
+    char idx[16];
+    for (int i = 0; nv && i < loom_nvml_count(nv); i++) {
+        snprintf(idx, sizeof idx, "%d", i);
+        print_reading(nv, idx, json, &first);
+    }
+    for (int i = 0; nv && i < nextra; i++) print_reading(nv, extra[i], json, &first);
+    loom_nvml_close(nv);
+    loom_rapl_t *rapl = NULL;
+    if (loom_rapl_open(&rapl) != LOOM_OK) snprintf(why, sizeof why, "%s", loom_errmsg());
+    else snprintf(why, sizeof why, "CPU energy (RAPL): %d package%s, readable", loom_rapl_domains(rapl), loom_rapl_domains(rapl) == 1 ? "" : "s");
+    loom_rapl_close(rapl);
+    if (json) {
+        printf("], \"cpu_energy\": ");
+        json_text(why);
+        printf("}");
+    } else {
+        printf("%s\n", why);
+    }
+}
 
 #ifdef LOOM_HAVE_CUDA
 static void print_version(const char *what, int v) {
@@ -43,14 +141,18 @@ static int list_devices(int json) {
         if (json) {
             printf("], \"error\": \"");
             for (const char *p = why; *p; p++) printf(*p == '"' || *p == '\\' ? "\\%c" : "%c", *p);
-            printf("\"}\n");
+            printf("\"");
         } else {
             printf("no usable GPU: %s\n", why);
             printf("(loom runs on the CPU here: --device cpu)\n");
         }
+        print_telemetry(json, NULL, 0);
+        if (json) printf("}\n");
         return 2;
     }
-    int bad = 0;
+    int bad = 0, nmig = 0;
+    char migs[16][48];
+    const char *mig_ptrs[16];
     for (int i = 0; i < n; i++) {
         loom_cuda_device_t d;
         if (device_get(i, &d, why, sizeof why) != 0) {
@@ -62,6 +164,11 @@ static int list_devices(int json) {
         loom_dtype dt = d.gpu.cc_major >= 8 ? LOOM_BF16 : LOOM_FP16;
         double peak = loom_cuda_peak_flops(&d.gpu, dt, src, sizeof src);
         double gib = (double)d.memory_bytes / (1024.0 * 1024.0 * 1024.0);
+        if (d.is_mig && nmig < 16) { /* NVML lists whole GPUs; their MIG instances by UUID */
+            snprintf(migs[nmig], sizeof migs[nmig], "%s", d.uuid);
+            mig_ptrs[nmig] = migs[nmig];
+            nmig++;
+        }
         if (json) {
             printf("%s{\"index\": %d, \"name\": \"%s\", \"compute_capability\": \"%d.%d\", "
                    "\"sms\": %d, \"memory_bytes\": %zu, \"clock_khz\": %d, \"mig\": %s, "
@@ -85,8 +192,10 @@ static int list_devices(int json) {
                        "GPU needs a rebuild with its own CUDA_ARCHS\n");
         }
     }
-    if (json) printf("]}\n");
+    if (json) printf("]");
     else printf("%d device%s; use --device cuda:N\n", n, n == 1 ? "" : "s");
+    print_telemetry(json, mig_ptrs, nmig);
+    if (json) printf("}\n");
     return bad ? 1 : 0;
 }
 #endif
@@ -104,11 +213,13 @@ int cmd_devices(int argc, char **argv) {
     return list_devices(json);
 #else
     if (json)
-        printf("{\"cuda_build\": false, \"devices\": [], \"error\": \"built without CUDA\"}\n");
+        printf("{\"cuda_build\": false, \"devices\": [], \"error\": \"built without CUDA\"");
     else
         printf("no GPUs: this loom was built without CUDA (nvcc was not found at build time, or "
                "NO_CUDA was set);\nrebuild with the CUDA toolkit installed to use --device cuda. "
                "The CPU works: --device cpu\n");
+    print_telemetry(json, NULL, 0);
+    if (json) printf("}\n");
     return 2;
 #endif
 }

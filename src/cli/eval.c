@@ -34,45 +34,31 @@ int cmd_eval(int argc, char **argv) {
     int batch, seq, batches, threads;
     double val_fraction;
     const loom_arg_t args[] = {
-        {"run", ARG_STR, &run, NULL, 0, 0, "run folder written by `loom train --out`"},
-        {"data", ARG_STR, &data, NULL, 0, 0, "text file or shard folder; its validation split is scored (default: the run's own --data)"},
-        {"batch", ARG_INT, &batch, "8", 1, 1 << 20, "sequences per batch"},
-        {"seq", ARG_INT, &seq, "0", 0, 1 << 20, "tokens per sequence (0 = the model's context)"},
+        loom_flag(LOOM_FLAG_RUN, &run),
+        loom_flag(LOOM_FLAG_DATA, &data), /* default: the run's own */
+        loom_flag(LOOM_FLAG_BATCH, &batch),
+        loom_flag(LOOM_FLAG_SEQ, &seq),
         {"batches", ARG_INT, &batches, "0", 0, 1 << 30, "batches to score (0 = the whole split)"},
-        {"val-fraction", ARG_FLOAT, &val_fraction, "0.1", 0, 0.5, "share of a text file held out (as in training)"},
-        {"threads", ARG_INT, &threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
+        loom_flag(LOOM_FLAG_VAL_FRACTION, &val_fraction),
+        loom_flag(LOOM_FLAG_THREADS, &threads),
     };
-    int r = loom_args_parse("eval", "loom eval --run runs/NAME --data FILE_OR_DIR [flags]", args,
+    int r = loom_args_parse("eval", "loom eval --run runs/NAME [--data FILE_OR_DIR (default: the run's)] [flags]", args,
                             (int)(sizeof args / sizeof args[0]), argc, argv);
     if (r == 1) return 0;
     if (r) return 2;
-    if (!run) {
-        fprintf(stderr, "loom eval: no --run; pass the folder of a `loom train --out`\n");
-        return 2;
-    }
-    loom_gpt_t *m;
-    loom_tokenizer_t *tok;
-    loom_ckpt_state_t st;
+    loom_opened_run_t R;
     loom_run_config_t rc;
-    loom_status s = loom_run_open(run, threads, &m, &tok, &st);
-    if (s == LOOM_OK && (s = run_data(run, &rc, &data, &val_fraction)) != LOOM_OK) {
-        if (tok) loom_tokenizer_free(tok);
-        loom_gpt_free(m);
-    }
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom eval: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
     loom_dataset_t *ds = NULL;
-    s = loom_dataset_open(&ds, data, val_fraction);
-    int T = seq ? seq : m->cfg.max_seq_len;
-    if (s == LOOM_OK) s = check_data(ds, data, tok, m, T);
     loom_eval_result_t ev;
-    if (s == LOOM_OK) s = loom_eval_loss(m, ds, batch, T, batches, &ev);
-    if (s == LOOM_OK) printf("val_loss %.4f (step %lld, %d batches of %d x %d tokens)\n", ev.loss, st.step, ev.batches, ev.B, ev.T);
+    loom_status s = loom_run_open(run, threads, &R);
+    if (s == LOOM_OK) s = run_data(run, &rc, &data, &val_fraction);
+    if (s == LOOM_OK) s = loom_dataset_open(&ds, data, val_fraction);
+    int T = seq ? seq : (R.model ? R.model->cfg.max_seq_len : 0);
+    if (s == LOOM_OK) s = check_data(ds, data, R.tok, R.model, T);
+    if (s == LOOM_OK) s = loom_eval_loss(R.model, ds, batch, T, batches, &ev);
+    if (s == LOOM_OK) printf("val_loss %.4f (step %lld, %d batches of %d x %d tokens)\n", ev.loss, R.state.step, ev.batches, ev.B, ev.T);
     loom_dataset_free(ds);
-    if (tok) loom_tokenizer_free(tok);
-    loom_gpt_free(m);
+    loom_run_close(&R);
     if (s != LOOM_OK) {
         fprintf(stderr, "loom eval: %s\n", loom_errmsg());
         return loom_exit_code(s);

@@ -16,9 +16,12 @@ static const command_t commands[] = {
     {"tokenize", cmd_tokenize, "train a BPE tokenizer on text (or load one) and write token shards"},
     {"train", cmd_train, "train a GPT model on text or token shards"},
     {"sample", cmd_sample, "generate text from a run's newest checkpoint"},
+    {"generate", cmd_generate, "run many prompts (JSON lines) through continuous batching, offline"},
     {"eval", cmd_eval, "print the validation loss of a run's checkpoint"},
     {"bench", cmd_bench, "training throughput vs PyTorch, per-op time, scaling (train|ops|dist)"},
     {"devices", cmd_devices, "list the GPUs and MIG instances CUDA sees"},
+    {"plan", cmd_plan, "memory, time and cost of training or serving; MIG layouts (train|serve|mig)"},
+    {"export", cmd_export, "write a run's checkpoint as a Hugging Face folder or a GGUF file (llama.cpp)"},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
 

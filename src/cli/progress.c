@@ -42,6 +42,8 @@ static void progress_end(void *ctx, loom_train_run_t *run, loom_status s) {
     loom_info("loom train: done: %lld steps in %.1fs, %.0f tokens/s; final train loss %.4f, val loss %s%.4f; checkpoint in %s/checkpoints",
               ran, loom_now() - run->t_start, (double)run->tokens_per_step * (double)ran / run->train_time, run->last_loss,
               run->last_val < 0 ? "n/a " : "", run->last_val, o->out);
+    if (isfinite(run->energy_j_per_token))
+        loom_info("loom train: energy: %.4g J per trained token", run->energy_j_per_token);
     if (run->multi)
         loom_info("loom train: %d ranks: %.1f%% of step time waiting for communication (%.2fs of %.2fs)", o->world_size,
                   100 * run->comm_wait / run->train_time, run->comm_wait, run->train_time);

@@ -9,39 +9,37 @@
 #include "model/generate.h"
 
 int cmd_sample(int argc, char **argv) {
-    const char *run, *prompt;
+    const char *run, *prompt, *gguf;
     int tokens, top_k, threads;
     double temperature, top_p;
     long long seed;
     const loom_arg_t args[] = {
-        {"run", ARG_STR, &run, NULL, 0, 0, "run folder written by `loom train --out`"},
+        loom_flag(LOOM_FLAG_RUN, &run),
+        {"gguf", ARG_STR, &gguf, NULL, 0, 0, "GPT-2 GGUF file (loom export or llama.cpp's converter) instead of --run"},
         {"prompt", ARG_STR, &prompt, "", 0, 0, "text to continue (none: start from <|endoftext|>)"},
         {"tokens", ARG_INT, &tokens, "200", 1, 1 << 24, "tokens to generate"},
         {"temperature", ARG_FLOAT, &temperature, "0.8", 0, 100, "softmax temperature (0 = greedy)"},
         {"top-k", ARG_INT, &top_k, "40", 0, 1 << 30, "sample among the k likeliest tokens (0 = all)"},
         {"top-p", ARG_FLOAT, &top_p, "1.0", 0.000001, 1, "nucleus sampling mass (1 = off)"},
-        {"seed", ARG_LONG, &seed, "1337", 0, 9.2e18, "sampling seed"},
-        {"threads", ARG_INT, &threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
+        loom_flag(LOOM_FLAG_SEED, &seed),
+        loom_flag(LOOM_FLAG_THREADS, &threads),
     };
     int r = loom_args_parse("sample", "loom sample --run runs/NAME [--prompt TEXT] [flags]", args,
                             (int)(sizeof args / sizeof args[0]), argc, argv);
     if (r == 1) return 0;
     if (r) return 2;
-    if (!run) {
-        fprintf(stderr, "loom sample: no --run; pass the folder of a `loom train --out`\n");
-        return 2;
-    }
-    loom_gpt_t *m;
-    loom_tokenizer_t *tok;
-    loom_ckpt_state_t st;
-    loom_status s = loom_run_open(run, threads, &m, &tok, &st);
+    if (gguf) run = gguf;
+    loom_opened_run_t R;
+    loom_status s = loom_run_open(run, threads, &R);
+    loom_gpt_t *m = R.model;
+    loom_tokenizer_t *tok = R.tok;
     if (s != LOOM_OK) {
         fprintf(stderr, "loom sample: %s\n", loom_errmsg());
         return loom_exit_code(s);
     }
     if (!tok) {
         fprintf(stderr, "loom sample: %s has no tokenizer.json, so text cannot be encoded or decoded\n", run);
-        loom_gpt_free(m);
+        loom_run_close(&R);
         return 2;
     }
     uint32_t *ids = NULL;
@@ -64,8 +62,7 @@ int cmd_sample(int argc, char **argv) {
         fputc('\n', stdout);
     }
     free(ids);
-    loom_tokenizer_free(tok);
-    loom_gpt_free(m);
+    loom_run_close(&R);
     if (s != LOOM_OK) {
         fprintf(stderr, "loom sample: %s\n", loom_errmsg());
         return loom_exit_code(s);

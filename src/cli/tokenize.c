@@ -138,9 +138,9 @@ static int parse_flags(tokenize_flags_t *f, int argc, char **argv, int *given_sp
         {"input", ARG_LIST, &f->input, "", 0, 0, "text files or folders (every file in them, sorted) to tokenize"},
         {"out", ARG_STR, &f->out, "", 0, 0, "data folder to write: train_*.bin, val_*.bin, tokenizer.json"},
         {"vocab", ARG_LONG, &f->vocab, "8192", 0, 0, "vocabulary size to train, bytes and specials included"},
-        {"val-fraction", ARG_FLOAT, &f->val_fraction, "0.01", 0, 0.5, "first fraction of the text that becomes val shards"},
+        loom_flag_default(LOOM_FLAG_VAL_FRACTION, &f->val_fraction, "0.01"), /* the leading share of the text */
         {"special", ARG_LIST, &f->special, "<|endoftext|>", 0, 0, "special tokens, cut out of the text (none: no specials)"},
-        {"threads", ARG_INT, &f->threads, "0", 0, 64, "threads (0: one per core)"},
+        loom_flag(LOOM_FLAG_THREADS, &f->threads), /* at most 64 are used */
         {"tokenizer", ARG_STR, &f->tokenizer, "", 0, 0, "use this tokenizer.json (or GPT-2 vocab.json with --merges) instead of training"},
         {"merges", ARG_STR, &f->merges, "", 0, 0, "GPT-2 merges.txt, with --tokenizer vocab.json"},
         {"shard-tokens", ARG_LONG, &f->shard_tokens, "100000000", 1, 1e12, "tokens per shard file"},

@@ -250,15 +250,8 @@ static void merge_word(pairs_t *P, uint32_t *s, uint32_t *len, int64_t f, uint32
     *len = k;
 }
 
-loom_status loom_bpe_train(loom_tokenizer_t **out, loom_bpe_counter_t *c, const loom_bpe_train_opts *o) {
-    *out = NULL;
-    long long base = 256 + c->nspecial;
-    if (o->vocab_size < base)
-        return loom_error(LOOM_EINVAL, "vocabulary %lld is smaller than the 256 bytes plus %d special token(s)", o->vocab_size, c->nspecial);
-    if (o->vocab_size > 0xfffffffeLL) return loom_error(LOOM_EINVAL, "vocabulary %lld is above 2^32 - 2", o->vocab_size);
-    int64_t min_freq = o->min_frequency > 1 ? o->min_frequency : 1;
-
-    /* Gather the words of every thread's table into the first. */
+/* Gather the words of every thread's table into the first. */
+static loom_strmap_t *gather_words(loom_bpe_counter_t *c) {
     if (c->nmaps == 0) loom_bpe_count_add(c, "", 0, 1);
     loom_strmap_t *m = &c->maps[0];
     for (int t = 1; t < c->nmaps; t++) {
@@ -271,8 +264,20 @@ loom_status loom_bpe_train(loom_tokenizer_t **out, loom_bpe_counter_t *c, const 
         loom_strmap_free(x);
     }
     c->nmaps = 1;
+    return m;
+}
 
-    /* Words of two or more bytes as symbol strings (ids of bytes = bytes). */
+/* The words of two or more bytes as symbol strings (ids of bytes = bytes):
+ * word i is sym[woff[i] .. woff[i] + wlen[i]), seen wfreq[i] times. */
+typedef struct {
+    uint32_t *sym;
+    size_t *woff;
+    uint32_t *wlen;
+    int64_t *wfreq;
+    size_t n;
+} words_t;
+
+static loom_status words_from_table(words_t *W, const loom_strmap_t *m) {
     size_t nw = 0, nsym = 0;
     for (size_t i = 0; i < m->cap; i++)
         if (m->e[i].used && m->e[i].len > 1) {
@@ -280,33 +285,43 @@ loom_status loom_bpe_train(loom_tokenizer_t **out, loom_bpe_counter_t *c, const 
             nsym += m->e[i].len;
         }
     if (nw >= UINT32_MAX) return loom_error(LOOM_EINVAL, "%zu distinct words is more than the trainer handles (2^32)", nw);
-    uint32_t *sym = loom_malloc((nsym ? nsym : 1) * sizeof *sym);
-    size_t *woff = loom_malloc((nw + 1) * sizeof *woff);
-    uint32_t *wlen = loom_malloc((nw + 1) * sizeof *wlen);
-    int64_t *wfreq = loom_malloc((nw + 1) * sizeof *wfreq);
+    W->sym = loom_malloc((nsym ? nsym : 1) * sizeof *W->sym);
+    W->woff = loom_malloc((nw + 1) * sizeof *W->woff);
+    W->wlen = loom_malloc((nw + 1) * sizeof *W->wlen);
+    W->wfreq = loom_malloc((nw + 1) * sizeof *W->wfreq);
+    W->n = nw;
     size_t w = 0, o_ = 0;
     for (size_t i = 0; i < m->cap; i++) {
-        loom_strmap_entry_t *e = &m->e[i];
+        const loom_strmap_entry_t *e = &m->e[i];
         if (!e->used || e->len < 2) continue;
-        woff[w] = o_;
-        wlen[w] = e->len;
-        wfreq[w] = (int64_t)e->val;
-        for (uint32_t k = 0; k < e->len; k++) sym[o_ + k] = m->pool[e->off + k];
+        W->woff[w] = o_;
+        W->wlen[w] = e->len;
+        W->wfreq[w] = (int64_t)e->val;
+        for (uint32_t k = 0; k < e->len; k++) W->sym[o_ + k] = m->pool[e->off + k];
         o_ += e->len;
         w++;
     }
-    /* The counter's table is no longer needed: free it before the pairs. */
-    loom_strmap_free(m);
-    loom_strmap_init(m, 16);
+    return LOOM_OK;
+}
 
+static void words_free(words_t *W) {
+    free(W->sym);
+    free(W->woff);
+    free(W->wlen);
+    free(W->wfreq);
+}
+
+/* Merge the most frequent pair, over and over, until `want` merges or no
+ * pair is at least min_freq frequent. Returns the merges made (*nm). */
+static uint32_t (*merge_pairs(words_t *W, long long base, size_t want, int64_t min_freq, const loom_bpe_train_opts *o,
+                              size_t *nm_out))[2] {
     pairs_t P = {0};
     loom_pairmap_init(&P.index, 1 << 16);
     P.step = 1;
-    for (size_t i = 0; i < nw; i++)
-        for (uint32_t k = 0; k + 1 < wlen[i]; k++) pair_add(&P, sym[woff[i] + k], sym[woff[i] + k + 1], wfreq[i], (uint32_t)i);
+    for (size_t i = 0; i < W->n; i++)
+        for (uint32_t k = 0; k + 1 < W->wlen[i]; k++) pair_add(&P, W->sym[W->woff[i] + k], W->sym[W->woff[i] + k + 1], W->wfreq[i], (uint32_t)i);
     for (size_t k = 0; k < P.n; k++) heap_push(&P, (uint32_t)k);
-
-    size_t want = (size_t)(o->vocab_size - base), nm = 0, mcap = 1024;
+    size_t nm = 0, mcap = 1024;
     uint32_t(*merges)[2] = loom_malloc(mcap * sizeof *merges);
     while (nm < want && P.hn > 0) {
         entry_t top = heap_pop(&P);
@@ -332,7 +347,7 @@ loom_status loom_bpe_train(loom_tokenizer_t **out, loom_bpe_counter_t *c, const 
         p->count = 0;
         for (uint32_t i = 0; i < list.n; i++) {
             uint32_t wi = list.v[i];
-            merge_word(&P, sym + woff[wi], &wlen[wi], wfreq[wi], wi, a, b, cid);
+            merge_word(&P, W->sym + W->woff[wi], &W->wlen[wi], W->wfreq[wi], wi, a, b, cid);
         }
         free(list.v);
         P.p[top.pair].count = 0; /* merge_word's own (a, b) bookkeeping is moot */
@@ -346,12 +361,13 @@ loom_status loom_bpe_train(loom_tokenizer_t **out, loom_bpe_counter_t *c, const 
     free(P.heap);
     free(P.touched);
     loom_pairmap_free(&P.index);
-    free(sym);
-    free(woff);
-    free(wlen);
-    free(wfreq);
+    *nm_out = nm;
+    return merges;
+}
 
-    /* The vocabulary: bytes, specials, then one token per merge. */
+/* The vocabulary: bytes, specials, then one token per merge. */
+static loom_status build_vocab(loom_tokenizer_t **out, const loom_bpe_counter_t *c, long long base, uint32_t (*merges)[2],
+                               size_t nm) {
     size_t V = (size_t)base + nm;
     unsigned char **tok = loom_malloc(V * sizeof *tok);
     size_t *len = loom_malloc(V * sizeof *len);
@@ -381,6 +397,26 @@ loom_status loom_bpe_train(loom_tokenizer_t **out, loom_bpe_counter_t *c, const 
     free(tok);
     free(len);
     free(special);
+    return s;
+}
+
+loom_status loom_bpe_train(loom_tokenizer_t **out, loom_bpe_counter_t *c, const loom_bpe_train_opts *o) {
+    *out = NULL;
+    long long base = 256 + c->nspecial;
+    if (o->vocab_size < base)
+        return loom_error(LOOM_EINVAL, "vocabulary %lld is smaller than the 256 bytes plus %d special token(s)", o->vocab_size, c->nspecial);
+    if (o->vocab_size > 0xfffffffeLL) return loom_error(LOOM_EINVAL, "vocabulary %lld is above 2^32 - 2", o->vocab_size);
+    int64_t min_freq = o->min_frequency > 1 ? o->min_frequency : 1;
+    loom_strmap_t *m = gather_words(c);
+    words_t W = {0};
+    LOOM_TRY(words_from_table(&W, m));
+    /* The counter's table is no longer needed: free it before the pairs. */
+    loom_strmap_free(m);
+    loom_strmap_init(m, 16);
+    size_t nm;
+    uint32_t(*merges)[2] = merge_pairs(&W, base, (size_t)(o->vocab_size - base), min_freq, o, &nm);
+    words_free(&W);
+    loom_status s = build_vocab(out, c, base, merges, nm);
     free(merges);
     return s;
 }

@@ -92,16 +92,10 @@ static loom_status merge_error(const loom_bpe_spec_t *sp, size_t i, const char *
     return loom_error(LOOM_EFORMAT, "%s: %s: %s", sp->merges_origin ? sp->merges_origin : sp->origin, where, what);
 }
 
-loom_status loom_tokenizer_build(loom_tokenizer_t **out, const loom_bpe_spec_t *sp) {
-    *out = NULL;
+/* The tokens of `sp` into t (bytes, offsets, the vocabulary map, specials,
+ * byte ids); errors name the bad id. */
+static loom_status build_vocab(loom_tokenizer_t *t, const loom_bpe_spec_t *sp) {
     int V = sp->vocab_size;
-    if (V < 256) return loom_error(LOOM_EFORMAT, "%s: %d tokens; a byte-level vocabulary needs at least 256", sp->origin, V);
-    loom_tokenizer_t *t = loom_calloc(1, sizeof *t);
-    t->vocab_size = V;
-    t->eot = -1;
-    t->add_prefix_space = sp->add_prefix_space;
-    t->ignore_merges = sp->ignore_merges;
-    t->use_regex = sp->use_regex;
     t->off = loom_malloc(((size_t)V + 1) * sizeof *t->off);
     t->special = loom_calloc((size_t)V, 1);
     size_t total = 0;
@@ -117,10 +111,7 @@ loom_status loom_tokenizer_build(loom_tokenizer_t **out, const loom_bpe_spec_t *
         memcpy(t->bytes + o, sp->tok[i], n);
         o += n;
         t->special[i] = sp->special[i];
-        if (n == 0) {
-            free_partial(t);
-            return loom_error(LOOM_EFORMAT, "%s: token id %d is empty or missing; ids must run 0..%d without gaps", sp->origin, i, V - 1);
-        }
+        if (n == 0) return loom_error(LOOM_EFORMAT, "%s: token id %d is empty or missing; ids must run 0..%d without gaps", sp->origin, i, V - 1);
         if (t->special[i]) {
             t->nspecial++;
             if (n == strlen(EOT_TEXT) && !memcmp(sp->tok[i], EOT_TEXT, n)) t->eot = i;
@@ -128,67 +119,78 @@ loom_status loom_tokenizer_build(loom_tokenizer_t **out, const loom_bpe_spec_t *
         }
         int added;
         loom_strmap_entry_t *e = loom_strmap_put(&t->vocab, sp->tok[i], n, loom_bytes_hash(sp->tok[i], n), (uint64_t)i, &added);
-        if (!added) {
-            int other = (int)e->val;
-            free_partial(t);
-            return loom_error(LOOM_EFORMAT, "%s: ids %d and %d are the same token \"%s\"", sp->origin, other, i, show(sp->tok[i], n, sb, sizeof sb));
-        }
+        if (!added)
+            return loom_error(LOOM_EFORMAT, "%s: ids %d and %d are the same token \"%s\"", sp->origin, (int)e->val, i, show(sp->tok[i], n, sb, sizeof sb));
         if (n == 1) t->byte_id[sp->tok[i][0]] = (uint32_t)i;
     }
     t->off[V] = o;
     for (int b = 0; b < 256; b++)
-        if (t->byte_id[b] == UINT32_MAX) {
-            free_partial(t);
+        if (t->byte_id[b] == UINT32_MAX)
             return loom_error(LOOM_EFORMAT, "%s: no token for byte 0x%02x; a byte-level BPE vocabulary has all 256 bytes", sp->origin, b);
-        }
     t->special_ids = loom_malloc(((size_t)t->nspecial + 1) * sizeof *t->special_ids);
     int k = 0;
     for (int i = 0; i < V; i++)
         if (t->special[i]) t->special_ids[k++] = (uint32_t)i;
     qsort_r(t->special_ids, (size_t)t->nspecial, sizeof *t->special_ids, by_length_desc, t);
+    return LOOM_OK;
+}
 
+/* Merge i of `sp` (ids a, b) into t's ranks; `cat` is scratch. */
+static loom_status add_merge(loom_tokenizer_t *t, const loom_bpe_spec_t *sp, size_t i, unsigned char **cat, size_t *catcap) {
+    uint32_t a = sp->merges[i][0], b = sp->merges[i][1];
+    char s1[160], s2[160];
+    if (a >= (uint32_t)t->vocab_size || b >= (uint32_t)t->vocab_size || t->special[a] || t->special[b]) {
+        snprintf(s1, sizeof s1, "%u", a);
+        snprintf(s2, sizeof s2, "%u", b);
+        return merge_error(sp, i, "merge of ids %s and %s: not regular tokens of the vocabulary", s1, s2);
+    }
+    size_t la = tok_len(t, a), lb = tok_len(t, b);
+    if (la + lb > *catcap) {
+        *catcap = 2 * (la + lb);
+        *cat = realloc(*cat, *catcap);
+        if (!*cat) loom_panic(__FILE__, __LINE__, "out of memory");
+    }
+    memcpy(*cat, t->bytes + t->off[a], la);
+    memcpy(*cat + la, t->bytes + t->off[b], lb);
+    loom_strmap_entry_t *e = loom_strmap_get(&t->vocab, *cat, la + lb, loom_bytes_hash(*cat, la + lb));
+    show(t->bytes + t->off[a], la, s1, sizeof s1);
+    show(t->bytes + t->off[b], lb, s2, sizeof s2);
+    if (!e) return merge_error(sp, i, "merge \"%s\" + \"%s\": the merged token is not in the vocabulary", s1, s2);
+    if (loom_pairmap_get(&t->ranks, LOOM_PAIR(a, b))) return merge_error(sp, i, "merge \"%s\" + \"%s\" appears twice", s1, s2);
+    loom_pairmap_put(&t->ranks, LOOM_PAIR(a, b), ((uint64_t)i << 32) | e->val);
+    t->merges[i][0] = a;
+    t->merges[i][1] = b;
+    return LOOM_OK;
+}
+
+static loom_status build_merges(loom_tokenizer_t *t, const loom_bpe_spec_t *sp) {
     t->nmerges = sp->nmerges;
     t->merges = loom_malloc((sp->nmerges ? sp->nmerges : 1) * sizeof *t->merges);
     loom_pairmap_init(&t->ranks, sp->nmerges);
     unsigned char *cat = NULL;
     size_t catcap = 0;
-    for (size_t i = 0; i < sp->nmerges; i++) {
-        uint32_t a = sp->merges[i][0], b = sp->merges[i][1];
-        char s1[160], s2[160];
-        if (a >= (uint32_t)V || b >= (uint32_t)V || t->special[a] || t->special[b]) {
-            snprintf(s1, sizeof s1, "%u", a);
-            snprintf(s2, sizeof s2, "%u", b);
-            free(cat);
-            free_partial(t);
-            return merge_error(sp, i, "merge of ids %s and %s: not regular tokens of the vocabulary", s1, s2);
-        }
-        size_t la = tok_len(t, a), lb = tok_len(t, b);
-        if (la + lb > catcap) {
-            catcap = 2 * (la + lb);
-            cat = realloc(cat, catcap);
-            if (!cat) loom_panic(__FILE__, __LINE__, "out of memory");
-        }
-        memcpy(cat, t->bytes + t->off[a], la);
-        memcpy(cat + la, t->bytes + t->off[b], lb);
-        loom_strmap_entry_t *e = loom_strmap_get(&t->vocab, cat, la + lb, loom_bytes_hash(cat, la + lb));
-        show(t->bytes + t->off[a], la, s1, sizeof s1);
-        show(t->bytes + t->off[b], lb, s2, sizeof s2);
-        if (!e) {
-            free(cat);
-            free_partial(t);
-            return merge_error(sp, i, "merge \"%s\" + \"%s\": the merged token is not in the vocabulary", s1, s2);
-        }
-        int added = !loom_pairmap_get(&t->ranks, LOOM_PAIR(a, b));
-        if (!added) {
-            free(cat);
-            free_partial(t);
-            return merge_error(sp, i, "merge \"%s\" + \"%s\" appears twice", s1, s2);
-        }
-        loom_pairmap_put(&t->ranks, LOOM_PAIR(a, b), ((uint64_t)i << 32) | e->val);
-        t->merges[i][0] = a;
-        t->merges[i][1] = b;
-    }
+    loom_status s = LOOM_OK;
+    for (size_t i = 0; i < sp->nmerges && s == LOOM_OK; i++) s = add_merge(t, sp, i, &cat, &catcap);
     free(cat);
+    return s;
+}
+
+loom_status loom_tokenizer_build(loom_tokenizer_t **out, const loom_bpe_spec_t *sp) {
+    *out = NULL;
+    int V = sp->vocab_size;
+    if (V < 256) return loom_error(LOOM_EFORMAT, "%s: %d tokens; a byte-level vocabulary needs at least 256", sp->origin, V);
+    loom_tokenizer_t *t = loom_calloc(1, sizeof *t);
+    t->vocab_size = V;
+    t->eot = -1;
+    t->add_prefix_space = sp->add_prefix_space;
+    t->ignore_merges = sp->ignore_merges;
+    t->use_regex = sp->use_regex;
+    loom_status s = build_vocab(t, sp);
+    if (s == LOOM_OK) s = build_merges(t, sp);
+    if (s != LOOM_OK) {
+        free_partial(t);
+        return s;
+    }
     compute_hash(t);
     *out = t;
     return LOOM_OK;
@@ -926,6 +928,29 @@ loom_status loom_tokenizer_load(loom_tokenizer_t **out, const char *path) {
     cJSON *root = parse_json(path, &s);
     if (!root) return s;
     s = load_json(out, path, root);
+    cJSON_Delete(root);
+    return s;
+}
+
+char *loom_tokenizer_token_name(const loom_tokenizer_t *t, uint32_t id) {
+    size_t n = tok_len(t, id);
+    if (!t->special[id]) return bytes_to_name(t->bytes + t->off[id], n);
+    char *name = loom_malloc(n + 1);
+    memcpy(name, t->bytes + t->off[id], n);
+    name[n] = 0;
+    return name;
+}
+
+void loom_tokenizer_merge(const loom_tokenizer_t *t, size_t i, uint32_t *a, uint32_t *b) {
+    *a = t->merges[i][0];
+    *b = t->merges[i][1];
+}
+
+loom_status loom_tokenizer_parse(loom_tokenizer_t **out, const char *origin, const char *json, size_t len) {
+    *out = NULL;
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root) return loom_error(LOOM_EFORMAT, "%s: the embedded tokenizer is not valid JSON", origin);
+    loom_status s = load_json(out, origin, root);
     cJSON_Delete(root);
     return s;
 }

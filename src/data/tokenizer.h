@@ -57,6 +57,15 @@ const unsigned char *loom_tokenizer_token(const loom_tokenizer_t *t, uint32_t id
 int loom_tokenizer_nspecial(const loom_tokenizer_t *t);
 const char *loom_tokenizer_special(const loom_tokenizer_t *t, int i, uint32_t *id);
 
+/* For file formats that embed a tokenizer (GGUF): the name of token `id`
+ * in vocab files (byte-level characters; a special token's own text),
+ * malloc'd, caller frees; merge `i` (0 <= i < loom_tokenizer_merges) as the
+ * ids of its two parts; and a tokenizer from tokenizer.json text held in
+ * memory (`origin` names it in messages). */
+char *loom_tokenizer_token_name(const loom_tokenizer_t *t, uint32_t id);
+void loom_tokenizer_merge(const loom_tokenizer_t *t, size_t i, uint32_t *a, uint32_t *b);
+loom_status loom_tokenizer_parse(loom_tokenizer_t **out, const char *origin, const char *json, size_t len);
+
 /* A growable id buffer. */
 typedef struct {
     uint32_t *v;

@@ -4,55 +4,102 @@
 #include <stdlib.h>
 #include <string.h>
 
-static float *sort_keys; /* for qsort over indices; generation is single-threaded */
-static int by_logit_desc(const void *a, const void *b) {
-    float x = sort_keys[*(const int *)a], y = sort_keys[*(const int *)b];
-    return (x < y) - (x > y);
+#include "model/infer.h"
+
+typedef struct {
+    float e; /* exp(z - max) */
+    int id;
+} cand_t;
+
+static int by_weight_desc(const void *a, const void *b) {
+    const cand_t *x = a, *y = b;
+    if (x->e != y->e) return (x->e < y->e) - (x->e > y->e);
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* The likeliest tokens into c, sorted: every token with weight >= a
+ * threshold that is lowered until the set holds k tokens (k > 0) or mass
+ * `need`. Returns how many. */
+static int top_candidates(const float *e, int V, int k, double need, cand_t *c) {
+    float thr = 1e-2f;
+    for (;;) {
+        int n = 0;
+        double mass = 0;
+        for (int i = 0; i < V; i++)
+            if (e[i] >= thr) {
+                c[n++] = (cand_t){e[i], i};
+                mass += e[i];
+            }
+        if ((k > 0 ? n >= k : mass >= need) || thr == 0.0f) {
+            qsort(c, (size_t)n, sizeof *c, by_weight_desc);
+            return n;
+        }
+        thr = thr < 1e-30f ? 0.0f : thr * 1e-3f;
+    }
 }
 
 int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng,
                        float *scratch) {
-    if (s->temperature <= 0) {
-        int best = 0;
-        for (int i = 1; i < V; i++)
-            if (logits[i] > logits[best]) best = i;
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    if (s->temperature <= 0) return best;
+    float *e = scratch, mx = logits[best], inv_t = 1.0f / s->temperature;
+    double sum = 0;
+    for (int i = 0; i < V; i++) {
+        e[i] = expf((logits[i] - mx) * inv_t);
+        sum += e[i];
+    }
+    int k = s->top_k > 0 && s->top_k < V ? s->top_k : 0;
+    if (!k && s->top_p >= 1.0f) { /* plain softmax: no sort needed */
+        double r = loom_rng_uniform(rng) * sum, acc = 0;
+        for (int i = 0; i < V; i++) {
+            acc += e[i];
+            if (r < acc) return i;
+        }
         return best;
     }
-    float *z = scratch;
-    int *idx = (int *)(scratch + V);
-    for (int i = 0; i < V; i++) {
-        z[i] = logits[i] / s->temperature;
-        idx[i] = i;
-    }
-    int k = V;
-    if ((s->top_k > 0 && s->top_k < V) || s->top_p < 1.0f) {
-        sort_keys = z;
-        qsort(idx, (size_t)V, sizeof *idx, by_logit_desc);
-        if (s->top_k > 0 && s->top_k < V) k = s->top_k;
-    }
-    float mx = z[idx[0]];
-    for (int i = 1; i < k; i++)
-        if (z[idx[i]] > mx) mx = z[idx[i]];
-    double sum = 0;
-    for (int i = 0; i < k; i++) sum += exp(z[idx[i]] - mx);
-    if (s->top_p < 1.0f) { /* smallest prefix (in descending order) with mass >= top_p */
+    /* e (V floats) stays; candidates go into a separate buffer of V pairs */
+    cand_t *c = loom_malloc((size_t)V * sizeof *c);
+    int n = top_candidates(e, V, k, s->top_p * sum, c);
+    if (k && k < n) n = k;
+    double mass = 0;
+    for (int i = 0; i < n; i++) mass += c[i].e;
+    if (s->top_p < 1.0f) { /* smallest prefix with mass >= top_p of the kept */
         double acc = 0;
         int keep = 0;
-        while (keep < k) {
-            acc += exp(z[idx[keep]] - mx) / sum;
-            keep++;
-            if (acc >= s->top_p) break;
+        while (keep < n) {
+            acc += c[keep++].e;
+            if (acc >= s->top_p * mass) break;
         }
-        k = keep;
-        sum = 0;
-        for (int i = 0; i < k; i++) sum += exp(z[idx[i]] - mx);
+        n = keep;
+        mass = acc;
     }
-    double r = loom_rng_uniform(rng) * sum, acc = 0;
-    for (int i = 0; i < k; i++) {
-        acc += exp(z[idx[i]] - mx);
-        if (r < acc) return idx[i];
+    double r = loom_rng_uniform(rng) * mass, acc = 0;
+    int tok = c[n - 1].id;
+    for (int i = 0; i < n; i++) {
+        acc += c[i].e;
+        if (r < acc) {
+            tok = c[i].id;
+            break;
+        }
     }
-    return idx[k - 1];
+    free(c);
+    return tok;
+}
+
+/* Prefill seq[0..len) at positions 0..len-1 through the one-sequence cache,
+ * in chunks of at most `chunk` rows; logits of the last row into `row`. */
+static loom_status prefill(loom_infer_t *inf, const int *seq, int len, int chunk, const int *table,
+                           int *pos, int *zeros, float *row) {
+    for (int s0 = 0; s0 < len; s0 += chunk) {
+        int n = len - s0 < chunk ? len - s0 : chunk, last = n - 1;
+        for (int i = 0; i < n; i++) pos[i] = s0 + i;
+        loom_infer_batch_t b = {.n_tokens = n, .tokens = seq + s0, .pos = pos, .seq = zeros, .n_seqs = 1,
+                                .block_tables = table, .n_logits = s0 + n == len, .logit_rows = &last};
+        LOOM_TRY(loom_infer_forward(inf, &b, row));
+    }
+    return LOOM_OK;
 }
 
 loom_status loom_gpt_generate(loom_gpt_t *m, const uint32_t *prompt, size_t np, int n,
@@ -60,30 +107,41 @@ loom_status loom_gpt_generate(loom_gpt_t *m, const uint32_t *prompt, size_t np, 
                               int (*emit)(int token, void *ctx), void *ctx) {
     if (np == 0) return loom_error(LOOM_EINVAL, "generation needs at least one prompt token");
     int maxT = m->cfg.max_seq_len, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
-    size_t cap = np + (size_t)n;
-    int *seq = loom_malloc(cap * sizeof(int));
-    for (size_t i = 0; i < np; i++) {
-        if (prompt[i] >= (uint32_t)V) {
-            free(seq);
-            return loom_error(LOOM_EINVAL, "prompt token %u at position %zu is outside the model's vocabulary (%d)", prompt[i], i, V);
-        }
-        seq[i] = (int)prompt[i];
-    }
-    float *row = loom_malloc((size_t)Vp * sizeof(float));
-    float *scratch = loom_malloc(2 * (size_t)V * sizeof(float));
-    size_t len = np;
-    loom_status st = LOOM_OK;
-    for (int i = 0; i < n; i++) {
-        int T = len < (size_t)maxT ? (int)len : maxT;
-        const int *window = seq + len - (size_t)T;
-        if ((st = loom_gpt_forward(m, window, NULL, 1, T, 0.0f, NULL)) != LOOM_OK) break;
-        loom_gpt_logits_row(m, row, 1, T, (size_t)T - 1);
+    const int bs = 16, chunk = maxT < 256 ? maxT : 256, nb = (maxT + bs - 1) / bs;
+    loom_infer_t *inf;
+    LOOM_TRY(loom_infer_create(&inf, m, nb, bs, LOOM_FP32, chunk, 1, 1));
+    int *seq = loom_malloc((np + (size_t)n + 1) * sizeof(int)), *table = loom_malloc((size_t)nb * sizeof(int));
+    int *pos = loom_malloc((size_t)chunk * sizeof(int)), *zeros = loom_calloc((size_t)chunk, sizeof(int));
+    float *row = loom_malloc((size_t)Vp * sizeof(float)), *scratch = loom_malloc(2 * (size_t)V * sizeof(float));
+    for (int i = 0; i < nb; i++) table[i] = i;
+    /* The window: the last maxT tokens of the prompt. */
+    size_t start = np > (size_t)maxT ? np - (size_t)maxT : 0;
+    int len = (int)(np - start);
+    for (int i = 0; i < len; i++) seq[i] = (int)prompt[start + (size_t)i];
+    loom_status st = prefill(inf, seq, len, chunk, table, pos, zeros, row);
+    for (int i = 0; i < n && st == LOOM_OK; i++) {
         int tok = loom_sample_logits(row, V, s, rng, scratch);
-        seq[len++] = tok;
-        if (emit(tok, ctx)) break;
+        if (emit(tok, ctx) || i + 1 == n) break;
+        if (len == maxT) { /* context full: keep the newest half and prefill it again */
+            int keep = maxT / 2;
+            memmove(seq, seq + len - keep, (size_t)keep * sizeof(int));
+            len = keep;
+            seq[len++] = tok;
+            st = prefill(inf, seq, len, chunk, table, pos, zeros, row);
+            continue;
+        }
+        seq[len] = tok;
+        int p = len++, zero = 0;
+        loom_infer_batch_t b = {.n_tokens = 1, .tokens = &seq[p], .pos = &p, .seq = zeros, .n_seqs = 1,
+                                .block_tables = table, .n_logits = 1, .logit_rows = &zero};
+        st = loom_infer_forward(inf, &b, row);
     }
     free(scratch);
     free(row);
+    free(zeros);
+    free(pos);
+    free(table);
     free(seq);
+    loom_infer_free(inf);
     return st;
 }

@@ -1,6 +1,7 @@
-/* generate: autoregressive sampling from a model. Each new token runs the
- * forward pass over the window of the last max_seq_len tokens (no KV cache
- * yet: the server issue adds one). */
+/* generate: token sampling, and autoregressive generation of one prompt on
+ * the KV-cached inference path (model/infer.h): the prompt is prefilled
+ * once, then each new token runs one row through the model. Many prompts
+ * at once go through the engine (src/serve/engine.h). */
 #ifndef LOOM_GENERATE_H
 #define LOOM_GENERATE_H
 
@@ -14,12 +15,18 @@ typedef struct {
     float top_p;       /* 1 = off */
 } loom_sampling_t;
 
-/* Choose a token from logits (V). scratch: 2*V floats. */
+/* Choose a token from logits (V): greedy (argmax, lowest id on ties) at
+ * temperature 0, else softmax(logits / temperature) restricted to the
+ * top_k likeliest tokens, then to the smallest prefix of those (in
+ * descending order) whose mass reaches top_p, drawn with one uniform from
+ * rng. The same logits, settings and rng state give the same token.
+ * Thread-safe. scratch: 2*V floats. */
 int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng,
                        float *scratch);
 
 /* Generate `n` tokens after `prompt` (np >= 1 ids), calling emit(token, ctx)
- * for each; stops early when emit returns non-zero. */
+ * for each; stops early when emit returns non-zero. Past the model's
+ * context the window slides: the newest half is prefilled again. */
 loom_status loom_gpt_generate(loom_gpt_t *m, const uint32_t *prompt, size_t np, int n,
                               const loom_sampling_t *s, loom_rng_t *rng,
                               int (*emit)(int token, void *ctx), void *ctx);

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mem.h"
+
 typedef struct {
     const char *name;
     int L, C, NH, T;
@@ -113,6 +115,7 @@ static loom_status create(loom_gpt_t **out, const loom_gpt_config_t *cfg, const 
         free(m);
         return loom_error(LOOM_ENOMEM, "cannot allocate %.1f MB of parameters on %s", mb, be->name);
     }
+    loom_mem_count(LOOM_MEM_PARAMS, (long long)(m->num_params * sizeof(float)));
     for (int i = 0; i < LOOM_NPARAMS; i++) m->param[i] = m->params + m->ptable[i].offset;
     *out = m;
     return LOOM_OK;
@@ -156,16 +159,35 @@ loom_status loom_gpt_init(loom_gpt_t **out, const loom_gpt_config_t *cfg, const 
     return LOOM_OK;
 }
 
-loom_status loom_gpt_alloc_train(loom_gpt_t *m) {
+loom_status loom_gpt_alloc_grads(loom_gpt_t *m) {
     if (m->grads) return LOOM_OK;
     size_t bytes = m->num_params * sizeof(float);
     m->grads = m->be->alloc(bytes);
-    m->m = m->be->alloc(bytes);
-    m->v = m->be->alloc(bytes);
-    if (!m->grads || !m->m || !m->v)
-        return loom_error(LOOM_ENOMEM, "cannot allocate %.1f MB of gradients and optimizer state on %s", 3 * bytes / 1e6, m->be->name);
+    if (!m->grads)
+        return loom_error(LOOM_ENOMEM, "cannot allocate %.1f MB of gradients on %s", bytes / 1e6, m->be->name);
+    loom_mem_count(LOOM_MEM_GRADS, (long long)bytes);
     for (int i = 0; i < LOOM_NPARAMS; i++) m->grad[i] = m->grads + m->ptable[i].offset;
     return LOOM_OK;
+}
+
+loom_status loom_gpt_alloc_train(loom_gpt_t *m) {
+    if (m->grads) return LOOM_OK;
+    LOOM_TRY(loom_gpt_alloc_grads(m));
+    size_t bytes = m->num_params * sizeof(float);
+    m->m = m->be->alloc(bytes);
+    m->v = m->be->alloc(bytes);
+    if (!m->m || !m->v)
+        return loom_error(LOOM_ENOMEM, "cannot allocate %.1f MB of optimizer state on %s", 2 * bytes / 1e6, m->be->name);
+    loom_mem_count(LOOM_MEM_OPTIM, 2 * (long long)bytes);
+    return LOOM_OK;
+}
+
+void loom_gpt_free_moments(loom_gpt_t *m) {
+    if (!m->m) return;
+    m->be->free(m->m);
+    m->be->free(m->v);
+    m->m = m->v = NULL;
+    loom_mem_count(LOOM_MEM_OPTIM, -2 * (long long)(m->num_params * sizeof(float)));
 }
 
 /* Activation layout for (B, T): one allocation split by this table. Layer
@@ -257,8 +279,28 @@ int loom_recompute_parse(const char *s) {
 
 const char *loom_recompute_name(loom_recompute r) { return (unsigned)r < 3 ? recompute_names[r] : "?"; }
 
+static const char *const act_names[A_COUNT] = {
+    "encoded", "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty", "att_lse", "attproj", "residual2", "ln2",
+    "ln2_mean", "ln2_rstd", "fch", "fch_gelu", "fcproj", "residual3", "lnf", "lnf_mean", "lnf_rstd",
+    "logits", "losses", "d_residual", "d_btc", "d_qkv", "d_fch"};
+
+size_t loom_gpt_act_table(const loom_gpt_config_t *cfg, loom_recompute rc, int B, int T,
+                          loom_act_info_t out[LOOM_ACT_MAX], int *n) {
+    size_t sz[A_COUNT], nl[A_COUNT], total = 0;
+    act_sizes(cfg, rc, B, T, sz, nl);
+    for (int i = 0; i < A_COUNT; i++) {
+        size_t padded = (sz[i] * nl[i] + 15) / 16 * 16;
+        if (out) out[i] = (loom_act_info_t){act_names[i], sz[i], nl[i], padded, i >= A_LN1 && i <= A_RESIDUAL3};
+        total += padded;
+    }
+    if (n) *n = A_COUNT;
+    return total;
+}
+
 static void free_acts(loom_gpt_t *m) {
     if (!m->acts) return;
+    loom_mem_count(LOOM_MEM_ACTS, -(long long)(m->num_acts * sizeof(float)));
+    loom_mem_count(LOOM_MEM_BATCH, -3 * (long long)((size_t)m->act_B * m->act_T * sizeof(int)));
     m->be->free(m->acts);
     m->be->free(m->tokens);
     m->be->free(m->targets);
@@ -281,9 +323,7 @@ loom_status loom_gpt_alloc_acts(loom_gpt_t *m, int B, int T) {
         return loom_error(LOOM_EINVAL, "batch %d x sequence %d: the sequence must be 1 to %d for this model", B, T, m->cfg.max_seq_len);
     if (m->acts && (size_t)B * T <= (size_t)m->act_B * m->act_T) return LOOM_OK;
     free_acts(m);
-    size_t sz[A_COUNT], nl[A_COUNT], total = 0;
-    act_sizes(&m->cfg, m->recompute, B, T, sz, nl);
-    for (int i = 0; i < A_COUNT; i++) total += (sz[i] * nl[i] + 15) / 16 * 16;
+    size_t total = loom_gpt_act_table(&m->cfg, m->recompute, B, T, NULL, NULL);
     m->acts = m->be->alloc(total * sizeof(float));
     m->tokens = m->be->alloc((size_t)B * T * sizeof(int));
     m->targets = m->be->alloc((size_t)B * T * sizeof(int));
@@ -292,6 +332,8 @@ loom_status loom_gpt_alloc_acts(loom_gpt_t *m, int B, int T) {
                           total * 4.0 / 1e6, B, T, m->be->name);
     m->num_acts = total;
     m->loss_host = loom_calloc((size_t)B * T, sizeof(float));
+    loom_mem_count(LOOM_MEM_ACTS, (long long)(total * sizeof(float)));
+    loom_mem_count(LOOM_MEM_BATCH, 3 * (long long)((size_t)B * T * sizeof(int))); /* tokens, targets, losses */
     m->act_B = B;
     m->act_T = T;
     return LOOM_OK;
@@ -301,15 +343,17 @@ void loom_gpt_free(loom_gpt_t *m) {
     if (!m) return;
     const loom_backend_t *be = m->be;
     be->free(m->params);
-    if (m->grads) be->free(m->grads);
-    if (m->m) be->free(m->m);
-    if (m->v) be->free(m->v);
+    loom_mem_count(LOOM_MEM_PARAMS, -(long long)(m->num_params * sizeof(float)));
+    if (m->grads) {
+        be->free(m->grads);
+        loom_mem_count(LOOM_MEM_GRADS, -(long long)(m->num_params * sizeof(float)));
+    }
+    loom_gpt_free_moments(m);
     free_acts(m);
     free(m);
 }
 
-/* res = a + b_res, then out = layernorm(res): fused when the backend can. */
-static void residual_layernorm(const loom_backend_t *be, float *res, float *out, float *mean, float *rstd,
+void loom_gpt_residual_layernorm(const loom_backend_t *be, float *res, float *out, float *mean, float *rstd,
                                const float *a, const float *b_res, const float *w, const float *b, int N, int C) {
     if (be->residual_layernorm_forward) {
         be->residual_layernorm_forward(res, out, mean, rstd, a, b_res, w, b, N, C);
@@ -360,7 +404,7 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
     be->matmul_forward(qkv, ln1, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, (int)N, C, 3 * C);
     be->attention_forward(atty, lse, qkv, B, T, C, NH);
     be->matmul_forward(attproj, atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, (int)N, C, C);
-    residual_layernorm(be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, p[LOOM_LN2W] + lc, p[LOOM_LN2B] + lc, (int)N, C);
+    loom_gpt_residual_layernorm(be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, p[LOOM_LN2W] + lc, p[LOOM_LN2B] + lc, (int)N, C);
     if (be->matmul_forward_gelu) {
         be->matmul_forward_gelu(fch_gelu, fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
     } else {
@@ -370,10 +414,10 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
     if (recompute) return;
     be->matmul_forward(fcproj, fch_gelu, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, (int)N, 4 * C, C);
     if (l + 1 < L)
-        residual_layernorm(be, res3, lay(a, A_LN1, l + 1), lay(a, A_LN1_MEAN, l + 1), lay(a, A_LN1_RSTD, l + 1), res2, fcproj,
+        loom_gpt_residual_layernorm(be, res3, lay(a, A_LN1, l + 1), lay(a, A_LN1_MEAN, l + 1), lay(a, A_LN1_RSTD, l + 1), res2, fcproj,
                            p[LOOM_LN1W] + lc + C, p[LOOM_LN1B] + lc + C, (int)N, C);
     else
-        residual_layernorm(be, res3, a->a[A_LNF], a->a[A_LNF_MEAN], a->a[A_LNF_RSTD], res2, fcproj, p[LOOM_LNFW], p[LOOM_LNFB], (int)N, C);
+        loom_gpt_residual_layernorm(be, res3, a->a[A_LNF], a->a[A_LNF_MEAN], a->a[A_LNF_RSTD], res2, fcproj, p[LOOM_LNFW], p[LOOM_LNFB], (int)N, C);
 }
 
 /* Embeddings, the blocks, the head: logits of the batch in m->tokens. */

@@ -118,8 +118,27 @@ loom_status loom_gpt_create(loom_gpt_t **out, const loom_gpt_config_t *cfg,
                             const loom_backend_t *be);
 void loom_gpt_free(loom_gpt_t *m);
 
-/* Allocate gradients and AdamW state. */
+/* Allocate gradients and AdamW state (nothing when gradients exist). */
 loom_status loom_gpt_alloc_train(loom_gpt_t *m);
+/* Allocate the gradients only (ZeRO >= 1 keeps a shard of the moments
+ * instead of the whole; see train/step.h). */
+loom_status loom_gpt_alloc_grads(loom_gpt_t *m);
+/* Release the whole-model AdamW moments (m->m, m->v); nothing if absent. */
+void loom_gpt_free_moments(loom_gpt_t *m);
+/* One tensor of the activation block (loom_gpt_act_table). */
+typedef struct {
+    const char *name;    /* e.g. "qkv", "d_fch" (backward scratch) */
+    size_t slice_floats; /* one slice: one layer's for layer tensors */
+    size_t slices;       /* L when the recompute mode keeps every layer's, else 1 */
+    size_t floats;       /* slice_floats * slices, padded to 64 bytes as allocated */
+    int per_layer;       /* 1 for the tensors each block writes */
+} loom_act_info_t;
+#define LOOM_ACT_MAX 32
+/* The activation block loom_gpt_alloc_acts allocates for (B, T) under
+ * recompute mode `rc`: fills out[0..*n) when out is non-NULL and returns
+ * the block's total floats. The planner reads the same table. */
+size_t loom_gpt_act_table(const loom_gpt_config_t *cfg, loom_recompute rc, int B, int T,
+                          loom_act_info_t out[LOOM_ACT_MAX], int *n);
 /* Allocate activations for batches up to (B, T), T <= max_seq_len. */
 loom_status loom_gpt_alloc_acts(loom_gpt_t *m, int B, int T);
 
@@ -162,6 +181,12 @@ void loom_gpt_adamw_dev(loom_gpt_t *m, const loom_adamw_t *hp, const float *scal
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);
 /* Copy row `row` (0 <= row < B*T) of the last forward's logits (Vp floats). */
 void loom_gpt_logits_row(const loom_gpt_t *m, float *out, int B, int T, size_t row);
+/* res (N,C) = a + b_res, then out, mean, rstd = layernorm(res) with w, b:
+ * the backend's fused entry when it has one, else the two ops. Used by
+ * the forward here and by the inference path (model/infer.c). */
+void loom_gpt_residual_layernorm(const loom_backend_t *be, float *res, float *out, float *mean,
+                                 float *rstd, const float *a, const float *b_res, const float *w,
+                                 const float *b, int N, int C);
 /* Model FLOPs per token for training (6N plus attention), N excluding the
  * position embedding, for MFU. */
 double loom_gpt_flops_per_token(const loom_gpt_config_t *cfg, int T);

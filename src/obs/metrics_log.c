@@ -76,6 +76,7 @@ loom_status loom_metrics_log_write(loom_metrics_log_t *l, const loom_metrics_row
     fprintf(f, "\"lr\":%.6e,", r->lr);
     if (isfinite(r->grad_norm)) fprintf(f, "\"grad_norm\":%.6f,", r->grad_norm);
     else fprintf(f, "\"grad_norm\":null,");
+    if (r->has_energy) fprintf(f, "\"energy_j_per_token\":%.6g,", r->energy_j_per_token);
     fprintf(f, "\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"step_s\":%.4f,\"elapsed_s\":%.2f}\n", r->tokens_per_s, r->mfu,
             r->step_s, r->elapsed_s);
     if (fflush(f) != 0 || ferror(f)) return loom_error(LOOM_EIO, "%s: cannot write the metrics log", l->path);

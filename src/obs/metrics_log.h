@@ -5,7 +5,9 @@
  *    "tokens_per_s":1234.5,"mfu":0.1234,"step_s":0.2,"elapsed_s":2.5}
  *
  * val_loss only on steps that measured it, comm_wait_s only with more than
- * one rank, loss_scale and skipped only under fp16 loss scaling; grad_norm
+ * one rank, loss_scale and skipped only under fp16 loss scaling,
+ * energy_j_per_token (J per trained token since the loop started) only
+ * where an energy counter is read (docs/observability.md); grad_norm
  * is null for a skipped step (JSON has no inf). Every line is flushed as it
  * is written, so a crash loses at most the step in flight. */
 #ifndef LOOM_METRICS_LOG_H
@@ -22,6 +24,8 @@ typedef struct {
     double loss_scale;
     int skipped;
     double lr, grad_norm, tokens_per_s, mfu, step_s, elapsed_s;
+    int has_energy;           /* write energy_j_per_token */
+    double energy_j_per_token;
 } loom_metrics_row_t;
 
 typedef struct loom_metrics_log loom_metrics_log_t;

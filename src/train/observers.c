@@ -13,11 +13,14 @@
 #include "obs/metrics_log.h"
 #include "obs/plot.h"
 #include "train/train.h"
+#include "train/train_impl.h"
 
-static loom_train_observer_t *observer_new(const char *name, void *ctx) {
-    loom_train_observer_t *ob = loom_calloc(1, sizeof *ob);
-    ob->name = name;
-    ob->ctx = ctx;
+/* Each observer's state struct starts with the observer itself, so one
+ * allocation holds both and ctx points at it. */
+static void *observer_alloc(size_t size, const loom_train_observer_t *hooks) {
+    loom_train_observer_t *ob = loom_calloc(1, size);
+    *ob = *hooks;
+    ob->ctx = ob;
     return ob;
 }
 
@@ -27,7 +30,7 @@ static volatile sig_atomic_t stop_signal;
 static void on_signal(int sig) { stop_signal = sig; }
 
 typedef struct {
-    loom_train_observer_t *self;
+    loom_train_observer_t ob;
 } signals_t;
 
 /* Installed by loom_train before setup, so a signal during a long setup
@@ -67,26 +70,20 @@ static loom_status signals_stop(void *ctx, loom_train_run_t *run, loom_status s)
 }
 
 static void signals_free(void *ctx) {
-    signals_t *g = ctx;
     loom_train_signals_restore();
-    free(g->self);
-    free(g);
+    free(ctx);
 }
 
 loom_train_observer_t *loom_train_observer_signals(void) {
-    signals_t *g = loom_calloc(1, sizeof *g);
-    loom_train_observer_t *ob = g->self = observer_new("signals", g);
-    ob->before_step = signals_before_step;
-    ob->on_stop = signals_stop;
-    ob->free = signals_free;
-    return ob;
+    return observer_alloc(sizeof(signals_t), &(loom_train_observer_t){.name = "signals", .before_step = signals_before_step,
+                                                                     .on_stop = signals_stop, .free = signals_free});
 }
 
 /* ---- the metrics log (src/obs/metrics_log.h), on the lead rank ---- */
 
 typedef struct {
+    loom_train_observer_t ob;
     loom_metrics_log_t *log;
-    loom_train_observer_t *self;
 } mlog_t;
 
 static loom_status mlog_start(void *ctx, loom_train_run_t *run) {
@@ -101,32 +98,24 @@ static loom_status mlog_after_step(void *ctx, loom_train_run_t *run, const loom_
     loom_metrics_row_t row = {.step = r->step, .loss = r->loss, .val_loss = r->val_loss, .has_comm_wait = run->multi,
                               .comm_wait_s = r->comm_wait_s, .has_loss_scale = run->loss_scaling, .loss_scale = r->loss_scale,
                               .skipped = r->skipped, .lr = r->lr, .grad_norm = r->grad_norm, .tokens_per_s = r->tokens_per_s,
-                              .mfu = r->mfu, .step_s = r->step_s, .elapsed_s = r->elapsed_s};
+                              .mfu = r->mfu, .step_s = r->step_s, .elapsed_s = r->elapsed_s,
+                              .has_energy = isfinite(run->energy_j_per_token), .energy_j_per_token = run->energy_j_per_token};
     return loom_metrics_log_write(g->log, &row);
 }
 
 static void mlog_free(void *ctx) {
     mlog_t *g = ctx;
     loom_metrics_log_close(g->log);
-    free(g->self);
     free(g);
 }
 
 loom_train_observer_t *loom_train_observer_metrics_log(const loom_train_opts_t *o) {
     if (o->rank != 0) return NULL;
-    mlog_t *g = loom_calloc(1, sizeof *g);
-    loom_train_observer_t *ob = g->self = observer_new("metrics log", g);
-    ob->on_start = mlog_start;
-    ob->after_step = mlog_after_step;
-    ob->free = mlog_free;
-    return ob;
+    return observer_alloc(sizeof(mlog_t), &(loom_train_observer_t){.name = "metrics log", .on_start = mlog_start,
+                                                                  .after_step = mlog_after_step, .free = mlog_free});
 }
 
 /* ---- text samples: every --sample-every steps and at the end ---- */
-
-typedef struct {
-    loom_train_observer_t *self;
-} sampler_t;
 
 static void print_sample(loom_train_run_t *run, unsigned long long seed) {
     int ntok = run->o->sample_tokens;
@@ -153,30 +142,20 @@ static void sampler_end(void *ctx, loom_train_run_t *run, loom_status s) {
     if (s == LOOM_OK && run->step >= run->first_step) print_sample(run, (unsigned long long)run->o->seed);
 }
 
-static void sampler_free(void *ctx) {
-    sampler_t *g = ctx;
-    free(g->self);
-    free(g);
-}
-
 loom_train_observer_t *loom_train_observer_sampler(const loom_train_opts_t *o) {
     if (o->rank != 0) return NULL;
-    sampler_t *g = loom_calloc(1, sizeof *g);
-    loom_train_observer_t *ob = g->self = observer_new("sampler", g);
-    ob->after_step = sampler_after_step;
-    ob->on_end = sampler_end;
-    ob->free = sampler_free;
-    return ob;
+    return observer_alloc(sizeof(loom_train_observer_t), &(loom_train_observer_t){.name = "sampler", .after_step = sampler_after_step,
+                                                                                 .on_end = sampler_end, .free = free});
 }
 
 /* ---- the loss plot: loss.svg, written when the loop ends ---- */
 
 typedef struct {
+    loom_train_observer_t ob;
     long long nsteps;
     double *steps, *loss;   /* (nsteps): step i+1 and its loss (NAN: not logged, not drawn) */
     double *vsteps, *vloss; /* (nsteps + 2) validation points */
     int nv;
-    loom_train_observer_t *self;
 } plot_t;
 
 static void plot_add_val(plot_t *g, long long step, double val) {
@@ -226,13 +205,14 @@ static void plot_free(void *ctx) {
     plot_t *g = ctx;
     free(g->steps);
     free(g->vsteps);
-    free(g->self);
     free(g);
 }
 
 loom_train_observer_t *loom_train_observer_plot(const loom_train_opts_t *o) {
     if (o->rank != 0) return NULL;
-    plot_t *g = loom_calloc(1, sizeof *g);
+    plot_t *g = observer_alloc(sizeof(plot_t), &(loom_train_observer_t){.name = "plot", .on_start = plot_start,
+                                                                       .after_step = plot_after_step, .on_eval = plot_eval,
+                                                                       .on_stop = plot_stop, .free = plot_free});
     g->nsteps = o->steps;
     g->steps = loom_malloc(2 * (size_t)o->steps * sizeof(double));
     g->loss = g->steps + o->steps;
@@ -242,11 +222,5 @@ loom_train_observer_t *loom_train_observer_plot(const loom_train_opts_t *o) {
         g->steps[i] = (double)(i + 1);
         g->loss[i] = NAN;
     }
-    loom_train_observer_t *ob = g->self = observer_new("plot", g);
-    ob->on_start = plot_start;
-    ob->after_step = plot_after_step;
-    ob->on_eval = plot_eval;
-    ob->on_stop = plot_stop;
-    ob->free = plot_free;
-    return ob;
+    return &g->ob;
 }

@@ -12,7 +12,9 @@
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/resume.h"
+#include "ckpt/hf.h"
 #include "ckpt/run.h"
+#include "train/exporter.h"
 #include "train/train_impl.h"
 
 /* --resume auto: resume when the run folder holds a checkpoint, else a
@@ -41,7 +43,7 @@ static loom_status check_resume(loom_train_job_t *j, int T) {
                                   .zero = o->zero, .steps = o->steps, .seed = o->seed, .warmup = o->warmup, .lr = o->lr,
                                   .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
                                   .beta1 = o->beta1, .beta2 = o->beta2, .dtype = j->auto_dtype ? NULL : loom_dtype_name(j->dtype),
-                                  .grad_dtype = o->grad_dtype ? o->grad_dtype : "fp32"};
+                                  .grad_dtype = o->grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32"};
     return loom_resume_check(o->out, &now, &j->rst, j->run.lead, &o->grad_accum);
 }
 
@@ -62,12 +64,13 @@ static loom_status resolve_model(loom_train_job_t *j) {
     LOOM_TRY(check_steps(o));
     LOOM_TRY(resolve_resume(j));
     loom_gpt_config_t *cfg = &j->cfg;
-    LOOM_TRY(loom_gpt_preset(cfg, o->model));
+    LOOM_TRY(o->init_from ? loom_hf_read_config(o->init_from, cfg) : loom_gpt_preset(cfg, o->model));
     if (o->layers) cfg->n_layer = o->layers;
     if (o->heads) cfg->n_head = o->heads;
     if (o->channels) cfg->channels = o->channels;
     if (o->context) cfg->max_seq_len = o->context;
     cfg->vocab_size = loom_dataset_vocab_size(j->ds);
+    if (o->init_from && !o->resume) LOOM_TRY(loom_hf_check_data(o->init_from, o->data, loom_dataset_tokenizer(j->ds), cfg->vocab_size, cfg));
     if (o->resume) { /* the model's shape comes from the checkpoint, not the preset */
         loom_gpt_config_t rcfg;
         const char *which = o->resume_from && strcmp(o->resume_from, "auto") ? o->resume_from : NULL;
@@ -99,25 +102,16 @@ static loom_status resolve_model(loom_train_job_t *j) {
     return LOOM_OK;
 }
 
-/* The flags that pick how the step runs, parsed once. */
-static loom_status parse_modes(loom_train_job_t *j) {
+/* How the step runs, from the options (the CLI's flag table checked them). */
+static void step_modes(loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
     int has_graphs = (loom_backend_device_caps(o->device) & LOOM_CAP_GRAPHS) != 0;
-    j->auto_dtype = !o->dtype || !strcmp(o->dtype, "auto");
-    j->dtype = j->auto_dtype ? (int)loom_backend_default_dtype(o->device) : loom_dtype_parse(o->dtype);
-    if (j->dtype < 0) return loom_error(LOOM_EINVAL, "--dtype %s: unknown; use fp32, tf32, bf16 or fp16", o->dtype);
-    int rc = o->recompute ? loom_recompute_parse(o->recompute) : LOOM_RECOMPUTE_NONE;
-    if (rc < 0) return loom_error(LOOM_EINVAL, "--recompute %s: unknown; use none, gelu or all", o->recompute);
-    j->recompute = rc;
-    if (o->cuda_graphs && strcmp(o->cuda_graphs, "on") && strcmp(o->cuda_graphs, "off"))
-        return loom_error(LOOM_EINVAL, "--cuda-graphs %s: use on or off", o->cuda_graphs);
-    if (o->grad_dtype && strcmp(o->grad_dtype, "fp32") && strcmp(o->grad_dtype, "bf16"))
-        return loom_error(LOOM_EINVAL, "--grad-dtype %s: unknown; use fp32 or bf16", o->grad_dtype);
-    j->want_graphs = has_graphs && (!o->cuda_graphs || !strcmp(o->cuda_graphs, "on"));
-    j->dpo = (loom_dp_opts_t){.zero = o->zero, .overlap = !o->no_overlap,
-                              .grad_dtype = o->grad_dtype && !strcmp(o->grad_dtype, "bf16") ? LOOM_DIST_BF16 : LOOM_DIST_FP32,
+    j->auto_dtype = o->dtype < 0;
+    j->dtype = j->auto_dtype ? (int)loom_backend_default_dtype(o->device) : o->dtype;
+    j->recompute = o->recompute;
+    j->want_graphs = has_graphs && o->cuda_graphs != 0;
+    j->dpo = (loom_dp_opts_t){.zero = o->zero, .overlap = !o->no_overlap, .grad_dtype = (loom_dist_dtype)o->grad_dtype,
                               .bucket_floats = o->bucket_mb > 0 ? (size_t)(o->bucket_mb * 1e6 / 4) : 0};
-    return LOOM_OK;
 }
 
 /* The backend at the asked precision; an automatic bf16 that the device
@@ -125,8 +119,7 @@ static loom_status parse_modes(loom_train_job_t *j) {
 static loom_status open_backend(loom_train_job_t *j, loom_dist_t *dist) {
     const loom_train_opts_t *o = &j->o;
     char devname[64];
-    snprintf(devname, sizeof devname, "%s", o->device);
-    if (o->world_size > 1 && !strcmp(o->device, "cuda")) snprintf(devname, sizeof devname, "cuda:%d", loom_dist_local_rank(dist));
+    loom_backend_rank_device(devname, sizeof devname, o->device, o->world_size > 1 ? loom_dist_local_rank(dist) : -1);
     loom_status s = loom_backend_open(&j->run.be, devname, o->threads, (loom_dtype)j->dtype);
     if (s == LOOM_EUNAVAIL && j->auto_dtype && j->dtype == LOOM_BF16) {
         /* No bf16 tensor cores (compute capability < 8), or no GPU at all:
@@ -145,8 +138,9 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
     const loom_train_opts_t *o = &j->o;
     /* Every rank draws the same initial weights from the same seed. */
     LOOM_TRY(loom_gpt_init(&run->model, &j->cfg, run->be, (unsigned long long)o->seed));
+    if (o->init_from && !o->resume) LOOM_TRY(loom_hf_load_weights(run->model, o->init_from)); /* fine-tune a Hugging Face GPT-2 */
     loom_gpt_set_recompute(run->model, (loom_recompute)j->recompute);
-    LOOM_TRY(loom_gpt_alloc_train(run->model));
+    if (o->zero == 0) LOOM_TRY(loom_gpt_alloc_train(run->model)); /* ZeRO >= 1: loom_dp_init, shard only */
     LOOM_TRY(loom_gpt_alloc_acts(run->model, run->B, run->T));
     /* A single process at ZeRO 0 keeps the plain step, bit for bit. */
     if (o->world_size > 1 || o->zero > 0) LOOM_TRY(loom_dp_init(&run->dp, run->model, dist, &j->dpo));
@@ -155,8 +149,9 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
      * backend has it; data parallelism reduces from the host during
      * backward, so it keeps the host step. */
     int is_cuda = (run->be->caps & LOOM_CAP_GRAPHS) != 0; /* capability flags, not the backend's name */
-    if (!is_cuda && o->cuda_graphs)
-        loom_info("loom train: --cuda-graphs %s is ignored on %s (CUDA graphs are for CUDA devices)", o->cuda_graphs, run->be->name);
+    if (!is_cuda && o->cuda_graphs >= 0)
+        loom_info("loom train: --cuda-graphs %s is ignored on %s (CUDA graphs are for CUDA devices)", o->cuda_graphs ? "on" : "off",
+                  run->be->name);
     if (!run->dp && loom_step_graph_supported(run->be, NULL, 0)) {
         LOOM_TRY(loom_step_graph_init(&j->sg, run->model, j->want_graphs));
         j->device_step = 1;
@@ -189,7 +184,7 @@ static void fill_run_config(const loom_train_job_t *j, loom_run_config_t *c) {
     snprintf(c->loss_scaling, sizeof c->loss_scaling, "%s", j->run.loss_scaling ? "dynamic" : "none");
     snprintf(c->recompute, sizeof c->recompute, "%s", loom_recompute_name(j->run.model->recompute));
     snprintf(c->step, sizeof c->step, "%s", j->device_step ? "device" : "host");
-    snprintf(c->grad_dtype, sizeof c->grad_dtype, "%s", o->grad_dtype ? o->grad_dtype : "fp32");
+    snprintf(c->grad_dtype, sizeof c->grad_dtype, "%s", o->grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32");
     snprintf(c->peak_flops_source, sizeof c->peak_flops_source, "%s", be->peak_source ? be->peak_source : "unknown");
     c->tokenizer_hash = j->run.tok ? loom_tokenizer_hash(j->run.tok) : 0;
 }
@@ -262,6 +257,7 @@ static void add_observers(loom_train_job_t *j) {
     loom_train_observer_t *list[LOOM_TRAIN_MAX_OBS];
     int n = 0;
     list[n++] = loom_train_observer_signals();
+    list[n++] = loom_train_observer_exporter(o); /* before the log: it reads energy_j_per_token */
     list[n++] = loom_train_observer_metrics_log(o);
     for (int i = 0; i < o->n_observers && n < LOOM_TRAIN_MAX_OBS - 3; i++) list[n++] = o->observers[i];
     list[n++] = loom_train_observer_sampler(o);
@@ -276,9 +272,9 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     const loom_train_opts_t *o = &j->o;
     loom_train_run_t *run = &j->run;
     *run = (loom_train_run_t){.o = o, .dist = dist, .lead = o->rank == 0, .multi = o->world_size > 1,
-                              .last_loss = NAN, .last_val = -1};
+                              .last_loss = NAN, .last_val = -1, .energy_j_per_token = NAN};
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
-    LOOM_TRY(parse_modes(j));
+    step_modes(j);
     LOOM_TRY(loom_dataset_open(&j->ds, o->data, o->val_fraction));
     run->data = j->ds;
     run->tok = loom_dataset_tokenizer(j->ds);

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mem.h"
+
 struct loom_dp {
     loom_gpt_t *m;
     loom_dist_t *d;
@@ -71,7 +73,9 @@ static void on_layer_done(void *ctx, int layer) {
 loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const loom_dp_opts_t *o) {
     *out = NULL;
     if (o->zero < 0 || o->zero > 2) return loom_error(LOOM_EINVAL, "--zero %d: use 0, 1 or 2", o->zero);
-    LOOM_TRY(loom_gpt_alloc_train(m));
+    /* ZeRO >= 1 never allocates the whole-model moments, so a model whose
+     * full AdamW state would not fit still starts. */
+    LOOM_TRY(o->zero >= 1 ? loom_gpt_alloc_grads(m) : loom_gpt_alloc_train(m));
     loom_dp_t *dp = loom_calloc(1, sizeof *dp);
     dp->m = m;
     dp->d = d;
@@ -80,10 +84,8 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
     dp->rank = loom_dist_rank(d);
     dp->gpu = (m->be->caps & LOOM_CAP_DEVICE_MEMORY) != 0;
     dp->lo = loom_malloc(((size_t)dp->world + 1) * sizeof(size_t));
-    /* Shards of equal size, rounded to 16 floats (64 bytes) */
-    size_t N = m->num_params, S = (N + (size_t)dp->world - 1) / (size_t)dp->world;
-    S = (S + 15) / 16 * 16;
-    for (int r = 0; r <= dp->world; r++) dp->lo[r] = (size_t)r * S < N ? (size_t)r * S : N;
+    size_t N = m->num_params, hi_r;
+    for (int r = 0; r < dp->world; r++) loom_dp_shard_range(N, dp->world, r, &dp->lo[r], &hi_r);
     dp->lo[dp->world] = N;
     dp->hi = dp->lo + 1;
     size_t per = 0;
@@ -97,9 +99,8 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
             loom_dp_free(dp);
             return loom_error(LOOM_ENOMEM, "cannot allocate %.1f MB of sharded AdamW state", 2 * bytes / 1e6);
         }
-        m->be->free(m->m);
-        m->be->free(m->v);
-        m->m = m->v = NULL;
+        loom_mem_count(LOOM_MEM_OPTIM, 2 * (long long)bytes);
+        loom_gpt_free_moments(m);
     }
     if (o->overlap && dp->world > 1) {
         m->grad_hook = on_layer_done;
@@ -115,10 +116,23 @@ void loom_dp_free(loom_dp_t *dp) {
         dp->m->grad_hook = NULL;
         dp->m->grad_hook_ctx = NULL;
     }
-    if (dp->am) dp->m->be->free(dp->am);
-    if (dp->av) dp->m->be->free(dp->av);
+    if (dp->am) {
+        size_t n = dp->hi[dp->rank] - dp->lo[dp->rank];
+        dp->m->be->free(dp->am);
+        dp->m->be->free(dp->av);
+        loom_mem_count(LOOM_MEM_OPTIM, -2 * (long long)((n ? n : 1) * sizeof(float)));
+    }
     free(dp->lo);
     free(dp);
+}
+
+void loom_dp_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi) {
+    /* Shards of equal size, rounded to 16 floats (64 bytes); the last may be shorter. */
+    size_t S = (n + (size_t)world - 1) / (size_t)world;
+    S = (S + 15) / 16 * 16;
+    size_t a = (size_t)rank * S, b = a + S;
+    *lo = a < n ? a : n;
+    *hi = rank == world - 1 || b > n ? n : b;
 }
 
 void loom_dp_shard(const loom_dp_t *dp, size_t *lo, size_t *hi, float **adam_m, float **adam_v) {

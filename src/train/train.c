@@ -136,10 +136,12 @@ static double step_mfu(loom_train_job_t *j, const loom_step_record_t *rec) {
 static loom_status run_step(loom_train_job_t *j, long long step, loom_step_record_t *rec) {
     loom_train_run_t *run = &j->run;
     const loom_train_opts_t *o = &j->o;
+    double t_data = loom_now();
     next_batches(j);
     *rec = (loom_step_record_t){.step = step, .val_loss = -1, .loss_scale = run->loss_scaling ? j->ls.scale : 1.0f,
                                 .lr = loom_lr_at(step, o->steps, o->warmup, o->lr, o->min_lr_ratio)};
     double t0 = loom_now();
+    rec->data_s = t0 - t_data;
     LOOM_TRY(optimizer_step(j, rec));
     run->be->sync();
     rec->step_s = loom_now() - t0;

@@ -42,9 +42,9 @@ typedef struct loom_train_observer loom_train_observer_t;
 
 typedef struct {
     const char *data, *model, *out, *device;
-    const char *dtype;       /* fp32, tf32, bf16, fp16; NULL or "auto": bf16 on a CUDA GPU that has it, else fp32 */
-    const char *cuda_graphs; /* "on" or "off"; NULL = on for CUDA (ignored with a note on the CPU) */
-    const char *recompute;   /* activation recompute: none, gelu, all (NULL = none) */
+    int dtype;               /* loom_dtype; -1 = auto: bf16 on a CUDA GPU that has it, else fp32 */
+    int cuda_graphs;         /* 1 on, 0 off, -1 default: on for CUDA (ignored with a note on the CPU) */
+    int recompute;           /* loom_recompute: activation recompute */
     int layers, heads, channels, context; /* model overrides; 0 = the preset's */
     int batch, seq, grad_accum;           /* seq 0 = the model's context */
     long long steps;
@@ -59,12 +59,13 @@ typedef struct {
     const char *resume_from;
     double ckpt_every_minutes; /* also checkpoint when this much time passed (0 = off) */
     int ckpt_sync;             /* write checkpoints in the loop's thread (default: in the background) */
+    const char *init_from; /* Hugging Face GPT-2 folder: architecture and weights (ckpt/hf.h); NULL = a preset */
     long long seed;
     /* Data parallelism. The ranks come from the launch (mpirun, srun, the
      * torchrun environment; see parallel/dist.h); loom_train fills rank and
      * world_size in its own copy. */
     int zero;               /* ZeRO stage 0, 1, 2 */
-    const char *grad_dtype; /* gradients on the wire: "fp32" or "bf16" (NULL = fp32) */
+    int grad_dtype;         /* loom_dist_dtype: gradients on the wire */
     double dist_timeout;    /* seconds a collective may wait for a peer (0 = 300) */
     int no_overlap;         /* reduce after backward instead of during it */
     double bucket_mb;       /* gradient bucket size in MB (0 = 4) */
@@ -74,6 +75,10 @@ typedef struct {
      * free hook is called, the array is not. */
     loom_train_observer_t *const *observers;
     int n_observers;
+    /* --metrics-port: /metrics and the live dashboard on this port plus the
+     * local rank (0 = any free port, < 0 = no server); --metrics-host. */
+    int metrics_port;
+    const char *metrics_host;
 } loom_train_opts_t;
 
 /* One optimizer step's numbers, as observers see them. */
@@ -90,6 +95,7 @@ typedef struct {
     double eta_s;            /* estimated time to the last step */
     float loss_scale;        /* fp16 dynamic loss scale used (1 without scaling) */
     int skipped;             /* the step was skipped (inf/nan gradients under loss scaling) */
+    double data_s;           /* time loading this step's batches, before step_s */
 } loom_step_record_t;
 
 /* A checkpoint that was just taken. With --ckpt-sync it is on disk;
@@ -131,6 +137,7 @@ struct loom_train_run {
     double train_time;           /* seconds spent inside steps */
     double comm_wait;            /* of which blocked on communication */
     int stop_signal;             /* a stop was asked for: the signal number (or SIGTERM) */
+    double energy_j_per_token;   /* energy per trained token so far (NAN: no energy counter); set by the exporter (train/exporter.h) */
     loom_train_observer_t **obs; /* every observer, in call order */
     int n_obs;
 };

@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,7 @@
 #include "cpu_attention.h"
 #include "cpu_gemm.h"
 #include "cpu_math.h"
+#include "cpu_paged.h"
 
 static int cpu_threads = 1;
 
@@ -381,21 +383,26 @@ static loom_backend_t cpu_backend = {
     .crossentropy = crossentropy,
     .adamw = adamw,
     .sumsq = sumsq,
+    .embed_positions = loom_cpu_embed_positions,
+    .matmul_forward_rows = loom_cpu_matmul_forward_rows,
+    .kv_write = loom_cpu_kv_write,
+    .paged_attention = loom_cpu_paged_attention,
+    .gather_rows = loom_cpu_gather_rows,
+    .kv_copy_block = loom_cpu_kv_copy_block,
 };
 
-/* Peak: the best of a few 1024^3 SGEMMs on the threads we were given, with
- * the GEMM this run uses. Only that one runs: OpenBLAS's worker threads
+/* Peak: the best of `reps` n^3 SGEMMs on the threads we were given, with
+ * the GEMM this run uses (1024^3, best of 8, at open). Only that one runs: OpenBLAS's worker threads
  * spin for a while after each call and would steal the cores from the own
  * GEMM's OpenMP team. */
-static double measure_peak(char *how, size_t how_size) {
-    const int n = 1024;
+static double measure_peak(int n, int reps, char *how, size_t how_size) {
     float *a = cpu_alloc((size_t)n * n * 4), *b = cpu_alloc((size_t)n * n * 4), *c = cpu_alloc((size_t)n * n * 4);
     for (size_t i = 0; i < (size_t)n * n; i++) {
         a[i] = (float)(i % 7) * 0.1f;
         b[i] = (float)(i % 5) * 0.1f;
     }
     double best = 1e30;
-    for (int r = 0; r < 8; r++) { /* best of 8: other work on the machine only slows some */
+    for (int r = 0; r < reps; r++) { /* the best: other work on the machine only slows some */
         double t0 = loom_now();
         if (use_blas) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
@@ -441,7 +448,7 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
     static char source[192];
     if (measured_threads != threads || measured_kernel != loom_cpu_gemm_kernel() || measured_blas != use_blas) {
         char how[128];
-        cpu_backend.peak_flops = measure_peak(how, sizeof how);
+        cpu_backend.peak_flops = measure_peak(1024, 8, how, sizeof how);
         snprintf(source, sizeof source, "measured SGEMM 1024^3 on %d thread%s: %.1f GFLOP/s (%s)",
                  threads, threads == 1 ? "" : "s", cpu_backend.peak_flops / 1e9, how);
         cpu_backend.peak_source = source;
@@ -455,4 +462,12 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
     LOOM_TRY(loom_backend_check(&cpu_backend));
     *out = &cpu_backend;
     return LOOM_OK;
+}
+
+double loom_backend_cpu_measure_peak(int n, int reps, char *how, size_t how_size) {
+    char kind[128];
+    double flops = measure_peak(n, reps, kind, sizeof kind);
+    snprintf(how, how_size, "measured SGEMM %d^3, best of %d, on %d thread%s: %.1f GFLOP/s (%s)", n, reps,
+             cpu_threads, cpu_threads == 1 ? "" : "s", flops / 1e9, kind);
+    return flops;
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "cuda_paged.h"
 
 extern "C" {
 #include "cuda_peak.h"
@@ -217,6 +218,58 @@ static loom_status state_init(int index, const cudaDeviceProp *prop) {
     return LOOM_OK;
 }
 
+/* The op table: every entry of ops.h this backend has (all of them) and
+ * its capability flags. */
+static void fill_table(loom_backend_t *b, loom_dtype dtype, double peak) {
+    memset(b, 0, sizeof *b);
+    b->name = g_name;
+    b->dtype = dtype;
+    b->peak_flops = peak;
+    b->peak_source = g_peak_source;
+    b->caps = LOOM_CAP_DEVICE_MEMORY | LOOM_CAP_DEVICE_STEP | LOOM_CAP_GRAPHS |
+              (dtype == LOOM_FP16 ? (unsigned)LOOM_CAP_LOSS_SCALING : 0u);
+    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32);
+    b->act_dtype = LOOM_FP32;
+    b->alloc = cuda_alloc;
+    b->free = cuda_free;
+    b->upload = cuda_upload;
+    b->download = cuda_download;
+    b->zero = cuda_zero;
+    b->sync = cuda_sync;
+    b->encoder_forward = cuda_encoder_forward;
+    b->encoder_backward = cuda_encoder_backward;
+    b->layernorm_forward = cuda_layernorm_forward;
+    b->layernorm_backward = cuda_layernorm_backward;
+    b->matmul_forward = cuda_matmul_forward;
+    b->matmul_backward = cuda_matmul_backward;
+    b->attention_forward = cuda_attention_forward;
+    b->attention_backward = cuda_attention_backward;
+    b->gelu_forward = cuda_gelu_forward;
+    b->gelu_backward = cuda_gelu_backward;
+    b->residual_forward = cuda_residual_forward;
+    b->accumulate = cuda_accumulate;
+    b->crossentropy = cuda_crossentropy;
+    b->adamw = cuda_adamw;
+    b->sumsq = cuda_sumsq_entry;
+    /* optional entries */
+    b->graph_begin = cuda_graph_begin;
+    b->graph_end = cuda_graph_end;
+    b->graph_replay = cuda_graph_replay;
+    b->graph_reset = cuda_graph_reset;
+    b->sumsq_dev = cuda_sumsq_dev;
+    b->adamw_dev = cuda_adamw_dev;
+    b->crossentropy_dev = cuda_crossentropy_dev;
+    b->residual_layernorm_forward = cuda_residual_layernorm_forward;
+    b->matmul_forward_gelu = cuda_matmul_forward_gelu;
+    b->matmul_backward_gelu = cuda_matmul_backward_gelu;
+    b->embed_positions = cuda_embed_positions; /* cuda_paged.cu: the inference engine's ops */
+    b->matmul_forward_rows = cuda_matmul_forward_rows;
+    b->kv_write = cuda_kv_write;
+    b->paged_attention = cuda_paged_attention;
+    b->gather_rows = cuda_gather_rows;
+    b->kv_copy_block = cuda_kv_copy_block;
+}
+
 extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int index,
                                               loom_dtype dtype) {
     int count = 0;
@@ -284,48 +337,7 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
     double peak = loom_cuda_peak_flops(&gpu, dtype, g_peak_source, sizeof g_peak_source);
 
     snprintf(g_name, sizeof g_name, "cuda:%d", index);
-    loom_backend_t *b = &g_backend;
-    memset(b, 0, sizeof *b);
-    b->name = g_name;
-    b->dtype = dtype;
-    b->peak_flops = peak;
-    b->peak_source = g_peak_source;
-    b->caps = LOOM_CAP_DEVICE_MEMORY | LOOM_CAP_DEVICE_STEP | LOOM_CAP_GRAPHS |
-              (dtype == LOOM_FP16 ? (unsigned)LOOM_CAP_LOSS_SCALING : 0u);
-    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32);
-    b->act_dtype = LOOM_FP32;
-    b->alloc = cuda_alloc;
-    b->free = cuda_free;
-    b->upload = cuda_upload;
-    b->download = cuda_download;
-    b->zero = cuda_zero;
-    b->sync = cuda_sync;
-    b->encoder_forward = cuda_encoder_forward;
-    b->encoder_backward = cuda_encoder_backward;
-    b->layernorm_forward = cuda_layernorm_forward;
-    b->layernorm_backward = cuda_layernorm_backward;
-    b->matmul_forward = cuda_matmul_forward;
-    b->matmul_backward = cuda_matmul_backward;
-    b->attention_forward = cuda_attention_forward;
-    b->attention_backward = cuda_attention_backward;
-    b->gelu_forward = cuda_gelu_forward;
-    b->gelu_backward = cuda_gelu_backward;
-    b->residual_forward = cuda_residual_forward;
-    b->accumulate = cuda_accumulate;
-    b->crossentropy = cuda_crossentropy;
-    b->adamw = cuda_adamw;
-    b->sumsq = cuda_sumsq_entry;
-    /* optional entries */
-    b->graph_begin = cuda_graph_begin;
-    b->graph_end = cuda_graph_end;
-    b->graph_replay = cuda_graph_replay;
-    b->graph_reset = cuda_graph_reset;
-    b->sumsq_dev = cuda_sumsq_dev;
-    b->adamw_dev = cuda_adamw_dev;
-    b->crossentropy_dev = cuda_crossentropy_dev;
-    b->residual_layernorm_forward = cuda_residual_layernorm_forward;
-    b->matmul_forward_gelu = cuda_matmul_forward_gelu;
-    b->matmul_backward_gelu = cuda_matmul_backward_gelu;
-    *out = b;
+    fill_table(&g_backend, dtype, peak);
+    *out = &g_backend;
     return LOOM_OK;
 }

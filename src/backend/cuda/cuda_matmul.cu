@@ -65,6 +65,63 @@ static uint64_t key_hash(const lt_key *k) {
     return h;
 }
 
+/* The algorithm for `key` (described by op and the layouts): from the
+ * cache, else asked of the heuristic once and cached. False when cuBLASLt
+ * has none. */
+static bool lt_algo(const lt_key *key, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                    cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld,
+                    cublasLtMatmulAlgo_t *algo) {
+    lt_entry *slot = nullptr;
+    uint64_t h = key_hash(key);
+    for (int probe = 0; probe < 16; probe++) {
+        lt_entry *e = &g_cache[(h + probe) % LT_CACHE];
+        if (!e->used) {
+            slot = e;
+            break;
+        }
+        if (memcmp(&e->key, key, sizeof *key) == 0) {
+            slot = e;
+            break;
+        }
+    }
+    bool found;
+    if (slot && slot->used) {
+        g_hits++;
+        found = slot->found;
+        *algo = slot->algo;
+    } else {
+        g_queries++;
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        size_t ws = g_cuda.workspace_bytes;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        uint32_t al[3] = {(uint32_t)key->align_a, (uint32_t)key->align_b, (uint32_t)key->align_d};
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof al[2]));
+        cublasLtMatmulHeuristicResult_t res;
+        int nres = 0;
+        cublasStatus_t s =
+            cublasLtMatmulAlgoGetHeuristic(g_cuda.lt, op, la, lb, ld, ld, pref, 1, &res, &nres);
+        CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+        found = s == CUBLAS_STATUS_SUCCESS && nres > 0;
+        if (found) *algo = res.algo;
+        if (slot) {
+            slot->used = 1;
+            slot->key = *key;
+            slot->found = found;
+            if (found) slot->algo = *algo;
+        }
+    }
+    return found;
+}
+
 /* Column-major D (m, n) = op(A) op(B) (+ D when accumulate), fp32 storage,
  * with epilogue `epi` using `bias` (BIAS, GELU_AUX_BIAS: read; BGRADB:
  * written) and `aux` (GELU_AUX*: written; DGELU: read; leading dimension
@@ -108,55 +165,8 @@ static bool lt_matmul(float *d, const float *a, const float *b, int m, int n, in
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, transb ? n : k, transb ? k : n, ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
 
-    lt_entry *slot = nullptr;
-    uint64_t h = key_hash(&key);
-    for (int probe = 0; probe < 16; probe++) {
-        lt_entry *e = &g_cache[(h + probe) % LT_CACHE];
-        if (!e->used) {
-            slot = e;
-            break;
-        }
-        if (memcmp(&e->key, &key, sizeof key) == 0) {
-            slot = e;
-            break;
-        }
-    }
-    bool found;
     cublasLtMatmulAlgo_t algo;
-    if (slot && slot->used) {
-        g_hits++;
-        found = slot->found;
-        algo = slot->algo;
-    } else {
-        g_queries++;
-        cublasLtMatmulPreference_t pref;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        size_t ws = g_cuda.workspace_bytes;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-        uint32_t al[3] = {(uint32_t)key.align_a, (uint32_t)key.align_b, (uint32_t)key.align_d};
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al[0], sizeof al[0]));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al[1], sizeof al[1]));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al[2], sizeof al[2]));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
-            pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al[2], sizeof al[2]));
-        cublasLtMatmulHeuristicResult_t res;
-        int nres = 0;
-        cublasStatus_t s =
-            cublasLtMatmulAlgoGetHeuristic(g_cuda.lt, op, la, lb, ld, ld, pref, 1, &res, &nres);
-        CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-        found = s == CUBLAS_STATUS_SUCCESS && nres > 0;
-        if (found) algo = res.algo;
-        if (slot) {
-            slot->used = 1;
-            slot->key = key;
-            slot->found = found;
-            if (found) slot->algo = algo;
-        }
-    }
+    bool found = lt_algo(&key, op, la, lb, ld, &algo);
     if (found) {
         const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
         CUBLAS_CHECK(cublasLtMatmul(g_cuda.lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld,

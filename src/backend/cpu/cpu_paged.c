@@ -1,0 +1,220 @@
+/* cpu_paged: the CPU's inference ops over the paged KV cache (contracts in
+ * backend.h, with the cache's layout).
+ *
+ * linear: a matrix-vector kernel grown to a few rows. Both operands are
+ * contiguous in k (a row of the input, a row of the weight), so a register
+ * tile of 3 rows x 4 outputs keeps 12 AVX2 accumulators and each weight row
+ * is streamed from memory once per block of 64 input rows: at decode, once
+ * per step for every sequence of the batch. Each output element is one FMA
+ * chain per vector lane in k order, then a fixed horizontal sum, whatever
+ * the tile it fell in: results do not depend on N or on the threads.
+ *
+ * attention: one (row, head) pair per task; keys are visited block by block
+ * of the sequence's block table with a running (online) softmax, so no
+ * scratch longer than a block is needed. */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "cpu_math.h"
+#include "backend/backend.h"
+#include "core/core.h"
+#include "cpu_paged.h"
+
+#define ROWS_PER_PASS 64 /* input rows per pass over the weights (L2-resident) */
+#define TILE_J 4
+#define TILE_M 3
+
+void loom_cpu_embed_positions(float *out, const int *tokens, const int *pos, const float *wte,
+                              const float *wpe, int N, int C) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
+    for (int i = 0; i < N; i++) {
+        float *o = out + (size_t)i * C;
+        const float *e = wte + (size_t)tokens[i] * C, *p = wpe + (size_t)pos[i] * C;
+        for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+}
+
+/* Fixed-order sum of the 8 lanes. */
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* out[m][j] for mr <= TILE_M rows of x and jr <= TILE_J rows of w. Always
+ * inlined with constant mr, jr so that each variant keeps its accumulators
+ * in registers; every (m, j) element sees the same operations in each. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void
+tile_avx2(const float *x, int K, const float *w, int mr, int jr, float out[TILE_M][TILE_J]) {
+    __m256 acc[TILE_M][TILE_J];
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) acc[m][j] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 xv[TILE_M];
+        for (int m = 0; m < mr; m++) xv[m] = _mm256_loadu_ps(x + (size_t)m * K + k);
+        for (int j = 0; j < jr; j++) {
+            __m256 wv = _mm256_loadu_ps(w + (size_t)j * K + k);
+            for (int m = 0; m < mr; m++) acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) {
+            float s = hsum8(acc[m][j]);
+            for (int kk = k; kk < K; kk++) s = fmaf(x[(size_t)m * K + kk], w[(size_t)j * K + kk], s);
+            out[m][j] = s;
+        }
+}
+
+#define TILE_CASE(MR, JR) tile_avx2(x, K, w, MR, JR, t)
+__attribute__((target("avx2,fma"))) static void tile_dispatch_avx2(const float *x, int K, const float *w,
+                                                                   int mr, int jr, float t[TILE_M][TILE_J]) {
+    if (jr == TILE_J) {
+        if (mr == 3) TILE_CASE(3, 4);
+        else if (mr == 2) TILE_CASE(2, 4);
+        else TILE_CASE(1, 4);
+    } else {
+        for (int j = 0; j < jr; j++) { /* edge outputs one by one: same chain per element */
+            float tj[TILE_M][TILE_J];
+            if (mr == 3) tile_avx2(x, K, w + (size_t)j * K, 3, 1, tj);
+            else if (mr == 2) tile_avx2(x, K, w + (size_t)j * K, 2, 1, tj);
+            else tile_avx2(x, K, w + (size_t)j * K, 1, 1, tj);
+            for (int m = 0; m < mr; m++) t[m][j] = tj[m][0];
+        }
+    }
+}
+
+static void tile_scalar(const float *x, int K, const float *w, int mr, int jr, float t[TILE_M][TILE_J]) {
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) {
+            float s = 0;
+            for (int k = 0; k < K; k++) s = fmaf(x[(size_t)m * K + k], w[(size_t)j * K + k], s);
+            t[m][j] = s;
+        }
+}
+
+static int have_avx2(void) {
+    static int v = -1;
+    if (v < 0) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }
+    return v;
+}
+
+void loom_cpu_matmul_forward_rows(float *out, const float *inp, const float *w, const float *bias,
+                                  int N, int C, int OC, int gelu) {
+    int avx2 = have_avx2(), nblk = (OC + TILE_J - 1) / TILE_J;
+    /* a small product is not worth waking the team (on a busy machine a
+     * descheduled thread stalls every barrier) */
+#pragma omp parallel if ((double)N * C * OC > 1 << 18)
+    {
+        for (int r0 = 0; r0 < N; r0 += ROWS_PER_PASS) {
+            int r1 = r0 + ROWS_PER_PASS < N ? r0 + ROWS_PER_PASS : N;
+            /* dynamic: on a shared machine a descheduled thread's share
+             * is taken by the others instead of waited for */
+#pragma omp for schedule(dynamic, 16) nowait
+            for (int b = 0; b < nblk; b++) {
+                int j0 = b * TILE_J, jr = OC - j0 < TILE_J ? OC - j0 : TILE_J;
+                for (int m0 = r0; m0 < r1; m0 += TILE_M) {
+                    int mr = r1 - m0 < TILE_M ? r1 - m0 : TILE_M;
+                    float tl[TILE_M][TILE_J];
+                    const float *x = inp + (size_t)m0 * C, *wj = w + (size_t)j0 * C;
+                    if (avx2) tile_dispatch_avx2(x, C, wj, mr, jr, tl);
+                    else tile_scalar(x, C, wj, mr, jr, tl);
+                    for (int m = 0; m < mr; m++)
+                        for (int j = 0; j < jr; j++) {
+                            float v = tl[m][j] + (bias ? bias[j0 + j] : 0.0f);
+                            out[(size_t)(m0 + m) * OC + j0 + j] = gelu ? loom_gelu(v) : v;
+                        }
+                }
+            }
+        }
+    }
+}
+
+/* Head h's keys (which 0) or values (which 1) of block `block`, token
+ * `off` (the layout in backend.h). */
+static inline float *kv_at(const loom_tensor_t *kv, int NH, int bs, int block, int which, int h, int off) {
+    size_t hs = (size_t)kv->cols / (size_t)bs;
+    return (float *)kv->data + ((((size_t)block * 2 + which) * NH + h) * bs + off) * hs;
+}
+
+static void fp32_only(const loom_tensor_t *kv) {
+    if (kv->dtype != LOOM_FP32)
+        loom_panic(__FILE__, __LINE__, "KV cache of %s: the CPU's paged ops take fp32 (a quantized cache needs its variant ops)",
+                   loom_dtype_name(kv->dtype));
+}
+
+void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slots, int N, int NH, int bs) {
+    fp32_only(kv);
+    int hs = (int)(kv->cols / bs), C = NH * hs;
+#pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
+    for (int i = 0; i < N; i++) {
+        int slot = slots[i], blk = slot / bs, off = slot % bs;
+        const float *row = qkv + (size_t)i * 3 * C;
+        for (int h = 0; h < NH; h++) {
+            memcpy(kv_at(kv, NH, bs, blk, 0, h, off), row + C + h * hs, (size_t)hs * sizeof(float));
+            memcpy(kv_at(kv, NH, bs, blk, 1, h, off), row + 2 * C + h * hs, (size_t)hs * sizeof(float));
+        }
+    }
+}
+
+#define MAX_BLOCK 256 /* the largest block_size the engine accepts */
+
+/* One (row, head): o (hs) = softmax(q K^T * scale) V over keys 0..pos. */
+static void attend_row(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table,
+                       int pos, int h) {
+    int hs = (int)(kv->cols / bs);
+    float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0, s[MAX_BLOCK];
+    for (int e = 0; e < hs; e++) o[e] = 0.0f;
+    for (int t0 = 0; t0 <= pos; t0 += bs) {
+        int n = pos + 1 - t0 < bs ? pos + 1 - t0 : bs, blk = table[t0 / bs];
+        const float *K = kv_at(kv, NH, bs, blk, 0, h, 0), *V = kv_at(kv, NH, bs, blk, 1, h, 0);
+        float bmx = mx;
+        for (int j = 0; j < n; j++) {
+            float d = 0;
+#pragma omp simd reduction(+ : d)
+            for (int e = 0; e < hs; e++) d += q[e] * K[(size_t)j * hs + e];
+            s[j] = d * scale;
+            bmx = s[j] > bmx ? s[j] : bmx;
+        }
+        float corr = loom_expf(mx - bmx); /* 0 on the first block (mx = -inf) */
+        sum *= corr;
+#pragma omp simd
+        for (int e = 0; e < hs; e++) o[e] *= corr;
+        for (int j = 0; j < n; j++) {
+            float p = loom_expf(s[j] - bmx);
+            sum += p;
+#pragma omp simd
+            for (int e = 0; e < hs; e++) o[e] = fmaf(p, V[(size_t)j * hs + e], o[e]);
+        }
+        mx = bmx;
+    }
+    float inv = 1.0f / sum;
+    for (int e = 0; e < hs; e++) o[e] *= inv;
+}
+
+void loom_cpu_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
+                              const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs) {
+    fp32_only(kv);
+    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH;
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * C > 1 << 12)
+    for (int task = 0; task < tasks; task++) {
+        int i = task / NH, h = task % NH;
+        attend_row(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv, NH, bs,
+                   block_tables + (size_t)seq[i] * max_blocks, pos[i], h);
+    }
+}
+
+void loom_cpu_gather_rows(float *out, const float *inp, const int *rows, int R, int C) {
+    for (int r = 0; r < R; r++) memcpy(out + (size_t)r * C, inp + (size_t)rows[r] * C, (size_t)C * sizeof(float));
+}
+
+void loom_cpu_kv_copy_block(const loom_tensor_t *kv, int src, int dst, int NH) {
+    size_t row = (size_t)kv->cols * loom_dtype_size(kv->dtype), n = 2 * (size_t)NH * row;
+    memcpy((char *)kv->data + (size_t)dst * n, (char *)kv->data + (size_t)src * n, n);
+}

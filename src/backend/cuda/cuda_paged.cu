@@ -1,0 +1,133 @@
+/* cuda_paged: the inference engine's paged-cache ops (backend.h) on the GPU, the same
+ * contract as the CPU's (src/backend/cpu/cpu_paged.c), which they are
+ * tested against (tests/test_engine_cuda.c). Compiled, not yet run on a GPU.
+ *
+ * linear goes through the backend's cuBLASLt matmul, so unlike the CPU a
+ * row's result may depend on the batch's size (cuBLAS picks its algorithm
+ * by shape); the rest computes each row on its own.
+ *
+ * attention: one warp per (row, head); each lane holds hs/32 of the query
+ * and of the output; keys are walked through the block table with an
+ * online softmax (running max and sum), one key at a time. */
+#include "cuda_internal.h"
+#include "cuda_paged.h"
+
+#define MAX_HS_PER_LANE 8 /* head size up to 256 */
+
+__global__ void paged_embed_kernel(float *out, const int *tokens, const int *pos, const float *wte,
+                                   const float *wpe, int N, int C) {
+    size_t n = (size_t)N * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / C, c = i % C;
+        out[i] = wte[(size_t)tokens[r] * C + c] + wpe[(size_t)pos[r] * C + c];
+    }
+}
+
+void cuda_embed_positions(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
+                        int N, int C) {
+    paged_embed_kernel<<<cuda_grid((size_t)N * C, 256), 256, 0, g_cuda.stream>>>(out, tokens, pos, wte, wpe, N, C);
+    LAUNCH_CHECK();
+}
+
+void cuda_matmul_forward_rows(float *out, const float *inp, const float *w, const float *bias, int N, int C,
+                         int OC, int gelu) {
+    cuda_matmul_forward(out, inp, w, bias, N, C, OC);
+    if (gelu) cuda_gelu_forward(out, out, (size_t)N * OC);
+}
+
+/* The cache's layout (backend.h): head h's keys (which 0) or values
+ * (which 1) of block `block`, token `off`. */
+__device__ __forceinline__ float *kv_slot(float *kv, int NH, int bs, int hs, int block, int which, int h, int off) {
+    return kv + ((((size_t)block * 2 + which) * NH + h) * bs + off) * hs;
+}
+
+static void fp32_only(const loom_tensor_t *kv) {
+    if (kv->dtype != LOOM_FP32)
+        loom_panic(__FILE__, __LINE__, "KV cache of %s: the CUDA paged ops take fp32", loom_dtype_name(kv->dtype));
+}
+
+/* One thread per (row, element of C): K and V parts of qkv into the cache. */
+__global__ void kv_write_kernel(float *kv, const float *qkv, const int *slot, int N, int NH, int bs, int hs) {
+    int C = NH * hs;
+    size_t n = (size_t)N * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        int r = (int)(i / C), c = (int)(i % C), h = c / hs, e = c % hs;
+        int s = slot[r], blk = s / bs, off = s % bs;
+        const float *row = qkv + (size_t)r * 3 * C;
+        kv_slot(kv, NH, bs, hs, blk, 0, h, off)[e] = row[C + c];
+        kv_slot(kv, NH, bs, hs, blk, 1, h, off)[e] = row[2 * C + c];
+    }
+}
+
+void cuda_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs) {
+    fp32_only(kv);
+    int hs = (int)(kv->cols / bs);
+    size_t n = (size_t)N * NH * hs;
+    kv_write_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((float *)kv->data, qkv, slot, N, NH, bs, hs);
+    LAUNCH_CHECK();
+}
+
+/* One warp per (row, head), 4 warps per block. */
+__global__ void paged_attention_kernel(float *out, const float *qkv, float *kv, const int *pos, const int *seq,
+                                       const int *tables, int max_blocks, int N, int NH, int bs, int hs) {
+    int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp >= N * NH) return;
+    int r = warp / NH, h = warp % NH, C = NH * hs, per = (hs + 31) / 32;
+    const float *q = qkv + (size_t)r * 3 * C + h * hs;
+    const int *table = tables + (size_t)seq[r] * max_blocks;
+    float ql[MAX_HS_PER_LANE], o[MAX_HS_PER_LANE], mx = -INFINITY, sum = 0.0f, scale = rsqrtf((float)hs);
+    for (int k = 0; k < per; k++) {
+        int e = lane + 32 * k;
+        ql[k] = e < hs ? q[e] : 0.0f;
+        o[k] = 0.0f;
+    }
+    for (int t = 0; t <= pos[r]; t++) {
+        int blk = table[t / bs], off = t % bs;
+        const float *K = kv_slot(kv, NH, bs, hs, blk, 0, h, off), *V = kv_slot(kv, NH, bs, hs, blk, 1, h, off);
+        float d = 0.0f;
+        for (int k = 0; k < per; k++) {
+            int e = lane + 32 * k;
+            if (e < hs) d += ql[k] * K[e];
+        }
+        float s = warp_sum(d) * scale, nm = fmaxf(mx, s), corr = __expf(mx - nm), p = __expf(s - nm);
+        sum = sum * corr + p;
+        for (int k = 0; k < per; k++) {
+            int e = lane + 32 * k;
+            o[k] = o[k] * corr + (e < hs ? p * V[e] : 0.0f);
+        }
+        mx = nm;
+    }
+    float *dst = out + (size_t)r * C + h * hs;
+    for (int k = 0; k < per; k++) {
+        int e = lane + 32 * k;
+        if (e < hs) dst[e] = o[k] / sum;
+    }
+}
+
+void cuda_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos, const int *seq,
+                          const int *block_tables, int max_blocks, int N, int NH, int bs) {
+    fp32_only(kv);
+    int hs = (int)(kv->cols / bs), warps = N * NH;
+    if (hs > 32 * MAX_HS_PER_LANE)
+        loom_panic(__FILE__, __LINE__, "paged attention: head size %d is above %d", hs, 32 * MAX_HS_PER_LANE);
+    paged_attention_kernel<<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(out, qkv, (float *)kv->data, pos, seq,
+                                                                      block_tables, max_blocks, N, NH, bs, hs);
+    LAUNCH_CHECK();
+}
+
+__global__ void gather_rows_kernel(float *out, const float *inp, const int *rows, int R, int C) {
+    size_t n = (size_t)R * C;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        out[i] = inp[(size_t)rows[i / C] * C + i % C];
+}
+
+void cuda_gather_rows(float *out, const float *inp, const int *rows, int R, int C) {
+    gather_rows_kernel<<<cuda_grid((size_t)R * C, 256), 256, 0, g_cuda.stream>>>(out, inp, rows, R, C);
+    LAUNCH_CHECK();
+}
+
+void cuda_kv_copy_block(const loom_tensor_t *kv, int src, int dst, int NH) {
+    size_t n = 2 * (size_t)NH * (size_t)kv->cols * loom_dtype_size(kv->dtype);
+    CUDA_CHECK(cudaMemcpyAsync((char *)kv->data + (size_t)dst * n, (char *)kv->data + (size_t)src * n, n,
+                               cudaMemcpyDeviceToDevice, g_cuda.stream));
+}

@@ -1,0 +1,56 @@
+/* gguf: GPT-2 models as GGUF v3 files for llama.cpp, written and read.
+ *
+ * The format (all little-endian; strings are a uint64 length then bytes):
+ *   uint32 magic "GGUF" (0x46554747), uint32 version (3),
+ *   uint64 tensor count, uint64 metadata count,
+ *   metadata: string key, uint32 value type, value (arrays: uint32 element
+ *             type, uint64 count, elements),
+ *   tensor infos: string name, uint32 n_dims, uint64 ne[n_dims] (ne[0] the
+ *             contiguous dimension, so loom's (rows, cols) is [cols, rows]),
+ *             uint32 ggml type, uint64 offset into the data section,
+ *   padding to general.alignment (32), then the data section, each tensor
+ *   starting on a multiple of 32.
+ *
+ * What loom writes is what llama.cpp's convert_hf_to_gguf.py writes for
+ * GPT2LMHeadModel: general.architecture "gpt2", gpt2.{block_count,
+ * context_length, embedding_length, feed_forward_length,
+ * attention.head_count, attention.layer_norm_epsilon}, general.file_type,
+ * the tokenizer as tokenizer.ggml.{model "gpt2", pre "gpt-2", tokens,
+ * token_type, merges, bos_token_id, eos_token_id, unknown_token_id}, and the tensors named in
+ * tensormap.h (no output.weight: llama.cpp ties it to token_embd). Vectors
+ * stay f32 in every file type; with q8_0 a matrix whose rows are not a
+ * multiple of 32 is written f16 (as the converter falls back).
+ *
+ * The reader takes loom's files and the converter's (gpt2 only): types f32,
+ * f16, bf16 and q8_0; a wrong magic, a version other than 2 or 3, another
+ * architecture, a missing or misshapen tensor or a tensor past the end of
+ * the file are errors naming the file and the tensor. */
+#ifndef LOOM_GGUF_H
+#define LOOM_GGUF_H
+
+#include "ckpt/tensormap.h"
+#include "data/tokenizer.h"
+#include "model/gpt.h"
+
+#define LOOM_GGUF_MAGIC 0x46554747u /* "GGUF" */
+#define LOOM_GGUF_VERSION 3
+#define LOOM_GGUF_ALIGN 32
+
+typedef struct {
+    const loom_gpt_config_t *cfg;
+    const loom_tokenizer_t *tok; /* embedded; its vocabulary <= cfg->vocab_size */
+    loom_xdtype dtype;           /* matrices: f32, f16, bf16 or q8_0 */
+    const char *name;            /* general.name */
+    loom_xsource_fn src;         /* the weights, one tensor at a time */
+    void *src_ctx;
+} loom_gguf_write_opts_t;
+
+/* Write a GGUF file to PATH.tmp, one tensor in memory at a time, then fsync
+ * and rename it to `path`. */
+loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o);
+
+/* Load a GPT-2 GGUF file: a new model on `be` (weights dequantized to
+ * float32) and the embedded tokenizer (*tok NULL when it has none). */
+loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok);
+
+#endif

@@ -1,0 +1,59 @@
+/* plan_report: one code path for `loom plan`'s two outputs, a readable
+ * table (sections of labelled rows, then the assumptions with their
+ * sources) or, with --json, one JSON object with the same keys. */
+#ifndef LOOM_PLAN_REPORT_H
+#define LOOM_PLAN_REPORT_H
+
+#include "model/gpt.h"
+#include "plan/gpus.h"
+
+typedef struct {
+    void *root, *sec, *assume; /* cJSON */
+    int json;
+} plan_report_t;
+
+void plan_report_begin(plan_report_t *r, int json, const char *kind);
+/* Start section `key`, titled `title` in the table. */
+void plan_report_section(plan_report_t *r, const char *key, const char *title);
+/* A number under `key` (JSON) shown as `label` and the formatted text. */
+void plan_report_num(plan_report_t *r, const char *key, double v, const char *label, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+void plan_report_str(plan_report_t *r, const char *key, const char *v, const char *label);
+/* An assumption: what, its value as text, where it came from. */
+void plan_report_assume(plan_report_t *r, const char *what, const char *value, const char *source);
+/* Print the JSON (or the assumptions, for the table) and free. */
+void plan_report_end(plan_report_t *r);
+/* Free without printing (after an error). */
+void plan_report_discard(plan_report_t *r);
+/* "1.23 GB", "45.6 MB", "812 kB" (10^3 units). */
+const char *plan_bytes(double b, char *buf, int cap);
+/* "3.2 days", "5.1 h", "12 min", "0.42 s". */
+const char *plan_duration(double s, char *buf, int cap);
+
+#endif
+
+/* ---- shared by the three `loom plan` subcommands (src/cli/plan*.c) ---- */
+
+/* Model flags: a preset and overrides (0 = the preset's). */
+typedef struct {
+    const char *model;
+    int layers, heads, channels, context, vocab;
+} plan_model_flags_t;
+/* Their rows of a loom_arg_t table (cli/args.h). */
+#define PLAN_MODEL_ARGS(mf)                                                                                           \
+    {"model", ARG_STR, &(mf).model, "gpt2-small", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"}, \
+    {"layers", ARG_INT, &(mf).layers, "0", 0, 1024, "override the preset's layer count"},                              \
+    {"heads", ARG_INT, &(mf).heads, "0", 0, 1024, "override the preset's head count"},                                 \
+    {"channels", ARG_INT, &(mf).channels, "0", 0, 65536, "override the preset's width"},                               \
+    {"context", ARG_INT, &(mf).context, "0", 0, 1 << 20, "override the preset's context length"},                      \
+    {"vocab", ARG_INT, &(mf).vocab, "50257", 2, 1 << 30, "vocabulary size (the tokenizer's)"}
+/* The finished config, or a one-line error naming the bad flag. */
+loom_status plan_model_config(const plan_model_flags_t *f, loom_gpt_config_t *cfg);
+/* The GPU with id `id` from `t`, or LOOM_EINVAL listing the known ones. */
+loom_status plan_gpu_lookup(const loom_gpu_table_t *t, const char *id, int allow_cpu, const loom_gpu_t **out);
+/* "2.5B" -> 2.5e9 (K, M, B or G, T suffixes); -1 when not a count. */
+double plan_parse_count(const char *s);
+/* Peak-table column for a dtype name, -1 if unknown. */
+int plan_dtype_column(const char *dtype);
+int cmd_plan_serve(int argc, char **argv);
+int cmd_plan_mig(int argc, char **argv);

@@ -1,0 +1,194 @@
+/* train_metrics: the training exporter (see train_metrics.h). */
+#define _GNU_SOURCE
+#include "obs/train_metrics.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "obs/dashboard.h"
+#include "obs/http.h"
+
+/* The training series, in the order they are declared (and exposed). */
+enum {
+    M_STEP, M_STEPS, M_LOSS, M_VAL, M_LR, M_GNORM, M_TOKS, M_TOK_TOTAL, M_FLOPS, M_MFU, M_COMPUTE, M_COMM, M_COMM_TOTAL,
+    M_DATA, M_DATA_TOTAL, M_SKIPPED, M_SCALE, M_JPT, M_N
+};
+
+struct loom_train_metrics {
+    loom_metrics_t *reg;
+    loom_telemetry_t *tel;
+    loom_dashboard_t *dash;
+    loom_http_t *http;
+    loom_metric_t *m[M_N], *step_hist, *ckpt_hist;
+    int world, local_world, cpu_energy;
+    double energy0;     /* telemetry energy at start (NaN: no counter) */
+    double tokens;      /* this rank's tokens since then */
+    char title[512], gpu_why[512], energy_why[600]; /* the dashboard's texts (it keeps pointers) */
+};
+
+static const double step_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300};
+static const double ckpt_buckets[] = {0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1200};
+
+static void declare(loom_train_metrics_t *tm, const char *rank) {
+    static const struct {
+        int counter;
+        const char *name, *help;
+    } d[M_N] = {
+        [M_STEP] = {0, "loom_train_step", "Last completed optimizer step."},
+        [M_STEPS] = {0, "loom_train_steps_planned", "Optimizer steps the run is asked to take (--steps)."},
+        [M_LOSS] = {0, "loom_train_loss", "Training loss (mean cross-entropy, nats per token) of the last step."},
+        [M_VAL] = {0, "loom_train_val_loss", "Last validation loss (nats per token)."},
+        [M_LR] = {0, "loom_train_learning_rate", "Learning rate of the last step."},
+        [M_GNORM] = {0, "loom_train_grad_norm", "Global gradient norm before clipping, last step (absent after a skipped fp16 step)."},
+        [M_TOKS] = {0, "loom_train_tokens_per_second", "Global training throughput of the last step, tokens/s (all ranks together)."},
+        [M_TOK_TOTAL] = {1, "loom_train_tokens_total", "Tokens this rank trained on."},
+        [M_FLOPS] = {0, "loom_train_flops_per_second", "Achieved model FLOP/s of this rank in the last step (6N + attention per token)."},
+        [M_MFU] = {0, "loom_train_mfu_ratio", "Model FLOPs utilization of the last step, 0..1 (achieved over peak FLOP/s)."},
+        [M_COMPUTE] = {0, "loom_train_compute_seconds", "Last step's time not spent waiting for other ranks, s."},
+        [M_COMM] = {0, "loom_train_comm_wait_seconds", "Last step's time blocked on gradient communication, s."},
+        [M_COMM_TOTAL] = {1, "loom_train_comm_wait_seconds_total", "Time blocked on gradient communication, s."},
+        [M_DATA] = {0, "loom_train_data_wait_seconds", "Time the last step waited for its batches from the data loader, s."},
+        [M_DATA_TOTAL] = {1, "loom_train_data_wait_seconds_total", "Time waiting for batches, s."},
+        [M_SKIPPED] = {1, "loom_train_skipped_steps_total", "Steps skipped for inf/nan gradients under fp16 loss scaling."},
+        [M_SCALE] = {0, "loom_train_loss_scale", "fp16 dynamic loss scale (absent without loss scaling)."},
+        [M_JPT] = {0, "loom_train_energy_joules_per_token", "Energy per trained token since the first step, J (GPU: NVML; CPU: RAPL)."},
+    };
+    for (int i = 0; i < M_N; i++)
+        tm->m[i] = d[i].counter ? loom_metrics_counter(tm->reg, d[i].name, d[i].help, "rank", rank, NULL)
+                                : loom_metrics_gauge(tm->reg, d[i].name, d[i].help, "rank", rank, NULL);
+    tm->step_hist = loom_metrics_histogram(tm->reg, "loom_train_step_seconds", "Wall time of optimizer steps, s.", step_buckets,
+                                           (int)(sizeof step_buckets / sizeof step_buckets[0]), "rank", rank, NULL);
+    tm->ckpt_hist = loom_metrics_histogram(tm->reg, "loom_train_checkpoint_write_seconds", "Time to write a checkpoint, s (this rank's view).",
+                                           ckpt_buckets, (int)(sizeof ckpt_buckets / sizeof ckpt_buckets[0]), "rank", rank, NULL);
+}
+
+static loom_status start_dashboard(loom_train_metrics_t *tm, const loom_train_metrics_opts_t *o) {
+    const char *why = loom_telemetry_status(tm->tel);
+    char gpu_why[512];
+    snprintf(gpu_why, sizeof gpu_why, "%.*s", (int)strcspn(why, ";"), why); /* the GPU part of the status */
+    snprintf(tm->gpu_why, sizeof tm->gpu_why, "%s", gpu_why);
+    const char *rest = strstr(why, "; "); /* the CPU part of a CPU run's status */
+    snprintf(tm->energy_why, sizeof tm->energy_why, "no energy counter: %s", rest && tm->cpu_energy ? rest + 2 : why);
+    loom_metric_t *power = loom_telemetry_power_metric(tm->tel), *mem = loom_telemetry_memory_metric(tm->tel);
+    const loom_dashboard_line_t lines[] = {
+        {"loss", "train", tm->m[M_LOSS], LOOM_LINE_VALUE, 0, 0, NULL},
+        {"loss", "validation", tm->m[M_VAL], LOOM_LINE_VALUE, 0, 0, NULL},
+        {"tokens/s", "tokens/s", tm->m[M_TOKS], LOOM_LINE_VALUE, 0, 0, NULL},
+        {"MFU (%)", "MFU", tm->m[M_MFU], LOOM_LINE_VALUE, 0, 100, NULL},
+        {"step time (s)", "compute", tm->m[M_COMPUTE], LOOM_LINE_VALUE, 0, 0, NULL},
+        {"step time (s)", "comm wait", tm->m[M_COMM], LOOM_LINE_VALUE, 0, 0, NULL},
+        {"step time (s)", "data wait", tm->m[M_DATA], LOOM_LINE_VALUE, 0, 0, NULL},
+        {"GPU power (W)", "power", power, LOOM_LINE_VALUE, 0, 0, tm->gpu_why},
+        {"GPU memory used (MiB)", "used", mem, LOOM_LINE_VALUE, 0, 0, tm->gpu_why},
+        {"energy per token (J)", "J/token", isfinite(tm->energy0) ? tm->m[M_JPT] : NULL, LOOM_LINE_VALUE, 0, 0, tm->energy_why},
+    };
+    snprintf(tm->title, sizeof tm->title, "loom train %s: %s (%s, %s), rank %d of %d", o->run ? o->run : "", o->model ? o->model : "",
+             o->device ? o->device : "cpu", o->dtype ? o->dtype : "", o->rank, o->world_size);
+    LOOM_TRY(loom_dashboard_start(&tm->dash, tm->title, tm->reg, lines, (int)(sizeof lines / sizeof lines[0]), o->period_s));
+    loom_dashboard_note(tm->dash, why);
+    return LOOM_OK;
+}
+
+static loom_status start_server(loom_train_metrics_t *tm, const loom_train_metrics_opts_t *o) {
+    loom_http_route_t routes[8];
+    routes[0] = loom_dashboard_metrics_route(tm->reg);
+    int n = 1 + loom_dashboard_routes(tm->dash, routes + 1);
+    const char *host = o->host && *o->host ? o->host : "127.0.0.1";
+    int port = o->port > 0 ? o->port + o->local_rank : 0;
+    if (loom_http_start(&tm->http, host, port, routes, n) != LOOM_OK)
+        return loom_error(LOOM_EIO, "--metrics-port: %s", loom_errmsg());
+    loom_info("loom train: metrics on http://%s:%d/metrics, live dashboard on http://%s:%d/ (rank %d)", host,
+              loom_http_port(tm->http), host, loom_http_port(tm->http), o->rank);
+    return LOOM_OK;
+}
+
+loom_status loom_train_metrics_start(loom_train_metrics_t **out, const loom_train_metrics_opts_t *o) {
+    *out = NULL;
+    loom_train_metrics_t *tm = loom_calloc(1, sizeof *tm);
+    tm->reg = loom_metrics_new();
+    tm->world = o->world_size > 0 ? o->world_size : 1;
+    tm->local_world = o->local_world > 0 ? o->local_world : tm->world;
+    char rank[16];
+    snprintf(rank, sizeof rank, "%d", o->rank);
+    declare(tm, rank);
+    char world[16];
+    snprintf(world, sizeof world, "%d", tm->world);
+    loom_gauge_set(loom_metrics_gauge(tm->reg, "loom_train_info", "The run's settings (value 1).", "rank", rank, "model",
+                                      o->model ? o->model : "", "device", o->device ? o->device : "cpu", "dtype",
+                                      o->dtype ? o->dtype : "", "world_size", world, NULL),
+                   1);
+    loom_gauge_set(tm->m[M_STEPS], (double)o->steps);
+    tm->tel = loom_telemetry_open(tm->reg, o->device, o->rank);
+    tm->cpu_energy = !loom_telemetry_has_gpu(tm->tel);
+    tm->energy0 = loom_telemetry_energy_j(tm->tel); /* call start when the loop starts */
+    loom_info("loom train: %s", loom_telemetry_status(tm->tel));
+    loom_status s = LOOM_OK;
+    if (o->port >= 0 && (s = start_dashboard(tm, o)) == LOOM_OK) s = start_server(tm, o);
+    if (s != LOOM_OK) {
+        loom_train_metrics_stop(tm);
+        return s;
+    }
+    *out = tm;
+    return LOOM_OK;
+}
+
+loom_metrics_t *loom_train_metrics_registry(loom_train_metrics_t *tm) { return tm ? tm->reg : NULL; }
+loom_telemetry_t *loom_train_metrics_telemetry(loom_train_metrics_t *tm) { return tm ? tm->tel : NULL; }
+int loom_train_metrics_port(const loom_train_metrics_t *tm) { return tm ? loom_http_port(tm->http) : 0; }
+
+double loom_train_metrics_energy_j(loom_train_metrics_t *tm) {
+    if (!tm) return NAN;
+    double e = loom_telemetry_energy_j(tm->tel);
+    return isfinite(tm->energy0) ? e - tm->energy0 : NAN;
+}
+
+double loom_train_metrics_joules_per_token(loom_train_metrics_t *tm) {
+    double e = loom_train_metrics_energy_j(tm);
+    if (!isfinite(e) || tm->tokens <= 0) return NAN;
+    /* RAPL measures the whole machine: its energy is shared by the ranks on it. */
+    return e / (tm->tokens * (tm->cpu_energy ? tm->local_world : 1));
+}
+
+void loom_train_metrics_step(loom_train_metrics_t *tm, const loom_train_metrics_step_t *s) {
+    if (!tm) return;
+    loom_metric_t **m = tm->m;
+    double mine = s->tokens / tm->world;
+    tm->tokens += mine;
+    loom_gauge_set(m[M_STEP], (double)s->step);
+    loom_gauge_set(m[M_LOSS], s->loss);
+    loom_gauge_set(m[M_LR], s->lr);
+    if (isfinite(s->grad_norm)) loom_gauge_set(m[M_GNORM], s->grad_norm);
+    else loom_gauge_unset(m[M_GNORM]);
+    loom_gauge_set(m[M_TOKS], s->tokens_per_s);
+    loom_counter_add(m[M_TOK_TOTAL], mine);
+    loom_gauge_set(m[M_FLOPS], s->flops_per_s);
+    if (s->mfu >= 0) loom_gauge_set(m[M_MFU], s->mfu);
+    loom_gauge_set(m[M_COMPUTE], s->step_s - s->comm_wait_s);
+    loom_gauge_set(m[M_COMM], s->comm_wait_s);
+    loom_counter_add(m[M_COMM_TOTAL], s->comm_wait_s);
+    loom_gauge_set(m[M_DATA], s->data_s);
+    loom_counter_add(m[M_DATA_TOTAL], s->data_s);
+    if (s->skipped) loom_counter_add(m[M_SKIPPED], 1);
+    if (s->loss_scale > 0) loom_gauge_set(m[M_SCALE], s->loss_scale);
+    loom_histogram_observe(tm->step_hist, s->step_s);
+    double jpt = loom_train_metrics_joules_per_token(tm);
+    if (isfinite(jpt)) loom_gauge_set(m[M_JPT], jpt);
+}
+
+void loom_train_metrics_eval(loom_train_metrics_t *tm, double val_loss) {
+    if (tm && val_loss >= 0) loom_gauge_set(tm->m[M_VAL], val_loss);
+}
+
+void loom_train_metrics_checkpoint(loom_train_metrics_t *tm, double write_s) {
+    if (tm) loom_histogram_observe(tm->ckpt_hist, write_s);
+}
+
+void loom_train_metrics_stop(loom_train_metrics_t *tm) {
+    if (!tm) return;
+    loom_http_stop(tm->http);
+    loom_dashboard_stop(tm->dash);
+    loom_telemetry_close(tm->tel);
+    loom_metrics_free(tm->reg);
+    free(tm);
+}

@@ -1,0 +1,156 @@
+/* engine: many generation requests through one model at once (continuous
+ * batching over a paged KV cache). docs/serving.md tells the whole story.
+ *
+ * Requests wait in a queue, first come first served. Each step the
+ * scheduler builds one batch: first every running sequence's next rows (one
+ * decode token, or the next chunk of a prompt still being prefilled), then
+ * waiting requests are admitted while the step's token budget
+ * (max_batch_tokens), the sequence cap (max_seqs) and free KV blocks allow;
+ * a long prompt is prefilled in chunks so running decodes never stall
+ * behind it. The batch runs as one forward (model/infer.h); each sequence
+ * whose rows reach its end samples its next token. When a running sequence
+ * needs a block and none is free, the newest running sequence is preempted:
+ * its blocks are freed and it goes back to the front of the queue to be
+ * recomputed (prompt plus the tokens it had made) when blocks free up.
+ *
+ * Threads: every function here is safe to call from any thread. Either
+ * call loom_engine_step yourself (one thread), or loom_engine_start, which
+ * runs the step loop on a thread of its own until loom_engine_stop. Events
+ * are delivered on the thread that runs the steps, with no engine lock
+ * held: a callback may submit or cancel, but must not block for long (it
+ * stalls every request). A loom_engine_queue_t turns events into a queue
+ * that another thread waits on.
+ *
+ * CPU note: the CPU ops run on an OpenMP team from the stepping thread and
+ * share the GEMM's packing buffers: do not run other model work in the same
+ * process while the engine steps. */
+#ifndef LOOM_ENGINE_H
+#define LOOM_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "data/tokenizer.h"
+#include "model/gpt.h"
+
+typedef struct {
+    int block_size;       /* tokens per KV block (default 16) */
+    size_t kv_bytes;      /* bytes for the KV pool (see loom_engine_parse_kv_memory) */
+    loom_dtype kv_dtype;  /* element type of the cache (LOOM_FP32; int8 to come) */
+    int max_batch_tokens; /* rows per step, prefill and decode together (default 512) */
+    int max_seqs;         /* running sequences at most (default 64) */
+    int debug;            /* 1: check block ownership on every change (tests) */
+} loom_engine_config_t;
+
+/* Defaults for every field (kv_bytes 256 MiB). */
+void loom_engine_config_default(loom_engine_config_t *c);
+/* Parse --kv-memory: bytes with an optional K/M/G suffix ("512M", "2G"),
+ * or a share of the memory free now, a number in (0, 1] ("0.25"). */
+loom_status loom_engine_parse_kv_memory(const char *s, size_t *bytes);
+
+/* One request's settings. */
+typedef struct {
+    int max_tokens;      /* new tokens at most (>= 1) */
+    float temperature;   /* 0 = greedy; >= 0 */
+    int top_k;           /* 0 = off */
+    float top_p;         /* in (0, 1]; 1 = off */
+    uint64_t seed;       /* sample i draws from its own stream seeded with seed + i */
+    int n;               /* samples sharing the prompt (>= 1); they share its KV blocks */
+    const int *stop_ids; /* token ids that end a sample (not returned as text) */
+    int n_stop_ids;
+    const char *const *stop; /* strings that end a sample, matched on the decoded text
+                                across token boundaries; not returned */
+    int n_stop;
+    int logprobs;        /* -1 off; else return the chosen token's log-probability
+                            and this many top alternatives (<= 20) */
+} loom_request_params_t;
+
+/* Defaults: max_tokens 16, greedy, n 1, no stops, no logprobs. */
+void loom_request_params_default(loom_request_params_t *p);
+
+typedef enum {
+    LOOM_FINISH_NONE = 0,  /* more events follow for this sample */
+    LOOM_FINISH_LENGTH,    /* max_tokens reached, or the model's context is full */
+    LOOM_FINISH_STOP,      /* a stop id or stop string */
+    LOOM_FINISH_CANCELLED, /* loom_engine_cancel */
+} loom_finish_reason;
+
+/* What an event carries; valid during the callback only. */
+typedef struct {
+    uint64_t request;      /* the handle submit returned */
+    int index;             /* which of the n samples */
+    int token;             /* the new token, or -1 for an event without one (cancel) */
+    const char *text;      /* decoded bytes this token releases (may be empty; bytes
+                              that could start a stop string are held back) */
+    size_t text_len;
+    float logprob;         /* log-probability of token, when logprobs >= 0 */
+    int n_top;             /* alternatives below (logprobs of them, descending) */
+    const int *top_ids;
+    const float *top_logprobs;
+    loom_finish_reason finish; /* != NONE on the sample's last event */
+    int n_prompt, n_generated; /* token counts so far */
+    double ttft;           /* seconds from submit to this sample's first token */
+} loom_engine_event_t;
+
+typedef void (*loom_engine_cb)(void *ctx, const loom_engine_event_t *ev);
+
+typedef struct loom_engine loom_engine_t;
+
+/* An engine over `m` (which must outlive it; the engine runs it). `tok` may
+ * be NULL: then stop strings are refused and events carry no text. The
+ * pool holds kv_bytes / loom_infer_block_bytes blocks. */
+loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_tokenizer_t *tok,
+                               const loom_engine_config_t *cfg);
+/* Stops the step thread if running; pending requests are dropped without events. */
+void loom_engine_free(loom_engine_t *e);
+
+/* Queue a request: prompt (n_prompt ids), its settings, and where its
+ * events go (cb(ctx, event) for every token of every sample, the last one
+ * with finish set). Checks everything first and refuses a bad request with
+ * LOOM_EINVAL and a message (nothing queued; the engine goes on with the
+ * others): an empty prompt or one longer than the context, a token outside
+ * the vocabulary, max_tokens < 1, temperature < 0, top_p outside (0, 1],
+ * n < 1, a request that could never fit the KV pool. *id receives the
+ * request's handle. */
+loom_status loom_engine_submit(loom_engine_t *e, const int *prompt, int n_prompt,
+                               const loom_request_params_t *p, loom_engine_cb cb, void *ctx,
+                               uint64_t *id);
+/* Cancel a request: its samples end with LOOM_FINISH_CANCELLED at the next
+ * step and their blocks are freed. 0 if found, -1 if unknown or done. */
+int loom_engine_cancel(loom_engine_t *e, uint64_t id);
+
+/* One scheduler step on the calling thread. *busy (may be NULL) is set to 1
+ * when there was work. Errors are internal (a failed forward). */
+loom_status loom_engine_step(loom_engine_t *e, int *busy);
+/* Step until no request is left. */
+loom_status loom_engine_run(loom_engine_t *e);
+/* The step loop on its own thread (sleeps while idle), until loom_engine_stop. */
+loom_status loom_engine_start(loom_engine_t *e);
+void loom_engine_stop(loom_engine_t *e);
+
+typedef struct {
+    int waiting, running;      /* sequences now */
+    int free_blocks, total_blocks, block_size;
+    long long steps, prompt_tokens, generated_tokens, preemptions, requests_done;
+    long long batch_rows;      /* rows over all steps (mean batch = batch_rows / steps) */
+} loom_engine_stats_t;
+void loom_engine_stats(loom_engine_t *e, loom_engine_stats_t *st);
+
+/* Check block accounting: every block's references against the block
+ * tables of the live sequences (LOOM_EINTERNAL with the difference). */
+loom_status loom_engine_audit(loom_engine_t *e);
+
+/* A thread-safe FIFO of events: pass loom_engine_queue_push as the
+ * callback and the queue as its ctx; another thread pops. Text and top
+ * lists are copied. */
+typedef struct loom_engine_queue loom_engine_queue_t;
+loom_engine_queue_t *loom_engine_queue_new(void);
+void loom_engine_queue_free(loom_engine_queue_t *q);
+void loom_engine_queue_push(void *q, const loom_engine_event_t *ev);
+/* Wait up to timeout_s (< 0: forever) for an event; 1 with *ev filled
+ * (release with loom_engine_event_clear), 0 on timeout. */
+int loom_engine_queue_pop(loom_engine_queue_t *q, loom_engine_event_t *ev, double timeout_s);
+void loom_engine_event_clear(loom_engine_event_t *ev);
+
+#endif

@@ -1,0 +1,64 @@
+/* exporter: training metrics and telemetry as an observer (see exporter.h). */
+#define _GNU_SOURCE
+#include "train/exporter.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "obs/train_metrics.h"
+
+typedef struct {
+    loom_train_observer_t ob; /* first: the observer's ctx is this struct */
+    loom_train_metrics_t *tm;
+} exporter_t;
+
+static loom_status exporter_start(void *ctx, loom_train_run_t *run) {
+    exporter_t *e = ctx;
+    const loom_train_opts_t *o = run->o;
+    int local = loom_dist_local_rank(run->dist);
+    /* The device this rank trains on, as setup opened it: "cuda" is the
+     * local rank's GPU. */
+    char device[64];
+    snprintf(device, sizeof device, "%s", o->device ? o->device : "cpu");
+    if (!strcmp(device, "cuda")) snprintf(device, sizeof device, "cuda:%d", run->multi ? local : 0);
+    const char *lws = getenv("LOCAL_WORLD_SIZE");
+    loom_train_metrics_opts_t mo = {.host = o->metrics_host, .port = o->metrics_port, .rank = o->rank, .local_rank = local,
+                                    .world_size = o->world_size, .local_world = lws ? atoi(lws) : 0, .device = device,
+                                    .model = o->model, .dtype = loom_dtype_name(run->be->dtype), .run = o->out, .steps = o->steps};
+    return loom_train_metrics_start(&e->tm, &mo);
+}
+
+static loom_status exporter_eval(void *ctx, loom_train_run_t *run, long long step, double val_loss) {
+    loom_train_metrics_eval(((exporter_t *)ctx)->tm, val_loss);
+    return LOOM_OK;
+}
+
+static loom_status exporter_after_step(void *ctx, loom_train_run_t *run, const loom_step_record_t *r) {
+    exporter_t *e = ctx;
+    loom_train_metrics_step_t s = {
+        .step = r->step, .loss = r->loss, .grad_norm = r->grad_norm, .lr = r->lr, .tokens = (double)run->tokens_per_step,
+        .tokens_per_s = r->tokens_per_s, .flops_per_s = run->flops_per_token * r->tokens_per_s / run->o->world_size,
+        .mfu = r->mfu, .step_s = r->step_s, .comm_wait_s = r->comm_wait_s, .data_s = r->data_s,
+        .loss_scale = run->loss_scaling ? r->loss_scale : 0, .skipped = r->skipped};
+    loom_train_metrics_step(e->tm, &s);
+    run->energy_j_per_token = loom_train_metrics_joules_per_token(e->tm);
+    return LOOM_OK;
+}
+
+static loom_status exporter_checkpoint(void *ctx, loom_train_run_t *run, const loom_ckpt_event_t *ev) {
+    loom_train_metrics_checkpoint(((exporter_t *)ctx)->tm, ev->write_s);
+    return LOOM_OK;
+}
+
+static void exporter_free(void *ctx) {
+    exporter_t *e = ctx;
+    loom_train_metrics_stop(e->tm);
+    free(e);
+}
+
+loom_train_observer_t *loom_train_observer_exporter(const loom_train_opts_t *o) {
+    exporter_t *e = loom_calloc(1, sizeof *e);
+    e->ob = (loom_train_observer_t){.name = "metrics exporter", .ctx = e, .on_start = exporter_start, .on_eval = exporter_eval,
+                                    .after_step = exporter_after_step, .on_checkpoint = exporter_checkpoint, .free = exporter_free};
+    return &e->ob;
+}
