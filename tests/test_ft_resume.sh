@@ -113,7 +113,7 @@ for i in 1 2 3 4; do
     [ $i = 4 ] && np=() && shard=optim-rank00000-of-00001.bin
     $LOOM train "${A[@]}" --steps 100000 --ckpt-every 1 --keep-ckpts 2 "${np[@]}" --out "$tmp/m$i" > "$tmp/m$i.log" 2>&1 &
     pid=$!
-    for _ in $(seq 300); do [ "$(cat "$tmp/m$i/metrics.jsonl" 2>/dev/null | wc -l)" -ge $((2 + 3 * i)) ] && break; sleep 0.05; done
+    for _ in $(seq 1200); do [ "$(cat "$tmp/m$i/metrics.jsonl" 2>/dev/null | wc -l)" -ge $((2 + 3 * i)) ] && break; sleep 0.05; done
     kill -TERM $pid; wait $pid; rc=$?
     last=$(cat "$tmp/m$i/latest" 2>/dev/null)
     if [ $rc != 75 ] || [ ! -f "$tmp/m$i/checkpoints/$last/$shard" ] || ! $LOOM sample --run "$tmp/m$i" --tokens 2 > /dev/null 2>&1; then
