@@ -229,6 +229,11 @@ loom_status loom_run_write_ckpt_meta(const char *tmp, const loom_gpt_config_t *c
         cJSON_AddNumberToObject(j, "seq", st->seq);
         cJSON_AddNumberToObject(j, "grad_accum", st->grad_accum);
     }
+    if (st->loss_scale > 0) {
+        cJSON_AddNumberToObject(j, "loss_scale", st->loss_scale);
+        cJSON_AddNumberToObject(j, "loss_scale_good_steps", st->loss_scale_good);
+        cJSON_AddNumberToObject(j, "loss_scale_skipped_steps", (double)st->loss_scale_skipped);
+    }
     snprintf(path, sizeof path, "%s/state.json", tmp);
     s = write_json(path, j);
     cJSON_Delete(j);
@@ -303,6 +308,11 @@ static loom_status read_state(const char *path, long long folder_step, int padde
         }
         if (vl) st->val_loss = vl->valuedouble;
         if (th) st->tokenizer_hash = strtoull(th->valuestring, NULL, 16);
+        double x;
+        cJSON *ls = cJSON_GetObjectItemCaseSensitive(j, "loss_scale");
+        if (cJSON_IsNumber(ls) && isfinite(ls->valuedouble) && ls->valuedouble > 0 && ls->valuedouble < 3.4e38) st->loss_scale = (float)ls->valuedouble;
+        if (json_whole(j, "loss_scale_good_steps", 0, 1 << 30, &x)) st->loss_scale_good = (int)x;
+        if (json_whole(j, "loss_scale_skipped_steps", 0, 9007199254740992.0, &x)) st->loss_scale_skipped = (long long)x;
     }
     cJSON_Delete(j);
     return s;

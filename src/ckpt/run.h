@@ -60,6 +60,11 @@ typedef struct {
     /* How the global batch was made when saved (0: not recorded, an older
      * checkpoint): ranks, ZeRO stage, micro-batch, sequence, accumulation. */
     int world_size, zero, batch, seq, grad_accum;
+    /* fp16 dynamic loss scaling (0: the run has none): the scale, good steps
+     * since it last changed, steps skipped so far; --resume continues them */
+    float loss_scale;
+    int loss_scale_good;
+    long long loss_scale_skipped;
 } loom_ckpt_state_t;
 
 /* config.json (Hugging Face GPT2Config) and state.json of a checkpoint

@@ -54,9 +54,12 @@ typedef struct {
 
 static loom_ckpt_state_t state_of(const loom_train_run_t *run, long long step, double loss, double val) {
     const loom_train_opts_t *o = run->o;
-    return (loom_ckpt_state_t){.step = step, .train_loss = loss, .val_loss = val, .data_pos = run->data_pos,
-                               .tokenizer_hash = run->tok ? loom_tokenizer_hash(run->tok) : 0, .world_size = o->world_size,
-                               .zero = o->zero, .batch = run->B, .seq = run->T, .grad_accum = o->grad_accum};
+    loom_ckpt_state_t st = {.step = step, .train_loss = loss, .val_loss = val, .data_pos = run->data_pos,
+                            .tokenizer_hash = run->tok ? loom_tokenizer_hash(run->tok) : 0, .world_size = o->world_size,
+                            .zero = o->zero, .batch = run->B, .seq = run->T, .grad_accum = o->grad_accum};
+    const loom_loss_scaler_t *ls = run->loss_scaler; /* fp16: --resume continues the scaler */
+    if (ls) st.loss_scale = ls->scale, st.loss_scale_good = ls->good, st.loss_scale_skipped = ls->skipped;
+    return st;
 }
 
 /* The sum over ranks the writer needs, through the run's collective. */
