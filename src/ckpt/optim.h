@@ -25,9 +25,21 @@ void loom_optim_shard_path(char *out, size_t cap, const char *ckpt_dir, int rank
 /* Write m, v (backend memory, hi-lo floats each) of shard `h` atomically. */
 loom_status loom_optim_shard_save(const char *path, const loom_optim_shard_t *h, const loom_backend_t *be,
                                   const float *m, const float *v);
+/* The same from host memory (a snapshot taken at the step boundary, for a
+ * background writer). */
+loom_status loom_optim_shard_save_host(const char *path, const loom_optim_shard_t *h, const float *m, const float *v);
 /* Read a shard written by loom_optim_shard_save; `want` names what the
  * caller expects (params, lo, hi); m, v are backend memory of hi-lo floats. */
 loom_status loom_optim_shard_load(const char *path, const loom_optim_shard_t *want, const loom_backend_t *be,
                                   float *m, float *v, loom_optim_shard_t *got);
+
+/* Elastic resume: read every shard of `ckpt_dir` (any world size and ZeRO
+ * stage; each checked, all of one world, together covering the P =
+ * `params` floats) and copy floats [lo, hi) of m and v into the host
+ * arrays `m`, `v` (hi-lo floats each). `step` (non-zero) must match every
+ * shard's step. `saved` gets the header of the last shard (its world and
+ * ZeRO stage). */
+loom_status loom_optim_gather(const char *ckpt_dir, uint64_t params, uint64_t step, size_t lo, size_t hi,
+                              float *m, float *v, loom_optim_shard_t *saved);
 
 #endif

@@ -4,23 +4,15 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
-#include <ftw.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt/checkpoint.h"
 #include "ckpt/safetensors.h"
 
-static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(path);
-}
-
-static int rm_rf(const char *path) {
-    if (!loom_path_exists(path)) return 0;
-    return nftw(path, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-}
 
 static int dir_is_empty(const char *dir) {
     DIR *d = opendir(dir);
@@ -36,14 +28,21 @@ static int dir_is_empty(const char *dir) {
 loom_status loom_run_prepare(const char *dir, int force) {
     if (loom_path_exists(dir) && !loom_path_is_dir(dir))
         return loom_error(LOOM_EINVAL, "--out %s: exists and is not a folder; choose another --out", dir);
+    char cfg[4200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    if (!force && loom_path_exists(cfg) && !loom_ckpt_any(dir)) {
+        /* A run that ended before its first checkpoint: nothing to keep. */
+        loom_info("loom: %s holds a run without a checkpoint (it stopped before the first one); replacing it", dir);
+        force = 1;
+    }
     if (loom_path_is_dir(dir) && !dir_is_empty(dir)) {
         if (!force)
             return loom_error(LOOM_EINVAL, "--out %s: the folder already exists and is not empty; pass --force to replace its run, or choose another --out", dir);
-        static const char *const ours[] = {"config.json", "metrics.jsonl", "loss.svg", "tokenizer.json", "latest", "checkpoints"};
+        static const char *const ours[] = {"config.json", "metrics.jsonl", "loss.svg", "tokenizer.json", "latest", "checkpoints", "events.jsonl"};
         for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++) {
             char p[4096];
             snprintf(p, sizeof p, "%s/%s", dir, ours[i]);
-            if (rm_rf(p) != 0) return loom_error(LOOM_EIO, "%s: cannot remove: %s", p, strerror(errno));
+            if (loom_ckpt_remove_tree(p) != 0) return loom_error(LOOM_EIO, "%s: cannot remove: %s", p, strerror(errno));
         }
     }
     char ck[4096];
@@ -69,7 +68,7 @@ static void model_to_json(cJSON *j, const loom_gpt_config_t *c) {
 
 static int json_int(const cJSON *o, const char *k, int *out) {
     cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)v->valueint || v->valueint <= 0) return 0;
     *out = v->valueint;
     return 1;
 }
@@ -79,7 +78,7 @@ static loom_status model_from_json(const cJSON *j, const char *path, loom_gpt_co
     memset(cfg, 0, sizeof *cfg);
     int ok = j && json_int(j, "vocab_size", &cfg->vocab_size) && json_int(j, "n_positions", &cfg->max_seq_len) &&
              json_int(j, "n_embd", &cfg->channels) && json_int(j, "n_layer", &cfg->n_layer) && json_int(j, "n_head", &cfg->n_head);
-    if (!ok) return loom_error(LOOM_EFORMAT, "%s: missing or malformed model fields (vocab_size, n_positions, n_embd, n_layer, n_head)", path);
+    if (!ok) return loom_error(LOOM_EFORMAT, "%s: missing or malformed model fields (vocab_size, n_positions, n_embd, n_layer, n_head: positive whole numbers)", path);
     return loom_gpt_config_finish(cfg);
 }
 
@@ -202,56 +201,14 @@ loom_status loom_run_config_read(const char *dir, loom_run_config_t *c) {
     return s;
 }
 
-static loom_status remove_old(const char *ckdir, int keep) {
-    DIR *d = opendir(ckdir);
-    if (!d) return LOOM_OK;
-    char **names = NULL;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (strncmp(e->d_name, "step_", 5) != 0) continue;
-        names = realloc(names, (size_t)(n + 1) * sizeof *names);
-        names[n++] = loom_strdup(e->d_name);
-    }
-    closedir(d);
-    /* Names are zero-padded, so name order is step order. */
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            if (strcmp(names[i], names[j]) > 0) {
-                char *t = names[i];
-                names[i] = names[j];
-                names[j] = t;
-            }
-    for (int i = 0; i < n; i++) {
-        if (i < n - keep) {
-            char p[4096];
-            snprintf(p, sizeof p, "%s/%s", ckdir, names[i]);
-            rm_rf(p);
-        }
-        free(names[i]);
-    }
-    free(names);
-    return LOOM_OK;
-}
-
 loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,
                                      const loom_ckpt_state_t *st, int keep) {
     return loom_run_save_checkpoint_with(dir, m, st, keep, NULL, NULL);
 }
 
-loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
-                                          const loom_ckpt_state_t *st, int keep,
-                                          loom_status (*extra)(const char *tmp_dir, void *ctx), void *ctx) {
-    char name[64], tmp[4096], final[4096], path[4096], ckdir[4096];
-    snprintf(name, sizeof name, "step_%08lld", st->step);
-    snprintf(ckdir, sizeof ckdir, "%s/checkpoints", dir);
-    snprintf(tmp, sizeof tmp, "%s/.tmp-%s", ckdir, name);
-    snprintf(final, sizeof final, "%s/%s", ckdir, name);
-    rm_rf(tmp);
-    LOOM_TRY(loom_mkdir_p(tmp));
-    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-    LOOM_TRY(loom_safetensors_save_gpt(m, path));
-    cJSON *hf = hf_config(&m->cfg);
+loom_status loom_run_write_ckpt_meta(const char *tmp, const loom_gpt_config_t *cfg, const loom_ckpt_state_t *st) {
+    char path[4200];
+    cJSON *hf = hf_config(cfg);
     snprintf(path, sizeof path, "%s/config.json", tmp);
     loom_status s = write_json(path, hf);
     cJSON_Delete(hf);
@@ -264,44 +221,115 @@ loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
     char hash[32];
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)st->tokenizer_hash);
     cJSON_AddStringToObject(j, "tokenizer_hash", hash);
-    cJSON_AddNumberToObject(j, "padded_vocab_size", m->cfg.padded_vocab_size);
+    cJSON_AddNumberToObject(j, "padded_vocab_size", cfg->padded_vocab_size);
+    if (st->world_size > 0) { /* what the global batch was made of */
+        cJSON_AddNumberToObject(j, "world_size", st->world_size);
+        cJSON_AddNumberToObject(j, "zero", st->zero);
+        cJSON_AddNumberToObject(j, "batch", st->batch);
+        cJSON_AddNumberToObject(j, "seq", st->seq);
+        cJSON_AddNumberToObject(j, "grad_accum", st->grad_accum);
+    }
+    if (st->loss_scale > 0) {
+        cJSON_AddNumberToObject(j, "loss_scale", st->loss_scale);
+        cJSON_AddNumberToObject(j, "loss_scale_good_steps", st->loss_scale_good);
+        cJSON_AddNumberToObject(j, "loss_scale_skipped_steps", (double)st->loss_scale_skipped);
+    }
     snprintf(path, sizeof path, "%s/state.json", tmp);
     s = write_json(path, j);
     cJSON_Delete(j);
-    LOOM_TRY(s);
-    if (extra) LOOM_TRY(extra(tmp, ctx));
-    loom_fsync_dir(tmp);
-    rm_rf(final);
-    if (rename(tmp, final) != 0) return loom_error(LOOM_EIO, "%s: rename failed: %s", final, strerror(errno));
-    loom_fsync_dir(ckdir);
-    snprintf(path, sizeof path, "%s/latest", dir);
-    char line[80];
-    int n = snprintf(line, sizeof line, "%s\n", name);
-    LOOM_TRY(loom_file_write_atomic(path, line, (size_t)n));
-    return remove_old(ckdir, keep < 1 ? 1 : keep);
+    return s;
 }
 
-loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap, loom_gpt_config_t *cfg,
-                            loom_ckpt_state_t *st) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (!loom_path_is_dir(dir))
-        return loom_error(LOOM_EINVAL, "--run %s: no such folder; train one with `loom train --out %s`", dir, dir);
-    if (!loom_path_exists(path))
-        return loom_error(LOOM_EINVAL, "--run %s: not a loom run (no config.json); pass the --out folder of a `loom train`", dir);
-    snprintf(path, sizeof path, "%s/latest", dir);
+loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
+                                          const loom_ckpt_state_t *st, int keep,
+                                          loom_status (*extra)(const char *tmp_dir, void *ctx), void *ctx) {
+    char tmp[4096], path[4200];
+    LOOM_TRY(loom_ckpt_begin(dir, st->step, tmp, sizeof tmp));
+    snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+    LOOM_TRY(loom_safetensors_save_gpt(m, path));
+    LOOM_TRY(loom_run_write_ckpt_meta(tmp, &m->cfg, st));
+    if (extra) LOOM_TRY(extra(tmp, ctx));
+    return loom_ckpt_commit(dir, st->step, keep);
+}
+
+/* A whole number in [lo, hi] stored under `k`; 0 when absent or not one. */
+static int json_whole(cJSON *o, const char *k, double lo, double hi, double *out) {
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(v)) return 0;
+    double x = v->valuedouble;
+    if (!(x >= lo && x <= hi) || x != (double)(long long)x) return 0;
+    *out = x;
+    return 1;
+}
+
+/* state.json, trusted no further than it checks: the step must be the one
+ * in the folder's name, positions and losses in range. */
+static loom_status read_state(const char *path, long long folder_step, int padded_vocab, loom_ckpt_state_t *st) {
     char *text;
     size_t len;
-    if (loom_file_read(path, &text, &len) != LOOM_OK)
-        return loom_error(LOOM_EINVAL, "--run %s: the run has no checkpoint yet (no 'latest' file); wait for the first checkpoint or train longer", dir);
-    while (len && (text[len - 1] == '\n' || text[len - 1] == ' ')) text[--len] = 0;
-    if (strncmp(text, "step_", 5) != 0 || strchr(text, '/')) {
-        loom_status s = loom_error(LOOM_EFORMAT, "%s: names '%s', not a checkpoint", path, text);
-        free(text);
-        return s;
-    }
-    snprintf(ckpt_dir, cap, "%s/checkpoints/%s", dir, text);
+    LOOM_TRY(loom_file_read(path, &text, &len));
+    cJSON *j = cJSON_Parse(text);
     free(text);
+    memset(st, 0, sizeof *st);
+    st->val_loss = -1;
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return loom_error(LOOM_EFORMAT, "%s: not a JSON object", path);
+    }
+    double step = 0, pos = 0, pv = 0;
+    cJSON *v, *tl = cJSON_GetObjectItemCaseSensitive(j, "train_loss"), *vl = cJSON_GetObjectItemCaseSensitive(j, "val_loss");
+    cJSON *th = cJSON_GetObjectItemCaseSensitive(j, "tokenizer_hash");
+    loom_status s = LOOM_OK;
+    char *end = NULL;
+    if (!json_whole(j, "step", 1, 9007199254740992.0, &step))
+        s = loom_error(LOOM_EFORMAT, "%s: \"step\" is missing or not a whole number from 1 to 2^53", path);
+    else if ((long long)step != folder_step)
+        s = loom_error(LOOM_EFORMAT, "%s: \"step\" is %.0f but the folder is the checkpoint of step %lld; the file was edited or mixed up",
+                       path, step, folder_step);
+    else if (!json_whole(j, "data_position", 0, 9007199254740992.0, &pos))
+        s = loom_error(LOOM_EFORMAT, "%s: \"data_position\" is missing or not a whole number from 0 to 2^53", path);
+    else if ((tl && !cJSON_IsNull(tl) && (!cJSON_IsNumber(tl) || !isfinite(tl->valuedouble))) ||
+             (vl && (!cJSON_IsNumber(vl) || !isfinite(vl->valuedouble) || vl->valuedouble < 0)))
+        s = loom_error(LOOM_EFORMAT, "%s: \"train_loss\" or \"val_loss\" is not a finite number", path);
+    else if (th && (!cJSON_IsString(th) || strlen(th->valuestring) != 16 || (strtoull(th->valuestring, &end, 16), *end)))
+        s = loom_error(LOOM_EFORMAT, "%s: \"tokenizer_hash\" is not 16 hex digits", path);
+    else if ((v = cJSON_GetObjectItemCaseSensitive(j, "padded_vocab_size")) &&
+             (!json_whole(j, "padded_vocab_size", 1, 1 << 30, &pv) || (int)pv != padded_vocab))
+        s = loom_error(LOOM_EFORMAT, "%s: \"padded_vocab_size\" does not match the checkpoint's model (%d)", path, padded_vocab);
+    if (s == LOOM_OK) {
+        st->step = (long long)step;
+        st->data_pos = (unsigned long long)pos;
+        st->train_loss = cJSON_IsNumber(tl) ? tl->valuedouble : NAN;
+        static const char *const shape[] = {"world_size", "zero", "batch", "seq", "grad_accum"};
+        int *dst[] = {&st->world_size, &st->zero, &st->batch, &st->seq, &st->grad_accum};
+        for (int i = 0; i < 5; i++) {
+            double x;
+            if (json_whole(j, shape[i], i == 1 ? 0 : 1, 1 << 30, &x)) *dst[i] = (int)x;
+        }
+        if (vl) st->val_loss = vl->valuedouble;
+        if (th) st->tokenizer_hash = strtoull(th->valuestring, NULL, 16);
+        double x;
+        cJSON *ls = cJSON_GetObjectItemCaseSensitive(j, "loss_scale");
+        if (cJSON_IsNumber(ls) && isfinite(ls->valuedouble) && ls->valuedouble > 0 && ls->valuedouble < 3.4e38) st->loss_scale = (float)ls->valuedouble;
+        if (json_whole(j, "loss_scale_good_steps", 0, 1 << 30, &x)) st->loss_scale_good = (int)x;
+        if (json_whole(j, "loss_scale_skipped_steps", 0, 9007199254740992.0, &x)) st->loss_scale_skipped = (long long)x;
+    }
+    cJSON_Delete(j);
+    return s;
+}
+
+loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
+                          loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!loom_path_is_dir(dir))
+        return loom_error(LOOM_EINVAL, "%s: no such folder; train one with `loom train --out %s`", dir, dir);
+    if (!loom_path_exists(path))
+        return loom_error(LOOM_EINVAL, "%s: not a loom run (no config.json); pass the --out folder of a `loom train`", dir);
+    long long folder_step;
+    LOOM_TRY(loom_ckpt_find(dir, which, ckpt_dir, cap, &folder_step));
+    char *text;
+    size_t len;
     snprintf(path, sizeof path, "%s/config.json", ckpt_dir);
     LOOM_TRY(loom_file_read(path, &text, &len));
     cJSON *j = cJSON_Parse(text);
@@ -310,18 +338,10 @@ loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap, loom_gp
     cJSON_Delete(j);
     LOOM_TRY(ms);
     snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
-    LOOM_TRY(loom_file_read(path, &text, &len));
-    j = cJSON_Parse(text);
-    free(text);
-    memset(st, 0, sizeof *st);
-    st->val_loss = -1;
-    if (!j) return loom_error(LOOM_EFORMAT, "%s: not valid JSON", path);
-    cJSON *v;
-    if ((v = cJSON_GetObjectItemCaseSensitive(j, "step")) && cJSON_IsNumber(v)) st->step = (long long)v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(j, "train_loss")) && cJSON_IsNumber(v)) st->train_loss = v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(j, "val_loss")) && cJSON_IsNumber(v)) st->val_loss = v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(j, "data_position")) && cJSON_IsNumber(v)) st->data_pos = (unsigned long long)v->valuedouble;
-    if ((v = cJSON_GetObjectItemCaseSensitive(j, "tokenizer_hash")) && cJSON_IsString(v)) st->tokenizer_hash = strtoull(v->valuestring, NULL, 16);
-    cJSON_Delete(j);
-    return LOOM_OK;
+    return read_state(path, folder_step, cfg->padded_vocab_size, st);
+}
+
+loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap, loom_gpt_config_t *cfg,
+                            loom_ckpt_state_t *st) {
+    return loom_run_find(dir, NULL, ckpt_dir, cap, cfg, st);
 }

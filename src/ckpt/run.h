@@ -57,7 +57,19 @@ typedef struct {
     double train_loss, val_loss; /* val_loss < 0: not measured */
     unsigned long long data_pos; /* next training token */
     uint64_t tokenizer_hash;
+    /* How the global batch was made when saved (0: not recorded, an older
+     * checkpoint): ranks, ZeRO stage, micro-batch, sequence, accumulation. */
+    int world_size, zero, batch, seq, grad_accum;
+    /* fp16 dynamic loss scaling (0: the run has none): the scale, good steps
+     * since it last changed, steps skipped so far; --resume continues them */
+    float loss_scale;
+    int loss_scale_good;
+    long long loss_scale_skipped;
 } loom_ckpt_state_t;
+
+/* config.json (Hugging Face GPT2Config) and state.json of a checkpoint
+ * into folder `tmp` (see ckpt/checkpoint.h for the rest of the protocol). */
+loom_status loom_run_write_ckpt_meta(const char *tmp, const loom_gpt_config_t *cfg, const loom_ckpt_state_t *st);
 
 /* Write a checkpoint of `m` for `st->step`; keep the newest `keep`. */
 loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,
@@ -68,8 +80,15 @@ loom_status loom_run_save_checkpoint(const char *dir, const loom_gpt_t *m,
 loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
                                           const loom_ckpt_state_t *st, int keep,
                                           loom_status (*extra)(const char *tmp_dir, void *ctx), void *ctx);
-/* Read the model config and state of the newest checkpoint of a run. */
+/* Read the model config and state of the newest complete checkpoint of a
+ * run (see ckpt/checkpoint.h: verified against its manifest; state.json
+ * checked for range and against the folder's step). */
 loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap,
                             loom_gpt_config_t *cfg, loom_ckpt_state_t *st);
+
+/* The same for a chosen checkpoint: `which` is NULL/"latest"/"auto" (the
+ * newest) or "step_N"/"N". */
+loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
+                          loom_gpt_config_t *cfg, loom_ckpt_state_t *st);
 
 #endif

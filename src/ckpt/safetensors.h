@@ -12,6 +12,9 @@
 
 /* Write the model's parameters to `path` atomically. */
 loom_status loom_safetensors_save_gpt(const loom_gpt_t *m, const char *path);
+/* The same from a host copy of the parameter block (m->num_params floats),
+ * so a background thread can write while training changes m->params. */
+loom_status loom_safetensors_save_gpt_host(const loom_gpt_t *m, const float *host, const char *path);
 /* Read parameters from `path` into an allocated model of the same config;
  * missing tensors, wrong shapes, dtypes or a truncated file are errors
  * naming the tensor. */

@@ -94,6 +94,7 @@ static const char *type_hint(loom_arg_type t) {
     case ARG_STR: return "S";
     case ARG_BOOL: return "";
     case ARG_LIST: return "S...";
+    case ARG_OPTSTR: return "[S]";
     case ARG_CHOICE: return "S";
     }
     return "";
@@ -157,6 +158,9 @@ static int set_value(const char *cmd, const loom_arg_t *a, const char *val) {
     case ARG_STR:
         *(const char **)a->ptr = val;
         return 0;
+    case ARG_OPTSTR:
+        *(const char **)a->ptr = val;
+        return 0;
     case ARG_BOOL:
         if (!strcmp(val, "1") || !strcmp(val, "on") || !strcmp(val, "true") || !strcmp(val, "yes")) *(int *)a->ptr = 1;
         else if (!strcmp(val, "0") || !strcmp(val, "off") || !strcmp(val, "false") || !strcmp(val, "no")) *(int *)a->ptr = 0;
@@ -199,6 +203,7 @@ int loom_args_parse(const char *cmd, const char *usage, const loom_arg_t *args, 
         if (args[i].def && args[i].def[0] && set_value(cmd, &args[i], args[i].def)) return 2;
         if (args[i].type == ARG_STR && !args[i].def) *(const char **)args[i].ptr = NULL;
         if (args[i].type == ARG_STR && args[i].def && !args[i].def[0]) *(const char **)args[i].ptr = NULL;
+        if (args[i].type == ARG_OPTSTR && (!args[i].def || !args[i].def[0])) *(const char **)args[i].ptr = NULL;
     }
     for (int i = 0; i < argc; i++) {
         const char *s = argv[i];
@@ -234,6 +239,10 @@ int loom_args_parse(const char *cmd, const char *usage, const loom_arg_t *args, 
             *(int *)a->ptr = 1;
             continue;
         }
+        if (a->type == ARG_OPTSTR && !inline_val && (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))) {
+            *(const char **)a->ptr = "latest";
+            continue;
+        }
         if (a->type == ARG_LIST && !inline_val) {
             int got = 0;
             while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
@@ -263,6 +272,7 @@ int loom_exit_code(int status) {
     switch (status) {
     case LOOM_OK: return 0;
     case LOOM_EINVAL: case LOOM_EFORMAT: case LOOM_EIO: case LOOM_EUNAVAIL: return 2;
+    case LOOM_ESTOPPED: return 75; /* EX_TEMPFAIL: preempted, resume with the same command */
     default: return 1;
     }
 }

@@ -15,8 +15,9 @@ typedef enum {
     ARG_STR,   /* const char * */
     ARG_BOOL,  /* int, set to 1 by the bare flag */
     ARG_LIST,  /* loom_arg_list_t: every value up to the next --flag */
-    ARG_CHOICE /* int: min + the index of the value among the flag's choices ("none|gelu|all");
+    ARG_CHOICE, /* int: min + the index of the value among the flag's choices ("none|gelu|all");
                 * only for shared flags, whose choices the shared table holds */
+    ARG_OPTSTR /* const char *, the value optional: the bare flag (or one followed by a --flag) stores "latest" */
 } loom_arg_type;
 
 typedef struct {

@@ -1,4 +1,5 @@
 /* loom: train and serve transformer language models. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,6 +35,14 @@ static void usage(FILE *f) {
                "  loom sample --run runs/first --prompt \"In the beginning\"\n");
 }
 
+/* A command whose output could not be written (a full disk, /dev/full, a
+ * closed pipe) did not do its job: say so and fail, whatever it returned. */
+static int output_checked(const char *cmd, int rc) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    fprintf(stderr, "loom %s: cannot write the output: %s\n", cmd, strerror(errno ? errno : EIO));
+    return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stdout);
@@ -44,7 +53,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     for (int i = 0; i < NCOMMANDS; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 2, argv + 2);
+        if (!strcmp(argv[1], commands[i].name)) return output_checked(argv[1], commands[i].run(argc - 2, argv + 2));
     fprintf(stderr, "loom: unknown command '%s'; run `loom --help` for the list\n", argv[1]);
     return 2;
 }

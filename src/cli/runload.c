@@ -21,10 +21,12 @@ static loom_status open_run(const char *run, int threads, loom_gpt_t **model, lo
     *tok = NULL;
     if (loom_path_exists(path)) {
         LOOM_TRY(loom_tokenizer_load(tok, path));
-        if (st->tokenizer_hash && loom_tokenizer_hash(*tok) != st->tokenizer_hash) {
+        uint64_t have = loom_tokenizer_hash(*tok); /* read before the free: the message needs it */
+        if (st->tokenizer_hash && have != st->tokenizer_hash) {
             loom_tokenizer_free(*tok);
+            *tok = NULL;
             return loom_error(LOOM_EFORMAT, "%s: this tokenizer (hash %016llx) is not the one the run trained with (%016llx); restore the run's tokenizer.json",
-                              path, (unsigned long long)loom_tokenizer_hash(*tok), (unsigned long long)st->tokenizer_hash);
+                              path, (unsigned long long)have, (unsigned long long)st->tokenizer_hash);
         }
     }
     const loom_backend_t *be;
@@ -33,9 +35,15 @@ static loom_status open_run(const char *run, int threads, loom_gpt_t **model, lo
     if (s == LOOM_OK) {
         snprintf(path, sizeof path, "%s/model.safetensors", ck);
         s = loom_safetensors_load_gpt(*model, path);
-        if (s != LOOM_OK) loom_gpt_free(*model);
+        if (s != LOOM_OK) {
+            loom_gpt_free(*model);
+            *model = NULL; /* the caller's loom_run_close must not free it again */
+        }
     }
-    if (s != LOOM_OK && *tok) loom_tokenizer_free(*tok);
+    if (s != LOOM_OK && *tok) {
+        loom_tokenizer_free(*tok);
+        *tok = NULL;
+    }
     return s;
 }
 

@@ -48,7 +48,7 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int argc, char **argv) 
         {"init-from", ARG_STR, &o->init_from, NULL, 0, 0, "Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer) to fine-tune; --data must use its tokenizer"},
         {"out", ARG_STR, &o->out, NULL, 0, 0, "run folder to create (config, metrics log, checkpoints, plot)"},
         {"force", ARG_BOOL, &o->force, "0", 0, 0, "replace the run in an existing --out folder"},
-        {"resume", ARG_BOOL, &o->resume, "0", 0, 0, "continue the run in --out from its newest checkpoint (weights, AdamW state, step, data position); same data, model and ranks"},
+        {"resume", ARG_OPTSTR, &o->resume_from, "", 0, 0, "continue the run in --out from its newest verified checkpoint (weights, AdamW state, step, data position), or from step_N; auto: resume when --out holds a checkpoint, else start fresh (one command for first start and restarts). Another --nproc is fine (the global batch is kept)"},
         {"layers", ARG_INT, &o->layers, "0", 0, 1024, "override the preset's layer count (0 = preset)"},
         {"heads", ARG_INT, &o->heads, "0", 0, 1024, "override the preset's head count (0 = preset)"},
         {"channels", ARG_INT, &o->channels, "0", 0, 65536, "override the preset's width (0 = preset)"},
@@ -70,7 +70,9 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int argc, char **argv) 
         {"sample-every", ARG_INT, &o->sample_every, "0", 0, 1 << 30, "steps between text samples (0 = only at the end)"},
         {"sample-tokens", ARG_INT, &o->sample_tokens, "200", 0, 1 << 20, "tokens per text sample (0 = none)"},
         {"ckpt-every", ARG_INT, &o->ckpt_every, "500", 0, 1 << 30, "steps between checkpoints (always one at the end)"},
-        {"keep-ckpts", ARG_INT, &o->keep_ckpts, "3", 1, 1 << 20, "checkpoints kept (oldest removed first)"},
+        {"keep-ckpts", ARG_INT, &o->keep_ckpts, "3", 1, 1 << 20, "checkpoints kept (oldest removed first, only after the new one is on disk)"},
+        {"ckpt-every-minutes", ARG_FLOAT, &o->ckpt_every_minutes, "0", 0, 1e6, "also checkpoint when this many minutes passed since the last one (0 = off)"},
+        {"ckpt-sync", ARG_BOOL, &o->ckpt_sync, "0", 0, 0, "write checkpoints in the training thread instead of the background (for comparison)"},
         {"log-every", ARG_INT, &o->log_every, "10", 1, 1 << 30, "steps between progress lines when stderr is not a terminal"},
         loom_flag(LOOM_FLAG_SEED, &o->seed),
         loom_flag(LOOM_FLAG_THREADS, &o->threads),
@@ -111,6 +113,7 @@ int cmd_train(int argc, char **argv) {
         return 2;
     }
     if (o.init_from) o.model = o.init_from;
+    o.resume = o.resume_from != NULL;
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);
     o.world_size = 1;
     loom_train_observer_t *observers[] = {loom_progress_observer(&o)};

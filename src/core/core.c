@@ -32,6 +32,7 @@ const char *loom_status_name(loom_status s) {
     case LOOM_ENOMEM: return "out of memory";
     case LOOM_EUNAVAIL: return "unavailable";
     case LOOM_EINTERNAL: return "internal error";
+    case LOOM_ESTOPPED: return "stopped (resumable)";
     }
     return "unknown status";
 }

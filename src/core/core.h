@@ -16,7 +16,8 @@ typedef enum {
     LOOM_EFORMAT,  /* a file's contents are not what they claim */
     LOOM_ENOMEM,   /* an allocation failed */
     LOOM_EUNAVAIL, /* a feature whose part is missing on this machine */
-    LOOM_EINTERNAL /* a bug: an invariant did not hold */
+    LOOM_EINTERNAL, /* a bug: an invariant did not hold */
+    LOOM_ESTOPPED  /* stopped on request (a signal) after a checkpoint: resumable */
 } loom_status;
 
 /* Record a formatted message for `code` and return `code`, so that

@@ -395,6 +395,12 @@ static loom_status check_opts(const loom_pipeline_opts_t *o, const files_t *in) 
     if (o->ninputs == 0 || !o->out)
         return loom_error(LOOM_EINVAL, "needs --input and --out, e.g.\n  loom tokenize --input corpus.txt --vocab 8192 --out data/corpus");
     if (in->total == 0) return loom_error(LOOM_EINVAL, "no text in %s%s: the input is empty", o->inputs[0], o->ninputs > 1 ? " ..." : "");
+    char run_cfg[4200], run_ck[4200];
+    snprintf(run_cfg, sizeof run_cfg, "%s/config.json", o->out);
+    snprintf(run_ck, sizeof run_ck, "%s/checkpoints", o->out);
+    if (loom_path_exists(run_cfg) || loom_path_exists(run_ck))
+        return loom_error(LOOM_EINVAL, "--out %s is a training run's folder (it has config.json or checkpoints/); tokenize into a data folder of its own",
+                          o->out);
     if (!o->tokenizer && (o->vocab < 256 + o->nspecial || o->vocab > 2147483647LL))
         return loom_error(LOOM_EINVAL, "--vocab %lld: must be between %d (256 bytes + %d special) and 2147483647", o->vocab,
                           256 + o->nspecial, o->nspecial);
@@ -412,14 +418,15 @@ static loom_status run(const loom_pipeline_opts_t *o, files_t *in, loom_tokenize
         r->train_s = loom_now() - t0;
         tok = *trained;
     }
-    char path[4200];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o->out);
-    LOOM_TRY(loom_tokenizer_save(tok, path));
     double t0 = loom_now();
     encode_t e;
     LOOM_TRY(encode_corpus(tok, in, o, &e));
     remove_stale(o->out, "train", e.train.index);
     remove_stale(o->out, "val", e.val.index);
+    /* Last, so a failed encode leaves no new tokenizer beside old shards. */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->out);
+    LOOM_TRY(loom_tokenizer_save(tok, path));
     r->encode_s = loom_now() - t0;
     r->bytes = e.done;
     r->vocab = loom_tokenizer_vocab_size(tok);

@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/hash.h"
+
 loom_status loom_shard_open(loom_shard_t *s, const char *path) {
     memset(s, 0, sizeof *s);
     int fd = open(path, O_RDONLY);
@@ -25,14 +27,14 @@ loom_status loom_shard_open(loom_shard_t *s, const char *path) {
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED) return loom_error(LOOM_EIO, "%s: mmap failed: %s", path, strerror(errno));
-    int32_t h[7]; /* a copy, so messages can use it after munmap */
+    int32_t h[9]; /* a copy, so messages can use it after munmap */
     memcpy(h, map, sizeof h);
     size_t count, hdr = 1024;
     int tb, vocab;
     if (h[0] == LOOM_SHARD_MAGIC) {
-        if (h[1] != LOOM_SHARD_VERSION) {
+        if (h[1] != LOOM_SHARD_VERSION && h[1] != 1) {
             munmap(map, len);
-            return loom_error(LOOM_EFORMAT, "%s: shard version %d, this loom reads version %d; re-run `loom tokenize`", path, h[1], LOOM_SHARD_VERSION);
+            return loom_error(LOOM_EFORMAT, "%s: shard version %d, this loom reads versions 1 and %d; re-run `loom tokenize`", path, h[1], LOOM_SHARD_VERSION);
         }
         hdr = (size_t)h[2];
         vocab = h[3];
@@ -58,6 +60,20 @@ loom_status loom_shard_open(loom_shard_t *s, const char *path) {
         munmap(map, len);
         return loom_error(LOOM_EFORMAT, "%s: header says %zu tokens (%zu bytes) but the file holds %zu bytes of tokens; the file is truncated or corrupt, re-run `loom tokenize`",
                           path, count, count * (size_t)tb, len - hdr);
+    }
+    if (h[0] == LOOM_SHARD_MAGIC && h[1] >= 2) {
+        uint64_t want = (uint64_t)(uint32_t)h[7] | ((uint64_t)(uint32_t)h[8] << 32);
+        uint64_t got = loom_hash64((const unsigned char *)map + hdr, count * (size_t)tb, 0);
+        if (got != want) {
+            munmap(map, len);
+            return loom_error(LOOM_EFORMAT, "%s: token checksum %016llx, the header says %016llx: the file is corrupt; re-run `loom tokenize`",
+                              path, (unsigned long long)got, (unsigned long long)want);
+        }
+    } else {
+        static int noted;
+        if (!noted++)
+            loom_info("%s: a shard without a checksum (%s); its tokens are not verified. Re-run `loom tokenize` to add one",
+                      path, h[0] == LOOM_SHARD_MAGIC ? "loom shard version 1" : "llm.c format");
     }
     s->map = map;
     s->map_len = len;
@@ -103,12 +119,17 @@ struct loom_shard_writer {
     int vocab_size, tb;
     size_t count;
     unsigned char *buf; /* WRITER_BUF bytes */
-    size_t fill;
+    size_t fill, skip;  /* skip: header bytes at the front of buf, not hashed */
+    loom_hash64_t hash; /* of the token bytes */
 };
 
-static void header(int32_t h[7], size_t n, int vocab_size, int tb) {
-    int32_t v[7] = {LOOM_SHARD_MAGIC, LOOM_SHARD_VERSION, 1024, vocab_size,
-                    (int32_t)(uint32_t)(n & 0xffffffffu), (int32_t)(uint32_t)((uint64_t)n >> 32), tb};
+/* Write out the buffer, hashing its token bytes on the way. */
+static loom_status writer_flush(loom_shard_writer_t *w);
+
+static void header(int32_t h[9], size_t n, int vocab_size, int tb, uint64_t hash) {
+    int32_t v[9] = {LOOM_SHARD_MAGIC, LOOM_SHARD_VERSION, 1024, vocab_size,
+                    (int32_t)(uint32_t)(n & 0xffffffffu), (int32_t)(uint32_t)((uint64_t)n >> 32), tb,
+                    (int32_t)(uint32_t)(hash & 0xffffffffu), (int32_t)(uint32_t)(hash >> 32)};
     memcpy(h, v, sizeof v);
 }
 
@@ -155,10 +176,11 @@ loom_status loom_shard_writer_open(loom_shard_writer_t **out, const char *path, 
     }
     /* The header is written with a zero count and filled in by close(). */
     memset(w->buf, 0, 1024);
-    int32_t h[7];
-    header(h, 0, vocab_size, w->tb);
+    int32_t h[9];
+    header(h, 0, vocab_size, w->tb, 0);
     memcpy(w->buf, h, sizeof h);
-    w->fill = 1024;
+    w->fill = w->skip = 1024;
+    loom_hash64_init(&w->hash, 0);
     *out = w;
     return LOOM_OK;
 }
@@ -174,7 +196,7 @@ loom_status loom_shard_writer_append(loom_shard_writer_t *w, const uint32_t *tok
             return s;
         }
         if (w->fill + 4 > WRITER_BUF) {
-            loom_status s = write_all(w->fd, w->buf, w->fill, w->tmp);
+            loom_status s = writer_flush(w);
             if (s != LOOM_OK) {
                 loom_shard_writer_abort(w);
                 return s;
@@ -193,10 +215,16 @@ loom_status loom_shard_writer_append(loom_shard_writer_t *w, const uint32_t *tok
     return LOOM_OK;
 }
 
+static loom_status writer_flush(loom_shard_writer_t *w) {
+    loom_hash64_update(&w->hash, w->buf + w->skip, w->fill - w->skip);
+    w->skip = 0;
+    return write_all(w->fd, w->buf, w->fill, w->tmp);
+}
+
 loom_status loom_shard_writer_close(loom_shard_writer_t *w) {
-    loom_status s = write_all(w->fd, w->buf, w->fill, w->tmp);
-    int32_t h[7];
-    header(h, w->count, w->vocab_size, w->tb);
+    loom_status s = writer_flush(w);
+    int32_t h[9];
+    header(h, w->count, w->vocab_size, w->tb, loom_hash64_digest(&w->hash));
     if (s == LOOM_OK && pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h)
         s = loom_error(LOOM_EIO, "%s: writing the header failed: %s", w->tmp, strerror(errno));
     if (s == LOOM_OK && fsync(w->fd) != 0) s = loom_error(LOOM_EIO, "%s: sync failed: %s", w->tmp, strerror(errno));

@@ -5,8 +5,11 @@
  *   header[0] = LOOM_SHARD_MAGIC, header[1] = version (1),
  *   header[2] = header size in bytes (1024), header[3] = vocabulary size,
  *   header[4], header[5] = token count (low, high 32 bits),
- *   header[6] = bytes per token (2 or 4).
- * llm.c's shards (magic 20240520, version 1: uint16 tokens; header[2] =
+ *   header[6] = bytes per token (2 or 4),
+ *   header[7], header[8] = XXH64 (core/hash.h) of the token bytes (low,
+ *   high 32 bits; version 2), checked when the shard is opened.
+ * Version 1 shards (no checksum) still load, with a note that their
+ * tokens are not verified. llm.c's shards (magic 20240520, version 1: uint16 tokens; header[2] =
  * token count) load unchanged; their vocabulary size is reported as 0. */
 #ifndef LOOM_SHARD_H
 #define LOOM_SHARD_H
@@ -17,7 +20,7 @@
 #include "../core/core.h"
 
 #define LOOM_SHARD_MAGIC 0x4c4f4f4d /* "LOOM" */
-#define LOOM_SHARD_VERSION 1
+#define LOOM_SHARD_VERSION 2
 #define LLMC_SHARD_MAGIC 20240520
 
 typedef struct {
@@ -29,7 +32,8 @@ typedef struct {
     size_t map_len;
 } loom_shard_t;
 
-/* Open and validate a shard (magic, version, size against token count). */
+/* Open and validate a shard (magic, version, size against token count,
+ * the checksum of version 2). */
 loom_status loom_shard_open(loom_shard_t *s, const char *path);
 void loom_shard_close(loom_shard_t *s);
 /* Token i of an open shard. */

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@ typedef struct {
     int left, first_bad, code, passed;
     double fail_at;
     struct sigaction old_int, old_term;
+    pid_t launcher;
 } launch_state_t;
 
 /* The forked child: the rank's environment, then the job. Never returns. */
@@ -37,6 +39,11 @@ static void start_rank(const launch_state_t *st, int rank, int port) {
     setenv("MASTER_PORT", v, 1);
     sigaction(SIGINT, &st->old_int, NULL);
     sigaction(SIGTERM, &st->old_term, NULL);
+    /* A launcher killed outright (SIGKILL, OOM) must not leave ranks that
+     * train on and write checkpoints: each rank gets SIGTERM when it goes
+     * (the kernel keeps this across execv) and stops as on any SIGTERM. */
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != st->launcher) _exit(128 + SIGTERM); /* it went before the prctl */
     if (!l->argv) _exit(l->run(rank, l->ctx));
     execv("/proc/self/exe", l->argv);
     fprintf(stderr, "%s: rank %d: cannot start /proc/self/exe: %s\n", l->what, rank, strerror(errno));
@@ -88,7 +95,7 @@ loom_status loom_launch_local(const loom_launch_t *l, int *exit_code) {
     *exit_code = 0;
     if (getenv("RANK") && getenv("WORLD_SIZE"))
         return loom_error(LOOM_EINVAL, "--nproc inside a launched job (RANK and WORLD_SIZE are set); drop --nproc or the launcher");
-    launch_state_t st = {.l = l, .pids = loom_calloc((size_t)l->nproc, sizeof(pid_t)), .first_bad = -1};
+    launch_state_t st = {.l = l, .pids = loom_calloc((size_t)l->nproc, sizeof(pid_t)), .first_bad = -1, .launcher = getpid()};
     int port = loom_dist_free_port(29500);
     struct sigaction sa = {.sa_handler = launcher_on_signal};
     launcher_signal = 0;

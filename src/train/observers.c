@@ -13,6 +13,7 @@
 #include "obs/metrics_log.h"
 #include "obs/plot.h"
 #include "train/train.h"
+#include "train/train_impl.h"
 
 /* Each observer's state struct starts with the observer itself, so one
  * allocation holds both and ctx points at it. */
@@ -30,18 +31,27 @@ static void on_signal(int sig) { stop_signal = sig; }
 
 typedef struct {
     loom_train_observer_t ob;
-    struct sigaction old_int, old_term;
-    int installed;
 } signals_t;
 
-static loom_status signals_start(void *ctx, loom_train_run_t *run) {
-    signals_t *g = ctx;
+/* Installed by loom_train before setup, so a signal during a long setup
+ * (the rendezvous, loading and verifying a checkpoint) stops the run
+ * before its first step, on every rank, instead of killing one rank. */
+static struct sigaction old_int, old_term;
+static int installed;
+
+void loom_train_signals_install(void) {
     struct sigaction sa = {.sa_handler = on_signal};
     stop_signal = 0;
-    sigaction(SIGINT, &sa, &g->old_int);
-    sigaction(SIGTERM, &sa, &g->old_term);
-    g->installed = 1;
-    return LOOM_OK;
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    installed = 1;
+}
+
+void loom_train_signals_restore(void) {
+    if (!installed) return;
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    installed = 0;
 }
 
 static loom_status signals_before_step(void *ctx, loom_train_run_t *run, long long step) {
@@ -49,17 +59,10 @@ static loom_status signals_before_step(void *ctx, loom_train_run_t *run, long lo
     return LOOM_OK;
 }
 
-static void signals_restore(signals_t *g) {
-    if (!g->installed) return;
-    sigaction(SIGINT, &g->old_int, NULL);
-    sigaction(SIGTERM, &g->old_term, NULL);
-    g->installed = 0;
-}
-
 /* A signal during the last step counts too. A second signal while the
  * final checkpoint is written acts as it would without loom. */
 static loom_status signals_stop(void *ctx, loom_train_run_t *run, loom_status s) {
-    signals_restore(ctx);
+    loom_train_signals_restore();
     if (stop_signal) loom_train_request_stop(run, stop_signal);
     if (s == LOOM_OK && run->stop_signal && run->step >= run->first_step)
         loom_info("\nloom train: stopped by signal %d after step %lld; writing a checkpoint", run->stop_signal, run->step);
@@ -67,13 +70,12 @@ static loom_status signals_stop(void *ctx, loom_train_run_t *run, loom_status s)
 }
 
 static void signals_free(void *ctx) {
-    signals_restore(ctx);
+    loom_train_signals_restore();
     free(ctx);
 }
 
 loom_train_observer_t *loom_train_observer_signals(void) {
-    return observer_alloc(sizeof(signals_t), &(loom_train_observer_t){.name = "signals", .on_start = signals_start,
-                                                                     .before_step = signals_before_step,
+    return observer_alloc(sizeof(signals_t), &(loom_train_observer_t){.name = "signals", .before_step = signals_before_step,
                                                                      .on_stop = signals_stop, .free = signals_free});
 }
 

@@ -8,15 +8,61 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include <unistd.h>
+
+#include "ckpt/checkpoint.h"
+#include "ckpt/resume.h"
 #include "ckpt/hf.h"
 #include "ckpt/run.h"
 #include "train/exporter.h"
 #include "train/train_impl.h"
 
+/* --resume auto: resume when the run folder holds a checkpoint, else a
+ * fresh start. A resumed run's folder loses the leftovers of interrupted
+ * writes before anything is written (rank 0, before any collective). */
+static loom_status resolve_resume(loom_train_job_t *j) {
+    loom_train_opts_t *o = &j->o;
+    if (!o->resume) return LOOM_OK;
+    if (o->resume_from && !strcmp(o->resume_from, "auto")) {
+        o->resume = loom_ckpt_any(o->out);
+        if (!o->resume) {
+            loom_info("loom train: --resume auto: %s holds no checkpoint; starting the run", o->out);
+            return LOOM_OK;
+        }
+    }
+    if (!loom_path_is_dir(o->out))
+        return loom_error(LOOM_EINVAL, "--resume: --out %s does not exist, nothing to resume; --resume auto starts a run there when it has none", o->out);
+    return j->run.lead ? loom_ckpt_clean(o->out) : LOOM_OK;
+}
+
+/* The settings a resume may not change, and the accumulation that keeps
+ * the global batch on this world size (ckpt/resume.h). */
+static loom_status check_resume(loom_train_job_t *j, int T) {
+    loom_train_opts_t *o = &j->o;
+    loom_resume_settings_t now = {.batch = o->batch, .seq = T, .grad_accum = o->grad_accum, .world_size = o->world_size,
+                                  .zero = o->zero, .steps = o->steps, .seed = o->seed, .warmup = o->warmup, .lr = o->lr,
+                                  .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
+                                  .beta1 = o->beta1, .beta2 = o->beta2, .dtype = j->auto_dtype ? NULL : loom_dtype_name(j->dtype),
+                                  .grad_dtype = o->grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32"};
+    return loom_resume_check(o->out, &now, &j->rst, j->run.lead, &o->grad_accum);
+}
+
+/* The loss history and the plot keep a few numbers per step: --steps must
+ * fit in memory (checked before the run folder is made). */
+static loom_status check_steps(const loom_train_opts_t *o) {
+    double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE), per = 64;
+    if (mem > 0 && (double)o->steps * per > mem / 4)
+        return loom_error(LOOM_EINVAL, "--steps %lld: the per-step loss history would take %.1f GB of this machine's %.1f GB; use at most %.0f steps",
+                          o->steps, (double)o->steps * per / 1e9, mem / 1e9, mem / 4 / per);
+    return LOOM_OK;
+}
+
 /* The model's shape and the batch shape: preset and overrides, or the
  * checkpoint's on --resume. The data must be open. */
 static loom_status resolve_model(loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
+    LOOM_TRY(check_steps(o));
+    LOOM_TRY(resolve_resume(j));
     loom_gpt_config_t *cfg = &j->cfg;
     LOOM_TRY(o->init_from ? loom_hf_read_config(o->init_from, cfg) : loom_gpt_preset(cfg, o->model));
     if (o->layers) cfg->n_layer = o->layers;
@@ -27,11 +73,18 @@ static loom_status resolve_model(loom_train_job_t *j) {
     if (o->init_from && !o->resume) LOOM_TRY(loom_hf_check_data(o->init_from, o->data, loom_dataset_tokenizer(j->ds), cfg->vocab_size, cfg));
     if (o->resume) { /* the model's shape comes from the checkpoint, not the preset */
         loom_gpt_config_t rcfg;
-        LOOM_TRY(loom_run_latest(o->out, j->rck, sizeof j->rck, &rcfg, &j->rst));
+        const char *which = o->resume_from && strcmp(o->resume_from, "auto") ? o->resume_from : NULL;
+        LOOM_TRY(loom_run_find(o->out, which, j->rck, sizeof j->rck, &rcfg, &j->rst));
+        if (which && strcmp(which, "latest") && j->run.lead) LOOM_TRY(loom_ckpt_supersede(o->out, j->rst.step));
         const loom_tokenizer_t *dtok = loom_dataset_tokenizer(j->ds);
         if (rcfg.vocab_size != cfg->vocab_size || (j->rst.tokenizer_hash && dtok && loom_tokenizer_hash(dtok) != j->rst.tokenizer_hash))
             return loom_error(LOOM_EINVAL, "--resume: %s was not made with the tokenizer run %s trained with; resume on the same --data", o->data, o->out);
-        if (j->rst.step >= o->steps)
+        if (j->rst.data_pos >= loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN))
+            return loom_error(LOOM_EFORMAT, "%s/state.json: data position %llu is past the %zu training tokens of %s; the checkpoint is not of this data",
+                              j->rck, j->rst.data_pos, loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN), o->data);
+        if (j->rst.step >= o->steps && o->resume_from && !strcmp(o->resume_from, "auto"))
+            loom_info("loom train: %s is complete (step %lld of --steps %lld); nothing to train", o->out, j->rst.step, o->steps);
+        else if (j->rst.step >= o->steps)
             return loom_error(LOOM_EINVAL, "--resume: %s is already at step %lld of --steps %lld; raise --steps to train further", o->out, j->rst.step, o->steps);
         *cfg = rcfg;
     }
@@ -39,6 +92,7 @@ static loom_status resolve_model(loom_train_job_t *j) {
     if (T > cfg->max_seq_len)
         return loom_error(LOOM_EINVAL, "--seq %d is above the %s context of %d; lower --seq%s", T, o->resume ? "run's" : "model's",
                           cfg->max_seq_len, o->resume ? "" : " or raise --context");
+    if (o->resume) LOOM_TRY(check_resume(j, T));
     j->run.B = o->batch;
     j->run.T = T;
     size_t need = (size_t)o->batch * T * o->grad_accum * o->world_size + 1;
@@ -108,6 +162,10 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
                   run->be->dtype == LOOM_FP16 ? ", and fp16 without loss scaling" : "");
     }
     if (run->loss_scaling) loom_loss_scaler_init(&j->ls, 65536.0f, 2000);
+    if (run->loss_scaling && j->rst.loss_scale > 0) { /* --resume: the saved scaler continues */
+        j->ls.scale = j->rst.loss_scale, j->ls.good = j->rst.loss_scale_good, j->ls.skipped = j->rst.loss_scale_skipped;
+    }
+    run->loss_scaler = run->loss_scaling ? &j->ls : NULL;
     return LOOM_OK;
 }
 
@@ -219,6 +277,7 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     loom_train_run_t *run = &j->run;
     *run = (loom_train_run_t){.o = o, .dist = dist, .lead = o->rank == 0, .multi = o->world_size > 1,
                               .last_loss = NAN, .last_val = -1, .energy_j_per_token = NAN};
+    add_observers(j); /* first: teardown frees them, the caller's included, whatever fails below */
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     step_modes(j);
     LOOM_TRY(loom_dataset_open(&j->ds, o->data, o->val_fraction));
@@ -243,7 +302,6 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     j->in = loom_malloc(per_rank * sizeof(int));
     j->tg = loom_malloc(per_rank * sizeof(int));
     report_setup(j);
-    add_observers(j);
     return LOOM_OK;
 }
 

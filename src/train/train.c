@@ -196,18 +196,25 @@ static loom_status train_finish(loom_train_job_t *j, loom_status s) {
         s = run_eval(j, run->step, NULL);
     s = emit_stop(run, s);
     emit_end(run, s);
-    if (s == LOOM_OK && run->stop_signal)
-        s = loom_error(LOOM_EINTERNAL, "stopped by signal %d; the checkpoint of step %lld is in %s", run->stop_signal,
-                       run->step, j->o.out);
+    if (s == LOOM_OK && run->stop_signal && run->step == 0)
+        s = loom_error(LOOM_ESTOPPED, "stopped by signal %d before the first step; nothing to save", run->stop_signal);
+    else if (s == LOOM_OK && run->stop_signal)
+        s = loom_error(LOOM_ESTOPPED, "stopped by signal %d; the checkpoint of step %lld is in %s; the same command with --resume (or --resume auto) continues",
+                       run->stop_signal, run->step, j->o.out);
     return s;
 }
 
 loom_status loom_train(const loom_train_opts_t *opts) {
     loom_dist_t *d;
-    loom_dist_opts_t dopt = {.transport = "auto", .gpu = opts->device && (loom_backend_device_caps(opts->device) & LOOM_CAP_DEVICE_MEMORY),
+    loom_dist_opts_t dopt = {.transport = "auto", .gpu = opts->device && !strncmp(opts->device, "cuda", 4),
                              .timeout_s = opts->dist_timeout};
     dopt.device = -1; /* the local rank's GPU */
-    LOOM_TRY(loom_dist_init(&d, &dopt));
+    loom_train_signals_install();
+    loom_status ds = loom_dist_init(&d, &dopt);
+    if (ds != LOOM_OK) {
+        loom_train_signals_restore();
+        return ds;
+    }
     loom_train_job_t *j = loom_calloc(1, sizeof *j);
     j->o = *opts;
     j->o.rank = loom_dist_rank(d);
@@ -219,10 +226,12 @@ loom_status loom_train(const loom_train_opts_t *opts) {
     if (s == LOOM_OK) s = emit_start(&j->run);
     if (s == LOOM_OK) s = train_finish(j, train_loop(j));
     loom_train_teardown(j);
+    loom_train_signals_restore();
     int world = j->o.world_size;
     free(j);
     /* On failure the process exits without the last barrier: its peers
-     * see the closed connections and stop, naming this rank. */
-    if (s == LOOM_OK || world == 1) loom_dist_free(d);
+     * see the closed connections and stop, naming this rank. A stop that
+     * every rank agreed on is no failure: all of them meet there. */
+    if (s == LOOM_OK || s == LOOM_ESTOPPED || world == 1) loom_dist_free(d);
     return s;
 }

@@ -36,6 +36,7 @@
 #include "model/gpt.h"
 #include "parallel/dist.h"
 #include "train/step.h"
+#include "train/step_graph.h"
 
 typedef struct loom_train_run loom_train_run_t;
 typedef struct loom_train_observer loom_train_observer_t;
@@ -53,6 +54,12 @@ typedef struct {
     int eval_every, eval_batches, sample_every, sample_tokens, ckpt_every, keep_ckpts;
     int log_every, threads, force;
     int resume; /* continue the run in `out` from its newest checkpoint */
+    /* Fault tolerance (docs/fault-tolerance.md). resume_from: NULL, "latest",
+     * "auto" (resume when `out` holds a checkpoint, else start fresh) or
+     * "step_N"; resume is set from it when given. */
+    const char *resume_from;
+    double ckpt_every_minutes; /* also checkpoint when this much time passed (0 = off) */
+    int ckpt_sync;             /* write checkpoints in the loop's thread (default: in the background) */
     const char *init_from; /* Hugging Face GPT-2 folder: architecture and weights (ckpt/hf.h); NULL = a preset */
     long long seed;
     /* Data parallelism. The ranks come from the launch (mpirun, srun, the
@@ -92,7 +99,10 @@ typedef struct {
     double data_s;           /* time loading this step's batches, before step_s */
 } loom_step_record_t;
 
-/* A checkpoint that was just written (complete and renamed into place). */
+/* A checkpoint that was just taken. With --ckpt-sync it is on disk;
+ * otherwise its snapshot is being written in the background, committed
+ * before the next checkpoint is taken and before the run ends. write_s:
+ * the time the loop was held (snapshot, and waiting for the previous one). */
 typedef struct {
     loom_ckpt_state_t state; /* step, losses, data position, tokenizer hash */
     const char *dir;         /* the run folder (the checkpoint is dir/checkpoints/step_N) */
@@ -116,6 +126,7 @@ struct loom_train_run {
     double flops_per_token;      /* model FLOPs per token, forward + backward */
     int have_val;                /* the data has a validation split */
     int loss_scaling;            /* dynamic fp16 loss scaling is on */
+    const loom_loss_scaler_t *loss_scaler; /* its state when on (checkpoints save it), else NULL */
     const char *resumed_from;    /* checkpoint folder of a --resume, else NULL */
     long long resumed_step;      /* its step (0 when not resumed) */
     long long first_step;        /* first step this process runs */

@@ -29,13 +29,17 @@ typedef struct {
     loom_train_observer_t *obs[LOOM_TRAIN_MAX_OBS];
 } loom_train_job_t;
 
+/* observers.c: SIGINT/SIGTERM handlers for the whole job (install before
+ * setup; restore is idempotent), read by the signals observer. */
+void loom_train_signals_install(void);
+void loom_train_signals_restore(void);
+
 /* setup.c: everything before the first step, and its undoing. */
 loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist);
 void loom_train_teardown(loom_train_job_t *j);
 
-/* checkpoint.c: load the newest checkpoint's weights and this rank's AdamW
- * state (resume), and write one checkpoint from every rank. */
+/* checkpoint.c: load the resumed checkpoint's weights and this rank's part
+ * of its AdamW state, from shards of any world size and ZeRO stage. */
 loom_status loom_train_load_checkpoint(loom_train_job_t *j);
-loom_status loom_train_write_checkpoint(loom_train_run_t *run, const loom_ckpt_state_t *st, int final);
 
 #endif
