@@ -207,15 +207,15 @@ static int bench_generate(const bench_flags_t *f) {
 int cmd_bench_generate(int argc, char **argv) {
     bench_flags_t f;
     const loom_arg_t args[] = {
-        {"model", ARG_STR, &f.model, "gpt2-small", 0, 0, "model preset (random weights)"},
+        loom_flag_default(LOOM_FLAG_MODEL, &f.model, "gpt2-small"),
         {"run", ARG_STR, &f.run, "", 0, 0, "a run folder's newest checkpoint instead of a random preset (the weights a GGUF for llama.cpp was exported from)"},
         {"vocab", ARG_INT, &f.vocab, "50257", 2, 1 << 24, "vocabulary size"},
         {"prompt-len", ARG_INT, &f.plen, "128", 1, 1 << 20, "prompt tokens per request"},
         {"gen", ARG_INT, &f.gen, "128", 1, 1 << 20, "new tokens per request"},
         {"concurrency", ARG_STR, &f.conc_text, "1,4,16,64", 0, 0, "requests in flight per level, comma-separated (1 = one at a time)"},
         {"repeat", ARG_INT, &f.repeat, "3", 1, 100, "rounds per level (medians and spread)"},
-        {"threads", ARG_INT, &f.threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
-        {"device", ARG_STR, &f.device, "cpu", 0, 0, "cpu, cuda or cuda:N"},
+        loom_flag(LOOM_FLAG_THREADS, &f.threads),
+        loom_flag(LOOM_FLAG_DEVICE, &f.device),
         {"kv-memory", ARG_STR, &f.kv_memory, "2G", 0, 0, "KV cache size: bytes (512M, 2G) or a share of free memory"},
         {"block-size", ARG_INT, &f.block_size, "16", 1, 256, "tokens per KV block"},
         {"max-batch-tokens", ARG_INT, &f.max_batch_tokens, "512", 1, 1 << 20, "rows per step"},

@@ -56,6 +56,19 @@ int plan_dtype_column(const char *d) {
     return -1;
 }
 
+int plan_command(const char *cmd, const char *usage, const loom_arg_t *args, int n, int argc, char **argv,
+                 loom_status (*run)(void *flags), void *flags) {
+    int r = loom_args_parse(cmd, usage, args, n, argc, argv);
+    if (r == 1) return 0;
+    if (r) return 2;
+    loom_status s = run(flags);
+    if (s != LOOM_OK) {
+        fprintf(stderr, "loom %s: %s\n", cmd, loom_errmsg());
+        return loom_exit_code(s);
+    }
+    return 0;
+}
+
 typedef struct {
     plan_model_flags_t mf;
     const char *gpu, *dtype, *recompute, *tokens, *global_batch, *measured, *preempt, *link, *table, *grad_dtype;
@@ -495,12 +508,13 @@ static loom_status plan_train(train_flags_t *f) {
     return s;
 }
 
+static loom_status run_train(void *f) { return plan_train(f); }
+
 static int cmd_plan_train(int argc, char **argv) {
     train_flags_t f = {.mf.vocab = 50257, .price = -1, .spot_price = -1};
     const loom_arg_t args[] = {
         PLAN_MODEL_ARGS(f.mf),
         {"tokens", ARG_STR, &f.tokens, "", 0, 0, "tokens to train on, e.g. 30B (default: 20 per parameter)"},
-        {"gpu", ARG_STR, &f.gpu, "a100-80gb", 0, 0, "GPU id from the GPU table, or cpu"},
         {"gpus", ARG_INT, &f.gpus, "1", -1e9, 1e9, "GPUs (data-parallel ranks)"},
         {"dtype", ARG_STR, &f.dtype, "", 0, 0, "matrix precision: fp32, tf32, bf16, fp16 (default bf16 on a GPU, fp32 on the CPU)"},
         {"zero", ARG_INT, &f.zero, "0", -1e9, 1e9, "ZeRO stage 0, 1 or 2"},
@@ -521,19 +535,10 @@ static int cmd_plan_train(int argc, char **argv) {
         {"ckpt-gbs", ARG_FLOAT, &f.ckpt_gbs, "1", 0.001, 1e6, "checkpoint write bandwidth, GB/s"},
         {"restart-s", ARG_FLOAT, &f.restart_s, "300", 0, 1e9, "seconds to restart after a preemption"},
         {"deadline-h", ARG_FLOAT, &f.deadline_h, "0", 0, 1e9, "hours: also say how many GPUs finish by then"},
-        {"gpu-table", ARG_STR, &f.table, "", 0, 0, "GPU table JSON (default: $LOOM_GPU_TABLE or the installed gpus.json)"},
-        {"json", ARG_BOOL, &f.json, "0", 0, 0, "print JSON instead of the table"},
+        PLAN_GPU_ARGS(f.gpu, f.table, f.json),
     };
-    int r = loom_args_parse("plan train", "loom plan train --model gpt2-xl --tokens 30B --gpu a100-80gb --gpus 8 [flags]",
-                            args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
-    loom_status s = plan_train(&f);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom plan train: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
-    return 0;
+    return plan_command("plan train", "loom plan train --model gpt2-xl --tokens 30B --gpu a100-80gb --gpus 8 [flags]",
+                        args, (int)(sizeof args / sizeof args[0]), argc, argv, run_train, &f);
 }
 
 int cmd_plan(int argc, char **argv) {

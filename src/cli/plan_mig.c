@@ -125,23 +125,15 @@ static loom_status plan_mig(const mig_flags_t *f) {
     return s;
 }
 
+static loom_status run_mig(void *f) { return plan_mig(f); }
+
 int cmd_plan_mig(int argc, char **argv) {
     mig_flags_t f = {0};
     const loom_arg_t args[] = {
-        {"gpu", ARG_STR, &f.gpu, "a100-80gb", 0, 0, "GPU id from the GPU table"},
         {"need", ARG_STR, &f.need, "", 0, 0, "services: NAME:COUNTxMEMORY or NAME:PROFILE, comma-separated, e.g. kjv:2x10gb,chat:1x20gb,batch:40gb"},
         {"format", ARG_STR, &f.format, "table", 0, 0, "table, mig-parted (nvidia-mig-parted config) or k8s (resource requests)"},
-        {"gpu-table", ARG_STR, &f.table, "", 0, 0, "GPU table JSON"},
-        {"json", ARG_BOOL, &f.json, "0", 0, 0, "the table as JSON"},
+        PLAN_GPU_ARGS(f.gpu, f.table, f.json),
     };
-    int r = loom_args_parse("plan mig", "loom plan mig --gpu a100-80gb --need \"kjv:2x10gb,chat:1x20gb,batch:40gb\" [--format table|mig-parted|k8s]",
-                            args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
-    loom_status s = plan_mig(&f);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom plan mig: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
-    return 0;
+    return plan_command("plan mig", "loom plan mig --gpu a100-80gb --need \"kjv:2x10gb,chat:1x20gb,batch:40gb\" [--format table|mig-parted|k8s]",
+                        args, (int)(sizeof args / sizeof args[0]), argc, argv, run_mig, &f);
 }

@@ -4,6 +4,7 @@
 #ifndef LOOM_PLAN_REPORT_H
 #define LOOM_PLAN_REPORT_H
 
+#include "cli/args.h"
 #include "model/gpt.h"
 #include "plan/gpus.h"
 
@@ -47,6 +48,11 @@ typedef struct {
     {"channels", ARG_INT, &(mf).channels, "0", 0, 65536, "override the preset's width"},                               \
     {"context", ARG_INT, &(mf).context, "0", 0, 1 << 20, "override the preset's context length"},                      \
     {"vocab", ARG_INT, &(mf).vocab, "50257", 2, 1 << 30, "vocabulary size (the tokenizer's)"}
+/* The rows every `loom plan` subcommand takes: --gpu, --gpu-table and --json. */
+#define PLAN_GPU_ARGS(gpu, table, json)                                                                               \
+    {"gpu", ARG_STR, &(gpu), "a100-80gb", 0, 0, "GPU id from the GPU table (plan train also takes cpu)"},             \
+    {"gpu-table", ARG_STR, &(table), "", 0, 0, "GPU table JSON (default: $LOOM_GPU_TABLE or the installed gpus.json)"},  \
+    {"json", ARG_BOOL, &(json), "0", 0, 0, "print JSON instead of the table"}
 /* The finished config, or a one-line error naming the bad flag. */
 loom_status plan_model_config(const plan_model_flags_t *f, loom_gpt_config_t *cfg);
 /* The GPU with id `id` from `t`, or LOOM_EINVAL listing the known ones. */
@@ -55,5 +61,10 @@ loom_status plan_gpu_lookup(const loom_gpu_table_t *t, const char *id, int allow
 double plan_parse_count(const char *s);
 /* Peak-table column for a dtype name, -1 if unknown. */
 int plan_dtype_column(const char *dtype);
+/* A `loom plan` subcommand's whole CLI: parse argv against args (n rows),
+ * then run(flags); an error is printed as "loom CMD: message". Returns the
+ * exit code (0 after --help, 2 for a bad flag, else loom_exit_code). */
+int plan_command(const char *cmd, const char *usage, const loom_arg_t *args, int n, int argc, char **argv,
+                 loom_status (*run)(void *flags), void *flags);
 int cmd_plan_serve(int argc, char **argv);
 int cmd_plan_mig(int argc, char **argv);

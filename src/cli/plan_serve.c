@@ -108,27 +108,19 @@ static loom_status plan_serve(serve_flags_t *f) {
     return LOOM_OK;
 }
 
+static loom_status run_serve(void *f) { return plan_serve(f); }
+
 int cmd_plan_serve(int argc, char **argv) {
     serve_flags_t f = {0};
     const loom_arg_t args[] = {
         PLAN_MODEL_ARGS(f.mf),
-        {"gpu", ARG_STR, &f.gpu, "a100-80gb", 0, 0, "GPU id from the GPU table"},
         {"mig", ARG_STR, &f.mig, "", 0, 0, "plan one MIG profile only, e.g. 1g.10gb (default: the whole GPU and every profile)"},
         {"clients", ARG_INT, &f.clients, "64", -1e9, 1e9, "concurrent clients"},
         {"prompt", ARG_INT, &f.prompt, "512", -1e9, 1e9, "prompt tokens per request"},
         {"output", ARG_INT, &f.output, "256", -1e9, 1e9, "generated tokens per request"},
         {"dtype", ARG_STR, &f.dtype, "bf16", 0, 0, "weights: fp32, bf16, fp16, int8"},
-        {"gpu-table", ARG_STR, &f.table, "", 0, 0, "GPU table JSON"},
-        {"json", ARG_BOOL, &f.json, "0", 0, 0, "print JSON instead of the table"},
+        PLAN_GPU_ARGS(f.gpu, f.table, f.json),
     };
-    int r = loom_args_parse("plan serve", "loom plan serve --model gpt2-small --gpu h100-80gb --clients 64 --prompt 512 --output 256 [flags]",
-                            args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
-    loom_status s = plan_serve(&f);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom plan serve: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
-    return 0;
+    return plan_command("plan serve", "loom plan serve --model gpt2-small --gpu h100-80gb --clients 64 --prompt 512 --output 256 [flags]",
+                        args, (int)(sizeof args / sizeof args[0]), argc, argv, run_serve, &f);
 }
