@@ -73,30 +73,29 @@ static loom_status nccl_allreduce(void *vn, void *buf, size_t count, dist_elem e
     return check(n, ncclAllReduce(buf, buf, count, nccl_type(e), nccl_op(n, scale), n->comm, n->stream), "all-reduce");
 }
 
-static loom_status nccl_reduce_scatter(void *vn, void *buf, const size_t *counts, dist_elem e, float scale) {
-    nccl_t *n = vn;
+/* One grouped call per rank r on its slice of buf (counts[r] elements, the
+ * slices back to back): reduce to r (reduce-scatter) when reduce is set,
+ * else broadcast from r (all-gather). */
+static loom_status per_rank(nccl_t *n, void *buf, const size_t *counts, dist_elem e, int reduce, float scale,
+                            const char *what) {
     on_device(n);
     size_t es = dist_elem_size(e), off = 0;
     ncclGroupStart();
     for (int r = 0; r < n->size; r++) {
         char *p = (char *)buf + off * es;
-        if (counts[r]) ncclReduce(p, p, counts[r], nccl_type(e), nccl_op(n, scale), r, n->comm, n->stream);
+        if (counts[r] && reduce) ncclReduce(p, p, counts[r], nccl_type(e), nccl_op(n, scale), r, n->comm, n->stream);
+        else if (counts[r]) ncclBroadcast(p, p, counts[r], nccl_type(e), r, n->comm, n->stream);
         off += counts[r];
     }
-    return check(n, ncclGroupEnd(), "reduce-scatter");
+    return check(n, ncclGroupEnd(), what);
+}
+
+static loom_status nccl_reduce_scatter(void *vn, void *buf, const size_t *counts, dist_elem e, float scale) {
+    return per_rank(vn, buf, counts, e, 1, scale, "reduce-scatter");
 }
 
 static loom_status nccl_allgather(void *vn, void *buf, const size_t *counts, dist_elem e) {
-    nccl_t *n = vn;
-    on_device(n);
-    size_t es = dist_elem_size(e), off = 0;
-    ncclGroupStart();
-    for (int r = 0; r < n->size; r++) {
-        char *p = (char *)buf + off * es;
-        if (counts[r]) ncclBroadcast(p, p, counts[r], nccl_type(e), r, n->comm, n->stream);
-        off += counts[r];
-    }
-    return check(n, ncclGroupEnd(), "all-gather");
+    return per_rank(vn, buf, counts, e, 0, 1.0f, "all-gather");
 }
 
 static loom_status nccl_broadcast(void *vn, void *buf, size_t bytes, int root) {

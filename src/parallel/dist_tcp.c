@@ -89,37 +89,26 @@ int dist_accept(int lfd, double deadline) {
     }
 }
 
-int dist_send_all(int fd, const void *buf, size_t n) {
-    const char *p = buf;
+/* All n bytes of p through fd: sent when events is POLLOUT (p is then only
+ * read), else received; waits out EINTR/EAGAIN. 0, or -1 on error or EOF. */
+static int move_all(int fd, char *p, size_t n, short events) {
     while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-        if (w < 0 && (errno == EINTR || errno == EAGAIN)) {
-            struct pollfd q = {.fd = fd, .events = POLLOUT};
+        ssize_t k = events == POLLOUT ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (k < 0 && (errno == EINTR || errno == EAGAIN)) {
+            struct pollfd q = {.fd = fd, .events = events};
             poll(&q, 1, 100);
             continue;
         }
-        if (w <= 0) return -1;
-        p += w;
-        n -= (size_t)w;
+        if (k <= 0) return -1;
+        p += k;
+        n -= (size_t)k;
     }
     return 0;
 }
 
-int dist_recv_all(int fd, void *buf, size_t n) {
-    char *p = buf;
-    while (n) {
-        ssize_t r = recv(fd, p, n, 0);
-        if (r < 0 && (errno == EINTR || errno == EAGAIN)) {
-            struct pollfd q = {.fd = fd, .events = POLLIN};
-            poll(&q, 1, 100);
-            continue;
-        }
-        if (r <= 0) return -1;
-        p += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
+int dist_send_all(int fd, const void *buf, size_t n) { return move_all(fd, (char *)buf, n, POLLOUT); }
+
+int dist_recv_all(int fd, void *buf, size_t n) { return move_all(fd, buf, n, POLLIN); }
 
 int dist_sendrecv(int sfd, const void *sbuf, size_t sn, int rfd, void *rbuf, size_t rn, int *bad) {
     const char *sp = sbuf;

@@ -186,6 +186,16 @@ int loom_cpu_gemm_init(int threads) {
     return 0;
 }
 
+/* o[0..n) = s[0..n), o[n..width) = 0: one micro-panel row of a packed block. */
+static inline void copy_padded(float *o, const float *s, int n, int width) {
+    if (n == width) {
+        memcpy(o, s, (size_t)width * sizeof(float));
+        return;
+    }
+    for (int i = 0; i < n; i++) o[i] = s[i];
+    for (int i = n; i < width; i++) o[i] = 0.0f;
+}
+
 /* Pack rows [i0, i0+mc) x depth [p0, p0+kc) of A into MR-row micro-panels
  * (one MR-float column per k). */
 static void pack_a_block(float *dst, const loom_gemm_t *g, int i0, int mc, int p0, int kc, int MR) {
@@ -202,12 +212,7 @@ static void pack_a_block(float *dst, const loom_gemm_t *g, int i0, int mc, int p
                 for (int k = k0; k < k1; k++) {
                     const float *s = src + (ptrdiff_t)k * g->csa;
                     float *o = d + (size_t)k * MR;
-                    if (mr == MR) {
-                        memcpy(o, s, (size_t)MR * sizeof(float));
-                    } else {
-                        for (int i = 0; i < mr; i++) o[i] = s[i];
-                        for (int i = mr; i < MR; i++) o[i] = 0.0f;
-                    }
+                    copy_padded(o, s, mr, MR);
                 }
             }
         }
@@ -269,12 +274,7 @@ static void pack_b_panels(float *dst, const loom_gemm_t *g, int p0, int kc, int 
             for (int k = 0; k < kc; k++) {
                 const float *s = src + (ptrdiff_t)k * g->rsb;
                 float *o = d + (size_t)k * NR;
-                if (nr == NR) {
-                    memcpy(o, s, (size_t)NR * sizeof(float));
-                } else {
-                    for (int j = 0; j < nr; j++) o[j] = s[j];
-                    for (int j = nr; j < NR; j++) o[j] = 0.0f;
-                }
+                copy_padded(o, s, nr, NR);
             }
             continue;
         }

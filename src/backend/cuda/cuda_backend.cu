@@ -9,6 +9,7 @@
 #include "cuda_paged.h"
 
 extern "C" {
+#include "cuda_devices.h"
 #include "cuda_peak.h"
 }
 
@@ -329,19 +330,13 @@ static void fill_table(loom_backend_t *b, loom_dtype dtype, double peak) {
 
 extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int index,
                                               loom_dtype dtype) {
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        int driver = 0;
-        if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
-        cudaGetLastError();
+    char why[256];
+    int count = loom_cuda_device_count(why, sizeof why);
+    if (count < 0)
         return loom_error(LOOM_EUNAVAIL,
-                          "--device cuda:%d: CUDA cannot be used on this machine: %s%s; use "
+                          "--device cuda:%d: CUDA cannot be used on this machine: %s; use "
                           "--device cpu",
-                          index, cudaGetErrorString(e),
-                          driver == 0 ? " (no NVIDIA driver is loaded)" : "");
-    }
+                          index, why);
     if (count == 0)
         return loom_error(LOOM_EUNAVAIL, "--device cuda:%d: CUDA sees no GPU on this machine",
                           index);

@@ -248,21 +248,15 @@ void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dou
     if (grid > 2 * g_cuda.num_sms) grid = 2 * g_cuda.num_sms;
     size_t shmem = 2 * (size_t)C * sizeof(float);
     float *part = (float *)cuda_scratch(SCRATCH_LN, (size_t)grid * shmem);
-    if (C % 4 == 0 && aligned16(dinp, dout, inp, w)) {
-        if (shmem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<4>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)shmem));
-        layernorm_backward_kernel<4><<<grid, block, shmem, g_cuda.stream>>>(
-            dinp, part, dout, inp, w, mean, rstd, N, C);
-    } else {
-        if (shmem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(layernorm_backward_kernel<1>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)shmem));
-        layernorm_backward_kernel<1><<<grid, block, shmem, g_cuda.stream>>>(
-            dinp, part, dout, inp, w, mean, rstd, N, C);
-    }
+    /* float4 loads when every row is 16-byte aligned, else scalar */
+    void (*kernel)(float *, float *, const float *, const float *, const float *, const float *,
+                   const float *, int, int) =
+        C % 4 == 0 && aligned16(dinp, dout, inp, w) ? layernorm_backward_kernel<4>
+                                                    : layernorm_backward_kernel<1>;
+    if (shmem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)shmem));
+    kernel<<<grid, block, shmem, g_cuda.stream>>>(dinp, part, dout, inp, w, mean, rstd, N, C);
     LAUNCH_CHECK();
     layernorm_reduce_kernel<<<(C + 255) / 256, 256, 0, g_cuda.stream>>>(dw, db, part, grid, C);
     LAUNCH_CHECK();
