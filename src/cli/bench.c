@@ -485,7 +485,7 @@ static int bench_train(int argc, char **argv) {
     int batch = 4, seq = 0, threads = 0, steps = 2, rounds = 3;
     const loom_arg_t args[] = {
         {"model", ARG_STR, &model, "", 0, 0, "preset (empty: gpt2-tiny T=256, gpt2-small T=256 and T=1024, on 2 threads then 1)"},
-        {"batch", ARG_INT, &batch, "4", 1, 1 << 20, "sequences per step"},
+        loom_flag_default(LOOM_FLAG_BATCH, &batch, "4"),
         {"seq", ARG_INT, &seq, "0", 0, 1 << 20, "tokens per sequence (0 = the defaults' list, or the preset's context with --model)"},
         {"threads", ARG_INT, &threads, "0", 0, 4096, "CPU threads for both loom and PyTorch (0 = the defaults' list: 2 then 1)"},
         {"steps", ARG_INT, &steps, "2", 1, 1000, "steps per side per round"},
@@ -665,12 +665,12 @@ static int bench_ops(int argc, char **argv) {
     loom_side_t s = {"gpt2-tiny", "cpu", "fp32", NULL, 4, 0, 2, 0};
     int steps = 3;
     const loom_arg_t args[] = {
-        {"model", ARG_STR, &s.model, "gpt2-tiny", 0, 0, "preset"},
-        {"batch", ARG_INT, &s.batch, "4", 1, 1 << 20, "sequences per step"},
-        {"seq", ARG_INT, &s.seq, "0", 0, 1 << 20, "tokens per sequence (0 = the preset's context)"},
-        {"threads", ARG_INT, &s.threads, "2", 0, 4096, "CPU threads (0 = all cores)"},
+        loom_flag(LOOM_FLAG_MODEL, &s.model),
+        loom_flag_default(LOOM_FLAG_BATCH, &s.batch, "4"),
+        loom_flag(LOOM_FLAG_SEQ, &s.seq),
+        loom_flag_default(LOOM_FLAG_THREADS, &s.threads, "2"),
         {"steps", ARG_INT, &steps, "3", 1, 1000, "timed steps (after one warm-up step)"},
-        {"device", ARG_STR, &s.device, "cpu", 0, 0, "cpu, cuda or cuda:N"},
+        loom_flag(LOOM_FLAG_DEVICE, &s.device),
         {"dtype", ARG_STR, &s.dtype, "fp32", 0, 0, "matrix precision"},
         {"gemm", ARG_STR, &s.gemm, "", 0, 0, "CPU GEMM: own or blas (empty: LOOM_GEMM, else own)"},
     };

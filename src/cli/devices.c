@@ -116,6 +116,34 @@ static void print_version(const char *what, int v) {
     else printf("%s none", what);
 }
 
+/* Device i: a JSON object (after ", " unless the first) or its table rows. */
+static void print_device(int i, const loom_cuda_device_t *d, int json) {
+    char src[320];
+    loom_dtype dt = d->gpu.cc_major >= 8 ? LOOM_BF16 : LOOM_FP16;
+    double peak = loom_cuda_peak_flops(&d->gpu, dt, src, sizeof src);
+    double gib = (double)d->memory_bytes / (1024.0 * 1024.0 * 1024.0);
+    if (json) {
+        printf("%s{\"index\": %d, \"name\": \"%s\", \"compute_capability\": \"%d.%d\", "
+               "\"sms\": %d, \"memory_bytes\": %zu, \"clock_khz\": %d, \"mig\": %s, "
+               "\"uuid\": \"%s\", \"pci\": \"%04x:%02x:%02x.0\", \"peak_dtype\": \"%s\", "
+               "\"peak_flops\": %.6g}",
+               i ? ", " : "", i, d->gpu.name, d->gpu.cc_major, d->gpu.cc_minor, d->gpu.sms,
+               d->memory_bytes, d->gpu.clock_khz, d->is_mig ? "true" : "false", d->uuid,
+               d->pci_domain, d->pci_bus, d->pci_device, loom_dtype_name(dt), peak);
+        return;
+    }
+    printf("  cuda:%d  %s\n", i, d->gpu.name);
+    printf("          compute capability %d.%d (sm_%d%d), %d SMs at %.2f GHz, "
+           "%.1f GiB, %s\n",
+           d->gpu.cc_major, d->gpu.cc_minor, d->gpu.cc_major, d->gpu.cc_minor, d->gpu.sms,
+           d->gpu.clock_khz / 1e6, gib, d->is_mig ? "MIG instance" : "whole GPU (not MIG)");
+    printf("          PCI %04x:%02x:%02x.0, %s\n", d->pci_domain, d->pci_bus, d->pci_device, d->uuid);
+    printf("          peak %s %.1f TFLOP/s (%s)\n", loom_dtype_name(dt), peak / 1e12, src);
+    if (d->gpu.cc_major < 8)
+        printf("          note: loom's kernels are built for sm_80 and sm_90; this "
+               "GPU needs a rebuild with its own CUDA_ARCHS\n");
+}
+
 static int list_devices(int json) {
     int driver = 0, runtime = 0;
     char why[1200] = "";
@@ -160,37 +188,12 @@ static int list_devices(int json) {
             bad++;
             continue;
         }
-        char src[320];
-        loom_dtype dt = d.gpu.cc_major >= 8 ? LOOM_BF16 : LOOM_FP16;
-        double peak = loom_cuda_peak_flops(&d.gpu, dt, src, sizeof src);
-        double gib = (double)d.memory_bytes / (1024.0 * 1024.0 * 1024.0);
         if (d.is_mig && nmig < 16) { /* NVML lists whole GPUs; their MIG instances by UUID */
             snprintf(migs[nmig], sizeof migs[nmig], "%s", d.uuid);
             mig_ptrs[nmig] = migs[nmig];
             nmig++;
         }
-        if (json) {
-            printf("%s{\"index\": %d, \"name\": \"%s\", \"compute_capability\": \"%d.%d\", "
-                   "\"sms\": %d, \"memory_bytes\": %zu, \"clock_khz\": %d, \"mig\": %s, "
-                   "\"uuid\": \"%s\", \"pci\": \"%04x:%02x:%02x.0\", \"peak_dtype\": \"%s\", "
-                   "\"peak_flops\": %.6g}",
-                   i ? ", " : "", i, d.gpu.name, d.gpu.cc_major, d.gpu.cc_minor, d.gpu.sms,
-                   d.memory_bytes, d.gpu.clock_khz, d.is_mig ? "true" : "false", d.uuid,
-                   d.pci_domain, d.pci_bus, d.pci_device, loom_dtype_name(dt), peak);
-        } else {
-            printf("  cuda:%d  %s\n", i, d.gpu.name);
-            printf("          compute capability %d.%d (sm_%d%d), %d SMs at %.2f GHz, "
-                   "%.1f GiB, %s\n",
-                   d.gpu.cc_major, d.gpu.cc_minor, d.gpu.cc_major, d.gpu.cc_minor, d.gpu.sms,
-                   d.gpu.clock_khz / 1e6, gib, d.is_mig ? "MIG instance" : "whole GPU (not MIG)");
-            printf("          PCI %04x:%02x:%02x.0, %s\n", d.pci_domain, d.pci_bus,
-                   d.pci_device, d.uuid);
-            printf("          peak %s %.1f TFLOP/s (%s)\n", loom_dtype_name(dt), peak / 1e12,
-                   src);
-            if (d.gpu.cc_major < 8)
-                printf("          note: loom's kernels are built for sm_80 and sm_90; this "
-                       "GPU needs a rebuild with its own CUDA_ARCHS\n");
-        }
+        print_device(i, &d, json);
     }
     if (json) printf("]");
     else printf("%d device%s; use --device cuda:N\n", n, n == 1 ? "" : "s");

@@ -360,7 +360,7 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
                           loom_dtype_name(dtype));
     if (!g_cuda.ready) {
         CUDA_CHECK(cudaSetDevice(index));
-        e = cuda_kernels_probe();
+        cudaError_t e = cuda_kernels_probe();
         if (e != cudaSuccess) {
             cudaGetLastError();
             return loom_error(LOOM_EUNAVAIL,
