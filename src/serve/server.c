@@ -125,6 +125,11 @@ static void on_models(const loom_http_request_t *req, loom_http_response_t *resp
 
 static void on_unknown_v1(const loom_http_request_t *req, loom_http_response_t *resp, void *ctx) {
     loom_api_error_t err;
+    if (!strcmp(req->path, "/v1/completions") || !strcmp(req->path, "/v1/chat/completions") || !strcmp(req->path, "/v1/models")) {
+        loom_api_fail(&err, 405, "invalid_request_error", NULL, "method_not_allowed", "%s %s: method not allowed here (%s)",
+                      req->method, req->path, strcmp(req->path, "/v1/models") ? "use POST" : "use GET");
+        return loom_srv_reply_error(resp, &err);
+    }
     loom_api_fail(&err, 404, "invalid_request_error", NULL, "not_found",
                   "%s %s: no such route; this server has POST /v1/completions, POST /v1/chat/completions, GET /v1/models",
                   req->method, req->path);
