@@ -228,6 +228,7 @@ static loom_status parse_settings(const cJSON *o, loom_api_kind kind, loom_api_r
         return loom_api_fail(err, 400, NULL, "seed", NULL, "'seed' must be an integer");
     LOOM_TRY(get_int(o, "n", 1, LOOM_API_MAX_N, &r->p.n, err));
     LOOM_TRY(get_bool(o, "stream", &r->stream, err));
+    LOOM_TRY(get_bool(o, "ignore_eos", &r->ignore_eos, err));
     r->p.temperature = (float)temperature;
     r->p.top_p = (float)top_p;
     r->p.top_k = top_k < 0 ? 0 : top_k;

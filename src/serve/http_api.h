@@ -36,6 +36,7 @@ typedef struct {
     char *stop[LOOM_API_MAX_STOP];
     int n_stop;
     int stream, include_usage, echo;
+    int ignore_eos; /* "ignore_eos": true (vLLM's and llama.cpp's extension): do not stop at end-of-text */
 } loom_api_request_t;
 
 /* An error in the OpenAI shape: {"error": {"message", "type", "param", "code"}}. */

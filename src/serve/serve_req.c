@@ -468,7 +468,7 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     a->p.n_stop = a->n_stop;
     int eot = loom_tokenizer_eot(j->m->tok);
     a->p.stop_ids = eot >= 0 ? &j->m->eot : NULL;
-    a->p.n_stop_ids = eot >= 0;
+    a->p.n_stop_ids = eot >= 0 && !a->ignore_eos;
     for (int k = 0; k < j->n_sub; k++) {
         j->subs[k] = (sub_t){j, k, 0};
         if (loom_engine_submit(j->m->e, j->pids[k], j->n_pids[k], &a->p, on_event, &j->subs[k], &j->eids[k]) != LOOM_OK) {
