@@ -5,6 +5,7 @@
 # Variables: SANITIZE=address,undefined  (builds into build-san/)
 #            NO_CUDA=1                    (skip the CUDA backend even if nvcc exists)
 #            ARCH=-march=native           (CPU target flags)
+#            NO_MPI=1                     (skip the MPI transport even if mpicc exists)
 
 CC      ?= gcc
 ARCH    ?= -march=native
@@ -23,7 +24,7 @@ ifneq ($(SANITIZE),)
 endif
 
 # MPI: the mpi transport of src/parallel/ is built when Open MPI's mpicc is found.
-ifneq ($(shell command -v mpicc 2>/dev/null),)
+ifneq ($(if $(NO_MPI),,$(shell command -v mpicc 2>/dev/null)),)
   CFLAGS  += -DLOOM_HAVE_MPI $(shell mpicc --showme:compile)
   LDLIBS  += $(shell mpicc --showme:link)
 endif
@@ -35,6 +36,7 @@ endif
 # exports them (-rdynamic) and links all of libloom.a.
 NVCC := $(if $(NO_CUDA),,$(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null))
 CU_SRCS := $(wildcard src/backend/cuda/*.cu)
+CUDA_CPP_SRCS := $(wildcard src/backend/cuda/*.cpp) # host-only C++ of the plugin (no kernels)
 PLUGIN_C_SRCS := src/parallel/dist_nccl.c
 ifneq ($(and $(NVCC),$(CU_SRCS)),)
   CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
@@ -43,10 +45,22 @@ ifneq ($(and $(NVCC),$(CU_SRCS)),)
                 --expt-relaxed-constexpr -Werror all-warnings $(EXTRA_NVFLAGS)
   CFLAGS     += -DLOOM_HAVE_CUDA -I$(CUDA_HOME)/include
   CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib \
-                -lcublasLt -lcublas -lcudnn -lnccl -lcudart -lstdc++
+                -lcublasLt -lcublas -lnccl -lcudart -lstdc++
+  # cuDNN (fused attention through NVIDIA's header-only cudnn-frontend, PyPI
+  # nvidia-cudnn-frontend in .deps/cudnn-fe; nvrtc for its run-time compiled
+  # engines) is compiled in and linked only when those headers are found;
+  # without them the own attention kernels run.
+  CUDNN_FE   ?= $(wildcard .deps/cudnn-fe/include/cudnn_frontend.h)
+  ifneq ($(CUDNN_FE),)
+    NVFLAGS   += -DLOOM_HAVE_CUDNN_FE -isystem $(dir $(CUDNN_FE))
+    CUDA_CXXFLAGS_FE := -DLOOM_HAVE_CUDNN_FE -isystem $(dir $(CUDNN_FE))
+    CUDA_LIBS += -lcudnn -lnvrtc
+  endif
   PLUGIN     := $(BUILD)/libloom_cuda.so
-  PLUGIN_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o) $(PLUGIN_C_SRCS:%.c=$(BUILD)/%.pic.o)
-  CUDA_NOTE  := CUDA backend built with $(NVCC) for sm_80 and sm_90 (+PTX): $(PLUGIN)
+  PLUGIN_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o) $(CUDA_CPP_SRCS:%.cpp=$(BUILD)/%.o) $(PLUGIN_C_SRCS:%.c=$(BUILD)/%.pic.o)
+  CUDA_CXXFLAGS := -std=c++17 -O2 -fPIC -Isrc -I$(CUDA_HOME)/include -Wall -Wextra -Werror -Wno-unused-parameter \
+                   $(CUDA_CXXFLAGS_FE) $(EXTRA_NVFLAGS)
+  CUDA_NOTE  := CUDA backend built with $(NVCC) ($(CUDA_ARCHS)), cuDNN attention $(if $(CUDNN_FE),on,off: no .deps/cudnn-fe): $(PLUGIN)
 else
   PLUGIN     :=
   CUDA_NOTE  := CUDA backend not built ($(if $(NO_CUDA),NO_CUDA set,$(if $(NVCC),no sources in src/backend/cuda,nvcc not found))): CPU only
@@ -58,7 +72,7 @@ LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all loom tests test test-fast demo deps clean bench
+.PHONY: all loom tests test test-fast demo deps clean bench gpu-bundle
 all: $(BUILD)/loom $(TEST_BINS) $(PLUGIN)
 	@echo "$(CUDA_NOTE)"
 
@@ -95,6 +109,10 @@ $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -MMD -MP -c -o $@ $<
 
+$(BUILD)/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUDA_CXXFLAGS) -MMD -MP -c -o $@ $<
+
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
 
 # Installs the Debian packages (and PyPI packages for test oracles) that are missing.
@@ -116,5 +134,11 @@ demo: deps
 bench: all
 	$(BUILD)/loom bench train
 
+# The folder bench/gpu-check.sh carries to a bare GPU machine (.gpu/, see
+# docs/cuda.md): binaries built here without MPI, the libraries they need
+# that such a machine lacks, a small corpus, a manifest.
+gpu-bundle:
+	bench/gpu-bundle.sh
+
 clean:
-	rm -rf build build-san
+	rm -rf build build-san build-gpu

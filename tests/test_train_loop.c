@@ -114,19 +114,31 @@ static loom_train_opts_t tiny_opts(const char *out, rec_t *r, loom_train_observe
         .grad_dtype = LOOM_DIST_FP32, .observers = list, .n_observers = 1};
 }
 
+/* Train the tiny run into check_tmp_path(out) with a recorder that stops
+ * before step `stop_before` or fails after step `fail_after` (0: never). */
+static loom_status run_tiny(rec_t *r, const char *out, long long stop_before, long long fail_after) {
+    rec_init(r);
+    r->stop_before = stop_before;
+    r->fail_after = fail_after;
+    loom_train_observer_t *list[1];
+    loom_train_opts_t o = tiny_opts(check_tmp_path(out), r, list);
+    return loom_train(&o);
+}
+
+static void check_events(const rec_t *r, const char *want) {
+    CHECK(!strcmp(joined(r), want), "events:\n    %s\n  wanted:\n    %s", joined(r), want);
+}
+
 static void observer_points_in_order(void) {
     rec_t r;
-    rec_init(&r);
-    loom_train_observer_t *list[1];
-    loom_train_opts_t o = tiny_opts(check_tmp_path("run"), &r, list);
-    loom_status s = loom_train(&o);
+    loom_status s = run_tiny(&r, "run", 0, 0);
     CHECK(s == LOOM_OK, "loom_train: %s", loom_errmsg());
     /* Evaluations at 3 and at the last step (6); periodic checkpoints at 2
      * and 4 (not at the last step), then the final one at 6, written by the
      * checkpoint observer's on_stop, which runs after the caller's. */
     const char *want = "start, before 1, after 1, before 2, after 2, ckpt 2, before 3, eval 3, after 3, before 4, after 4, "
                        "ckpt 4, before 5, after 5, before 6, eval 6, after 6, stop, ckpt 6 final, end";
-    CHECK(!strcmp(joined(&r), want), "events:\n    %s\n  wanted:\n    %s", joined(&r), want);
+    check_events(&r, want);
     CHECK(r.freed == 1, "free called %d times", r.freed);
     CHECK(r.after_val[2] < 0 && r.after_val[3] > 0 && r.after_val[6] > 0, "val_loss in records: %g %g %g", r.after_val[2],
           r.after_val[3], r.after_val[6]);
@@ -148,15 +160,10 @@ static void observer_points_in_order(void) {
 
 static void observer_stop_request(void) {
     rec_t r;
-    rec_init(&r);
-    r.stop_before = 3;
-    loom_train_observer_t *list[1];
-    loom_train_opts_t o = tiny_opts(check_tmp_path("stopped"), &r, list);
-    loom_status s = loom_train(&o);
+    loom_status s = run_tiny(&r, "stopped", 3, 0);
     CHECK(s != LOOM_OK && strstr(loom_errmsg(), "stopped by signal 15"), "status %d: %s", s, loom_errmsg());
     /* Step 3 does not run; the last completed step is evaluated and checkpointed. */
-    const char *want = "start, before 1, after 1, before 2, after 2, ckpt 2, before 3, eval 2, stop, ckpt 2 final, end";
-    CHECK(!strcmp(joined(&r), want), "events:\n    %s\n  wanted:\n    %s", joined(&r), want);
+    check_events(&r, "start, before 1, after 1, before 2, after 2, ckpt 2, before 3, eval 2, stop, ckpt 2 final, end");
     char *latest;
     size_t len;
     CHECK(loom_file_read(check_tmp_path("stopped/latest"), &latest, &len) == LOOM_OK && !strncmp(latest, "step_00000002", 13),
@@ -166,16 +173,11 @@ static void observer_stop_request(void) {
 
 static void observer_error_ends_run(void) {
     rec_t r;
-    rec_init(&r);
-    r.fail_after = 2;
-    loom_train_observer_t *list[1];
-    loom_train_opts_t o = tiny_opts(check_tmp_path("failed"), &r, list);
-    loom_status s = loom_train(&o);
+    loom_status s = run_tiny(&r, "failed", 0, 2);
     CHECK(s == LOOM_EIO && strstr(loom_errmsg(), "fails at step 2"), "status %d: %s", s, loom_errmsg());
     /* The caller's observers run before the checkpoint policy: no
      * checkpoint at 2, and none at the end of a failed run. */
-    const char *want = "start, before 1, after 1, before 2, after 2, stop, end";
-    CHECK(!strcmp(joined(&r), want), "events:\n    %s\n  wanted:\n    %s", joined(&r), want);
+    check_events(&r, "start, before 1, after 1, before 2, after 2, stop, end");
     CHECK(r.stop_status == LOOM_EIO, "on_stop saw status %d", r.stop_status);
     CHECK(!loom_path_exists(check_tmp_path("failed/latest")), "a failed run left a checkpoint");
 }

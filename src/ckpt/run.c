@@ -265,6 +265,11 @@ loom_status loom_run_save_checkpoint_with(const char *dir, const loom_gpt_t *m,
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)st->tokenizer_hash);
     cJSON_AddStringToObject(j, "tokenizer_hash", hash);
     cJSON_AddNumberToObject(j, "padded_vocab_size", m->cfg.padded_vocab_size);
+    if (st->loss_scale > 0) {
+        cJSON_AddNumberToObject(j, "loss_scale", st->loss_scale);
+        cJSON_AddNumberToObject(j, "loss_scale_good_steps", st->loss_scale_good);
+        cJSON_AddNumberToObject(j, "loss_scale_skipped_steps", (double)st->loss_scale_skipped);
+    }
     snprintf(path, sizeof path, "%s/state.json", tmp);
     s = write_json(path, j);
     cJSON_Delete(j);
@@ -322,6 +327,9 @@ loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap, loom_gp
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "val_loss")) && cJSON_IsNumber(v)) st->val_loss = v->valuedouble;
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "data_position")) && cJSON_IsNumber(v)) st->data_pos = (unsigned long long)v->valuedouble;
     if ((v = cJSON_GetObjectItemCaseSensitive(j, "tokenizer_hash")) && cJSON_IsString(v)) st->tokenizer_hash = strtoull(v->valuestring, NULL, 16);
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "loss_scale")) && cJSON_IsNumber(v)) st->loss_scale = (float)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "loss_scale_good_steps")) && cJSON_IsNumber(v)) st->loss_scale_good = (int)v->valuedouble;
+    if ((v = cJSON_GetObjectItemCaseSensitive(j, "loss_scale_skipped_steps")) && cJSON_IsNumber(v)) st->loss_scale_skipped = (long long)v->valuedouble;
     cJSON_Delete(j);
     return LOOM_OK;
 }

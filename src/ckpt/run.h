@@ -57,6 +57,11 @@ typedef struct {
     double train_loss, val_loss; /* val_loss < 0: not measured */
     unsigned long long data_pos; /* next training token */
     uint64_t tokenizer_hash;
+    /* fp16 dynamic loss scaling (0: the run has none): the scale, good steps
+     * since it last changed, steps skipped so far; --resume continues them */
+    float loss_scale;
+    int loss_scale_good;
+    long long loss_scale_skipped;
 } loom_ckpt_state_t;
 
 /* Write a checkpoint of `m` for `st->step`; keep the newest `keep`. */

@@ -18,10 +18,12 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
+#include "backend/plugin.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "model/gpt.h"
 #include "train/step.h"
+#include "train/step_graph.h"
 
 #define BENCH_VOCAB 50257 /* GPT-2's */
 #define MAX_TIMES 4096
@@ -133,6 +135,26 @@ static const loom_optim_t bench_opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-
 
 /* The loom child: same protocol as bench/torch_train.py; its "ready" line
  * carries the peak FLOP/s and how it was found. */
+/* One training step: the device-resident one when sg is set (the step
+ * `loom train` runs on a GPU, CUDA graphs replayed), else the host one. */
+static loom_status bench_step(loom_gpt_t *m, loom_step_graph_t *sg, const int *tok, const int *tgt, const loom_side_t *s, int t,
+                              float *loss, float *norm) {
+    if (!sg) return loom_train_step(m, tok, tgt, s->batch, s->seq, 1, &bench_opt, 3e-4f, t, loss, norm);
+    loom_step_result_t r;
+    LOOM_TRY(loom_step_graph_run(sg, tok, tgt, s->batch, s->seq, 1, &bench_opt, 3e-4f, t, NULL, &r));
+    *loss = r.loss, *norm = r.grad_norm;
+    return LOOM_OK;
+}
+
+/* Peak bytes loom allocated on the GPU (the CUDA plugin counts them), 0 if unknown. */
+static long long device_peak_bytes(void) {
+    char why[256];
+    void (*stats)(size_t *, size_t *) = (void (*)(size_t *, size_t *))loom_cuda_symbol("loom_cuda_mem_stats", why, sizeof why);
+    size_t now = 0, peak = 0;
+    if (stats) stats(&now, &peak);
+    return (long long)peak;
+}
+
 static void loom_child(FILE *in, FILE *out, void *arg) {
     const loom_side_t *s = arg;
     const loom_backend_t *be;
@@ -144,10 +166,16 @@ static void loom_child(FILE *in, FILE *out, void *arg) {
     }
     int t = 1;
     float loss, norm;
-    if (loom_train_step(m, tok, tgt, s->batch, s->seq, 1, &bench_opt, 3e-4f, t++, &loss, &norm) != LOOM_OK) {
+    loom_step_graph_t *sg = NULL;
+    if (loom_step_graph_supported(be, NULL, 0) && loom_step_graph_init(&sg, m, 1) != LOOM_OK) {
         fprintf(out, "error %s\n", loom_errmsg());
         return;
     }
+    for (int w = 0; w < (sg ? LOOM_STEP_GRAPH_WARMUP + 1 : 1); w++) /* warm-up, and the graphs' capture */
+        if (bench_step(m, sg, tok, tgt, s, t++, &loss, &norm) != LOOM_OK) {
+            fprintf(out, "error %s\n", loom_errmsg());
+            return;
+        }
     double peak = be->peak_flops;
     char how[192];
     snprintf(how, sizeof how, "%s", be->peak_source ? be->peak_source : "unknown");
@@ -167,7 +195,7 @@ static void loom_child(FILE *in, FILE *out, void *arg) {
             fprintf(out, "times");
             for (int i = 0; i < k; i++) {
                 double t0 = loom_now();
-                loom_status st = loom_train_step(m, tok, tgt, s->batch, s->seq, 1, &bench_opt, 3e-4f, t++, &loss, &norm);
+                loom_status st = bench_step(m, sg, tok, tgt, s, t++, &loss, &norm);
                 if (st != LOOM_OK) {
                     fprintf(out, " error %s\n", loom_errmsg());
                     fflush(out);
@@ -177,12 +205,13 @@ static void loom_child(FILE *in, FILE *out, void *arg) {
             }
             fprintf(out, "\n");
         } else if (strncmp(line, "mem", 3) == 0) {
-            fprintf(out, "maxrss %lld\n", maxrss_bytes());
+            fprintf(out, "maxrss %lld\n", (be->caps & LOOM_CAP_DEVICE_MEMORY) ? device_peak_bytes() : maxrss_bytes());
         } else if (strncmp(line, "quit", 4) == 0) {
             break;
         }
         fflush(out);
     }
+    loom_step_graph_free(sg);
     loom_gpt_free(m);
     free(tok);
     free(tgt);
@@ -437,6 +466,7 @@ static int run_train_config(const bench_cfg_t *bc, int batch, int rounds, int st
            bc->model, batch, bc->seq, bc->threads, device, fpt / 1e6, rounds, steps);
     printf("  peak: %s\n", src);
     if (note[0]) printf("  peak raised: %s\n", note);
+    if (strcmp(device, "cpu")) printf("  peak MB: loom's is the peak it allocated on the GPU; PyTorch's its host peak resident\n");
     print_sides(sides, ns, tokens, fpt, peak);
     fflush(stdout);
     for (int i = 0; i < ns; i++)

@@ -88,7 +88,7 @@ static double measure_bandwidth(size_t bytes) {
 
 /* llama.cpp's llama-bench on the same weights (a GGUF exported from the
  * run given with --run), or a line saying why that row is skipped. */
-static void llama_row(const char *bin, const char *gguf, int plen, int gen) {
+static void llama_row(const char *bin, const char *gguf, int plen, int gen, const char *levels) {
     if (!loom_path_exists(bin)) {
         printf("SKIP llama.cpp: %s is not built (bench/llama-build.sh builds it; --llama-bench names another)\n", bin);
         return;
@@ -102,11 +102,17 @@ static void llama_row(const char *bin, const char *gguf, int plen, int gen) {
     char *slash = strrchr(dir, '/');
     if (slash) *slash = 0;
     else snprintf(dir, sizeof dir, ".");
-    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s' '%s' -m '%s' -t %d -p %d -n %d -r 3 2>&1", dir, bin, gguf,
-             loom_backend_cpu_threads(), plen, gen);
-    printf("llama.cpp on the same weights (%s):\n", cmd);
+    int t = loom_backend_cpu_threads();
+    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s' '%s' -m '%s' -t %d -p %d -n %d -r 3 2>&1", dir, bin, gguf, t, plen, gen);
+    printf("llama.cpp on the same weights, one stream (%s):\n", cmd);
     fflush(stdout);
     if (system(cmd) != 0) printf("llama.cpp: llama-bench failed\n");
+    /* the batched peer: parallel sequences in one batch, as the engine */
+    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s' '%s/llama-batched-bench' -m '%s' -t %d -c %d -b 2048 -ub 512 -npp %d -ntg %d -npl %s 2>&1 | grep -E '^[|] +[0-9]|PP|S_TG'",
+             dir, dir, gguf, t, 64 * (plen + gen), plen, gen, levels);
+    printf("llama.cpp, parallel sequences (%s):\n", cmd);
+    fflush(stdout);
+    if (system(cmd) != 0) printf("llama.cpp: llama-batched-bench failed or is not built\n");
 }
 
 typedef struct {
@@ -191,7 +197,7 @@ static int bench_generate(const bench_flags_t *f) {
     loom_engine_stats_t st;
     loom_engine_stats(e, &st);
     printf("engine: %lld steps, mean batch %.1f rows, %lld preemptions\n", st.steps, (double)st.batch_rows / (double)(st.steps ? st.steps : 1), st.preemptions);
-    llama_row(f->llama_bin, f->gguf, f->plen, f->gen);
+    llama_row(f->llama_bin, f->gguf, f->plen, f->gen, f->conc_text);
     free(prompt);
     loom_engine_free(e);
     loom_gpt_free(m);

@@ -96,8 +96,12 @@ static loom_status start_server(loom_train_metrics_t *tm, const loom_train_metri
     int n = 1 + loom_dashboard_routes(tm->dash, routes + 1);
     const char *host = o->host && *o->host ? o->host : "127.0.0.1";
     int port = o->port > 0 ? o->port + o->local_rank : 0;
-    if (loom_http_start(&tm->http, host, port, routes, n) != LOOM_OK)
-        return loom_error(LOOM_EIO, "--metrics-port: %s", loom_errmsg());
+    loom_status s = loom_http_start(&tm->http, host, port, routes, n);
+    if (s != LOOM_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", loom_errmsg()); /* loom_error writes where loom_errmsg reads */
+        return loom_error(s, "--metrics-port: %s", why);
+    }
     loom_info("loom train: metrics on http://%s:%d/metrics, live dashboard on http://%s:%d/ (rank %d)", host,
               loom_http_port(tm->http), host, loom_http_port(tm->http), o->rank);
     return LOOM_OK;

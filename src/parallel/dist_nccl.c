@@ -19,6 +19,7 @@
 
 typedef struct {
     int rank, size;
+    int device; /* CUDA device of this rank: set on the calling thread before every NCCL call */
     double timeout_s;
     ncclComm_t comm;
     cudaStream_t stream;
@@ -56,6 +57,11 @@ static loom_status check(nccl_t *n, ncclResult_t r, const char *what) {
     return loom_error(LOOM_EIO, "rank %d: NCCL %s: %s", n->rank, what, ncclGetErrorString(r));
 }
 
+/* The collectives run on dist.c's communication thread, not the thread that
+ * opened the backend; a thread that never chose a device would create a
+ * context on GPU 0 and NCCL would use it. */
+static void on_device(const nccl_t *n) { cudaSetDevice(n->device); }
+
 static ncclDataType_t nccl_type(dist_elem e) { return e == DIST_F64 ? ncclFloat64 : e == DIST_BF16 ? ncclBfloat16 : ncclFloat32; }
 
 /* scale is 1 or 1/size (gradient averaging): ncclAvg does the division. */
@@ -63,11 +69,13 @@ static ncclRedOp_t nccl_op(const nccl_t *n, float scale) { return scale != 1.0f 
 
 static loom_status nccl_allreduce(void *vn, void *buf, size_t count, dist_elem e, float scale) {
     nccl_t *n = vn;
+    on_device(n);
     return check(n, ncclAllReduce(buf, buf, count, nccl_type(e), nccl_op(n, scale), n->comm, n->stream), "all-reduce");
 }
 
 static loom_status nccl_reduce_scatter(void *vn, void *buf, const size_t *counts, dist_elem e, float scale) {
     nccl_t *n = vn;
+    on_device(n);
     size_t es = dist_elem_size(e), off = 0;
     ncclGroupStart();
     for (int r = 0; r < n->size; r++) {
@@ -80,6 +88,7 @@ static loom_status nccl_reduce_scatter(void *vn, void *buf, const size_t *counts
 
 static loom_status nccl_allgather(void *vn, void *buf, const size_t *counts, dist_elem e) {
     nccl_t *n = vn;
+    on_device(n);
     size_t es = dist_elem_size(e), off = 0;
     ncclGroupStart();
     for (int r = 0; r < n->size; r++) {
@@ -92,11 +101,13 @@ static loom_status nccl_allgather(void *vn, void *buf, const size_t *counts, dis
 
 static loom_status nccl_broadcast(void *vn, void *buf, size_t bytes, int root) {
     nccl_t *n = vn;
+    on_device(n);
     return check(n, ncclBroadcast(buf, buf, bytes, ncclUint8, root, n->comm, n->stream), "broadcast");
 }
 
 static void nccl_free(void *vn) {
     nccl_t *n = vn;
+    on_device(n);
     ncclCommDestroy(n->comm);
     cudaStreamDestroy(n->stream);
     free(n);
@@ -116,6 +127,7 @@ loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, 
     n->rank = boot->rank;
     n->size = boot->size;
     n->timeout_s = timeout_s;
+    n->device = device;
     cudaError_t ce = cudaSetDevice(device);
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
     if (ce != cudaSuccess) {

@@ -67,17 +67,25 @@ loom_status loom_train_load_checkpoint(loom_train_job_t *j) {
 
 static uint64_t tok_hash(const loom_train_run_t *run) { return run->tok ? loom_tokenizer_hash(run->tok) : 0; }
 
+/* fp16: the loss scaler's state goes into the checkpoint, for --resume. */
+static void add_loss_scaler(loom_ckpt_state_t *st, const loom_train_run_t *run) {
+    const loom_loss_scaler_t *ls = run->loss_scaler;
+    if (ls) st->loss_scale = ls->scale, st->loss_scale_good = ls->good, st->loss_scale_skipped = ls->skipped;
+}
+
 static loom_status ckpt_after_step(void *ctx, loom_train_run_t *run, const loom_step_record_t *r) {
     const loom_train_opts_t *o = run->o;
     if (o->ckpt_every <= 0 || r->step % o->ckpt_every != 0 || r->step == o->steps) return LOOM_OK;
-    loom_ckpt_state_t st = {r->step, r->loss, r->val_loss, run->data_pos, tok_hash(run)};
+    loom_ckpt_state_t st = {r->step, r->loss, r->val_loss, run->data_pos, tok_hash(run), 0, 0, 0};
+    add_loss_scaler(&st, run);
     return loom_train_write_checkpoint(run, &st, 0);
 }
 
 /* The last completed step, unless the loop failed or ran no step. */
 static loom_status ckpt_stop(void *ctx, loom_train_run_t *run, loom_status s) {
     if (s != LOOM_OK || run->step < run->first_step) return LOOM_OK;
-    loom_ckpt_state_t st = {run->step, run->last_loss, run->last_val, run->data_pos, tok_hash(run)};
+    loom_ckpt_state_t st = {run->step, run->last_loss, run->last_val, run->data_pos, tok_hash(run), 0, 0, 0};
+    add_loss_scaler(&st, run);
     return loom_train_write_checkpoint(run, &st, 1);
 }
 

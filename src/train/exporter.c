@@ -19,8 +19,7 @@ static loom_status exporter_start(void *ctx, loom_train_run_t *run) {
     /* The device this rank trains on, as setup opened it: "cuda" is the
      * local rank's GPU. */
     char device[64];
-    snprintf(device, sizeof device, "%s", o->device ? o->device : "cpu");
-    if (!strcmp(device, "cuda")) snprintf(device, sizeof device, "cuda:%d", run->multi ? local : 0);
+    loom_backend_rank_device(device, sizeof device, o->device ? o->device : "cpu", run->multi ? local : 0);
     const char *lws = getenv("LOCAL_WORLD_SIZE");
     loom_train_metrics_opts_t mo = {.host = o->metrics_host, .port = o->metrics_port, .rank = o->rank, .local_rank = local,
                                     .world_size = o->world_size, .local_world = lws ? atoi(lws) : 0, .device = device,

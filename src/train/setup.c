@@ -108,6 +108,10 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
                   run->be->dtype == LOOM_FP16 ? ", and fp16 without loss scaling" : "");
     }
     if (run->loss_scaling) loom_loss_scaler_init(&j->ls, 65536.0f, 2000);
+    if (run->loss_scaling && j->rst.loss_scale > 0) { /* --resume: the saved scaler continues */
+        j->ls.scale = j->rst.loss_scale, j->ls.good = j->rst.loss_scale_good, j->ls.skipped = j->rst.loss_scale_skipped;
+    }
+    run->loss_scaler = run->loss_scaling ? &j->ls : NULL;
     return LOOM_OK;
 }
 
@@ -219,6 +223,7 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     loom_train_run_t *run = &j->run;
     *run = (loom_train_run_t){.o = o, .dist = dist, .lead = o->rank == 0, .multi = o->world_size > 1,
                               .last_loss = NAN, .last_val = -1, .energy_j_per_token = NAN};
+    add_observers(j); /* first: teardown frees them, the caller's included, whatever fails below */
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     step_modes(j);
     LOOM_TRY(loom_dataset_open(&j->ds, o->data, o->val_fraction));
@@ -243,7 +248,6 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     j->in = loom_malloc(per_rank * sizeof(int));
     j->tg = loom_malloc(per_rank * sizeof(int));
     report_setup(j);
-    add_observers(j);
     return LOOM_OK;
 }
 

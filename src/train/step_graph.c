@@ -118,6 +118,16 @@ static loom_status capture(loom_step_graph_t *sg, int parts, int B, int T, const
     return LOOM_OK;
 }
 
+/* A failed capture: nothing captured ran, so run `parts` plainly, and use
+ * plain launches from now on instead of ending the run. */
+static loom_status plain_from_now(loom_step_graph_t *sg, int parts, int B, int T, const loom_adamw_t *hp) {
+    loom_warn("CUDA graph capture failed (%s); running the step with plain launches from now on", loom_errmsg());
+    drop_graphs(sg);
+    sg->graphs = 0;
+    run_parts(sg, parts, B, T, hp);
+    return LOOM_OK;
+}
+
 /* Run `parts` plainly during warm-up, else replay their graph (capturing
  * it the first time). Returns whether it replayed through *replayed. */
 static loom_status launch(loom_step_graph_t *sg, int parts, int B, int T, const loom_adamw_t *hp, int *replayed) {
@@ -126,14 +136,14 @@ static loom_status launch(loom_step_graph_t *sg, int parts, int B, int T, const 
         run_parts(sg, parts, B, T, hp);
         return LOOM_OK;
     }
-    if (!(sg->captured & (1u << parts))) LOOM_TRY(capture(sg, parts, B, T, hp));
+    if (!(sg->captured & (1u << parts)) && capture(sg, parts, B, T, hp) != LOOM_OK) return plain_from_now(sg, parts, B, T, hp);
     loom_status s = sg->be->graph_replay(parts);
     if (s == LOOM_EINVAL) {
         /* The backend dropped its graphs (it had to grow a scratch buffer
          * for a larger op elsewhere, e.g. an evaluation): capture again;
          * nothing of this replay ran. */
         sg->captured = 0;
-        LOOM_TRY(capture(sg, parts, B, T, hp));
+        if (capture(sg, parts, B, T, hp) != LOOM_OK) return plain_from_now(sg, parts, B, T, hp);
         s = sg->be->graph_replay(parts);
     }
     LOOM_TRY(s);

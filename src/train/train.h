@@ -36,6 +36,7 @@
 #include "model/gpt.h"
 #include "parallel/dist.h"
 #include "train/step.h"
+#include "train/step_graph.h"
 
 typedef struct loom_train_run loom_train_run_t;
 typedef struct loom_train_observer loom_train_observer_t;
@@ -116,6 +117,7 @@ struct loom_train_run {
     double flops_per_token;      /* model FLOPs per token, forward + backward */
     int have_val;                /* the data has a validation split */
     int loss_scaling;            /* dynamic fp16 loss scaling is on */
+    const loom_loss_scaler_t *loss_scaler; /* its state when on (checkpoints save it), else NULL */
     const char *resumed_from;    /* checkpoint folder of a --resume, else NULL */
     long long resumed_step;      /* its step (0 when not resumed) */
     long long first_step;        /* first step this process runs */

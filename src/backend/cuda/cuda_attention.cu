@@ -1,4 +1,6 @@
-/* cuda_attention: causal multi-head attention, two ways.
+/* cuda_attention: causal multi-head attention, two ways (three at bf16 and
+ * fp16, where cuDNN's tensor-core SDPA in cuda_attention_cudnn.cpp comes
+ * first for head sizes it serves; LOOM_CUDA_ATTENTION=own skips it).
  *
  * Fused (default): flash-style kernels of our own. Forward streams key/value
  * tiles through shared memory and keeps, per query row, a running max,
@@ -489,10 +491,15 @@ static void unfused_backward(float *dqkv, const float *dout, const float *qkv, c
 static bool use_fused(int C, int NH) {
     return !g_cuda.attention_unfused && C / NH <= ATT_MAX_HS;
 }
+/* cuDNN's tensor-core SDPA first, where it serves (bf16/fp16, hs % 8 == 0, hs <= 128). */
+static bool use_cudnn(int C, int NH) {
+    return !g_cuda.attention_unfused && !g_cuda.attention_own && cuda_attention_cudnn_takes(C, NH);
+}
 
 void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
                             int NH) {
     if (B <= 0 || T <= 0) return;
+    if (use_cudnn(C, NH) && cuda_attention_cudnn_forward(out, lse, qkv, B, T, C, NH)) return;
     if (!use_fused(C, NH)) {
         unfused_forward(out, lse, qkv, B, T, C, NH);
         return;
@@ -511,6 +518,7 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
 void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                              const float *lse, int B, int T, int C, int NH) {
     if (B <= 0 || T <= 0) return;
+    if (use_cudnn(C, NH) && cuda_attention_cudnn_backward(dqkv, dout, qkv, out, lse, B, T, C, NH)) return;
     if (!use_fused(C, NH)) {
         unfused_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
         return;

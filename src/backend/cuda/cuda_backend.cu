@@ -22,6 +22,49 @@ static char g_peak_source[320];
  * on Ampere); fixed at init so capture never allocates. */
 #define LOOM_CUDA_WORKSPACE (32u << 20)
 
+/* ---- device memory accounting (loom bench train reports the peak) ---- */
+
+#define MEM_TRACKED 4096
+static struct {
+    void *p;
+    size_t bytes;
+} g_mem[MEM_TRACKED];
+static size_t g_mem_now, g_mem_peak;
+
+/* cudaMalloc, counted; NULL when the device is out of memory. */
+static void *dev_malloc(size_t bytes) {
+    void *p = nullptr;
+    if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError(); /* clear it, so the next launch check does not report it */
+        return nullptr;
+    }
+    for (int i = 0; i < MEM_TRACKED; i++)
+        if (!g_mem[i].p) {
+            g_mem[i].p = p, g_mem[i].bytes = bytes;
+            break;
+        }
+    g_mem_now += bytes;
+    if (g_mem_now > g_mem_peak) g_mem_peak = g_mem_now;
+    return p;
+}
+
+static void dev_free(void *p) {
+    for (int i = 0; p && i < MEM_TRACKED; i++)
+        if (g_mem[i].p == p) {
+            g_mem_now -= g_mem[i].bytes;
+            g_mem[i].p = nullptr;
+            break;
+        }
+    CUDA_CHECK(cudaFree(p));
+}
+
+/* Bytes loom has allocated on the device now and at most so far (model,
+ * activations, optimizer state, scratch, cuBLAS workspace). */
+extern "C" void loom_cuda_mem_stats(size_t *now, size_t *peak) {
+    *now = g_mem_now;
+    *peak = g_mem_peak;
+}
+
 /* ---- scratch ---- */
 
 static void cuda_graph_reset(void);
@@ -50,9 +93,11 @@ void *cuda_scratch(int slot, size_t bytes) {
      * replay fails (graph_replay returns LOOM_EINVAL) instead of reading
      * freed memory; the trainer captures again. */
     if (g_scratch[slot].p) cuda_graph_reset();
-    if (g_scratch[slot].p) CUDA_CHECK(cudaFree(g_scratch[slot].p));
+    if (g_scratch[slot].p) dev_free(g_scratch[slot].p);
     size_t grow = bytes + bytes / 4; /* room for slightly larger shapes later */
-    CUDA_CHECK(cudaMalloc(&g_scratch[slot].p, grow));
+    g_scratch[slot].p = dev_malloc(grow);
+    if (!g_scratch[slot].p)
+        loom_panic(__FILE__, __LINE__, "the GPU has no room for %zu bytes of scratch (slot %d)", grow, slot);
     g_scratch[slot].bytes = grow;
     return g_scratch[slot].p;
 }
@@ -60,19 +105,16 @@ void *cuda_scratch(int slot, size_t bytes) {
 /* ---- memory ---- */
 
 static void *cuda_alloc(size_t bytes) {
-    void *p = nullptr;
     if (bytes == 0) bytes = 1;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) {
-        cudaGetLastError(); /* clear it, so the next launch check does not report it */
-        return nullptr;
-    }
+    void *p = dev_malloc(bytes);
+    if (!p) return nullptr;
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_cuda.stream));
     CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
     return p;
 }
 
 static void cuda_free(void *p) {
-    if (p) CUDA_CHECK(cudaFree(p));
+    if (p) dev_free(p);
 }
 
 /* The synchronous entries cannot be part of a graph; say so instead of
@@ -119,6 +161,14 @@ static struct {
     cudaGraphExec_t exec;
 } g_graphs[LOOM_CUDA_GRAPHS];
 static int g_capture_key = -1;
+static char g_capture_error[512]; /* the first failed call during the open capture */
+
+void cuda_check_failed(const char *file, int line, const char *call, const char *msg) {
+    if (g_capture_key < 0) loom_panic(file, line, "%s: %s", call, msg);
+    if (!g_capture_error[0])
+        snprintf(g_capture_error, sizeof g_capture_error, "%s:%d: %s: %s", file, line, call, msg);
+    cudaGetLastError(); /* the capture is broken; graph_end reports it */
+}
 
 static loom_status cuda_graph_begin(int key) {
     if (g_capture_key >= 0)
@@ -130,6 +180,7 @@ static loom_status cuda_graph_begin(int key) {
     if (e != cudaSuccess)
         return loom_error(LOOM_EINTERNAL, "graph_begin(%d): %s", key, cudaGetErrorString(e));
     g_capture_key = key;
+    g_capture_error[0] = 0;
     return LOOM_OK;
 }
 
@@ -145,6 +196,12 @@ static loom_status cuda_graph_end(int key) {
     g_capture_key = -1;
     cudaGraph_t graph = nullptr;
     cudaError_t e = cudaStreamEndCapture(g_cuda.stream, &graph);
+    if (g_capture_error[0]) {
+        cudaGetLastError();
+        if (e == cudaSuccess && graph) CUDA_CHECK(cudaGraphDestroy(graph));
+        return loom_error(LOOM_EINTERNAL, "graph_end(%d): a call failed during capture: %s", key,
+                          g_capture_error);
+    }
     if (e != cudaSuccess) {
         cudaGetLastError();
         return loom_error(LOOM_EINTERNAL,
@@ -206,9 +263,9 @@ static loom_status state_init(int index, const cudaDeviceProp *prop) {
     CUBLAS_CHECK(cublasCreate(&g_cuda.blas));
     CUBLAS_CHECK(cublasSetStream(g_cuda.blas, g_cuda.stream));
     g_cuda.workspace_bytes = LOOM_CUDA_WORKSPACE;
-    if (cudaMalloc(&g_cuda.workspace, g_cuda.workspace_bytes) != cudaSuccess ||
-        cudaMalloc((void **)&g_cuda.reduce, 1025 * sizeof(double)) != cudaSuccess) {
-        cudaGetLastError();
+    g_cuda.workspace = dev_malloc(g_cuda.workspace_bytes);
+    g_cuda.reduce = (double *)dev_malloc(1025 * sizeof(double));
+    if (!g_cuda.workspace || !g_cuda.reduce) {
         return loom_error(LOOM_ENOMEM, "cuda:%d: cannot allocate %u MiB of cuBLAS workspace",
                           index, LOOM_CUDA_WORKSPACE >> 20);
     }
@@ -323,6 +380,7 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
     g_cuda.dtype = dtype;
     const char *att = getenv("LOOM_CUDA_ATTENTION");
     g_cuda.attention_unfused = att && strcmp(att, "unfused") == 0;
+    g_cuda.attention_own = att && strcmp(att, "own") == 0;
     cuda_matmul_reset(); /* the cached algorithms depend on the compute type */
 
     int clock_khz = 0;

@@ -4,7 +4,8 @@
  * that a whole training step can be captured into a CUDA graph.
  *
  * The few device helpers below have bodies here because nvcc inlines
- * __device__ functions only within a translation unit (no -rdc). */
+ * __device__ functions only within a translation unit (no -rdc); a host-only
+ * .cpp file of the plugin (compiled by the C++ compiler) does not see them. */
 #ifndef LOOM_CUDA_INTERNAL_H
 #define LOOM_CUDA_INTERNAL_H
 
@@ -19,18 +20,21 @@ extern "C" {
 
 /* A failed CUDA call inside an op is a device fault or a bug (ops return
  * void), so it stops the process with the call's text, file:line and the
- * library's message. */
+ * library's message; except while a CUDA graph is being captured, where the
+ * first failure is kept and graph_end reports it (the trainer then runs the
+ * step with plain launches). */
+void cuda_check_failed(const char *file, int line, const char *call, const char *msg);
 #define CUDA_CHECK(call)                                                                     \
     do {                                                                                     \
         cudaError_t cuda_e_ = (call);                                                        \
         if (cuda_e_ != cudaSuccess)                                                          \
-            loom_panic(__FILE__, __LINE__, "%s: %s", #call, cudaGetErrorString(cuda_e_));    \
+            cuda_check_failed(__FILE__, __LINE__, #call, cudaGetErrorString(cuda_e_));       \
     } while (0)
 #define CUBLAS_CHECK(call)                                                                   \
     do {                                                                                     \
         cublasStatus_t blas_s_ = (call);                                                     \
         if (blas_s_ != CUBLAS_STATUS_SUCCESS)                                                \
-            loom_panic(__FILE__, __LINE__, "%s: %s", #call, cublasGetStatusString(blas_s_)); \
+            cuda_check_failed(__FILE__, __LINE__, #call, cublasGetStatusString(blas_s_));    \
     } while (0)
 /* After every kernel launch: catches bad launch configurations at once. */
 #define LAUNCH_CHECK() CUDA_CHECK(cudaGetLastError())
@@ -42,6 +46,7 @@ struct loom_cuda_state {
     loom_dtype dtype;     /* precision of the matrix work */
     int num_sms;          /* streaming multiprocessors, for grid sizes */
     int attention_unfused;/* LOOM_CUDA_ATTENTION=unfused */
+    int attention_own;    /* LOOM_CUDA_ATTENTION=own: the own fused kernels even where cuDNN would serve */
     cudaStream_t stream;  /* every op runs here */
     cublasLtHandle_t lt;
     cublasHandle_t blas;  /* batched GEMMs of the unfused attention */
@@ -54,7 +59,7 @@ extern loom_cuda_state g_cuda;
 /* Scratch: one grow-only device buffer per purpose. Growing is refused
  * (panic with the reason) while a CUDA graph is being captured, so the
  * warm-up step before capture must use the largest shapes. */
-enum { SCRATCH_LN, SCRATCH_BIAS, SCRATCH_ATTN, SCRATCH_ATTN_D, SCRATCH_COUNT };
+enum { SCRATCH_LN, SCRATCH_BIAS, SCRATCH_ATTN, SCRATCH_ATTN_D, SCRATCH_ATTN_LP, SCRATCH_CUDNN_WS, SCRATCH_COUNT };
 void *cuda_scratch(int slot, size_t bytes);
 /* Whether g_cuda.stream is being captured into a graph right now. */
 int cuda_capturing(void);
@@ -70,6 +75,13 @@ void cuda_gelu_forward(float *out, const float *inp, size_t n);
 /* Returns cudaSuccess when this build has a kernel image for the device. */
 cudaError_t cuda_kernels_probe(void);
 void cuda_attention_init(void);
+/* cuda_attention_cudnn.cpp: cuDNN's fused SDPA at bf16/fp16. takes: whether
+ * it would serve this width and head count at the run's dtype; forward and
+ * backward return false (nothing launched) when cuDNN refuses the shape. */
+bool cuda_attention_cudnn_takes(int C, int NH);
+bool cuda_attention_cudnn_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
+bool cuda_attention_cudnn_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                   const float *lse, int B, int T, int C, int NH);
 
 /* The ops of the table, one function each (see backend.h for contracts). */
 void cuda_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,
@@ -114,6 +126,11 @@ void cuda_sumsq_dev(float *acc, const float *x, size_t n);
 void cuda_matmul_stats(long *queries, long *hits);
 void cuda_matmul_reset(void);
 
+/* fp32 <-> the run's 16-bit type (bf16 when bf16 is set, else fp16), n elements. */
+void cuda_to_lp16(void *dst, const float *src, size_t n, bool bf16);
+void cuda_from_lp16(float *dst, const void *src, size_t n, bool bf16);
+
+#ifdef __CUDACC__
 /* ---- device helpers ---- */
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -132,5 +149,7 @@ static inline bool aligned16(const void *a, const void *b = nullptr, const void 
                              const void *d = nullptr) {
     return ((((uintptr_t)a) | ((uintptr_t)b) | ((uintptr_t)c) | ((uintptr_t)d)) & 15) == 0;
 }
+
+#endif /* __CUDACC__ */
 
 #endif

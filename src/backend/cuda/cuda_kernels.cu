@@ -10,6 +10,9 @@
 
 #include <type_traits>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "cuda_internal.h"
 
 /* ---- vector access: VEC = 4 uses float4, VEC = 1 plain floats ---- */
@@ -600,4 +603,37 @@ void cuda_sumsq_dev(float *acc, const float *x, size_t n) { sumsq_launch(nullptr
 cudaError_t cuda_kernels_probe(void) {
     cudaFuncAttributes fa;
     return cudaFuncGetAttributes(&fa, sumsq_final_kernel);
+}
+
+/* ---- fp32 <-> 16-bit copies (cuDNN's attention reads and writes 16-bit) ---- */
+
+template <typename T> __device__ __forceinline__ T to_lp(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 to_lp(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half to_lp(float x) { return __float2half(x); }
+
+template <typename T> static __global__ void to_lp_kernel(T *dst, const float *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = to_lp<T>(src[i]);
+}
+template <typename T> static __global__ void from_lp_kernel(float *dst, const T *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = (float)src[i];
+}
+
+void cuda_to_lp16(void *dst, const float *src, size_t n, bool bf16) {
+    if (n == 0) return;
+    if (bf16)
+        to_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((__nv_bfloat16 *)dst, src, n);
+    else
+        to_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((__half *)dst, src, n);
+    LAUNCH_CHECK();
+}
+
+void cuda_from_lp16(float *dst, const void *src, size_t n, bool bf16) {
+    if (n == 0) return;
+    if (bf16)
+        from_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dst, (const __nv_bfloat16 *)src, n);
+    else
+        from_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dst, (const __half *)src, n);
+    LAUNCH_CHECK();
 }

@@ -13,7 +13,8 @@
  *
  * Algorithms: for each distinct problem (shape, transposes, epilogue,
  * compute type, pointer alignment) the heuristic is asked once and its
- * first answer cached; an epilogue it cannot serve falls back to a plain
+ * first answer cached (the key holds the alignment of every pointer, the
+ * epilogue's bias and aux ones too); an epilogue it cannot serve falls back to a plain
  * GEMM plus an own kernel. */
 #include <string.h>
 
@@ -22,6 +23,7 @@
 typedef struct {
     int transa, transb, m, n, k, lda, ldb, ldd, epilogue, accumulate, compute;
     int align_a, align_b, align_d, ld_aux;
+    int align_bias, align_aux; /* 0 when absent: an algorithm picked for aligned epilogue pointers may need them */
 } lt_key;
 
 typedef struct {
@@ -140,6 +142,8 @@ static bool lt_matmul(float *d, const float *a, const float *b, int m, int n, in
     key.accumulate = accumulate, key.compute = (int)ct;
     key.align_a = ptr_align(a), key.align_b = ptr_align(b), key.align_d = ptr_align(d);
     key.ld_aux = ld_aux;
+    key.align_bias = bias ? ptr_align(bias) : 0;
+    key.align_aux = aux ? ptr_align(aux) : 0;
 
     cublasLtMatmulDesc_t op;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F));
