@@ -102,7 +102,8 @@ def part_openai():
         want = {"loom_serve_requests_running", "loom_serve_requests_waiting", "loom_serve_kv_cache_usage_ratio",
                 "loom_serve_prompt_tokens_total", "loom_serve_generation_tokens_total", "loom_serve_preemptions_total",
                 "loom_serve_request_success_total", "loom_serve_time_to_first_token_seconds",
-                "loom_serve_inter_token_latency_seconds", "loom_serve_e2e_request_latency_seconds"}
+                "loom_serve_inter_token_latency_seconds", "loom_serve_e2e_request_latency_seconds",
+                "loom_serve_request_queue_time_seconds"}
         report("serve_metrics_names", st == 200 and want <= names, "missing %s" % (want - names))
         promtool = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True) \
             if shutil_which("promtool") else None

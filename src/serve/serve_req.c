@@ -54,6 +54,7 @@ static void on_event(void *ctx, const loom_engine_event_t *ev) {
     if (!sb->started) {
         sb->started = 1;
         atomic_fetch_sub(&j->s->pending, 1);
+        if (ev->queue_time > 0) loom_histogram_observe(m->queue, ev->queue_time);
     }
     int c = sb->k * j->a.p.n + ev->index;
     if (ev->token >= 0) {

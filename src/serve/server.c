@@ -38,6 +38,9 @@ static void declare_metrics(loom_server_t *s, srv_model_t *m) {
                                     latency_bounds, NB, "model", n, NULL);
     m->e2e = loom_metrics_histogram(r, "loom_serve_e2e_request_latency_seconds", "Time from arrival to a request's last token.",
                                     latency_bounds, NB, "model", n, NULL);
+    m->queue = loom_metrics_histogram(r, "loom_serve_request_queue_time_seconds",
+                                      "Time from submission to the engine's first admission of the request.", latency_bounds, NB,
+                                      "model", n, NULL);
 }
 
 /* Collect hook: engine stats into gauges, counter deltas into counters. */

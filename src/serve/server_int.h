@@ -25,7 +25,7 @@ typedef struct {
     char *chat_template;
     int eot; /* the tokenizer's end-of-text id (a stop id), -1 if none */
     loom_metric_t *running, *waiting, *kv_usage, *kv_used, *prompt_tokens, *gen_tokens, *preemptions, *rejected;
-    loom_metric_t *finished[4], *ttft, *itl, *e2e;
+    loom_metric_t *finished[4], *ttft, *itl, *e2e, *queue;
     long long last_prompt, last_gen, last_preempt;
     char lbl[5][96];
 } srv_model_t;
