@@ -44,14 +44,20 @@ class Server:
         return "http://127.0.0.1:%d%s" % (self.port, path)
 
     def stop(self):
+        rc = self.p.returncode
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
             try:
-                return self.p.wait(60 * SLOW)
+                rc = self.p.wait(60 * SLOW)
             except subprocess.TimeoutExpired:
                 self.p.kill()
-                return None
-        return self.p.returncode
+                rc = None
+        if PREFIX and not getattr(self, "checked", False):  # under the sanitizers: a clean exit, no report
+            self.checked = True
+            time.sleep(0.2)
+            bad = [l for l in self.log if "Sanitizer" in l or "runtime error" in l]
+            report("serve_sanitizer_clean_%s" % self.p.pid, rc == 0 and not bad, "exit %s, %s" % (rc, "".join(bad[:5])))
+        return rc
 
 
 def request(srv, method, path, body=None, headers=None, timeout=120):
@@ -114,6 +120,10 @@ def part_openai():
             bad = [l for l in promtool.stdout.decode().splitlines() + promtool.stderr.decode().splitlines()
                    if "error" in l.lower() and "parse" in l.lower()]
             report("serve_metrics_promtool", not bad, bad)
+        st, h, page = request(srv, "GET", "/")
+        st2, _, dj = request(srv, "GET", "/dashboard.json")
+        report("serve_dashboard", st == 200 and b"<html" in page.lower() and st2 == 200 and
+               "loom serve" in json.loads(dj).get("title", ""), (st, st2, dj[:200]))
         gen = metric(srv, "loom_serve_generation_tokens_total", 'model="run"')
         report("serve_metrics_counts", gen is not None and gen > 0, "generation tokens %s" % gen)
     finally:
