@@ -1,5 +1,7 @@
 #include "infer.h"
 
+#include "quant.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +27,7 @@ struct loom_infer {
     int *d_tables; /* (S, max_blocks) */
     int *d_rows;   /* (R) */
     int *h_slot;   /* (N) host */
+    const loom_quant_t *quant; /* int8 linear weights, or NULL */
 };
 
 size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_dtype dtype) {
@@ -138,6 +141,22 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
     return LOOM_OK;
 }
 
+void loom_infer_set_quant(loom_infer_t *inf, const loom_quant_t *q) { inf->quant = q; }
+
+/* Linear layer `which` of block l: the int8 variant when a quantized copy
+ * is set and the backend has the op, else fp32 matmul_forward_rows. */
+static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
+                   const float *bias, int N, int C, int OC, int gelu) {
+    const loom_backend_t *be = inf->be;
+    loom_quant_mode q = loom_quant_mode_of(inf->quant);
+    if (q == LOOM_QUANT_W8A8 && be->matmul_forward_w8a8)
+        be->matmul_forward_w8a8(out, inp, loom_quant_weight(inf->quant, which, l), bias, N, C, OC, gelu);
+    else if (q != LOOM_QUANT_NONE && be->matmul_forward_w8)
+        be->matmul_forward_w8(out, inp, loom_quant_weight(inf->quant, which, l), bias, N, C, OC, gelu);
+    else
+        be->matmul_forward_rows(out, inp, w, bias, N, C, OC, gelu);
+}
+
 /* Block l on the rows in inf->x, with its ln1 already in inf->ln; leaves
  * the next block's ln1 (or lnf) in inf->ln. */
 static void block(loom_infer_t *inf, int N, int l) {
@@ -145,15 +164,15 @@ static void block(loom_infer_t *inf, int N, int l) {
     int C = inf->m->cfg.channels, L = inf->m->cfg.n_layer;
     size_t lc = (size_t)l * C;
     float *const *p = inf->m->param;
-    be->matmul_forward_rows(inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, N, C, 3 * C, 0);
+    linear(inf, LOOM_QLIN_QKV, l, inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, N, C, 3 * C, 0);
     be->kv_write(&inf->layers[l], inf->qkv, inf->d_slot, N, inf->NH, inf->block_size);
     be->paged_attention(inf->atty, inf->qkv, &inf->layers[l], inf->d_pos, inf->d_seq, inf->d_tables,
                         inf->max_blocks, N, inf->NH, inf->block_size);
-    be->matmul_forward_rows(inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
+    linear(inf, LOOM_QLIN_ATTPROJ, l, inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
     loom_gpt_residual_layernorm(be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, p[LOOM_LN2W] + lc,
                   p[LOOM_LN2B] + lc, N, C);
-    be->matmul_forward_rows(inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, N, C, 4 * C, 1);
-    be->matmul_forward_rows(inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, N, 4 * C, C, 0);
+    linear(inf, LOOM_QLIN_FC, l, inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, N, C, 4 * C, 1);
+    linear(inf, LOOM_QLIN_FCPROJ, l, inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, N, 4 * C, C, 0);
     const float *w = l + 1 < L ? p[LOOM_LN1W] + lc + C : p[LOOM_LNFW];
     const float *bb = l + 1 < L ? p[LOOM_LN1B] + lc + C : p[LOOM_LNFB];
     loom_gpt_residual_layernorm(be, inf->x, inf->ln, inf->mean, inf->rstd, inf->res2, inf->proj, w, bb, N, C);
