@@ -85,6 +85,48 @@ static void gemm_vs_double(void) {
     gemm_case(17, 256, 70, 0);
 }
 
+/* The int8 cache ops: after writes into one block (the second token twice
+ * as large as the first, so the scale is raised once), each row
+ * dequantizes to the written values within one step of its scale (half a
+ * step when never raised), and int8 attention equals fp32 attention over
+ * the dequantized cache. */
+static void kv_int8_ops(void) {
+    const loom_backend_t *be;
+    loom_backend_cpu_init(&be, 2);
+    enum { NH = 2, hs = 32, C = NH * hs, bs = 8, nb = 3, N = 6 };
+    size_t rows = (size_t)nb * 2 * NH, cols = (size_t)bs * hs;
+    signed char *q8 = calloc(rows * cols, 1);
+    float *sc = calloc(rows, sizeof(float)), *deq = malloc(sizeof(float) * rows * cols);
+    float *qkv = check_rand((size_t)N * 3 * C, 1.0f, 21), o8[N * C], o32[N * C];
+    for (int i = 0; i < 3 * C; i++) qkv[3 * C + i] *= 2.0f; /* token 1: twice token 0 */
+    int slot[N] = {8, 9, 10, 11, 12, 13}, pos[N] = {0, 1, 2, 3, 4, 5}, seq[N] = {0}, table[2] = {1, 0};
+    loom_tensor_t k8 = {.data = q8, .dtype = LOOM_INT8, .rows = (long long)rows, .cols = (long long)cols, .scales = sc};
+    be->kv_write(&k8, qkv, slot, N, NH, bs);
+    CHECK(loom_tensor_check(&k8, "cache") == LOOM_OK, "%s", loom_errmsg());
+    loom_tensor_dequantize(&k8, deq);
+    double worst = 0;
+    for (int i = 0; i < N; i++)
+        for (int w = 0; w < 2; w++)
+            for (int h = 0; h < NH; h++) {
+                size_t r = ((size_t)1 * 2 + w) * NH + h;
+                for (int e = 0; e < hs; e++) {
+                    double err = fabs(deq[r * cols + (size_t)i * hs + e] - qkv[(size_t)i * 3 * C + (1 + w) * C + h * hs + e]) / sc[r];
+                    worst = err > worst ? err : worst;
+                }
+            }
+    CHECK(worst <= 1.0 + 1e-4, "int8 cache: error %.4f steps (bound 1)", worst);
+    loom_tensor_t k32 = {.data = deq, .dtype = LOOM_FP32, .rows = (long long)rows, .cols = (long long)cols};
+    be->paged_attention(o8, qkv, &k8, pos, seq, table, 2, N, NH, bs);
+    be->paged_attention(o32, qkv, &k32, pos, seq, table, 2, N, NH, bs);
+    double e = check_rel_err(o8, o32, (size_t)N * C);
+    CHECK(e < 1e-5, "int8 attention vs fp32 attention on the dequantized cache: normalized error %.3g", e);
+    printf("  int8 cache worst error %.3f steps; attention vs dequantized fp32 %.2g\n", worst, e);
+    be->kv_copy_block(&k8, 1, 2, NH);
+    CHECK(!memcmp(q8 + 2 * 2 * NH * cols, q8 + 1 * 2 * NH * cols, 2 * NH * cols) &&
+          !memcmp(sc + 2 * 2 * NH, sc + 2 * NH, 2 * NH * sizeof(float)), "kv_copy_block: data or scales differ");
+    free(q8), free(sc), free(deq), free(qkv);
+}
+
 /* A first-order Markov language over V tokens: each token has 3 likely
  * successors. */
 static void markov(int *x, int n, int V, unsigned *seed) {
@@ -172,15 +214,17 @@ static void perplexity_bounds(void) {
     loom_gpt_t *m = trained_model();
     CHECK(m != NULL, "training: %s", loom_errmsg());
     if (!m) return;
-    int Vp = m->cfg.padded_vocab_size, ns = 16, *seqs = malloc(sizeof(int) * 65 * ns), gen[3][20][50];
+    int Vp = m->cfg.padded_vocab_size, ns = 16, *seqs = malloc(sizeof(int) * 65 * ns), gen[4][20][50];
     unsigned seed = 999;
     for (int s = 0; s < ns; s++) markov(seqs + s * 65, 65, 64, &seed);
-    double ppl[3];
-    for (int mode = 0; mode < 3; mode++) {
+    double ppl[4];
+    for (int mode = 0; mode < 4; mode++) { /* fp32, w8a32, w8a8, fp32 weights + int8 KV */
         loom_quant_t *q = NULL;
         loom_infer_t *inf = NULL;
-        CHECK(loom_infer_create(&inf, m, 64, 1, LOOM_FP32, 64, 1, 64) == LOOM_OK, "%s", loom_errmsg());
-        if (mode) CHECK(loom_quant_create(&q, m, (loom_quant_mode)mode) == LOOM_OK, "%s", loom_errmsg());
+        /* blocks of 16: a block's scale is set by its first token and raised by later ones */
+        CHECK(loom_infer_create(&inf, m, 8, 16, mode == 3 ? LOOM_INT8 : LOOM_FP32, 64, 1, 64) == LOOM_OK, "%s",
+              loom_errmsg());
+        if (mode == 1 || mode == 2) CHECK(loom_quant_create(&q, m, (loom_quant_mode)mode) == LOOM_OK, "%s", loom_errmsg());
         loom_infer_set_quant(inf, q);
         ppl[mode] = exp(infer_loss(inf, seqs, ns, Vp));
         for (int p = 0; p < 20; p++) greedy(inf, seqs + (p % ns) * 65 + (p / ns) * 8, gen[mode][p], Vp);
@@ -188,16 +232,18 @@ static void perplexity_bounds(void) {
         loom_quant_free(q);
     }
     double d1 = ppl[1] / ppl[0] - 1, d2 = ppl[2] / ppl[0] - 1;
-    printf("  perplexity fp32 %.4f, w8a32 %.4f (%+.3f%%), w8a8 %.4f (%+.3f%%)\n", ppl[0], ppl[1], 100 * d1, ppl[2],
-           100 * d2);
+    double d3 = ppl[3] / ppl[0] - 1;
+    printf("  perplexity fp32 %.4f, w8a32 %.4f (%+.3f%%), w8a8 %.4f (%+.3f%%), int8 KV %.4f (%+.3f%%)\n", ppl[0],
+           ppl[1], 100 * d1, ppl[2], 100 * d2, ppl[3], 100 * d3);
+    CHECK(fabs(d3) < 0.01, "int8 KV perplexity %.4f vs fp32 %.4f: %.3f%% (bound 1%%)", ppl[3], ppl[0], 100 * d3);
     CHECK(ppl[0] < 32.0, "the model did not learn (perplexity %.2f of 64)", ppl[0]);
     CHECK(fabs(d1) < 0.01, "w8a32 perplexity %.4f vs fp32 %.4f: %.3f%% (bound 1%%)", ppl[1], ppl[0], 100 * d1);
     CHECK(fabs(d2) < 0.02, "w8a8 perplexity %.4f vs fp32 %.4f: %.3f%% (bound 2%%)", ppl[2], ppl[0], 100 * d2);
-    for (int mode = 1; mode < 3; mode++) {
+    for (int mode = 1; mode < 4; mode++) {
         int same = 0;
         for (int p = 0; p < 20; p++)
             for (int k = 0; k < 50; k++) same += gen[mode][p][k] == gen[0][p][k];
-        printf("  greedy tokens equal to fp32's, %s: %d of 1000 (%.1f%%)\n", mode == 1 ? "w8a32" : "w8a8", same,
+        printf("  greedy tokens equal to fp32's, %s: %d of 1000 (%.1f%%)\n", mode == 1 ? "w8a32" : mode == 2 ? "w8a8" : "int8 KV", same,
                same / 10.0);
     }
     free(seqs);
@@ -207,6 +253,7 @@ static void perplexity_bounds(void) {
 int main(void) {
     RUN(round_trip);
     RUN(gemm_vs_double);
+    RUN(kv_int8_ops);
     RUN(perplexity_bounds);
     return check_main_end();
 }

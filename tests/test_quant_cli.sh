@@ -27,6 +27,12 @@ if $LOOM generate --run "$tmp/r" --prompts "$tmp/p.jsonl" --out "$tmp/o.jsonl" -
 else
     echo "FAIL generate_quant_w8a8: $(cat "$tmp/o.jsonl" 2>/dev/null)"
 fi
+if $LOOM generate --run "$tmp/r" --prompts "$tmp/p.jsonl" --out "$tmp/k.jsonl" --kv-dtype int8 --kv-memory 16M --threads 2 >/dev/null 2>&1 \
+   && grep -q '"text"' "$tmp/k.jsonl"; then
+    echo "PASS generate_kv_int8"
+else
+    echo "FAIL generate_kv_int8: $(cat "$tmp/k.jsonl" 2>/dev/null)"
+fi
 a=$($LOOM eval --run "$tmp/r" --batches 4 --threads 2 2>&1 | awk '/^val_loss/ {print $2}')
 b=$($LOOM eval --run "$tmp/r" --batches 4 --threads 2 --quant int8 2>&1 | awk '/^val_loss/ {print $2}')
 if [ -n "$a" ] && [ -n "$b" ] && python3 -c "import sys; a,b=float('$a'),float('$b'); sys.exit(0 if abs(b-a)/a < 0.01 else 1)"; then

@@ -67,8 +67,10 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     if (num_blocks < 1 || max_tokens < 1 || max_seqs < 1 || max_logits < 1)
         return loom_error(LOOM_EINVAL, "inference context: %d blocks, %d tokens, %d sequences, %d logit rows: each must be at least 1",
                           num_blocks, max_tokens, max_seqs, max_logits);
-    if (dtype != LOOM_FP32)
-        return loom_error(LOOM_EINVAL, "KV cache of %s: only fp32 exists so far", loom_dtype_name(dtype));
+    if (dtype != LOOM_FP32 && dtype != LOOM_INT8)
+        return loom_error(LOOM_EINVAL, "KV cache of %s: fp32 or int8", loom_dtype_name(dtype));
+    if (dtype == LOOM_INT8 && !(be->dtypes & LOOM_DTYPE_BIT(LOOM_INT8)))
+        return loom_error(LOOM_EUNAVAIL, "--kv-dtype int8: the %s backend has no int8 cache ops; use fp32", be->name);
     loom_infer_t *inf = loom_calloc(1, sizeof *inf);
     inf->m = m;
     inf->be = be;
@@ -81,12 +83,16 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     size_t per_layer = 2 * (size_t)num_blocks * block_size * C; /* elements of K and V per layer */
     inf->NH = NH;
     inf->block_size = block_size;
-    inf->cache = buf(be, per_layer * L, loom_dtype_size(dtype), &fail);
+    size_t rows = (size_t)num_blocks * 2 * NH, nsc = dtype == LOOM_INT8 ? rows * L : 0; /* int8: a scale per row */
+    inf->cache = buf(be, per_layer * L * loom_dtype_size(dtype) + nsc * sizeof(float), 1, &fail);
+    float *scales = inf->cache ? (float *)((char *)inf->cache + per_layer * L * loom_dtype_size(dtype)) : NULL;
+    if (nsc && inf->cache) be->zero(scales, nsc * sizeof(float));
     inf->layers = loom_calloc((size_t)L, sizeof *inf->layers);
     for (int l = 0; l < L && inf->cache; l++)
         inf->layers[l] = (loom_tensor_t){.data = (char *)inf->cache + per_layer * l * loom_dtype_size(dtype),
-                                         .dtype = dtype, .rows = (long long)num_blocks * 2 * NH,
-                                         .cols = (long long)block_size * (C / NH)};
+                                         .dtype = dtype, .rows = (long long)rows,
+                                         .cols = (long long)block_size * (C / NH),
+                                         .scales = nsc ? scales + rows * l : NULL};
     inf->x = buf(be, N * C, f, &fail);
     inf->ln = buf(be, N * C, f, &fail);
     inf->mean = buf(be, N, f, &fail);

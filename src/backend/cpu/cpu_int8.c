@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu_math.h"
 #if defined(__x86_64__)
@@ -135,4 +136,96 @@ void loom_cpu_matmul_forward_w8a8(float *out, const float *inp, const loom_tenso
     free(xq);
     free(sx);
     free(xu);
+}
+
+/* ---- int8 paged KV cache ---- */
+
+#define MAX_BLOCK 256 /* the largest block_size the engine accepts */
+
+/* Token `off` of cache row `r` (block, K/V, head) gets v (hs). */
+static void kv_put(const loom_tensor_t *kv, size_t r, int off, int hs, const float *v) {
+    int8_t *row = (int8_t *)kv->data + r * (size_t)kv->cols;
+    float *sc = (float *)kv->scales + r, mx = 0.0f;
+    for (int e = 0; e < hs; e++) mx = fmaxf(mx, fabsf(v[e]));
+    if (off == 0) {
+        *sc = mx > 0.0f ? mx / 127.0f : 1.0f;
+    } else if (mx > 127.0f * *sc) { /* raise the row's scale: requantize tokens 0..off-1 */
+        float ns = mx / 127.0f, k = *sc / ns;
+        for (int i = 0; i < off * hs; i++) row[i] = (int8_t)lroundf((float)row[i] * k);
+        *sc = ns;
+    }
+    float inv = 1.0f / *sc;
+    for (int e = 0; e < hs; e++) {
+        float q = roundf(v[e] * inv);
+        row[(size_t)off * hs + e] = (int8_t)(q > 127.0f ? 127 : q < -127.0f ? -127 : q);
+    }
+}
+
+void loom_cpu_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slots, int N, int NH, int bs) {
+    int hs = (int)(kv->cols / bs), C = NH * hs;
+    /* one task per (K or V, head): rows of one block are written in batch
+     * order, so a prefill chunk's tokens raise the scale in turn */
+#pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
+    for (int task = 0; task < 2 * NH; task++) {
+        int which = task / NH, h = task % NH;
+        for (int i = 0; i < N; i++) {
+            int blk = slots[i] / bs, off = slots[i] % bs;
+            size_t r = ((size_t)blk * 2 + which) * NH + h;
+            kv_put(kv, r, off, hs, qkv + (size_t)i * 3 * C + (size_t)(1 + which) * C + h * hs);
+        }
+    }
+}
+
+/* One (row, head) over an int8 cache: o (hs) = softmax(q K^T / sqrt(hs)) V,
+ * online softmax block by block as the fp32 kernel. */
+static void attend_row_int8(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table,
+                            int pos, int h) {
+    int hs = (int)(kv->cols / bs);
+    float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0, s[MAX_BLOCK];
+    for (int e = 0; e < hs; e++) o[e] = 0.0f;
+    for (int t0 = 0; t0 <= pos; t0 += bs) {
+        int n = pos + 1 - t0 < bs ? pos + 1 - t0 : bs, blk = table[t0 / bs];
+        size_t rk = ((size_t)blk * 2) * NH + h, rv = ((size_t)blk * 2 + 1) * NH + h;
+        const int8_t *K = (const int8_t *)kv->data + rk * (size_t)kv->cols;
+        const int8_t *V = (const int8_t *)kv->data + rv * (size_t)kv->cols;
+        float sk = kv->scales[rk] * scale, sv = kv->scales[rv], bmx = mx;
+        for (int j = 0; j < n; j++) {
+            float d = 0;
+#pragma omp simd reduction(+ : d)
+            for (int e = 0; e < hs; e++) d += q[e] * (float)K[(size_t)j * hs + e];
+            s[j] = d * sk;
+            bmx = s[j] > bmx ? s[j] : bmx;
+        }
+        float corr = loom_expf(mx - bmx);
+        sum *= corr;
+#pragma omp simd
+        for (int e = 0; e < hs; e++) o[e] *= corr;
+        for (int j = 0; j < n; j++) {
+            float p = loom_expf(s[j] - bmx);
+            sum += p;
+            p *= sv;
+#pragma omp simd
+            for (int e = 0; e < hs; e++) o[e] = fmaf(p, (float)V[(size_t)j * hs + e], o[e]);
+        }
+        mx = bmx;
+    }
+    float inv = 1.0f / sum;
+    for (int e = 0; e < hs; e++) o[e] *= inv;
+}
+
+void loom_cpu_paged_attention_int8(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
+                                   const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs) {
+    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH;
+#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * C > 1 << 12)
+    for (int task = 0; task < tasks; task++) {
+        int i = task / NH, h = task % NH;
+        attend_row_int8(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv, NH, bs,
+                        block_tables + (size_t)seq[i] * max_blocks, pos[i], h);
+    }
+}
+
+void loom_cpu_kv_copy_block_int8(const loom_tensor_t *kv, int src, int dst, int NH) {
+    size_t n = 2 * (size_t)NH * (size_t)kv->cols;
+    memcpy((int8_t *)kv->data + (size_t)dst * n, (const int8_t *)kv->data + (size_t)src * n, n);
+    memcpy((float *)kv->scales + (size_t)dst * 2 * NH, kv->scales + (size_t)src * 2 * NH, 2 * (size_t)NH * sizeof(float));
 }

@@ -22,4 +22,16 @@ void loom_cpu_quantize_rows(const float *x, int N, int C, signed char *q, float 
 /* 1 when the kernels use AVX-512 VNNI on this CPU. */
 int loom_cpu_int8_vnni(void);
 
+
+
+/* The paged-cache ops (backend.h) on an int8 cache: kv's int8 rows with one
+ * scale per row (block, K or V, head; kv->scales, written here). A row's
+ * scale is set by its first token (offset 0) and raised when a later token
+ * is larger, the earlier tokens requantized to it. cpu_paged.c calls these
+ * for kv->dtype == LOOM_INT8. */
+void loom_cpu_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs);
+void loom_cpu_paged_attention_int8(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
+                                   const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs);
+void loom_cpu_kv_copy_block_int8(const loom_tensor_t *kv, int src, int dst, int NH);
+
 #endif
