@@ -117,3 +117,105 @@ void loom_quant_fake(loom_gpt_t *m) {
         }
     free(host), free(hq), free(hs);
 }
+
+/* ---- 2:4 structured sparsity ---- */
+
+void loom_prune24_rows(float *w, long long rows, long long cols) {
+    for (long long g = 0; g < rows * (cols / 4); g++) {
+        float *x = w + g * 4, a[4];
+        for (int i = 0; i < 4; i++) a[i] = fabsf(x[i]);
+        for (int i = 0; i < 4; i++) { /* rank among the 4, equal magnitudes: the later one ranks lower */
+            int rank = 0;
+            for (int j = 0; j < 4; j++) rank += a[j] < a[i] || (a[j] == a[i] && j > i);
+            if (rank < 2) x[i] = 0.0f;
+        }
+    }
+}
+
+long long loom_prune24_violations(const float *w, long long rows, long long cols) {
+    long long bad = 0;
+    for (long long g = 0; g < rows * (cols / 4); g++) {
+        int zeros = 0;
+        for (int i = 0; i < 4; i++) zeros += w[g * 4 + i] == 0.0f;
+        bad += zeros < 2;
+    }
+    return bad;
+}
+
+/* Call fn on a host copy of every linear weight of m; write it back when
+ * `write`. */
+static void each_linear(loom_gpt_t *m, int write, void (*fn)(float *w, int OC, int C, void *ctx), void *ctx) {
+    int C0 = m->cfg.channels;
+    float *host = loom_malloc(4 * (size_t)C0 * C0 * sizeof(float));
+    for (int l = 0; l < m->cfg.n_layer; l++)
+        for (int k = 0; k < LOOM_QLIN_COUNT; k++) {
+            int OC, C;
+            float *w = (float *)lin(m, k, l, &OC, &C);
+            size_t n = (size_t)OC * C * sizeof(float);
+            m->be->download(host, w, n);
+            fn(host, OC, C, ctx);
+            if (write) m->be->upload(w, host, n);
+        }
+    free(host);
+}
+
+static void prune_fn(float *w, int OC, int C, void *ctx) { loom_prune24_rows(w, OC, C); }
+
+loom_status loom_prune24_model(loom_gpt_t *m) {
+    if (m->cfg.channels % 4)
+        return loom_error(LOOM_EINVAL, "2:4 sparsity needs the model width to be a multiple of 4 (it is %d)", m->cfg.channels);
+    each_linear(m, 1, prune_fn, NULL);
+    return LOOM_OK;
+}
+
+struct loom_sparsity_mask {
+    unsigned char *zero; /* one byte per linear weight element, in each_linear's order */
+    size_t n, at, masked;
+};
+
+static void take_fn(float *w, int OC, int C, void *ctx) {
+    loom_sparsity_mask_t *k = ctx;
+    for (size_t i = 0; i < (size_t)OC * C; i++) {
+        k->zero[k->at + i] = w[i] == 0.0f;
+        k->masked += w[i] == 0.0f;
+    }
+    k->at += (size_t)OC * C;
+}
+
+loom_sparsity_mask_t *loom_sparsity_mask_take(const loom_gpt_t *m) {
+    loom_sparsity_mask_t *k = loom_calloc(1, sizeof *k);
+    k->n = (size_t)m->cfg.n_layer * 12 * (size_t)m->cfg.channels * m->cfg.channels;
+    k->zero = loom_malloc(k->n);
+    each_linear((loom_gpt_t *)m, 0, take_fn, k);
+    return k;
+}
+
+typedef struct {
+    const loom_sparsity_mask_t *k;
+    size_t at;
+    long long revived;
+} apply_ctx_t;
+
+static void apply_fn(float *w, int OC, int C, void *ctx) {
+    apply_ctx_t *a = ctx;
+    for (size_t i = 0; i < (size_t)OC * C; i++)
+        if (a->k->zero[a->at + i]) {
+            a->revived += w[i] != 0.0f;
+            w[i] = 0.0f;
+        }
+    a->at += (size_t)OC * C;
+}
+
+long long loom_sparsity_mask_apply(const loom_sparsity_mask_t *k, loom_gpt_t *m) {
+    apply_ctx_t a = {k, 0, 0};
+    each_linear(m, 1, apply_fn, &a);
+    return a.revived;
+}
+
+double loom_sparsity_mask_share(const loom_sparsity_mask_t *k) { return k->n ? (double)k->masked / k->n : 0; }
+
+void loom_sparsity_mask_free(loom_sparsity_mask_t *k) {
+    if (!k) return;
+    free(k->zero);
+    free(k);
+}

@@ -44,4 +44,28 @@ size_t loom_quant_bytes(const loom_quant_t *q);
  * (`loom eval --quant`). */
 void loom_quant_fake(loom_gpt_t *m);
 
+
+/* ---- 2:4 structured sparsity ---- */
+
+/* Zero the two smallest-magnitude of every 4 consecutive elements of each
+ * row of w (rows, cols), cols a multiple of 4 (the input dimension of a
+ * weight (OC, C)); ties keep the earlier element. */
+void loom_prune24_rows(float *w, long long rows, long long cols);
+/* Groups of 4 of w (rows, cols) with fewer than 2 zeros (0: 2:4 sparse). */
+long long loom_prune24_violations(const float *w, long long rows, long long cols);
+/* Prune every linear layer's weight of m (embeddings, LayerNorms, biases
+ * stay dense). LOOM_EINVAL when a width is not a multiple of 4. */
+loom_status loom_prune24_model(loom_gpt_t *m);
+
+/* The zeros of m's linear weights, held through fine-tuning
+ * (`loom train --keep-sparsity`): taken once, re-applied after every
+ * optimizer step so that pruned weights stay zero. */
+typedef struct loom_sparsity_mask loom_sparsity_mask_t;
+loom_sparsity_mask_t *loom_sparsity_mask_take(const loom_gpt_t *m);
+/* Zero the masked weights of m again; returns how many were non-zero. */
+long long loom_sparsity_mask_apply(const loom_sparsity_mask_t *k, loom_gpt_t *m);
+/* Share of the linear weights that are masked (0..1). */
+double loom_sparsity_mask_share(const loom_sparsity_mask_t *k);
+void loom_sparsity_mask_free(loom_sparsity_mask_t *k);
+
 #endif
