@@ -24,6 +24,8 @@
 # Usage: bench/gpu-bundle.sh [--out DIR] [--jobs N] [--from BUILD]   (make gpu-bundle)
 #   --from BUILD  take the binaries from an existing build folder instead of
 #                 building (the test suite does this with build/)
+#   --max-mb N    the size limit (default 60; the suite's bundle of build/,
+#                 with MPI and debug info, is larger)
 # Fails (exit 1) when the bundle would be over 60 MiB or a library the
 # binaries need cannot be found here.
 set -euo pipefail
@@ -37,6 +39,7 @@ while [ $# -gt 0 ]; do
     --out) OUTB=${2:?--out needs a folder}; shift 2 ;;
     --jobs) JOBS=${2:?--jobs needs a number}; shift 2 ;;
     --from) FROM=${2:?--from needs a build folder}; shift 2 ;;
+    --max-mb) LIMIT_MB=${2:?--max-mb needs a number}; shift 2 ;;
     -h | --help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-bundle: unknown argument '$1' (try --help)" >&2; exit 2 ;;
     esac

@@ -209,10 +209,13 @@ fi
 
 # 2. the carried binaries, or a rebuild here
 BIN=$BUNDLE/build
+# what the loader or loom says when a binary cannot start or cannot load
+# its CUDA plugin (not NVML's or RAPL's notes, which are expected)
+NOSTART="error while loading shared libraries|CUDA plugin could not be loaded|version .GLIBC"
 starts() { # DIR: loom starts and loads its CUDA plugin
     timeout 60 "$1/loom" devices >"$WORK/start.log" 2>&1
     local rc=$?
-    ! grep -qE 'error while loading shared libraries|GLIBC_|plugin could not be loaded|cannot open shared object' "$WORK/start.log" &&
+    ! grep -qE "$NOSTART" "$WORK/start.log" &&
         [ "$rc" != 127 ] && [ "$rc" != 126 ] && [ "$rc" != 124 ]
 }
 # rebuild_here: make in build-there/ with nvcc; CPU side from the bundle's
@@ -264,7 +267,7 @@ if [ "${GPU_CHECK_FORCE_REBUILD:-0}" = 1 ]; then
 elif starts "$BIN"; then
     row binaries ok "the carried binaries start ($BIN)"
 else
-    row binaries info "the carried binaries cannot start: $(why "$WORK/start.log"); rebuilding here"
+    row binaries info "the carried binaries cannot start: $({ grep -m1 -E "$NOSTART" "$WORK/start.log" || tail -n 1 "$WORK/start.log"; } | cut -c1-200); rebuilding here"
     rebuild_here || BIN=""
 fi
 

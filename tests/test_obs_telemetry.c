@@ -45,7 +45,7 @@ static void test_nvml_missing(void) {
     CHECK(loom_nvml_open(&nv) == LOOM_EUNAVAIL, "opened a missing library");
     CHECK(strstr(loom_errmsg(), "cannot load /nonexistent/libnvidia-ml.so.1") != NULL, "message: %s", loom_errmsg());
     loom_metrics_t *r = loom_metrics_new();
-    loom_telemetry_t *t = loom_telemetry_open(r, "cuda:0", 0);
+    loom_telemetry_t *t = loom_telemetry_open(r, 0, 0);
     CHECK(!loom_telemetry_has_gpu(t), "GPU telemetry without a library");
     CHECK(!strncmp(loom_telemetry_status(t), "no GPU telemetry: cannot load", 29), "status: %s", loom_telemetry_status(t));
     CHECK(isnan(loom_telemetry_energy_j(t)), "energy without a counter");
@@ -103,7 +103,7 @@ static void test_dcgm_names_and_energy_per_token(void) {
     if (!have_stub()) return;
     setenv("LOOM_NVML_LIB", stub, 1);
     setenv("NVML_STUB_ENERGY_MJ", "1500000", 1);
-    loom_train_metrics_opts_t o = {.port = -1, .rank = 0, .world_size = 2, .device = "cuda:0", .model = "gpt2-tiny", .steps = 10};
+    loom_train_metrics_opts_t o = {.port = -1, .rank = 0, .world_size = 2, .device = "cuda:0", .gpu = 0, .model = "gpt2-tiny", .steps = 10};
     loom_train_metrics_t *tm;
     CHECK(loom_train_metrics_start(&tm, &o) == LOOM_OK, "%s", loom_errmsg());
     CHECK(isnan(loom_train_metrics_joules_per_token(tm)), "J/token before any token");
@@ -138,7 +138,7 @@ static void test_mig_utilisation_absent(void) {
     setenv("LOOM_NVML_LIB", stub, 1);
     setenv("CUDA_VISIBLE_DEVICES", "MIG-stub-0", 1);
     loom_metrics_t *r = loom_metrics_new();
-    loom_telemetry_t *t = loom_telemetry_open(r, "cuda:0", 3);
+    loom_telemetry_t *t = loom_telemetry_open(r, 0, 3);
     CHECK(loom_telemetry_has_gpu(t) && strstr(loom_telemetry_status(t), "MIG instance"), "status: %s", loom_telemetry_status(t));
     char *text = loom_metrics_render(r, NULL);
     CHECK(!strstr(text, "DCGM_FI_DEV_GPU_UTIL{"), "utilisation exposed for MIG:\n%s", text);
@@ -183,7 +183,7 @@ static void test_rapl(void) {
     put(d1, "energy_uj", "5000000\n");
     put(d1, "max_energy_range_uj", "10000000\n");
     put(sub, "energy_uj", "777\n");
-    loom_train_metrics_opts_t o = {.port = -1, .rank = 1, .local_rank = 1, .world_size = 2, .local_world = 2, .device = "cpu"};
+    loom_train_metrics_opts_t o = {.port = -1, .rank = 1, .local_rank = 1, .world_size = 2, .local_world = 2, .device = "cpu", .gpu = -1};
     loom_train_metrics_t *tm;
     CHECK(loom_train_metrics_start(&tm, &o) == LOOM_OK, "%s", loom_errmsg());
     loom_telemetry_t *t = loom_train_metrics_telemetry(tm);

@@ -385,7 +385,7 @@ static void shard_formats(void) {
     for (int i = 0; i < 1000; i++) same &= loom_shard_get(&s, (size_t)i) == tok[i];
     CHECK(same, "uint16 tokens differ");
     const int32_t *h = s.map;
-    CHECK(h[0] == LOOM_SHARD_MAGIC && h[1] == 1 && h[2] == 1024 && h[3] == 1000 && h[4] == 1000 && h[5] == 0 && h[6] == 2, "header fields");
+    CHECK(h[0] == LOOM_SHARD_MAGIC && h[1] == LOOM_SHARD_VERSION && h[2] == 1024 && h[3] == 1000 && h[4] == 1000 && h[5] == 0 && h[6] == 2, "header fields");
     CHECK(loom_shard_validate(&s, p16, 0) == LOOM_OK, "%s", loom_errmsg());
     loom_shard_close(&s);
 

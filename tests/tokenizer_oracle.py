@@ -148,7 +148,7 @@ def shard_ids(path, skip="0"):
     with open(path, "rb") as f:
         data = f.read()
     h = struct.unpack("<7i", data[:28])
-    assert h[0] == 0x4C4F4F4D and h[1] == 1, f"{path}: not a loom shard"
+    assert h[0] == 0x4C4F4F4D and h[1] in (1, 2), f"{path}: not a loom shard"  # version 2 adds a token checksum
     count, tb = h[4] | (h[5] << 32), h[6]
     a = array.array("H" if tb == 2 else "I", data[h[2]:])
     assert len(a) == count, f"{path}: {len(a)} tokens, header says {count}"

@@ -114,6 +114,11 @@ unsigned loom_backend_device_caps(const char *device) {
     return is_cuda_device(device) ? LOOM_CAP_DEVICE_MEMORY : 0u;
 }
 
+int loom_backend_gpu_ordinal(const char *device) {
+    if (!is_cuda_device(device)) return -1;
+    return device[4] == ':' ? atoi(device + 5) : 0;
+}
+
 loom_status loom_backend_open(const loom_backend_t **out, const char *device, int threads,
                               loom_dtype dtype) {
     if (strcmp(device, "cpu") == 0) {

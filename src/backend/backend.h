@@ -291,6 +291,9 @@ void loom_backend_rank_device(char *out, size_t n, const char *device, int local
 /* The LOOM_CAP_DEVICE_MEMORY bit `device` will have once opened, without
  * opening it (for choosing a transport before the backend exists). */
 unsigned loom_backend_device_caps(const char *device);
+/* The GPU ordinal a device name asks for ("cuda" 0, "cuda:N" N), -1 for
+ * a device without GPU memory ("cpu"). */
+int loom_backend_gpu_ordinal(const char *device);
 
 /* Look up a backend by device name: "cpu", "cuda", "cuda:N". `threads` is
  * the CPU thread count (0 = all cores). Returns LOOM_EUNAVAIL with the

@@ -737,6 +737,7 @@ int cmd_bench(int argc, char **argv) {
     if (strcmp(argv[0], "ops") == 0) return bench_ops(argc - 1, argv + 1);
     if (strcmp(argv[0], "dist") == 0) return cmd_bench_dist(argc - 1, argv + 1);
     if (strcmp(argv[0], "generate") == 0) return cmd_bench_generate(argc - 1, argv + 1);
+    if (strcmp(argv[0], "serve") == 0) return cmd_bench_serve(argc - 1, argv + 1);
     fprintf(stderr, "loom bench: unknown benchmark '%s'\n%s", argv[0], help);
     return 2;
 }

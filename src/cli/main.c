@@ -17,6 +17,7 @@ static const command_t commands[] = {
     {"train", cmd_train, "train a GPT model on text or token shards"},
     {"sample", cmd_sample, "generate text from a run's newest checkpoint"},
     {"generate", cmd_generate, "run many prompts (JSON lines) through continuous batching, offline"},
+    {"serve", cmd_serve, "an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)"},
     {"eval", cmd_eval, "print the validation loss of a run's checkpoint"},
     {"bench", cmd_bench, "training throughput vs PyTorch, per-op time, scaling (train|ops|dist)"},
     {"devices", cmd_devices, "list the GPUs and MIG instances CUDA sees"},

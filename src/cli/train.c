@@ -119,6 +119,12 @@ int cmd_train(int argc, char **argv) {
     o.resume = o.resume_from != NULL;
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);
     o.world_size = 1;
+    double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (mem > 0 && (double)o.steps * 64 > mem / 4) { /* before any observer sizes its per-step history */
+        fprintf(stderr, "loom train: --steps %lld: the per-step loss history would not fit in this machine's %.1f GB; use at most %.0f steps\n",
+                o.steps, mem / 1e9, mem / 4 / 64);
+        return 2;
+    }
     loom_train_observer_t *observers[] = {loom_progress_observer(&o), keep_sparsity ? loom_keep_sparsity_observer() : NULL};
     o.observers = observers;
     o.n_observers = keep_sparsity ? 2 : 1;

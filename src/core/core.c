@@ -186,23 +186,35 @@ void loom_fsync_dir(const char *path) {
 }
 
 loom_status loom_file_write_atomic(const char *path, const void *data, size_t size) {
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return loom_error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    const char *p = data;
-    size_t left = size;
+    return loom_file_write_atomic_parts(path, 1, &data, &size);
+}
+
+/* Writes all of p[0..left) to fd; 0 or an errno. */
+static int write_all(int fd, const char *p, size_t left) {
     while (left > 0) {
         ssize_t w = write(fd, p, left);
         if (w < 0) {
             if (errno == EINTR) continue;
-            int e = errno;
+            return errno;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    return 0;
+}
+
+loom_status loom_file_write_atomic_parts(const char *path, int n, const void *const *data, const size_t *size) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return loom_error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    for (int i = 0; i < n; i++) {
+        int e = write_all(fd, data[i], size[i]);
+        if (e) {
             close(fd);
             unlink(tmp);
             return loom_error(LOOM_EIO, "%s: write failed: %s; %s is unchanged", tmp, strerror(e), path);
         }
-        p += w;
-        left -= (size_t)w;
     }
     if (fsync(fd) != 0 || close(fd) != 0) {
         int e = errno;

@@ -78,6 +78,9 @@ uint64_t loom_fnv1a(const void *data, size_t n, uint64_t h);
  * place, so a crash never leaves a half-written PATH. */
 loom_status loom_file_read(const char *path, char **data, size_t *size);
 loom_status loom_file_write_atomic(const char *path, const void *data, size_t size);
+/* The same for a file made of `n` parts written one after the other (no
+ * copy into one buffer: a checkpoint's header, m and v). */
+loom_status loom_file_write_atomic_parts(const char *path, int n, const void *const *data, const size_t *size);
 int loom_path_is_dir(const char *path);
 int loom_path_exists(const char *path);
 loom_status loom_mkdir_p(const char *path);

@@ -93,8 +93,7 @@ static void collect(void *ctx) {
     loom_telemetry_energy_j(t);
 }
 
-static void open_gpu(loom_telemetry_t *t, loom_metrics_t *reg, const char *device, const char *rank) {
-    int ordinal = device[4] == ':' ? atoi(device + 5) : 0;
+static void open_gpu(loom_telemetry_t *t, loom_metrics_t *reg, int ordinal, const char *rank) {
     loom_nvml_select_cuda(ordinal, t->which, sizeof t->which);
     if (loom_nvml_open(&t->nv) != LOOM_OK) {
         snprintf(t->status, sizeof t->status, "no GPU telemetry: %s", loom_errmsg());
@@ -111,7 +110,7 @@ static void open_gpu(loom_telemetry_t *t, loom_metrics_t *reg, const char *devic
     snprintf(gpu, sizeof gpu, "%d", ordinal);
     declare_gpu(t, reg, &rd, gpu, rank);
     t->energy0 = rd.energy_j;
-    snprintf(t->status, sizeof t->status, "GPU telemetry: NVML (driver %s) on %s: %s%s%s%s%s", loom_nvml_driver(t->nv), device, rd.name,
+    snprintf(t->status, sizeof t->status, "GPU telemetry: NVML (driver %s) on CUDA device %d: %s%s%s%s%s", loom_nvml_driver(t->nv), ordinal, rd.name,
              rd.is_mig ? " (MIG instance; power and energy are its whole GPU's)" : "",
              rd.why_util[0] ? "; utilisation: " : "", rd.why_util, isfinite(rd.energy_j) ? "" : "; no energy counter, so no energy per token");
     if (isfinite(rd.energy_j))
@@ -119,14 +118,14 @@ static void open_gpu(loom_telemetry_t *t, loom_metrics_t *reg, const char *devic
                                                "rank", rank, "source", "nvml", NULL);
 }
 
-loom_telemetry_t *loom_telemetry_open(loom_metrics_t *reg, const char *device, int rank) {
+loom_telemetry_t *loom_telemetry_open(loom_metrics_t *reg, int gpu, int rank) {
     loom_telemetry_t *t = loom_calloc(1, sizeof *t);
     pthread_mutex_init(&t->lock, NULL);
     char rs[16];
     snprintf(rs, sizeof rs, "%d", rank);
     t->rss = loom_metrics_gauge(reg, "process_resident_memory_bytes", "Resident memory of the loom process, bytes.", "rank", rs, NULL);
-    if (device && !strncmp(device, "cuda", 4)) {
-        open_gpu(t, reg, device, rs);
+    if (gpu >= 0) {
+        open_gpu(t, reg, gpu, rs);
     } else if (loom_rapl_open(&t->rapl) == LOOM_OK) {
         snprintf(t->status, sizeof t->status, "no GPU telemetry: running on the CPU; CPU energy from RAPL (%d package%s)",
                  loom_rapl_domains(t->rapl), loom_rapl_domains(t->rapl) == 1 ? "" : "s");

@@ -14,10 +14,10 @@
 
 typedef struct loom_telemetry loom_telemetry_t;
 
-/* Telemetry of `device` ("cpu", "cuda", "cuda:N") for this rank, its
+/* Telemetry of CUDA device `gpu` (-1: the CPU) for this rank, its
  * metrics declared in `reg` with a rank label (GPU ones also with gpu,
  * UUID, modelName and GPU_I_PROFILE as DCGM exporter labels them). */
-loom_telemetry_t *loom_telemetry_open(loom_metrics_t *reg, const char *device, int rank);
+loom_telemetry_t *loom_telemetry_open(loom_metrics_t *reg, int gpu, int rank);
 /* One line saying what is read and from where, or why nothing is. */
 const char *loom_telemetry_status(const loom_telemetry_t *t);
 /* 1 when GPU telemetry (NVML) is read. */

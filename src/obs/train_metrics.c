@@ -123,7 +123,7 @@ loom_status loom_train_metrics_start(loom_train_metrics_t **out, const loom_trai
                                       o->dtype ? o->dtype : "", "world_size", world, NULL),
                    1);
     loom_gauge_set(tm->m[M_STEPS], (double)o->steps);
-    tm->tel = loom_telemetry_open(tm->reg, o->device, o->rank);
+    tm->tel = loom_telemetry_open(tm->reg, o->gpu, o->rank);
     tm->cpu_energy = !loom_telemetry_has_gpu(tm->tel);
     tm->energy0 = loom_telemetry_energy_j(tm->tel); /* call start when the loop starts */
     loom_info("loom train: %s", loom_telemetry_status(tm->tel));

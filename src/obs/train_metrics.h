@@ -19,7 +19,8 @@ typedef struct {
     int port;           /* base port; this rank listens on port + local_rank; 0 = any free port; < 0 = no server */
     int rank, local_rank, world_size;
     int local_world;    /* ranks on this machine (they share its CPU packages' RAPL energy); 0 = world_size */
-    const char *device; /* "cpu", "cuda", "cuda:N": where telemetry is read */
+    const char *device; /* "cpu", "cuda", "cuda:N", for loom_train_info */
+    int gpu;            /* CUDA ordinal telemetry is read from; -1 = the CPU */
     const char *model, *dtype, *run; /* for loom_train_info and the page title */
     long long steps;    /* planned steps */
     double period_s;    /* dashboard sampling period (0 = 1 s) */

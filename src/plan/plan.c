@@ -30,9 +30,10 @@ void loom_plan_train_memory(const loom_gpt_config_t *cfg, loom_recompute rc, int
     o->batch = 3.0 * 4 * BT;
     o->runtime = runtime_bytes;
     o->device = o->params + o->grads + o->optim + o->master + o->acts + o->batch + o->comm + o->runtime;
-    /* Checkpoint writing (src/ckpt/): a host copy of the weights, freed,
-     * then this rank's AdamW shard in one buffer. */
-    o->staging = fmax(4.0 * P, 8.0 * shard + 64);
+    /* Checkpoint writing (src/ckpt/writer.c): rank 0's host copy of the
+     * weights and this rank's AdamW shard (m and v), kept between writes
+     * by the background writer and written without further copies. */
+    o->staging = 4.0 * P + 8.0 * shard;
     /* train.c's host buffers: a step's inputs and targets, one batch for eval. */
     o->host_buffers = 2.0 * 4 * BT * accum + 2.0 * 4 * BT;
     o->host_peak = o->device + o->staging + o->host_buffers;

@@ -22,7 +22,7 @@ typedef struct {
     double comm;       /* separate communication buffers: 0, gradients reduce in place */
     double runtime;    /* code, libraries, context, workspaces (GPU table / measured CPU figure) */
     double device;     /* params + grads + optim + acts + batch + comm + runtime */
-    double staging;    /* checkpoint staging on the host: max(4P copy of the weights, 8 x shard of AdamW) */
+    double staging;    /* checkpoint staging on the host: 4P copy of the weights + 8 x shard of AdamW */
     double host_buffers; /* the trainer's host token buffers for one step */
     double host_peak;  /* CPU: device + staging + host buffers */
     size_t num_params; /* floats in the parameter block */

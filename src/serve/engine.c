@@ -44,6 +44,7 @@ struct request {
     char *finished;        /* (n) */
     atomic_int cancel;
     double t_submit;
+    double t_admit;        /* first admission to the running batch (0 = not yet) */
     request_t *next;
 };
 
@@ -331,7 +332,8 @@ static void emit(loom_engine_t *e, seq_t *s, int token, const char *text, size_t
     loom_engine_event_t ev = {.request = r->id, .index = s->index, .token = token, .text = text ? text : "",
                               .text_len = n, .logprob = lp, .n_top = n_top, .top_ids = e->top_ids,
                               .top_logprobs = e->top_lp, .finish = fin, .n_prompt = r->n_prompt,
-                              .n_generated = s->n_gen, .ttft = s->t_first > 0 ? s->t_first - r->t_submit : 0};
+                              .n_generated = s->n_gen, .ttft = s->t_first > 0 ? s->t_first - r->t_submit : 0,
+                              .queue_time = r->t_admit > 0 ? r->t_admit - r->t_submit : 0};
     if (r->cb) r->cb(r->ctx, &ev);
 }
 
@@ -487,6 +489,7 @@ static void schedule_waiting(loom_engine_t *e, int *budget) {
         if (!reserve(e, s, chunk)) break;
         list_remove(&e->waiting, s);
         list_insert(&e->running, s);
+        if (s->req->t_admit == 0) s->req->t_admit = loom_now();
         batch_add(e, s, chunk);
         *budget -= chunk;
     }

@@ -92,6 +92,7 @@ typedef struct {
     loom_finish_reason finish; /* != NONE on the sample's last event */
     int n_prompt, n_generated; /* token counts so far */
     double ttft;           /* seconds from submit to this sample's first token */
+    double queue_time;     /* seconds from submit to the request's first admission (0 = not admitted) */
 } loom_engine_event_t;
 
 typedef void (*loom_engine_cb)(void *ctx, const loom_engine_event_t *ev);

@@ -23,6 +23,7 @@ static loom_status exporter_start(void *ctx, loom_train_run_t *run) {
     const char *lws = getenv("LOCAL_WORLD_SIZE");
     loom_train_metrics_opts_t mo = {.host = o->metrics_host, .port = o->metrics_port, .rank = o->rank, .local_rank = local,
                                     .world_size = o->world_size, .local_world = lws ? atoi(lws) : 0, .device = device,
+                                    .gpu = loom_backend_gpu_ordinal(device),
                                     .model = o->model, .dtype = loom_dtype_name(run->be->dtype), .run = o->out, .steps = o->steps};
     return loom_train_metrics_start(&e->tm, &mo);
 }

@@ -206,7 +206,7 @@ static loom_status train_finish(loom_train_job_t *j, loom_status s) {
 
 loom_status loom_train(const loom_train_opts_t *opts) {
     loom_dist_t *d;
-    loom_dist_opts_t dopt = {.transport = "auto", .gpu = opts->device && !strncmp(opts->device, "cuda", 4),
+    loom_dist_opts_t dopt = {.transport = "auto", .gpu = opts->device && (loom_backend_device_caps(opts->device) & LOOM_CAP_DEVICE_MEMORY),
                              .timeout_s = opts->dist_timeout};
     dopt.device = -1; /* the local rank's GPU */
     loom_train_signals_install();

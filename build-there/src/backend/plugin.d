@@ -1,0 +1,3 @@
+build-there/src/backend/plugin.o: src/backend/plugin.c \
+ src/backend/plugin.h
+src/backend/plugin.h:

@@ -1,0 +1,15 @@
+build-there/src/ckpt/gguf.o: src/ckpt/gguf.c src/ckpt/gguf.h \
+ src/ckpt/tensormap.h src/model/gpt.h src/model/../backend/backend.h \
+ src/model/../backend/../core/core.h src/model/../backend/ops.h \
+ src/model/../core/core.h src/data/tokenizer.h src/data/../core/core.h \
+ /tmp/tmp.dRF37eol5u/bundle/include/cjson/cJSON.h
+src/ckpt/gguf.h:
+src/ckpt/tensormap.h:
+src/model/gpt.h:
+src/model/../backend/backend.h:
+src/model/../backend/../core/core.h:
+src/model/../backend/ops.h:
+src/model/../core/core.h:
+src/data/tokenizer.h:
+src/data/../core/core.h:
+/tmp/tmp.dRF37eol5u/bundle/include/cjson/cJSON.h:

@@ -1,0 +1,5 @@
+build-there/src/cli/args.o: src/cli/args.c src/cli/args.h \
+ src/cli/commands.h src/core/core.h
+src/cli/args.h:
+src/cli/commands.h:
+src/core/core.h:

@@ -1,0 +1,20 @@
+build-there/src/cli/eval.o: src/cli/eval.c src/cli/args.h \
+ src/cli/commands.h src/cli/runload.h src/ckpt/run.h src/model/gpt.h \
+ src/model/../backend/backend.h src/model/../backend/../core/core.h \
+ src/model/../backend/ops.h src/model/../core/core.h src/data/tokenizer.h \
+ src/data/../core/core.h src/data/dataset.h src/core/core.h \
+ src/train/eval.h
+src/cli/args.h:
+src/cli/commands.h:
+src/cli/runload.h:
+src/ckpt/run.h:
+src/model/gpt.h:
+src/model/../backend/backend.h:
+src/model/../backend/../core/core.h:
+src/model/../backend/ops.h:
+src/model/../core/core.h:
+src/data/tokenizer.h:
+src/data/../core/core.h:
+src/data/dataset.h:
+src/core/core.h:
+src/train/eval.h:

@@ -1,0 +1,28 @@
+build-there/src/cli/train.o: src/cli/train.c src/cli/args.h \
+ src/cli/commands.h src/cli/progress.h src/train/train.h \
+ src/backend/backend.h src/backend/../core/core.h src/backend/ops.h \
+ src/ckpt/run.h src/model/gpt.h src/model/../backend/backend.h \
+ src/model/../core/core.h src/data/dataset.h src/core/core.h \
+ src/data/tokenizer.h src/data/../core/core.h src/parallel/dist.h \
+ src/parallel/../core/core.h src/train/step.h src/train/step_graph.h \
+ src/parallel/launch.h
+src/cli/args.h:
+src/cli/commands.h:
+src/cli/progress.h:
+src/train/train.h:
+src/backend/backend.h:
+src/backend/../core/core.h:
+src/backend/ops.h:
+src/ckpt/run.h:
+src/model/gpt.h:
+src/model/../backend/backend.h:
+src/model/../core/core.h:
+src/data/dataset.h:
+src/core/core.h:
+src/data/tokenizer.h:
+src/data/../core/core.h:
+src/parallel/dist.h:
+src/parallel/../core/core.h:
+src/train/step.h:
+src/train/step_graph.h:
+src/parallel/launch.h:

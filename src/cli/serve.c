@@ -1,0 +1,140 @@
+/* loom serve: the OpenAI-compatible HTTP server (src/serve/server.h,
+ * docs/serving.md "HTTP API"). */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/generate.h"
+#include "cli/runload.h"
+#include "serve/server.h"
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig) { stop_signal = sig; }
+
+/* "NAME=DIR" or "DIR" (the name is the folder's or file's base name). */
+static void split_run(const char *spec, char *name, size_t cap, const char **dir) {
+    const char *eq = strchr(spec, '=');
+    if (eq && eq != spec) {
+        snprintf(name, cap, "%.*s", (int)(eq - spec), spec);
+        *dir = eq + 1;
+        return;
+    }
+    *dir = spec;
+    size_t n = strlen(spec);
+    while (n > 1 && spec[n - 1] == '/') n--;
+    const char *b = spec;
+    for (size_t i = 0; i < n; i++)
+        if (spec[i] == '/') b = spec + i + 1;
+    size_t len = (size_t)(spec + n - b);
+    if (len > 5 && !strncmp(b + len - 5, ".gguf", 5)) len -= 5;
+    snprintf(name, cap, "%.*s", (int)len, b);
+}
+
+typedef struct {
+    loom_arg_list_t runs;
+    const char *host, *device, *kv_memory, *api_key, *chat_template;
+    int port, threads, block_size, max_batch_tokens, max_seqs, max_queue;
+    double timeout, grace;
+} serve_flags_t;
+
+/* The chat template of a run: RUN/chat_template.txt, else --chat-template, else NULL. */
+static char *chat_template_of(const char *dir, const char *flag) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/chat_template.txt", dir);
+    char *data = NULL;
+    size_t n = 0;
+    if (access(path, R_OK) == 0 && loom_file_read(path, &data, &n) == LOOM_OK) return data;
+    if (flag && loom_file_read(flag, &data, &n) == LOOM_OK) return data;
+    return NULL;
+}
+
+static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_opened_run_t *opened) {
+    loom_engine_config_t ec;
+    LOOM_TRY(loom_cli_engine_config(f->kv_memory, f->block_size, f->max_batch_tokens, f->max_seqs, &ec));
+    ec.kv_bytes /= (size_t)f->runs.n; /* one budget, split evenly */
+    for (int i = 0; i < f->runs.n; i++) {
+        char name[128];
+        const char *dir;
+        split_run(f->runs.v[i], name, sizeof name, &dir);
+        LOOM_TRY(loom_run_open(dir, f->threads, &opened[i]));
+        LOOM_TRY(loom_cli_model_to_device(&opened[i].model, f->device));
+        char *tmpl = chat_template_of(dir, f->chat_template);
+        loom_status s = loom_server_add_model(srv, name, opened[i].model, opened[i].tok, &ec, tmpl);
+        free(tmpl);
+        LOOM_TRY(s);
+        fprintf(stderr, "loom serve: model %s from %s (%.0f MiB of KV cache)\n", name, dir, (double)ec.kv_bytes / (1 << 20));
+    }
+    return LOOM_OK;
+}
+
+static int serve_run(const serve_flags_t *f) {
+    if (f->chat_template && access(f->chat_template, R_OK) != 0) {
+        fprintf(stderr, "loom serve: --chat-template %s: cannot read it\n", f->chat_template);
+        return 2;
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    loom_server_config_t c = {f->host, f->port, f->max_queue, f->api_key, f->timeout};
+    loom_server_t *srv = NULL;
+    loom_opened_run_t *opened = loom_calloc((size_t)f->runs.n, sizeof *opened);
+    loom_status s = loom_server_start(&srv, &c);
+    if (s == LOOM_OK) fprintf(stderr, "loom serve: listening on http://%s:%d, loading\n", f->host, loom_server_port(srv));
+    if (s == LOOM_OK) s = load_models(srv, f, opened);
+    if (s == LOOM_OK) s = loom_server_ready(srv);
+    if (s == LOOM_OK) {
+        fprintf(stderr, "loom serve: ready on http://%s:%d\n", f->host, loom_server_port(srv));
+        while (!stop_signal) usleep(50000);
+        fprintf(stderr, "loom serve: %s: no new requests; in-flight ones have %g s to finish\n",
+                stop_signal == SIGTERM ? "SIGTERM" : "SIGINT", f->grace);
+        int left = loom_server_drain(srv, f->grace);
+        fprintf(stderr, "loom serve: stopped (%d requests cancelled at the end of the grace period)\n", left);
+    } else {
+        fprintf(stderr, "loom serve: %s\n", loom_errmsg());
+    }
+    loom_server_free(srv);
+    for (int i = 0; i < f->runs.n; i++) {
+        if (opened[i].tok) loom_tokenizer_free(opened[i].tok);
+        if (opened[i].model) loom_gpt_free(opened[i].model);
+    }
+    free(opened);
+    free(f->runs.v);
+    return s == LOOM_OK ? 0 : loom_exit_code(s);
+}
+
+int cmd_serve(int argc, char **argv) {
+    serve_flags_t f = {0};
+    const loom_arg_t args[] = {
+        {"run", ARG_LIST, &f.runs, NULL, 0, 0, "run folder or GGUF file to serve, as DIR (named by its base name) or NAME=DIR; several serve several models"},
+        {"host", ARG_STR, &f.host, "127.0.0.1", 0, 0, "address to listen on (0.0.0.0: every interface)"},
+        {"port", ARG_INT, &f.port, "8080", 0, 65535, "TCP port (0 = any free port, printed at start)"},
+        loom_flag(LOOM_FLAG_DEVICE, &f.device),
+        loom_flag(LOOM_FLAG_THREADS, &f.threads),
+        {"kv-memory", ARG_STR, &f.kv_memory, "256M", 0, 0, "KV cache for all models together: bytes (512M, 2G) or a share of free memory (0.25); split evenly between models"},
+        {"block-size", ARG_INT, &f.block_size, "16", 1, 1024, "tokens per KV cache block"},
+        {"max-batch-tokens", ARG_INT, &f.max_batch_tokens, "512", 1, 1 << 20, "rows per engine step, prefill and decode together"},
+        {"max-seqs", ARG_INT, &f.max_seqs, "64", 1, 1 << 16, "running sequences at most per model"},
+        {"max-queue", ARG_INT, &f.max_queue, "256", 0, 1 << 20, "prompts waiting for their first token at most; above: 429 with Retry-After (0 = no cap)"},
+        {"api-key", ARG_STR, &f.api_key, "", 0, 0, "ask clients for 'Authorization: Bearer KEY' on /v1 routes (none: open)"},
+        {"request-timeout", ARG_FLOAT, &f.timeout, "600", 0, 1e9, "seconds a request may take from arrival to its last token (0 = none)"},
+        {"grace", ARG_FLOAT, &f.grace, "30", 0, 1e6, "seconds in-flight requests get to finish after SIGTERM"},
+        {"chat-template", ARG_STR, &f.chat_template, "", 0, 0, "file with the chat template ({role}, {content}) for runs without chat_template.txt"},
+    };
+    int r = loom_args_parse("serve", "loom serve --run runs/NAME [--run NAME=DIR ...] [--port 8080] [flags]", args,
+                            (int)(sizeof args / sizeof args[0]), argc, argv);
+    if (r == 1) return 0;
+    if (r) return 2;
+    if (f.runs.n == 0) {
+        fprintf(stderr, "loom serve: give the model to serve with --run DIR (or --run NAME=DIR, repeatable)\n");
+        return 2;
+    }
+    return serve_run(&f);
+}

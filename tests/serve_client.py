@@ -1,0 +1,495 @@
+"""Drives `loom serve` with real clients (the official openai package, raw
+HTTP): tests/test_serve.sh and tests/test_serve_san.sh run it.
+
+usage: serve_client.py LOOM RUN PART...   PART: openai concurrency overload
+       disconnect badinput sigterm. Prints PASS/FAIL lines."""
+import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
+
+LOOM, RUN = sys.argv[1], sys.argv[2]
+PARTS = sys.argv[3:]
+SLOW = 4 if os.environ.get("LOOM_SANITIZED") else 1
+PREFIX = "san_" if os.environ.get("LOOM_SANITIZED") else ""
+
+
+def report(name, ok, why=""):
+    print(("PASS %s%s" % (PREFIX, name)) if ok else ("FAIL %s%s: %s" % (PREFIX, name, why)), flush=True)
+
+
+class Server:
+    def __init__(self, *flags, runs=None):
+        args = [LOOM, "serve", "--port", "0", "--threads", "2", "--kv-memory", "64M"]
+        for r in runs or [RUN]:
+            args += ["--run", r]
+        self.p = subprocess.Popen(args + list(flags), stderr=subprocess.PIPE, text=True)
+        self.log, self.port = [], None
+        t0 = time.time()
+        while time.time() - t0 < 180 * SLOW:
+            line = self.p.stderr.readline()
+            if not line:
+                break
+            self.log.append(line)
+            m = re.search(r"ready on http://[^:]+:(\d+)", line)
+            if m:
+                self.port = int(m.group(1))
+                break
+        if not self.port:
+            raise RuntimeError("loom serve did not start: " + "".join(self.log))
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self):
+        for line in self.p.stderr:
+            self.log.append(line)
+
+    def url(self, path):
+        return "http://127.0.0.1:%d%s" % (self.port, path)
+
+    def stop(self):
+        rc = self.p.returncode
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                rc = self.p.wait(60 * SLOW)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                rc = None
+        if PREFIX and not getattr(self, "checked", False):  # under the sanitizers: a clean exit, no report
+            self.checked = True
+            time.sleep(0.2)
+            bad = [l for l in self.log if "Sanitizer" in l or "runtime error" in l]
+            report("serve_sanitizer_clean_%s" % self.p.pid, rc == 0 and not bad, "exit %s, %s" % (rc, "".join(bad[:5])))
+        return rc
+
+
+def request(srv, method, path, body=None, headers=None, timeout=120):
+    """(status, headers, body bytes) over one connection."""
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout * SLOW)
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body)
+    c.request(method, path, body=body, headers=headers or {})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    return r.status, dict(r.getheaders()), data
+
+
+def post(srv, body, path="/v1/completions", **kw):
+    st, h, data = request(srv, "POST", path, body, {"Content-Type": "application/json"}, **kw)
+    return st, h, json.loads(data) if data else None
+
+
+def metric(srv, name, labels=""):
+    _, _, text = request(srv, "GET", "/metrics")
+    for line in text.decode().splitlines():
+        if line.startswith(name + "{") and labels in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def greedy(srv, prompt, n=16, model=None):
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0}
+    if model:
+        body["model"] = model
+    st, _, j = post(srv, body)
+    return j["choices"][0]["text"] if st == 200 else None
+
+
+# --- the official client ---------------------------------------------------
+def part_openai():
+    import openai
+    srv = Server("--api-key", "sekret", runs=[RUN, "second=" + RUN])
+    try:
+        cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="sekret", max_retries=0)
+        openai_completions(srv, cl)
+        openai_chat(srv, cl)
+        openai_sampling(srv, cl)
+        openai_errors(srv, cl, openai)
+        st, _, text = request(srv, "GET", "/metrics")
+        names = set(re.findall(r"^(loom_serve_\w+?)(?:_bucket|_sum|_count)?\{model=", text.decode(), re.M))
+        want = {"loom_serve_requests_running", "loom_serve_requests_waiting", "loom_serve_kv_cache_usage_ratio",
+                "loom_serve_prompt_tokens_total", "loom_serve_generation_tokens_total", "loom_serve_preemptions_total",
+                "loom_serve_request_success_total", "loom_serve_time_to_first_token_seconds",
+                "loom_serve_inter_token_latency_seconds", "loom_serve_e2e_request_latency_seconds",
+                "loom_serve_request_queue_time_seconds"}
+        report("serve_metrics_names", st == 200 and want <= names, "missing %s" % (want - names))
+        promtool = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True) \
+            if shutil_which("promtool") else None
+        if promtool is None:
+            print("SKIP serve_metrics_promtool: promtool (Debian's prometheus) is not installed")
+        else:
+            # promtool lints too (help text style); a parse error is what fails here
+            bad = [l for l in promtool.stdout.decode().splitlines() + promtool.stderr.decode().splitlines()
+                   if "error" in l.lower() and "parse" in l.lower()]
+            report("serve_metrics_promtool", not bad, bad)
+        st, h, page = request(srv, "GET", "/")
+        st2, _, dj = request(srv, "GET", "/dashboard.json")
+        report("serve_dashboard", st == 200 and b"<html" in page.lower() and st2 == 200 and
+               "loom serve" in json.loads(dj).get("title", ""), (st, st2, dj[:200]))
+        gen = metric(srv, "loom_serve_generation_tokens_total", 'model="run"')
+        report("serve_metrics_counts", gen is not None and gen > 0, "generation tokens %s" % gen)
+    finally:
+        rc = srv.stop()
+        report("serve_sigterm_idle_exit0", rc == 0, "exit %s" % rc)
+
+
+def shutil_which(x):
+    import shutil
+    return shutil.which(x)
+
+
+def openai_completions(srv, cl):
+    prompt = "the cat sat on"
+    r = cl.completions.create(model="run", prompt=prompt, max_tokens=24, temperature=0)
+    text = r.choices[0].text
+    out = subprocess.run([LOOM, "sample", "--run", RUN, "--prompt", prompt, "--tokens", "24", "--temperature", "0",
+                          "--threads", "2"], capture_output=True).stdout.decode("utf-8", "replace")
+    report("serve_greedy_equals_sample", out.rstrip("\n") == prompt + text, "server %r, loom sample %r" % (text, out))
+    report("serve_usage", r.usage.completion_tokens == 24 and r.usage.prompt_tokens > 0 and
+           r.choices[0].finish_reason == "length", r.usage)
+    chunks = list(cl.completions.create(model="run", prompt=prompt, max_tokens=24, temperature=0, stream=True,
+                                        stream_options={"include_usage": True}))
+    st = "".join(c.choices[0].text for c in chunks if c.choices)
+    fin = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    report("serve_stream_equals_full", st == text and fin == ["length"], "%r vs %r, %s" % (st, text, fin))
+    report("serve_stream_usage", chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 24,
+           chunks[-1])
+    r2 = cl.completions.create(model="second", prompt=prompt, max_tokens=24, temperature=0)
+    report("serve_second_model", r2.choices[0].text == text and r2.model == "second", r2)
+    ids = [m.id for m in cl.models.list()]
+    report("serve_models_list", ids == ["run", "second"], ids)
+    two = cl.completions.create(model="run", prompt=[prompt, "a dog"], max_tokens=8, temperature=0)
+    one = cl.completions.create(model="run", prompt="a dog", max_tokens=8, temperature=0)
+    report("serve_prompt_list", [c.text for c in two.choices] == [text[:len(two.choices[0].text)], one.choices[0].text]
+           and two.choices[0].text == cl.completions.create(model="run", prompt=prompt, max_tokens=8, temperature=0).choices[0].text,
+           two)
+    e = cl.completions.create(model="run", prompt=prompt, max_tokens=4, temperature=0, echo=True, logprobs=2)
+    lp = e.choices[0].logprobs
+    ok = e.choices[0].text.startswith(prompt) and "".join(lp.tokens) == e.choices[0].text[len(prompt):] and \
+        all(abs(l - max(t.values())) < 1e-6 for l, t in zip(lp.token_logprobs, lp.top_logprobs))
+    report("serve_echo_logprobs", ok, e)
+
+
+def openai_chat(srv, cl):
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the dog"}]
+    r = cl.chat.completions.create(model="run", messages=msgs, max_tokens=12, temperature=0)
+    rendered = "system: be brief\nuser: the dog\nassistant: "
+    c = cl.completions.create(model="run", prompt=rendered, max_tokens=12, temperature=0)
+    report("serve_chat_template", r.choices[0].message.content == c.choices[0].text and
+           r.choices[0].message.role == "assistant", "%r vs %r" % (r.choices[0].message.content, c.choices[0].text))
+    chunks = list(cl.chat.completions.create(model="run", messages=msgs, max_tokens=12, temperature=0, stream=True))
+    st = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    report("serve_chat_stream", st == r.choices[0].message.content and chunks[0].choices[0].delta.role == "assistant",
+           "%r vs %r" % (st, r.choices[0].message.content))
+
+
+def openai_sampling(srv, cl):
+    kw = dict(model="run", prompt="the", max_tokens=16, temperature=1.0, n=3)
+    a = cl.completions.create(seed=7, **kw)
+    b = cl.completions.create(seed=7, **kw)
+    c = cl.completions.create(seed=8, **kw)
+    ta, tb, tc = ([x.text for x in sorted(r.choices, key=lambda x: x.index)] for r in (a, b, c))
+    report("serve_n_seed", len(ta) == 3 and ta == tb and ta != tc and len(set(ta)) > 1, (ta, tb, tc))
+    base = cl.completions.create(model="run", prompt="the cat", max_tokens=24, temperature=0).choices[0].text
+    stop = base[6:8] if len(base) > 8 else None
+    if stop and stop in base:
+        s = cl.completions.create(model="run", prompt="the cat", max_tokens=24, temperature=0, stop=[stop, "zzzz"])
+        report("serve_stop_string", s.choices[0].text == base[:base.index(stop)] and
+               s.choices[0].finish_reason == "stop", "%r stop %r in %r" % (s.choices[0].text, stop, base))
+        ss = list(cl.completions.create(model="run", prompt="the cat", max_tokens=24, temperature=0, stop=stop, stream=True))
+        report("serve_stop_string_stream", "".join(x.choices[0].text for x in ss if x.choices) == base[:base.index(stop)], ss)
+    else:
+        report("serve_stop_string", False, "greedy output too short to pick a stop string: %r" % base)
+
+
+def openai_errors(srv, cl, openai):
+    try:
+        openai.OpenAI(base_url=srv.url("/v1"), api_key="wrong", max_retries=0).models.list()
+        report("serve_api_key", False, "wrong key accepted")
+    except openai.AuthenticationError as e:
+        report("serve_api_key", e.status_code == 401, e)
+    st, _, j = post(srv, {"prompt": "a"})
+    report("serve_api_key_missing", st == 401 and j["error"]["code"] == "invalid_api_key", (st, j))
+    st, _, _ = request(srv, "GET", "/health")
+    report("serve_health_open", st == 200, st)
+    try:
+        cl.completions.create(model="nope", prompt="a", max_tokens=1)
+        report("serve_unknown_model", False, "accepted")
+    except openai.NotFoundError as e:
+        report("serve_unknown_model", "run" in str(e) and "second" in str(e), e)
+    try:
+        cl.completions.create(model="run", prompt="a" * 2000, max_tokens=1)
+        report("serve_prompt_too_long", False, "accepted")
+    except openai.BadRequestError as e:
+        report("serve_prompt_too_long", e.body.get("code") == "context_length_exceeded", e)
+
+
+# --- load -------------------------------------------------------------------
+PROMPTS = ["the", "the cat sat on a mat and", "a dog who was under old tree by river then it ran to see " * 2,
+           "on", "the dog", "by river the cat sat on a mat " * 3]
+
+
+def run_threads(fn, n):
+    out = [None] * n
+    ts = [threading.Thread(target=lambda i=i: out.__setitem__(i, fn(i))) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return out
+
+
+def part_concurrency():
+    srv = Server("--max-seqs", "16")
+    try:
+        single = {p: greedy(srv, p) for p in PROMPTS}
+
+        def one(i):
+            try:
+                st, _, j = post(srv, {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 16, "temperature": 0})
+                return j["choices"][0]["text"] if st == 200 and j["choices"][0]["finish_reason"] == "length" else ("status", st, j)
+            except Exception as e:
+                return ("error", repr(e))
+        got = run_threads(one, 32)
+        bad = [(i, g) for i, g in enumerate(got) if g != single[PROMPTS[i % len(PROMPTS)]]]
+        report("serve_concurrent_32_equal_single", not bad, bad[:3])
+        st, _, _ = request(srv, "GET", "/health")
+        report("serve_concurrent_health", st == 200, st)
+    finally:
+        srv.stop()
+
+
+def part_overload():
+    srv = Server("--max-queue", "4", "--max-seqs", "2")
+    try:
+        def one(i):
+            try:
+                st, h, data = request(srv, "POST", "/v1/completions",
+                                      json.dumps({"prompt": PROMPTS[i % 6], "max_tokens": 24, "temperature": 0}))
+                j = json.loads(data)
+                if st == 200:
+                    return ("ok", j["usage"]["completion_tokens"] == 24 and len(j["choices"]) == 1)
+                return (st, h.get("Retry-After") == "1" and j["error"]["type"] == "rate_limit_error")
+            except Exception as e:
+                return ("error", repr(e))
+        got = run_threads(one, 64)
+        n429 = sum(1 for g in got if g[0] == 429)
+        nok = sum(1 for g in got if g[0] == "ok")
+        wrong = [g for g in got if not g[1] or g[0] not in ("ok", 429)]
+        report("serve_overload_429", n429 > 0 and nok > 0 and not wrong, "ok %d, 429 %d, wrong %s" % (nok, n429, wrong[:3]))
+        report("serve_overload_recovers", greedy(srv, "the") is not None, "no answer after the burst")
+        rej = metric(srv, "loom_serve_requests_rejected_total", 'model="run"')
+        report("serve_overload_metric", rej == n429, "%s vs %d" % (rej, n429))
+    finally:
+        srv.stop()
+
+
+def part_disconnect():
+    srv = Server("--max-seqs", "32")
+    try:
+        def one(i):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=60 * SLOW)
+            body = json.dumps({"prompt": PROMPTS[i % 6], "max_tokens": 200, "temperature": 0, "stream": True})
+            s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+            got = b""
+            while got.count(b"data: ") < 3:
+                d = s.recv(4096)
+                if not d:
+                    break
+                got += d
+            s.close()
+            return got.count(b"data: ") >= 3
+        started = run_threads(one, 20)
+        used, aborted = None, None
+        for _ in range(100 * SLOW):
+            used = metric(srv, "loom_serve_kv_cache_used_blocks", 'model="run"')
+            aborted = metric(srv, "loom_serve_request_success_total", 'finish_reason="abort"')
+            if used == 0 and aborted == 20:
+                break
+            time.sleep(0.2)
+        report("serve_disconnect_frees_kv", all(started) and used == 0 and aborted == 20,
+               "streams started %d/20, used blocks %s, aborted %s" % (sum(started), used, aborted))
+        report("serve_disconnect_then_serves", greedy(srv, "the") is not None, "no answer")
+    finally:
+        srv.stop()
+
+
+# --- bad input ----------------------------------------------------------------
+def bad_cases():
+    return [
+        ("truncated_json", b'{"prompt": "a", "max_tok', 400, None),
+        ("not_an_object", b'[1, 2]', 400, None),
+        ("json_null", b'null', 400, None),
+        ("trailing_garbage", b'{"prompt": "a"} x', 400, None),
+        ("prompt_wrong_type", {"prompt": 5}, 400, "prompt"),
+        ("prompt_missing", {"max_tokens": 5}, 400, "prompt"),
+        ("prompt_empty", {"prompt": ""}, 400, "prompt"),
+        ("prompt_mixed_list", {"prompt": ["a", 3]}, 400, "prompt"),
+        ("max_tokens_string", {"prompt": "a", "max_tokens": "5"}, 400, "max_tokens"),
+        ("max_tokens_negative", {"prompt": "a", "max_tokens": -3}, 400, "max_tokens"),
+        ("max_tokens_huge", b'{"prompt": "a", "max_tokens": 1e300}', 400, "max_tokens"),
+        ("max_tokens_fraction", {"prompt": "a", "max_tokens": 2.5}, 400, "max_tokens"),
+        ("temperature_string", {"prompt": "a", "temperature": "hot"}, 400, "temperature"),
+        ("temperature_negative", {"prompt": "a", "temperature": -1}, 400, "temperature"),
+        ("top_p_zero", {"prompt": "a", "top_p": 0}, 400, "top_p"),
+        ("top_k_huge", {"prompt": "a", "top_k": 1e20}, 400, "top_k"),
+        ("seed_huge", b'{"prompt": "a", "seed": 1e30}', 400, "seed"),
+        ("n_zero", {"prompt": "a", "n": 0}, 400, "n"),
+        ("n_huge", {"prompt": "a", "n": 100000}, 400, "n"),
+        ("stream_string", {"prompt": "a", "stream": "yes"}, 400, "stream"),
+        ("stop_number", {"prompt": "a", "stop": 3}, 400, "stop"),
+        ("stop_too_many", {"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+        ("logprobs_huge", {"prompt": "a", "logprobs": 50}, 400, "logprobs"),
+        ("model_number", {"prompt": "a", "model": 7}, 400, "model"),
+        ("presence_penalty", {"prompt": "a", "presence_penalty": 1.0}, 400, "presence_penalty"),
+        ("token_outside_vocab", {"prompt": [999999], "max_tokens": 1}, 400, "prompt"),
+        ("token_negative", {"prompt": [-1], "max_tokens": 1}, 400, "prompt"),
+        ("invalid_utf8", b'{"prompt": "\xff\xfe\xc0\xaf", "max_tokens": 1}', 400, None),
+        ("lone_surrogate", b'{"prompt": "\\ud800", "max_tokens": 1}', 400, None),
+        ("deep_nesting", b'{"prompt": ' + b'[' * 5000 + b']' * 5000 + b'}', 400, None),
+        ("body_10mb", b'{"prompt": "' + b'a' * (10 << 20) + b'"}', 413, None),
+        ("empty_body", b'', 400, None),
+        ("unknown_fields_ok", {"prompt": "a", "max_tokens": 1, "frobnicate": {"x": [1]}, "user": "u"}, 200, None),
+        ("chat_messages_wrong", {"messages": [{"role": "user"}]}, 400, "messages", "/v1/chat/completions"),
+        ("chat_messages_string", {"messages": "hi"}, 400, "messages", "/v1/chat/completions"),
+        ("chat_logprobs_type", {"messages": [{"role": "user", "content": "a"}], "logprobs": 3}, 400, "logprobs",
+         "/v1/chat/completions"),
+    ]
+
+
+def part_badinput():
+    srv = Server()
+    try:
+        for case in bad_cases():
+            name, body, want, param = case[:4]
+            path = case[4] if len(case) > 4 else "/v1/completions"
+            try:
+                st, _, data = request(srv, "POST", path, body, {"Content-Type": "application/json"})
+                j = json.loads(data)
+                if want == 200:
+                    ok = st == 200 and j["choices"][0]["text"] is not None
+                else:
+                    e = j["error"]
+                    ok = st == want and isinstance(e["message"], str) and e["message"] and "type" in e and \
+                        "code" in e and e["param"] == param
+                why = "status %d, %s" % (st, data[:300])
+            except Exception as ex:
+                ok, why = False, repr(ex)
+            hs, _, _ = request(srv, "GET", "/health")
+            report("serve_bad_" + name, ok and hs == 200, why + ("" if hs == 200 else "; /health %d" % hs))
+        raw_cases(srv)
+    finally:
+        rc = srv.stop()
+        report("serve_bad_exit0", rc == 0, "exit %s" % rc)
+
+
+def raw(srv, data, read=True):
+    s = socket.create_connection(("127.0.0.1", srv.port), timeout=30 * SLOW)
+    s.sendall(data)
+    got = b""
+    if read:
+        s.shutdown(socket.SHUT_WR)
+        try:
+            while True:
+                d = s.recv(65536)
+                if not d:
+                    break
+                got += d
+        except socket.timeout:
+            pass
+    s.close()
+    return got
+
+
+def raw_cases(srv):
+    got = raw(srv, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\r\n")
+    report("serve_bad_headers_no_body", got.startswith(b"HTTP/1.1 400") and b'"error"' in got, got[:200])
+    raw(srv, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"prompt\"", read=False)
+    got = raw(srv, b"GARBAGE\r\n\r\n")
+    st, _, _ = request(srv, "GET", "/health")
+    report("serve_bad_short_body_and_garbage", st == 200, "health %d" % st)
+    st, _, data = request(srv, "GET", "/v1/nothing")
+    report("serve_bad_unknown_route", st == 404 and "error" in json.loads(data), (st, data[:200]))
+    st, _, data = request(srv, "GET", "/v1/completions")
+    report("serve_bad_wrong_method", st == 405, (st, data[:200]))
+
+
+# --- SIGTERM ------------------------------------------------------------------
+def stream_one(srv, body, first_event):
+    c = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=120 * SLOW)
+    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    text, fin, done = "", None, False
+    for line in r:
+        line = line.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        first_event.set()
+        if line == "data: [DONE]":
+            done = True
+            break
+        ch = json.loads(line[6:])["choices"][0]
+        text += ch["text"]
+        fin = ch["finish_reason"] or fin
+    c.close()
+    return text, fin, done
+
+
+def part_sigterm():
+    srv = Server("--grace", "60")
+    try:
+        evs = [threading.Event() for _ in range(4)]
+        res = [None] * 4
+        body = {"prompt": "the cat", "max_tokens": 120, "temperature": 0, "stream": True}
+        full = greedy(srv, "the cat", 120)
+        ts = [threading.Thread(target=lambda i=i: res.__setitem__(i, stream_one(srv, body, evs[i]))) for i in range(4)]
+        for t in ts:
+            t.start()
+        for e in evs:
+            e.wait(60 * SLOW)
+        srv.p.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        try:
+            st, _, j = post(srv, {"prompt": "a", "max_tokens": 1})
+            late = st == 503 and j["error"]["code"] == "shutting_down"
+        except (ConnectionError, OSError):
+            late = True  # already closed: also no request is taken
+        for t in ts:
+            t.join()
+        t0 = time.time()
+        try:
+            rc = srv.p.wait(90 * SLOW)
+        except subprocess.TimeoutExpired:
+            rc = None
+        report("serve_sigterm_streams_finish", all(r and r == (full, "length", True) for r in res),
+               [r and (r[0][:20], r[1], r[2]) for r in res])
+        report("serve_sigterm_refuses_new", late, "a request during the drain was not refused with 503")
+        report("serve_sigterm_exit0", rc == 0, "exit %s after %.1f s" % (rc, time.time() - t0))
+    finally:
+        srv.stop()
+    srv = Server("--grace", "0")
+    try:
+        evs = [threading.Event() for _ in range(6)]
+        res = [None] * 6
+        body = {"prompt": "the", "max_tokens": 240, "temperature": 0, "stream": True}
+        ts = [threading.Thread(target=lambda i=i: res.__setitem__(i, stream_one(srv, body, evs[i]))) for i in range(6)]
+        for t in ts:
+            t.start()
+        for e in evs:
+            e.wait(60 * SLOW)
+        srv.p.send_signal(signal.SIGTERM)
+        for t in ts:
+            t.join(120 * SLOW)
+        rc = srv.p.wait(60 * SLOW)
+        report("serve_sigterm_grace_cancels", rc == 0 and all(r and r[2] for r in res) and
+               any(r[1] == "abort" for r in res), "exit %s, streams %s" % (rc, [r and r[1:] for r in res]))
+    finally:
+        srv.stop()
+
+
+for part in PARTS:
+    try:
+        globals()["part_" + part]()
+    except Exception as e:
+        import traceback
+        traceback.print_exc()
+        report("serve_" + part, False, repr(e))
