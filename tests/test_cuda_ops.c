@@ -795,6 +795,37 @@ static void test_paged_kv(void) {
     release();
 }
 
+/* The int8 weight variants (W8A32, W8A8) against the CPU's, on the same
+ * int8 weights and scales; a backend without them runs the model's fp32
+ * fallback, a SKIP naming it. */
+static void test_int8_matmul(void) {
+    if (!gpu_ready()) return;
+    if (!gpu->matmul_forward_w8 || !gpu->matmul_forward_w8a8) {
+        check_skip("the CUDA backend has no int8 matmul variant: --quant runs fp32 matmul_forward_rows there");
+        return;
+    }
+    const int N = 5, C = 96, OC = 200;
+    snprintf(shape, sizeof shape, "N=%d C=%d OC=%d", N, C, OC);
+    signed char *wq = malloc((size_t)OC * C);
+    for (size_t i = 0; i < (size_t)OC * C; i++) wq[i] = (signed char)((int)((i * 2654435761u) >> 24) % 255 - 127);
+    float *sc = hrand(OC, 1), *x = hrand((size_t)N * C, 1), *bias = hrand(OC, 1), *y = hrand((size_t)N * OC, 1);
+    for (int o = 0; o < OC; o++) sc[o] = 0.001f + fabsf(sc[o]) * 0.01f;
+    loom_tensor_t hw = {.data = wq, .dtype = LOOM_INT8, .rows = OC, .cols = C, .scales = sc}, dw = hw;
+    dw.data = dput(wq, (size_t)OC * C);
+    dw.scales = dput(sc, OC * 4);
+    float *d_x = dput(x, (size_t)N * C * 4), *d_b = dput(bias, OC * 4), *d_y = dpoison((size_t)N * OC);
+    for (int gelu = 0; gelu < 2; gelu++) {
+        cpu->matmul_forward_w8(y, x, &hw, bias, N, C, OC, gelu);
+        gpu->matmul_forward_w8(d_y, d_x, &dw, d_b, N, C, OC, gelu);
+        expect("matmul_forward_w8", d_y, y, (size_t)N * OC, tol_matmul());
+        cpu->matmul_forward_w8a8(y, x, &hw, bias, N, C, OC, gelu);
+        gpu->matmul_forward_w8a8(d_y, d_x, &dw, d_b, N, C, OC, gelu);
+        expect("matmul_forward_w8a8", d_y, y, (size_t)N * OC, TOL_FP32);
+    }
+    free(wq);
+    release();
+}
+
 static const gpu_case gpu_cases[] = {
     {"encoder", test_encoder, "encoder_forward encoder_backward"},
     {"layernorm", test_layernorm, "layernorm_forward layernorm_backward"},
@@ -816,6 +847,7 @@ static const gpu_case gpu_cases[] = {
     {"graph_replay", test_graph_replay, "zero graph_begin graph_end graph_replay graph_reset"},
     {"paged_rows", test_paged_rows, "embed_positions matmul_forward_rows gather_rows"},
     {"paged_kv", test_paged_kv, "kv_write paged_attention kv_copy_block"},
+    {"int8_matmul", test_int8_matmul, "matmul_forward_w8 matmul_forward_w8a8"},
 };
 
 /* 1 when `name` is a whole word of the space-separated `list`. */

@@ -17,7 +17,7 @@
  *     GRAPH   optional graph control (begin, end, replay, reset).
  *     VARIANT optional op for another element type (quantized weights,
  *             sparse weights, bf16 activations); `fallback` names the
- *             fp32 path. None yet: the first comes with quantization.
+ *             fp32 path (matmul_forward_w8, matmul_forward_w8a8).
  *   fallback  text: what happens without an optional entry ("" if required)
  *   flops     FLOPs of one call as an expression of the arguments (0 when
  *             memory-bound), for `loom bench ops`
@@ -129,7 +129,16 @@
     X(gather_rows, void, OP, "", 0, 5, \
       ((ACT, float *, out), (ACT, const float *, inp), (I32, const int *, rows), (VAL, int, R), (VAL, int, C))) \
     X(kv_copy_block, void, OP, "", 0, 4, \
-      ((QT, const loom_tensor_t *, kv), (VAL, int, src), (VAL, int, dst), (VAL, int, NH)))
+      ((QT, const loom_tensor_t *, kv), (VAL, int, src), (VAL, int, dst), (VAL, int, NH))) \
+    X(matmul_forward_w8, void, VARIANT, \
+      "dequantize w with loom_tensor_dequantize into a scratch buffer, then matmul_forward_rows", \
+      2.0 * N * C * OC, 8, \
+      ((ACT, float *, out), (ACT, const float *, inp), (QT, const loom_tensor_t *, w), (F32, const float *, bias), \
+       (VAL, int, N), (VAL, int, C), (VAL, int, OC), (VAL, int, gelu))) \
+    X(matmul_forward_w8a8, void, VARIANT, "matmul_forward_w8 (int8 weights, fp32 activations)", \
+      2.0 * N * C * OC, 8, \
+      ((ACT, float *, out), (ACT, const float *, inp), (QT, const loom_tensor_t *, w), (F32, const float *, bias), \
+       (VAL, int, N), (VAL, int, C), (VAL, int, OC), (VAL, int, gelu)))
 /* clang-format on */
 
 /* ---- helpers to expand the argument lists ---- */

@@ -45,6 +45,9 @@ static const loom_arg_t shared[LOOM_FLAG_COUNT] = {
                                "capture the whole step as a CUDA graph after warm-up and replay it: on, off, default (on for CUDA; ignored on the CPU)"},
     [LOOM_FLAG_ZERO] = {"zero", ARG_INT, NULL, "0", 0, 2, "ZeRO stage: 0 replicate, 1 shard AdamW state, 2 also shard gradients"},
     [LOOM_FLAG_GRAD_DTYPE] = {"grad-dtype", ARG_CHOICE, NULL, "fp32", 0, 0, "gradients on the wire between ranks: fp32 or bf16"},
+    [LOOM_FLAG_QUANT] = {"quant", ARG_CHOICE, NULL, "none", 0, 0,
+                         "linear-layer weights for inference: none (fp32), int8 (= w8a32: int8 weights, per output channel scales, fp32 activations), w8a16 (= w8a32 on the CPU), w8a8 (int8 activations per token too, int32 sums)"},
+    [LOOM_FLAG_KV_DTYPE] = {"kv-dtype", ARG_CHOICE, NULL, "fp32", 0, 0, "KV cache element type: fp32 or int8 (a scale per block, K or V, and head)"},
 };
 
 /* The values of the shared ARG_CHOICE flags, '|'-separated. */
@@ -53,6 +56,8 @@ static const char *const shared_choices[LOOM_FLAG_COUNT] = {
     [LOOM_FLAG_RECOMPUTE] = "none|gelu|all",
     [LOOM_FLAG_CUDA_GRAPHS] = "default|off|on",
     [LOOM_FLAG_GRAD_DTYPE] = "fp32|bf16",
+    [LOOM_FLAG_QUANT] = "none|int8|w8a32|w8a16|w8a8",
+    [LOOM_FLAG_KV_DTYPE] = "fp32|int8",
 };
 
 static const char *choices_of(const char *name) {

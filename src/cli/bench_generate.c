@@ -11,6 +11,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
+#include "model/quant.h"
 #include "cli/runload.h"
 #include "model/infer.h"
 
@@ -118,7 +119,7 @@ static void llama_row(const char *bin, const char *gguf, int plen, int gen, cons
 typedef struct {
     const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf, *device;
     int conc[16], nconc;
-    int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens;
+    int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens, quant, kv_dtype;
 } bench_flags_t;
 
 /* Every level `repeat` times, alternating levels (drift on a shared
@@ -176,7 +177,12 @@ static int bench_generate(const bench_flags_t *f) {
     if (s == LOOM_OK && f->plen + f->gen > m->cfg.max_seq_len)
         s = loom_error(LOOM_EINVAL, "--prompt-len %d + --gen %d is above the model's context (%d)", f->plen, f->gen, m->cfg.max_seq_len);
     if (s == LOOM_OK) s = loom_cli_engine_config(f->kv_memory, f->block_size, f->max_batch_tokens, 64, &ec);
+    ec.quant = loom_cli_quant_mode(f->quant);
+    ec.kv_dtype = f->kv_dtype ? LOOM_INT8 : LOOM_FP32;
     if (s == LOOM_OK) s = loom_engine_create(&e, m, NULL, &ec);
+    if (s == LOOM_OK && (ec.quant || f->kv_dtype))
+        printf("quantization: linear weights %s, KV cache %s\n", loom_quant_name((loom_quant_mode)ec.quant),
+               loom_dtype_name(ec.kv_dtype));
     if (s != LOOM_OK) {
         fprintf(stderr, "loom bench generate: %s\n", loom_errmsg());
         loom_gpt_free(m);
@@ -219,6 +225,8 @@ int cmd_bench_generate(int argc, char **argv) {
         {"kv-memory", ARG_STR, &f.kv_memory, "2G", 0, 0, "KV cache size: bytes (512M, 2G) or a share of free memory"},
         {"block-size", ARG_INT, &f.block_size, "16", 1, 256, "tokens per KV block"},
         {"max-batch-tokens", ARG_INT, &f.max_batch_tokens, "512", 1, 1 << 20, "rows per step"},
+        loom_flag(LOOM_FLAG_QUANT, &f.quant),
+        loom_flag(LOOM_FLAG_KV_DTYPE, &f.kv_dtype),
         {"llama-bench", ARG_STR, &f.llama_bin, ".cache/llama.cpp/build/bin/llama-bench", 0, 0, "llama.cpp's llama-bench, for the peer row"},
         {"gguf", ARG_STR, &f.gguf, "", 0, 0, "the same weights as GGUF, for llama.cpp"},
     };

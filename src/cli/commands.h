@@ -18,6 +18,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_bench_generate(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_bench_serve(int argc, char **argv);
+int cmd_prune(int argc, char **argv);
 
 /* Exit code for a failed status: 2 when the user can fix the input. */
 int loom_exit_code(int status);

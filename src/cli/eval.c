@@ -4,7 +4,9 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/generate.h"
 #include "cli/runload.h"
+#include "model/quant.h"
 #include "data/dataset.h"
 #include "train/eval.h"
 
@@ -31,7 +33,7 @@ static loom_status run_data(const char *run, loom_run_config_t *rc, const char *
 
 int cmd_eval(int argc, char **argv) {
     const char *run, *data;
-    int batch, seq, batches, threads;
+    int batch, seq, batches, threads, quant;
     double val_fraction;
     const loom_arg_t args[] = {
         loom_flag(LOOM_FLAG_RUN, &run),
@@ -41,6 +43,7 @@ int cmd_eval(int argc, char **argv) {
         {"batches", ARG_INT, &batches, "0", 0, 1 << 30, "batches to score (0 = the whole split)"},
         loom_flag(LOOM_FLAG_VAL_FRACTION, &val_fraction),
         loom_flag(LOOM_FLAG_THREADS, &threads),
+        loom_flag(LOOM_FLAG_QUANT, &quant),
     };
     int r = loom_args_parse("eval", "loom eval --run runs/NAME [--data FILE_OR_DIR (default: the run's)] [flags]", args,
                             (int)(sizeof args / sizeof args[0]), argc, argv);
@@ -55,6 +58,10 @@ int cmd_eval(int argc, char **argv) {
     if (s == LOOM_OK) s = loom_dataset_open(&ds, data, val_fraction);
     int T = seq ? seq : (R.model ? R.model->cfg.max_seq_len : 0);
     if (s == LOOM_OK) s = check_data(ds, data, R.tok, R.model, T);
+    int qm = loom_cli_quant_mode(quant);
+    if (s == LOOM_OK && qm == LOOM_QUANT_W8A8)
+        s = loom_error(LOOM_EINVAL, "--quant w8a8: eval runs the training forward, which has no int8-activation path; use --quant int8 (w8a32) here, or loom generate / loom bench generate for w8a8");
+    if (s == LOOM_OK && qm != LOOM_QUANT_NONE) loom_quant_fake(R.model);
     if (s == LOOM_OK) s = loom_eval_loss(R.model, ds, batch, T, batches, &ev);
     if (s == LOOM_OK) printf("val_loss %.4f (step %lld, %d batches of %d x %d tokens)\n", ev.loss, R.state.step, ev.batches, ev.B, ev.T);
     loom_dataset_free(ds);

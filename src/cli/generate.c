@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/generate.h"
 #include "cli/runload.h"
+#include "model/quant.h"
 #include "serve/engine.h"
 
 typedef struct {
@@ -173,8 +174,13 @@ static loom_status write_out(const gen_state_t *g, const char *path) {
 /* The engine flags that generate and bench generate share. */
 typedef struct {
     const char *kv_memory, *device;
-    int block_size, max_batch_tokens, max_seqs;
+    int block_size, max_batch_tokens, max_seqs, quant, kv_dtype;
 } engine_flags_t;
+
+int loom_cli_quant_mode(int choice) {
+    static const int modes[] = {LOOM_QUANT_NONE, LOOM_QUANT_W8A32, LOOM_QUANT_W8A32, LOOM_QUANT_W8A32, LOOM_QUANT_W8A8};
+    return choice >= 0 && choice < 5 ? modes[choice] : LOOM_QUANT_NONE;
+}
 
 loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int max_batch_tokens,
                                    int max_seqs, loom_engine_config_t *c) {
@@ -210,6 +216,8 @@ static loom_status generate_run(const char *run, int threads, const char *in, co
     req_ctx_t *ctxs = NULL;
     loom_status s = loom_cli_model_to_device(&m, ef->device);
     if (s == LOOM_OK) s = loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, &c);
+    c.quant = loom_cli_quant_mode(ef->quant);
+    c.kv_dtype = ef->kv_dtype ? LOOM_INT8 : LOOM_FP32;
     if (s == LOOM_OK) s = loom_engine_create(&e, m, tok, &c);
     g.t0 = loom_now();
     if (s == LOOM_OK) s = submit_all(e, tok, in, p, &g, &ctxs);
@@ -253,6 +261,8 @@ int cmd_generate(int argc, char **argv) {
         {"block-size", ARG_INT, &ef.block_size, "16", 1, 256, "tokens per KV block"},
         {"max-batch-tokens", ARG_INT, &ef.max_batch_tokens, "512", 1, 1 << 20, "rows per step (prefill chunks and decodes together)"},
         {"max-seqs", ARG_INT, &ef.max_seqs, "64", 1, 1 << 16, "sequences running at once"},
+        loom_flag(LOOM_FLAG_QUANT, &ef.quant),
+        loom_flag(LOOM_FLAG_KV_DTYPE, &ef.kv_dtype),
     };
     int r = loom_args_parse("generate", "loom generate --run runs/NAME --prompts in.jsonl --out out.jsonl [flags]", args,
                             (int)(sizeof args / sizeof args[0]), argc, argv);

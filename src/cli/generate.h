@@ -6,6 +6,8 @@
 
 /* An engine config from the command line's --kv-memory, --block-size,
  * --max-batch-tokens and --max-seqs. */
+/* The loom_quant_mode of a --quant choice index (args.c's order). */
+int loom_cli_quant_mode(int choice);
 loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int max_batch_tokens,
                                    int max_seqs, loom_engine_config_t *c);
 

@@ -22,6 +22,7 @@ static const command_t commands[] = {
     {"bench", cmd_bench, "training throughput vs PyTorch, per-op time, scaling (train|ops|dist)"},
     {"devices", cmd_devices, "list the GPUs and MIG instances CUDA sees"},
     {"plan", cmd_plan, "memory, time and cost of training or serving; MIG layouts (train|serve|mig)"},
+    {"prune", cmd_prune, "zero 2 of every 4 weights of a run's linear layers (2:4 sparsity) into a new run"},
     {"export", cmd_export, "write a run's checkpoint as a Hugging Face folder or a GGUF file (llama.cpp)"},
 };
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])

@@ -5,12 +5,14 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/generate.h"
 #include "cli/runload.h"
 #include "model/generate.h"
+#include "model/quant.h"
 
 int cmd_sample(int argc, char **argv) {
     const char *run, *prompt, *gguf;
-    int tokens, top_k, threads;
+    int tokens, top_k, threads, quant, kv_dtype;
     double temperature, top_p;
     long long seed;
     const loom_arg_t args[] = {
@@ -23,6 +25,8 @@ int cmd_sample(int argc, char **argv) {
         {"top-p", ARG_FLOAT, &top_p, "1.0", 0.000001, 1, "nucleus sampling mass (1 = off)"},
         loom_flag(LOOM_FLAG_SEED, &seed),
         loom_flag(LOOM_FLAG_THREADS, &threads),
+        loom_flag(LOOM_FLAG_QUANT, &quant),
+        loom_flag(LOOM_FLAG_KV_DTYPE, &kv_dtype),
     };
     int r = loom_args_parse("sample", "loom sample --run runs/NAME [--prompt TEXT] [flags]", args,
                             (int)(sizeof args / sizeof args[0]), argc, argv);
@@ -58,7 +62,13 @@ int cmd_sample(int argc, char **argv) {
         loom_rng_t rng;
         loom_rng_seed(&rng, (uint64_t)seed);
         loom_text_sink_t sink = {tok, stdout};
-        s = loom_gpt_generate(m, ids, n, tokens, &sp, &rng, loom_text_sink_emit, &sink);
+        loom_quant_t *q = NULL;
+        int qm = loom_cli_quant_mode(quant);
+        if (qm != LOOM_QUANT_NONE) s = loom_quant_create(&q, m, (loom_quant_mode)qm);
+        if (s == LOOM_OK)
+            s = loom_gpt_generate_with(m, q, kv_dtype ? LOOM_INT8 : LOOM_FP32, ids, n, tokens, &sp, &rng,
+                                       loom_text_sink_emit, &sink);
+        loom_quant_free(q);
         fputc('\n', stdout);
     }
     free(ids);

@@ -39,7 +39,7 @@ static void split_run(const char *spec, char *name, size_t cap, const char **dir
 typedef struct {
     loom_arg_list_t runs;
     const char *host, *device, *kv_memory, *api_key, *chat_template;
-    int port, threads, block_size, max_batch_tokens, max_seqs, max_queue;
+    int port, threads, block_size, max_batch_tokens, max_seqs, max_queue, quant, kv_dtype;
     double timeout, grace;
 } serve_flags_t;
 
@@ -58,6 +58,8 @@ static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_
     loom_engine_config_t ec;
     LOOM_TRY(loom_cli_engine_config(f->kv_memory, f->block_size, f->max_batch_tokens, f->max_seqs, &ec));
     ec.kv_bytes /= (size_t)f->runs.n; /* one budget, split evenly */
+    ec.quant = loom_cli_quant_mode(f->quant); /* --quant, --kv-dtype: docs/quantization.md */
+    ec.kv_dtype = f->kv_dtype ? LOOM_INT8 : LOOM_FP32;
     for (int i = 0; i < f->runs.n; i++) {
         char name[128];
         const char *dir;
@@ -118,6 +120,8 @@ int cmd_serve(int argc, char **argv) {
         {"port", ARG_INT, &f.port, "8080", 0, 65535, "TCP port (0 = any free port, printed at start)"},
         loom_flag(LOOM_FLAG_DEVICE, &f.device),
         loom_flag(LOOM_FLAG_THREADS, &f.threads),
+        loom_flag(LOOM_FLAG_QUANT, &f.quant),
+        loom_flag(LOOM_FLAG_KV_DTYPE, &f.kv_dtype),
         {"kv-memory", ARG_STR, &f.kv_memory, "256M", 0, 0, "KV cache for all models together: bytes (512M, 2G) or a share of free memory (0.25); split evenly between models"},
         {"block-size", ARG_INT, &f.block_size, "16", 1, 1024, "tokens per KV cache block"},
         {"max-batch-tokens", ARG_INT, &f.max_batch_tokens, "512", 1, 1 << 20, "rows per engine step, prefill and decode together"},

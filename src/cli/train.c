@@ -8,6 +8,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/prune.h"
 #include "parallel/launch.h"
 #include "train/train.h"
 
@@ -41,10 +42,12 @@ static int launch_local(int nproc, int threads, double timeout, int argc, char *
 
 /* The flags: the shared ones (cli/args.h) and loom train's own. Returns
  * 0, 1 (--help printed) or 2. */
-static int parse_flags(loom_train_opts_t *o, int *nproc, int argc, char **argv) {
+static int parse_flags(loom_train_opts_t *o, int *nproc, int *keep_sparsity, int argc, char **argv) {
     const loom_arg_t args[] = {
         loom_flag(LOOM_FLAG_DATA, &o->data),
         loom_flag(LOOM_FLAG_MODEL, &o->model),
+        {"init-from-run", ARG_STR, &o->init_from_run, NULL, 0, 0, "a loom run folder (e.g. from loom prune) whose newest checkpoint gives the architecture and weights to fine-tune"},
+        {"keep-sparsity", ARG_BOOL, keep_sparsity, "0", 0, 0, "hold the zero weights of the linear layers at zero after every AdamW step (fine-tuning a pruned run)"},
         {"init-from", ARG_STR, &o->init_from, NULL, 0, 0, "Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer) to fine-tune; --data must use its tokenizer"},
         {"out", ARG_STR, &o->out, NULL, 0, 0, "run folder to create (config, metrics log, checkpoints, plot)"},
         {"force", ARG_BOOL, &o->force, "0", 0, 0, "replace the run in an existing --out folder"},
@@ -95,8 +98,8 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int argc, char **argv) 
 
 int cmd_train(int argc, char **argv) {
     loom_train_opts_t o = {0};
-    int nproc = 0;
-    int r = parse_flags(&o, &nproc, argc, argv);
+    int nproc = 0, keep_sparsity = 0;
+    int r = parse_flags(&o, &nproc, &keep_sparsity, argc, argv);
     if (r == 1) return 0;
     if (r) return 2;
     if (!o.data) {
@@ -122,9 +125,9 @@ int cmd_train(int argc, char **argv) {
                 o.steps, mem / 1e9, mem / 4 / 64);
         return 2;
     }
-    loom_train_observer_t *observers[] = {loom_progress_observer(&o)};
+    loom_train_observer_t *observers[] = {loom_progress_observer(&o), keep_sparsity ? loom_keep_sparsity_observer() : NULL};
     o.observers = observers;
-    o.n_observers = 1;
+    o.n_observers = keep_sparsity ? 2 : 1;
     loom_status s = loom_train(&o);
     if (s != LOOM_OK) {
         fprintf(stderr, "loom train: %s\n", loom_errmsg());

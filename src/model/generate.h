@@ -30,5 +30,11 @@ int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loo
 loom_status loom_gpt_generate(loom_gpt_t *m, const uint32_t *prompt, size_t np, int n,
                               const loom_sampling_t *s, loom_rng_t *rng,
                               int (*emit)(int token, void *ctx), void *ctx);
+struct loom_quant;
+/* The same with the linear layers on q's int8 weights (model/quant.h;
+ * NULL: fp32) and a KV cache of kv_dtype. */
+loom_status loom_gpt_generate_with(loom_gpt_t *m, const struct loom_quant *q, loom_dtype kv_dtype,
+                                   const uint32_t *prompt, size_t np, int n, const loom_sampling_t *s,
+                                   loom_rng_t *rng, int (*emit)(int token, void *ctx), void *ctx);
 
 #endif

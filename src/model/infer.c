@@ -1,5 +1,7 @@
 #include "infer.h"
 
+#include "quant.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +27,7 @@ struct loom_infer {
     int *d_tables; /* (S, max_blocks) */
     int *d_rows;   /* (R) */
     int *h_slot;   /* (N) host */
+    const loom_quant_t *quant; /* int8 linear weights, or NULL */
 };
 
 size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_dtype dtype) {
@@ -64,8 +67,10 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     if (num_blocks < 1 || max_tokens < 1 || max_seqs < 1 || max_logits < 1)
         return loom_error(LOOM_EINVAL, "inference context: %d blocks, %d tokens, %d sequences, %d logit rows: each must be at least 1",
                           num_blocks, max_tokens, max_seqs, max_logits);
-    if (dtype != LOOM_FP32)
-        return loom_error(LOOM_EINVAL, "KV cache of %s: only fp32 exists so far", loom_dtype_name(dtype));
+    if (dtype != LOOM_FP32 && dtype != LOOM_INT8)
+        return loom_error(LOOM_EINVAL, "KV cache of %s: fp32 or int8", loom_dtype_name(dtype));
+    if (dtype == LOOM_INT8 && !(be->dtypes & LOOM_DTYPE_BIT(LOOM_INT8)))
+        return loom_error(LOOM_EUNAVAIL, "--kv-dtype int8: the %s backend has no int8 cache ops; use fp32", be->name);
     loom_infer_t *inf = loom_calloc(1, sizeof *inf);
     inf->m = m;
     inf->be = be;
@@ -78,12 +83,16 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     size_t per_layer = 2 * (size_t)num_blocks * block_size * C; /* elements of K and V per layer */
     inf->NH = NH;
     inf->block_size = block_size;
-    inf->cache = buf(be, per_layer * L, loom_dtype_size(dtype), &fail);
+    size_t rows = (size_t)num_blocks * 2 * NH, nsc = dtype == LOOM_INT8 ? rows * L : 0; /* int8: a scale per row */
+    inf->cache = buf(be, per_layer * L * loom_dtype_size(dtype) + nsc * sizeof(float), 1, &fail);
+    float *scales = inf->cache ? (float *)((char *)inf->cache + per_layer * L * loom_dtype_size(dtype)) : NULL;
+    if (nsc && inf->cache) be->zero(scales, nsc * sizeof(float));
     inf->layers = loom_calloc((size_t)L, sizeof *inf->layers);
     for (int l = 0; l < L && inf->cache; l++)
         inf->layers[l] = (loom_tensor_t){.data = (char *)inf->cache + per_layer * l * loom_dtype_size(dtype),
-                                         .dtype = dtype, .rows = (long long)num_blocks * 2 * NH,
-                                         .cols = (long long)block_size * (C / NH)};
+                                         .dtype = dtype, .rows = (long long)rows,
+                                         .cols = (long long)block_size * (C / NH),
+                                         .scales = nsc ? scales + rows * l : NULL};
     inf->x = buf(be, N * C, f, &fail);
     inf->ln = buf(be, N * C, f, &fail);
     inf->mean = buf(be, N, f, &fail);
@@ -138,6 +147,22 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
     return LOOM_OK;
 }
 
+void loom_infer_set_quant(loom_infer_t *inf, const loom_quant_t *q) { inf->quant = q; }
+
+/* Linear layer `which` of block l: the int8 variant when a quantized copy
+ * is set and the backend has the op, else fp32 matmul_forward_rows. */
+static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
+                   const float *bias, int N, int C, int OC, int gelu) {
+    const loom_backend_t *be = inf->be;
+    loom_quant_mode q = loom_quant_mode_of(inf->quant);
+    if (q == LOOM_QUANT_W8A8 && be->matmul_forward_w8a8)
+        be->matmul_forward_w8a8(out, inp, loom_quant_weight(inf->quant, which, l), bias, N, C, OC, gelu);
+    else if (q != LOOM_QUANT_NONE && be->matmul_forward_w8)
+        be->matmul_forward_w8(out, inp, loom_quant_weight(inf->quant, which, l), bias, N, C, OC, gelu);
+    else
+        be->matmul_forward_rows(out, inp, w, bias, N, C, OC, gelu);
+}
+
 /* Block l on the rows in inf->x, with its ln1 already in inf->ln; leaves
  * the next block's ln1 (or lnf) in inf->ln. */
 static void block(loom_infer_t *inf, int N, int l) {
@@ -145,15 +170,15 @@ static void block(loom_infer_t *inf, int N, int l) {
     int C = inf->m->cfg.channels, L = inf->m->cfg.n_layer;
     size_t lc = (size_t)l * C;
     float *const *p = inf->m->param;
-    be->matmul_forward_rows(inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, N, C, 3 * C, 0);
+    linear(inf, LOOM_QLIN_QKV, l, inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, N, C, 3 * C, 0);
     be->kv_write(&inf->layers[l], inf->qkv, inf->d_slot, N, inf->NH, inf->block_size);
     be->paged_attention(inf->atty, inf->qkv, &inf->layers[l], inf->d_pos, inf->d_seq, inf->d_tables,
                         inf->max_blocks, N, inf->NH, inf->block_size);
-    be->matmul_forward_rows(inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
+    linear(inf, LOOM_QLIN_ATTPROJ, l, inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
     loom_gpt_residual_layernorm(be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, p[LOOM_LN2W] + lc,
                   p[LOOM_LN2B] + lc, N, C);
-    be->matmul_forward_rows(inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, N, C, 4 * C, 1);
-    be->matmul_forward_rows(inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, N, 4 * C, C, 0);
+    linear(inf, LOOM_QLIN_FC, l, inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, N, C, 4 * C, 1);
+    linear(inf, LOOM_QLIN_FCPROJ, l, inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, N, 4 * C, C, 0);
     const float *w = l + 1 < L ? p[LOOM_LN1W] + lc + C : p[LOOM_LNFW];
     const float *bb = l + 1 < L ? p[LOOM_LN1B] + lc + C : p[LOOM_LNFB];
     loom_gpt_residual_layernorm(be, inf->x, inf->ln, inf->mean, inf->rstd, inf->res2, inf->proj, w, bb, N, C);

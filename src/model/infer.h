@@ -51,6 +51,11 @@ int loom_infer_max_blocks(const loom_infer_t *inf);
  * the context was created for. */
 loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, float *logits);
 
+struct loom_quant;
+/* Run the linear layers on q's int8 weights (model/quant.h; NULL: fp32).
+ * q must outlive its use here. */
+void loom_infer_set_quant(loom_infer_t *inf, const struct loom_quant *q);
+
 /* Copy cache block src to dst in every layer (copy-on-write of a shared block). */
 void loom_infer_copy_block(loom_infer_t *inf, int src, int dst);
 

@@ -14,6 +14,7 @@
 #include "kv_cache.h"
 #include "model/generate.h"
 #include "model/infer.h"
+#include "model/quant.h"
 
 typedef struct request request_t;
 
@@ -57,6 +58,7 @@ struct loom_engine {
     const loom_tokenizer_t *tok;
     loom_engine_config_t cfg;
     loom_infer_t *inf;
+    loom_quant_t *quant; /* int8 linear weights (cfg.quant), or NULL */
     loom_kv_pool_t *pool;
     int max_blocks, V, Vp, maxT;
     pthread_mutex_t mu;
@@ -167,6 +169,11 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     e->V = m->cfg.vocab_size, e->Vp = m->cfg.padded_vocab_size, e->maxT = m->cfg.max_seq_len;
     loom_status s = loom_infer_create(&e->inf, m, (int)nb, c->block_size, c->kv_dtype, c->max_batch_tokens,
                                       c->max_seqs, c->max_seqs);
+    if (s == LOOM_OK && c->quant != LOOM_QUANT_NONE) {
+        s = loom_quant_create(&e->quant, m, (loom_quant_mode)c->quant);
+        if (s == LOOM_OK) loom_infer_set_quant(e->inf, e->quant);
+        else loom_infer_free(e->inf);
+    }
     if (s != LOOM_OK) {
         free(e);
         return s;
@@ -224,6 +231,7 @@ void loom_engine_free(loom_engine_t *e) {
     free(e->logits), free(e->scratch);
     loom_kv_pool_free(e->pool);
     loom_infer_free(e->inf);
+    loom_quant_free(e->quant);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);

@@ -41,6 +41,7 @@ typedef struct {
     int max_batch_tokens; /* rows per step, prefill and decode together (default 512) */
     int max_seqs;         /* running sequences at most (default 64) */
     int debug;            /* 1: check block ownership on every change (tests) */
+    int quant;            /* loom_quant_mode (model/quant.h): 0 fp32 weights (default) */
 } loom_engine_config_t;
 
 /* Defaults for every field (kv_bytes 256 MiB). */

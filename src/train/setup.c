@@ -14,6 +14,7 @@
 #include "ckpt/resume.h"
 #include "ckpt/hf.h"
 #include "ckpt/run.h"
+#include "ckpt/safetensors.h"
 #include "train/exporter.h"
 #include "train/train_impl.h"
 
@@ -64,7 +65,13 @@ static loom_status resolve_model(loom_train_job_t *j) {
     LOOM_TRY(check_steps(o));
     LOOM_TRY(resolve_resume(j));
     loom_gpt_config_t *cfg = &j->cfg;
-    LOOM_TRY(o->init_from ? loom_hf_read_config(o->init_from, cfg) : loom_gpt_preset(cfg, o->model));
+    if (o->init_from_run) { /* the architecture of the run's newest checkpoint */
+        char ck[4096];
+        loom_ckpt_state_t st;
+        LOOM_TRY(loom_run_latest(o->init_from_run, ck, sizeof ck, cfg, &st));
+    } else {
+        LOOM_TRY(o->init_from ? loom_hf_read_config(o->init_from, cfg) : loom_gpt_preset(cfg, o->model));
+    }
     if (o->layers) cfg->n_layer = o->layers;
     if (o->heads) cfg->n_head = o->heads;
     if (o->channels) cfg->channels = o->channels;
@@ -139,6 +146,17 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
     /* Every rank draws the same initial weights from the same seed. */
     LOOM_TRY(loom_gpt_init(&run->model, &j->cfg, run->be, (unsigned long long)o->seed));
     if (o->init_from && !o->resume) LOOM_TRY(loom_hf_load_weights(run->model, o->init_from)); /* fine-tune a Hugging Face GPT-2 */
+    if (o->init_from_run && !o->resume) { /* fine-tune a loom run (a pruned one) */
+        char ck[4096], path[4200];
+        loom_gpt_config_t rc;
+        loom_ckpt_state_t st;
+        LOOM_TRY(loom_run_latest(o->init_from_run, ck, sizeof ck, &rc, &st));
+        if (rc.vocab_size != j->cfg.vocab_size)
+            return loom_error(LOOM_EINVAL, "--init-from-run %s: its vocabulary (%d) is not the data's (%d); train on data tokenized with its tokenizer",
+                              o->init_from_run, rc.vocab_size, j->cfg.vocab_size);
+        snprintf(path, sizeof path, "%s/model.safetensors", ck);
+        LOOM_TRY(loom_safetensors_load_gpt(run->model, path));
+    }
     loom_gpt_set_recompute(run->model, (loom_recompute)j->recompute);
     if (o->zero == 0) LOOM_TRY(loom_gpt_alloc_train(run->model)); /* ZeRO >= 1: loom_dp_init, shard only */
     LOOM_TRY(loom_gpt_alloc_acts(run->model, run->B, run->T));

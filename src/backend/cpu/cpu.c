@@ -13,6 +13,7 @@
 #include "cpu_attention.h"
 #include "cpu_gemm.h"
 #include "cpu_math.h"
+#include "cpu_int8.h"
 #include "cpu_paged.h"
 
 static int cpu_threads = 1;
@@ -360,7 +361,7 @@ static loom_backend_t cpu_backend = {
     .name = "cpu",
     .dtype = LOOM_FP32,
     .caps = 0, /* host memory, synchronous ops, no graphs, no device step */
-    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32),
+    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(LOOM_INT8),
     .act_dtype = LOOM_FP32,
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -389,6 +390,8 @@ static loom_backend_t cpu_backend = {
     .paged_attention = loom_cpu_paged_attention,
     .gather_rows = loom_cpu_gather_rows,
     .kv_copy_block = loom_cpu_kv_copy_block,
+    .matmul_forward_w8 = loom_cpu_matmul_forward_w8,
+    .matmul_forward_w8a8 = loom_cpu_matmul_forward_w8a8,
 };
 
 /* Peak: the best of `reps` n^3 SGEMMs on the threads we were given, with

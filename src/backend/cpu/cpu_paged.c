@@ -22,6 +22,8 @@
 #include "core/core.h"
 #include "cpu_paged.h"
 
+#include "cpu_int8.h"
+
 #define ROWS_PER_PASS 64 /* input rows per pass over the weights (L2-resident) */
 #define TILE_J 4
 #define TILE_M 3
@@ -150,6 +152,10 @@ static void fp32_only(const loom_tensor_t *kv) {
 }
 
 void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slots, int N, int NH, int bs) {
+    if (kv->dtype == LOOM_INT8) { /* cpu_int8.c */
+        loom_cpu_kv_write_int8(kv, qkv, slots, N, NH, bs);
+        return;
+    }
     fp32_only(kv);
     int hs = (int)(kv->cols / bs), C = NH * hs;
 #pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
@@ -200,6 +206,10 @@ static void attend_row(float *o, const float *q, const loom_tensor_t *kv, int NH
 
 void loom_cpu_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
                               const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs) {
+    if (kv->dtype == LOOM_INT8) { /* cpu_int8.c */
+        loom_cpu_paged_attention_int8(out, qkv, kv, pos, seq, block_tables, max_blocks, N, NH, bs);
+        return;
+    }
     fp32_only(kv);
     int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH;
 #pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * C > 1 << 12)
@@ -215,6 +225,10 @@ void loom_cpu_gather_rows(float *out, const float *inp, const int *rows, int R, 
 }
 
 void loom_cpu_kv_copy_block(const loom_tensor_t *kv, int src, int dst, int NH) {
+    if (kv->dtype == LOOM_INT8) { /* cpu_int8.c */
+        loom_cpu_kv_copy_block_int8(kv, src, dst, NH);
+        return;
+    }
     size_t row = (size_t)kv->cols * loom_dtype_size(kv->dtype), n = 2 * (size_t)NH * row;
     memcpy((char *)kv->data + (size_t)dst * n, (char *)kv->data + (size_t)src * n, n);
 }

@@ -1,0 +1,71 @@
+/* quant: int8 weights for inference. At load time each linear layer's
+ * weight (OC, C) becomes int8 with one fp32 scale per output channel
+ * (scale = max |w[o,:]| / 127; docs/quantization.md says why per channel).
+ * Embeddings, LayerNorms, biases and the logits (tied to wte) stay fp32. */
+#ifndef LOOM_QUANT_H
+#define LOOM_QUANT_H
+
+#include "backend/backend.h"
+#include "model/gpt.h"
+
+typedef enum {
+    LOOM_QUANT_NONE = 0, /* fp32 weights */
+    LOOM_QUANT_W8A32,    /* int8 weights dequantized in the kernel, fp32 activations */
+    LOOM_QUANT_W8A8,     /* int8 weights and per-token int8 activations, int32 sums */
+} loom_quant_mode;
+
+/* The linear layers, in block order. */
+enum { LOOM_QLIN_QKV, LOOM_QLIN_ATTPROJ, LOOM_QLIN_FC, LOOM_QLIN_FCPROJ, LOOM_QLIN_COUNT };
+
+typedef struct loom_quant loom_quant_t;
+
+/* "none", "int8" (= w8a8), "w8a32" (also "w8a16"), "w8a8"; -1 if unknown. */
+int loom_quant_parse(const char *s);
+/* "none", "w8a32", "w8a8". */
+const char *loom_quant_name(loom_quant_mode q);
+
+/* Quantize w (rows, cols) row by row: q (rows, cols) int8 with
+ * q = round(w / s), s[r] = max |w[r,:]| / 127 (1 for an all-zero row), so
+ * |w - q * s| <= s / 2. */
+void loom_quant_rows(const float *w, long long rows, long long cols, signed char *q, float *s);
+
+/* The int8 copy of m's linear weights in m's backend memory, for `mode`
+ * (not NONE). m must outlive it. LOOM_ENOMEM when memory is short. */
+loom_status loom_quant_create(loom_quant_t **out, const loom_gpt_t *m, loom_quant_mode mode);
+void loom_quant_free(loom_quant_t *q);
+loom_quant_mode loom_quant_mode_of(const loom_quant_t *q);
+/* Layer l's weight `which` (LOOM_QLIN_*): int8, rows OC, cols C, block 0. */
+const loom_tensor_t *loom_quant_weight(const loom_quant_t *q, int which, int l);
+/* Bytes of the int8 weights and their scales. */
+size_t loom_quant_bytes(const loom_quant_t *q);
+
+/* Replace m's linear weights by their int8 round trip in place (fp32
+ * storage, the values W8A32 computes with): for the training-path forward
+ * (`loom eval --quant`). */
+void loom_quant_fake(loom_gpt_t *m);
+
+
+/* ---- 2:4 structured sparsity ---- */
+
+/* Zero the two smallest-magnitude of every 4 consecutive elements of each
+ * row of w (rows, cols), cols a multiple of 4 (the input dimension of a
+ * weight (OC, C)); ties keep the earlier element. */
+void loom_prune24_rows(float *w, long long rows, long long cols);
+/* Groups of 4 of w (rows, cols) with fewer than 2 zeros (0: 2:4 sparse). */
+long long loom_prune24_violations(const float *w, long long rows, long long cols);
+/* Prune every linear layer's weight of m (embeddings, LayerNorms, biases
+ * stay dense). LOOM_EINVAL when a width is not a multiple of 4. */
+loom_status loom_prune24_model(loom_gpt_t *m);
+
+/* The zeros of m's linear weights, held through fine-tuning
+ * (`loom train --keep-sparsity`): taken once, re-applied after every
+ * optimizer step so that pruned weights stay zero. */
+typedef struct loom_sparsity_mask loom_sparsity_mask_t;
+loom_sparsity_mask_t *loom_sparsity_mask_take(const loom_gpt_t *m);
+/* Zero the masked weights of m again; returns how many were non-zero. */
+long long loom_sparsity_mask_apply(const loom_sparsity_mask_t *k, loom_gpt_t *m);
+/* Share of the linear weights that are masked (0..1). */
+double loom_sparsity_mask_share(const loom_sparsity_mask_t *k);
+void loom_sparsity_mask_free(loom_sparsity_mask_t *k);
+
+#endif
