@@ -62,7 +62,7 @@ void loom_hash64_update(loom_hash64_t *h, const void *data, size_t n) {
         h->fill = 0;
     }
     size_t done = stripes(h->v, p, n);
-    memcpy(h->buf, p + done, n - done);
+    if (n > done) memcpy(h->buf, p + done, n - done); /* p may be NULL when n is 0 */
     h->fill = n - done;
 }
 
