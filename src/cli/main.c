@@ -19,7 +19,7 @@ static const command_t commands[] = {
     {"generate", cmd_generate, "run many prompts (JSON lines) through continuous batching, offline"},
     {"serve", cmd_serve, "an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics)"},
     {"eval", cmd_eval, "print the validation loss of a run's checkpoint"},
-    {"bench", cmd_bench, "training throughput vs PyTorch, per-op time, scaling (train|ops|dist)"},
+    {"bench", cmd_bench, "throughput against a peer: train (PyTorch), ops, dist (scaling), generate and serve (llama.cpp)"},
     {"devices", cmd_devices, "list the GPUs and MIG instances CUDA sees"},
     {"plan", cmd_plan, "memory, time and cost of training or serving; MIG layouts (train|serve|mig)"},
     {"prune", cmd_prune, "zero 2 of every 4 weights of a run's linear layers (2:4 sparsity) into a new run"},
