@@ -48,6 +48,10 @@ static const loom_arg_t shared[LOOM_FLAG_COUNT] = {
     [LOOM_FLAG_QUANT] = {"quant", ARG_CHOICE, NULL, "none", 0, 0,
                          "linear-layer weights for inference: none (fp32), int8 (= w8a32: int8 weights, per output channel scales, fp32 activations), w8a16 (= w8a32 on the CPU), w8a8 (int8 activations per token too, int32 sums)"},
     [LOOM_FLAG_KV_DTYPE] = {"kv-dtype", ARG_CHOICE, NULL, "fp32", 0, 0, "KV cache element type: fp32 or int8 (a scale per block, K or V, and head)"},
+    [LOOM_FLAG_KV_MEMORY] = {"kv-memory", ARG_STR, NULL, "256M", 0, 0, "KV cache size: bytes (512M, 2G) or a share of the memory free now (0.25)"},
+    [LOOM_FLAG_BLOCK_SIZE] = {"block-size", ARG_INT, NULL, "16", 1, 256, "tokens per KV cache block"},
+    [LOOM_FLAG_MAX_BATCH_TOKENS] = {"max-batch-tokens", ARG_INT, NULL, "512", 1, 1 << 20, "rows per engine step, prefill chunks and decodes together"},
+    [LOOM_FLAG_MAX_SEQS] = {"max-seqs", ARG_INT, NULL, "64", 1, 1 << 16, "running sequences at most"},
 };
 
 /* The values of the shared ARG_CHOICE flags, '|'-separated. */

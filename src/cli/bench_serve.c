@@ -313,8 +313,8 @@ int cmd_bench_serve(int argc, char **argv) {
         {"requests", ARG_INT, &f.requests, "0", 0, 1 << 20, "requests per level (0 = 2 x clients, at least 8; 32 with --rate)"},
         {"in", ARG_INT, &f.plen, "128", 1, 1 << 20, "prompt tokens per request"},
         {"out", ARG_INT, &f.gen, "128", 1, 1 << 20, "generated tokens per request (end-of-text ignored)"},
-        {"kv-memory", ARG_STR, &f.kv_memory, "512M", 0, 0, "KV cache of the server"},
-        {"max-seqs", ARG_INT, &f.max_seqs, "64", 1, 1 << 16, "running sequences at most (llama.cpp gets as many slots)"},
+        loom_flag_default(LOOM_FLAG_KV_MEMORY, &f.kv_memory, "512M"),
+        loom_flag(LOOM_FLAG_MAX_SEQS, &f.max_seqs), /* llama.cpp gets as many slots */
         loom_flag(LOOM_FLAG_THREADS, &f.threads),
         {"llama-server", ARG_STR, &f.llama_bin, ".cache/llama.cpp/build/bin/llama-server", 0, 0, "llama.cpp's llama-server, the peer"},
         {"gguf", ARG_STR, &f.gguf, "", 0, 0, "the same weights as GGUF, for llama.cpp"},

@@ -122,10 +122,10 @@ int cmd_serve(int argc, char **argv) {
         loom_flag(LOOM_FLAG_THREADS, &f.threads),
         loom_flag(LOOM_FLAG_QUANT, &f.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &f.kv_dtype),
-        {"kv-memory", ARG_STR, &f.kv_memory, "256M", 0, 0, "KV cache for all models together: bytes (512M, 2G) or a share of free memory (0.25); split evenly between models"},
-        {"block-size", ARG_INT, &f.block_size, "16", 1, 1024, "tokens per KV cache block"},
-        {"max-batch-tokens", ARG_INT, &f.max_batch_tokens, "512", 1, 1 << 20, "rows per engine step, prefill and decode together"},
-        {"max-seqs", ARG_INT, &f.max_seqs, "64", 1, 1 << 16, "running sequences at most per model"},
+        loom_flag(LOOM_FLAG_KV_MEMORY, &f.kv_memory), /* for all models together, split evenly */
+        loom_flag(LOOM_FLAG_BLOCK_SIZE, &f.block_size),
+        loom_flag(LOOM_FLAG_MAX_BATCH_TOKENS, &f.max_batch_tokens),
+        loom_flag(LOOM_FLAG_MAX_SEQS, &f.max_seqs), /* per model */
         {"max-queue", ARG_INT, &f.max_queue, "256", 0, 1 << 20, "prompts waiting for their first token at most; above: 429 with Retry-After (0 = no cap)"},
         {"api-key", ARG_STR, &f.api_key, "", 0, 0, "ask clients for 'Authorization: Bearer KEY' on /v1 routes (none: open)"},
         {"request-timeout", ARG_FLOAT, &f.timeout, "600", 0, 1e9, "seconds a request may take from arrival to its last token (0 = none)"},
