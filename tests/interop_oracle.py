@@ -13,6 +13,8 @@ tests/test_interop.sh). Each mode prints one line per check, "ok NAME ..." or
   loss DIR SHARD B T           transformers' mean next-token loss on the
                                first B*T+1 tokens of a loom shard (printed)
   greedy DIR PROMPT N          transformers' greedy continuation (printed)
+  q8raw FILE DUMP L            loom's int8 weights read from the Q8_0 GGUF FILE
+                               (DUMP) equal the file's blocks as gguf reads them
 """
 import json
 import sys
@@ -163,6 +165,40 @@ def mode_gguf(path, hfdir, qtype):
     finish()
 
 
+def mode_q8raw(path, dump, L):
+    """loom's int8 view of a Q8_0 GGUF (DUMP: per layer, for attn_qkv,
+    attn_output, ffn_up, ffn_down: the fp32 block scales then the int8
+    values, row-major) must be the file's bytes as the gguf package reads
+    them: each block's fp16 d widened exactly, its 32 int8 q unchanged."""
+    import gguf
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+    r = gguf.GGUFReader(path)
+    tensors = {t.name: t for t in r.tensors}
+    raw = open(dump, "rb").read()
+    at, bad, n = 0, [], 0
+    for l in range(L):
+        for g in ("attn_qkv", "attn_output", "ffn_up", "ffn_down"):
+            t = tensors["blk.%d.%s.weight" % (l, g)]
+            if t.tensor_type != Q.Q8_0:
+                bad.append("%s is %s" % (t.name, t.tensor_type.name))
+                continue
+            blocks = np.frombuffer(np.asarray(t.data).tobytes(), dtype=np.uint8).reshape(-1, 34)
+            d = blocks[:, :2].copy().view(np.float16).astype(np.float32).ravel()
+            q = blocks[:, 2:].copy().view(np.int8).ravel()
+            ls = np.frombuffer(raw, dtype=np.float32, count=d.size, offset=at)
+            lq = np.frombuffer(raw, dtype=np.int8, count=q.size, offset=at + 4 * d.size)
+            at += 4 * d.size + q.size
+            deq = dequantize(t.data, t.tensor_type).ravel()
+            mine = (lq.reshape(-1, 32).astype(np.float32) * ls[:, None]).ravel()
+            if not (np.array_equal(ls, d) and np.array_equal(lq, q) and np.array_equal(mine, deq)):
+                bad.append(t.name)
+            n += 1
+    check("q8_0_int8_bytes", not bad and at == len(raw),
+          "%d Q8_0 matrices: loom's int8 values and block scales equal the file's (gguf reader) %s" % (n, bad[:3]))
+    finish()
+
+
 def mode_loss(d, shard, B, T):
     torch, model, tok = load_hf(d)
     hdr = np.fromfile(shard, dtype=np.int32, count=256)
@@ -197,6 +233,8 @@ if __name__ == "__main__":
         mode_hf(a[0], a[1], a[2], int(a[3]), int(a[4]))
     elif m == "gguf":
         mode_gguf(a[0], a[1], a[2] if len(a) > 2 else "f32")
+    elif m == "q8raw":
+        mode_q8raw(a[0], a[1], int(a[2]))
     elif m == "loss":
         mode_loss(a[0], a[1], int(a[2]), int(a[3]))
     elif m == "greedy":

@@ -8,6 +8,9 @@
  *   - GGUF read by the `gguf` Python package (llama.cpp's reader,
  *     tests/interop_oracle.py): metadata, names, shapes, f32 values exact,
  *     q8_0 within one quantisation step;
+ *   - a q8_0 GGUF's linear weights kept as int8 with block-32 scales: the
+ *     bytes of a block-32 quantization of the fp32 weights and of the gguf
+ *     reader; --quant's logits on them equal that quantization's;
  *   - the Hugging Face folder loaded by transformers: logits equal to loom's;
  *   - broken files: each a clear error naming the file and the tensor.
  * Needs /usr/bin/python3 with .deps/hf (transformers) and .deps/py (gguf)
@@ -24,6 +27,8 @@
 #include "ckpt/gguf.h"
 #include "ckpt/hf.h"
 #include "ckpt/run.h"
+#include "model/infer.h"
+#include "model/quant.h"
 
 #define PYTHON "/usr/bin/python3"
 #define B 2
@@ -153,6 +158,131 @@ static void test_gguf_q8_0_f16_load(void) {
         loom_tokenizer_free(t2);
     }
     free(a), free(la);
+}
+
+static int oracle(const char *deps, const char *args);
+
+/* llama.cpp's quantize_row_q8_0_ref written again for the check: d =
+ * amax / 127, q = round(x / d), the scale stored as fp16 (_Float16's
+ * rounding, not loom's converter). */
+static void ref_q8_0(const float *x, size_t n, signed char *q, float *d) {
+    for (size_t b = 0; b < n / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[32 * b + i]));
+        float dd = amax / 127.0f, id = dd != 0 ? 1.0f / dd : 0.0f;
+        for (int i = 0; i < 32; i++) q[32 * b + i] = (signed char)roundf(x[32 * b + i] * id);
+        d[b] = (float)(_Float16)dd;
+    }
+}
+
+/* Logits (B*T, Vp) of every row through the inference forward (the path
+ * sample, generate and serve run), with int8 weights q (NULL: fp32). */
+static float *infer_logits(loom_gpt_t *m, const loom_quant_t *q) {
+    int Vp = m->cfg.padded_vocab_size, bs = 16, per = T / bs, pos[B * T], seq[B * T], rows[B * T];
+    float *out = loom_calloc((size_t)B * T * Vp, sizeof(float));
+    loom_infer_t *inf;
+    if (loom_infer_create(&inf, m, B * per, bs, LOOM_FP32, B * T, B, B * T) != LOOM_OK) return out;
+    loom_infer_set_quant(inf, q);
+    int mb = loom_infer_max_blocks(inf), *tables = loom_calloc((size_t)B * mb, sizeof(int));
+    for (int i = 0; i < B * T; i++) pos[i] = i % T, seq[i] = i / T, rows[i] = i;
+    for (int b = 0; b < B; b++)
+        for (int k = 0; k < per; k++) tables[b * mb + k] = b * per + k;
+    loom_infer_batch_t batch = {B * T, tokens, pos, seq, B, tables, B * T, rows};
+    CHECK(loom_infer_forward(inf, &batch, out) == LOOM_OK, "%s", loom_errmsg());
+    loom_infer_free(inf);
+    free(tables);
+    return out;
+}
+
+static float *quant_logits(loom_gpt_t *m, loom_quant_mode mode) {
+    loom_quant_t *q = NULL;
+    CHECK(loom_quant_create(&q, m, mode) == LOOM_OK, "%s", loom_errmsg());
+    float *l = infer_logits(m, q);
+    loom_quant_free(q);
+    return l;
+}
+
+/* The reference: the fp32 checkpoint with every matrix quantized by
+ * ref_q8_0 (what a Q8_0 GGUF of it holds), its linear weights also as
+ * int8 blocks (file_int8); compared with the GGUF loaded by loom. */
+static loom_gpt_t *ref_q8_model(void) {
+    loom_gpt_t *r;
+    LOOM_ASSERT(loom_gpt_create(&r, &model->cfg, be) == LOOM_OK);
+    float *h = params_of(model);
+    loom_xtensor_t *x;
+    int n = loom_xtensors(&model->cfg, &x), L = model->cfg.n_layer;
+    size_t head = (size_t)L * LOOM_QLIN_COUNT * sizeof(loom_tensor_t), bytes = 0;
+    for (int i = 0; i < n; i++) bytes += x[i].numel * 2;
+    char *mem = loom_calloc(1, head + bytes), *at = mem + head;
+    for (int i = 0; i < n; i++) {
+        if (!x[i].cols) continue;
+        float *w = loom_xtensor_view(model, h, &x[i]), *d = (float *)at;
+        signed char *q = (signed char *)(d + x[i].numel / 32);
+        ref_q8_0(w, x[i].numel, q, d);
+        for (size_t j = 0; j < x[i].numel; j++) w[j] = d[j / 32] * (float)q[j];
+        int k = x[i].param == LOOM_QKVW ? 0 : x[i].param == LOOM_ATTPROJW ? 1 : x[i].param == LOOM_FCW ? 2 : x[i].param == LOOM_FCPROJW ? 3 : -1;
+        if (k >= 0)
+            ((loom_tensor_t *)mem)[x[i].layer * LOOM_QLIN_COUNT + k] = (loom_tensor_t){
+                q, LOOM_INT8, (long long)x[i].rows, (long long)x[i].cols, d, 32, LOOM_LAYOUT_DENSE, NULL};
+        at += x[i].numel + x[i].numel / 8;
+    }
+    be->upload(r->params, h, model->num_params * sizeof(float));
+    r->file_int8 = (loom_tensor_t *)mem;
+    free(h), free(x);
+    return r;
+}
+
+/* A Q8_0 GGUF's linear weights load as int8 with block-32 scales, the
+ * bytes of a block-32 quantization of the fp32 run; --quant runs them:
+ * logits equal that quantization's, and the fp32 forward's on the
+ * dequantized weights within fp32 rounding. */
+static void test_gguf_q8_0_int8_weights(void) {
+    char p[600];
+    path_of(p, sizeof p, "q.gguf");
+    CHECK(export_gguf(p, LOOM_XDT_Q8_0) == LOOM_OK, "%s", loom_errmsg());
+    loom_gpt_t *m2;
+    loom_tokenizer_t *t2;
+    if (loom_gguf_load(p, be, &m2, &t2) != LOOM_OK) {
+        CHECK(0, "%s", loom_errmsg());
+        return;
+    }
+    loom_gpt_t *ref = ref_q8_model();
+    int L = m2->cfg.n_layer, nq = L * LOOM_QLIN_COUNT, same = 0;
+    CHECK(m2->file_int8, "no int8 weights kept from the q8_0 file");
+    for (int i = 0; i < nq && m2->file_int8; i++) {
+        const loom_tensor_t *a = &m2->file_int8[i], *b = &ref->file_int8[i];
+        size_t n = (size_t)b->rows * b->cols;
+        same += a->data && a->block == 32 && a->rows == b->rows && a->cols == b->cols && !memcmp(a->data, b->data, n) &&
+                !memcmp(a->scales, b->scales, n / 32 * sizeof(float));
+    }
+    CHECK(same == nq, "%d of %d int8 matrices equal a block-32 quantization of the fp32 weights", same, nq);
+    float *pa = params_of(m2), *pb = params_of(ref);
+    CHECK(!memcmp(pa, pb, m2->num_params * sizeof(float)), "the dequantized weights are not d * q");
+    size_t nl = (size_t)B * T * m2->cfg.padded_vocab_size;
+    float *l8 = quant_logits(m2, LOOM_QUANT_W8A32), *lr = quant_logits(ref, LOOM_QUANT_W8A32), *lf = infer_logits(m2, NULL);
+    float *la = quant_logits(m2, LOOM_QUANT_W8A8);
+    double e32 = check_rel_err(l8, lf, nl), e8 = check_rel_err(la, lf, nl);
+    CHECK(!memcmp(l8, lr, nl * sizeof(float)), "w8a32 logits differ from the reference quantization's");
+    CHECK(e32 < 1e-5, "w8a32 on the file's int8 vs fp32 on its dequantized weights: normalized error %.3g", e32);
+    CHECK(e8 > 0 && e8 < 3e-2, "w8a8 on the file's int8 vs fp32: normalized error %.3g", e8);
+    printf("  q8_0 file: %d int8 matrices as stored; logits w8a32 vs fp32 %.3g, w8a8 vs fp32 %.3g normalized error\n", same, e32, e8);
+    char dump[600];
+    path_of(dump, sizeof dump, "q8raw.bin");
+    FILE *f = fopen(dump, "wb");
+    for (int i = 0; i < nq && f && m2->file_int8; i++) {
+        const loom_tensor_t *a = &m2->file_int8[i];
+        fwrite(a->scales, sizeof(float), (size_t)a->rows * a->cols / 32, f);
+        fwrite(a->data, 1, (size_t)a->rows * a->cols, f);
+    }
+    if (f) fclose(f);
+    char args[1400];
+    snprintf(args, sizeof args, "q8raw %s %s %d", p, dump, L);
+    int r = oracle(".deps/py", args);
+    if (r >= 0) CHECK(r == 1, "the gguf reader disagrees with loom's int8 view of the q8_0 file");
+    free(pa), free(pb), free(l8), free(lr), free(lf), free(la);
+    loom_gpt_free(ref);
+    loom_gpt_free(m2);
+    loom_tokenizer_free(t2);
 }
 
 /* Run the oracle; 1 = RESULT ok, 0 = a check failed, -1 = cannot run (skip). */
@@ -329,6 +459,7 @@ int main(void) {
     RUN(test_gguf_f32_roundtrip);
     RUN(test_gguf_q8_0_f16_load);
     RUN(test_gguf_python_reader);
+    RUN(test_gguf_q8_0_int8_weights);
     RUN(test_hf_transformers_logits);
     RUN(test_gguf_bad_inputs);
     RUN(test_hf_bad_inputs);

@@ -1,5 +1,7 @@
 #include "gguf.h"
 
+#include "model/quant.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -422,12 +424,16 @@ static loom_status read_config(const gguf_t *g, loom_gpt_config_t *c) {
     return loom_gpt_config_finish(c);
 }
 
+static const tinfo_t *find_tensor(const gguf_t *g, const char *name) {
+    for (uint64_t i = 0; i < g->nt; i++)
+        if (!strcmp(g->t[i].name, name)) return &g->t[i];
+    return NULL;
+}
+
 /* A loom_xsource_fn over a parsed GGUF file (ctx: the gguf_t). */
 static loom_status read_tensor(void *ctx, const loom_xtensor_t *x, float *out) {
     const gguf_t *g = ctx;
-    const tinfo_t *t = NULL;
-    for (uint64_t i = 0; i < g->nt && !t; i++)
-        if (!strcmp(g->t[i].name, x->gguf)) t = &g->t[i];
+    const tinfo_t *t = find_tensor(g, x->gguf);
     if (!t) return loom_error(LOOM_EFORMAT, "%s: tensor %s is missing; a gpt2 GGUF has it", g->path, x->gguf);
     uint64_t want0 = x->cols ? x->cols : x->rows, want1 = x->cols ? x->rows : 1;
     uint64_t got1 = t->ndim >= 2 ? t->ne[1] : 1;
@@ -443,6 +449,43 @@ static loom_status read_tensor(void *ctx, const loom_xtensor_t *x, float *out) {
                           g->path, x->gguf, bytes, (unsigned long long)(g->data + t->offset), g->size);
     loom_xdecode((loom_xdtype)xt, g->p + g->data + t->offset, x->numel, out);
     return LOOM_OK;
+}
+
+/* Which LOOM_QLIN_* a parameter is, -1 for the others. */
+static int qlin_of(int param) {
+    return param == LOOM_QKVW ? LOOM_QLIN_QKV : param == LOOM_ATTPROJW ? LOOM_QLIN_ATTPROJ
+         : param == LOOM_FCW ? LOOM_QLIN_FC : param == LOOM_FCPROJW ? LOOM_QLIN_FCPROJ : -1;
+}
+
+/* The file's Q8_0 linear weights as m->file_int8, their bytes as stored:
+ * int8 values copied, each block's fp16 scale widened to fp32 (exact).
+ * Called after read_tensor checked every tensor's shape, type and extent. */
+static void read_int8(const gguf_t *g, loom_gpt_t *m) {
+    loom_xtensor_t *x;
+    int n = loom_xtensors(&m->cfg, &x);
+    size_t head = (size_t)m->cfg.n_layer * LOOM_QLIN_COUNT * sizeof(loom_tensor_t), bytes = 0;
+    for (int i = 0; i < n; i++)
+        if (qlin_of(x[i].param) >= 0 && find_tensor(g, x[i].gguf)->type == GT_Q8_0) bytes += x[i].numel + x[i].numel / 8;
+    char *mem = bytes ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
+    for (int i = 0; i < n && mem; i++) {
+        const tinfo_t *t = find_tensor(g, x[i].gguf);
+        if (qlin_of(x[i].param) < 0 || t->type != GT_Q8_0) continue;
+        size_t nb = x[i].numel / 32;
+        float *sc = (float *)at; /* nb scales, then numel int8: alignment kept (numel % 32 == 0) */
+        signed char *q = (signed char *)(sc + nb);
+        const unsigned char *src = g->p + g->data + t->offset;
+        for (size_t b = 0; b < nb; b++) {
+            uint16_t h;
+            memcpy(&h, src + 34 * b, 2);
+            sc[b] = loom_f16_to_f32(h);
+            memcpy(q + 32 * b, src + 34 * b + 2, 32);
+        }
+        ((loom_tensor_t *)mem)[x[i].layer * LOOM_QLIN_COUNT + qlin_of(x[i].param)] = (loom_tensor_t){
+            .data = q, .dtype = LOOM_INT8, .rows = (long long)x[i].rows, .cols = (long long)x[i].cols, .scales = sc, .block = 32};
+        at += x[i].numel + nb * sizeof(float);
+    }
+    m->file_int8 = (loom_tensor_t *)mem;
+    free(x);
 }
 
 /* The i-th string of a string array (ptr, len) by walking; arrays are walked
@@ -540,6 +583,7 @@ loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_
                        loom_tokenizer_vocab_size(*tok), cfg.vocab_size);
     if (s == LOOM_OK) s = loom_gpt_create(model, &cfg, be);
     if (s == LOOM_OK) s = loom_xload(*model, read_tensor, &g);
+    if (s == LOOM_OK) read_int8(&g, *model);
     if (s != LOOM_OK) {
         if (*model) loom_gpt_free(*model);
         if (*tok) loom_tokenizer_free(*tok);

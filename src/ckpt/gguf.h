@@ -50,7 +50,10 @@ typedef struct {
 loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o);
 
 /* Load a GPT-2 GGUF file: a new model on `be` (weights dequantized to
- * float32) and the embedded tokenizer (*tok NULL when it has none). */
+ * float32) and the embedded tokenizer (*tok NULL when it has none). The
+ * linear layers' q8_0 matrices are also kept as they are stored, int8
+ * with a scale per block of 32 (model->file_int8), so that `--quant`
+ * runs the file's own int8 weights rather than quantizing again. */
 loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok);
 
 #endif

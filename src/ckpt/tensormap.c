@@ -25,35 +25,34 @@ static void add(loom_xtensor_t *x, const char *hf, const char *gguf, int param, 
 }
 
 int loom_xtensors(const loom_gpt_config_t *c, loom_xtensor_t **out) {
+    /* Each block's modules, in Hugging Face file order: a weight then its
+     * bias (a vector of the weight's rows). Shapes in units of C; cols 0: a
+     * vector (the LayerNorms' weights). */
     static const struct {
         const char *hf, *gguf;
-        int param, conv1d, rows_mult, cols_mult; /* shape in units of C; cols 0 = vector */
-    } layer[] = {
-        {"ln_1.weight", "attn_norm.weight", LOOM_LN1W, 0, 1, 0},
-        {"ln_1.bias", "attn_norm.bias", LOOM_LN1B, 0, 1, 0},
-        {"attn.c_attn.weight", "attn_qkv.weight", LOOM_QKVW, 1, 3, 1},
-        {"attn.c_attn.bias", "attn_qkv.bias", LOOM_QKVB, 0, 3, 0},
-        {"attn.c_proj.weight", "attn_output.weight", LOOM_ATTPROJW, 1, 1, 1},
-        {"attn.c_proj.bias", "attn_output.bias", LOOM_ATTPROJB, 0, 1, 0},
-        {"ln_2.weight", "ffn_norm.weight", LOOM_LN2W, 0, 1, 0},
-        {"ln_2.bias", "ffn_norm.bias", LOOM_LN2B, 0, 1, 0},
-        {"mlp.c_fc.weight", "ffn_up.weight", LOOM_FCW, 1, 4, 1},
-        {"mlp.c_fc.bias", "ffn_up.bias", LOOM_FCB, 0, 4, 0},
-        {"mlp.c_proj.weight", "ffn_down.weight", LOOM_FCPROJW, 1, 1, 4},
-        {"mlp.c_proj.bias", "ffn_down.bias", LOOM_FCPROJB, 0, 1, 0},
+        int weight, bias, conv1d, rows_mult, cols_mult;
+    } mod[] = {
+        {"ln_1", "attn_norm", LOOM_LN1W, LOOM_LN1B, 0, 1, 0},
+        {"attn.c_attn", "attn_qkv", LOOM_QKVW, LOOM_QKVB, 1, 3, 1},
+        {"attn.c_proj", "attn_output", LOOM_ATTPROJW, LOOM_ATTPROJB, 1, 1, 1},
+        {"ln_2", "ffn_norm", LOOM_LN2W, LOOM_LN2B, 0, 1, 0},
+        {"mlp.c_fc", "ffn_up", LOOM_FCW, LOOM_FCB, 1, 4, 1},
+        {"mlp.c_proj", "ffn_down", LOOM_FCPROJW, LOOM_FCPROJB, 1, 1, 4},
     };
-    int nl = (int)(sizeof layer / sizeof layer[0]), n = 0;
+    int nm = (int)(sizeof mod / sizeof mod[0]), n = 0;
     size_t C = (size_t)c->channels;
-    loom_xtensor_t *e = loom_calloc((size_t)(4 + nl * c->n_layer), sizeof *e);
+    loom_xtensor_t *e = loom_calloc((size_t)(4 + 2 * nm * c->n_layer), sizeof *e);
     add(&e[n++], "wte.weight", "token_embd.weight", LOOM_WTE, -1, 0, (size_t)c->vocab_size, C);
     add(&e[n++], "wpe.weight", "position_embd.weight", LOOM_WPE, -1, 0, (size_t)c->max_seq_len, C);
     for (int l = 0; l < c->n_layer; l++)
-        for (int k = 0; k < nl; k++) {
-            char hf[64], gg[64];
-            snprintf(hf, sizeof hf, "h.%d.%s", l, layer[k].hf);
-            snprintf(gg, sizeof gg, "blk.%d.%s", l, layer[k].gguf);
-            add(&e[n++], hf, gg, layer[k].param, l, layer[k].conv1d, layer[k].rows_mult * C, layer[k].cols_mult * C);
-        }
+        for (int k = 0; k < nm; k++)
+            for (int bias = 0; bias < 2; bias++) {
+                char hf[64], gg[64];
+                snprintf(hf, sizeof hf, "h.%d.%s.%s", l, mod[k].hf, bias ? "bias" : "weight");
+                snprintf(gg, sizeof gg, "blk.%d.%s.%s", l, mod[k].gguf, bias ? "bias" : "weight");
+                add(&e[n++], hf, gg, bias ? mod[k].bias : mod[k].weight, l, bias ? 0 : mod[k].conv1d, mod[k].rows_mult * C,
+                    bias ? 0 : mod[k].cols_mult * C);
+            }
     add(&e[n++], "ln_f.weight", "output_norm.weight", LOOM_LNFW, -1, 0, C, 0);
     add(&e[n++], "ln_f.bias", "output_norm.bias", LOOM_LNFB, -1, 0, C, 0);
     *out = e;

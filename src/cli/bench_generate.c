@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/args.h"
+#include "cli/bench_llama.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
 #include "model/quant.h"
@@ -87,35 +88,6 @@ static double measure_bandwidth(size_t bytes) {
     return sink < 0 ? 0 : (double)bytes / best;
 }
 
-/* llama.cpp's llama-bench on the same weights (a GGUF exported from the
- * run given with --run), or a line saying why that row is skipped. */
-static void llama_row(const char *bin, const char *gguf, int plen, int gen, const char *levels) {
-    if (!loom_path_exists(bin)) {
-        printf("SKIP llama.cpp: %s is not built (bench/llama-build.sh builds it; --llama-bench names another)\n", bin);
-        return;
-    }
-    if (!gguf || !loom_path_exists(gguf)) {
-        printf("SKIP llama.cpp: no --gguf of the same weights (export the --run checkpoint with `loom export --format gguf`)\n");
-        return;
-    }
-    char dir[4096], cmd[12288];
-    snprintf(dir, sizeof dir, "%s", bin);
-    char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
-    int t = loom_backend_cpu_threads();
-    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s' '%s' -m '%s' -t %d -p %d -n %d -r 3 2>&1", dir, bin, gguf, t, plen, gen);
-    printf("llama.cpp on the same weights, one stream (%s):\n", cmd);
-    fflush(stdout);
-    if (system(cmd) != 0) printf("llama.cpp: llama-bench failed\n");
-    /* the batched peer: parallel sequences in one batch, as the engine */
-    snprintf(cmd, sizeof cmd, "LD_LIBRARY_PATH='%s' '%s/llama-batched-bench' -m '%s' -t %d -c %d -b 2048 -ub 512 -npp %d -ntg %d -npl %s 2>&1 | grep -E '^[|] +[0-9]|PP|S_TG'",
-             dir, dir, gguf, t, 64 * (plen + gen), plen, gen, levels);
-    printf("llama.cpp, parallel sequences (%s):\n", cmd);
-    fflush(stdout);
-    if (system(cmd) != 0) printf("llama.cpp: llama-batched-bench failed or is not built\n");
-}
-
 typedef struct {
     const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf, *device;
     int conc[16], nconc;
@@ -124,7 +96,7 @@ typedef struct {
 
 /* Every level `repeat` times, alternating levels (drift on a shared
  * machine spreads over all of them); medians and spread printed. */
-static void run_table(loom_engine_t *e, const bench_flags_t *f, const int *prompt) {
+static void run_table(loom_engine_t *e, const bench_flags_t *f, const int *prompt, double *medians) {
     int nl = f->nconc;
     double *tps = loom_calloc((size_t)(nl * f->repeat), sizeof(double)), *ttft = loom_calloc((size_t)(nl * f->repeat), sizeof(double));
     for (int r = 0; r < f->repeat; r++)
@@ -142,6 +114,7 @@ static void run_table(loom_engine_t *e, const bench_flags_t *f, const int *promp
         double med = t[f->repeat / 2];
         int c = f->conc[l];
         if (l == 0) base = med;
+        medians[l] = med;
         char name[64];
         snprintf(name, sizeof name, c == 1 ? "one request at a time" : "continuous batching, %d", c);
         printf("%-28s %12.1f %8.1f-%-8.1f %12.0f %9.2fx\n", name, med, t[0], t[f->repeat - 1], q[f->repeat / 2], med / base);
@@ -199,11 +172,19 @@ static int bench_generate(const bench_flags_t *f) {
            bw / 1e9, bw / (double)weight_bytes, weight_bytes / 1e6);
     int *prompt = loom_malloc((size_t)f->plen * sizeof(int));
     for (int i = 0; i < f->plen; i++) prompt[i] = (int)((i * 7919u + 13u) % (unsigned)cfg.vocab_size);
-    run_table(e, f, prompt);
+    double med[16] = {0};
+    run_table(e, f, prompt, med);
     loom_engine_stats_t st;
     loom_engine_stats(e, &st);
     printf("engine: %lld steps, mean batch %.1f rows, %lld preemptions\n", st.steps, (double)st.batch_rows / (double)(st.steps ? st.steps : 1), st.preemptions);
-    llama_row(f->llama_bin, f->gguf, f->plen, f->gen, f->conc_text);
+    char label[64];
+    snprintf(label, sizeof label, "loom %s", ec.quant ? loom_quant_name((loom_quant_mode)ec.quant) : "fp32");
+    loom_bench_llama_t peer = {.bin = f->llama_bin, .gguf = f->gguf, .run = f->run, .quant = ec.quant, .label = label,
+                               .plen = f->plen, .gen = f->gen, .threads = loom_backend_cpu_threads(), .repeat = f->repeat,
+                               .loom_one = med[0]};
+    for (int l = 1; l < f->nconc; l++) /* the batched peer at 16 clients, else loom's largest level */
+        if (peer.clients != 16) peer.clients = f->conc[l], peer.loom_many = med[l];
+    loom_bench_llama_peer(&peer);
     free(prompt);
     loom_engine_free(e);
     loom_gpt_free(m);

@@ -1,4 +1,5 @@
 /* loom eval */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -33,7 +34,7 @@ static loom_status run_data(const char *run, loom_run_config_t *rc, const char *
 
 int cmd_eval(int argc, char **argv) {
     const char *run, *data;
-    int batch, seq, batches, threads, quant;
+    int batch, seq, batches, threads, quant, kv_dtype;
     double val_fraction;
     const loom_arg_t args[] = {
         loom_flag(LOOM_FLAG_RUN, &run),
@@ -44,6 +45,7 @@ int cmd_eval(int argc, char **argv) {
         loom_flag(LOOM_FLAG_VAL_FRACTION, &val_fraction),
         loom_flag(LOOM_FLAG_THREADS, &threads),
         loom_flag(LOOM_FLAG_QUANT, &quant),
+        loom_flag(LOOM_FLAG_KV_DTYPE, &kv_dtype),
     };
     int r = loom_args_parse("eval", "loom eval --run runs/NAME [--data FILE_OR_DIR (default: the run's)] [flags]", args,
                             (int)(sizeof args / sizeof args[0]), argc, argv);
@@ -59,11 +61,15 @@ int cmd_eval(int argc, char **argv) {
     int T = seq ? seq : (R.model ? R.model->cfg.max_seq_len : 0);
     if (s == LOOM_OK) s = check_data(ds, data, R.tok, R.model, T);
     int qm = loom_cli_quant_mode(quant);
-    if (s == LOOM_OK && qm == LOOM_QUANT_W8A8)
-        s = loom_error(LOOM_EINVAL, "--quant w8a8: eval runs the training forward, which has no int8-activation path; use --quant int8 (w8a32) here, or loom generate / loom bench generate for w8a8");
-    if (s == LOOM_OK && qm != LOOM_QUANT_NONE) loom_quant_fake(R.model);
-    if (s == LOOM_OK) s = loom_eval_loss(R.model, ds, batch, T, batches, &ev);
-    if (s == LOOM_OK) printf("val_loss %.4f (step %lld, %d batches of %d x %d tokens)\n", ev.loss, R.state.step, ev.batches, ev.B, ev.T);
+    loom_quant_t *q = NULL; /* --quant, --kv-dtype given (even none, fp32): scored through the inference forward */
+    if (s == LOOM_OK && qm != LOOM_QUANT_NONE) s = loom_quant_create(&q, R.model, (loom_quant_mode)qm);
+    if (s == LOOM_OK && (q || kv_dtype || loom_args_given("quant") || loom_args_given("kv-dtype")))
+        s = loom_eval_loss_infer(R.model, q, kv_dtype ? LOOM_INT8 : LOOM_FP32, ds, batch, T, batches, &ev);
+    else if (s == LOOM_OK) s = loom_eval_loss(R.model, ds, batch, T, batches, &ev);
+    loom_quant_free(q);
+    if (s == LOOM_OK)
+        printf("val_loss %.6f (perplexity %.4f, step %lld, %d batches of %d x %d tokens)\n", ev.loss, exp(ev.loss), R.state.step,
+               ev.batches, ev.B, ev.T);
     loom_dataset_free(ds);
     loom_run_close(&R);
     if (s != LOOM_OK) {

@@ -199,6 +199,8 @@ loom_status loom_cli_model_to_device(loom_gpt_t **m, const char *device) {
     LOOM_TRY(loom_backend_open(&be, device, 0, LOOM_FP32));
     LOOM_TRY(loom_gpt_create(&g, &(*m)->cfg, be));
     be->upload(g->params, (*m)->params, (*m)->num_params * sizeof(float));
+    g->file_int8 = (*m)->file_int8; /* host memory: travels with the model */
+    (*m)->file_int8 = NULL;
     loom_gpt_free(*m);
     *m = g;
     return LOOM_OK;

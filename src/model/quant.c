@@ -48,11 +48,28 @@ static const float *lin(const loom_gpt_t *m, int which, int l, int *OC, int *C) 
     return m->param[p] + (size_t)l * *OC * *C;
 }
 
+/* Layer l's weight `which` as a file stored it in int8 (m->file_int8, a
+ * Q8_0 GGUF: blocks of 32), or NULL: quantize the fp32 copy per row. */
+static const loom_tensor_t *file_weight(const loom_gpt_t *m, int which, int l) {
+    const loom_tensor_t *t = m->file_int8 ? &m->file_int8[l * LOOM_QLIN_COUNT + which] : NULL;
+    return t && t->data ? t : NULL;
+}
+
+/* Scales of layer l's weight `which`: per block of the file's, else per row. */
+static size_t scale_count(const loom_gpt_t *m, int which, int l) {
+    int OC, C;
+    lin(m, which, l, &OC, &C);
+    const loom_tensor_t *f = file_weight(m, which, l);
+    return f ? (size_t)OC * C / f->block : (size_t)OC;
+}
+
 loom_status loom_quant_create(loom_quant_t **out, const loom_gpt_t *m, loom_quant_mode mode) {
     const loom_backend_t *be = m->be;
     int L = m->cfg.n_layer, C0 = m->cfg.channels;
-    size_t per_layer = 12 * (size_t)C0 * C0, rows_per_layer = 3 * C0 + C0 + 4 * C0 + C0;
-    size_t bytes = per_layer * L + rows_per_layer * L * sizeof(float);
+    size_t per_layer = 12 * (size_t)C0 * C0, nscales = 0;
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < LOOM_QLIN_COUNT; k++) nscales += scale_count(m, k, l);
+    size_t bytes = per_layer * L + nscales * sizeof(float);
     loom_quant_t *q = loom_calloc(1, sizeof *q);
     q->m = m, q->mode = mode, q->L = L, q->bytes = bytes;
     q->w = loom_calloc((size_t)L * LOOM_QLIN_COUNT, sizeof *q->w);
@@ -71,14 +88,18 @@ loom_status loom_quant_create(loom_quant_t **out, const loom_gpt_t *m, loom_quan
             int OC, C;
             const float *w = lin(m, k, l, &OC, &C);
             size_t n = (size_t)OC * C;
-            be->download(host, w, n * sizeof(float));
-            loom_quant_rows(host, OC, C, hq, hs);
-            be->upload(data, hq, n);
-            be->upload(scales, hs, (size_t)OC * sizeof(float));
+            const loom_tensor_t *f = file_weight(m, k, l);
+            size_t ns = scale_count(m, k, l);
+            if (!f) {
+                be->download(host, w, n * sizeof(float));
+                loom_quant_rows(host, OC, C, hq, hs);
+            }
+            be->upload(data, f ? f->data : hq, n);
+            be->upload(scales, f ? f->scales : hs, ns * sizeof(float));
             q->w[l * LOOM_QLIN_COUNT + k] = (loom_tensor_t){.data = data, .dtype = LOOM_INT8, .rows = OC, .cols = C,
-                                                            .scales = scales};
+                                                            .scales = scales, .block = f ? f->block : 0};
             data += n;
-            scales += OC;
+            scales += ns;
         }
     free(host), free(hq), free(hs);
     *out = q;

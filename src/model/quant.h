@@ -30,11 +30,14 @@ const char *loom_quant_name(loom_quant_mode q);
 void loom_quant_rows(const float *w, long long rows, long long cols, signed char *q, float *s);
 
 /* The int8 copy of m's linear weights in m's backend memory, for `mode`
- * (not NONE). m must outlive it. LOOM_ENOMEM when memory is short. */
+ * (not NONE): the file's own int8 blocks where m->file_int8 has them (a
+ * Q8_0 GGUF), else quantized per row here. m must outlive it.
+ * LOOM_ENOMEM when memory is short. */
 loom_status loom_quant_create(loom_quant_t **out, const loom_gpt_t *m, loom_quant_mode mode);
 void loom_quant_free(loom_quant_t *q);
 loom_quant_mode loom_quant_mode_of(const loom_quant_t *q);
-/* Layer l's weight `which` (LOOM_QLIN_*): int8, rows OC, cols C, block 0. */
+/* Layer l's weight `which` (LOOM_QLIN_*): int8, rows OC, cols C; block 0
+ * (per row), or 32 where the model came from a Q8_0 GGUF (m->file_int8). */
 const loom_tensor_t *loom_quant_weight(const loom_quant_t *q, int which, int l);
 /* Bytes of the int8 weights and their scales. */
 size_t loom_quant_bytes(const loom_quant_t *q);

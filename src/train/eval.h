@@ -20,4 +20,13 @@ typedef struct {
 loom_status loom_eval_loss(loom_gpt_t *m, const loom_dataset_t *ds, int B, int T, int max_batches,
                            loom_eval_result_t *out);
 
+struct loom_quant;
+/* The same batches and mean loss as loom_eval_loss, scored through the
+ * inference forward (model/infer.h: the paged KV cache, the kernels that
+ * sample and serve run), one sequence at a time: with the int8 linear
+ * weights q (model/quant.h; NULL: fp32) and a KV cache of kv_dtype (fp32
+ * or int8). What `loom eval --quant/--kv-dtype` reports. */
+loom_status loom_eval_loss_infer(loom_gpt_t *m, const struct loom_quant *q, loom_dtype kv_dtype, const loom_dataset_t *ds,
+                                 int B, int T, int max_batches, loom_eval_result_t *out);
+
 #endif
