@@ -1,6 +1,7 @@
 #include "infer.h"
 
 #include "quant.h"
+#include "sparse24.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ struct loom_infer {
     int *d_rows;   /* (R) */
     int *h_slot;   /* (N) host */
     const loom_quant_t *quant; /* int8 linear weights, or NULL */
+    const loom_sparse24_t *s24; /* 2:4 compressed linear weights, or NULL */
 };
 
 size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_dtype dtype) {
@@ -148,6 +150,7 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
 }
 
 void loom_infer_set_quant(loom_infer_t *inf, const loom_quant_t *q) { inf->quant = q; }
+void loom_infer_set_sparse24(loom_infer_t *inf, const loom_sparse24_t *s) { inf->s24 = s; }
 
 /* out (N, OC) = inp (N, C) @ w^T + bias: on qw (int8) when a quantized
  * copy is set and the backend has the op (W8A8, else W8A32), else fp32
@@ -164,11 +167,15 @@ static void matmul(loom_infer_t *inf, const loom_tensor_t *qw, float *out, const
         be->matmul_forward_rows(out, inp, w, bias, N, C, OC, gelu);
 }
 
-/* Linear layer `which` (LOOM_QLIN_*) of block l. */
+/* Linear layer `which` (LOOM_QLIN_*) of block l: int8 when a quantized
+ * copy is set, else compressed 2:4 when a sparse copy is set, else fp32. */
 static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
                    const float *bias, int N, int C, int OC, int gelu) {
     const loom_tensor_t *qw = inf->quant ? loom_quant_weight(inf->quant, which, l) : NULL;
-    matmul(inf, qw, out, inp, w, bias, N, C, OC, gelu);
+    if (!qw && inf->s24 && inf->be->matmul_forward_s24)
+        inf->be->matmul_forward_s24(out, inp, loom_sparse24_weight(inf->s24, which, l), bias, N, C, OC, gelu);
+    else
+        matmul(inf, qw, out, inp, w, bias, N, C, OC, gelu);
 }
 
 /* Block l on the rows in inf->x, with its ln1 already in inf->ln; leaves
