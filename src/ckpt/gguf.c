@@ -458,15 +458,18 @@ static int qlin_of(int param) {
 }
 
 /* The file's Q8_0 linear weights as m->file_int8, their bytes as stored:
- * int8 values copied, each block's fp16 scale widened to fp32 (exact).
- * Called after read_tensor checked every tensor's shape, type and extent. */
+ * int8 values copied, each block's fp16 scale widened to fp32 (exact);
+ * only when every linear matrix is q8_0 (one block size for the int8
+ * copy). Called after read_tensor checked every tensor's shape, type and
+ * extent. */
 static void read_int8(const gguf_t *g, loom_gpt_t *m) {
     loom_xtensor_t *x;
     int n = loom_xtensors(&m->cfg, &x);
     size_t head = (size_t)m->cfg.n_layer * LOOM_QLIN_COUNT * sizeof(loom_tensor_t), bytes = 0;
+    int found = 0;
     for (int i = 0; i < n; i++)
-        if (qlin_of(x[i].param) >= 0 && find_tensor(g, x[i].gguf)->type == GT_Q8_0) bytes += x[i].numel + x[i].numel / 8;
-    char *mem = bytes ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
+        if (qlin_of(x[i].param) >= 0 && find_tensor(g, x[i].gguf)->type == GT_Q8_0) bytes += x[i].numel + x[i].numel / 8, found++;
+    char *mem = found == m->cfg.n_layer * LOOM_QLIN_COUNT ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
     for (int i = 0; i < n && mem; i++) {
         const tinfo_t *t = find_tensor(g, x[i].gguf);
         if (qlin_of(x[i].param) < 0 || t->type != GT_Q8_0) continue;

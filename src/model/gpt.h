@@ -108,13 +108,13 @@ struct loom_gpt {
     void (*grad_hook)(void *ctx, int layer);
     void *grad_hook_ctx;
 
-    /* Int8 linear weights as a file stored them (a Q8_0 GGUF), or NULL.
-     * Host memory, one malloc: (L, 4) tensors in model/quant.h's
-     * LOOM_QLIN_* order, then their bytes; each int8 (OC, C) with fp32
-     * scales per block of 32 (`block` 32), or data NULL where the file
-     * stored that matrix in another type. params holds the same values
-     * dequantized; loom_quant_create runs these bytes instead of
-     * quantizing params again. Freed with the model. */
+    /* Int8 linear weights as a file stored them (a Q8_0 GGUF whose
+     * linear matrices are all q8_0), or NULL. Host memory, one malloc:
+     * (L, 4) tensors in model/quant.h's LOOM_QLIN_* order, then their
+     * bytes; each int8 (OC, C) with fp32 scales per block of 32 (`block`
+     * 32). params holds the same values dequantized; loom_quant_create
+     * runs these bytes instead of quantizing params again. Freed with the
+     * model. */
     loom_tensor_t *file_int8;
 };
 
