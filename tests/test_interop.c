@@ -110,15 +110,22 @@ static void setup(void) {
     snprintf(st_path, sizeof st_path, "%s/model.safetensors", ckpt);
 }
 
-static void test_gguf_f32_roundtrip(void) {
+/* Export the checkpoint as `file` in tmp and load it back; NULL (a failed
+ * check) when either fails. */
+static loom_gpt_t *export_and_load(const char *file, loom_xdtype dt, loom_tokenizer_t **t2) {
     char p[600];
-    path_of(p, sizeof p, "m.gguf");
-    CHECK(export_gguf(p, LOOM_XDT_F32) == LOOM_OK, "%s", loom_errmsg());
+    path_of(p, sizeof p, file);
+    CHECK(export_gguf(p, dt) == LOOM_OK, "%s", loom_errmsg());
     loom_gpt_t *m2;
-    loom_tokenizer_t *t2;
-    loom_status s = loom_gguf_load(p, be, &m2, &t2);
+    loom_status s = loom_gguf_load(p, be, &m2, t2);
     CHECK(s == LOOM_OK, "%s", loom_errmsg());
-    if (s != LOOM_OK) return;
+    return s == LOOM_OK ? m2 : NULL;
+}
+
+static void test_gguf_f32_roundtrip(void) {
+    loom_tokenizer_t *t2;
+    loom_gpt_t *m2 = export_and_load("m.gguf", LOOM_XDT_F32, &t2);
+    if (!m2) return;
     CHECK(m2->num_params == model->num_params, "%zu vs %zu floats", m2->num_params, model->num_params);
     float *a = params_of(model), *b = params_of(m2);
     CHECK(!memcmp(a, b, model->num_params * sizeof(float)), "weights differ after a GGUF f32 round trip");
@@ -239,13 +246,9 @@ static loom_gpt_t *ref_q8_model(void) {
 static void test_gguf_q8_0_int8_weights(void) {
     char p[600];
     path_of(p, sizeof p, "q.gguf");
-    CHECK(export_gguf(p, LOOM_XDT_Q8_0) == LOOM_OK, "%s", loom_errmsg());
-    loom_gpt_t *m2;
     loom_tokenizer_t *t2;
-    if (loom_gguf_load(p, be, &m2, &t2) != LOOM_OK) {
-        CHECK(0, "%s", loom_errmsg());
-        return;
-    }
+    loom_gpt_t *m2 = export_and_load("q.gguf", LOOM_XDT_Q8_0, &t2);
+    if (!m2) return;
     loom_gpt_t *ref = ref_q8_model();
     int L = m2->cfg.n_layer, nq = L * LOOM_QLIN_COUNT, same = 0;
     CHECK(m2->file_int8, "no int8 weights kept from the q8_0 file");

@@ -46,7 +46,7 @@ static const loom_arg_t shared[LOOM_FLAG_COUNT] = {
     [LOOM_FLAG_ZERO] = {"zero", ARG_INT, NULL, "0", 0, 2, "ZeRO stage: 0 replicate, 1 shard AdamW state, 2 also shard gradients"},
     [LOOM_FLAG_GRAD_DTYPE] = {"grad-dtype", ARG_CHOICE, NULL, "fp32", 0, 0, "gradients on the wire between ranks: fp32 or bf16"},
     [LOOM_FLAG_QUANT] = {"quant", ARG_CHOICE, NULL, "none", 0, 0,
-                         "linear-layer weights for inference: none (fp32), int8 (= w8a32: int8 weights, per output channel scales, fp32 activations), w8a16 (= w8a32 on the CPU), w8a8 (int8 activations per token too, int32 sums)"},
+                         "linear-layer weights for inference: none (fp32), int8 (= w8a32: int8 weights, per output channel scales, fp32 activations), w8a16 (= w8a32 on the CPU), w8a8 (int8 activations per token too, int32 sums); a Q8_0 GGUF runs its own int8 blocks of 32"},
     [LOOM_FLAG_KV_DTYPE] = {"kv-dtype", ARG_CHOICE, NULL, "fp32", 0, 0, "KV cache element type: fp32 or int8 (a scale per block, K or V, and head)"},
     [LOOM_FLAG_KV_MEMORY] = {"kv-memory", ARG_STR, NULL, "256M", 0, 0, "KV cache size: bytes (512M, 2G) or a share of the memory free now (0.25)"},
     [LOOM_FLAG_BLOCK_SIZE] = {"block-size", ARG_INT, NULL, "16", 1, 256, "tokens per KV cache block"},
