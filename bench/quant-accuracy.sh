@@ -75,5 +75,5 @@ done
 if [ -n "${LLAMA:-}" ]; then
     echo
     echo "llama.cpp on the Q8_0 GGUF (bench/llama-check.sh, DTYPE=q8_0):"
-    RUN="$RUN" DTYPE=q8_0 QUANT=${QUANT:-w8a32} NO_CONVERTER=1 bench/llama-check.sh 2>&1 | grep -E "perplexity|PASS|FAIL|greedy" || true
+    RUN="$RUN" DTYPE=q8_0 QUANT=${QUANT:-w8a32} NO_CONVERTER=1 bash bench/llama-check.sh 2>&1 | grep -E "perplexity|PASS|FAIL|greedy" || true
 fi
