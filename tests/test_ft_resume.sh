@@ -154,6 +154,18 @@ for i in 1 2 3 4; do
 done
 [ $ok = 1 ] && pass sigterm_on_checkpoint_steps_keeps_latest_1_and_2_ranks || fail sigterm_on_checkpoint_steps_keeps_latest_1_and_2_ranks "see above"
 
+# Chaos defect: a SIGTERM that reached the ranks after the loop (final
+# checkpoint, teardown, last barrier) killed them, as they had put the
+# default handlers back; a peer still running then exited 3 ("rank 1 died").
+# LOOM_TEST_TERM_AT=train_end sends it there: a complete run exits 0.
+ok=1
+for np in 1 2; do
+    extra=(); [ $np = 2 ] && extra=(--nproc 2 --zero 1)
+    out=$(LOOM_TEST_TERM_AT=train_end $LOOM train "${A[@]}" --steps 4 --ckpt-every 2 "${extra[@]}" --out "$tmp/te$np" 2>&1); rc=$?
+    [ $rc = 0 ] && [ -f "$tmp/te$np/checkpoints/step_00000004/manifest.json" ] || { ok=0; echo "  $np rank(s): exit $rc: $(printf '%s' "$out" | tail -2 | tr '\n' ' ')"; }
+done
+[ $ok = 1 ] && pass sigterm_after_the_loop_is_no_failure_1_and_2_ranks || fail sigterm_after_the_loop_is_no_failure_1_and_2_ranks "see above"
+
 # Defect 8: SIGKILL the --nproc launcher: its ranks stop (no orphans training on).
 $LOOM train "${A[@]}" --steps 100000 --ckpt-every 50 --nproc 2 --out "$tmp/o" > "$tmp/o.log" 2>&1 &
 pid=$!
