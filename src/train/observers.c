@@ -59,20 +59,20 @@ static loom_status signals_before_step(void *ctx, loom_train_run_t *run, long lo
     return LOOM_OK;
 }
 
-/* A signal during the last step counts too. A second signal while the
- * final checkpoint is written acts as it would without loom. */
+/* A signal during the last step counts too. After one, a second signal
+ * while the final checkpoint is written acts as it would without loom;
+ * without one, loom's handler stays until loom_train has passed the last
+ * barrier: a first signal there would kill this rank and make its peers
+ * exit 3 ("rank N died") although the run is complete. */
 static loom_status signals_stop(void *ctx, loom_train_run_t *run, loom_status s) {
-    loom_train_signals_restore();
+    if (stop_signal) loom_train_signals_restore();
     if (stop_signal) loom_train_request_stop(run, stop_signal);
     if (s == LOOM_OK && run->stop_signal && run->step >= run->first_step)
         loom_info("\nloom train: stopped by signal %d after step %lld; writing a checkpoint", run->stop_signal, run->step);
     return LOOM_OK;
 }
 
-static void signals_free(void *ctx) {
-    loom_train_signals_restore();
-    free(ctx);
-}
+static void signals_free(void *ctx) { free(ctx); } /* loom_train restores the handlers last */
 
 loom_train_observer_t *loom_train_observer_signals(void) {
     return observer_alloc(sizeof(signals_t), &(loom_train_observer_t){.name = "signals", .before_step = signals_before_step,
