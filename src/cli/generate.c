@@ -190,6 +190,7 @@ loom_status loom_cli_engine_flags_config(const loom_cli_engine_flags_t *ef, loom
     LOOM_TRY(loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, c));
     c->quant = loom_cli_quant_mode(ef->quant); /* docs/quantization.md */
     c->kv_dtype = ef->kv_dtype ? LOOM_INT8 : LOOM_FP32;
+    c->sparse = ef->sparse; /* model/sparse24.h */
     return LOOM_OK;
 }
 
@@ -260,6 +261,7 @@ int cmd_generate(int argc, char **argv) {
         LOOM_CLI_ENGINE_SIZE_FLAGS(ef),
         loom_flag(LOOM_FLAG_QUANT, &ef.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &ef.kv_dtype),
+        loom_flag(LOOM_FLAG_SPARSE, &ef.sparse),
     };
     LOOM_ARGS_PARSE_OR_RETURN("generate", "loom generate --run runs/NAME --prompts in.jsonl --out out.jsonl [flags]",
                               args, argc, argv);

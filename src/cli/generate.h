@@ -16,7 +16,7 @@ loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int ma
 /* The engine settings that loom serve and loom generate both take. */
 typedef struct {
     const char *device, *kv_memory;
-    int block_size, max_batch_tokens, max_seqs, quant, kv_dtype;
+    int block_size, max_batch_tokens, max_seqs, quant, kv_dtype, sparse;
 } loom_cli_engine_flags_t;
 
 /* The engine's batch and cache-block flags (--block-size,
@@ -27,7 +27,7 @@ typedef struct {
         loom_flag(LOOM_FLAG_MAX_SEQS, &(ef).max_seqs)
 
 /* The engine config those flags ask for: the KV cache's size and blocks,
- * the batch limits, --quant and --kv-dtype. */
+ * the batch limits, --quant, --kv-dtype and --sparse. */
 loom_status loom_cli_engine_flags_config(const loom_cli_engine_flags_t *ef, loom_engine_config_t *c);
 
 /* Move a model loaded on the CPU to `device` ("cpu" leaves it): the same

@@ -121,6 +121,7 @@ int cmd_serve(int argc, char **argv) {
         loom_flag(LOOM_FLAG_THREADS, &f.threads),
         loom_flag(LOOM_FLAG_QUANT, &f.engine.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &f.engine.kv_dtype),
+        loom_flag(LOOM_FLAG_SPARSE, &f.engine.sparse),
         loom_flag(LOOM_FLAG_KV_MEMORY, &f.engine.kv_memory), /* for all models together, split evenly */
         LOOM_CLI_ENGINE_SIZE_FLAGS(f.engine),                /* --max-seqs per model */
         {"max-queue", ARG_INT, &f.max_queue, "256", 0, 1 << 20, "prompts waiting for their first token at most; above: 429 with Retry-After (0 = no cap)"},
