@@ -297,47 +297,60 @@ void cuda_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t 
 
 #define MAX_HS_PER_LANE 8 /* head size up to 256, as the fp32 kernel */
 
-/* One warp per (K or V, head), walking the batch's rows in order: a block
- * row's scale can only rise, and a rise requantizes the tokens already
- * there (kv_put of cpu_int8.c, op for op). Rows of different heads are
- * independent, so 2 * NH warps run at once. */
+/* Token `off` of one cache row (int8, scale *scp) gets v (hs), by one warp:
+ * kv_put of cpu_int8.c, op for op. A row's scale is set by its token at
+ * offset 0 and can only rise; a rise requantizes the tokens already there. */
+template <typename A>
+__device__ void kv_put_warp(int8_t *row, float *scp, const A *v, int off, int hs, int lane) {
+    float mx = 0.f, sc = *scp;
+    for (int e = lane; e < hs; e += 32) mx = fmaxf(mx, fabsf(to_f(v[e])));
+    mx = warp_max(mx);
+    if (off == 0) {
+        sc = mx > 0.f ? __fdiv_rn(mx, 127.f) : 1.f;
+    } else if (mx > __fmul_rn(127.f, sc)) {
+        float ns = __fdiv_rn(mx, 127.f), k = __fdiv_rn(sc, ns);
+        for (int j = lane; j < off * hs; j += 32) row[j] = (int8_t)lroundf(__fmul_rn((float)row[j], k));
+        sc = ns;
+    }
+    float inv = __fdiv_rn(1.f, sc);
+    for (int e = lane; e < hs; e += 32) {
+        float q = roundf(__fmul_rn(to_f(v[e]), inv));
+        row[(size_t)off * hs + e] = (int8_t)(q > 127.f ? 127 : q < -127.f ? -127 : (int)q);
+    }
+    __syncwarp(); /* every lane has read *scp and written its bytes before the next token */
+    if (lane == 0) *scp = sc;
+    __syncwarp();
+}
+
+/* One warp per (K or V, head, batch row i). Only tokens in the same cache
+ * block touch the same row (and its scale), and the CPU writes them in
+ * batch order; so the warp of the first row of the batch in each block
+ * writes that block's tokens in batch order and the others return. A
+ * prefill chunk then runs one warp per (block, K or V, head), not one per
+ * (K or V, head) over the whole chunk. */
 template <typename A>
 __global__ void kv_write_int8_kernel(int8_t *kv, float *scales, const A *qkv, const int *slot, int N, int NH,
                                      int bs, int hs) {
-    int task = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (task >= 2 * NH) return;
-    int which = task / NH, h = task % NH, C = NH * hs;
-    for (int i = 0; i < N; i++) {
-        int blk = slot[i] / bs, off = slot[i] % bs;
-        size_t r = ((size_t)blk * 2 + which) * NH + h;
-        int8_t *row = kv + r * (size_t)bs * hs;
-        const A *v = qkv + (size_t)i * 3 * C + (size_t)(1 + which) * C + h * hs;
-        float mx = 0.f, sc = scales[r];
-        for (int e = lane; e < hs; e += 32) mx = fmaxf(mx, fabsf(to_f(v[e])));
-        mx = warp_max(mx);
-        if (off == 0) {
-            sc = mx > 0.f ? __fdiv_rn(mx, 127.f) : 1.f;
-        } else if (mx > __fmul_rn(127.f, sc)) {
-            float ns = __fdiv_rn(mx, 127.f), k = __fdiv_rn(sc, ns);
-            for (int j = lane; j < off * hs; j += 32) row[j] = (int8_t)lroundf(__fmul_rn((float)row[j], k));
-            sc = ns;
-        }
-        float inv = __fdiv_rn(1.f, sc);
-        for (int e = lane; e < hs; e += 32) {
-            float q = roundf(__fmul_rn(to_f(v[e]), inv));
-            row[(size_t)off * hs + e] = (int8_t)(q > 127.f ? 127 : q < -127.f ? -127 : (int)q);
-        }
-        __syncwarp(); /* every lane has read scales[r] and written its bytes before the next row */
-        if (lane == 0) scales[r] = sc;
-        __syncwarp();
+    int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp >= 2 * NH * N) return;
+    int task = warp / N, i = warp % N, which = task / NH, h = task % NH, C = NH * hs, blk = slot[i] / bs;
+    bool earlier = false;
+    for (int j = lane; j < i; j += 32) earlier |= slot[j] / bs == blk;
+    if (__any_sync(0xffffffffu, earlier)) return;
+    size_t r = ((size_t)blk * 2 + which) * NH + h;
+    for (int j = i; j < N; j++) {
+        if (slot[j] / bs != blk) continue;
+        kv_put_warp(kv + r * (size_t)bs * hs, scales + r, qkv + (size_t)j * 3 * C + (size_t)(1 + which) * C + h * hs,
+                    slot[j] % bs, hs, lane);
     }
 }
 
 void cuda_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs) {
-    int hs = (int)(kv->cols / bs);
+    int hs = (int)(kv->cols / bs), warps = 2 * NH * N;
+    if (N <= 0) return;
     with_act([&](auto act) {
         ACT_TYPE(act);
-        kv_write_int8_kernel<A><<<(2 * NH + 3) / 4, 128, 0, g_cuda.stream>>>(
+        kv_write_int8_kernel<A><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
             (int8_t *)kv->data, (float *)kv->scales, (const A *)qkv, slot, N, NH, bs, hs);
     });
     LAUNCH_CHECK();
