@@ -22,6 +22,8 @@
 #include "backend/plugin.h"
 #include "backend/cuda/cuda_peak.h"
 #include "check.h"
+#include "model/quant.h"
+#include "model/sparse24.h"
 #ifdef LOOM_HAVE_CUDA
 #include "backend/cuda/cuda_devices.h"
 #endif
@@ -902,6 +904,45 @@ static void test_int8_kv(void) {
     release();
 }
 
+/* The 2:4 variant against the CPU's on the same compressed weights (values
+ * + 2-bit positions, backend.h LOOM_LAYOUT_SPARSE24): on cuSPARSELt at
+ * bf16/fp16 where the library loads, else dense cuBLASLt (fp32/tf32, or no
+ * cuSPARSELt; cuda_sparse24.cu says which on stderr), both at the run's
+ * dtype: the matmul bound. C = 100 (not a multiple of 8, which cuSPARSELt
+ * refuses: dense), decode and prefill row counts, GPT-2 widths; the last
+ * shape repeats after the weights are freed, so a new weight at an old
+ * address must not reuse the old one's preparation. */
+static void test_sparse24_matmul(void) {
+    if (!gpu_ready()) return;
+    if (!gpu->matmul_forward_s24) {
+        check_fail_why("the CUDA backend has no matmul_forward_s24 (cuda_sparse24.cu), which it is meant to have");
+        return;
+    }
+    static const int shapes[][3] = {{5, 100, 200}, {70, 128, 64}, {1, 768, 2304}, {16, 768, 768}, {16, 768, 768}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        int N = shapes[t][0], C = shapes[t][1], OC = shapes[t][2];
+        size_t nm = (size_t)OC * ((C + 7) / 8);
+        snprintf(shape, sizeof shape, "N=%d C=%d OC=%d", N, C, OC);
+        float *w = hrand((size_t)OC * C, 1), *vals = hrand((size_t)OC * C / 2, 1), *x = hrand((size_t)N * C, 1);
+        float *bias = hrand(OC, 1), *y = hrand((size_t)N * OC, 1);
+        unsigned char *meta = track_host(malloc(nm));
+        loom_prune24_rows(w, OC, C);
+        loom_sparse24_compress(w, OC, C, vals, meta);
+        loom_tensor_t hw = {.data = vals, .dtype = LOOM_FP32, .rows = OC, .cols = C, .layout = LOOM_LAYOUT_SPARSE24,
+                            .meta = meta}, dw = hw;
+        dw.data = dput(vals, (size_t)OC * C / 2 * 4);
+        dw.meta = dput(meta, nm);
+        float *d_x = dput(x, (size_t)N * C * 4), *d_b = dput(bias, OC * 4), *d_y = dpoison((size_t)N * OC);
+        for (int gelu = 0; gelu < 2; gelu++) {
+            cpu->matmul_forward_s24(y, x, &hw, gelu ? bias : NULL, N, C, OC, gelu);
+            gpu->matmul_forward_s24(d_y, d_x, &dw, gelu ? d_b : NULL, N, C, OC, gelu);
+            expect(gelu ? "matmul_forward_s24 bias gelu" : "matmul_forward_s24 no bias", d_y, y, (size_t)N * OC,
+                   tol_matmul());
+        }
+        release(); /* frees the weight */
+    }
+}
+
 static const gpu_case gpu_cases[] = {
     {"encoder", test_encoder, "encoder_forward encoder_backward"},
     {"layernorm", test_layernorm, "layernorm_forward layernorm_backward"},
@@ -925,6 +966,7 @@ static const gpu_case gpu_cases[] = {
     {"paged_kv", test_paged_kv, "kv_write paged_attention kv_copy_block"},
     {"int8_matmul", test_int8_matmul, "matmul_forward_w8 matmul_forward_w8a8"},
     {"int8_kv", test_int8_kv, "kv_write paged_attention kv_copy_block"},
+    {"sparse24_matmul", test_sparse24_matmul, "matmul_forward_s24"},
 };
 
 /* 1 when `name` is a whole word of the space-separated `list`. */

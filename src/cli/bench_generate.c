@@ -119,7 +119,7 @@ static void llama_row(const char *bin, const char *gguf, int plen, int gen, cons
 typedef struct {
     const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf, *device;
     int conc[16], nconc;
-    int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens, quant, kv_dtype;
+    int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens, quant, kv_dtype, sparse;
 } bench_flags_t;
 
 /* Every level `repeat` times, alternating levels (drift on a shared
@@ -179,6 +179,7 @@ static int bench_generate(const bench_flags_t *f) {
     if (s == LOOM_OK) s = loom_cli_engine_config(f->kv_memory, f->block_size, f->max_batch_tokens, 64, &ec);
     ec.quant = loom_cli_quant_mode(f->quant);
     ec.kv_dtype = f->kv_dtype ? LOOM_INT8 : LOOM_FP32;
+    ec.sparse = f->sparse; /* --sparse: 2:4 weights compressed (model/sparse24.h) */
     if (s == LOOM_OK) s = loom_engine_create(&e, m, NULL, &ec);
     if (s == LOOM_OK && (ec.quant || f->kv_dtype))
         printf("quantization: linear weights %s, KV cache %s\n", loom_quant_name((loom_quant_mode)ec.quant),
@@ -227,6 +228,7 @@ int cmd_bench_generate(int argc, char **argv) {
         loom_flag(LOOM_FLAG_MAX_BATCH_TOKENS, &f.max_batch_tokens),
         loom_flag(LOOM_FLAG_QUANT, &f.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &f.kv_dtype),
+        loom_flag(LOOM_FLAG_SPARSE, &f.sparse),
         {"llama-bench", ARG_STR, &f.llama_bin, ".cache/llama.cpp/build/bin/llama-bench", 0, 0, "llama.cpp's llama-bench, for the peer row"},
         {"gguf", ARG_STR, &f.gguf, "", 0, 0, "the same weights as GGUF, for llama.cpp"},
     };

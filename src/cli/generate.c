@@ -174,7 +174,7 @@ static loom_status write_out(const gen_state_t *g, const char *path) {
 /* The engine flags that generate and bench generate share. */
 typedef struct {
     const char *kv_memory, *device;
-    int block_size, max_batch_tokens, max_seqs, quant, kv_dtype;
+    int block_size, max_batch_tokens, max_seqs, quant, kv_dtype, sparse;
 } engine_flags_t;
 
 int loom_cli_quant_mode(int choice) {
@@ -218,6 +218,7 @@ static loom_status generate_run(const char *run, int threads, const char *in, co
     if (s == LOOM_OK) s = loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, &c);
     c.quant = loom_cli_quant_mode(ef->quant);
     c.kv_dtype = ef->kv_dtype ? LOOM_INT8 : LOOM_FP32;
+    c.sparse = ef->sparse;
     if (s == LOOM_OK) s = loom_engine_create(&e, m, tok, &c);
     g.t0 = loom_now();
     if (s == LOOM_OK) s = submit_all(e, tok, in, p, &g, &ctxs);
@@ -263,6 +264,7 @@ int cmd_generate(int argc, char **argv) {
         loom_flag(LOOM_FLAG_MAX_SEQS, &ef.max_seqs),
         loom_flag(LOOM_FLAG_QUANT, &ef.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &ef.kv_dtype),
+        loom_flag(LOOM_FLAG_SPARSE, &ef.sparse),
     };
     int r = loom_args_parse("generate", "loom generate --run runs/NAME --prompts in.jsonl --out out.jsonl [flags]", args,
                             (int)(sizeof args / sizeof args[0]), argc, argv);

@@ -39,7 +39,7 @@ static void split_run(const char *spec, char *name, size_t cap, const char **dir
 typedef struct {
     loom_arg_list_t runs;
     const char *host, *device, *kv_memory, *api_key, *chat_template;
-    int port, threads, block_size, max_batch_tokens, max_seqs, max_queue, quant, kv_dtype;
+    int port, threads, block_size, max_batch_tokens, max_seqs, max_queue, quant, kv_dtype, sparse;
     double timeout, grace;
 } serve_flags_t;
 
@@ -60,6 +60,7 @@ static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_
     ec.kv_bytes /= (size_t)f->runs.n; /* one budget, split evenly */
     ec.quant = loom_cli_quant_mode(f->quant); /* --quant, --kv-dtype: docs/quantization.md */
     ec.kv_dtype = f->kv_dtype ? LOOM_INT8 : LOOM_FP32;
+    ec.sparse = f->sparse; /* --sparse: model/sparse24.h */
     for (int i = 0; i < f->runs.n; i++) {
         char name[128];
         const char *dir;
@@ -122,6 +123,7 @@ int cmd_serve(int argc, char **argv) {
         loom_flag(LOOM_FLAG_THREADS, &f.threads),
         loom_flag(LOOM_FLAG_QUANT, &f.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &f.kv_dtype),
+        loom_flag(LOOM_FLAG_SPARSE, &f.sparse),
         loom_flag(LOOM_FLAG_KV_MEMORY, &f.kv_memory), /* for all models together, split evenly */
         loom_flag(LOOM_FLAG_BLOCK_SIZE, &f.block_size),
         loom_flag(LOOM_FLAG_MAX_BATCH_TOKENS, &f.max_batch_tokens),

@@ -1,6 +1,7 @@
 #include "infer.h"
 
 #include "quant.h"
+#include "sparse24.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ struct loom_infer {
     int *d_rows;   /* (R) */
     int *h_slot;   /* (N) host */
     const loom_quant_t *quant; /* int8 linear weights, or NULL */
+    const loom_sparse24_t *s24; /* 2:4 compressed linear weights, or NULL */
 };
 
 size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_dtype dtype) {
@@ -148,6 +150,7 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
 }
 
 void loom_infer_set_quant(loom_infer_t *inf, const loom_quant_t *q) { inf->quant = q; }
+void loom_infer_set_sparse24(loom_infer_t *inf, const loom_sparse24_t *s) { inf->s24 = s; }
 
 /* Linear layer `which` of block l: the int8 variant when a quantized copy
  * is set and the backend has the op, else fp32 matmul_forward_rows. */
@@ -159,6 +162,8 @@ static void linear(loom_infer_t *inf, int which, int l, float *out, const float 
         be->matmul_forward_w8a8(out, inp, loom_quant_weight(inf->quant, which, l), bias, N, C, OC, gelu);
     else if (q != LOOM_QUANT_NONE && be->matmul_forward_w8)
         be->matmul_forward_w8(out, inp, loom_quant_weight(inf->quant, which, l), bias, N, C, OC, gelu);
+    else if (inf->s24 && be->matmul_forward_s24)
+        be->matmul_forward_s24(out, inp, loom_sparse24_weight(inf->s24, which, l), bias, N, C, OC, gelu);
     else
         be->matmul_forward_rows(out, inp, w, bias, N, C, OC, gelu);
 }

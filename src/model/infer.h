@@ -56,6 +56,11 @@ struct loom_quant;
  * q must outlive its use here. */
 void loom_infer_set_quant(loom_infer_t *inf, const struct loom_quant *q);
 
+struct loom_sparse24;
+/* Run the linear layers on s's 2:4 compressed weights (model/sparse24.h;
+ * NULL: dense) where no int8 copy is set. s must outlive its use here. */
+void loom_infer_set_sparse24(loom_infer_t *inf, const struct loom_sparse24 *s);
+
 /* Copy cache block src to dst in every layer (copy-on-write of a shared block). */
 void loom_infer_copy_block(loom_infer_t *inf, int src, int dst);
 

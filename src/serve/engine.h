@@ -42,6 +42,7 @@ typedef struct {
     int max_seqs;         /* running sequences at most (default 64) */
     int debug;            /* 1: check block ownership on every change (tests) */
     int quant;            /* loom_quant_mode (model/quant.h): 0 fp32 weights (default) */
+    int sparse;           /* LOOM_SPARSE_AUTO (default): 2:4 weights run compressed when quant is 0; LOOM_SPARSE_OFF */
 } loom_engine_config_t;
 
 /* Defaults for every field (kv_bytes 256 MiB). */

@@ -332,6 +332,7 @@ static void fill_table(loom_backend_t *b, loom_dtype dtype, double peak) {
     b->matmul_forward_w8 = cuda_matmul_forward_w8; /* cuda_int8.cu: int8 weights (issue 16) */
     b->matmul_forward_w8a8 = cuda_matmul_forward_w8a8;
     b->dtypes |= LOOM_DTYPE_BIT(LOOM_INT8); /* int8 weights and the int8 KV cache (cuda_int8.cu) */
+    b->matmul_forward_s24 = cuda_matmul_forward_s24; /* cuda_sparse24.cu: cuSPARSELt, else dense */
 }
 
 extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int index,
