@@ -51,26 +51,23 @@ static void run_engine(const loom_backend_t *be, got_t *g, int quant, loom_dtype
     loom_gpt_free(m);
 }
 
-static void engine_matches_cpu(void) {
+/* Greedy tokens of the GPU engine equal the CPU engine's with these weights
+ * and cache. */
+static void compare_engines(int quant, loom_dtype kv, const char *what) {
     if (!gpu_ready()) return;
     got_t a, b;
     memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
-    run_engine(cpu, &a, LOOM_QUANT_NONE, LOOM_FP32);
-    run_engine(gpu, &b, LOOM_QUANT_NONE, LOOM_FP32);
-    CHECK(memcmp(&a, &b, sizeof a) == 0, "greedy tokens differ between the CPU and GPU engines");
+    run_engine(cpu, &a, quant, kv);
+    run_engine(gpu, &b, quant, kv);
+    CHECK(memcmp(&a, &b, sizeof a) == 0, "greedy tokens differ between the CPU and GPU engines (%s)", what);
 }
 
-/* The same with W8A8 weights and an int8 KV cache (src/backend/cuda/
- * cuda_int8.cu), whose kernels repeat the CPU's rounding step for step:
- * the tokens agree as the fp32 ones do. */
-static void engine_int8_matches_cpu(void) {
-    if (!gpu_ready()) return;
-    got_t a, b;
-    memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
-    run_engine(cpu, &a, LOOM_QUANT_W8A8, LOOM_INT8);
-    run_engine(gpu, &b, LOOM_QUANT_W8A8, LOOM_INT8);
-    CHECK(memcmp(&a, &b, sizeof a) == 0, "greedy tokens differ between the CPU and GPU engines (W8A8, int8 KV)");
-}
+static void engine_matches_cpu(void) { compare_engines(LOOM_QUANT_NONE, LOOM_FP32, "fp32"); }
+
+/* W8A8 weights and an int8 KV cache (src/backend/cuda/cuda_int8.cu), whose
+ * kernels repeat the CPU's rounding step for step: the tokens agree as the
+ * fp32 ones do. */
+static void engine_int8_matches_cpu(void) { compare_engines(LOOM_QUANT_W8A8, LOOM_INT8, "W8A8, int8 KV"); }
 
 int main(void) {
     loom_backend_cpu_init(&cpu, 2);
