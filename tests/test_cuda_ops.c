@@ -22,6 +22,8 @@
 #include "backend/plugin.h"
 #include "backend/cuda/cuda_peak.h"
 #include "check.h"
+#include "model/quant.h"
+#include "model/sparse24.h"
 #ifdef LOOM_HAVE_CUDA
 #include "backend/cuda/cuda_devices.h"
 #endif
@@ -826,6 +828,37 @@ static void test_int8_matmul(void) {
     release();
 }
 
+/* The 2:4 sparse variant against the CPU's, on the same compressed
+ * weights (values + 2-bit positions, backend.h LOOM_LAYOUT_SPARSE24),
+ * C = 100 (not a multiple of 8); a backend without it runs the model's
+ * dense fp32 weights (matmul_forward_rows), a SKIP naming that. */
+static void test_sparse24_matmul(void) {
+    if (!gpu_ready()) return;
+    if (!gpu->matmul_forward_s24) {
+        check_skip("the CUDA backend has no 2:4 sparse matmul (matmul_forward_s24): pruned runs multiply their dense fp32 weights with matmul_forward_rows there");
+        return;
+    }
+    const int N = 5, C = 100, OC = 200;
+    snprintf(shape, sizeof shape, "N=%d C=%d OC=%d", N, C, OC);
+    float *w = hrand((size_t)OC * C, 1), *vals = hrand((size_t)OC * C / 2, 1), *x = hrand((size_t)N * C, 1);
+    float *bias = hrand(OC, 1), *y = hrand((size_t)N * OC, 1);
+    unsigned char *meta = malloc((size_t)OC * ((C + 7) / 8));
+    loom_prune24_rows(w, OC, C);
+    loom_sparse24_compress(w, OC, C, vals, meta);
+    loom_tensor_t hw = {.data = vals, .dtype = LOOM_FP32, .rows = OC, .cols = C, .layout = LOOM_LAYOUT_SPARSE24,
+                        .meta = meta}, dw = hw;
+    dw.data = dput(vals, (size_t)OC * C / 2 * 4);
+    dw.meta = dput(meta, (size_t)OC * ((C + 7) / 8));
+    float *d_x = dput(x, (size_t)N * C * 4), *d_b = dput(bias, OC * 4), *d_y = dpoison((size_t)N * OC);
+    for (int gelu = 0; gelu < 2; gelu++) {
+        cpu->matmul_forward_s24(y, x, &hw, bias, N, C, OC, gelu);
+        gpu->matmul_forward_s24(d_y, d_x, &dw, d_b, N, C, OC, gelu);
+        expect(gelu ? "matmul_forward_s24 gelu" : "matmul_forward_s24", d_y, y, (size_t)N * OC, tol_matmul());
+    }
+    free(meta);
+    release();
+}
+
 static const gpu_case gpu_cases[] = {
     {"encoder", test_encoder, "encoder_forward encoder_backward"},
     {"layernorm", test_layernorm, "layernorm_forward layernorm_backward"},
@@ -848,6 +881,7 @@ static const gpu_case gpu_cases[] = {
     {"paged_rows", test_paged_rows, "embed_positions matmul_forward_rows gather_rows"},
     {"paged_kv", test_paged_kv, "kv_write paged_attention kv_copy_block"},
     {"int8_matmul", test_int8_matmul, "matmul_forward_w8 matmul_forward_w8a8"},
+    {"sparse24_matmul", test_sparse24_matmul, "matmul_forward_s24"},
 };
 
 /* 1 when `name` is a whole word of the space-separated `list`. */

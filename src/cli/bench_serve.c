@@ -35,6 +35,7 @@ typedef struct {
 
 typedef struct {
     int port, plen, gen, n_prompts, llama;
+    int base; /* first prompt of this level: levels never repeat a prompt, so a peer's prompt cache cannot help */
     int **prompts;
     result_t *res;
     int next, total; /* closed loop: next request to send */
@@ -54,7 +55,7 @@ static int http_connect(int port) {
 /* One streamed completion; fills *r. */
 static void one_request(load_t *L, int i, result_t *r) {
     loom_sbuf_t body = {0}, req = {0};
-    const int *p = L->prompts[i % L->n_prompts];
+    const int *p = L->prompts[(L->base + i) % L->n_prompts];
     loom_sbuf_puts(&body, "{\"prompt\":[");
     for (int k = 0; k < L->plen; k++) loom_sbuf_printf(&body, "%s%d", k ? "," : "", p[k]);
     loom_sbuf_printf(&body, "],\"max_tokens\":%d,\"temperature\":0,\"stream\":true,\"ignore_eos\":true,"
@@ -209,6 +210,7 @@ typedef struct {
 } bench_flags_t;
 
 static void run_levels(load_t *L, const char *who, const bench_flags_t *f) {
+    L->base = 0; /* both servers get the same prompts, level by level */
     if (f->rate > 0) {
         run_level(L, who, 0, f->rate, f->requests ? f->requests : 32);
         return;
@@ -219,6 +221,7 @@ static void run_levels(load_t *L, const char *who, const bench_flags_t *f) {
         if (c < 1) continue;
         int total = f->requests ? f->requests : (c * 2 > 8 ? c * 2 : 8);
         run_level(L, who, c, 0, total);
+        L->base += total;
     }
     free(lv);
 }
@@ -282,8 +285,8 @@ static int max_level(const bench_flags_t *f) {
 static loom_status bench_loom(const bench_flags_t *f, load_t *L, loom_opened_run_t *R) {
     LOOM_TRY(loom_run_open(f->run, f->threads, R));
     if (!R->tok) return loom_error(LOOM_EINVAL, "%s has no tokenizer.json: the benchmark cuts its prompts from text", f->run);
-    LOOM_TRY(make_prompts(R->tok, f->text, 64, f->plen, &L->prompts));
-    L->n_prompts = 64;
+    LOOM_TRY(make_prompts(R->tok, f->text, 512, f->plen, &L->prompts));
+    L->n_prompts = 512;
     if (f->plen + f->gen > R->model->cfg.max_seq_len)
         return loom_error(LOOM_EINVAL, "--in %d + --out %d is above the model's context (%d)", f->plen, f->gen, R->model->cfg.max_seq_len);
     loom_engine_config_t ec;
@@ -319,10 +322,8 @@ int cmd_bench_serve(int argc, char **argv) {
         {"llama-server", ARG_STR, &f.llama_bin, ".cache/llama.cpp/build/bin/llama-server", 0, 0, "llama.cpp's llama-server, the peer"},
         {"gguf", ARG_STR, &f.gguf, "", 0, 0, "the same weights as GGUF, for llama.cpp"},
     };
-    int r = loom_args_parse("bench serve", "loom bench serve --run runs/NAME [--clients 1,4,16,64 | --rate R] [flags]", args,
-                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("bench serve", "loom bench serve --run runs/NAME [--clients 1,4,16,64 | --rate R] [flags]",
+                              args, argc, argv);
     if (!f.run) {
         fprintf(stderr, "loom bench serve: give the model with --run DIR\n");
         return 2;
