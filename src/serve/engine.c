@@ -720,9 +720,8 @@ struct loom_engine_queue {
 };
 
 loom_engine_queue_t *loom_engine_queue_new(void) {
-    loom_engine_queue_t *q = loom_calloc(1, sizeof *q);
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->cv, NULL);
+    loom_engine_queue_t *q = loom_malloc(sizeof *q);
+    *q = (loom_engine_queue_t){.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER}; /* empty */
     return q;
 }
 
