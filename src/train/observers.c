@@ -65,8 +65,10 @@ static loom_status signals_before_step(void *ctx, loom_train_run_t *run, long lo
  * barrier: a first signal there would kill this rank and make its peers
  * exit 3 ("rank N died") although the run is complete. */
 static loom_status signals_stop(void *ctx, loom_train_run_t *run, loom_status s) {
-    if (stop_signal) loom_train_signals_restore();
-    if (stop_signal) loom_train_request_stop(run, stop_signal);
+    if (stop_signal) {
+        loom_train_signals_restore();
+        loom_train_request_stop(run, stop_signal);
+    }
     if (s == LOOM_OK && run->stop_signal && run->step >= run->first_step)
         loom_info("\nloom train: stopped by signal %d after step %lld; writing a checkpoint", run->stop_signal, run->step);
     return LOOM_OK;
