@@ -162,7 +162,7 @@ static void linear(loom_infer_t *inf, int which, int l, float *out, const float 
         be->matmul_forward_w8a8(out, inp, loom_quant_weight(inf->quant, which, l), bias, N, C, OC, gelu);
     else if (q != LOOM_QUANT_NONE && be->matmul_forward_w8)
         be->matmul_forward_w8(out, inp, loom_quant_weight(inf->quant, which, l), bias, N, C, OC, gelu);
-    else if (inf->s24 && be->matmul_forward_s24)
+    else if (inf->s24 && be->matmul_forward_s24 && N <= LOOM_SPARSE24_MAX_ROWS)
         be->matmul_forward_s24(out, inp, loom_sparse24_weight(inf->s24, which, l), bias, N, C, OC, gelu);
     else
         be->matmul_forward_rows(out, inp, w, bias, N, C, OC, gelu);
