@@ -28,6 +28,11 @@ static void *cpu_alloc(size_t bytes) {
     return p;
 }
 static void cpu_free(void *p) { free(p); }
+/* Below this many elements a forward op runs on the calling thread: waking
+ * the team costs more than the work (a decode step of a small model is
+ * ~100 such ops on one row each). Per-element results do not depend on it. */
+#define PAR_MIN ((size_t)1 << 15)
+
 static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
 /* Large buffers (the gradients, 500 MB for GPT-2 small) are zeroed by all
  * threads, a contiguous share each. */
@@ -47,7 +52,7 @@ static void cpu_sync(void) {}
 
 static void encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                             int B, int T, int C) {
-#pragma omp parallel for collapse(2) schedule(static)
+#pragma omp parallel for collapse(2) schedule(static) if ((size_t)B * T * C > PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             float *o = out + ((size_t)b * T + t) * C;
@@ -118,7 +123,7 @@ static inline void layernorm_row(float *o, float *mean, float *rstd, const float
 
 static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > PAR_MIN)
     for (int n = 0; n < N; n++)
         layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b, C);
 }
@@ -126,7 +131,7 @@ static void layernorm_forward(float *out, float *mean, float *rstd, const float 
 static void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
                                        const float *a, const float *b_res, const float *w,
                                        const float *b, int N, int C) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((size_t)N * C > PAR_MIN)
     for (int n = 0; n < N; n++) {
         float *r = res + (size_t)n * C;
         const float *x = a + (size_t)n * C, *y = b_res + (size_t)n * C;
@@ -182,7 +187,7 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
 }
 
 static void gelu_forward(float *out, const float *inp, size_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) out[i] = loom_gelu(inp[i]);
 }
 
@@ -277,7 +282,7 @@ static void matmul_backward_gelu(float *dpre, float *dw, float *dbias, const flo
 }
 
 static void residual_forward(float *out, const float *a, const float *b, size_t n) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
