@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
     if (loom_backend_cpu_init(&be, threads) != LOOM_OK) return fprintf(stderr, "%s\n", loom_errmsg()), 1;
     const int C0 = 768, layers = getenv("LAYERS") ? atoi(getenv("LAYERS")) : 12; /* 12: 340 MB dense, more than the caches */
     const int shapes[4][2] = {{3 * C0, C0}, {C0, C0}, {4 * C0, C0}, {C0, 4 * C0}}; /* OC, C */
-    const int Ns[] = {1, 4, 16, 64, 256};
+    const int Ns[] = {1, 4, 8, 16, 64, 256};
     float *w[4], *vals[4], *x = malloc(sizeof(float) * 256 * 4 * C0), *out = malloc(sizeof(float) * 256 * 4 * C0);
     unsigned char *meta[4];
     loom_tensor_t t[4];
