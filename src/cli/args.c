@@ -288,3 +288,8 @@ int loom_exit_code(int status) {
     default: return 1;
     }
 }
+
+int loom_exit_report(const char *cmd, int status) {
+    if (status != LOOM_OK) fprintf(stderr, "loom %s: %s\n", cmd, loom_errmsg());
+    return loom_exit_code(status);
+}

@@ -30,19 +30,13 @@ int cmd_sample(int argc, char **argv) {
         loom_flag(LOOM_FLAG_KV_DTYPE, &kv_dtype),
         loom_flag(LOOM_FLAG_SPARSE, &sparse),
     };
-    int r = loom_args_parse("sample", "loom sample --run runs/NAME [--prompt TEXT] [flags]", args,
-                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("sample", "loom sample --run runs/NAME [--prompt TEXT] [flags]", args, argc, argv);
     if (gguf) run = gguf;
     loom_opened_run_t R;
     loom_status s = loom_run_open(run, threads, &R);
     loom_gpt_t *m = R.model;
     loom_tokenizer_t *tok = R.tok;
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom sample: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
+    if (s != LOOM_OK) return loom_exit_report("sample", s);
     if (!tok) {
         fprintf(stderr, "loom sample: %s has no tokenizer.json, so text cannot be encoded or decoded\n", run);
         loom_run_close(&R);
@@ -78,9 +72,5 @@ int cmd_sample(int argc, char **argv) {
     }
     free(ids);
     loom_run_close(&R);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom sample: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
-    return 0;
+    return loom_exit_report("sample", s);
 }

@@ -52,7 +52,8 @@ int loom_infer_max_blocks(const loom_infer_t *inf);
 loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, float *logits);
 
 struct loom_quant;
-/* Run the linear layers on q's int8 weights (model/quant.h; NULL: fp32).
+/* Run the linear layers (and the logits product when q has an int8 wte)
+ * on q's int8 weights (model/quant.h; NULL: fp32).
  * q must outlive its use here. */
 void loom_infer_set_quant(loom_infer_t *inf, const struct loom_quant *q);
 

@@ -172,7 +172,8 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     loom_status s = loom_infer_create(&e->inf, m, (int)nb, c->block_size, c->kv_dtype, c->max_batch_tokens,
                                       c->max_seqs, c->max_seqs);
     if (s == LOOM_OK && c->quant != LOOM_QUANT_NONE) {
-        s = loom_quant_create(&e->quant, m, (loom_quant_mode)c->quant);
+        loom_quant_opts_t qo = {.block = c->quant_block, .logits = !c->quant_fp32_logits};
+        s = loom_quant_create_opts(&e->quant, m, (loom_quant_mode)c->quant, &qo);
         if (s == LOOM_OK) loom_infer_set_quant(e->inf, e->quant);
         else loom_infer_free(e->inf);
     }
@@ -719,9 +720,8 @@ struct loom_engine_queue {
 };
 
 loom_engine_queue_t *loom_engine_queue_new(void) {
-    loom_engine_queue_t *q = loom_calloc(1, sizeof *q);
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->cv, NULL);
+    loom_engine_queue_t *q = loom_malloc(sizeof *q);
+    *q = (loom_engine_queue_t){.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER}; /* empty */
     return q;
 }
 

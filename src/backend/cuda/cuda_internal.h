@@ -59,7 +59,7 @@ extern loom_cuda_state g_cuda;
 /* Scratch: one grow-only device buffer per purpose. Growing is refused
  * (panic with the reason) while a CUDA graph is being captured, so the
  * warm-up step before capture must use the largest shapes. */
-enum { SCRATCH_LN, SCRATCH_BIAS, SCRATCH_ATTN, SCRATCH_ATTN_D, SCRATCH_ATTN_LP, SCRATCH_CUDNN_WS, SCRATCH_COUNT };
+enum { SCRATCH_LN, SCRATCH_BIAS, SCRATCH_ATTN, SCRATCH_ATTN_D, SCRATCH_ATTN_LP, SCRATCH_CUDNN_WS, SCRATCH_QUANT, SCRATCH_COUNT };
 void *cuda_scratch(int slot, size_t bytes);
 /* Whether g_cuda.stream is being captured into a graph right now. */
 int cuda_capturing(void);
