@@ -164,6 +164,28 @@ static void gemm_case(int N, int C, int OC, int gelu, int block) {
     free(out), free(ref32), free(one), free(deq), free(ref);
 }
 
+/* Per-token quantization on every instruction set equals C's roundf
+ * (ties away from zero) on a row whose scale is exactly 1: ties, values a
+ * hair below a tie, the clamp, and a tail that is not a multiple of 8. */
+static void quantize_ties(void) {
+    enum { C = 45 };
+    float x[C], s;
+    signed char q[C];
+    const float fixed[] = {127.0f, 0.5f, -0.5f, 1.5f, -2.5f, 126.5f, -126.5f, 0.49999997f, -0.49999997f, 2.4999998f, 0.0f, -0.0f};
+    int nf = (int)(sizeof fixed / sizeof fixed[0]);
+    for (int c = 0; c < C; c++) x[c] = c < nf ? fixed[c] : (float)((c * 37) % 255 - 127) * 0.5f;
+    x[C - 1] = 3.5f; /* a tie in the tail */
+    for (int i = 0; i < 4; i++) {
+        if (!loom_cpu_int8_use(isas[i])) continue;
+        loom_cpu_quantize_rows(x, 1, C, q, &s);
+        CHECK(s == 1.0f, "%s: scale %g, expected 1", isas[i], s);
+        for (int c = 0; c < C; c++)
+            CHECK(q[c] == (signed char)roundf(x[c]), "%s: x[%d] = %.8g -> %d, roundf gives %.0f", isas[i], c, x[c], q[c],
+                  roundf(x[c]));
+    }
+    loom_cpu_int8_use(NULL);
+}
+
 /* Extreme values: every product +-127 * +-127 and sums near the largest a
  * row can reach; with unit scales the outputs are the integers
  * themselves, exactly (|sum| < 2^24). vpmaddubsw would saturate here if
@@ -393,6 +415,7 @@ int main(void) {
     RUN(round_trip_q8_0);
     RUN(gemm_vs_double);
     RUN(int32_exact);
+    RUN(quantize_ties);
     RUN(kv_int8_ops);
     RUN(perplexity_bounds);
     return check_main_end();

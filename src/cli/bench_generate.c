@@ -23,6 +23,8 @@ typedef struct {
     loom_request_params_t p;
     double *ttft;
     long long tokens;
+    double t_first, decode_time; /* one request in flight: its first token's time; sum of first-to-last times */
+    long long decode_tokens;     /* tokens after each request's first */
 } load_t;
 
 static void bench_event(void *ctx, const loom_engine_event_t *ev);
@@ -38,8 +40,9 @@ static void submit_next(load_t *L) {
 static void bench_event(void *ctx, const loom_engine_event_t *ev) {
     load_t *L = ctx;
     if (ev->token >= 0) L->tokens++;
-    if (ev->token >= 0 && ev->n_generated == 1) L->ttft[L->n_first++] = ev->ttft;
+    if (ev->token >= 0 && ev->n_generated == 1) L->ttft[L->n_first++] = ev->ttft, L->t_first = loom_now();
     if (ev->finish) {
+        L->decode_time += loom_now() - L->t_first, L->decode_tokens += ev->n_generated - 1;
         L->done++;
         submit_next(L);
     }
@@ -51,9 +54,11 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* One concurrency level: `total` requests, `conc` in flight. Returns
- * output tokens/s; median TTFT into *ttft_ms. */
+ * output tokens/s; median TTFT into *ttft_ms; with conc 1, the decode rate
+ * (tokens after the first over the time from first to last, the rate
+ * llama-bench's tg measures) into *decode. */
 static double run_level(loom_engine_t *e, const int *prompt, int plen, int gen, int conc, int total,
-                        double *ttft_ms) {
+                        double *ttft_ms, double *decode) {
     load_t L = {.e = e, .prompt = prompt, .prompt_len = plen, .total = total};
     loom_request_params_default(&L.p);
     L.p.max_tokens = gen;
@@ -64,6 +69,7 @@ static double run_level(loom_engine_t *e, const int *prompt, int plen, int gen, 
     double dt = loom_now() - t0;
     qsort(L.ttft, (size_t)total, sizeof(double), cmp_double);
     *ttft_ms = 1e3 * L.ttft[total / 2];
+    *decode = conc == 1 && L.decode_time > 0 ? (double)L.decode_tokens / L.decode_time : 0;
     free(L.ttft);
     return (double)L.tokens / dt;
 }
@@ -182,38 +188,40 @@ static int parse_sides(const bench_flags_t *f, bench_side_t *sd) {
 static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const int *prompt) {
     int nl = f->nconc, R = f->repeat;
     double *tps = loom_calloc((size_t)(ns * nl * R), sizeof(double)), *ttft = loom_calloc((size_t)(ns * nl * R), sizeof(double));
-    double *bw = loom_calloc((size_t)R, sizeof(double));
+    double *bw = loom_calloc((size_t)R, sizeof(double)), *dec = loom_calloc((size_t)(ns * nl * R), sizeof(double));
     for (int r = 0; r < R; r++) {
         bw[r] = measure_bandwidth((size_t)1 << 30);
         fprintf(stderr, "round %d: memory read bandwidth %.1f GB/s\n", r + 1, bw[r] / 1e9);
         for (int s = 0; s < ns; s++)
             for (int l = 0; l < nl; l++) {
                 int c = f->conc[l], total = c > 1 ? c : 2, i = (s * nl + l) * R + r;
-                tps[i] = run_level(sd[s].e, prompt, f->plen, f->gen, c, total, &ttft[i]);
+                tps[i] = run_level(sd[s].e, prompt, f->plen, f->gen, c, total, &ttft[i], &dec[i]);
                 fprintf(stderr, "  %s, concurrency %d, round %d: %.1f tokens/s, TTFT %.0f ms\n", sd[s].name, c, r + 1, tps[i], ttft[i]);
             }
     }
     qsort(bw, (size_t)R, sizeof(double), cmp_double);
     printf("memory read bandwidth %.1f GB/s (median of %d rounds, %.1f-%.1f; 1 GiB summed, best of 5 each)\n", bw[R / 2] / 1e9,
            R, bw[0] / 1e9, bw[R - 1] / 1e9);
-    printf("%-16s %-26s %10s %17s %9s %9s %10s\n", "loom", "", "out tok/s", "(min-max)", "TTFT ms", "vs first", "floor");
+    printf("%-16s %-26s %10s %17s %9s %9s %22s\n", "loom", "", "out tok/s", "(min-max)", "TTFT ms", "vs first",
+           "decode tok/s (floor)");
     double first = 0;
     for (int s = 0; s < ns; s++)
         for (int l = 0; l < nl; l++) {
-            double *t = tps + (s * nl + l) * R, *q = ttft + (s * nl + l) * R;
+            double *t = tps + (s * nl + l) * R, *q = ttft + (s * nl + l) * R, *d = dec + (s * nl + l) * R;
             qsort(t, (size_t)R, sizeof(double), cmp_double);
             qsort(q, (size_t)R, sizeof(double), cmp_double);
+            qsort(d, (size_t)R, sizeof(double), cmp_double);
             double med = t[R / 2], floor = bw[R / 2] / (double)sd[s].bytes;
             int c = f->conc[l];
             if (s == 0 && l == 0) first = med;
-            char name[64], fl[32] = "";
+            char name[64], fl[64] = "";
             snprintf(name, sizeof name, c == 1 ? "one request at a time" : "continuous batching, %d", c);
-            if (c == 1) snprintf(fl, sizeof fl, "%.1f (%.0f%%)", floor, 100 * med / floor);
-            printf("%-16s %-26s %10.1f %8.1f-%-8.1f %9.0f %8.2fx %10s\n", sd[s].name, name, med, t[0], t[R - 1], q[R / 2],
+            if (c == 1) snprintf(fl, sizeof fl, "%.1f (%.1f-%.1f) of %.1f", d[R / 2], d[0], d[R - 1], floor);
+            printf("%-16s %-26s %10.1f %8.1f-%-8.1f %9.0f %8.2fx %22s\n", sd[s].name, name, med, t[0], t[R - 1], q[R / 2],
                    med / first, fl);
         }
-    printf("floor: single-stream decode tokens/s that the median bandwidth allows for each side's bytes per token (and the share reached, prefill included)\n");
-    free(tps), free(ttft), free(bw);
+    printf("decode tok/s: one request at a time, tokens after the first over the time from first to last (median, min-max); floor: what the median bandwidth allows for the side's bytes per token\n");
+    free(tps), free(ttft), free(bw), free(dec);
 }
 
 /* The model: a run's checkpoint, or a preset with random weights. */

@@ -89,19 +89,66 @@ int loom_cpu_int8_use(const char *name) {
 
 int loom_cpu_int8_vnni(void) { return isa_pick() >= ISA_AVXVNNI; }
 
+/* One row: its scale, then q = round(x / s), ties away from zero (as
+ * roundf), clamped to +-127. */
+static void quantize_row(const float *r, int C, int8_t *q, float *s) {
+    float mx = 0.0f;
+    for (int c = 0; c < C; c++) mx = fmaxf(mx, fabsf(r[c]));
+    float sc = mx > 0.0f ? mx / 127.0f : 1.0f, inv = 1.0f / sc;
+    *s = sc;
+    for (int c = 0; c < C; c++) {
+        float v = roundf(r[c] * inv);
+        q[c] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+    }
+}
+
+#if defined(__x86_64__)
+/* The same 8 at a time (a decode step quantizes ~50 rows; roundf is a
+ * libm call): t = trunc(v), and t + sign(v) where |v - t| >= 1/2 (v - t is
+ * exact), which is roundf's result for every float. */
+__attribute__((target("avx2,fma"))) static void quantize_row_avx2(const float *r, int C, int8_t *q, float *s) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), half = _mm256_set1_ps(0.5f);
+    __m256 vmx = _mm256_setzero_ps();
+    int c = 0;
+    for (; c + 8 <= C; c += 8) vmx = _mm256_max_ps(vmx, _mm256_and_ps(_mm256_loadu_ps(r + c), absmask));
+    float lanes[8], mx = 0.0f;
+    _mm256_storeu_ps(lanes, vmx);
+    for (int i = 0; i < 8; i++) mx = fmaxf(mx, lanes[i]);
+    for (int k = c; k < C; k++) mx = fmaxf(mx, fabsf(r[k]));
+    float sc = mx > 0.0f ? mx / 127.0f : 1.0f, inv = 1.0f / sc;
+    *s = sc;
+    const __m256 vinv = _mm256_set1_ps(inv), lim = _mm256_set1_ps(127.0f), one = _mm256_set1_ps(1.0f);
+    for (c = 0; c + 8 <= C; c += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(r + c), vinv);
+        __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        __m256 away = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(v, t), absmask), half, _CMP_GE_OQ);
+        __m256 sgn = _mm256_or_ps(_mm256_andnot_ps(absmask, v), one); /* +-1 with v's sign */
+        t = _mm256_add_ps(t, _mm256_and_ps(away, sgn));
+        t = _mm256_max_ps(_mm256_min_ps(t, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
+        __m256i i32 = _mm256_cvtps_epi32(t);
+        __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+        _mm_storel_epi64((__m128i *)(q + c), _mm_packs_epi16(p16, p16));
+    }
+    for (; c < C; c++) {
+        float v = roundf(r[c] * inv);
+        q[c] = (int8_t)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+    }
+}
+#endif
+
 void loom_cpu_quantize_rows(const float *x, int N, int C, signed char *q, float *s) {
+    int avx2 = isa_pick() >= ISA_AVX2;
 #pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 18)
     for (int n = 0; n < N; n++) {
-        const float *r = x + (size_t)n * C;
-        float mx = 0.0f;
-        for (int c = 0; c < C; c++) mx = fmaxf(mx, fabsf(r[c]));
-        float sc = mx > 0.0f ? mx / 127.0f : 1.0f, inv = 1.0f / sc;
-        s[n] = sc;
-        for (int c = 0; c < C; c++) {
-            float v = roundf(r[c] * inv);
-            q[(size_t)n * C + c] = (signed char)(v > 127.0f ? 127 : v < -127.0f ? -127 : v);
+#if defined(__x86_64__)
+        if (avx2) {
+            quantize_row_avx2(x + (size_t)n * C, C, (int8_t *)q + (size_t)n * C, s + n);
+            continue;
         }
+#endif
+        quantize_row(x + (size_t)n * C, C, (int8_t *)q + (size_t)n * C, s + n);
     }
+    (void)avx2;
 }
 
 void loom_cpu_matmul_forward_w8(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
@@ -220,6 +267,8 @@ tile_avxvnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
         __m256i xu[I8_TM];
         for (int m = 0; m < mr; m++)
             xu[m] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(a->x + (size_t)m * K + k)), flip);
+        _mm_prefetch((const char *)(a->w + (size_t)I8_TJ * K + k * I8_TJ), _MM_HINT_T0); /* as tile_avx2 */
+        _mm_prefetch((const char *)(a->w + (size_t)I8_TJ * K + k * I8_TJ + 64), _MM_HINT_T0);
         for (int j = 0; j < jr; j++) {
             __m256i wv = _mm256_loadu_si256((const __m256i *)(a->w + (size_t)j * K + k));
             if (!blk) {
@@ -257,6 +306,8 @@ tile_avx512vnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
         __mmask64 msk = K - k >= 64 ? ~0ULL : (1ULL << (K - k)) - 1;
         __m512i xu[I8_TM];
         for (int m = 0; m < mr; m++) xu[m] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(msk, a->x + (size_t)m * K + k), flip);
+        for (int p = 0; p < 4; p++) /* as tile_avx2: the next tile, 4 lines a step */
+            _mm_prefetch((const char *)(a->w + (size_t)I8_TJ * K + (size_t)k * I8_TJ + 64 * p), _MM_HINT_T0);
         for (int j = 0; j < jr; j++) {
             __m512i wv = _mm512_maskz_loadu_epi8(msk, a->w + (size_t)j * K + k);
             if (!blk) {

@@ -152,7 +152,12 @@ static void dequant_rows(const wop_t *W, int blk, size_t j0, int jr, int K, floa
     for (int j = 0; j < jr; j++) {
         const int8_t *q = W->q + (j0 + j) * K;
         const float *s = W->s + (j0 + j) * W->nb;
-        for (int k = 0; k < K; k++) d[(size_t)j * K + k] = (float)q[k] * s[blk ? k / blk : 0];
+        int bl = blk ? blk : K;
+        for (int b = 0; b < K / bl; b++) {
+            float sc = s[b];
+#pragma omp simd
+            for (int k = b * bl; k < (b + 1) * bl; k++) d[(size_t)j * K + k] = (float)q[k] * sc;
+        }
     }
 }
 

@@ -15,7 +15,9 @@
  * bits. Around it: a kernel quantizing each activation row (the CPU's
  * rounding, op for op: IEEE division and round-half-away) and an epilogue
  * kernel applying sx[n] * sw[o] and the bias; GELU is the backend's GELU
- * kernel.
+ * kernel. Per-block scales (block 32) do not factor out of a row's int32
+ * sum and IMMA has no per-block scaling, so they run an own kernel: each
+ * block's int32 sum by dp4a, times its scale, summed in block order.
  *
  * W8A16/W8A32 (activations are fp32 at the op table's seam, so both are
  * this path): decode reads each weight once per step whatever the number
@@ -49,8 +51,9 @@ template <> __device__ __forceinline__ float from_f<float>(float x) { return x; 
 
 /* ---- W8A16 / W8A32: dequantize in the kernel ---- */
 
-/* Scale of weight element c of a row whose scales start at sc. */
-__device__ __forceinline__ float w8_scale(const float *sc, int block, int c) { return block ? sc[c / block] : 1.f; }
+/* Scale of weight element c of a row whose scales start at sc: each weight
+ * is widened and scaled before the product, as the CPU's row kernel does. */
+__device__ __forceinline__ float w8_scale(const float *sc, int block, int c) { return block ? sc[c / block] : sc[0]; }
 
 /* Four activations of row x from column c (VEC 4), or one. */
 template <int VEC, typename A> __device__ __forceinline__ void load_x(float *xv, const A *x) {
@@ -96,7 +99,7 @@ __global__ void w8_rows_kernel(A *out, const A *inp, const int8_t *w, const floa
         for (int k = 0; k < W8_ROWS; k++) {
             float v = warp_sum(acc[k]); /* every lane joins the shuffle */
             if (lane == 0 && n0 + k < N)
-                out[(size_t)(n0 + k) * OC + o] = from_f<A>(v * (block ? 1.f : sc[0]) + (bias ? bias[o] : 0.f));
+                out[(size_t)(n0 + k) * OC + o] = from_f<A>(v + (bias ? bias[o] : 0.f));
         }
     }
 }
@@ -185,6 +188,34 @@ __global__ void w8a8_epilogue_kernel(A *out, const int32_t *acc, const float *sx
     }
 }
 
+/* W8A8 with per-block scales (block 32, llama.cpp's Q8_0 form): a block's
+ * scale does not factor out of a row's int32 sum, so one thread per output
+ * takes each block's exact int32 sum (dp4a when aligned), converts it and
+ * multiplies by the block's scale, summing the blocks in order, then
+ * applies sx[n] and the bias: the CPU's w8a8 per-block arithmetic. */
+template <typename A>
+__global__ void w8a8_blocks_kernel(A *out, const int8_t *xq, const float *sx, const int8_t *wq, const float *ws,
+                                   int block, const float *bias, int N, int C, int OC, int vec) {
+    size_t n_out = (size_t)N * OC;
+    int nb = C / block;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n_out; i += (size_t)gridDim.x * blockDim.x) {
+        int o = (int)(i % OC);
+        const int8_t *x = xq + (i / OC) * C, *w = wq + (size_t)o * C;
+        float f = 0.f;
+        for (int b = 0; b < nb; b++) {
+            int32_t d = 0;
+            int c = b * block;
+            if (vec)
+                for (; c + 4 <= (b + 1) * block; c += 4)
+                    d = __dp4a(*reinterpret_cast<const int *>(x + c), *reinterpret_cast<const int *>(w + c), d);
+            for (; c < (b + 1) * block; c++) d += (int32_t)x[c] * (int32_t)w[c];
+            f = __fadd_rn(f, __fmul_rn((float)d, ws[(size_t)o * nb + b]));
+        }
+        float v = __fmul_rn(f, sx[i / OC]);
+        out[i] = from_f<A>(bias ? __fadd_rn(v, bias[o]) : v);
+    }
+}
+
 /* cuBLASLt's answer for one IMMA shape, asked once. */
 typedef struct {
     int used, found, m, n, k, align;
@@ -262,33 +293,36 @@ static size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
 
 void cuda_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N,
                               int C, int OC, int gelu) {
-    if (w->block) { /* per-block scales do not factor out of an int32 row sum: the CPU runs W8A32 too */
-        cuda_matmul_forward_w8(out, inp, w, bias, N, C, OC, gelu);
-        return;
-    }
     if (N <= 0 || OC <= 0) return;
-    /* scratch: acc (N,OC) int32 | xq (N,C) int8 | sx (N) fp32 */
-    size_t b_acc = round256((size_t)N * OC * 4), b_xq = round256((size_t)N * C);
+    /* scratch: acc (N,OC) int32 (per-row scales only) | xq (N,C) int8 | sx (N) fp32 */
+    size_t b_acc = w->block ? 0 : round256((size_t)N * OC * 4), b_xq = round256((size_t)N * C);
     char *s = (char *)cuda_scratch(SCRATCH_QUANT, b_acc + b_xq + (size_t)N * 4);
     int32_t *acc = (int32_t *)s;
     int8_t *xq = (int8_t *)(s + b_acc);
     float *sx = (float *)(s + b_acc + b_xq);
     const int8_t *wq = (const int8_t *)w->data;
+    int vec = C % 4 == 0 && w->block % 4 == 0 && ((uintptr_t)wq & 3) == 0, grid = cuda_grid((size_t)N * OC, 256);
     with_act([&](auto act) {
         ACT_TYPE(act);
         quantize_rows_kernel<A><<<(N + 3) / 4, 128, 0, g_cuda.stream>>>(xq, sx, (const A *)inp, N, C);
     });
     LAUNCH_CHECK();
-    if (!imma_matmul(acc, wq, xq, N, C, OC)) {
-        int vec = C % 4 == 0 && ((uintptr_t)wq & 3) == 0;
-        int8_dot_kernel<<<cuda_grid((size_t)N * OC, 256), 256, 0, g_cuda.stream>>>(acc, xq, wq, N, C, OC, vec);
-        LAUNCH_CHECK();
+    if (w->block) {
+        with_act([&](auto act) {
+            ACT_TYPE(act);
+            w8a8_blocks_kernel<A><<<grid, 256, 0, g_cuda.stream>>>((A *)out, xq, sx, wq, w->scales, w->block, bias,
+                                                                   N, C, OC, vec);
+        });
+    } else {
+        if (!imma_matmul(acc, wq, xq, N, C, OC)) {
+            int8_dot_kernel<<<grid, 256, 0, g_cuda.stream>>>(acc, xq, wq, N, C, OC, vec);
+            LAUNCH_CHECK();
+        }
+        with_act([&](auto act) {
+            ACT_TYPE(act);
+            w8a8_epilogue_kernel<A><<<grid, 256, 0, g_cuda.stream>>>((A *)out, acc, sx, w->scales, bias, N, OC);
+        });
     }
-    with_act([&](auto act) {
-        ACT_TYPE(act);
-        w8a8_epilogue_kernel<A><<<cuda_grid((size_t)N * OC, 256), 256, 0, g_cuda.stream>>>((A *)out, acc, sx,
-                                                                                          w->scales, bias, N, OC);
-    });
     LAUNCH_CHECK();
     if (gelu) cuda_gelu_forward(out, out, (size_t)N * OC);
 }

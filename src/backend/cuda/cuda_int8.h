@@ -17,7 +17,8 @@ void cuda_matmul_forward_w8(float *out, const float *inp, const loom_tensor_t *w
 /* W8A8: each row of inp quantized to int8 (one scale per token, as the
  * CPU), int8 x int8 -> int32 on cuBLASLt IMMA (own kernel where cuBLASLt
  * cannot take the shape), then out = dot * sx[n] * sw[o] + bias (+ GELU).
- * A weight with per-block scales runs cuda_matmul_forward_w8, as on the
+ * A weight with per-block scales: each block's exact int32 sum times its
+ * scale, summed in block order, times sx[n], + bias (own kernel), as the
  * CPU. */
 void cuda_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N,
                               int C, int OC, int gelu);

@@ -36,7 +36,7 @@ typedef struct {
 } s24_entry;
 
 static s24_entry g_s24[S24_CACHE];
-static int g_said; /* the one-line message has been printed */
+static int g_said, g_said_lt; /* the one-line messages have been printed */
 
 /* Bytes of the host copies of t's parts (backend.h, LOOM_LAYOUT_SPARSE24). */
 static size_t values_bytes(const loom_tensor_t *t) {
@@ -87,6 +87,9 @@ static s24_entry *s24_entry_of(const loom_tensor_t *w) {
     s24_entry *e = free_slot;
     e->data = w->data, e->rows = w->rows, e->cols = w->cols;
     e->lt = cuda_sparselt_weight(host, (int)w->rows, (int)w->cols, why, sizeof why);
+    if (e->lt && !g_said_lt++)
+        loom_info("2:4 weights run on the sparse tensor cores of cuda:%d (cuSPARSELt, %s)", g_cuda.device,
+                  loom_dtype_name(g_cuda.dtype));
     if (!e->lt) {
         size_t n = (size_t)w->rows * (size_t)w->cols * sizeof(float);
         CUDA_CHECK(cudaMalloc(&e->dense, n));
