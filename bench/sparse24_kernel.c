@@ -1,14 +1,27 @@
 /* The 2:4 kernel beside the dense one on gpt2-small's four linear shapes
- * (one layer's worth: qkv, attention projection, fc, fc projection), for
- * N input rows; alternating dense and 2:4 calls, median of `reps` rounds.
+ * (12 layers of qkv, attention projection, fc, fc projection), for N input
+ * rows; alternating dense and 2:4 calls, median of `reps` rounds. With a
+ * third argument `cpu`, the process's CPU time instead of wall time (on a
+ * shared machine: the cost of the work, not of waiting for a core).
  * Built and run by bench/sparse24-kernel.sh against build/libloom.a. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 #include "backend/backend.h"
 #include "core/core.h"
 #include "model/quant.h"
 #include "model/sparse24.h"
+
+static int use_cpu_time;
+
+static double now(void) {
+    if (!use_cpu_time) return loom_now();
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -17,15 +30,16 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     int threads = argc > 1 ? atoi(argv[1]) : 2, reps = argc > 2 ? atoi(argv[2]) : 9;
+    use_cpu_time = argc > 3 && !strcmp(argv[3], "cpu");
     const loom_backend_t *be;
     if (loom_backend_cpu_init(&be, threads) != LOOM_OK) return fprintf(stderr, "%s\n", loom_errmsg()), 1;
-    const int C0 = 768, layers = 12; /* 12 copies of each weight: 340 MB dense, more than the caches */
+    const int C0 = 768, layers = getenv("LAYERS") ? atoi(getenv("LAYERS")) : 12; /* 12: 340 MB dense, more than the caches */
     const int shapes[4][2] = {{3 * C0, C0}, {C0, C0}, {4 * C0, C0}, {C0, 4 * C0}}; /* OC, C */
-    const int Ns[] = {1, 4, 16, 64, 256};
+    const int Ns[] = {1, 4, 8, 16, 64, 256};
     float *w[4], *vals[4], *x = malloc(sizeof(float) * 256 * 4 * C0), *out = malloc(sizeof(float) * 256 * 4 * C0);
     unsigned char *meta[4];
     loom_tensor_t t[4];
-    for (int i = 0; i < 256 * 4 * C0; i++) x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+    for (size_t i = 0; i < 256 * 4 * (size_t)C0; i++) x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
     for (int s = 0; s < 4; s++) {
         size_t n = (size_t)layers * shapes[s][0] * shapes[s][1];
         w[s] = malloc(sizeof(float) * n);
@@ -35,13 +49,15 @@ int main(int argc, char **argv) {
         meta[s] = malloc(n / 8 + 1);
         loom_sparse24_compress(w[s], (long long)layers * shapes[s][0], shapes[s][1], vals[s], meta[s]);
     }
-    printf("N   dense ms  2:4 ms  speedup  (one pass over 12 layers' linear weights, %d threads, median of %d)\n", threads, reps);
-    for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++) {
+    printf("N   dense ms  2:4 ms  speedup  (one pass over 12 layers' linear weights, %d threads, median of %d, %s time)\n",
+           threads, reps, use_cpu_time ? "CPU" : "wall");
+    int maxN = argc > 4 ? atoi(argv[4]) : 256;
+    for (size_t k = 0; k < sizeof Ns / sizeof Ns[0] && Ns[k] <= maxN; k++) {
         int N = Ns[k];
         double td[64], ts[64];
         for (int r = 0; r < reps && r < 64; r++) {
             for (int pass = 0; pass < 2; pass++) {
-                double t0 = loom_now();
+                double t0 = now();
                 for (int l = 0; l < layers; l++)
                     for (int s = 0; s < 4; s++) {
                         int OC = shapes[s][0], C = shapes[s][1];
@@ -51,7 +67,7 @@ int main(int argc, char **argv) {
                         if (pass == 0) be->matmul_forward_rows(out, x, w[s] + off, NULL, N, C, OC, 0);
                         else be->matmul_forward_s24(out, x, &t[s], NULL, N, C, OC, 0);
                     }
-                (pass == 0 ? td : ts)[r] = loom_now() - t0;
+                (pass == 0 ? td : ts)[r] = now() - t0;
             }
         }
         qsort(td, (size_t)reps, sizeof(double), cmp);

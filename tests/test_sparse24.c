@@ -138,14 +138,19 @@ static loom_gpt_t *pruned_model(void) {
     return loom_prune24_model(m) == LOOM_OK ? m : NULL;
 }
 
-/* Logits of all 64 rows of one sequence (prefill), then of 8 decode steps
- * after its first 56 tokens, into out (64 + 8, Vp). */
+/* Logits of all 64 rows of one sequence, prefilled in chunks of 8 rows
+ * (the compressed path's largest batch, LOOM_SPARSE24_MAX_ROWS), then of 8
+ * decode steps after its first 56 tokens, into out (64 + 8, Vp). */
 static void run_logits(loom_infer_t *inf, const int *seq, float *out, int Vp) {
     int pos[64], sq[64] = {0}, rows[64], table[4] = {0, 1, 2, 3};
-    for (int i = 0; i < 64; i++) pos[i] = i, rows[i] = i;
-    loom_infer_batch_t b = {.n_tokens = 64, .tokens = seq, .pos = pos, .seq = sq, .n_seqs = 1,
-                            .block_tables = table, .n_logits = 64, .logit_rows = rows};
-    CHECK(loom_infer_forward(inf, &b, out) == LOOM_OK, "%s", loom_errmsg());
+    for (int i = 0; i < 64; i++) pos[i] = i, rows[i] = i % LOOM_SPARSE24_MAX_ROWS;
+    loom_infer_batch_t b;
+    for (int c = 0; c < 64; c += LOOM_SPARSE24_MAX_ROWS) {
+        b = (loom_infer_batch_t){.n_tokens = LOOM_SPARSE24_MAX_ROWS, .tokens = seq + c, .pos = pos + c, .seq = sq,
+                                 .n_seqs = 1, .block_tables = table, .n_logits = LOOM_SPARSE24_MAX_ROWS,
+                                 .logit_rows = rows};
+        CHECK(loom_infer_forward(inf, &b, out + (size_t)c * Vp) == LOOM_OK, "%s", loom_errmsg());
+    }
     for (int k = 0; k < 8; k++) {
         b = (loom_infer_batch_t){.n_tokens = 1, .tokens = seq + 56 + k, .pos = &pos[56 + k], .seq = sq, .n_seqs = 1,
                                  .block_tables = table, .n_logits = 1, .logit_rows = rows};

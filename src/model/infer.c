@@ -168,11 +168,12 @@ static void matmul(loom_infer_t *inf, const loom_tensor_t *qw, float *out, const
 }
 
 /* Linear layer `which` (LOOM_QLIN_*) of block l: int8 when a quantized
- * copy is set, else compressed 2:4 when a sparse copy is set, else fp32. */
+ * copy is set, else compressed 2:4 when a sparse copy is set and the batch
+ * has at most LOOM_SPARSE24_MAX_ROWS rows, else fp32. */
 static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
                    const float *bias, int N, int C, int OC, int gelu) {
     const loom_tensor_t *qw = inf->quant ? loom_quant_weight(inf->quant, which, l) : NULL;
-    if (!qw && inf->s24 && inf->be->matmul_forward_s24)
+    if (!qw && inf->s24 && inf->be->matmul_forward_s24 && N <= LOOM_SPARSE24_MAX_ROWS)
         inf->be->matmul_forward_s24(out, inp, loom_sparse24_weight(inf->s24, which, l), bias, N, C, OC, gelu);
     else
         matmul(inf, qw, out, inp, w, bias, N, C, OC, gelu);

@@ -59,7 +59,8 @@ void loom_infer_set_quant(loom_infer_t *inf, const struct loom_quant *q);
 
 struct loom_sparse24;
 /* Run the linear layers on s's 2:4 compressed weights (model/sparse24.h;
- * NULL: dense) where no int8 copy is set. s must outlive its use here. */
+ * NULL: dense) where no int8 copy is set, for batches of up to
+ * LOOM_SPARSE24_MAX_ROWS rows. s must outlive its use here. */
 void loom_infer_set_sparse24(loom_infer_t *inf, const struct loom_sparse24 *s);
 
 /* Copy cache block src to dst in every layer (copy-on-write of a shared block). */

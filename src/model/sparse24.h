@@ -26,6 +26,11 @@
 
 typedef struct loom_sparse24 loom_sparse24_t;
 
+/* Batches of more rows than this run the dense weights: on a CPU the
+ * compressed kernel pays only where reading weights is the cost (decode);
+ * with many rows the arithmetic is (docs/perf.md, bench/sparse24-kernel.sh). */
+#define LOOM_SPARSE24_MAX_ROWS 8
+
 /* --sparse: off runs pruned weights dense; auto compresses them when the
  * model is 2:4 (the default). */
 enum { LOOM_SPARSE_OFF = 0, LOOM_SPARSE_AUTO = 1 };

@@ -156,6 +156,9 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
                               o->init_from_run, rc.vocab_size, j->cfg.vocab_size);
         snprintf(path, sizeof path, "%s/model.safetensors", ck);
         LOOM_TRY(loom_safetensors_load_gpt(run->model, path));
+        /* continue the data where that run stopped: from 0 a fine-tune repeats
+         * the batches the model saw first (docs/quantization.md, 2:4) */
+        j->rst.data_pos = st.data_pos % loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN);
     }
     loom_gpt_set_recompute(run->model, (loom_recompute)j->recompute);
     if (o->zero == 0) LOOM_TRY(loom_gpt_alloc_train(run->model)); /* ZeRO >= 1: loom_dp_init, shard only */

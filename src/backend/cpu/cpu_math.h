@@ -7,6 +7,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 static inline float loom_expf(float x) {
     float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
@@ -44,5 +47,16 @@ static inline float loom_gelu_grad(float x) {
     float th = 2.0f * s - 1.0f, sech2 = 4.0f * s * (1.0f - s);
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * LOOM_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
 }
+
+#if defined(__x86_64__)
+/* Fixed-order sum of the 8 lanes: the order the fp32 matrix-vector kernels
+ * (cpu_paged.c, cpu_sparse24.c) share, so that their results agree bitwise. */
+__attribute__((target("avx2,fma"))) static inline float loom_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
 
 #endif

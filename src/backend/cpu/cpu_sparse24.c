@@ -25,9 +25,6 @@
 #include "core/core.h"
 #include "cpu_gemm.h"
 #include "cpu_math.h"
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 
 #define ROWS_PER_PASS 64 /* input rows per pass over the weights (L2-resident) */
 #define TILE_J 4
@@ -69,14 +66,6 @@ int loom_cpu_s24_avx2(void) {
 }
 
 #if defined(__x86_64__)
-/* Fixed-order sum of the 8 lanes (the dense kernel's order). */
-__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* out[m][j] for mr <= TILE_M rows of x (K columns) and jr <= TILE_J
  * compressed weight rows (values v, K/2 per row; index bytes meta,
  * (K + 7) / 8 per row). Inlined with constant mr, jr so that the
@@ -99,7 +88,7 @@ tile_avx2(const float *x, int K, const float *v, const uint8_t *meta, int mr, in
     }
     for (int m = 0; m < mr; m++)
         for (int j = 0; j < jr; j++) {
-            float s = hsum8(acc[m][j]);
+            float s = loom_hsum8(acc[m][j]);
             if (k < K) { /* K % 8 == 4: the last group column by column, as the dense tail */
                 float w4[4];
                 group_expand(v + j * vs, meta + j * ms, k / 4, w4);
