@@ -286,8 +286,8 @@ static void fill_table(loom_backend_t *b, loom_dtype dtype, double peak) {
     b->peak_source = g_peak_source;
     b->caps = LOOM_CAP_DEVICE_MEMORY | LOOM_CAP_DEVICE_STEP | LOOM_CAP_GRAPHS |
               (dtype == LOOM_FP16 ? (unsigned)LOOM_CAP_LOSS_SCALING : 0u);
-    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32);
-    b->act_dtype = LOOM_FP32;
+    b->act_dtype = g_cuda.act;
+    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(g_cuda.act);
     b->alloc = cuda_alloc;
     b->free = cuda_free;
     b->upload = cuda_upload;
@@ -373,6 +373,11 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
         LOOM_TRY(state_init(index, &prop));
     }
     g_cuda.dtype = dtype;
+    /* Activations in 16 bits at bf16/fp16 (docs/cuda.md); LOOM_CUDA_ACTIVATIONS=fp32
+     * keeps them fp32 with the tensor cores still rounding inside the GEMMs. */
+    const char *acts = getenv("LOOM_CUDA_ACTIVATIONS");
+    bool act16 = (dtype == LOOM_BF16 || dtype == LOOM_FP16) && !(acts && strcmp(acts, "fp32") == 0);
+    g_cuda.act = act16 ? dtype : LOOM_FP32;
     const char *att = getenv("LOOM_CUDA_ATTENTION");
     g_cuda.attention_unfused = att && strcmp(att, "unfused") == 0;
     g_cuda.attention_own = att && strcmp(att, "own") == 0;
