@@ -35,13 +35,6 @@ static float *dev_copy(const float *h, size_t n) {
     gpu->upload(d, h, n * sizeof(float));
     return d;
 }
-static float *dev_nan(size_t n) {
-    float *h = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = dev_copy(h, n);
-    free(h);
-    return d;
-}
 static double err_vs(const float *d, const float *ref, size_t n) {
     float *h = malloc(n * sizeof(float));
     gpu->download(h, d, n * sizeof(float));
@@ -62,10 +55,11 @@ static float *dev_act(float *h, size_t n) {
     free(tmp);
     return d;
 }
-static float *dev_act_nan(size_t n) {
+/* n NaNs on the device: fp32 (lse) or, with act, an ACT tensor. */
+static float *dev_nan(size_t n, int act) {
     float *h = malloc(n * sizeof(float));
     for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = dev_act(h, n);
+    float *d = act ? dev_act(h, n) : dev_copy(h, n);
     free(h);
     return d;
 }
@@ -84,13 +78,13 @@ static void one_shape(loom_dtype dt, const int *s) {
           *dqkv = malloc(nqkv * 4);
     check_fill(qkv, nqkv, 1.5f, seed++);
     check_fill(dout, nout, 1.0f, seed++);
-    float *d_qkv = dev_act(qkv, nqkv), *d_dout = dev_act(dout, nout), *d_out = dev_act_nan(nout), *d_lse = dev_nan(nl);
+    float *d_qkv = dev_act(qkv, nqkv), *d_dout = dev_act(dout, nout), *d_out = dev_nan(nout, 1), *d_lse = dev_nan(nl, 0);
     cpu->attention_forward(out, lse, qkv, B, T, C, NH);
     gpu->attention_forward(d_out, d_lse, d_qkv, B, T, C, NH);
     double e_out = err_act(d_out, out, nout), e_lse = err_vs(d_lse, lse, nl);
     /* backward from the CPU's forward results (out as the GPU stores it),
      * so it is tested alone */
-    float *d_oref = dev_act(out, nout), *d_lref = dev_copy(lse, nl), *d_dqkv = dev_act_nan(nqkv);
+    float *d_oref = dev_act(out, nout), *d_lref = dev_copy(lse, nl), *d_dqkv = dev_nan(nqkv, 1);
     cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
     gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_oref, d_lref, B, T, C, NH);
     double e_d = err_act(d_dqkv, dqkv, nqkv);

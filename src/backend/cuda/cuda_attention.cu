@@ -88,6 +88,18 @@ __device__ __forceinline__ void add_tile_rows(float (&acc)[DPL], float w, const 
     }
 }
 
+/* *s = a . b and *dp = c . e over hs elements: a (query, key) pair's score
+ * and dP in the two backward kernels. */
+__device__ __forceinline__ void two_dots(const float *a, const float *b, const float *c, const float *e, int hs,
+                                         float *s, float *dp) {
+    float x = 0.f, y = 0.f;
+    for (int d = 0; d < hs; d++) {
+        x += a[d] * b[d];
+        y += c[d] * e[d];
+    }
+    *s = x, *dp = y;
+}
+
 /* dst[d] = acc[e] * mul for this lane's head elements d = lane + 32e. */
 template <int DPL>
 __device__ __forceinline__ void store_row(float *dst, const float (&acc)[DPL], float mul, int hs, int lane) {
@@ -205,11 +217,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             if (i >= T || k0 > i) continue;
             const float *q = Qs + qr * hs, *go = dOs + qr * hs;
             const float *k = Ks + lane * (hs + 1), *v = Vs + lane * (hs + 1);
-            float s = 0.f, dp = 0.f;
-            for (int d = 0; d < hs; d++) {
-                s += q[d] * k[d];
-                dp += go[d] * v[d];
-            }
+            float s, dp;
+            two_dots(q, k, go, v, hs, &s, &dp);
             int j = k0 + lane;
             float p = j <= i ? expf(s - rl[r]) : 0.f;
             float ds = p * (dp - rD[r]);
@@ -269,11 +278,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             if (j >= T || i0 + ATT_BC - 1 < j) continue; /* no query of the tile sees key j */
             const float *k = Ks + kr * hs, *v = Vs + kr * hs;
             const float *q = Qs + lane * (hs + 1), *go = dOs + lane * (hs + 1);
-            float s = 0.f, dp = 0.f;
-            for (int d = 0; d < hs; d++) {
-                s += k[d] * q[d];
-                dp += v[d] * go[d];
-            }
+            float s, dp;
+            two_dots(k, q, v, go, hs, &s, &dp);
             int i = i0 + lane;
             float p = (i < T && i >= j) ? expf(s - Ls[lane]) : 0.f;
             float ds = p * (dp - Ds[lane]);

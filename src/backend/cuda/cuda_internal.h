@@ -65,7 +65,9 @@ enum {
     SCRATCH_COUNT
 };
 /* Whether ACT tensors are 16-bit (bf16 or fp16) in this process. */
-static inline bool cuda_act16(void) { return g_cuda.act == LOOM_BF16 || g_cuda.act == LOOM_FP16; }
+static inline bool cuda_act16(void) {
+    return g_cuda.act == LOOM_BF16 || g_cuda.act == LOOM_FP16;
+}
 void *cuda_scratch(int slot, size_t bytes);
 /* Whether g_cuda.stream is being captured into a graph right now. */
 int cuda_capturing(void);
