@@ -61,6 +61,13 @@ ifneq ($(and $(NVCC),$(CU_SRCS)),)
   CUDA_CXXFLAGS := -std=c++17 -O2 -fPIC -Isrc -I$(CUDA_HOME)/include -Wall -Wextra -Werror -Wno-unused-parameter \
                    $(CUDA_CXXFLAGS_FE) $(EXTRA_NVFLAGS)
   CUDA_NOTE  := CUDA backend built with $(NVCC) ($(CUDA_ARCHS)), cuDNN attention $(if $(CUDNN_FE),on,off: no .deps/cudnn-fe): $(PLUGIN)
+  # cuSPARSELt (2:4 weights on the sparse tensor cores; PyPI nvidia-cusparselt-cu13 in .deps/cusparselt):
+  # its header compiles the sparse path into cuda_sparselt.cpp; the library is opened with dlopen at run
+  # time, so a machine without it runs 2:4 weights dense (src/backend/cuda/cuda_sparse24.cu).
+  CUSPARSELT_H ?= $(firstword $(wildcard .deps/cusparselt/nvidia/cu*/include/cusparseLt.h .deps/cusparselt/nvidia/cusparselt/include/cusparseLt.h))
+  ifneq ($(CUSPARSELT_H),)
+    CUDA_CXXFLAGS += -DLOOM_HAVE_CUSPARSELT -isystem $(dir $(CUSPARSELT_H))
+  endif
 else
   PLUGIN     :=
   CUDA_NOTE  := CUDA backend not built ($(if $(NO_CUDA),NO_CUDA set,$(if $(NVCC),no sources in src/backend/cuda,nvcc not found))): CPU only

@@ -445,6 +445,8 @@ fi
 if [ -n "$BIN" ] && "$BIN/loom" bench generate --help 2>&1 | grep -q -- '--device'; then
     run 60 bench_generate "$BIN/loom" bench generate --device cuda; rc=$?
     row bench_generate "$(verdict $rc)" "$(grep -iE 'tokens/s|tok/s' "$WORK/bench_generate.log" | tail -n 1 | sed 's/^ *//' | cut -c1-160)"
+    run 60 bench_generate_int8 "$BIN/loom" bench generate --device cuda --quant w8a8 --kv-dtype int8; rc=$? # cuda_int8.cu end to end
+    row bench_generate_int8 "$(verdict $rc)" "$(grep -iE 'tokens/s|tok/s' "$WORK/bench_generate_int8.log" | tail -n 1 | sed 's/^ *//' | cut -c1-160)"
 else
     row bench_generate info "not present in this loom (no 'bench generate --device')"
 fi

@@ -54,3 +54,6 @@ pip_target .deps/hf transformers transformers==4.36.2 tokenizers==0.15.2 hugging
 # NVIDIA's cudnn-frontend headers (header-only C++; the CUDA plugin's cuDNN
 # attention is compiled only when they are here; see docs/cuda.md).
 [ -f .deps/cudnn-fe/include/cudnn_frontend.h ] || /usr/bin/python3 -m pip install -q --disable-pip-version-check --no-deps --target .deps/cudnn-fe nvidia-cudnn-frontend==1.32.0
+# NVIDIA's cuSPARSELt (2:4 sparse tensor cores): its header compiles the CUDA plugin's sparse path; the
+# library is opened at run time where present (docs/quantization.md, "CUDA").
+[ -n "$(ls .deps/cusparselt/nvidia/*/include/cusparseLt.h 2>/dev/null)" ] || /usr/bin/python3 -m pip install -q --disable-pip-version-check --no-deps --target .deps/cusparselt nvidia-cusparselt-cu13==0.10.0

@@ -12,7 +12,9 @@ Prints PASS/FAIL lines and a summary line:
 """
 import filecmp, os, random, signal, subprocess, sys, time
 
-POINTS = ["ckpt_files", "ckpt_manifest", "ckpt_renamed", "ckpt_latest", "ckpt_prune"]
+# Kill points (src/ckpt/checkpoint.c, src/ckpt/run.c): inside the checkpoint
+# protocol, and while a fresh start clears and makes the run folder.
+POINTS = ["ckpt_files", "ckpt_manifest", "ckpt_renamed", "ckpt_latest", "ckpt_prune", "run_prepare"]
 STEPS, EVERY = 40, 3
 
 

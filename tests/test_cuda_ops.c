@@ -27,6 +27,8 @@
 #include "backend/plugin.h"
 #include "backend/cuda/cuda_peak.h"
 #include "check.h"
+#include "model/quant.h"
+#include "model/sparse24.h"
 #ifdef LOOM_HAVE_CUDA
 #include "backend/cuda/cuda_devices.h"
 #endif
@@ -835,35 +837,160 @@ static void test_paged_kv(void) {
     release();
 }
 
-/* The int8 weight variants (W8A32, W8A8) against the CPU's, on the same
- * int8 weights and scales; a backend without them runs the model's fp32
- * fallback, a SKIP naming it. */
+/* ---- int8 weights and the int8 KV cache (issue 16; src/backend/cuda/cuda_int8.cu) ---- */
+
+/* A random int8 weight (OC,C) with positive scales, one per row (block 0)
+ * or per block of `block`: the host tensor and its device copy. */
+static void int8_weight(loom_tensor_t *hw, loom_tensor_t *dw, int OC, int C, int block) {
+    size_t n = (size_t)OC * C, ns = block ? n / (size_t)block : (size_t)OC;
+    signed char *wq = track_host(malloc(n));
+    float *u = hrand(n, 1.0f), *sc = hrand(ns, 1.0f);
+    for (size_t i = 0; i < n; i++) wq[i] = (signed char)lroundf(u[i] * 127.0f);
+    for (size_t i = 0; i < ns; i++) sc[i] = 0.001f + fabsf(sc[i]) * 0.01f;
+    *hw = (loom_tensor_t){.data = wq, .dtype = LOOM_INT8, .rows = OC, .cols = C, .scales = sc, .block = block};
+    *dw = *hw;
+    dw->data = dput(wq, n);
+    dw->scales = dput(sc, ns * sizeof(float));
+}
+
+/* W8A32 and W8A8 against the CPU's on the same int8 weights and scales.
+ * W8A8's int32 sums (per row, or per block of 32) are exact on both sides
+ * and the activations are quantized by the same IEEE operations, so it must
+ * agree to fp32 rounding (block sums, epilogue, GELU); W8A32 sums in fp32 in another order, and above 32
+ * rows runs cuBLASLt at the dtype (the matmul bound). Shapes: decode and
+ * prefill row counts, per-channel and block-32 scales, a GPT-2 width, and
+ * a ragged one that cuBLASLt's int8 kernels refuse (own dp4a kernel). */
+/* The inference variants take fp32 activations: with 16-bit ones (bf16,
+ * fp16) the backend must leave them out (the model's fp32 fallback runs). */
+static int variants_absent_at_16bit(int present) {
+    if (gpu->act_dtype == LOOM_FP32) return 0;
+    CHECK(!present, "an fp32-activation inference variant is offered with %s activations", loom_dtype_name(gpu->act_dtype));
+    return 1;
+}
+
 static void test_int8_matmul(void) {
     if (!gpu_ready()) return;
+    if (variants_absent_at_16bit(gpu->matmul_forward_w8 || gpu->matmul_forward_w8a8)) return;
     if (!gpu->matmul_forward_w8 || !gpu->matmul_forward_w8a8) {
-        check_skip("the CUDA backend has no int8 matmul variant: --quant runs fp32 matmul_forward_rows there");
+        check_fail_why("the CUDA backend has no int8 matmul variant (cuda_int8.cu), which it is meant to have");
         return;
     }
-    const int N = 5, C = 96, OC = 200;
-    snprintf(shape, sizeof shape, "N=%d C=%d OC=%d", N, C, OC);
-    signed char *wq = malloc((size_t)OC * C);
-    for (size_t i = 0; i < (size_t)OC * C; i++) wq[i] = (signed char)((int)((i * 2654435761u) >> 24) % 255 - 127);
-    float *sc = hrand(OC, 1), *x = hrand((size_t)N * C, 1), *bias = hrand(OC, 1), *y = hrand((size_t)N * OC, 1);
-    for (int o = 0; o < OC; o++) sc[o] = 0.001f + fabsf(sc[o]) * 0.01f;
-    loom_tensor_t hw = {.data = wq, .dtype = LOOM_INT8, .rows = OC, .cols = C, .scales = sc}, dw = hw;
-    dw.data = dput(wq, (size_t)OC * C);
-    dw.scales = dput(sc, OC * 4);
-    float *d_x = dput(x, (size_t)N * C * 4), *d_b = dput(bias, OC * 4), *d_y = dpoison((size_t)N * OC);
-    for (int gelu = 0; gelu < 2; gelu++) {
-        cpu->matmul_forward_w8(y, x, &hw, bias, N, C, OC, gelu);
-        gpu->matmul_forward_w8(d_y, d_x, &dw, d_b, N, C, OC, gelu);
-        expect("matmul_forward_w8", d_y, y, (size_t)N * OC, tol_matmul());
-        cpu->matmul_forward_w8a8(y, x, &hw, bias, N, C, OC, gelu);
-        gpu->matmul_forward_w8a8(d_y, d_x, &dw, d_b, N, C, OC, gelu);
-        expect("matmul_forward_w8a8", d_y, y, (size_t)N * OC, TOL_FP32);
+    static const int shapes[][4] = {{5, 96, 200, 0}, {5, 96, 200, 32}, {70, 96, 200, 0}, {70, 128, 64, 32},
+                                    {3, 90, 37, 0},  {1, 768, 2304, 0}, {16, 768, 768, 0}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        int N = shapes[t][0], C = shapes[t][1], OC = shapes[t][2], block = shapes[t][3];
+        snprintf(shape, sizeof shape, "N=%d C=%d OC=%d block=%d", N, C, OC, block);
+        loom_tensor_t hw, dw;
+        int8_weight(&hw, &dw, OC, C, block);
+        float *x = hrand((size_t)N * C, 2.0f), *bias = hrand(OC, 1), *y = hrand((size_t)N * OC, 1);
+        float *d_x = dput(x, (size_t)N * C * 4), *d_b = dput(bias, OC * 4), *d_y = dpoison((size_t)N * OC);
+        double tol_w8 = N > 32 ? tol_matmul() : TOL_FP32, tol_w8a8 = TOL_FP32;
+        for (int gelu = 0; gelu < 2; gelu++) {
+            cpu->matmul_forward_w8(y, x, &hw, bias, N, C, OC, gelu);
+            gpu->matmul_forward_w8(d_y, d_x, &dw, d_b, N, C, OC, gelu);
+            expect(gelu ? "matmul_forward_w8 gelu" : "matmul_forward_w8", d_y, y, (size_t)N * OC, tol_w8);
+            cpu->matmul_forward_w8a8(y, x, &hw, gelu ? bias : NULL, N, C, OC, gelu);
+            gpu->matmul_forward_w8a8(d_y, d_x, &dw, gelu ? d_b : NULL, N, C, OC, gelu);
+            expect(gelu ? "matmul_forward_w8a8 bias gelu" : "matmul_forward_w8a8 no bias", d_y, y, (size_t)N * OC,
+                   tol_w8a8);
+        }
     }
-    free(wq);
     release();
+}
+
+/* Downloads n bytes of d and counts those that differ from ref. */
+static size_t bytes_differ(const void *d, const void *ref, size_t n) {
+    unsigned char *got = track_host(malloc(n ? n : 1));
+    gpu->download(got, d, n);
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += got[i] != ((const unsigned char *)ref)[i];
+    return bad;
+}
+
+/* The int8 KV cache: a batched prefill of three sequences over scattered
+ * blocks of 8 (keys growing along each sequence, so block scales rise and
+ * earlier tokens are requantized), compared byte for byte and scale for
+ * scale with the CPU; attention over it; a copy-on-write block copy. */
+static void test_int8_kv(void) {
+    if (!gpu_ready()) return;
+    if (!(gpu->dtypes & LOOM_DTYPE_BIT(LOOM_INT8))) {
+        check_fail_why("the CUDA backend does not list int8 in its dtypes, so --kv-dtype int8 is refused there");
+        return;
+    }
+    enum { NH = 4, hs = 32, C = NH * hs, bs = 8, nb = 20, mb = 6, S = 3 };
+    int len[S] = {5, 14, 21}, N = 0, tables[S * mb], pos[40], seq[40], slot[40];
+    for (int i = 0; i < S * mb; i++) tables[i] = (i * 7 + 3) % nb;
+    for (int s = 0; s < S; s++)
+        for (int p = 0; p < len[s]; p++, N++)
+            pos[N] = p, seq[N] = s, slot[N] = tables[s * mb + p / bs] * bs + p % bs;
+    snprintf(shape, sizeof shape, "N=%d NH=%d hs=%d block=%d", N, NH, hs, bs);
+    size_t rows = (size_t)nb * 2 * NH, cache = rows * bs * hs;
+    float *qkv = hrand((size_t)N * 3 * C, 1), *out = hrand((size_t)N * C, 1);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < 3 * C; c++) qkv[(size_t)i * 3 * C + c] *= 1.0f + 0.15f * (float)pos[i];
+    signed char *kc = track_host(calloc(cache, 1));
+    float *sc = track_host(calloc(rows, sizeof(float)));
+    loom_tensor_t hk = {.data = kc, .dtype = LOOM_INT8, .rows = (long long)rows, .cols = bs * hs, .scales = sc};
+    loom_tensor_t dk = hk;
+    dk.data = dput(kc, cache);
+    dk.scales = dput(sc, rows * sizeof(float));
+    float *d_qkv = dput(qkv, (size_t)N * 3 * C * 4), *d_out = dpoison((size_t)N * C);
+    cpu->kv_write(&hk, qkv, slot, N, NH, bs);
+    gpu->kv_write(&dk, d_qkv, dput(slot, N * sizeof(int)), N, NH, bs);
+    size_t bad = bytes_differ(dk.data, kc, cache);
+    CHECK(bad == 0, "kv_write int8 [%s]: %zu of %zu cache bytes differ from the CPU's (LOOM_TEST_SEED=%u)", shape, bad,
+          cache, seed0);
+    expect("kv_write int8 scales", dk.scales, sc, rows, 0.0);
+    cpu->paged_attention(out, qkv, &hk, pos, seq, tables, mb, N, NH, bs);
+    gpu->paged_attention(d_out, d_qkv, &dk, dput(pos, N * sizeof(int)), dput(seq, N * sizeof(int)),
+                         dput(tables, sizeof tables), mb, N, NH, bs);
+    expect("paged_attention int8", d_out, out, (size_t)N * C, TOL_FP32);
+    cpu->kv_copy_block(&hk, tables[mb + 1], nb - 1, NH);
+    gpu->kv_copy_block(&dk, tables[mb + 1], nb - 1, NH);
+    bad = bytes_differ(dk.data, kc, cache);
+    CHECK(bad == 0, "kv_copy_block int8 [%s]: %zu cache bytes differ", shape, bad);
+    expect("kv_copy_block int8 scales", dk.scales, sc, rows, 0.0);
+    release();
+}
+
+/* The 2:4 variant against the CPU's on the same compressed weights (values
+ * + 2-bit positions, backend.h LOOM_LAYOUT_SPARSE24): on cuSPARSELt at
+ * bf16/fp16 where the library loads, else dense cuBLASLt (fp32/tf32, or no
+ * cuSPARSELt; cuda_sparse24.cu says which on stderr), both at the run's
+ * dtype: the matmul bound. C = 100 (not a multiple of 8, which cuSPARSELt
+ * refuses: dense), decode and prefill row counts, GPT-2 widths; the last
+ * shape repeats after the weights are freed, so a new weight at an old
+ * address must not reuse the old one's preparation. */
+static void test_sparse24_matmul(void) {
+    if (!gpu_ready()) return;
+    if (variants_absent_at_16bit(gpu->matmul_forward_s24 != NULL)) return;
+    if (!gpu->matmul_forward_s24) {
+        check_fail_why("the CUDA backend has no matmul_forward_s24 (cuda_sparse24.cu), which it is meant to have");
+        return;
+    }
+    static const int shapes[][3] = {{5, 100, 200}, {70, 128, 64}, {1, 768, 2304}, {16, 768, 768}, {16, 768, 768}};
+    for (size_t t = 0; t < sizeof shapes / sizeof shapes[0]; t++) {
+        int N = shapes[t][0], C = shapes[t][1], OC = shapes[t][2];
+        size_t nm = (size_t)OC * ((C + 7) / 8);
+        snprintf(shape, sizeof shape, "N=%d C=%d OC=%d", N, C, OC);
+        float *w = hrand((size_t)OC * C, 1), *vals = hrand((size_t)OC * C / 2, 1), *x = hrand((size_t)N * C, 1);
+        float *bias = hrand(OC, 1), *y = hrand((size_t)N * OC, 1);
+        unsigned char *meta = track_host(malloc(nm));
+        loom_prune24_rows(w, OC, C);
+        loom_sparse24_compress(w, OC, C, vals, meta);
+        loom_tensor_t hw = {.data = vals, .dtype = LOOM_FP32, .rows = OC, .cols = C, .layout = LOOM_LAYOUT_SPARSE24,
+                            .meta = meta}, dw = hw;
+        dw.data = dput(vals, (size_t)OC * C / 2 * 4);
+        dw.meta = dput(meta, nm);
+        float *d_x = dput(x, (size_t)N * C * 4), *d_b = dput(bias, OC * 4), *d_y = dpoison((size_t)N * OC);
+        for (int gelu = 0; gelu < 2; gelu++) {
+            cpu->matmul_forward_s24(y, x, &hw, gelu ? bias : NULL, N, C, OC, gelu);
+            gpu->matmul_forward_s24(d_y, d_x, &dw, gelu ? d_b : NULL, N, C, OC, gelu);
+            expect(gelu ? "matmul_forward_s24 bias gelu" : "matmul_forward_s24 no bias", d_y, y, (size_t)N * OC,
+                   tol_matmul());
+        }
+        release(); /* frees the weight */
+    }
 }
 
 static const gpu_case gpu_cases[] = {
@@ -888,6 +1015,8 @@ static const gpu_case gpu_cases[] = {
     {"paged_rows", test_paged_rows, "embed_positions matmul_forward_rows gather_rows"},
     {"paged_kv", test_paged_kv, "kv_write paged_attention kv_copy_block"},
     {"int8_matmul", test_int8_matmul, "matmul_forward_w8 matmul_forward_w8a8"},
+    {"int8_kv", test_int8_kv, "kv_write paged_attention kv_copy_block"},
+    {"sparse24_matmul", test_sparse24_matmul, "matmul_forward_s24"},
 };
 
 /* 1 when `name` is a whole word of the space-separated `list`. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "model/quant.h"
 #include "serve/engine.h"
 
 static const loom_backend_t *cpu, *gpu;
@@ -28,14 +29,15 @@ static void on_ev(void *ctx, const loom_engine_event_t *ev) {
     if (ev->token >= 0 && g->n[ev->index] < 12) g->tok[ev->index][g->n[ev->index]++] = ev->token;
 }
 
-static void run_engine(const loom_backend_t *be, got_t *g) {
+/* quant: loom_quant_mode of the weights; kv: the cache's element type. */
+static void run_engine(const loom_backend_t *be, got_t *g, int quant, loom_dtype kv) {
     loom_gpt_config_t c = {.max_seq_len = 64, .vocab_size = 300, .n_layer = 2, .n_head = 4, .channels = 64};
     loom_gpt_config_finish(&c);
     loom_gpt_t *m;
     loom_engine_t *e;
     loom_engine_config_t ec;
     loom_engine_config_default(&ec);
-    ec.kv_bytes = 8 << 20, ec.block_size = 8, ec.debug = 1;
+    ec.kv_bytes = 8 << 20, ec.block_size = 8, ec.debug = 1, ec.quant = quant, ec.kv_dtype = kv;
     CHECK(loom_gpt_init(&m, &c, be, 9) == LOOM_OK, "%s", loom_errmsg());
     CHECK(loom_engine_create(&e, m, NULL, &ec) == LOOM_OK, "%s", loom_errmsg());
     loom_request_params_t p;
@@ -49,19 +51,29 @@ static void run_engine(const loom_backend_t *be, got_t *g) {
     loom_gpt_free(m);
 }
 
-static void engine_matches_cpu(void) {
+/* Greedy tokens of the GPU engine equal the CPU engine's with these weights
+ * and cache. */
+static void compare_engines(int quant, loom_dtype kv, const char *what) {
     if (!gpu_ready()) return;
     got_t a, b;
     memset(&a, 0, sizeof a), memset(&b, 0, sizeof b);
-    run_engine(cpu, &a);
-    run_engine(gpu, &b);
-    CHECK(memcmp(&a, &b, sizeof a) == 0, "greedy tokens differ between the CPU and GPU engines");
+    run_engine(cpu, &a, quant, kv);
+    run_engine(gpu, &b, quant, kv);
+    CHECK(memcmp(&a, &b, sizeof a) == 0, "greedy tokens differ between the CPU and GPU engines (%s)", what);
 }
+
+static void engine_matches_cpu(void) { compare_engines(LOOM_QUANT_NONE, LOOM_FP32, "fp32"); }
+
+/* W8A8 weights and an int8 KV cache (src/backend/cuda/cuda_int8.cu), whose
+ * kernels repeat the CPU's rounding step for step: the tokens agree as the
+ * fp32 ones do. */
+static void engine_int8_matches_cpu(void) { compare_engines(LOOM_QUANT_W8A8, LOOM_INT8, "W8A8, int8 KV"); }
 
 int main(void) {
     loom_backend_cpu_init(&cpu, 2);
     gpu_status = loom_backend_open(&gpu, "cuda:0", 1, LOOM_FP32);
     if (gpu_status != LOOM_OK) snprintf(no_gpu, sizeof no_gpu, "%s", loom_errmsg());
     RUN(engine_matches_cpu);
+    RUN(engine_int8_matches_cpu);
     return check_main_end();
 }

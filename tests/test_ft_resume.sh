@@ -100,6 +100,38 @@ for f in model.safetensors optim-rank00000-of-00001.bin state.json; do
 done
 [ $same = 1 ] && pass async_checkpoints_equal_sync || fail async_checkpoints_equal_sync "files differ"
 
+# Chaos defect (tests/chaos.py, 2 ranks under load): a kill while a fresh
+# start clears or makes its run folder (checkpoints/ made, config.json not
+# yet written) left a folder that every restart refused as "not empty", so
+# `--resume auto` never finished. LOOM_TEST_KILL_AT=run_prepare kills there;
+# the same command must start the run again and end with the uninterrupted
+# run's weights ($tmp/sync: 1 rank, 8 steps; $tmp/two: 2 ranks, 20 steps).
+W8=checkpoints/step_00000008/model.safetensors W20=checkpoints/step_00000020/model.safetensors
+killed_then_finished() { # NAME REF_RUN WEIGHTS KILL_AT ARGS...: killed at KILL_AT, then the same command to the end
+    local name=$1 d=$tmp/$1 ref=$2 w=$3 at=$4; shift 4
+    { LOOM_TEST_KILL_AT=$at $LOOM train "${A[@]}" "$@" --resume auto --out "$d" > "$d.log" 2>&1; } 2>/dev/null; local rc=$? # no "Killed" notice
+    $LOOM train "${A[@]}" "$@" --resume auto --out "$d" >> "$d.log" 2>&1; local rc2=$?
+    [ $rc = 137 ] && [ $rc2 = 0 ] && cmp -s "$ref/$w" "$d/$w" && return 0
+    echo "  $name: killed attempt exit $rc (want 137), restart exit $rc2: $(tail -1 "$d.log")"; return 1
+}
+ok=1
+killed_then_finished new1 "$tmp/sync" $W8 run_prepare --steps 8 --ckpt-every 4 || ok=0
+killed_then_finished new2 "$tmp/two" $W20 run_prepare --steps 20 --ckpt-every 10 --nproc 2 --zero 1 || ok=0
+# A run stopped before its first checkpoint, killed while it is being cleared.
+mkdir -p "$tmp/old1/checkpoints/.tmp-step_00000004" && echo '{}' > "$tmp/old1/config.json" && echo '{"step":1}' > "$tmp/old1/metrics.jsonl"
+touch "$tmp/old1/tokenizer.json.tmp" "$tmp/old1/checkpoints/.tmp-step_00000004/model.safetensors"
+killed_then_finished old1 "$tmp/sync" $W8 run_prepare:2 --steps 8 --ckpt-every 4 || ok=0
+# What a kill during config.json's own atomic write leaves.
+mkdir -p "$tmp/new3/checkpoints" && echo '{"format":' > "$tmp/new3/config.json.tmp"
+$LOOM train "${A[@]}" --steps 8 --ckpt-every 4 --resume auto --out "$tmp/new3" > "$tmp/new3.log" 2>&1 && cmp -s "$tmp/sync/$W8" "$tmp/new3/$W8" \
+    || { ok=0; echo "  new3: $(tail -1 "$tmp/new3.log")"; }
+[ $ok = 1 ] && pass killed_while_making_run_folder_restarts_bit_identical_1_and_2_ranks || fail killed_while_making_run_folder_restarts_bit_identical_1_and_2_ranks "see above"
+# A folder with anything else in it is still refused, and kept.
+mkdir -p "$tmp/user/checkpoints" && echo notes > "$tmp/user/notes.txt"
+out=$($LOOM train "${A[@]}" --steps 2 --resume auto --out "$tmp/user" 2>&1); rc=$?
+[ $rc = 2 ] && [ -f "$tmp/user/notes.txt" ] && printf '%s' "$out" | grep -q "not empty" && pass folder_with_other_files_still_refused \
+    || fail folder_with_other_files_still_refused "exit $rc: $out"
+
 # --ckpt-every-minutes: checkpoints by time with no step interval.
 $LOOM train "${A[@]}" --steps 60 --ckpt-every 0 --ckpt-every-minutes 0.001 --keep-ckpts 100 --out "$tmp/t" > "$tmp/t.log" 2>&1
 n=$(ls -d "$tmp/t/checkpoints"/step_* 2>/dev/null | wc -l)
@@ -121,6 +153,18 @@ for i in 1 2 3 4; do
     fi
 done
 [ $ok = 1 ] && pass sigterm_on_checkpoint_steps_keeps_latest_1_and_2_ranks || fail sigterm_on_checkpoint_steps_keeps_latest_1_and_2_ranks "see above"
+
+# Chaos defect: a SIGTERM that reached the ranks after the loop (final
+# checkpoint, teardown, last barrier) killed them, as they had put the
+# default handlers back; a peer still running then exited 3 ("rank 1 died").
+# LOOM_TEST_TERM_AT=train_end sends it there: a complete run exits 0.
+ok=1
+for np in 1 2; do
+    extra=(); [ $np = 2 ] && extra=(--nproc 2 --zero 1)
+    out=$(LOOM_TEST_TERM_AT=train_end $LOOM train "${A[@]}" --steps 4 --ckpt-every 2 "${extra[@]}" --out "$tmp/te$np" 2>&1); rc=$?
+    [ $rc = 0 ] && [ -f "$tmp/te$np/checkpoints/step_00000004/manifest.json" ] || { ok=0; echo "  $np rank(s): exit $rc: $(printf '%s' "$out" | tail -2 | tr '\n' ' ')"; }
+done
+[ $ok = 1 ] && pass sigterm_after_the_loop_is_no_failure_1_and_2_ranks || fail sigterm_after_the_loop_is_no_failure_1_and_2_ranks "see above"
 
 # Defect 8: SIGKILL the --nproc launcher: its ranks stop (no orphans training on).
 $LOOM train "${A[@]}" --steps 100000 --ckpt-every 50 --nproc 2 --out "$tmp/o" > "$tmp/o.log" 2>&1 &

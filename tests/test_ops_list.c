@@ -128,7 +128,7 @@ static void int8_tensors_dequantize(void) {
 static void sparse_and_half_tensors_dequantize(void) {
     /* One row of 8 in 2:4: keep columns 1, 3 of the first group, 0, 2 of the second. */
     float kept[4] = {1.5f, -2.0f, 3.0f, 4.25f}, out[8];
-    unsigned char meta[2] = {1 | 3 << 2, 0 | 2 << 2};
+    unsigned char meta[1] = {(1 | 3 << 2) | (0 | 2 << 2) << 4}; /* two groups per byte, the first low */
     loom_tensor_t t = {.data = kept, .dtype = LOOM_FP32, .rows = 1, .cols = 8, .layout = LOOM_LAYOUT_SPARSE24, .meta = meta};
     CHECK(loom_tensor_check(&t, "w") == LOOM_OK, "%s", loom_errmsg());
     loom_tensor_dequantize(&t, out);

@@ -1,16 +1,22 @@
 /* INT8 weights for inference (model/quant.h, backend/cpu/cpu_int8.c):
  * - the per-channel round trip stays within half a step of each row;
- * - the W8A32 and W8A8 kernels equal a double-precision reference on the
- *   same quantized inputs (int32-exact sums, then fp32 rounding);
+ * - the Q8_0 (block 32) round trip within half a step plus fp16 rounding;
+ * - the W8A32 and W8A8 kernels, on every instruction set this CPU has,
+ *   equal a double-precision reference on the same quantized inputs
+ *   (int32-exact sums, then fp32 rounding), per row and per block scales,
+ *   odd sizes; W8A32 gives the fp32 kernel's bits on the dequantized
+ *   weight; a row's result does not depend on the batch;
  * - a small model trained briefly on a synthetic Markov language keeps its
  *   perplexity (KV-cached inference path): W8A32 within 1% of fp32, W8A8
- *   within 2%; the share of greedy tokens equal to fp32's over 20 prompts
- *   x 50 tokens is printed. */
+ *   within 2%, int8 KV within 1%, per channel and in Q8_0 blocks, with the
+ *   logits product in int8 (the default) and in fp32; the share of greedy
+ *   tokens equal to fp32's over 20 prompts x 50 tokens is printed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_int8.h"
+#include "backend/cpu/cpu_paged.h"
 #include "check.h"
 #include "model/infer.h"
 #include "model/quant.h"
@@ -39,50 +45,159 @@ static void round_trip(void) {
     free(w), free(q);
 }
 
-/* The kernels against a double reference on int8-grid inputs. */
-static void gemm_case(int N, int C, int OC, int gelu) {
-    signed char *wq = malloc((size_t)OC * C), *xq = malloc((size_t)N * C);
-    float *ws = malloc(sizeof(float) * OC), *xs = malloc(sizeof(float) * N), *x = malloc(sizeof(float) * N * C);
-    float *bias = check_rand((size_t)OC, 0.5f, 9), *out = malloc(sizeof(float) * N * OC);
-    double *ref = malloc(sizeof(double) * N * OC);
-    unsigned seed = 77;
-    for (size_t i = 0; i < (size_t)OC * C; i++) seed = seed * 1103515245u + 12345u, wq[i] = (signed char)((int)(seed >> 16) % 255 - 127);
-    for (size_t i = 0; i < (size_t)N * C; i++) seed = seed * 1103515245u + 12345u, xq[i] = (signed char)((int)(seed >> 16) % 255 - 127);
-    for (int o = 0; o < OC; o++) ws[o] = 0.001f * (1 + o % 7);
-    for (int n = 0; n < N; n++) {
-        xq[(size_t)n * C] = 127; /* each row's max is 127: per-token quantization reproduces xq */
-        xs[n] = 0.01f * (1 + n % 3);
-        for (int c = 0; c < C; c++) x[(size_t)n * C + c] = (float)xq[(size_t)n * C + c] * (xs[n] / 1.0f);
+/* Q8_0 form: blocks of 32, scales rounded to fp16 as the GGUF stores them:
+ * within half a step of the unrounded scale plus the fp16 rounding
+ * (127 * 2^-11 of a step), and an all-zero block gives zeros. */
+static void round_trip_q8_0(void) {
+    const int R = 5, C = 96;
+    float *w = check_rand((size_t)R * C, 0.3f, 6), s[5 * 3];
+    signed char *q = malloc((size_t)R * C);
+    for (int c = 32; c < 64; c++) w[c] = 0.0f; /* row 0, block 1 */
+    loom_quant_rows_q8_0(w, R, C, q, s);
+    double worst = 0;
+    for (int b = 0; b < R * C / 32; b++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(w[b * 32 + i]));
+        double d = amax / 127.0;
+        for (int i = 0; i < 32 && d > 0; i++) {
+            double e = fabs((double)w[b * 32 + i] - (double)q[b * 32 + i] * s[b]) / d;
+            worst = e > worst ? e : worst;
+        }
+        CHECK(fabs(s[b] - d) <= d / 1024 + 1e-30, "block %d: scale %g is not fp16(%g)", b, s[b], d);
     }
-    loom_tensor_t w = {.data = wq, .dtype = LOOM_INT8, .rows = OC, .cols = C, .scales = ws};
+    CHECK(s[1] == 0.0f && q[40] == 0, "an all-zero block: scale %g, value %d", s[1], q[40]);
+    CHECK(worst <= 0.5 + 127.0 / 2048, "error %.4f steps (bound 0.5 + 127 * 2^-11)", worst);
+    printf("  q8_0 worst round-trip error %.4f steps\n", worst);
+    free(w), free(q);
+}
+
+/* A random int8 in [-127, 127]. */
+static signed char rand_i8(unsigned *seed) {
+    *seed = *seed * 1103515245u + 12345u;
+    return (signed char)((int)(*seed >> 16) % 255 - 127);
+}
+
+typedef struct {
+    int N, C, OC, gelu, block;
+    signed char *wq, *xq;
+    float *ws, *xs, *x, *bias;
+} gcase_t;
+
+/* Inputs on the int8 grid: x = xq * xs[n] with xq[n][0] = 127, so that
+ * per-token quantization gives back exactly xq and xs. */
+static void gcase_init(gcase_t *g, unsigned seed) {
+    int N = g->N, C = g->C, OC = g->OC, nb = g->block ? C / g->block : 1;
+    g->wq = malloc((size_t)OC * C), g->xq = malloc((size_t)N * C);
+    g->ws = malloc(sizeof(float) * OC * nb), g->xs = malloc(sizeof(float) * N), g->x = malloc(sizeof(float) * N * C);
+    g->bias = check_rand((size_t)OC, 0.5f, 9);
+    for (size_t i = 0; i < (size_t)OC * C; i++) g->wq[i] = rand_i8(&seed);
+    for (size_t i = 0; i < (size_t)N * C; i++) g->xq[i] = rand_i8(&seed);
+    for (int i = 0; i < OC * nb; i++) g->ws[i] = 0.001f * (1 + i % 7);
+    for (int n = 0; n < N; n++) {
+        g->xq[(size_t)n * C] = 127;
+        g->xs[n] = 0.01f * (1 + n % 3);
+        for (int c = 0; c < C; c++) g->x[(size_t)n * C + c] = (float)g->xq[(size_t)n * C + c] * g->xs[n];
+    }
+}
+
+static void gcase_free(gcase_t *g) { free(g->wq), free(g->xq), free(g->ws), free(g->xs), free(g->x), free(g->bias); }
+
+/* The double reference: w8a8 sums xq . wq exactly per block, w8a32 sums
+ * x . wq; then the scales, bias and GELU in double. */
+static void gcase_ref(const gcase_t *g, int a8, double *ref) {
+    int C = g->C, blk = g->block ? g->block : C, nb = C / blk;
+    for (int n = 0; n < g->N; n++)
+        for (int o = 0; o < g->OC; o++) {
+            double v = 0;
+            for (int b = 0; b < nb; b++) {
+                double acc = 0;
+                for (int c = b * blk; c < (b + 1) * blk; c++)
+                    acc += (a8 ? (double)g->xq[(size_t)n * C + c] : (double)g->x[(size_t)n * C + c]) * g->wq[(size_t)o * C + c];
+                v += acc * g->ws[(size_t)o * nb + b];
+            }
+            v = v * (a8 ? g->xs[n] : 1.0) + g->bias[o];
+            ref[(size_t)n * g->OC + o] = g->gelu ? 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))) : v;
+        }
+}
+
+static const char *const isas[] = {"portable", "avx2", "avxvnni", "avx512vnni"};
+
+/* Both kernels on every instruction set this CPU has against the double
+ * reference; W8A32 also bit for bit against the fp32 kernel on the
+ * dequantized weight, and one row alone against the batch (no dependence
+ * on N). */
+static void gemm_case(int N, int C, int OC, int gelu, int block) {
+    gcase_t g = {.N = N, .C = C, .OC = OC, .gelu = gelu, .block = block};
+    gcase_init(&g, 77 + (unsigned)(N * C + OC));
+    float *out = malloc(sizeof(float) * N * OC), *ref32 = malloc(sizeof(float) * N * OC), *one = malloc(sizeof(float) * OC);
+    float *deq = malloc(sizeof(float) * OC * C);
+    double *ref = malloc(sizeof(double) * N * OC);
+    loom_tensor_t w = {.data = g.wq, .dtype = LOOM_INT8, .rows = OC, .cols = C, .scales = g.ws, .block = block};
     CHECK(loom_tensor_check(&w, "w") == LOOM_OK, "%s", loom_errmsg());
-    for (int variant = 0; variant < 2; variant++) {
+    loom_tensor_dequantize(&w, deq);
+    for (int a8 = 0; a8 < 2; a8++) {
+        gcase_ref(&g, a8, ref);
+        for (int i = 0; i < 4; i++) {
+            if (!loom_cpu_int8_use(isas[i])) continue;
+            if (a8) loom_cpu_matmul_forward_w8a8(out, g.x, &w, g.bias, N, C, OC, gelu);
+            else loom_cpu_matmul_forward_w8(out, g.x, &w, g.bias, N, C, OC, gelu);
+            double e = check_rel_err_d(out, ref, (size_t)N * OC);
+            /* w8a8: exact int32 sums, then fp32 scales (and, per block, an
+             * fp32 sum of C/32 terms); w8a32: fp32 sums of C terms */
+            double bound = a8 ? (block ? 2e-6 : 1e-6) : 1e-5;
+            CHECK(e < bound, "%s %s N=%d C=%d OC=%d gelu=%d block=%d: normalized error %.3g (bound %.0e)",
+                  a8 ? "w8a8" : "w8a32", isas[i], N, C, OC, gelu, block, e, bound);
+            int r = N / 2;
+            if (a8) loom_cpu_matmul_forward_w8a8(one, g.x + (size_t)r * C, &w, g.bias, 1, C, OC, gelu);
+            else loom_cpu_matmul_forward_w8(one, g.x + (size_t)r * C, &w, g.bias, 1, C, OC, gelu);
+            CHECK(!memcmp(one, out + (size_t)r * OC, sizeof(float) * OC), "%s %s: row %d alone differs from the batch of %d",
+                  a8 ? "w8a8" : "w8a32", isas[i], r, N);
+        }
+        if (!a8) {
+            loom_cpu_matmul_forward_rows(ref32, g.x, deq, g.bias, N, C, OC, gelu);
+            CHECK(!memcmp(ref32, out, sizeof(float) * N * OC), "w8a32 N=%d C=%d block=%d: not the fp32 kernel's bits on the dequantized weight",
+                  N, C, block);
+        }
+    }
+    loom_cpu_int8_use(NULL);
+    gcase_free(&g);
+    free(out), free(ref32), free(one), free(deq), free(ref);
+}
+
+/* Extreme values: every product +-127 * +-127 and sums near the largest a
+ * row can reach; with unit scales the outputs are the integers
+ * themselves, exactly (|sum| < 2^24). vpmaddubsw would saturate here if
+ * the sign trick were wrong. */
+static void int32_exact(void) {
+    enum { N = 3, C = 1000, OC = 9 };
+    signed char wq[OC * C], xq[N * C];
+    float x[N * C], ws[OC], out[N * OC];
+    for (int o = 0; o < OC; o++) ws[o] = 1.0f;
+    for (int i = 0; i < OC * C; i++) wq[i] = (signed char)(i / C % 3 == 0 ? 127 : i / C % 3 == 1 ? -127 : (i % 2 ? 127 : -127));
+    for (int i = 0; i < N * C; i++) xq[i] = (signed char)(i / C == 0 ? 127 : i / C == 1 ? -127 : (i % 3 ? -127 : 127)), x[i] = xq[i];
+    loom_tensor_t w = {.data = wq, .dtype = LOOM_INT8, .rows = OC, .cols = C, .scales = ws};
+    for (int i = 0; i < 4; i++) {
+        if (!loom_cpu_int8_use(isas[i])) continue;
+        loom_cpu_matmul_forward_w8a8(out, x, &w, NULL, N, C, OC, 0);
         for (int n = 0; n < N; n++)
             for (int o = 0; o < OC; o++) {
-                double acc = 0;
-                for (int c = 0; c < C; c++)
-                    acc += variant ? (double)xq[(size_t)n * C + c] * wq[(size_t)o * C + c]
-                                   : (double)x[(size_t)n * C + c] * wq[(size_t)o * C + c];
-                double v = (variant ? acc * ((double)xs[n] * ws[o]) : acc * ws[o]) + bias[o];
-                ref[(size_t)n * OC + o] = gelu ? 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))) : v;
+                long long d = 0;
+                for (int c = 0; c < C; c++) d += (long long)xq[n * C + c] * wq[o * C + c];
+                CHECK(out[n * OC + o] == (float)d, "%s: row %d output %d: %.1f, exact %lld", isas[i], n, o, out[n * OC + o], d);
             }
-        if (variant) loom_cpu_matmul_forward_w8a8(out, x, &w, bias, N, C, OC, gelu);
-        else loom_cpu_matmul_forward_w8(out, x, &w, bias, N, C, OC, gelu);
-        double e = check_rel_err_d(out, ref, (size_t)N * OC);
-        /* w8a8: the int32 sum is exact, only the fp32 products of scales
-         * round; w8a32: fp32 sums over C terms */
-        double bound = variant ? 1e-6 : 1e-5;
-        CHECK(e < bound, "%s N=%d C=%d OC=%d gelu=%d: normalized error %.3g (bound %.0e)",
-              variant ? "w8a8" : "w8a32", N, C, OC, gelu, e, bound);
     }
-    free(wq), free(xq), free(ws), free(xs), free(x), free(bias), free(out), free(ref);
+    loom_cpu_int8_use(NULL);
 }
 
 static void gemm_vs_double(void) {
-    printf("  AVX-512 VNNI: %s\n", loom_cpu_int8_vnni() ? "used" : "not on this CPU (portable int32 path)");
-    gemm_case(1, 64, 48, 0);
-    gemm_case(5, 100, 33, 1); /* C not a multiple of 64: the tail */
-    gemm_case(17, 256, 70, 0);
+    printf("  int8 kernels: %s on this CPU (all it has are tested)\n", loom_cpu_int8_isa());
+    gemm_case(1, 64, 48, 0, 0);
+    gemm_case(5, 100, 33, 1, 0);  /* C not a multiple of 32 or 64: the tail */
+    gemm_case(17, 256, 70, 0, 0); /* N odd, OC not a multiple of the tile */
+    gemm_case(1, 96, 37, 0, 32);  /* Q8_0 blocks: an odd number of blocks */
+    gemm_case(17, 256, 70, 1, 32);
+    gemm_case(3, 128, 8, 0, 64);  /* blocks of 64 */
+    gemm_case(4, 40, 6, 0, 8);    /* blocks of 8: the portable path */
 }
 
 /* The int8 cache ops: after writes into one block (the second token twice
@@ -210,49 +325,74 @@ static void greedy(loom_infer_t *inf, const int *prompt, int *out, int Vp) {
     free(logits);
 }
 
+/* The paths compared with fp32: mode, KV dtype, scale block, int8 logits. */
+static const struct {
+    const char *name;
+    loom_quant_mode mode;
+    int kv8, block, logits;
+    double bound; /* on |perplexity / fp32's - 1| */
+} paths[] = {
+    {"fp32", LOOM_QUANT_NONE, 0, 0, 0, 0},
+    {"w8a32", LOOM_QUANT_W8A32, 0, 0, 1, 0.01},
+    {"w8a8", LOOM_QUANT_W8A8, 0, 0, 1, 0.02},
+    {"int8 KV", LOOM_QUANT_NONE, 1, 0, 0, 0.01},
+    {"w8a32, fp32 logits", LOOM_QUANT_W8A32, 0, 0, 0, 0.01},
+    {"w8a8, fp32 logits", LOOM_QUANT_W8A8, 0, 0, 0, 0.02},
+    {"w8a32 Q8_0 blocks", LOOM_QUANT_W8A32, 0, 32, 1, 0.01},
+    {"w8a8 Q8_0 blocks", LOOM_QUANT_W8A8, 0, 32, 1, 0.02},
+};
+#define NPATHS (int)(sizeof paths / sizeof paths[0])
+
+/* Perplexity and 20 greedy continuations of `path` on m. */
+static double run_path(loom_gpt_t *m, int path, const int *seqs, int ns, int gen[20][50]) {
+    loom_quant_t *q = NULL;
+    loom_infer_t *inf = NULL;
+    int Vp = m->cfg.padded_vocab_size;
+    /* blocks of 16: a block's scale is set by its first token and raised by later ones */
+    CHECK(loom_infer_create(&inf, m, 8, 16, paths[path].kv8 ? LOOM_INT8 : LOOM_FP32, 64, 1, 64) == LOOM_OK, "%s",
+          loom_errmsg());
+    if (!inf) return NAN;
+    loom_quant_opts_t o = {.block = paths[path].block, .logits = paths[path].logits};
+    if (paths[path].mode != LOOM_QUANT_NONE)
+        CHECK(loom_quant_create_opts(&q, m, paths[path].mode, &o) == LOOM_OK, "%s", loom_errmsg());
+    loom_infer_set_quant(inf, q);
+    double ppl = exp(infer_loss(inf, seqs, ns, Vp));
+    for (int p = 0; p < 20; p++) greedy(inf, seqs + (p % ns) * 65 + (p / ns) * 8, gen[p], Vp);
+    loom_infer_free(inf);
+    loom_quant_free(q);
+    return ppl;
+}
+
 static void perplexity_bounds(void) {
     loom_gpt_t *m = trained_model();
     CHECK(m != NULL, "training: %s", loom_errmsg());
     if (!m) return;
-    int Vp = m->cfg.padded_vocab_size, ns = 16, *seqs = malloc(sizeof(int) * 65 * ns), gen[4][20][50];
+    int ns = 16, *seqs = malloc(sizeof(int) * 65 * ns), (*gen)[20][50] = malloc(sizeof(int) * NPATHS * 20 * 50);
     unsigned seed = 999;
     for (int s = 0; s < ns; s++) markov(seqs + s * 65, 65, 64, &seed);
-    double ppl[4];
-    for (int mode = 0; mode < 4; mode++) { /* fp32, w8a32, w8a8, fp32 weights + int8 KV */
-        loom_quant_t *q = NULL;
-        loom_infer_t *inf = NULL;
-        /* blocks of 16: a block's scale is set by its first token and raised by later ones */
-        CHECK(loom_infer_create(&inf, m, 8, 16, mode == 3 ? LOOM_INT8 : LOOM_FP32, 64, 1, 64) == LOOM_OK, "%s",
-              loom_errmsg());
-        if (mode == 1 || mode == 2) CHECK(loom_quant_create(&q, m, (loom_quant_mode)mode) == LOOM_OK, "%s", loom_errmsg());
-        loom_infer_set_quant(inf, q);
-        ppl[mode] = exp(infer_loss(inf, seqs, ns, Vp));
-        for (int p = 0; p < 20; p++) greedy(inf, seqs + (p % ns) * 65 + (p / ns) * 8, gen[mode][p], Vp);
-        loom_infer_free(inf);
-        loom_quant_free(q);
-    }
-    double d1 = ppl[1] / ppl[0] - 1, d2 = ppl[2] / ppl[0] - 1;
-    double d3 = ppl[3] / ppl[0] - 1;
-    printf("  perplexity fp32 %.4f, w8a32 %.4f (%+.3f%%), w8a8 %.4f (%+.3f%%), int8 KV %.4f (%+.3f%%)\n", ppl[0],
-           ppl[1], 100 * d1, ppl[2], 100 * d2, ppl[3], 100 * d3);
-    CHECK(fabs(d3) < 0.01, "int8 KV perplexity %.4f vs fp32 %.4f: %.3f%% (bound 1%%)", ppl[3], ppl[0], 100 * d3);
+    double ppl[NPATHS];
+    for (int i = 0; i < NPATHS; i++) ppl[i] = run_path(m, i, seqs, ns, gen[i]);
     CHECK(ppl[0] < 32.0, "the model did not learn (perplexity %.2f of 64)", ppl[0]);
-    CHECK(fabs(d1) < 0.01, "w8a32 perplexity %.4f vs fp32 %.4f: %.3f%% (bound 1%%)", ppl[1], ppl[0], 100 * d1);
-    CHECK(fabs(d2) < 0.02, "w8a8 perplexity %.4f vs fp32 %.4f: %.3f%% (bound 2%%)", ppl[2], ppl[0], 100 * d2);
-    for (int mode = 1; mode < 4; mode++) {
+    printf("  perplexity fp32 %.4f\n", ppl[0]);
+    for (int i = 1; i < NPATHS; i++) {
+        double d = ppl[i] / ppl[0] - 1;
         int same = 0;
         for (int p = 0; p < 20; p++)
-            for (int k = 0; k < 50; k++) same += gen[mode][p][k] == gen[0][p][k];
-        printf("  greedy tokens equal to fp32's, %s: %d of 1000 (%.1f%%)\n", mode == 1 ? "w8a32" : mode == 2 ? "w8a8" : "int8 KV", same,
-               same / 10.0);
+            for (int k = 0; k < 50; k++) same += gen[i][p][k] == gen[0][p][k];
+        printf("  %-20s perplexity %.4f (%+.3f%%), greedy tokens equal to fp32's: %d of 1000\n", paths[i].name, ppl[i],
+               100 * d, same);
+        CHECK(fabs(d) < paths[i].bound, "%s perplexity %.4f vs fp32 %.4f: %.3f%% (bound %.0f%%)", paths[i].name, ppl[i],
+              ppl[0], 100 * d, 100 * paths[i].bound);
     }
-    free(seqs);
+    free(seqs), free(gen);
     loom_gpt_free(m);
 }
 
 int main(void) {
     RUN(round_trip);
+    RUN(round_trip_q8_0);
     RUN(gemm_vs_double);
+    RUN(int32_exact);
     RUN(kv_int8_ops);
     RUN(perplexity_bounds);
     return check_main_end();

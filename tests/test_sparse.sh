@@ -61,6 +61,33 @@ PYEOF
 for run in r p f; do
     printf '  %s: %s\n' "$run" "$($LOOM eval --run "$tmp/$run" --batches 4 --threads 2 2>&1 | head -1)"
 done
+# The compressed 2:4 path (model/sparse24.h): the pruned run's greedy text
+# is the same with --sparse auto (compressed, said on stderr) and off
+# (dense), through loom sample and the engine (loom generate).
+S="--run $tmp/p --prompt GNU --tokens 40 --temperature 0 --threads 2"
+a=$($LOOM sample $S --sparse auto 2>"$tmp/err"); ra=$?
+o=$($LOOM sample $S --sparse off 2>/dev/null); ro=$?
+if [ $ra -eq 0 ] && [ $ro -eq 0 ] && [ "$a" = "$o" ] && grep -q "run compressed" "$tmp/err"; then
+    echo "PASS sparse_sample_auto_equals_off"
+else
+    echo "FAIL sparse_sample_auto_equals_off: exit $ra/$ro, stderr: $(head -c 300 "$tmp/err"); auto: ${a:0:80} off: ${o:0:80}"
+fi
+if $LOOM sample --run "$tmp/r" --prompt GNU --tokens 2 --threads 2 2>&1 >/dev/null | grep -q "run compressed"; then
+    echo "FAIL sparse_dense_run_stays_dense: a dense run was compressed"
+else
+    echo "PASS sparse_dense_run_stays_dense"
+fi
+printf '{"prompt": "GNU"}\n{"prompt": "the"}\n' > "$tmp/in.jsonl"
+ids() { grep -o '"token_ids":\[[^]]*\]' "$1"; } # ttft_s differs run to run
+G="generate --run $tmp/p --prompts $tmp/in.jsonl --max-tokens 24 --threads 2 --kv-memory 64M"
+if $LOOM $G --out "$tmp/auto.jsonl" --sparse auto >/dev/null 2>&1 && $LOOM $G --out "$tmp/off.jsonl" --sparse off >/dev/null 2>&1 &&
+    [ "$(ids "$tmp/auto.jsonl")" = "$(ids "$tmp/off.jsonl")" ] && [ "$(ids "$tmp/auto.jsonl" | wc -l)" -eq 2 ]; then
+    echo "PASS sparse_generate_auto_equals_off"
+else
+    echo "FAIL sparse_generate_auto_equals_off: $(head -c 300 "$tmp/auto.jsonl") vs $(head -c 300 "$tmp/off.jsonl")"
+fi
+out=$($LOOM sample $S --sparse maybe 2>&1); rc=$?
+if [ $rc -eq 2 ] && printf '%s' "$out" | grep -q "off|auto"; then echo "PASS sparse_bad_flag"; else echo "FAIL sparse_bad_flag: exit $rc: $out"; fi
 out=$($LOOM prune --run "$tmp/r" --sparsity 1:4 --out "$tmp/x" 2>&1); rc=$?
 if [ $rc -eq 2 ] && printf '%s' "$out" | grep -q "2:4"; then echo "PASS prune_bad_pattern"; else echo "FAIL prune_bad_pattern: exit $rc: $out"; fi
 out=$($LOOM train $T --init-from-run "$tmp/r" --keep-sparsity --out "$tmp/y" --steps 2 2>&1); rc=$?

@@ -51,8 +51,10 @@ typedef enum {
     LOOM_LAYOUT_DENSE = 0, /* rows x cols, row-major */
     /* 2:4 structured sparsity along each row: of every 4 consecutive
      * elements 2 are kept. data holds rows x cols/2 kept values, row-major;
-     * meta holds one byte per group of 4: two 2-bit column indices (the
-     * first in bits 0-1, the second in bits 2-3, first < second). */
+     * meta holds 4 bits per group of 4, two 2-bit column indices (the
+     * first in bits 0-1, the second in bits 2-3, first < second), two
+     * groups per byte (group g of a row in byte g / 2, the low nibble for
+     * even g): rows x (cols + 7) / 8 bytes, each row starting on a byte. */
     LOOM_LAYOUT_SPARSE24,
 } loom_layout;
 
@@ -71,7 +73,7 @@ typedef struct {
     const float *scales; /* int8 only, in the backend's memory, fp32 */
     int block;           /* 0 = one scale per row; else elements per scale, divides cols */
     loom_layout layout;
-    const unsigned char *meta; /* LOOM_LAYOUT_SPARSE24 only: rows x cols/4 bytes */
+    const unsigned char *meta; /* LOOM_LAYOUT_SPARSE24 only: rows x (cols + 7) / 8 bytes */
 } loom_tensor_t;
 
 /* LOOM_OK when `t` is self-consistent (a known dtype and layout, scales
@@ -286,6 +288,10 @@ typedef struct loom_backend {
  *   over positions 0..pos[i] of sequence seq[i], read through its row of
  *   block_tables (S, max_blocks). Scale 1/sqrt(hs).
  * gather_rows: out (R,C) = inp[rows[r]].
+ * matmul_forward_s24: matmul_forward_rows with w (OC,C) a typed tensor of
+ *   layout LOOM_LAYOUT_SPARSE24 (fp32 kept values, C a multiple of 4): the
+ *   same result as matmul_forward_rows on loom_tensor_dequantize(w), reading
+ *   about half the weight bytes.
  * kv_copy_block: block src to block dst, K and V of every head (copy-on-write). */
 
 /* Copy n elements of an ACT tensor (be->act_dtype) from backend memory to

@@ -63,7 +63,7 @@ void loom_tensor_dequantize(const loom_tensor_t *t, float *out) {
         }
         memset(o, 0, (size_t)t->cols * sizeof(float));
         for (long long g = 0; g < t->cols / 4; g++) {
-            unsigned char m = t->meta[r * (t->cols / 4) + g];
+            unsigned char m = (unsigned char)(t->meta[r * ((t->cols + 7) / 8) + g / 2] >> (g % 2 * 4));
             size_t k = (size_t)(r * (t->cols / 2) + 2 * g);
             long long c0 = 4 * g + (m & 3), c1 = 4 * g + ((m >> 2) & 3);
             o[c0] = stored(t, k) * scale_at(t, r, c0);

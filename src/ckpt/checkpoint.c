@@ -15,17 +15,24 @@
 #define MANIFEST "manifest.json"
 #define MANIFEST_FORMAT "loom-checkpoint-1"
 
-void loom_ckpt_test_point(const char *point) {
-    static int seen;
-    const char *want = getenv("LOOM_TEST_KILL_AT");
-    if (!want) return;
+/* 1 when the environment variable `env` names `point` ("point" or
+ * "point:K") and this is the K-th time (K = 1 by default) it is reached. */
+static int test_point_due(const char *env, const char *point, int *seen) {
+    const char *want = getenv(env);
+    if (!want) return 0;
     size_t n = strlen(point);
-    if (strncmp(want, point, n) != 0 || (want[n] && want[n] != ':')) return;
+    if (strncmp(want, point, n) != 0 || (want[n] && want[n] != ':')) return 0;
     int nth = want[n] == ':' ? atoi(want + n + 1) : 1;
-    if (++seen >= nth) {
-        fprintf(stderr, "loom: LOOM_TEST_KILL_AT=%s: killing this process\n", want);
+    return ++*seen == nth;
+}
+
+void loom_ckpt_test_point(const char *point) {
+    static int seen_kill, seen_term;
+    if (test_point_due("LOOM_TEST_KILL_AT", point, &seen_kill)) {
+        fprintf(stderr, "loom: LOOM_TEST_KILL_AT=%s: killing this process\n", getenv("LOOM_TEST_KILL_AT"));
         kill(getpid(), SIGKILL);
     }
+    if (test_point_due("LOOM_TEST_TERM_AT", point, &seen_term)) kill(getpid(), SIGTERM); /* as a launcher or a scheduler would */
 }
 
 static int rm_cb(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {

@@ -55,8 +55,10 @@ int loom_ckpt_any(const char *run);
 /* Remove a file or a folder with everything in it (0, or -1 with errno). */
 int loom_ckpt_remove_tree(const char *path);
 /* Fault injection for the chaos test: when the environment variable
- * LOOM_TEST_KILL_AT equals `point`, the process SIGKILLs itself here
- * (points: ckpt_files, ckpt_manifest, ckpt_renamed, ckpt_latest, ckpt_prune). */
+ * LOOM_TEST_KILL_AT equals `point` (or `point:K`, the K-th time), the
+ * process SIGKILLs itself here (points: ckpt_files, ckpt_manifest,
+ * ckpt_renamed, ckpt_latest, ckpt_prune; run_prepare in ckpt/run.c;
+ * train_end in train/train.c); LOOM_TEST_TERM_AT sends it a SIGTERM. */
 void loom_ckpt_test_point(const char *point);
 
 #endif

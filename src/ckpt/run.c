@@ -14,15 +14,62 @@
 #include "ckpt/safetensors.h"
 
 
-static int dir_is_empty(const char *dir) {
+/* What loom train writes at the top of a run folder. config.json goes
+ * last when a run is cleared, so a folder cleared halfway still reads as a
+ * run; NAME.tmp is what an atomic write of NAME leaves when it is cut short. */
+static const char *const run_files[] = {"metrics.jsonl", "loss.svg", "tokenizer.json", "latest",
+                                        "checkpoints", "events.jsonl", "config.json"};
+#define N_RUN_FILES (sizeof run_files / sizeof run_files[0])
+
+/* Entries of `dir` other than . and .. (0 when it cannot be read). */
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d))) n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+    closedir(d);
+    return n;
+}
+
+/* An entry that holds nothing of value: NAME.tmp of a run file, or an
+ * empty checkpoints/ (made just before config.json is written). */
+static int is_leftover(const char *dir, const char *name) {
+    for (size_t i = 0; i < N_RUN_FILES; i++) {
+        size_t n = strlen(run_files[i]);
+        if (!strncmp(name, run_files[i], n) && !strcmp(name + n, ".tmp")) return 1;
+    }
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return !strcmp(name, "checkpoints") && loom_path_is_dir(p) && count_entries(p) == 0;
+}
+
+/* 1 when `dir` holds nothing, or only what a run killed while its folder
+ * was being made leaves (is_leftover): a new run may take it. */
+static int holds_nothing(const char *dir) {
     DIR *d = opendir(dir);
     if (!d) return 1;
     struct dirent *e;
-    int empty = 1;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = 0;
+    int nothing = 1;
+    while (nothing && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && !is_leftover(dir, e->d_name)) nothing = 0;
     closedir(d);
-    return empty;
+    return nothing;
+}
+
+/* Remove the run files of `dir` and their .tmp leftovers; the user's own
+ * files stay. */
+static loom_status remove_run_files(const char *dir) {
+    for (size_t i = 0; i < N_RUN_FILES; i++) {
+        for (int t = 0; t < 2; t++) {
+            char p[4200];
+            snprintf(p, sizeof p, "%s/%s%s", dir, run_files[i], t ? "" : ".tmp");
+            if (!loom_path_exists(p)) continue;
+            if (loom_ckpt_remove_tree(p) != 0) return loom_error(LOOM_EIO, "%s: cannot remove: %s", p, strerror(errno));
+            loom_ckpt_test_point("run_prepare");
+        }
+    }
+    return LOOM_OK;
 }
 
 loom_status loom_run_prepare(const char *dir, int force) {
@@ -35,19 +82,14 @@ loom_status loom_run_prepare(const char *dir, int force) {
         loom_info("loom: %s holds a run without a checkpoint (it stopped before the first one); replacing it", dir);
         force = 1;
     }
-    if (loom_path_is_dir(dir) && !dir_is_empty(dir)) {
-        if (!force)
-            return loom_error(LOOM_EINVAL, "--out %s: the folder already exists and is not empty; pass --force to replace its run, or choose another --out", dir);
-        static const char *const ours[] = {"config.json", "metrics.jsonl", "loss.svg", "tokenizer.json", "latest", "checkpoints", "events.jsonl"};
-        for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++) {
-            char p[4096];
-            snprintf(p, sizeof p, "%s/%s", dir, ours[i]);
-            if (loom_ckpt_remove_tree(p) != 0) return loom_error(LOOM_EIO, "%s: cannot remove: %s", p, strerror(errno));
-        }
-    }
-    char ck[4096];
+    if (loom_path_is_dir(dir) && !force && !holds_nothing(dir))
+        return loom_error(LOOM_EINVAL, "--out %s: the folder already exists and is not empty; pass --force to replace its run, or choose another --out", dir);
+    if (loom_path_is_dir(dir)) LOOM_TRY(remove_run_files(dir));
+    char ck[4200];
     snprintf(ck, sizeof ck, "%s/checkpoints", dir);
-    return loom_mkdir_p(ck);
+    LOOM_TRY(loom_mkdir_p(ck));
+    loom_ckpt_test_point("run_prepare"); /* the folder is there, its config.json not yet */
+    return LOOM_OK;
 }
 
 static loom_status write_json(const char *path, cJSON *root) {

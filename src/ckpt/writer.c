@@ -8,7 +8,10 @@
 #include "ckpt/optim.h"
 #include "ckpt/safetensors.h"
 
-typedef enum { W_IDLE, W_FILES, W_FILES_DONE, W_COMMIT } wstate_t;
+/* What the writer is doing: W_FILES and W_COMMIT are jobs for the thread
+ * (or the caller, when synchronous); W_FILES_DONE waits for the other
+ * ranks; W_QUIT ends the thread. */
+typedef enum { W_IDLE, W_FILES, W_FILES_DONE, W_COMMIT, W_QUIT } wstate_t;
 
 struct loom_ckpt_writer {
     loom_ckpt_writer_opts_t o;
@@ -16,7 +19,7 @@ struct loom_ckpt_writer {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int started, quit;
+    int started;
     wstate_t state;
     loom_status status; /* of the last background job; its message below */
     char msg[2048];
@@ -66,7 +69,7 @@ static void run_job(loom_ckpt_writer_t *w, wstate_t job) {
 static void *thread_main(void *arg) {
     loom_ckpt_writer_t *w = arg;
     pthread_mutex_lock(&w->mu);
-    while (!w->quit || w->state == W_FILES || w->state == W_COMMIT) {
+    while (w->state != W_QUIT) {
         if (w->state == W_FILES || w->state == W_COMMIT) run_job(w, w->state);
         else pthread_cond_wait(&w->cv, &w->mu);
     }
@@ -226,13 +229,11 @@ void loom_ckpt_writer_times(const loom_ckpt_writer_t *w, double *blocked_s, doub
 
 void loom_ckpt_writer_free(loom_ckpt_writer_t *w) {
     if (!w) return;
-    if (w->started) {
-        pthread_mutex_lock(&w->mu);
-        w->quit = 1;
-        pthread_cond_broadcast(&w->cv);
-        pthread_mutex_unlock(&w->mu);
-        pthread_join(w->thread, NULL);
-    }
+    pthread_mutex_lock(&w->mu);
+    wait_idle(w); /* a write in flight is finished, not cut */
+    start_job(w, W_QUIT);
+    pthread_mutex_unlock(&w->mu);
+    if (w->started) pthread_join(w->thread, NULL);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w->params);

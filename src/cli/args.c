@@ -52,6 +52,8 @@ static const loom_arg_t shared[LOOM_FLAG_COUNT] = {
     [LOOM_FLAG_BLOCK_SIZE] = {"block-size", ARG_INT, NULL, "16", 1, 256, "tokens per KV cache block"},
     [LOOM_FLAG_MAX_BATCH_TOKENS] = {"max-batch-tokens", ARG_INT, NULL, "512", 1, 1 << 20, "rows per engine step, prefill chunks and decodes together"},
     [LOOM_FLAG_MAX_SEQS] = {"max-seqs", ARG_INT, NULL, "64", 1, 1 << 16, "running sequences at most"},
+    [LOOM_FLAG_SPARSE] = {"sparse", ARG_CHOICE, NULL, "auto", 0, 0,
+                          "2:4-sparse linear weights (loom prune): auto runs them compressed (kept values + 2-bit positions, about half the bytes) when every linear weight is 2:4 and --quant is none; off runs them dense"},
 };
 
 /* The values of the shared ARG_CHOICE flags, '|'-separated. */
@@ -62,6 +64,7 @@ static const char *const shared_choices[LOOM_FLAG_COUNT] = {
     [LOOM_FLAG_GRAD_DTYPE] = "fp32|bf16",
     [LOOM_FLAG_QUANT] = "none|int8|w8a32|w8a16|w8a8",
     [LOOM_FLAG_KV_DTYPE] = "fp32|int8",
+    [LOOM_FLAG_SPARSE] = "off|auto",
 };
 
 static const char *choices_of(const char *name) {
@@ -284,4 +287,9 @@ int loom_exit_code(int status) {
     case LOOM_ESTOPPED: return 75; /* EX_TEMPFAIL: preempted, resume with the same command */
     default: return 1;
     }
+}
+
+int loom_exit_report(const char *cmd, int status) {
+    if (status != LOOM_OK) fprintf(stderr, "loom %s: %s\n", cmd, loom_errmsg());
+    return loom_exit_code(status);
 }

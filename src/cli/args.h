@@ -64,6 +64,7 @@ typedef enum {
     LOOM_FLAG_BLOCK_SIZE,   /* --block-size: int, tokens per KV block (the engine's bound) */
     LOOM_FLAG_MAX_BATCH_TOKENS, /* --max-batch-tokens: int, rows per engine step */
     LOOM_FLAG_MAX_SEQS,     /* --max-seqs: int, running sequences at most */
+    LOOM_FLAG_SPARSE,       /* --sparse: ARG_CHOICE, LOOM_SPARSE_OFF 0 or LOOM_SPARSE_AUTO 1 (model/sparse24.h) */
     LOOM_FLAG_COUNT
 } loom_flag_id;
 
@@ -71,6 +72,15 @@ typedef enum {
 loom_arg_t loom_flag(loom_flag_id id, void *ptr);
 /* The same with another default (a benchmark's smaller batch). */
 loom_arg_t loom_flag_default(loom_flag_id id, void *ptr, const char *def);
+
+/* The optimizer's flags (--lr, --min-lr-ratio, --warmup, --weight-decay,
+ * --beta1, --beta2, --clip, in this order) bound to the same-named fields
+ * of the struct `o` points at: rows for a training command's table. */
+#define LOOM_OPTIMIZER_FLAGS(o)                                                                          \
+    loom_flag(LOOM_FLAG_LR, &(o)->lr), loom_flag(LOOM_FLAG_MIN_LR_RATIO, &(o)->min_lr_ratio),             \
+        loom_flag(LOOM_FLAG_WARMUP, &(o)->warmup), loom_flag(LOOM_FLAG_WEIGHT_DECAY, &(o)->weight_decay),  \
+        loom_flag(LOOM_FLAG_BETA1, &(o)->beta1), loom_flag(LOOM_FLAG_BETA2, &(o)->beta2),                  \
+        loom_flag(LOOM_FLAG_CLIP, &(o)->clip)
 
 /* Parse argv (after the subcommand name) against the table; defaults are
  * applied first. Returns 0 when parsed, 1 when --help was printed, 2 on a
@@ -82,5 +92,16 @@ int loom_args_parse(const char *cmd, const char *usage, const loom_arg_t *args, 
 void loom_args_help(const char *cmd, const char *usage, const loom_arg_t *args, int n);
 /* 1 if the flag named `name` was given on the command line in the last parse. */
 int loom_args_given(const char *name);
+
+/* The rows of a flag table declared as an array (not a pointer). */
+#define LOOM_ARGS_COUNT(args) ((int)(sizeof(args) / sizeof((args)[0])))
+/* A command's flag parse, as one statement: parse argv against the array
+ * `args`; after --help the calling command returns 0, after a bad flag 2
+ * (loom_args_parse has printed the one-line error); else it goes on. */
+#define LOOM_ARGS_PARSE_OR_RETURN(cmd, usage, args, argc, argv)                                \
+    do {                                                                                       \
+        int parsed_ = loom_args_parse(cmd, usage, args, LOOM_ARGS_COUNT(args), argc, argv);     \
+        if (parsed_) return parsed_ == 1 ? 0 : 2;                                              \
+    } while (0)
 
 #endif

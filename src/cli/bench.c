@@ -497,9 +497,7 @@ static int bench_train(int argc, char **argv) {
         {"torch-script", ARG_STR, &script, "", 0, 0, "path of bench/torch_train.py (empty: found beside the build)"},
     };
     const char *usage = "loom bench train [--model gpt2-small --seq 1024 --threads 2] [flags]";
-    int r = loom_args_parse("bench train", usage, args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("bench train", usage, args, argc, argv);
     if (strcmp(torch, "on") != 0 && strcmp(torch, "off") != 0) {
         fprintf(stderr, "loom bench train: --torch %s: use on or off\n", torch);
         return 2;
@@ -674,10 +672,8 @@ static int bench_ops(int argc, char **argv) {
         {"dtype", ARG_STR, &s.dtype, "fp32", 0, 0, "matrix precision"},
         {"gemm", ARG_STR, &s.gemm, "", 0, 0, "CPU GEMM: own or blas (empty: LOOM_GEMM, else own)"},
     };
-    int r = loom_args_parse("bench ops", "loom bench ops [--model gpt2-small --seq 1024 --threads 2] [flags]", args,
-                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("bench ops", "loom bench ops [--model gpt2-small --seq 1024 --threads 2] [flags]",
+                              args, argc, argv);
     loom_gpt_config_t cfg;
     if (loom_gpt_preset(&cfg, s.model) != LOOM_OK) {
         fprintf(stderr, "loom bench ops: %s\n", loom_errmsg());
@@ -688,10 +684,7 @@ static int bench_ops(int argc, char **argv) {
     loom_gpt_t *m;
     int *tok, *tgt;
     loom_status st = loom_side_build(&s, &be, &m, &tok, &tgt);
-    if (st != LOOM_OK) {
-        fprintf(stderr, "loom bench ops: %s\n", loom_errmsg());
-        return loom_exit_code(st);
-    }
+    if (st != LOOM_OK) return loom_exit_report("bench ops", st);
     ops_cfg = m->cfg;
     m->be = ops_wrap(be);
     float loss, norm;

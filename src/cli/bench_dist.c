@@ -136,10 +136,7 @@ int cmd_bench_dist(int argc, char **argv) {
         loom_flag(LOOM_FLAG_ZERO, &c.zero),
         loom_flag(LOOM_FLAG_GRAD_DTYPE, &c.grad_dtype),
     };
-    int r = loom_args_parse("bench dist", "loom bench dist [--ranks N] [model flags]", args,
-                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("bench dist", "loom bench dist [--ranks N] [model flags]", args, argc, argv);
     if (ranks == 0) ranks = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (ranks < 2) ranks = 2;
     if (c.seq < 1) {

@@ -14,6 +14,7 @@
 #include "model/quant.h"
 #include "cli/runload.h"
 #include "model/infer.h"
+#include "backend/cpu/cpu_int8.h"
 
 typedef struct {
     loom_engine_t *e;
@@ -117,37 +118,102 @@ static void llama_row(const char *bin, const char *gguf, int plen, int gen, cons
 }
 
 typedef struct {
-    const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf, *device;
+    const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf, *device, *sweep;
     int conc[16], nconc;
-    int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens, quant, kv_dtype;
+    int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens, quant, kv_dtype, sparse;
 } bench_flags_t;
 
-/* Every level `repeat` times, alternating levels (drift on a shared
- * machine spreads over all of them); medians and spread printed. */
-static void run_table(loom_engine_t *e, const bench_flags_t *f, const int *prompt) {
-    int nl = f->nconc;
-    double *tps = loom_calloc((size_t)(nl * f->repeat), sizeof(double)), *ttft = loom_calloc((size_t)(nl * f->repeat), sizeof(double));
-    for (int r = 0; r < f->repeat; r++)
-        for (int l = 0; l < nl; l++) {
-            int c = f->conc[l], total = c > 1 ? c : 2;
-            tps[l * f->repeat + r] = run_level(e, prompt, f->plen, f->gen, c, total, &ttft[l * f->repeat + r]);
-            fprintf(stderr, "  concurrency %d, round %d: %.1f tokens/s, TTFT %.0f ms\n", c, r + 1, tps[l * f->repeat + r], ttft[l * f->repeat + r]);
-        }
-    printf("%-28s %12s %17s %12s %10s\n", "loom", "out tok/s", "(min-max)", "TTFT ms", "vs 1-at-a-time");
-    double base = 0;
-    for (int l = 0; l < nl; l++) {
-        double *t = tps + l * f->repeat, *q = ttft + l * f->repeat;
-        qsort(t, (size_t)f->repeat, sizeof(double), cmp_double);
-        qsort(q, (size_t)f->repeat, sizeof(double), cmp_double);
-        double med = t[f->repeat / 2];
-        int c = f->conc[l];
-        if (l == 0) base = med;
-        char name[64];
-        snprintf(name, sizeof name, c == 1 ? "one request at a time" : "continuous batching, %d", c);
-        printf("%-28s %12.1f %8.1f-%-8.1f %12.0f %9.2fx\n", name, med, t[0], t[f->repeat - 1], q[f->repeat / 2], med / base);
+/* One configuration measured (a "side"): weights, scales, logits, cache. */
+typedef struct {
+    char name[40];
+    int quant, block, fp32_logits, kv8;
+    size_t bytes; /* weight bytes read per decode token */
+    loom_engine_t *e;
+} bench_side_t;
+
+#define MAX_SIDES 8
+
+/* "fp32", "w8a32" or "w8a8", then any of "-q8_0" (blocks of 32), "-fp32logits",
+ * "-kv8" (int8 KV cache): 0, or -1 with a message. */
+static int parse_side(const char *s, size_t n, bench_side_t *d) {
+    static const char *const base[] = {"fp32", "w8a32", "w8a8"};
+    static const int modes[] = {LOOM_QUANT_NONE, LOOM_QUANT_W8A32, LOOM_QUANT_W8A8};
+    *d = (bench_side_t){0};
+    snprintf(d->name, sizeof d->name, "%.*s", (int)n, s);
+    size_t k = strcspn(d->name, "-");
+    int ok = 0;
+    for (int i = 0; i < 3; i++)
+        if (strlen(base[i]) == k && !strncmp(d->name, base[i], k)) d->quant = modes[i], ok = 1;
+    for (const char *t = d->name + k; ok && *t; t += strcspn(t + 1, "-") + 1) {
+        size_t len = strcspn(t + 1, "-");
+        if (len == 4 && !strncmp(t + 1, "q8_0", 4)) d->block = 32;
+        else if (len == 10 && !strncmp(t + 1, "fp32logits", 10)) d->fp32_logits = 1;
+        else if (len == 3 && !strncmp(t + 1, "kv8", 3)) d->kv8 = 1;
+        else ok = 0;
     }
-    free(tps);
-    free(ttft);
+    if (!ok || (d->quant == LOOM_QUANT_NONE && (d->block || d->fp32_logits)))
+        fprintf(stderr, "loom bench generate: --sweep item '%s': expected fp32, w8a32 or w8a8, then any of -q8_0, -fp32logits, -kv8 (q8_0 and fp32logits need int8 weights)\n",
+                d->name);
+    return ok && !(d->quant == LOOM_QUANT_NONE && (d->block || d->fp32_logits)) ? 0 : -1;
+}
+
+/* The sides: --sweep's list, else the one --quant / --kv-dtype name. */
+static int parse_sides(const bench_flags_t *f, bench_side_t *sd) {
+    int n = 0;
+    if (!f->sweep || !*f->sweep) {
+        sd[0] = (bench_side_t){.quant = loom_cli_quant_mode(f->quant), .kv8 = f->kv_dtype != 0};
+        snprintf(sd[0].name, sizeof sd[0].name, "%s%s", sd[0].quant ? loom_quant_name((loom_quant_mode)sd[0].quant) : "fp32",
+                 sd[0].kv8 ? "-kv8" : "");
+        return 1;
+    }
+    for (const char *c = f->sweep; *c; c += strcspn(c, ",") + (c[strcspn(c, ",")] == ',')) {
+        if (n == MAX_SIDES) {
+            fprintf(stderr, "loom bench generate: --sweep: at most %d items\n", MAX_SIDES);
+            return -1;
+        }
+        if (parse_side(c, strcspn(c, ","), &sd[n++])) return -1;
+    }
+    return n;
+}
+
+/* Every side and level `repeat` times, alternating sides and levels (drift
+ * on a shared machine spreads over all of them), the read bandwidth
+ * measured at the start of each round; medians and spread printed. */
+static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const int *prompt) {
+    int nl = f->nconc, R = f->repeat;
+    double *tps = loom_calloc((size_t)(ns * nl * R), sizeof(double)), *ttft = loom_calloc((size_t)(ns * nl * R), sizeof(double));
+    double *bw = loom_calloc((size_t)R, sizeof(double));
+    for (int r = 0; r < R; r++) {
+        bw[r] = measure_bandwidth((size_t)1 << 30);
+        fprintf(stderr, "round %d: memory read bandwidth %.1f GB/s\n", r + 1, bw[r] / 1e9);
+        for (int s = 0; s < ns; s++)
+            for (int l = 0; l < nl; l++) {
+                int c = f->conc[l], total = c > 1 ? c : 2, i = (s * nl + l) * R + r;
+                tps[i] = run_level(sd[s].e, prompt, f->plen, f->gen, c, total, &ttft[i]);
+                fprintf(stderr, "  %s, concurrency %d, round %d: %.1f tokens/s, TTFT %.0f ms\n", sd[s].name, c, r + 1, tps[i], ttft[i]);
+            }
+    }
+    qsort(bw, (size_t)R, sizeof(double), cmp_double);
+    printf("memory read bandwidth %.1f GB/s (median of %d rounds, %.1f-%.1f; 1 GiB summed, best of 5 each)\n", bw[R / 2] / 1e9,
+           R, bw[0] / 1e9, bw[R - 1] / 1e9);
+    printf("%-16s %-26s %10s %17s %9s %9s %10s\n", "loom", "", "out tok/s", "(min-max)", "TTFT ms", "vs first", "floor");
+    double first = 0;
+    for (int s = 0; s < ns; s++)
+        for (int l = 0; l < nl; l++) {
+            double *t = tps + (s * nl + l) * R, *q = ttft + (s * nl + l) * R;
+            qsort(t, (size_t)R, sizeof(double), cmp_double);
+            qsort(q, (size_t)R, sizeof(double), cmp_double);
+            double med = t[R / 2], floor = bw[R / 2] / (double)sd[s].bytes;
+            int c = f->conc[l];
+            if (s == 0 && l == 0) first = med;
+            char name[64], fl[32] = "";
+            snprintf(name, sizeof name, c == 1 ? "one request at a time" : "continuous batching, %d", c);
+            if (c == 1) snprintf(fl, sizeof fl, "%.1f (%.0f%%)", floor, 100 * med / floor);
+            printf("%-16s %-26s %10.1f %8.1f-%-8.1f %9.0f %8.2fx %10s\n", sd[s].name, name, med, t[0], t[R - 1], q[R / 2],
+                   med / first, fl);
+        }
+    printf("floor: single-stream decode tokens/s that the median bandwidth allows for each side's bytes per token (and the share reached, prefill included)\n");
+    free(tps), free(ttft), free(bw);
 }
 
 /* The model: a run's checkpoint, or a preset with random weights. */
@@ -169,45 +235,60 @@ static loom_status bench_model(const bench_flags_t *f, loom_gpt_t **m) {
     return loom_gpt_init(m, &cfg, be, 1);
 }
 
+/* One engine per side on model m (each with its own cache of --kv-memory). */
+static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_side_t *sd, int ns) {
+    for (int i = 0; i < ns; i++) {
+        loom_engine_config_t ec;
+        LOOM_TRY(loom_cli_engine_config(f->kv_memory, f->block_size, f->max_batch_tokens, 64, &ec));
+        ec.quant = sd[i].quant, ec.quant_block = sd[i].block, ec.quant_fp32_logits = sd[i].fp32_logits;
+        ec.kv_dtype = sd[i].kv8 ? LOOM_INT8 : LOOM_FP32;
+        ec.sparse = f->sparse; /* --sparse: 2:4 weights compressed (model/sparse24.h) */
+        loom_quant_opts_t qo = {.block = sd[i].block, .logits = !sd[i].fp32_logits};
+        sd[i].bytes = loom_quant_decode_bytes(&m->cfg, (loom_quant_mode)sd[i].quant, &qo);
+        LOOM_TRY(loom_engine_create(&sd[i].e, m, NULL, &ec));
+        printf("%-16s linear weights %s%s, logits %s, KV cache %s (%d blocks of %d tokens), %.0f MB of weights per decode token\n",
+               sd[i].name, sd[i].quant ? loom_quant_name((loom_quant_mode)sd[i].quant) : "fp32",
+               sd[i].block ? " (Q8_0 blocks of 32)" : sd[i].quant ? " (per-channel scales)" : "",
+               sd[i].quant && !sd[i].fp32_logits ? "int8" : "fp32", sd[i].kv8 ? "int8" : "fp32",
+               (int)(ec.kv_bytes / loom_infer_block_bytes(&m->cfg, ec.block_size, ec.kv_dtype)), ec.block_size,
+               sd[i].bytes / 1e6);
+    }
+    return LOOM_OK;
+}
+
 static int bench_generate(const bench_flags_t *f) {
     loom_gpt_t *m = NULL;
-    loom_engine_t *e = NULL;
-    loom_engine_config_t ec;
+    bench_side_t sd[MAX_SIDES] = {0};
+    int ns = parse_sides(f, sd);
+    if (ns < 0) return 2;
     loom_status s = bench_model(f, &m);
     if (s == LOOM_OK && f->plen + f->gen > m->cfg.max_seq_len)
         s = loom_error(LOOM_EINVAL, "--prompt-len %d + --gen %d is above the model's context (%d)", f->plen, f->gen, m->cfg.max_seq_len);
-    if (s == LOOM_OK) s = loom_cli_engine_config(f->kv_memory, f->block_size, f->max_batch_tokens, 64, &ec);
-    ec.quant = loom_cli_quant_mode(f->quant);
-    ec.kv_dtype = f->kv_dtype ? LOOM_INT8 : LOOM_FP32;
-    if (s == LOOM_OK) s = loom_engine_create(&e, m, NULL, &ec);
-    if (s == LOOM_OK && (ec.quant || f->kv_dtype))
-        printf("quantization: linear weights %s, KV cache %s\n", loom_quant_name((loom_quant_mode)ec.quant),
-               loom_dtype_name(ec.kv_dtype));
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom bench generate: %s\n", loom_errmsg());
-        loom_gpt_free(m);
-        return loom_exit_code(s);
+    if (s == LOOM_OK) {
+        const loom_gpt_config_t *cfg = &m->cfg;
+        printf("model %s (%.1fM parameters, vocabulary %d, %s, fp32), %d CPU threads, int8 kernels %s, prompts %d + %d new tokens\n",
+               f->run ? f->run : f->model, loom_gpt_num_params(cfg) / 1e6, cfg->vocab_size, f->run ? "checkpoint" : "random weights",
+               loom_backend_cpu_threads(), loom_cpu_int8_isa(), f->plen, f->gen);
+        s = make_engines(f, m, sd, ns);
     }
-    const loom_gpt_config_t cfg = m->cfg;
-    double bw = measure_bandwidth((size_t)1 << 30);
-    size_t weight_bytes = 4 * (loom_gpt_num_params(&cfg) - (size_t)cfg.max_seq_len * cfg.channels);
-    printf("model %s (%.1fM parameters, vocabulary %d, %s, fp32), %d CPU threads, prompts %d + %d new tokens, KV blocks %d x %d tokens\n",
-           f->run ? f->run : f->model, loom_gpt_num_params(&cfg) / 1e6, cfg.vocab_size, f->run ? "checkpoint" : "random weights",
-           loom_backend_cpu_threads(), f->plen, f->gen,
-           (int)(ec.kv_bytes / loom_infer_block_bytes(&cfg, ec.block_size, ec.kv_dtype)), ec.block_size);
-    printf("memory read bandwidth %.1f GB/s (1 GiB summed, best of 5): single-stream decode floor %.1f tokens/s (%.0f MB of weights per token)\n",
-           bw / 1e9, bw / (double)weight_bytes, weight_bytes / 1e6);
-    int *prompt = loom_malloc((size_t)f->plen * sizeof(int));
-    for (int i = 0; i < f->plen; i++) prompt[i] = (int)((i * 7919u + 13u) % (unsigned)cfg.vocab_size);
-    run_table(e, f, prompt);
-    loom_engine_stats_t st;
-    loom_engine_stats(e, &st);
-    printf("engine: %lld steps, mean batch %.1f rows, %lld preemptions\n", st.steps, (double)st.batch_rows / (double)(st.steps ? st.steps : 1), st.preemptions);
-    llama_row(f->llama_bin, f->gguf, f->plen, f->gen, f->conc_text);
-    free(prompt);
-    loom_engine_free(e);
+    if (s == LOOM_OK) {
+        int *prompt = loom_malloc((size_t)f->plen * sizeof(int));
+        for (int i = 0; i < f->plen; i++) prompt[i] = (int)((i * 7919u + 13u) % (unsigned)m->cfg.vocab_size);
+        run_table(sd, ns, f, prompt);
+        free(prompt);
+        for (int i = 0; i < ns; i++) {
+            loom_engine_stats_t st;
+            loom_engine_stats(sd[i].e, &st);
+            printf("engine %s: %lld steps, mean batch %.1f rows, %lld preemptions\n", sd[i].name, st.steps,
+                   (double)st.batch_rows / (double)(st.steps ? st.steps : 1), st.preemptions);
+        }
+        llama_row(f->llama_bin, f->gguf, f->plen, f->gen, f->conc_text);
+    } else {
+        fprintf(stderr, "loom bench generate: %s\n", loom_errmsg());
+    }
+    for (int i = 0; i < ns; i++) loom_engine_free(sd[i].e);
     loom_gpt_free(m);
-    return 0;
+    return s == LOOM_OK ? 0 : loom_exit_code(s);
 }
 
 int cmd_bench_generate(int argc, char **argv) {
@@ -227,8 +308,11 @@ int cmd_bench_generate(int argc, char **argv) {
         loom_flag(LOOM_FLAG_MAX_BATCH_TOKENS, &f.max_batch_tokens),
         loom_flag(LOOM_FLAG_QUANT, &f.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &f.kv_dtype),
+        loom_flag(LOOM_FLAG_SPARSE, &f.sparse),
         {"llama-bench", ARG_STR, &f.llama_bin, ".cache/llama.cpp/build/bin/llama-bench", 0, 0, "llama.cpp's llama-bench, for the peer row"},
         {"gguf", ARG_STR, &f.gguf, "", 0, 0, "the same weights as GGUF, for llama.cpp"},
+        {"sweep", ARG_STR, &f.sweep, "", 0, 0,
+         "sides measured in alternation, comma-separated: fp32, w8a32 or w8a8, then any of -q8_0 (Q8_0 blocks of 32), -fp32logits, -kv8 (int8 KV cache); e.g. fp32,w8a32,w8a8,fp32-kv8 (default: the one --quant and --kv-dtype give)"},
     };
     int r = loom_args_parse("bench generate", "loom bench generate [flags]", args, (int)(sizeof args / sizeof args[0]), argc, argv);
     if (r == 1) return 0;

@@ -322,10 +322,8 @@ int cmd_bench_serve(int argc, char **argv) {
         {"llama-server", ARG_STR, &f.llama_bin, ".cache/llama.cpp/build/bin/llama-server", 0, 0, "llama.cpp's llama-server, the peer"},
         {"gguf", ARG_STR, &f.gguf, "", 0, 0, "the same weights as GGUF, for llama.cpp"},
     };
-    int r = loom_args_parse("bench serve", "loom bench serve --run runs/NAME [--clients 1,4,16,64 | --rate R] [flags]", args,
-                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("bench serve", "loom bench serve --run runs/NAME [--clients 1,4,16,64 | --rate R] [flags]",
+                              args, argc, argv);
     if (!f.run) {
         fprintf(stderr, "loom bench serve: give the model with --run DIR\n");
         return 2;

@@ -22,5 +22,8 @@ int cmd_prune(int argc, char **argv);
 
 /* Exit code for a failed status: 2 when the user can fix the input. */
 int loom_exit_code(int status);
+/* A command's exit: on a failed status print "loom CMD: <message>" and
+ * return loom_exit_code(status); 0 for LOOM_OK. */
+int loom_exit_report(const char *cmd, int status);
 
 #endif

@@ -208,10 +208,7 @@ int cmd_devices(int argc, char **argv) {
     const loom_arg_t args[] = {
         {"json", ARG_BOOL, &json, "0", 0, 0, "print one JSON object instead of text"},
     };
-    int r = loom_args_parse("devices", "loom devices [--json]", args,
-                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r != 0) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("devices", "loom devices [--json]", args, argc, argv);
 #ifdef LOOM_HAVE_CUDA
     return list_devices(json);
 #else

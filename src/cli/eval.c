@@ -45,10 +45,8 @@ int cmd_eval(int argc, char **argv) {
         loom_flag(LOOM_FLAG_THREADS, &threads),
         loom_flag(LOOM_FLAG_QUANT, &quant),
     };
-    int r = loom_args_parse("eval", "loom eval --run runs/NAME [--data FILE_OR_DIR (default: the run's)] [flags]", args,
-                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("eval", "loom eval --run runs/NAME [--data FILE_OR_DIR (default: the run's)] [flags]",
+                              args, argc, argv);
     loom_opened_run_t R;
     loom_run_config_t rc;
     loom_dataset_t *ds = NULL;
@@ -66,9 +64,5 @@ int cmd_eval(int argc, char **argv) {
     if (s == LOOM_OK) printf("val_loss %.4f (step %lld, %d batches of %d x %d tokens)\n", ev.loss, R.state.step, ev.batches, ev.B, ev.T);
     loom_dataset_free(ds);
     loom_run_close(&R);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom eval: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
-    return 0;
+    return loom_exit_report("eval", s);
 }

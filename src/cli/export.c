@@ -71,10 +71,8 @@ int cmd_export(int argc, char **argv) {
         {"out", ARG_STR, &out, NULL, 0, 0, "folder (hf) or file (gguf) to write"},
         {"force", ARG_BOOL, &force, "0", 0, 0, "replace an existing --out"},
     };
-    int r = loom_args_parse("export", "loom export --run runs/NAME --format hf|gguf [--step N] [--dtype f32|f16|bf16|q8_0] --out PATH",
-                            args, (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("export", "loom export --run runs/NAME --format hf|gguf [--step N] [--dtype f32|f16|bf16|q8_0] --out PATH",
+                              args, argc, argv);
     if (!run || !format || !out) {
         fprintf(stderr, "loom export: pass --run (a `loom train --out` folder), --format hf|gguf and --out, e.g.\n"
                         "  loom export --run runs/first --format gguf --out first.gguf\n");
@@ -90,9 +88,5 @@ int cmd_export(int argc, char **argv) {
         return 2;
     }
     loom_status s = export_run(run, format, step, (loom_xdtype)dt, out, force);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom export: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
-    return 0;
+    return loom_exit_report("export", s);
 }

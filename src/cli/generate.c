@@ -171,12 +171,6 @@ static loom_status write_out(const gen_state_t *g, const char *path) {
     return fclose(f) == 0 ? LOOM_OK : loom_error(LOOM_EIO, "%s: write failed", path);
 }
 
-/* The engine flags that generate and bench generate share. */
-typedef struct {
-    const char *kv_memory, *device;
-    int block_size, max_batch_tokens, max_seqs, quant, kv_dtype;
-} engine_flags_t;
-
 int loom_cli_quant_mode(int choice) {
     static const int modes[] = {LOOM_QUANT_NONE, LOOM_QUANT_W8A32, LOOM_QUANT_W8A32, LOOM_QUANT_W8A32, LOOM_QUANT_W8A8};
     return choice >= 0 && choice < 5 ? modes[choice] : LOOM_QUANT_NONE;
@@ -189,6 +183,14 @@ loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int ma
     c->block_size = block_size;
     c->max_batch_tokens = max_batch_tokens;
     c->max_seqs = max_seqs;
+    return LOOM_OK;
+}
+
+loom_status loom_cli_engine_flags_config(const loom_cli_engine_flags_t *ef, loom_engine_config_t *c) {
+    LOOM_TRY(loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, c));
+    c->quant = loom_cli_quant_mode(ef->quant); /* docs/quantization.md */
+    c->kv_dtype = ef->kv_dtype ? LOOM_INT8 : LOOM_FP32;
+    c->sparse = ef->sparse; /* model/sparse24.h */
     return LOOM_OK;
 }
 
@@ -205,7 +207,7 @@ loom_status loom_cli_model_to_device(loom_gpt_t **m, const char *device) {
 }
 
 static loom_status generate_run(const char *run, int threads, const char *in, const char *out,
-                                const loom_request_params_t *p, const engine_flags_t *ef) {
+                                const loom_request_params_t *p, const loom_cli_engine_flags_t *ef) {
     loom_opened_run_t R;
     LOOM_TRY(loom_run_open(run, threads, &R));
     loom_gpt_t *m = R.model;
@@ -215,9 +217,7 @@ static loom_status generate_run(const char *run, int threads, const char *in, co
     gen_state_t g = {0};
     req_ctx_t *ctxs = NULL;
     loom_status s = loom_cli_model_to_device(&m, ef->device);
-    if (s == LOOM_OK) s = loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, &c);
-    c.quant = loom_cli_quant_mode(ef->quant);
-    c.kv_dtype = ef->kv_dtype ? LOOM_INT8 : LOOM_FP32;
+    if (s == LOOM_OK) s = loom_cli_engine_flags_config(ef, &c);
     if (s == LOOM_OK) s = loom_engine_create(&e, m, tok, &c);
     g.t0 = loom_now();
     if (s == LOOM_OK) s = submit_all(e, tok, in, p, &g, &ctxs);
@@ -245,7 +245,7 @@ int cmd_generate(int argc, char **argv) {
     long long seed;
     loom_request_params_t p;
     loom_request_params_default(&p);
-    engine_flags_t ef;
+    loom_cli_engine_flags_t ef;
     const loom_arg_t args[] = {
         {"run", ARG_STR, &run, NULL, 0, 0, "run folder written by `loom train --out`"},
         {"prompts", ARG_STR, &in, NULL, 0, 0, "JSON lines: {\"prompt\": TEXT} or {\"prompt_ids\": [..]}, optional max_tokens, temperature, top_k, top_p, seed, n"},
@@ -258,25 +258,18 @@ int cmd_generate(int argc, char **argv) {
         {"threads", ARG_INT, &threads, "0", 0, 4096, "CPU threads (0 = all cores)"},
         {"device", ARG_STR, &ef.device, "cpu", 0, 0, "cpu, cuda or cuda:N (the engine's ops run there)"},
         loom_flag_default(LOOM_FLAG_KV_MEMORY, &ef.kv_memory, "0.2"),
-        loom_flag(LOOM_FLAG_BLOCK_SIZE, &ef.block_size),
-        loom_flag(LOOM_FLAG_MAX_BATCH_TOKENS, &ef.max_batch_tokens),
-        loom_flag(LOOM_FLAG_MAX_SEQS, &ef.max_seqs),
+        LOOM_CLI_ENGINE_SIZE_FLAGS(ef),
         loom_flag(LOOM_FLAG_QUANT, &ef.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &ef.kv_dtype),
+        loom_flag(LOOM_FLAG_SPARSE, &ef.sparse),
     };
-    int r = loom_args_parse("generate", "loom generate --run runs/NAME --prompts in.jsonl --out out.jsonl [flags]", args,
-                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("generate", "loom generate --run runs/NAME --prompts in.jsonl --out out.jsonl [flags]",
+                              args, argc, argv);
     if (!run || !in || !out) {
         fprintf(stderr, "loom generate: --run, --prompts and --out are all needed (loom generate --help)\n");
         return 2;
     }
     p.temperature = (float)temperature, p.top_p = (float)top_p, p.seed = (uint64_t)seed;
     loom_status s = generate_run(run, threads, in, out, &p, &ef);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom generate: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
-    return 0;
+    return loom_exit_report("generate", s);
 }

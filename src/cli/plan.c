@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/plan_report.h"
+#include "parallel/dist.h"
 #include "plan/plan.h"
 
 loom_status plan_model_config(const plan_model_flags_t *f, loom_gpt_config_t *cfg) {
@@ -59,20 +60,14 @@ int plan_dtype_column(const char *d) {
 int plan_command(const char *cmd, const char *usage, const loom_arg_t *args, int n, int argc, char **argv,
                  loom_status (*run)(void *flags), void *flags) {
     int r = loom_args_parse(cmd, usage, args, n, argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
-    loom_status s = run(flags);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom %s: %s\n", cmd, loom_errmsg());
-        return loom_exit_code(s);
-    }
-    return 0;
+    if (r) return r == 1 ? 0 : 2;
+    return loom_exit_report(cmd, run(flags));
 }
 
 typedef struct {
     plan_model_flags_t mf;
-    const char *gpu, *dtype, *recompute, *tokens, *global_batch, *measured, *preempt, *link, *table, *grad_dtype;
-    int gpus, zero, batch, seq, accum, json;
+    const char *gpu, *dtype, *recompute, *tokens, *global_batch, *measured, *preempt, *link, *table;
+    int gpus, zero, batch, seq, accum, json, grad_dtype; /* grad_dtype: a loom_dist_dtype */
     double mfu, price, spot_price, ckpt_s, restart_s, ckpt_gbs, deadline_h, link_eff;
 } train_flags_t;
 
@@ -302,7 +297,7 @@ static int accum_for(const train_flags_t *f, int B, int T, int world) {
 static void step_for(const train_ctx_t *c, const train_flags_t *f, int world, int accum, loom_plan_step_t *s) {
     loom_plan_mem_t m;
     mem_need(c, f, c->B, &m);
-    double gb = f->grad_dtype && !strcmp(f->grad_dtype, "bf16") ? 2 : 4;
+    double gb = f->grad_dtype == LOOM_DIST_BF16 ? 2 : 4;
     loom_plan_step_time(loom_gpt_flops_per_token(&c->cfg, c->T), (double)c->B * c->T * accum, accum, world, f->zero,
                         m.num_params, gb, c->rate, link_gbs(c, f, world, NULL), 10e-6, s);
 }
@@ -461,7 +456,9 @@ static loom_status train_setup(train_flags_t *f, loom_gpu_table_t *t, train_ctx_
     return LOOM_OK;
 }
 
-static loom_status plan_train(train_flags_t *f) {
+/* loom plan train's report; `flags` is a train_flags_t (plan_command's callback). */
+static loom_status plan_train(void *flags) {
+    train_flags_t *f = flags;
     loom_gpu_table_t t = {0};
     train_ctx_t c = {0};
     measured_t m = {0};
@@ -508,8 +505,6 @@ static loom_status plan_train(train_flags_t *f) {
     return s;
 }
 
-static loom_status run_train(void *f) { return plan_train(f); }
-
 static int cmd_plan_train(int argc, char **argv) {
     train_flags_t f = {.mf.vocab = 50257, .price = -1, .spot_price = -1};
     const loom_arg_t args[] = {
@@ -523,7 +518,7 @@ static int cmd_plan_train(int argc, char **argv) {
         loom_flag(LOOM_FLAG_SEQ, &f.seq),
         {"accum", ARG_INT, &f.accum, "0", 0, 1 << 20, "gradient accumulation steps (0 = from --global-batch)"},
         {"global-batch", ARG_STR, &f.global_batch, "0.5M", 0, 0, "target tokens per optimizer step"},
-        {"grad-dtype", ARG_STR, &f.grad_dtype, "fp32", 0, 0, "gradients on the wire: fp32 or bf16"},
+        loom_flag(LOOM_FLAG_GRAD_DTYPE, &f.grad_dtype),
         {"mfu", ARG_FLOAT, &f.mfu, "0", 0, 1, "model FLOPs utilization to assume (0 = the GPU table's default)"},
         {"measured", ARG_STR, &f.measured, "", 0, 0, "run folder of `loom train`: its config, and its median step for the rate"},
         {"link", ARG_STR, &f.link, "auto", 0, 0, "ring link: auto (NVLink within a node, InfiniBand across), nvlink, pcie, ib"},
@@ -538,7 +533,7 @@ static int cmd_plan_train(int argc, char **argv) {
         PLAN_GPU_ARGS(f.gpu, f.table, f.json),
     };
     return plan_command("plan train", "loom plan train --model gpt2-xl --tokens 30B --gpu a100-80gb --gpus 8 [flags]",
-                        args, (int)(sizeof args / sizeof args[0]), argc, argv, run_train, &f);
+                        args, LOOM_ARGS_COUNT(args), argc, argv, plan_train, &f);
 }
 
 int cmd_plan(int argc, char **argv) {

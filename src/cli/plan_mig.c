@@ -102,7 +102,9 @@ static loom_status what_fits(const loom_gpu_table_t *t, const loom_gpu_t *g, loo
     return loom_error(LOOM_EINVAL, "--need does not fit on one %s%s%s%s", g->id, k ? "; it fits on one " : "", other, split);
 }
 
-static loom_status plan_mig(const mig_flags_t *f) {
+/* loom plan mig's layout; `flags` is a mig_flags_t (plan_command's callback). */
+static loom_status plan_mig(void *flags) {
+    const mig_flags_t *f = flags;
     loom_gpu_table_t t;
     const loom_gpu_t *g;
     loom_mig_request_t req[MAX_REQ];
@@ -125,8 +127,6 @@ static loom_status plan_mig(const mig_flags_t *f) {
     return s;
 }
 
-static loom_status run_mig(void *f) { return plan_mig(f); }
-
 int cmd_plan_mig(int argc, char **argv) {
     mig_flags_t f = {0};
     const loom_arg_t args[] = {
@@ -135,5 +135,5 @@ int cmd_plan_mig(int argc, char **argv) {
         PLAN_GPU_ARGS(f.gpu, f.table, f.json),
     };
     return plan_command("plan mig", "loom plan mig --gpu a100-80gb --need \"kjv:2x10gb,chat:1x20gb,batch:40gb\" [--format table|mig-parted|k8s]",
-                        args, (int)(sizeof args / sizeof args[0]), argc, argv, run_mig, &f);
+                        args, LOOM_ARGS_COUNT(args), argc, argv, plan_mig, &f);
 }

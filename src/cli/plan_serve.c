@@ -64,7 +64,9 @@ static void serve_mig(plan_report_t *r, const serve_flags_t *f, const loom_gpt_c
     }
 }
 
-static loom_status plan_serve(serve_flags_t *f) {
+/* loom plan serve's report; `flags` is a serve_flags_t (plan_command's callback). */
+static loom_status plan_serve(void *flags) {
+    serve_flags_t *f = flags;
     loom_gpu_table_t t;
     const loom_gpu_t *g;
     loom_gpt_config_t cfg;
@@ -108,8 +110,6 @@ static loom_status plan_serve(serve_flags_t *f) {
     return LOOM_OK;
 }
 
-static loom_status run_serve(void *f) { return plan_serve(f); }
-
 int cmd_plan_serve(int argc, char **argv) {
     serve_flags_t f = {0};
     const loom_arg_t args[] = {
@@ -122,5 +122,5 @@ int cmd_plan_serve(int argc, char **argv) {
         PLAN_GPU_ARGS(f.gpu, f.table, f.json),
     };
     return plan_command("plan serve", "loom plan serve --model gpt2-small --gpu h100-80gb --clients 64 --prompt 512 --output 256 [flags]",
-                        args, (int)(sizeof args / sizeof args[0]), argc, argv, run_serve, &f);
+                        args, LOOM_ARGS_COUNT(args), argc, argv, plan_serve, &f);
 }

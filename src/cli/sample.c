@@ -9,10 +9,11 @@
 #include "cli/runload.h"
 #include "model/generate.h"
 #include "model/quant.h"
+#include "model/sparse24.h"
 
 int cmd_sample(int argc, char **argv) {
     const char *run, *prompt, *gguf;
-    int tokens, top_k, threads, quant, kv_dtype;
+    int tokens, top_k, threads, quant, kv_dtype, sparse;
     double temperature, top_p;
     long long seed;
     const loom_arg_t args[] = {
@@ -27,20 +28,15 @@ int cmd_sample(int argc, char **argv) {
         loom_flag(LOOM_FLAG_THREADS, &threads),
         loom_flag(LOOM_FLAG_QUANT, &quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &kv_dtype),
+        loom_flag(LOOM_FLAG_SPARSE, &sparse),
     };
-    int r = loom_args_parse("sample", "loom sample --run runs/NAME [--prompt TEXT] [flags]", args,
-                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("sample", "loom sample --run runs/NAME [--prompt TEXT] [flags]", args, argc, argv);
     if (gguf) run = gguf;
     loom_opened_run_t R;
     loom_status s = loom_run_open(run, threads, &R);
     loom_gpt_t *m = R.model;
     loom_tokenizer_t *tok = R.tok;
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom sample: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
+    if (s != LOOM_OK) return loom_exit_report("sample", s);
     if (!tok) {
         fprintf(stderr, "loom sample: %s has no tokenizer.json, so text cannot be encoded or decoded\n", run);
         loom_run_close(&R);
@@ -64,18 +60,17 @@ int cmd_sample(int argc, char **argv) {
         loom_text_sink_t sink = {tok, stdout};
         loom_quant_t *q = NULL;
         int qm = loom_cli_quant_mode(quant);
+        loom_sparse24_t *s24 = NULL;
         if (qm != LOOM_QUANT_NONE) s = loom_quant_create(&q, m, (loom_quant_mode)qm);
+        else s = loom_sparse24_auto(&s24, m, sparse);
         if (s == LOOM_OK)
-            s = loom_gpt_generate_with(m, q, kv_dtype ? LOOM_INT8 : LOOM_FP32, ids, n, tokens, &sp, &rng,
+            s = loom_gpt_generate_with(m, q, s24, kv_dtype ? LOOM_INT8 : LOOM_FP32, ids, n, tokens, &sp, &rng,
                                        loom_text_sink_emit, &sink);
         loom_quant_free(q);
+        loom_sparse24_free(s24);
         fputc('\n', stdout);
     }
     free(ids);
     loom_run_close(&R);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom sample: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
-    return 0;
+    return loom_exit_report("sample", s);
 }

@@ -38,8 +38,9 @@ static void split_run(const char *spec, char *name, size_t cap, const char **dir
 
 typedef struct {
     loom_arg_list_t runs;
-    const char *host, *device, *kv_memory, *api_key, *chat_template;
-    int port, threads, block_size, max_batch_tokens, max_seqs, max_queue, quant, kv_dtype;
+    const char *host, *api_key, *chat_template;
+    int port, threads, max_queue;
+    loom_cli_engine_flags_t engine;
     double timeout, grace;
 } serve_flags_t;
 
@@ -56,16 +57,14 @@ static char *chat_template_of(const char *dir, const char *flag) {
 
 static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_opened_run_t *opened) {
     loom_engine_config_t ec;
-    LOOM_TRY(loom_cli_engine_config(f->kv_memory, f->block_size, f->max_batch_tokens, f->max_seqs, &ec));
+    LOOM_TRY(loom_cli_engine_flags_config(&f->engine, &ec));
     ec.kv_bytes /= (size_t)f->runs.n; /* one budget, split evenly */
-    ec.quant = loom_cli_quant_mode(f->quant); /* --quant, --kv-dtype: docs/quantization.md */
-    ec.kv_dtype = f->kv_dtype ? LOOM_INT8 : LOOM_FP32;
     for (int i = 0; i < f->runs.n; i++) {
         char name[128];
         const char *dir;
         split_run(f->runs.v[i], name, sizeof name, &dir);
         LOOM_TRY(loom_run_open(dir, f->threads, &opened[i]));
-        LOOM_TRY(loom_cli_model_to_device(&opened[i].model, f->device));
+        LOOM_TRY(loom_cli_model_to_device(&opened[i].model, f->engine.device));
         char *tmpl = chat_template_of(dir, f->chat_template);
         loom_status s = loom_server_add_model(srv, name, opened[i].model, opened[i].tok, &ec, tmpl);
         free(tmpl);
@@ -118,24 +117,21 @@ int cmd_serve(int argc, char **argv) {
         {"run", ARG_LIST, &f.runs, NULL, 0, 0, "run folder or GGUF file to serve, as DIR (named by its base name) or NAME=DIR; several serve several models"},
         {"host", ARG_STR, &f.host, "127.0.0.1", 0, 0, "address to listen on (0.0.0.0: every interface)"},
         {"port", ARG_INT, &f.port, "8080", 0, 65535, "TCP port (0 = any free port, printed at start)"},
-        loom_flag(LOOM_FLAG_DEVICE, &f.device),
+        loom_flag(LOOM_FLAG_DEVICE, &f.engine.device),
         loom_flag(LOOM_FLAG_THREADS, &f.threads),
-        loom_flag(LOOM_FLAG_QUANT, &f.quant),
-        loom_flag(LOOM_FLAG_KV_DTYPE, &f.kv_dtype),
-        loom_flag(LOOM_FLAG_KV_MEMORY, &f.kv_memory), /* for all models together, split evenly */
-        loom_flag(LOOM_FLAG_BLOCK_SIZE, &f.block_size),
-        loom_flag(LOOM_FLAG_MAX_BATCH_TOKENS, &f.max_batch_tokens),
-        loom_flag(LOOM_FLAG_MAX_SEQS, &f.max_seqs), /* per model */
+        loom_flag(LOOM_FLAG_QUANT, &f.engine.quant),
+        loom_flag(LOOM_FLAG_KV_DTYPE, &f.engine.kv_dtype),
+        loom_flag(LOOM_FLAG_SPARSE, &f.engine.sparse),
+        loom_flag(LOOM_FLAG_KV_MEMORY, &f.engine.kv_memory), /* for all models together, split evenly */
+        LOOM_CLI_ENGINE_SIZE_FLAGS(f.engine),                /* --max-seqs per model */
         {"max-queue", ARG_INT, &f.max_queue, "256", 0, 1 << 20, "prompts waiting for their first token at most; above: 429 with Retry-After (0 = no cap)"},
         {"api-key", ARG_STR, &f.api_key, "", 0, 0, "ask clients for 'Authorization: Bearer KEY' on /v1 routes (none: open)"},
         {"request-timeout", ARG_FLOAT, &f.timeout, "600", 0, 1e9, "seconds a request may take from arrival to its last token (0 = none)"},
         {"grace", ARG_FLOAT, &f.grace, "30", 0, 1e6, "seconds in-flight requests get to finish after SIGTERM"},
         {"chat-template", ARG_STR, &f.chat_template, "", 0, 0, "file with the chat template ({role}, {content}) for runs without chat_template.txt"},
     };
-    int r = loom_args_parse("serve", "loom serve --run runs/NAME [--run NAME=DIR ...] [--port 8080] [flags]", args,
-                            (int)(sizeof args / sizeof args[0]), argc, argv);
-    if (r == 1) return 0;
-    if (r) return 2;
+    LOOM_ARGS_PARSE_OR_RETURN("serve", "loom serve --run runs/NAME [--run NAME=DIR ...] [--port 8080] [flags]",
+                              args, argc, argv);
     if (f.runs.n == 0) {
         fprintf(stderr, "loom serve: give the model to serve with --run DIR (or --run NAME=DIR, repeatable)\n");
         return 2;

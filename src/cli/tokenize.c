@@ -16,10 +16,7 @@
 #include "data/pipeline.h"
 #include "data/tokenizer.h"
 
-static int fail(loom_status s) {
-    fprintf(stderr, "loom tokenize: %s\n", loom_errmsg());
-    return loom_exit_code(s);
-}
+static int fail(loom_status s) { return loom_exit_report("tokenize", s); }
 
 /* ---- --encode / --decode ---- */
 
@@ -153,7 +150,7 @@ static int parse_flags(tokenize_flags_t *f, int argc, char **argv, int *given_sp
         "loom tokenize --input FILE_OR_DIR... --vocab 8192 --out data/NAME [--val-fraction 0.01] [--special S...] [--threads N]\n"
         "       loom tokenize --tokenizer tokenizer.json|vocab.json [--merges merges.txt] --input ... --out data/NAME\n"
         "       loom tokenize [--tokenizer T | --out data/NAME] --encode \"text\" | --decode \"ids\"";
-    int r = loom_args_parse("tokenize", usage, args, (int)(sizeof args / sizeof args[0]), argc, argv);
+    int r = loom_args_parse("tokenize", usage, args, LOOM_ARGS_COUNT(args), argc, argv);
     *given_special = loom_args_given("special");
     *given_vocab = loom_args_given("vocab");
     return r;

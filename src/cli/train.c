@@ -33,12 +33,13 @@ static int launch_local(int nproc, int threads, double timeout, int argc, char *
     int code;
     loom_status s = loom_launch_local(&l, &code);
     free(cargv);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom train: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
+    if (s != LOOM_OK) return loom_exit_report("train", s);
     return code;
 }
+
+/* A row for --layers, --heads, --channels or --context: an int up to
+ * `max` that replaces the preset's `what`; 0 keeps the preset's. */
+#define PRESET_OVERRIDE(name, ptr, max, what) {name, ARG_INT, ptr, "0", 0, max, "override the preset's " what " (0 = preset)"}
 
 /* The flags: the shared ones (cli/args.h) and loom train's own. Returns
  * 0, 1 (--help printed) or 2. */
@@ -52,21 +53,15 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int *keep_sparsity, int
         {"out", ARG_STR, &o->out, NULL, 0, 0, "run folder to create (config, metrics log, checkpoints, plot)"},
         {"force", ARG_BOOL, &o->force, "0", 0, 0, "replace the run in an existing --out folder"},
         {"resume", ARG_OPTSTR, &o->resume_from, "", 0, 0, "continue the run in --out from its newest verified checkpoint (weights, AdamW state, step, data position), or from step_N; auto: resume when --out holds a checkpoint, else start fresh (one command for first start and restarts). Another --nproc is fine (the global batch is kept)"},
-        {"layers", ARG_INT, &o->layers, "0", 0, 1024, "override the preset's layer count (0 = preset)"},
-        {"heads", ARG_INT, &o->heads, "0", 0, 1024, "override the preset's head count (0 = preset)"},
-        {"channels", ARG_INT, &o->channels, "0", 0, 65536, "override the preset's width (0 = preset)"},
-        {"context", ARG_INT, &o->context, "0", 0, 1 << 20, "override the preset's context length (0 = preset)"},
+        PRESET_OVERRIDE("layers", &o->layers, 1024, "layer count"),
+        PRESET_OVERRIDE("heads", &o->heads, 1024, "head count"),
+        PRESET_OVERRIDE("channels", &o->channels, 65536, "width"),
+        PRESET_OVERRIDE("context", &o->context, 1 << 20, "context length"),
         loom_flag(LOOM_FLAG_STEPS, &o->steps),
         loom_flag(LOOM_FLAG_BATCH, &o->batch),
         loom_flag(LOOM_FLAG_SEQ, &o->seq),
         {"grad-accum", ARG_INT, &o->grad_accum, "1", 1, 1 << 20, "micro-batches per optimizer step"},
-        loom_flag(LOOM_FLAG_LR, &o->lr),
-        loom_flag(LOOM_FLAG_MIN_LR_RATIO, &o->min_lr_ratio),
-        loom_flag(LOOM_FLAG_WARMUP, &o->warmup),
-        loom_flag(LOOM_FLAG_WEIGHT_DECAY, &o->weight_decay),
-        loom_flag(LOOM_FLAG_BETA1, &o->beta1),
-        loom_flag(LOOM_FLAG_BETA2, &o->beta2),
-        loom_flag(LOOM_FLAG_CLIP, &o->clip),
+        LOOM_OPTIMIZER_FLAGS(o),
         loom_flag(LOOM_FLAG_VAL_FRACTION, &o->val_fraction),
         {"eval-every", ARG_INT, &o->eval_every, "100", 0, 1 << 30, "steps between validation losses (0 = only at the end)"},
         {"eval-batches", ARG_INT, &o->eval_batches, "8", 1, 1 << 20, "batches per validation"},
@@ -93,7 +88,7 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int *keep_sparsity, int
         {"metrics-host", ARG_STR, &o->metrics_host, "127.0.0.1", 0, 0, "address the metrics server listens on (0.0.0.0 = every interface)"},
     };
     return loom_args_parse("train", "loom train --data FILE_OR_DIR --out runs/NAME [--model gpt2-tiny] [flags]", args,
-                           (int)(sizeof args / sizeof args[0]), argc, argv);
+                           LOOM_ARGS_COUNT(args), argc, argv);
 }
 
 int cmd_train(int argc, char **argv) {
@@ -129,9 +124,5 @@ int cmd_train(int argc, char **argv) {
     o.observers = observers;
     o.n_observers = keep_sparsity ? 2 : 1;
     loom_status s = loom_train(&o);
-    if (s != LOOM_OK) {
-        fprintf(stderr, "loom train: %s\n", loom_errmsg());
-        return loom_exit_code(s);
-    }
-    return 0;
+    return loom_exit_report("train", s);
 }

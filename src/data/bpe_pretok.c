@@ -6,30 +6,26 @@
 #include "bpe_unicode.h"
 
 /* Classes of the Basic Multilingual Plane, filled once from the range
- * tables; code points above it are looked up by binary search. */
+ * table; code points above it are looked up by binary search. */
 static uint8_t bmp_class[0x10000];
 static pthread_once_t bmp_once = PTHREAD_ONCE_INIT;
 
-static void fill(const uint32_t (*r)[2], int n, int cls) {
-    for (int k = 0; k < n; k++)
-        for (uint32_t c = r[k][0]; c <= r[k][1] && c < 0x10000; c++) bmp_class[c] = (uint8_t)cls;
-}
-
 static void bmp_init(void) {
-    fill(loom_unicode_letter_ranges, loom_unicode_letter_nranges, LOOM_CC_LETTER);
-    fill(loom_unicode_number_ranges, loom_unicode_number_nranges, LOOM_CC_NUMBER);
-    fill(loom_unicode_space_ranges, loom_unicode_space_nranges, LOOM_CC_SPACE);
+    for (int k = 0; k < loom_unicode_nranges && loom_unicode_ranges[k].lo < 0x10000; k++)
+        for (uint32_t c = loom_unicode_ranges[k].lo; c <= loom_unicode_ranges[k].hi && c < 0x10000; c++)
+            bmp_class[c] = loom_unicode_ranges[k].cls;
 }
 
-static int in_ranges(const uint32_t (*r)[2], int n, unsigned cp) {
-    int lo = 0, hi = n - 1;
+/* The class of `cp` by binary search over the ranges. */
+static int range_class(unsigned cp) {
+    int lo = 0, hi = loom_unicode_nranges - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        if (cp < r[mid][0]) hi = mid - 1;
-        else if (cp > r[mid][1]) lo = mid + 1;
-        else return 1;
+        if (cp < loom_unicode_ranges[mid].lo) hi = mid - 1;
+        else if (cp > loom_unicode_ranges[mid].hi) lo = mid + 1;
+        else return loom_unicode_ranges[mid].cls;
     }
-    return 0;
+    return LOOM_CC_OTHER;
 }
 
 /* ASCII classes, so the common case needs neither decoding nor a lookup. */
@@ -51,11 +47,7 @@ int loom_pretok_class(unsigned cp) {
         pthread_once(&bmp_once, bmp_init);
         return bmp_class[cp];
     }
-    if (cp > 0x10FFFF) return LOOM_CC_OTHER;
-    if (in_ranges(loom_unicode_letter_ranges, loom_unicode_letter_nranges, cp)) return LOOM_CC_LETTER;
-    if (in_ranges(loom_unicode_number_ranges, loom_unicode_number_nranges, cp)) return LOOM_CC_NUMBER;
-    if (in_ranges(loom_unicode_space_ranges, loom_unicode_space_nranges, cp)) return LOOM_CC_SPACE;
-    return LOOM_CC_OTHER;
+    return cp > 0x10FFFF ? LOOM_CC_OTHER : range_class(cp);
 }
 
 static inline int cont(unsigned char c) { return (c & 0xC0) == 0x80; }

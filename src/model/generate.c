@@ -105,10 +105,11 @@ static loom_status prefill(loom_infer_t *inf, const int *seq, int len, int chunk
 loom_status loom_gpt_generate(loom_gpt_t *m, const uint32_t *prompt, size_t np, int n,
                               const loom_sampling_t *s, loom_rng_t *rng,
                               int (*emit)(int token, void *ctx), void *ctx) {
-    return loom_gpt_generate_with(m, NULL, LOOM_FP32, prompt, np, n, s, rng, emit, ctx);
+    return loom_gpt_generate_with(m, NULL, NULL, LOOM_FP32, prompt, np, n, s, rng, emit, ctx);
 }
 
-loom_status loom_gpt_generate_with(loom_gpt_t *m, const struct loom_quant *q, loom_dtype kv_dtype,
+loom_status loom_gpt_generate_with(loom_gpt_t *m, const struct loom_quant *q, const struct loom_sparse24 *sp,
+                                   loom_dtype kv_dtype,
                                    const uint32_t *prompt, size_t np, int n, const loom_sampling_t *s,
                                    loom_rng_t *rng, int (*emit)(int token, void *ctx), void *ctx) {
     if (np == 0) return loom_error(LOOM_EINVAL, "generation needs at least one prompt token");
@@ -117,6 +118,7 @@ loom_status loom_gpt_generate_with(loom_gpt_t *m, const struct loom_quant *q, lo
     loom_infer_t *inf;
     LOOM_TRY(loom_infer_create(&inf, m, nb, bs, kv_dtype, chunk, 1, 1));
     loom_infer_set_quant(inf, q);
+    loom_infer_set_sparse24(inf, sp);
     int *seq = loom_malloc((np + (size_t)n + 1) * sizeof(int)), *table = loom_malloc((size_t)nb * sizeof(int));
     int *pos = loom_malloc((size_t)chunk * sizeof(int)), *zeros = loom_calloc((size_t)chunk, sizeof(int));
     float *row = loom_malloc((size_t)Vp * sizeof(float)), *scratch = loom_malloc(2 * (size_t)V * sizeof(float));

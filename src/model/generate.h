@@ -31,9 +31,12 @@ loom_status loom_gpt_generate(loom_gpt_t *m, const uint32_t *prompt, size_t np, 
                               const loom_sampling_t *s, loom_rng_t *rng,
                               int (*emit)(int token, void *ctx), void *ctx);
 struct loom_quant;
+struct loom_sparse24;
 /* The same with the linear layers on q's int8 weights (model/quant.h;
- * NULL: fp32) and a KV cache of kv_dtype. */
-loom_status loom_gpt_generate_with(loom_gpt_t *m, const struct loom_quant *q, loom_dtype kv_dtype,
+ * NULL: fp32), else on sp's 2:4 compressed weights (model/sparse24.h;
+ * NULL: dense), and a KV cache of kv_dtype. */
+loom_status loom_gpt_generate_with(loom_gpt_t *m, const struct loom_quant *q, const struct loom_sparse24 *sp,
+                                   loom_dtype kv_dtype,
                                    const uint32_t *prompt, size_t np, int n, const loom_sampling_t *s,
                                    loom_rng_t *rng, int (*emit)(int token, void *ctx), void *ctx);
 

@@ -1,6 +1,7 @@
 #include "infer.h"
 
 #include "quant.h"
+#include "sparse24.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,7 @@ struct loom_infer {
     int *d_rows;   /* (R) */
     int *h_slot;   /* (N) host */
     const loom_quant_t *quant; /* int8 linear weights, or NULL */
+    const loom_sparse24_t *s24; /* 2:4 compressed linear weights, or NULL */
 };
 
 size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_dtype dtype) {
@@ -148,19 +150,32 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
 }
 
 void loom_infer_set_quant(loom_infer_t *inf, const loom_quant_t *q) { inf->quant = q; }
+void loom_infer_set_sparse24(loom_infer_t *inf, const loom_sparse24_t *s) { inf->s24 = s; }
 
-/* Linear layer `which` of block l: the int8 variant when a quantized copy
- * is set and the backend has the op, else fp32 matmul_forward_rows. */
-static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
+/* out (N, OC) = inp (N, C) @ w^T + bias: on qw (int8) when a quantized
+ * copy is set and the backend has the op (W8A8, else W8A32), else fp32
+ * matmul_forward_rows on w. */
+static void matmul(loom_infer_t *inf, const loom_tensor_t *qw, float *out, const float *inp, const float *w,
                    const float *bias, int N, int C, int OC, int gelu) {
     const loom_backend_t *be = inf->be;
-    loom_quant_mode q = loom_quant_mode_of(inf->quant);
+    loom_quant_mode q = qw ? loom_quant_mode_of(inf->quant) : LOOM_QUANT_NONE;
     if (q == LOOM_QUANT_W8A8 && be->matmul_forward_w8a8)
-        be->matmul_forward_w8a8(out, inp, loom_quant_weight(inf->quant, which, l), bias, N, C, OC, gelu);
+        be->matmul_forward_w8a8(out, inp, qw, bias, N, C, OC, gelu);
     else if (q != LOOM_QUANT_NONE && be->matmul_forward_w8)
-        be->matmul_forward_w8(out, inp, loom_quant_weight(inf->quant, which, l), bias, N, C, OC, gelu);
+        be->matmul_forward_w8(out, inp, qw, bias, N, C, OC, gelu);
     else
         be->matmul_forward_rows(out, inp, w, bias, N, C, OC, gelu);
+}
+
+/* Linear layer `which` (LOOM_QLIN_*) of block l: int8 when a quantized
+ * copy is set, else compressed 2:4 when a sparse copy is set, else fp32. */
+static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
+                   const float *bias, int N, int C, int OC, int gelu) {
+    const loom_tensor_t *qw = inf->quant ? loom_quant_weight(inf->quant, which, l) : NULL;
+    if (!qw && inf->s24 && inf->be->matmul_forward_s24)
+        inf->be->matmul_forward_s24(out, inp, loom_sparse24_weight(inf->s24, which, l), bias, N, C, OC, gelu);
+    else
+        matmul(inf, qw, out, inp, w, bias, N, C, OC, gelu);
 }
 
 /* Block l on the rows in inf->x, with its ln1 already in inf->ln; leaves
@@ -202,7 +217,7 @@ loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, f
     for (int l = 0; l < c->n_layer; l++) block(inf, N, l);
     if (b->n_logits) {
         be->gather_rows(inf->rows, inf->ln, inf->d_rows, b->n_logits, C);
-        be->matmul_forward_rows(inf->logits, inf->rows, p[LOOM_WTE], NULL, b->n_logits, C, Vp, 0);
+        matmul(inf, loom_quant_logits(inf->quant), inf->logits, inf->rows, p[LOOM_WTE], NULL, b->n_logits, C, Vp, 0);
         loom_backend_download_act(be, logits, inf->logits, (size_t)b->n_logits * Vp); /* ACT: bf16 on CUDA at --dtype bf16 */
     }
     return LOOM_OK;

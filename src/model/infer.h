@@ -52,9 +52,15 @@ int loom_infer_max_blocks(const loom_infer_t *inf);
 loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, float *logits);
 
 struct loom_quant;
-/* Run the linear layers on q's int8 weights (model/quant.h; NULL: fp32).
+/* Run the linear layers (and the logits product when q has an int8 wte)
+ * on q's int8 weights (model/quant.h; NULL: fp32).
  * q must outlive its use here. */
 void loom_infer_set_quant(loom_infer_t *inf, const struct loom_quant *q);
+
+struct loom_sparse24;
+/* Run the linear layers on s's 2:4 compressed weights (model/sparse24.h;
+ * NULL: dense) where no int8 copy is set. s must outlive its use here. */
+void loom_infer_set_sparse24(loom_infer_t *inf, const struct loom_sparse24 *s);
 
 /* Copy cache block src to dst in every layer (copy-on-write of a shared block). */
 void loom_infer_copy_block(loom_infer_t *inf, int src, int dst);

@@ -7,8 +7,8 @@
 struct loom_quant {
     const loom_gpt_t *m;
     loom_quant_mode mode;
-    int L;
-    loom_tensor_t *w; /* (L, LOOM_QLIN_COUNT) */
+    int L, logits;
+    loom_tensor_t *w; /* (L * LOOM_QLIN_COUNT + 1): the linear weights, then the logits' (data NULL if fp32) */
     void *mem;        /* one backend allocation: every int8 matrix then every scale */
     size_t bytes;
 };
@@ -38,9 +38,27 @@ void loom_quant_rows(const float *w, long long rows, long long cols, signed char
     }
 }
 
-/* Layer l's weight `which`: its fp32 view, OC and C. */
+void loom_quant_rows_q8_0(const float *w, long long rows, long long cols, signed char *q, float *s) {
+    for (long long b = 0; b < rows * cols / 32; b++) {
+        const float *x = w + b * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        s[b] = (float)(_Float16)d; /* round to nearest even, as the GGUF's fp16 */
+        for (int i = 0; i < 32; i++) q[b * 32 + i] = (signed char)roundf(x[i] * id);
+    }
+}
+
+loom_quant_opts_t loom_quant_opts_default(void) { return (loom_quant_opts_t){.block = 0, .logits = 1}; }
+
+/* Layer l's weight `which` (LOOM_QLIN_COUNT: the logits' wte): its fp32
+ * view, OC and C. */
 static const float *lin(const loom_gpt_t *m, int which, int l, int *OC, int *C) {
     int c = m->cfg.channels;
+    if (which == LOOM_QLIN_COUNT) {
+        *OC = m->cfg.padded_vocab_size, *C = c;
+        return m->param[LOOM_WTE];
+    }
     *C = which == LOOM_QLIN_FCPROJ ? 4 * c : c;
     *OC = which == LOOM_QLIN_QKV ? 3 * c : which == LOOM_QLIN_FC ? 4 * c : c;
     int p = which == LOOM_QLIN_QKV ? LOOM_QKVW : which == LOOM_QLIN_ATTPROJ ? LOOM_ATTPROJW
@@ -48,40 +66,87 @@ static const float *lin(const loom_gpt_t *m, int which, int l, int *OC, int *C) 
     return m->param[p] + (size_t)l * *OC * *C;
 }
 
-loom_status loom_quant_create(loom_quant_t **out, const loom_gpt_t *m, loom_quant_mode mode) {
-    const loom_backend_t *be = m->be;
-    int L = m->cfg.n_layer, C0 = m->cfg.channels;
-    size_t per_layer = 12 * (size_t)C0 * C0, rows_per_layer = 3 * C0 + C0 + 4 * C0 + C0;
-    size_t bytes = per_layer * L + rows_per_layer * L * sizeof(float);
-    loom_quant_t *q = loom_calloc(1, sizeof *q);
-    q->m = m, q->mode = mode, q->L = L, q->bytes = bytes;
-    q->w = loom_calloc((size_t)L * LOOM_QLIN_COUNT, sizeof *q->w);
-    q->mem = be->alloc(bytes);
-    if (!q->mem) {
-        loom_quant_free(q);
-        return loom_error(LOOM_ENOMEM, "cannot allocate %zu bytes of int8 weights on %s", bytes, be->name);
+/* Slot i of q->w: (which, layer). */
+static void slot_of(const loom_quant_t *q, int i, int *which, int *l) {
+    *which = i == q->L * LOOM_QLIN_COUNT ? LOOM_QLIN_COUNT : i % LOOM_QLIN_COUNT;
+    *l = i == q->L * LOOM_QLIN_COUNT ? 0 : i / LOOM_QLIN_COUNT;
+}
+
+/* Lay out q->w's tensors in `mem` (NULL: shapes only): every int8 matrix,
+ * then (64-byte aligned) every scale. Returns the bytes needed. */
+static size_t layout(loom_quant_t *q, int block, char *mem) {
+    size_t n = (size_t)q->L * LOOM_QLIN_COUNT + (q->logits ? 1 : 0), vals = 0, at = 0, sat = 0;
+    int which, l, OC, C;
+    for (size_t i = 0; i < n; i++) {
+        slot_of(q, (int)i, &which, &l);
+        lin(q->m, which, l, &OC, &C);
+        vals += (size_t)OC * C;
     }
-    signed char *data = q->mem;
-    float *scales = (float *)((char *)q->mem + per_layer * L);
-    float *host = loom_malloc(4 * (size_t)C0 * C0 * sizeof(float));
-    signed char *hq = loom_malloc(4 * (size_t)C0 * C0);
-    float *hs = loom_malloc(4 * (size_t)C0 * sizeof(float));
-    for (int l = 0; l < L; l++)
-        for (int k = 0; k < LOOM_QLIN_COUNT; k++) {
-            int OC, C;
-            const float *w = lin(m, k, l, &OC, &C);
-            size_t n = (size_t)OC * C;
-            be->download(host, w, n * sizeof(float));
-            loom_quant_rows(host, OC, C, hq, hs);
-            be->upload(data, hq, n);
-            be->upload(scales, hs, (size_t)OC * sizeof(float));
-            q->w[l * LOOM_QLIN_COUNT + k] = (loom_tensor_t){.data = data, .dtype = LOOM_INT8, .rows = OC, .cols = C,
-                                                            .scales = scales};
-            data += n;
-            scales += OC;
-        }
-    free(host), free(hq), free(hs);
+    vals = (vals + 63) / 64 * 64;
+    for (size_t i = 0; i < n; i++) {
+        slot_of(q, (int)i, &which, &l);
+        lin(q->m, which, l, &OC, &C);
+        q->w[i] = (loom_tensor_t){.data = mem ? mem + at : NULL, .dtype = LOOM_INT8, .rows = OC, .cols = C,
+                                  .scales = mem ? (const float *)(mem + vals) + sat : NULL, .block = block};
+        at += (size_t)OC * C, sat += block ? (size_t)OC * (C / block) : (size_t)OC;
+    }
+    return vals + sat * sizeof(float);
+}
+
+/* Quantize slot i from m's fp32 weights (host copies in hw, hq, hs). */
+static void quantize_slot(loom_quant_t *q, int i, float *hw, signed char *hq, float *hs) {
+    int which, l, OC, C;
+    slot_of(q, i, &which, &l);
+    const float *w = lin(q->m, which, l, &OC, &C);
+    q->m->be->download(hw, w, (size_t)OC * C * sizeof(float));
+    if (q->w[i].block) loom_quant_rows_q8_0(hw, OC, C, hq, hs);
+    else loom_quant_rows(hw, OC, C, hq, hs);
+    loom_quant_set(q, which, l, hq, hs);
+}
+
+loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom_quant_mode mode,
+                                   const loom_quant_opts_t *opts) {
+    loom_quant_opts_t o = opts ? *opts : loom_quant_opts_default();
+    int C0 = m->cfg.channels, Vp = m->cfg.padded_vocab_size;
+    if (o.block != 0 && o.block != 32)
+        return loom_error(LOOM_EINVAL, "int8 weights in blocks of %d: 0 (per output channel) or 32 (Q8_0)", o.block);
+    if (o.block && C0 % o.block)
+        return loom_error(LOOM_EINVAL, "int8 weights in blocks of %d need the model width (%d) to be a multiple of it; use per-channel scales",
+                          o.block, C0);
+    loom_quant_t *q = loom_calloc(1, sizeof *q);
+    q->m = m, q->mode = mode, q->L = m->cfg.n_layer, q->logits = o.logits != 0;
+    int n = q->L * LOOM_QLIN_COUNT + q->logits;
+    q->w = loom_calloc((size_t)q->L * LOOM_QLIN_COUNT + 1, sizeof *q->w);
+    q->bytes = layout(q, o.block, NULL);
+    q->mem = m->be->alloc(q->bytes);
+    if (!q->mem) {
+        size_t bytes = q->bytes;
+        loom_quant_free(q);
+        return loom_error(LOOM_ENOMEM, "cannot allocate %zu bytes of int8 weights on %s", bytes, m->be->name);
+    }
+    layout(q, o.block, q->mem);
+    size_t rows = (size_t)(Vp > 4 * C0 ? Vp : 4 * C0), big = rows * C0; /* the largest matrix */
+    float *hw = loom_malloc(big * sizeof(float)), *hs = loom_malloc((big / 32 + rows) * sizeof(float));
+    signed char *hq = loom_malloc(big);
+    for (int i = 0; i < n; i++) quantize_slot(q, i, hw, hq, hs);
+    free(hw), free(hq), free(hs);
     *out = q;
+    return LOOM_OK;
+}
+
+loom_status loom_quant_create(loom_quant_t **out, const loom_gpt_t *m, loom_quant_mode mode) {
+    return loom_quant_create_opts(out, m, mode, NULL);
+}
+
+loom_status loom_quant_set(loom_quant_t *q, int which, int l, const signed char *vals, const float *scales) {
+    int logits = which == LOOM_QLIN_COUNT;
+    if (which < 0 || which > LOOM_QLIN_COUNT || l < 0 || l >= q->L || (logits && (l || !q->logits)))
+        return loom_error(LOOM_EINVAL, "int8 weight %d of layer %d: not in this copy (%d layers, logits %s)", which, l,
+                          q->L, q->logits ? "int8" : "fp32");
+    const loom_tensor_t *t = logits ? q->w + (size_t)q->L * LOOM_QLIN_COUNT : q->w + (size_t)l * LOOM_QLIN_COUNT + which;
+    size_t n = (size_t)t->rows * t->cols, ns = t->block ? n / t->block : (size_t)t->rows;
+    q->m->be->upload(t->data, vals, n);
+    q->m->be->upload((void *)t->scales, scales, ns * sizeof(float));
     return LOOM_OK;
 }
 
@@ -98,7 +163,21 @@ const loom_tensor_t *loom_quant_weight(const loom_quant_t *q, int which, int l) 
     return &q->w[l * LOOM_QLIN_COUNT + which];
 }
 
+const loom_tensor_t *loom_quant_logits(const loom_quant_t *q) {
+    return q && q->logits ? &q->w[q->L * LOOM_QLIN_COUNT] : NULL;
+}
+
 size_t loom_quant_bytes(const loom_quant_t *q) { return q->bytes; }
+
+size_t loom_quant_decode_bytes(const loom_gpt_config_t *c, loom_quant_mode mode, const loom_quant_opts_t *o) {
+    loom_quant_opts_t d = o ? *o : loom_quant_opts_default();
+    size_t C = (size_t)c->channels, L = (size_t)c->n_layer, lin = 12 * C * C * L, wte = (size_t)c->vocab_size * C;
+    size_t rest = loom_gpt_num_params(c) - (size_t)c->max_seq_len * C - lin - wte; /* LayerNorms, biases */
+    if (mode == LOOM_QUANT_NONE) return 4 * (rest + lin + wte);
+    size_t lin_sc = d.block ? lin / d.block : 9 * C * L, wte_sc = d.block ? wte / d.block : (size_t)c->vocab_size;
+    size_t logits = d.logits ? wte + 4 * wte_sc : 4 * wte;
+    return 4 * rest + lin + 4 * lin_sc + logits;
+}
 
 void loom_quant_fake(loom_gpt_t *m) {
     int C0 = m->cfg.channels;

@@ -1,7 +1,9 @@
 /* quant: int8 weights for inference. At load time each linear layer's
  * weight (OC, C) becomes int8 with one fp32 scale per output channel
- * (scale = max |w[o,:]| / 127; docs/quantization.md says why per channel).
- * Embeddings, LayerNorms, biases and the logits (tied to wte) stay fp32. */
+ * (scale = max |w[o,:]| / 127; docs/quantization.md says why per channel),
+ * or per block of 32 as llama.cpp's Q8_0 (loom_quant_opts_t). The logits
+ * product (wte, (Vp, C)) gets its own int8 copy the same way; the
+ * embedding lookup, LayerNorms and biases stay fp32. */
 #ifndef LOOM_QUANT_H
 #define LOOM_QUANT_H
 
@@ -29,15 +31,49 @@ const char *loom_quant_name(loom_quant_mode q);
  * |w - q * s| <= s / 2. */
 void loom_quant_rows(const float *w, long long rows, long long cols, signed char *q, float *s);
 
-/* The int8 copy of m's linear weights in m's backend memory, for `mode`
- * (not NONE). m must outlive it. LOOM_ENOMEM when memory is short. */
+/* llama.cpp's Q8_0 quantization of w (rows, cols), cols a multiple of 32:
+ * per block of 32, d = max |w| / 127, q = round(w / d), and the scale
+ * s = d rounded to fp16 (the value a Q8_0 GGUF stores), so a GGUF written
+ * by `loom export --dtype q8_0` holds the same q and s. An all-zero block
+ * gets q = 0 and s = 0. s has rows * cols / 32 entries. */
+void loom_quant_rows_q8_0(const float *w, long long rows, long long cols, signed char *q, float *s);
+
+typedef struct {
+    int block;  /* 0: one scale per output channel (the default); 32: llama.cpp's Q8_0 blocks */
+    int logits; /* 1 (the default): the logits product (wte) in int8 too; 0: fp32 */
+} loom_quant_opts_t;
+
+/* block 0, logits 1 (docs/quantization.md has the accuracy cost). */
+loom_quant_opts_t loom_quant_opts_default(void);
+
+/* The int8 copy of m's linear weights (and wte for the logits, unless
+ * opts->logits is 0) in m's backend memory, for `mode` (not NONE); opts
+ * NULL: the defaults. m must outlive it. LOOM_EINVAL for a block that does
+ * not divide the widths, LOOM_ENOMEM when memory is short. */
+loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom_quant_mode mode,
+                                   const loom_quant_opts_t *opts);
+/* loom_quant_create_opts with the defaults. */
 loom_status loom_quant_create(loom_quant_t **out, const loom_gpt_t *m, loom_quant_mode mode);
+/* Overwrite weight `which` of layer l (LOOM_QLIN_*; or the logits weight:
+ * which LOOM_QLIN_COUNT, l 0) with int8 values q (OC, C) and scales s in
+ * q's layout (OC or OC * C / block entries), both host memory: for loaders
+ * of already-quantized files (a Q8_0 GGUF into a block-32 copy). */
+loom_status loom_quant_set(loom_quant_t *q, int which, int l, const signed char *vals, const float *scales);
 void loom_quant_free(loom_quant_t *q);
 loom_quant_mode loom_quant_mode_of(const loom_quant_t *q);
-/* Layer l's weight `which` (LOOM_QLIN_*): int8, rows OC, cols C, block 0. */
+/* Layer l's weight `which` (LOOM_QLIN_*): int8, rows OC, cols C, block 0
+ * or 32. */
 const loom_tensor_t *loom_quant_weight(const loom_quant_t *q, int which, int l);
-/* Bytes of the int8 weights and their scales. */
+/* The logits weight: int8 (Vp, C), or NULL when the logits stay fp32. */
+const loom_tensor_t *loom_quant_logits(const loom_quant_t *q);
+/* Bytes of the int8 weights and their scales (the logits' included). */
 size_t loom_quant_bytes(const loom_quant_t *q);
+
+/* Bytes of weights a decode step reads per token for a model of config c:
+ * every matrix once (wte for the logits), int8 plus scales where `mode`
+ * (not NONE) quantizes with options o (NULL: defaults), fp32 elsewhere;
+ * the position table and the one embedding row are left out. */
+size_t loom_quant_decode_bytes(const loom_gpt_config_t *c, loom_quant_mode mode, const loom_quant_opts_t *o);
 
 /* Replace m's linear weights by their int8 round trip in place (fp32
  * storage, the values W8A32 computes with): for the training-path forward

@@ -432,6 +432,14 @@ static loom_status join(loom_dist_t *d, const loom_dist_opts_t *o) {
     return dist_tcp_join(&d->host, rank, size, local, addr, env_int("MASTER_PORT", 29500), d->timeout_s);
 }
 
+/* What init allocates for the watchdog, and d itself. */
+static void release(loom_dist_t *d) {
+    free(d->hb);
+    free(d->last_heard);
+    free(d->peer_done);
+    free(d);
+}
+
 static loom_status xchg_host(void *vd, const void *in, void *out, size_t bytes) {
     loom_dist_t *d = vd;
     return d->host.ops->allgather_bytes(d->host.impl, in, out, bytes);
@@ -481,10 +489,7 @@ loom_status loom_dist_init(loom_dist_t **out, const loom_dist_opts_t *o) {
     }
     if (s != LOOM_OK) {
         d->host.ops->free(d->host.impl);
-        free(d->hb);
-        free(d->last_heard);
-        free(d->peer_done);
-        free(d);
+        release(d);
         return s;
     }
     double now = loom_now();
@@ -521,8 +526,5 @@ void loom_dist_free(loom_dist_t *d) {
         pthread_cond_destroy(&d->cv_work);
         pthread_cond_destroy(&d->cv_done);
     }
-    free(d->hb);
-    free(d->last_heard);
-    free(d->peer_done);
-    free(d);
+    release(d);
 }

@@ -34,6 +34,14 @@ typedef struct {
     void (*free)(void *impl);
 } dist_transport_t;
 
+/* A transport's table from its functions PREFIX_allreduce,
+ * PREFIX_reduce_scatter, PREFIX_allgather, PREFIX_broadcast,
+ * PREFIX_allgather_bytes and PREFIX_free: the slots are named here once,
+ * and a transport that lacks a function does not compile. */
+#define DIST_TRANSPORT_OPS(prefix)                                                                          \
+    {.allreduce = prefix##_allreduce, .reduce_scatter = prefix##_reduce_scatter, .allgather = prefix##_allgather, \
+     .broadcast = prefix##_broadcast, .allgather_bytes = prefix##_allgather_bytes, .free = prefix##_free}
+
 typedef struct {
     int rank, size, local_rank;
     const char *name; /* "tcp", "mpi", "nccl" */

@@ -134,14 +134,7 @@ static void mpi_free(void *vm) {
     free(m);
 }
 
-static const dist_transport_t mpi_ops = {
-    .allreduce = mpi_allreduce,
-    .reduce_scatter = mpi_reduce_scatter,
-    .allgather = mpi_allgather,
-    .broadcast = mpi_broadcast,
-    .allgather_bytes = mpi_allgather_bytes,
-    .free = mpi_free,
-};
+static const dist_transport_t mpi_ops = DIST_TRANSPORT_OPS(mpi);
 
 loom_status dist_mpi_join(dist_join_t *j) {
     int provided = 0;

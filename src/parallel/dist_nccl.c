@@ -23,6 +23,7 @@ typedef struct {
     double timeout_s;
     ncclComm_t comm;
     cudaStream_t stream;
+    const dist_join_t *boot; /* mpi or tcp: host bytes travel through it */
 } nccl_t;
 
 /* Wait for `what` (already enqueued, or an init in flight) to finish;
@@ -112,14 +113,17 @@ static void nccl_free(void *vn) {
     free(n);
 }
 
-static const dist_transport_t nccl_ops = {
-    .allreduce = nccl_allreduce,
-    .reduce_scatter = nccl_reduce_scatter,
-    .allgather = nccl_allgather,
-    .broadcast = nccl_broadcast,
-    .allgather_bytes = NULL, /* host bytes go through the bootstrap transport */
-    .free = nccl_free,
-};
+/* Host bytes (the unique id at init) go through the bootstrap transport. */
+static loom_status nccl_allgather_bytes(void *vn, const void *in, void *out, size_t bytes) {
+    const dist_join_t *b = ((nccl_t *)vn)->boot;
+    if (b->size == 1) {
+        memcpy(out, in, bytes);
+        return LOOM_OK;
+    }
+    return b->ops->allgather_bytes(b->impl, in, out, bytes);
+}
+
+static const dist_transport_t nccl_ops = DIST_TRANSPORT_OPS(nccl);
 
 loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, double timeout_s) {
     nccl_t *n = loom_calloc(1, sizeof *n);
@@ -127,6 +131,7 @@ loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, 
     n->size = boot->size;
     n->timeout_s = timeout_s;
     n->device = device;
+    n->boot = boot;
     cudaError_t ce = cudaSetDevice(device);
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking);
     if (ce != cudaSuccess) {
@@ -137,8 +142,8 @@ loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, 
     memset(&id, 0, sizeof id);
     if (n->rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) memset(&id, 0, sizeof id);
     ncclUniqueId *all = loom_malloc((size_t)n->size * sizeof id);
-    loom_status s = boot->size > 1 ? boot->ops->allgather_bytes(boot->impl, &id, all, sizeof id) : LOOM_OK;
-    if (s == LOOM_OK && boot->size > 1) id = all[0];
+    loom_status s = nccl_allgather_bytes(n, &id, all, sizeof id);
+    if (s == LOOM_OK) id = all[0];
     free(all);
     if (s == LOOM_OK) {
         ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;

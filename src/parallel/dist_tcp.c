@@ -200,7 +200,8 @@ static loom_status peer_failed(tcp_t *t, int fd, const char *what) {
     return loom_error(LOOM_EIO, "rank %d: %s: a connection failed", t->rank, what);
 }
 
-static loom_status star_xchg(void *vt, const void *in, void *out, size_t bytes) {
+/* The rendezvous star carries host bytes (rank 0 gathers, then sends all to all). */
+static loom_status tcp_allgather_bytes(void *vt, const void *in, void *out, size_t bytes) {
     tcp_t *t = vt;
     char *o = out;
     memcpy(o + (size_t)t->rank * bytes, in, bytes);
@@ -298,14 +299,7 @@ static void tcp_free(void *vt) {
     free(t);
 }
 
-static const dist_transport_t tcp_ops = {
-    .allreduce = tcp_allreduce,
-    .reduce_scatter = tcp_reduce_scatter,
-    .allgather = tcp_allgather,
-    .broadcast = tcp_broadcast,
-    .allgather_bytes = star_xchg,
-    .free = tcp_free,
-};
+static const dist_transport_t tcp_ops = DIST_TRANSPORT_OPS(tcp);
 
 typedef struct {
     uint64_t magic;
@@ -362,7 +356,7 @@ loom_status dist_tcp_join(dist_join_t *j, int rank, int size, int local_rank, co
         socklen_t len = sizeof sa;
         if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0) inet_ntop(AF_INET, &sa.sin_addr, me, sizeof me);
     }
-    if (s == LOOM_OK) s = dist_mesh_build(rank, size, me, star_xchg, t, timeout_s, t->mesh);
+    if (s == LOOM_OK) s = dist_mesh_build(rank, size, me, tcp_allgather_bytes, t, timeout_s, t->mesh);
 out:
     if (s != LOOM_OK) {
         tcp_free(t);

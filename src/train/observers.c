@@ -59,20 +59,20 @@ static loom_status signals_before_step(void *ctx, loom_train_run_t *run, long lo
     return LOOM_OK;
 }
 
-/* A signal during the last step counts too. A second signal while the
- * final checkpoint is written acts as it would without loom. */
+/* A signal during the last step counts too. After one, a second signal
+ * while the final checkpoint is written acts as it would without loom;
+ * without one, loom's handler stays until loom_train has passed the last
+ * barrier: a first signal there would kill this rank and make its peers
+ * exit 3 ("rank N died") although the run is complete. */
 static loom_status signals_stop(void *ctx, loom_train_run_t *run, loom_status s) {
-    loom_train_signals_restore();
+    if (stop_signal) loom_train_signals_restore();
     if (stop_signal) loom_train_request_stop(run, stop_signal);
     if (s == LOOM_OK && run->stop_signal && run->step >= run->first_step)
         loom_info("\nloom train: stopped by signal %d after step %lld; writing a checkpoint", run->stop_signal, run->step);
     return LOOM_OK;
 }
 
-static void signals_free(void *ctx) {
-    loom_train_signals_restore();
-    free(ctx);
-}
+static void signals_free(void *ctx) { free(ctx); } /* loom_train restores the handlers last */
 
 loom_train_observer_t *loom_train_observer_signals(void) {
     return observer_alloc(sizeof(signals_t), &(loom_train_observer_t){.name = "signals", .before_step = signals_before_step,
@@ -87,10 +87,9 @@ typedef struct {
 } mlog_t;
 
 static loom_status mlog_start(void *ctx, loom_train_run_t *run) {
-    mlog_t *g = ctx;
     char path[4200];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run->o->out);
-    return loom_metrics_log_open(&g->log, path, run->resumed_from ? run->resumed_step : -1);
+    return loom_metrics_log_open(&((mlog_t *)ctx)->log, path, run->resumed_from ? run->resumed_step : -1);
 }
 
 static loom_status mlog_after_step(void *ctx, loom_train_run_t *run, const loom_step_record_t *r) {
@@ -156,6 +155,7 @@ typedef struct {
     double *steps, *loss;   /* (nsteps): step i+1 and its loss (NAN: not logged, not drawn) */
     double *vsteps, *vloss; /* (nsteps + 2) validation points */
     int nv;
+    double buf[]; /* the four arrays above, in the same allocation (so .free is plain free) */
 } plot_t;
 
 static void plot_add_val(plot_t *g, long long step, double val) {
@@ -201,23 +201,17 @@ static loom_status plot_stop(void *ctx, loom_train_run_t *run, loom_status s) {
     return loom_plot_loss_svg(path, title, g->steps, g->loss, (int)run->step, g->vsteps, g->vloss, g->nv);
 }
 
-static void plot_free(void *ctx) {
-    plot_t *g = ctx;
-    free(g->steps);
-    free(g->vsteps);
-    free(g);
-}
-
 loom_train_observer_t *loom_train_observer_plot(const loom_train_opts_t *o) {
     if (o->rank != 0) return NULL;
-    plot_t *g = observer_alloc(sizeof(plot_t), &(loom_train_observer_t){.name = "plot", .on_start = plot_start,
-                                                                       .after_step = plot_after_step, .on_eval = plot_eval,
-                                                                       .on_stop = plot_stop, .free = plot_free});
+    size_t n = (size_t)o->steps;
+    plot_t *g = observer_alloc(sizeof(plot_t) + (4 * n + 4) * sizeof(double),
+                               &(loom_train_observer_t){.name = "plot", .on_start = plot_start, .after_step = plot_after_step,
+                                                        .on_eval = plot_eval, .on_stop = plot_stop, .free = free});
     g->nsteps = o->steps;
-    g->steps = loom_malloc(2 * (size_t)o->steps * sizeof(double));
-    g->loss = g->steps + o->steps;
-    g->vsteps = loom_malloc(2 * ((size_t)o->steps + 2) * sizeof(double));
-    g->vloss = g->vsteps + o->steps + 2;
+    g->steps = g->buf;
+    g->loss = g->steps + n;
+    g->vsteps = g->loss + n;
+    g->vloss = g->vsteps + n + 2;
     for (long long i = 0; i < o->steps; i++) {
         g->steps[i] = (double)(i + 1);
         g->loss[i] = NAN;

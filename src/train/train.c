@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt/checkpoint.h"
 #include "train/eval.h"
 #include "train/train_impl.h"
 
@@ -225,13 +226,14 @@ loom_status loom_train(const loom_train_opts_t *opts) {
      * its first step, with no final checkpoint or plot. */
     if (s == LOOM_OK) s = emit_start(&j->run);
     if (s == LOOM_OK) s = train_finish(j, train_loop(j));
+    loom_ckpt_test_point("train_end"); /* the chaos tests' signal after the loop */
     loom_train_teardown(j);
-    loom_train_signals_restore();
     int world = j->o.world_size;
     free(j);
     /* On failure the process exits without the last barrier: its peers
      * see the closed connections and stop, naming this rank. A stop that
      * every rank agreed on is no failure: all of them meet there. */
     if (s == LOOM_OK || s == LOOM_ESTOPPED || world == 1) loom_dist_free(d);
+    loom_train_signals_restore(); /* after the barrier: a signal before it is no failure */
     return s;
 }

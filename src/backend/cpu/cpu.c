@@ -14,6 +14,7 @@
 #include "cpu_gemm.h"
 #include "cpu_math.h"
 #include "cpu_int8.h"
+#include "cpu_sparse24.h"
 #include "cpu_paged.h"
 
 static int cpu_threads = 1;
@@ -397,6 +398,7 @@ static loom_backend_t cpu_backend = {
     .kv_copy_block = loom_cpu_kv_copy_block,
     .matmul_forward_w8 = loom_cpu_matmul_forward_w8,
     .matmul_forward_w8a8 = loom_cpu_matmul_forward_w8a8,
+    .matmul_forward_s24 = loom_cpu_matmul_forward_s24,
 };
 
 /* Peak: the best of `reps` n^3 SGEMMs on the threads we were given, with

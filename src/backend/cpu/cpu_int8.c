@@ -1,6 +1,28 @@
 /* cpu_int8: int8-weight matrix products for inference (decode and
- * prefill). Each output element is computed from its own weight row in a
- * fixed order, so results depend neither on N nor on the threads. */
+ * prefill) and the int8 paged KV cache's write and copy.
+ *
+ * W8A32 (matmul_forward_w8) is the fp32 row kernel of cpu_paged.c with
+ * each weight widened and scaled in registers.
+ *
+ * W8A8 (matmul_forward_w8a8): each input row is quantized per token, then
+ * a tile of I8_TM input rows x I8_TJ weight rows is computed per pass, so
+ * each weight byte is loaded once per I8_TM rows (at decode: once per step
+ * for every sequence of the batch), and OpenMP splits the weight rows. The
+ * int8 x int8 -> int32 dot product, by instruction set (runtime dispatch on
+ * cpuid, whatever -march says):
+ *   - AVX-512 VNNI: vpdpbusd on (x + 128) as unsigned times w signed, then
+ *     128 * sum(w) subtracted (vpdpbusd on 128s): exact, no saturation;
+ *   - AVX-VNNI: the same with 256-bit vpdpbusd;
+ *   - AVX2: the sign trick: |x| (unsigned) times w with x's sign
+ *     (vpsignb), vpmaddubsw to int16 pairs (|.| <= 2 * 127 * 127 < 2^15:
+ *     quantized values are within +-127, so it never saturates), vpmaddwd
+ *     with ones to int32;
+ *   - portable C otherwise.
+ * With one scale per weight row the whole row's int32 sum is exact and the
+ * result is the same on every path; with per-block scales (w->block, 32 as
+ * llama.cpp's Q8_0) each block's int32 sum is converted and multiplied by
+ * its scale in a fixed order per path. Results do not depend on N or on the
+ * threads. */
 #include "cpu_int8.h"
 
 #include <math.h>
@@ -10,26 +32,65 @@
 #include <string.h>
 
 #include "cpu_math.h"
+#include "cpu_paged.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
-int loom_cpu_int8_vnni(void) {
+#define I8_TM 2    /* input rows per tile */
+#define I8_TJ 4    /* weight rows per tile */
+#define I8_PASS 64 /* input rows per pass over the weights (L2-resident) */
+
+enum { ISA_PORTABLE, ISA_AVX2, ISA_AVXVNNI, ISA_AVX512VNNI, ISA_COUNT };
+static const char *const isa_names[ISA_COUNT] = {"portable", "avx2", "avxvnni", "avx512vnni"};
+
+static int isa_supported(int isa) {
 #if defined(__x86_64__)
-    static int v = -1;
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vnni");
-        if (getenv("LOOM_NO_VNNI")) v = 0;
+    __builtin_cpu_init();
+    switch (isa) {
+    case ISA_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case ISA_AVXVNNI: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                             __builtin_cpu_supports("avxvnni");
+    case ISA_AVX512VNNI: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                __builtin_cpu_supports("avx512vnni");
     }
-    return v;
-#else
-    return 0;
 #endif
+    return isa == ISA_PORTABLE;
 }
 
+static int isa_now = -1;
+
+/* The best this CPU has; LOOM_NO_VNNI=1 stops at AVX2. */
+static int isa_pick(void) {
+    if (isa_now < 0) {
+        int best = ISA_PORTABLE;
+        for (int i = ISA_AVX2; i < ISA_COUNT; i++)
+            if (isa_supported(i) && (i == ISA_AVX2 || !getenv("LOOM_NO_VNNI"))) best = i;
+        isa_now = best;
+    }
+    return isa_now;
+}
+
+const char *loom_cpu_int8_isa(void) { return isa_names[isa_pick()]; }
+
+int loom_cpu_int8_use(const char *name) {
+    if (!name) {
+        isa_now = -1;
+        return 1;
+    }
+    for (int i = 0; i < ISA_COUNT; i++)
+        if (!strcmp(name, isa_names[i])) {
+            if (!isa_supported(i)) return 0;
+            isa_now = i;
+            return 1;
+        }
+    return 0;
+}
+
+int loom_cpu_int8_vnni(void) { return isa_pick() >= ISA_AVXVNNI; }
+
 void loom_cpu_quantize_rows(const float *x, int N, int C, signed char *q, float *s) {
+#pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 18)
     for (int n = 0; n < N; n++) {
         const float *r = x + (size_t)n * C;
         float mx = 0.0f;
@@ -43,104 +104,267 @@ void loom_cpu_quantize_rows(const float *x, int N, int C, signed char *q, float 
     }
 }
 
-static inline float finish(float v, const float *bias, int o, int gelu) {
-    v += bias ? bias[o] : 0.0f;
-    return gelu ? loom_gelu(v) : v;
-}
-
-/* Weight row o against every input row, fp32 sums per scale block. */
-static void w8_row(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N, int C, int OC,
-                   int gelu, int o) {
-    const int8_t *wr = (const int8_t *)w->data + (size_t)o * C;
-    int blk = w->block ? w->block : C, nb = C / blk;
-    const float *sc = w->block ? w->scales + (size_t)o * nb : w->scales + o;
-    for (int n = 0; n < N; n++) {
-        const float *x = inp + (size_t)n * C;
-        float acc = 0.0f;
-        for (int b = 0; b < nb; b++) {
-            float part = 0.0f;
-#pragma omp simd reduction(+ : part)
-            for (int c = b * blk; c < (b + 1) * blk; c++) part += x[c] * (float)wr[c];
-            acc += part * sc[w->block ? b : 0];
-        }
-        out[(size_t)n * OC + o] = finish(acc, bias, o, gelu);
-    }
-}
-
 void loom_cpu_matmul_forward_w8(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
                                 int N, int C, int OC, int gelu) {
-#pragma omp parallel for schedule(dynamic, 16) if ((double)N * C * OC > 1 << 18)
-    for (int o = 0; o < OC; o++) w8_row(out, inp, w, bias, N, C, OC, gelu, o);
+    loom_cpu_matmul_forward_rows_i8(out, inp, w, bias, N, C, OC, gelu);
 }
 
-/* Portable int32 dot product of two int8 rows. */
-static int32_t dot_i8(const int8_t *a, const int8_t *b, int C) {
-    int32_t acc = 0;
-#pragma omp simd reduction(+ : acc)
-    for (int c = 0; c < C; c++) acc += (int32_t)a[c] * (int32_t)b[c];
-    return acc;
+/* ---- W8A8 tiles ---- */
+
+/* A tile's operands: x (mr, K) and w (jr, K) int8 rows; per-block scales
+ * ws[j * nb + (k >> sh)] when nb > 0 (the rows' scales from the tile's
+ * first row), none (nb 0) when the scale is per row. */
+typedef struct {
+    const int8_t *x, *w;
+    const float *ws;
+    int K, nb, sh;
+} i8args_t;
+
+/* A tile's results: the exact int32 sums (per-row scales) or the fp32
+ * sums of each block's int32 sum times its scale (per-block). */
+typedef struct {
+    int32_t i[I8_TM][I8_TJ];
+    float f[I8_TM][I8_TJ];
+} i8out_t;
+
+static void tile_portable(const i8args_t *a, int mr, int jr, i8out_t *t) {
+    int K = a->K, blk = a->nb ? K / a->nb : K;
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) {
+            const int8_t *x = a->x + (size_t)m * K, *w = a->w + (size_t)j * K;
+            int32_t isum = 0;
+            float fsum = 0.0f;
+            for (int b = 0; b < K / blk; b++) {
+                int32_t d = 0;
+                for (int k = b * blk; k < (b + 1) * blk; k++) d += (int32_t)x[k] * w[k];
+                if (a->nb) fsum += (float)d * a->ws[(size_t)j * a->nb + b];
+                else isum += d;
+            }
+            t->i[m][j] = isum, t->f[m][j] = fsum;
+        }
 }
 
 #if defined(__x86_64__)
-/* VNNI: dpbusd multiplies unsigned by signed bytes, so the activations go
- * in shifted by +128 (xu = xq + 128, precomputed) and 128 * sum(w) comes
- * off afterwards: exact in int32. */
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static int32_t dot_u8s8_vnni(const uint8_t *xu,
-                                                                                    const int8_t *w, int C,
-                                                                                    int32_t wsum) {
-    __m512i acc = _mm512_setzero_si512();
-    int c = 0;
-    for (; c + 64 <= C; c += 64)
-        acc = _mm512_dpbusd_epi32(acc, _mm512_loadu_si512(xu + c), _mm512_loadu_si512(w + c));
-    int32_t s = _mm512_reduce_add_epi32(acc);
-    for (; c < C; c++) s += (int32_t)xu[c] * (int32_t)w[c];
-    return s - 128 * wsum;
+/* Fixed-order sums of the lanes. */
+__attribute__((target("avx2"))) static inline int32_t hsum_i32x8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
 }
-#endif
 
-static void w8a8_row(float *out, const int8_t *xq, const uint8_t *xu, const float *sx, const loom_tensor_t *w,
-                     const float *bias, int N, int C, int OC, int gelu, int o) {
-    const int8_t *wr = (const int8_t *)w->data + (size_t)o * C;
-    float sw = w->scales[o];
-#if defined(__x86_64__)
-    if (xu) {
-        int32_t wsum = 0;
-        for (int c = 0; c < C; c++) wsum += wr[c];
-        for (int n = 0; n < N; n++)
-            out[(size_t)n * OC + o] =
-                finish((float)dot_u8s8_vnni(xu + (size_t)n * C, wr, C, wsum) * (sx[n] * sw), bias, o, gelu);
-        return;
+__attribute__((target("avx2"))) static inline float hsum_f32x8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The int32 sums of x[m] . w[j] for the k columns a step left over
+ * (per-row scales only: a per-block K is a multiple of the step). */
+static inline void tail_i32(const i8args_t *a, int k, int mr, int jr, i8out_t *t) {
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++)
+            for (int kk = k; kk < a->K; kk++) t->i[m][j] += (int32_t)a->x[(size_t)m * a->K + kk] * a->w[(size_t)j * a->K + kk];
+}
+
+/* AVX2, 32 columns a step: x . w = |x| . (w with x's sign). Always inlined
+ * with constant mr, jr and nb != 0 (blk) so that the accumulators stay in
+ * registers. */
+__attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(const i8args_t *a, int mr, int jr,
+                                                                               int blk, i8out_t *t) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i acc[I8_TM][I8_TJ];
+    __m256 facc[I8_TM][I8_TJ];
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) acc[m][j] = _mm256_setzero_si256(), facc[m][j] = _mm256_setzero_ps();
+    int K = a->K, k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m256i xv[I8_TM], ax[I8_TM];
+        for (int m = 0; m < mr; m++) {
+            xv[m] = _mm256_loadu_si256((const __m256i *)(a->x + (size_t)m * K + k));
+            ax[m] = _mm256_abs_epi8(xv[m]);
+        }
+        /* the next tile's rows (contiguous after these), in order, as fast
+         * as this one is read: short rows train the hardware prefetcher
+         * too late */
+        _mm_prefetch((const char *)(a->w + (size_t)I8_TJ * K + k * I8_TJ), _MM_HINT_T0);
+        _mm_prefetch((const char *)(a->w + (size_t)I8_TJ * K + k * I8_TJ + 64), _MM_HINT_T0);
+        for (int j = 0; j < jr; j++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(a->w + (size_t)j * K + k));
+            __m256 sc = blk ? _mm256_broadcast_ss(a->ws + (size_t)j * a->nb + (k >> a->sh)) : _mm256_setzero_ps();
+            for (int m = 0; m < mr; m++) {
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[m], _mm256_sign_epi8(wv, xv[m])), ones);
+                if (blk) facc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, facc[m][j]);
+                else acc[m][j] = _mm256_add_epi32(acc[m][j], p);
+            }
+        }
     }
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) t->i[m][j] = hsum_i32x8(acc[m][j]), t->f[m][j] = hsum_f32x8(facc[m][j]);
+    if (!blk) tail_i32(a, k, mr, jr, t);
+}
+
+/* AVX-VNNI, 32 columns a step: vpdpbusd of (x + 128) and w, less
+ * 128 * sum(w) (vpdpbusd of 128s and w). */
+__attribute__((target("avx2,fma,avxvnni"), always_inline)) static inline void
+tile_avxvnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
+    __m256i acc[I8_TM][I8_TJ], corr[I8_TJ];
+    __m256 facc[I8_TM][I8_TJ];
+    for (int j = 0; j < jr; j++) corr[j] = _mm256_setzero_si256();
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) acc[m][j] = _mm256_setzero_si256(), facc[m][j] = _mm256_setzero_ps();
+    int K = a->K, k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m256i xu[I8_TM];
+        for (int m = 0; m < mr; m++)
+            xu[m] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(a->x + (size_t)m * K + k)), flip);
+        for (int j = 0; j < jr; j++) {
+            __m256i wv = _mm256_loadu_si256((const __m256i *)(a->w + (size_t)j * K + k));
+            if (!blk) {
+                corr[j] = _mm256_dpbusd_avx_epi32(corr[j], flip, wv);
+                for (int m = 0; m < mr; m++) acc[m][j] = _mm256_dpbusd_avx_epi32(acc[m][j], xu[m], wv);
+                continue;
+            }
+            __m256i c = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), flip, wv);
+            __m256 sc = _mm256_broadcast_ss(a->ws + (size_t)j * a->nb + (k >> a->sh));
+            for (int m = 0; m < mr; m++) {
+                __m256i d = _mm256_sub_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), xu[m], wv), c);
+                facc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, facc[m][j]);
+            }
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++)
+            t->i[m][j] = hsum_i32x8(acc[m][j]) - hsum_i32x8(corr[j]), t->f[m][j] = hsum_f32x8(facc[m][j]);
+    if (!blk) tail_i32(a, k, mr, jr, t);
+}
+
+/* AVX-512 VNNI, 64 columns a step, the last one masked (masked-off bytes
+ * load as 0: w = 0 adds nothing). Per-block scales of 32 columns: the
+ * step's low 8 lanes hold one block, the high 8 the next. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"), always_inline)) static inline void
+tile_avx512vnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512i acc[I8_TM][I8_TJ], corr[I8_TJ];
+    __m512 facc[I8_TM][I8_TJ];
+    for (int j = 0; j < jr; j++) corr[j] = _mm512_setzero_si512();
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++) acc[m][j] = _mm512_setzero_si512(), facc[m][j] = _mm512_setzero_ps();
+    int K = a->K;
+    for (int k = 0; k < K; k += 64) {
+        __mmask64 msk = K - k >= 64 ? ~0ULL : (1ULL << (K - k)) - 1;
+        __m512i xu[I8_TM];
+        for (int m = 0; m < mr; m++) xu[m] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(msk, a->x + (size_t)m * K + k), flip);
+        for (int j = 0; j < jr; j++) {
+            __m512i wv = _mm512_maskz_loadu_epi8(msk, a->w + (size_t)j * K + k);
+            if (!blk) {
+                corr[j] = _mm512_dpbusd_epi32(corr[j], flip, wv);
+                for (int m = 0; m < mr; m++) acc[m][j] = _mm512_dpbusd_epi32(acc[m][j], xu[m], wv);
+                continue;
+            }
+            const float *s = a->ws + (size_t)j * a->nb;
+            float s0 = s[k >> a->sh], s1 = k + 32 < K ? s[(k + 32) >> a->sh] : s0;
+            __m512 sc = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(s0), _mm512_set1_ps(s1));
+            __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wv);
+            for (int m = 0; m < mr; m++) {
+                __m512i d = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), xu[m], wv), c);
+                facc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, facc[m][j]);
+            }
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < jr; j++)
+            t->i[m][j] = _mm512_reduce_add_epi32(acc[m][j]) - _mm512_reduce_add_epi32(corr[j]),
+            t->f[m][j] = _mm512_reduce_add_ps(facc[m][j]);
+}
+
+/* One tile on `isa`: full tiles get constant-shape copies; an edge of
+ * fewer than I8_TJ weight rows goes one row at a time (the same operations
+ * per element). */
+#define I8_SHAPES(FN, TGT)                                                                                   \
+    __attribute__((target(TGT))) static void FN##_tile(const i8args_t *a, int mr, int jr, i8out_t *t) {      \
+        int blk = a->nb != 0;                                                                              \
+        if (jr == I8_TJ) {                                                                                 \
+            if (mr == 2) blk ? FN(a, 2, I8_TJ, 1, t) : FN(a, 2, I8_TJ, 0, t);                              \
+            else blk ? FN(a, 1, I8_TJ, 1, t) : FN(a, 1, I8_TJ, 0, t);                                      \
+            return;                                                                                        \
+        }                                                                                                  \
+        for (int j = 0; j < jr; j++) {                                                                     \
+            i8args_t b = *a;                                                                               \
+            i8out_t u;                                                                                     \
+            b.w += (size_t)j * a->K, b.ws = a->nb ? a->ws + (size_t)j * a->nb : NULL;                      \
+            if (mr == 2) blk ? FN(&b, 2, 1, 1, &u) : FN(&b, 2, 1, 0, &u);                                  \
+            else blk ? FN(&b, 1, 1, 1, &u) : FN(&b, 1, 1, 0, &u);                                          \
+            for (int m = 0; m < mr; m++) t->i[m][j] = u.i[m][0], t->f[m][j] = u.f[m][0];                   \
+        }                                                                                                  \
+    }
+I8_SHAPES(tile_avx2, "avx2,fma")
+I8_SHAPES(tile_avxvnni, "avx2,fma,avxvnni")
+I8_SHAPES(tile_avx512vnni, "avx512f,avx512bw,avx512vnni")
 #endif
-    (void)xu;
-    for (int n = 0; n < N; n++)
-        out[(size_t)n * OC + o] = finish((float)dot_i8(xq + (size_t)n * C, wr, C) * (sx[n] * sw), bias, o, gelu);
+
+typedef void (*i8tile_fn)(const i8args_t *a, int mr, int jr, i8out_t *t);
+
+/* The tile function for `isa` and the weight's block size (the SIMD tiles
+ * take per-row scales or power-of-two blocks of at least their step). */
+static i8tile_fn tile_for(int isa, int blk) {
+    int pow2 = blk && (blk & (blk - 1)) == 0;
+#if defined(__x86_64__)
+    if (isa == ISA_AVX512VNNI && (!blk || (pow2 && blk >= 32))) return tile_avx512vnni_tile;
+    if (isa == ISA_AVXVNNI && (!blk || (pow2 && blk >= 32))) return tile_avxvnni_tile;
+    if (isa >= ISA_AVX2 && (!blk || (pow2 && blk >= 32))) return tile_avx2_tile;
+#endif
+    (void)isa, (void)pow2;
+    return tile_portable;
+}
+
+/* Outputs j0..j0+jr-1 of rows r0..r1-1: tiles, then scales, bias, GELU. */
+static void w8a8_block(float *out, const int8_t *xq, const float *sx, const loom_tensor_t *w, const float *bias,
+                       int r0, int r1, int C, int OC, int gelu, int j0, int jr, i8tile_fn tile) {
+    int blk = w->block, nb = blk ? C / blk : 0, sh = 0;
+    while (blk && (1 << sh) < blk) sh++;
+    i8args_t a = {.w = (const int8_t *)w->data + (size_t)j0 * C, .ws = nb ? w->scales + (size_t)j0 * nb : NULL,
+                  .K = C, .nb = nb, .sh = sh};
+    for (int m0 = r0; m0 < r1; m0 += I8_TM) {
+        int mr = r1 - m0 < I8_TM ? r1 - m0 : I8_TM;
+        i8out_t t;
+        a.x = xq + (size_t)m0 * C;
+        tile(&a, mr, jr, &t);
+        for (int m = 0; m < mr; m++)
+            for (int j = 0; j < jr; j++) {
+                int n = m0 + m, o = j0 + j;
+                float v = nb ? t.f[m][j] * sx[n] : (float)t.i[m][j] * (sx[n] * w->scales[o]);
+                v += bias ? bias[o] : 0.0f;
+                out[(size_t)n * OC + o] = gelu ? loom_gelu(v) : v;
+            }
+    }
 }
 
 void loom_cpu_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
                                   int N, int C, int OC, int gelu) {
-    if (w->block) {
-        loom_cpu_matmul_forward_w8(out, inp, w, bias, N, C, OC, gelu);
-        return;
-    }
-    int8_t *xq = malloc((size_t)N * C);
-    float *sx = malloc((size_t)N * sizeof(float));
-    uint8_t *xu = NULL;
+    int8_t *xq = loom_malloc((size_t)N * C);
+    float *sx = loom_malloc((size_t)N * sizeof(float));
     loom_cpu_quantize_rows(inp, N, C, (signed char *)xq, sx);
-    if (loom_cpu_int8_vnni()) {
-        xu = malloc((size_t)N * C);
-        for (size_t i = 0; i < (size_t)N * C; i++) xu[i] = (uint8_t)(xq[i] + 128);
+    i8tile_fn tile = tile_for(isa_pick(), w->block);
+    int nblk = (OC + I8_TJ - 1) / I8_TJ;
+#pragma omp parallel if ((double)N * C * OC > 1 << 18)
+    for (int r0 = 0; r0 < N; r0 += I8_PASS) {
+        int r1 = r0 + I8_PASS < N ? r0 + I8_PASS : N;
+        /* dynamic: a descheduled thread's share is taken by the others */
+#pragma omp for schedule(dynamic, 8) nowait
+        for (int b = 0; b < nblk; b++) {
+            int j0 = b * I8_TJ, jr = OC - j0 < I8_TJ ? OC - j0 : I8_TJ;
+            w8a8_block(out, xq, sx, w, bias, r0, r1, C, OC, gelu, j0, jr, tile);
+        }
     }
-#pragma omp parallel for schedule(dynamic, 16) if ((double)N * C * OC > 1 << 18)
-    for (int o = 0; o < OC; o++) w8a8_row(out, xq, xu, sx, w, bias, N, C, OC, gelu, o);
     free(xq);
     free(sx);
-    free(xu);
 }
 
 /* ---- int8 paged KV cache ---- */
 
-#define MAX_BLOCK 256 /* the largest block_size the engine accepts */
 
 /* Token `off` of cache row `r` (block, K/V, head) gets v (hs). */
 static void kv_put(const loom_tensor_t *kv, size_t r, int off, int hs, const float *v) {
@@ -173,54 +397,6 @@ void loom_cpu_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int
             size_t r = ((size_t)blk * 2 + which) * NH + h;
             kv_put(kv, r, off, hs, qkv + (size_t)i * 3 * C + (size_t)(1 + which) * C + h * hs);
         }
-    }
-}
-
-/* One (row, head) over an int8 cache: o (hs) = softmax(q K^T / sqrt(hs)) V,
- * online softmax block by block as the fp32 kernel. */
-static void attend_row_int8(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table,
-                            int pos, int h) {
-    int hs = (int)(kv->cols / bs);
-    float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0, s[MAX_BLOCK];
-    for (int e = 0; e < hs; e++) o[e] = 0.0f;
-    for (int t0 = 0; t0 <= pos; t0 += bs) {
-        int n = pos + 1 - t0 < bs ? pos + 1 - t0 : bs, blk = table[t0 / bs];
-        size_t rk = ((size_t)blk * 2) * NH + h, rv = ((size_t)blk * 2 + 1) * NH + h;
-        const int8_t *K = (const int8_t *)kv->data + rk * (size_t)kv->cols;
-        const int8_t *V = (const int8_t *)kv->data + rv * (size_t)kv->cols;
-        float sk = kv->scales[rk] * scale, sv = kv->scales[rv], bmx = mx;
-        for (int j = 0; j < n; j++) {
-            float d = 0;
-#pragma omp simd reduction(+ : d)
-            for (int e = 0; e < hs; e++) d += q[e] * (float)K[(size_t)j * hs + e];
-            s[j] = d * sk;
-            bmx = s[j] > bmx ? s[j] : bmx;
-        }
-        float corr = loom_expf(mx - bmx);
-        sum *= corr;
-#pragma omp simd
-        for (int e = 0; e < hs; e++) o[e] *= corr;
-        for (int j = 0; j < n; j++) {
-            float p = loom_expf(s[j] - bmx);
-            sum += p;
-            p *= sv;
-#pragma omp simd
-            for (int e = 0; e < hs; e++) o[e] = fmaf(p, (float)V[(size_t)j * hs + e], o[e]);
-        }
-        mx = bmx;
-    }
-    float inv = 1.0f / sum;
-    for (int e = 0; e < hs; e++) o[e] *= inv;
-}
-
-void loom_cpu_paged_attention_int8(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
-                                   const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs) {
-    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH;
-#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * C > 1 << 12)
-    for (int task = 0; task < tasks; task++) {
-        int i = task / NH, h = task % NH;
-        attend_row_int8(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv, NH, bs,
-                        block_tables + (size_t)seq[i] * max_blocks, pos[i], h);
     }
 }
 

@@ -9,12 +9,18 @@
  * chain per vector lane in k order, then a fixed horizontal sum, whatever
  * the tile it fell in: results do not depend on N or on the threads.
  *
+ * int8 weights (matmul_forward_rows_i8, W8A32) run the same tiles with each
+ * weight widened and scaled in registers (decode) or a tile of rows widened
+ * once per pass (prefill): the same bits as the dequantized fp32 weight.
+ *
  * attention: one (row, head) pair per task; keys are visited block by block
  * of the sequence's block table with a running (online) softmax, so no
- * scratch longer than a block is needed. */
+ * scratch longer than a block is needed; fp32 and int8 caches share it. */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_math.h"
@@ -46,11 +52,35 @@ __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* out[m][j] for mr <= TILE_M rows of x and jr <= TILE_J rows of w. Always
- * inlined with constant mr, jr so that each variant keeps its accumulators
- * in registers; every (m, j) element sees the same operations in each. */
+/* The weight operand (OC, K) of the row kernel: fp32 rows (f), or int8
+ * rows (q) whose element (j, k) is (float)q[j,k] * s[j * nb + (k >> sh)]
+ * (per row: nb 1, sh 30; per block of 2^sh: nb K >> sh), the value
+ * loom_tensor_dequantize gives. Widening and scaling happen in registers,
+ * so an int8 weight gives the same bits as its dequantized fp32 copy. */
+typedef struct {
+    const float *f;
+    const int8_t *q;
+    const float *s;
+    int nb, sh;
+} wop_t;
+
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 wvec(const wop_t *W, int i8, size_t j,
+                                                                            int K, int k) {
+    if (!i8) return _mm256_loadu_ps(W->f + j * K + k);
+    __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(W->q + j * K + k))));
+    return _mm256_mul_ps(v, _mm256_broadcast_ss(W->s + j * W->nb + (k >> W->sh)));
+}
+
+static inline float wval(const wop_t *W, int i8, size_t j, int K, int k) {
+    return i8 ? (float)W->q[j * K + k] * W->s[j * W->nb + (k >> W->sh)] : W->f[j * K + k];
+}
+
+/* out[m][j] for mr <= TILE_M rows of x and jr <= TILE_J rows j0.. of W.
+ * Always inlined with constant mr, jr, i8 so that each variant keeps its
+ * accumulators in registers; every (m, j) element sees the same operations
+ * in each. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-tile_avx2(const float *x, int K, const float *w, int mr, int jr, float out[TILE_M][TILE_J]) {
+tile_avx2(const float *x, int K, const wop_t *W, size_t j0, int mr, int jr, int i8, float out[TILE_M][TILE_J]) {
     __m256 acc[TILE_M][TILE_J];
     for (int m = 0; m < mr; m++)
         for (int j = 0; j < jr; j++) acc[m][j] = _mm256_setzero_ps();
@@ -58,32 +88,41 @@ tile_avx2(const float *x, int K, const float *w, int mr, int jr, float out[TILE_
     for (; k + 8 <= K; k += 8) {
         __m256 xv[TILE_M];
         for (int m = 0; m < mr; m++) xv[m] = _mm256_loadu_ps(x + (size_t)m * K + k);
+        /* the next tile's rows (contiguous after these), in order, as fast
+         * as this one is read: short rows train the hardware prefetcher
+         * too late */
+        if (i8) {
+            _mm_prefetch((const char *)(W->q + (j0 + TILE_J) * K) + (size_t)k * TILE_J, _MM_HINT_T0);
+        } else {
+            _mm_prefetch((const char *)(W->f + (j0 + TILE_J) * K) + (size_t)k * TILE_J * 4, _MM_HINT_T0);
+            _mm_prefetch((const char *)(W->f + (j0 + TILE_J) * K) + (size_t)k * TILE_J * 4 + 64, _MM_HINT_T0);
+        }
         for (int j = 0; j < jr; j++) {
-            __m256 wv = _mm256_loadu_ps(w + (size_t)j * K + k);
+            __m256 wv = wvec(W, i8, j0 + j, K, k);
             for (int m = 0; m < mr; m++) acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
         }
     }
     for (int m = 0; m < mr; m++)
         for (int j = 0; j < jr; j++) {
             float s = hsum8(acc[m][j]);
-            for (int kk = k; kk < K; kk++) s = fmaf(x[(size_t)m * K + kk], w[(size_t)j * K + kk], s);
+            for (int kk = k; kk < K; kk++) s = fmaf(x[(size_t)m * K + kk], wval(W, i8, j0 + j, K, kk), s);
             out[m][j] = s;
         }
 }
 
-#define TILE_CASE(MR, JR) tile_avx2(x, K, w, MR, JR, t)
-__attribute__((target("avx2,fma"))) static void tile_dispatch_avx2(const float *x, int K, const float *w,
-                                                                   int mr, int jr, float t[TILE_M][TILE_J]) {
+#define TILE_CASE(MR, JR, J0, T) (i8 ? tile_avx2(x, K, W, J0, MR, JR, 1, T) : tile_avx2(x, K, W, J0, MR, JR, 0, T))
+__attribute__((target("avx2,fma"))) static void tile_dispatch_avx2(const float *x, int K, const wop_t *W, size_t j0,
+                                                                   int mr, int jr, int i8, float t[TILE_M][TILE_J]) {
     if (jr == TILE_J) {
-        if (mr == 3) TILE_CASE(3, 4);
-        else if (mr == 2) TILE_CASE(2, 4);
-        else TILE_CASE(1, 4);
+        if (mr == 3) TILE_CASE(3, 4, j0, t);
+        else if (mr == 2) TILE_CASE(2, 4, j0, t);
+        else TILE_CASE(1, 4, j0, t);
     } else {
         for (int j = 0; j < jr; j++) { /* edge outputs one by one: same chain per element */
             float tj[TILE_M][TILE_J];
-            if (mr == 3) tile_avx2(x, K, w + (size_t)j * K, 3, 1, tj);
-            else if (mr == 2) tile_avx2(x, K, w + (size_t)j * K, 2, 1, tj);
-            else tile_avx2(x, K, w + (size_t)j * K, 1, 1, tj);
+            if (mr == 3) TILE_CASE(3, 1, j0 + j, tj);
+            else if (mr == 2) TILE_CASE(2, 1, j0 + j, tj);
+            else TILE_CASE(1, 1, j0 + j, tj);
             for (int m = 0; m < mr; m++) t[m][j] = tj[m][0];
         }
     }
@@ -107,13 +146,56 @@ static int have_avx2(void) {
     return v;
 }
 
-void loom_cpu_matmul_forward_rows(float *out, const float *inp, const float *w, const float *bias,
-                                  int N, int C, int OC, int gelu) {
+/* Rows j0..j0+jr-1 of an int8 W as fp32 (jr, K) into d: for many input
+ * rows, widening once beats widening in every tile. */
+static void dequant_rows(const wop_t *W, int blk, size_t j0, int jr, int K, float *d) {
+    for (int j = 0; j < jr; j++) {
+        const int8_t *q = W->q + (j0 + j) * K;
+        const float *s = W->s + (j0 + j) * W->nb;
+        for (int k = 0; k < K; k++) d[(size_t)j * K + k] = (float)q[k] * s[blk ? k / blk : 0];
+    }
+}
+
+/* Outputs j0..j0+jr-1 of input rows r0..r1-1 (bias, GELU). `deq` (TILE_J,
+ * C) scratch: an int8 W is widened there first, unless `inl` (few rows,
+ * a block size the registers handle): widened in the tile instead. */
+static void rows_block(float *out, const float *inp, const wop_t *W, int blk, const float *bias, int r0, int r1,
+                       int C, int OC, int gelu, size_t j0, int jr, int avx2, int inl, float *deq) {
+    wop_t D = {.f = deq};
+    const wop_t *use = W;
+    size_t wj = j0; /* the tile's first row in `use` */
+    int i8 = W->q != NULL;
+    if (i8 && !(avx2 && inl)) {
+        dequant_rows(W, blk, j0, jr, C, deq);
+        use = &D, wj = 0, i8 = 0;
+    }
+    for (int m0 = r0; m0 < r1; m0 += TILE_M) {
+        int mr = r1 - m0 < TILE_M ? r1 - m0 : TILE_M;
+        float tl[TILE_M][TILE_J];
+        const float *x = inp + (size_t)m0 * C;
+        if (avx2) tile_dispatch_avx2(x, C, use, wj, mr, jr, i8, tl);
+        else tile_scalar(x, C, use->f + wj * C, mr, jr, tl);
+        for (int m = 0; m < mr; m++)
+            for (int j = 0; j < jr; j++) {
+                float v = tl[m][j] + (bias ? bias[j0 + j] : 0.0f);
+                out[(size_t)(m0 + m) * OC + j0 + j] = gelu ? loom_gelu(v) : v;
+            }
+    }
+}
+
+/* out (N, OC) = inp (N, C) @ W^T + bias: passes of ROWS_PER_PASS input
+ * rows, each streaming W once in tiles of TILE_J rows. */
+static void rows_kernel(float *out, const float *inp, const wop_t *W, int blk, const float *bias, int N, int C,
+                        int OC, int gelu) {
     int avx2 = have_avx2(), nblk = (OC + TILE_J - 1) / TILE_J;
+    /* int8 rows widened in registers while a pass is one tile of rows
+     * (decode); with more rows, once per pass into `deq` */
+    int inl = N <= TILE_M && (blk == 0 || (blk >= 8 && (blk & (blk - 1)) == 0));
     /* a small product is not worth waking the team (on a busy machine a
      * descheduled thread stalls every barrier) */
 #pragma omp parallel if ((double)N * C * OC > 1 << 18)
     {
+        float *deq = W->q && !(avx2 && inl) ? loom_malloc((size_t)TILE_J * C * sizeof(float)) : NULL;
         for (int r0 = 0; r0 < N; r0 += ROWS_PER_PASS) {
             int r1 = r0 + ROWS_PER_PASS < N ? r0 + ROWS_PER_PASS : N;
             /* dynamic: on a shared machine a descheduled thread's share
@@ -121,21 +203,27 @@ void loom_cpu_matmul_forward_rows(float *out, const float *inp, const float *w, 
 #pragma omp for schedule(dynamic, 16) nowait
             for (int b = 0; b < nblk; b++) {
                 int j0 = b * TILE_J, jr = OC - j0 < TILE_J ? OC - j0 : TILE_J;
-                for (int m0 = r0; m0 < r1; m0 += TILE_M) {
-                    int mr = r1 - m0 < TILE_M ? r1 - m0 : TILE_M;
-                    float tl[TILE_M][TILE_J];
-                    const float *x = inp + (size_t)m0 * C, *wj = w + (size_t)j0 * C;
-                    if (avx2) tile_dispatch_avx2(x, C, wj, mr, jr, tl);
-                    else tile_scalar(x, C, wj, mr, jr, tl);
-                    for (int m = 0; m < mr; m++)
-                        for (int j = 0; j < jr; j++) {
-                            float v = tl[m][j] + (bias ? bias[j0 + j] : 0.0f);
-                            out[(size_t)(m0 + m) * OC + j0 + j] = gelu ? loom_gelu(v) : v;
-                        }
-                }
+                rows_block(out, inp, W, blk, bias, r0, r1, C, OC, gelu, (size_t)j0, jr, avx2, inl, deq);
             }
         }
+        free(deq);
     }
+}
+
+void loom_cpu_matmul_forward_rows(float *out, const float *inp, const float *w, const float *bias,
+                                  int N, int C, int OC, int gelu) {
+    wop_t W = {.f = w};
+    rows_kernel(out, inp, &W, 0, bias, N, C, OC, gelu);
+}
+
+void loom_cpu_matmul_forward_rows_i8(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
+                                     int N, int C, int OC, int gelu) {
+    int blk = w->block, sh = 30;
+    if (blk && (blk & (blk - 1)) == 0)
+        for (sh = 0; (1 << sh) < blk; sh++) {
+        }
+    wop_t W = {.q = (const int8_t *)w->data, .s = w->scales, .nb = blk ? C / blk : 1, .sh = sh};
+    rows_kernel(out, inp, &W, blk, bias, N, C, OC, gelu);
 }
 
 /* Head h's keys (which 0) or values (which 1) of block `block`, token
@@ -171,21 +259,27 @@ void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slo
 
 #define MAX_BLOCK 256 /* the largest block_size the engine accepts */
 
-/* One (row, head): o (hs) = softmax(q K^T * scale) V over keys 0..pos. */
-static void attend_row(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table,
-                       int pos, int h) {
+/* One (row, head): o (hs) = softmax(q K^T * scale) V over keys 0..pos, a
+ * block of the table at a time with a running (online) softmax. One loop
+ * for both cache types: always inlined with a constant i8, so each
+ * element type gets its own vectorized copy. On an int8 cache a row's
+ * scale goes into the key scale and the softmax weight of each value. */
+__attribute__((always_inline)) static inline void attend(float *o, const float *q, const loom_tensor_t *kv, int NH,
+                                                        int bs, const int *table, int pos, int h, int i8) {
     int hs = (int)(kv->cols / bs);
     float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0, s[MAX_BLOCK];
     for (int e = 0; e < hs; e++) o[e] = 0.0f;
     for (int t0 = 0; t0 <= pos; t0 += bs) {
         int n = pos + 1 - t0 < bs ? pos + 1 - t0 : bs, blk = table[t0 / bs];
-        const float *K = kv_at(kv, NH, bs, blk, 0, h, 0), *V = kv_at(kv, NH, bs, blk, 1, h, 0);
-        float bmx = mx;
+        size_t rk = ((size_t)blk * 2) * NH + h, rv = rk + NH; /* rows of K and V (backend.h) */
+        const float *K = (const float *)kv->data + rk * kv->cols, *V = (const float *)kv->data + rv * kv->cols;
+        const int8_t *K8 = (const int8_t *)kv->data + rk * kv->cols, *V8 = (const int8_t *)kv->data + rv * kv->cols;
+        float sk = i8 ? kv->scales[rk] * scale : scale, sv = i8 ? kv->scales[rv] : 1.0f, bmx = mx;
         for (int j = 0; j < n; j++) {
             float d = 0;
 #pragma omp simd reduction(+ : d)
-            for (int e = 0; e < hs; e++) d += q[e] * K[(size_t)j * hs + e];
-            s[j] = d * scale;
+            for (int e = 0; e < hs; e++) d += q[e] * (i8 ? (float)K8[(size_t)j * hs + e] : K[(size_t)j * hs + e]);
+            s[j] = d * sk;
             bmx = s[j] > bmx ? s[j] : bmx;
         }
         float corr = loom_expf(mx - bmx); /* 0 on the first block (mx = -inf) */
@@ -195,8 +289,9 @@ static void attend_row(float *o, const float *q, const loom_tensor_t *kv, int NH
         for (int j = 0; j < n; j++) {
             float p = loom_expf(s[j] - bmx);
             sum += p;
+            if (i8) p *= sv;
 #pragma omp simd
-            for (int e = 0; e < hs; e++) o[e] = fmaf(p, V[(size_t)j * hs + e], o[e]);
+            for (int e = 0; e < hs; e++) o[e] = fmaf(p, i8 ? (float)V8[(size_t)j * hs + e] : V[(size_t)j * hs + e], o[e]);
         }
         mx = bmx;
     }
@@ -204,19 +299,25 @@ static void attend_row(float *o, const float *q, const loom_tensor_t *kv, int NH
     for (int e = 0; e < hs; e++) o[e] *= inv;
 }
 
+static void attend_f32(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table, int pos,
+                       int h) {
+    attend(o, q, kv, NH, bs, table, pos, h, 0);
+}
+
+static void attend_i8(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table, int pos,
+                      int h) {
+    attend(o, q, kv, NH, bs, table, pos, h, 1);
+}
+
 void loom_cpu_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
                               const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs) {
-    if (kv->dtype == LOOM_INT8) { /* cpu_int8.c */
-        loom_cpu_paged_attention_int8(out, qkv, kv, pos, seq, block_tables, max_blocks, N, NH, bs);
-        return;
-    }
-    fp32_only(kv);
-    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH;
+    if (kv->dtype != LOOM_INT8) fp32_only(kv);
+    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH, i8 = kv->dtype == LOOM_INT8;
 #pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * C > 1 << 12)
     for (int task = 0; task < tasks; task++) {
         int i = task / NH, h = task % NH;
-        attend_row(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv, NH, bs,
-                   block_tables + (size_t)seq[i] * max_blocks, pos[i], h);
+        (i8 ? attend_i8 : attend_f32)(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv, NH, bs,
+                                      block_tables + (size_t)seq[i] * max_blocks, pos[i], h);
     }
 }
 

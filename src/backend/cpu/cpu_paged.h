@@ -10,6 +10,11 @@ void loom_cpu_embed_positions(float *out, const int *tokens, const int *pos, con
                               const float *wpe, int N, int C);
 void loom_cpu_matmul_forward_rows(float *out, const float *inp, const float *w, const float *bias,
                                   int N, int C, int OC, int gelu);
+/* out (N, OC) = inp (N, C) @ dequant(w)^T + bias (GELU when gelu): w int8
+ * (OC, C) with per-row or per-block scales, widened in the kernel; the same
+ * bits as loom_cpu_matmul_forward_rows on loom_tensor_dequantize(w). */
+void loom_cpu_matmul_forward_rows_i8(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
+                                     int N, int C, int OC, int gelu);
 void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs);
 void loom_cpu_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
                               const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs);

@@ -7,6 +7,8 @@
 
 #include "cuda_internal.h"
 #include "cuda_paged.h"
+#include "cuda_int8.h"
+#include "cuda_sparse24.h"
 
 extern "C" {
 #include "cuda_devices.h"
@@ -52,6 +54,7 @@ static void *dev_malloc(size_t bytes) {
 static void dev_free(void *p) {
     for (int i = 0; p && i < MEM_TRACKED; i++)
         if (g_mem[i].p == p) {
+            cuda_sparse24_forget(p, g_mem[i].bytes); /* cuda_sparse24.cu: 2:4 weights prepared from it */
             g_mem_now -= g_mem[i].bytes;
             g_mem[i].p = nullptr;
             break;
@@ -326,6 +329,14 @@ static void fill_table(loom_backend_t *b, loom_dtype dtype, double peak) {
     b->paged_attention = cuda_paged_attention;
     b->gather_rows = cuda_gather_rows;
     b->kv_copy_block = cuda_kv_copy_block;
+    b->dtypes |= LOOM_DTYPE_BIT(LOOM_INT8); /* int8 weights and the int8 KV cache (cuda_int8.cu) */
+    /* The inference variants read and write fp32 activations; with 16-bit
+     * ones (bf16/fp16 training) they are left out and the model takes its
+     * fp32 fallback (ops.h). */
+    if (g_cuda.act != LOOM_FP32) return;
+    b->matmul_forward_w8 = cuda_matmul_forward_w8; /* cuda_int8.cu: int8 weights (issue 16) */
+    b->matmul_forward_w8a8 = cuda_matmul_forward_w8a8;
+    b->matmul_forward_s24 = cuda_matmul_forward_s24; /* cuda_sparse24.cu: cuSPARSELt, else dense */
 }
 
 extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int index,

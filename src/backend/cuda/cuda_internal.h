@@ -59,7 +59,7 @@ extern loom_cuda_state g_cuda;
  * (panic with the reason) while a CUDA graph is being captured, so the
  * warm-up step before capture must use the largest shapes. */
 enum {
-    SCRATCH_LN, SCRATCH_BIAS, SCRATCH_ATTN, SCRATCH_ATTN_D, SCRATCH_ATTN_LP, SCRATCH_CUDNN_WS,
+    SCRATCH_LN, SCRATCH_BIAS, SCRATCH_ATTN, SCRATCH_ATTN_D, SCRATCH_ATTN_LP, SCRATCH_CUDNN_WS, SCRATCH_QUANT,
     SCRATCH_WLP,      /* a weight (and its bias) rounded to the 16-bit activation type, per matmul call */
     SCRATCH_ATTN_F32, /* fp32 copies of 16-bit activations for the fp32 attention kernels */
     SCRATCH_COUNT

@@ -17,6 +17,7 @@
 
 #include "cuda_internal.h"
 #include "cuda_paged.h"
+#include "cuda_int8.h"
 
 #define MAX_HS_PER_LANE 8 /* head size up to 256 */
 
@@ -71,6 +72,7 @@ __global__ void kv_write_kernel(float *kv, const A *qkv, const int *slot, int N,
 }
 
 void cuda_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs) {
+    if (kv->dtype == LOOM_INT8) return cuda_kv_write_int8(kv, qkv, slot, N, NH, bs); /* cuda_int8.cu */
     fp32_only(kv);
     int hs = (int)(kv->cols / bs);
     size_t n = (size_t)N * NH * hs;
@@ -121,6 +123,8 @@ __global__ void paged_attention_kernel(A *out, const A *qkv, float *kv, const in
 
 void cuda_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos, const int *seq,
                           const int *block_tables, int max_blocks, int N, int NH, int bs) {
+    if (kv->dtype == LOOM_INT8) /* cuda_int8.cu */
+        return cuda_paged_attention_int8(out, qkv, kv, pos, seq, block_tables, max_blocks, N, NH, bs);
     fp32_only(kv);
     int hs = (int)(kv->cols / bs), warps = N * NH;
     if (hs > 32 * MAX_HS_PER_LANE)
@@ -148,6 +152,7 @@ void cuda_gather_rows(float *out, const float *inp, const int *rows, int R, int 
 }
 
 void cuda_kv_copy_block(const loom_tensor_t *kv, int src, int dst, int NH) {
+    if (kv->dtype == LOOM_INT8) return cuda_kv_copy_block_int8(kv, src, dst, NH); /* cuda_int8.cu: with its scales */
     size_t n = 2 * (size_t)NH * (size_t)kv->cols * loom_dtype_size(kv->dtype);
     CUDA_CHECK(cudaMemcpyAsync((char *)kv->data + (size_t)dst * n, (char *)kv->data + (size_t)src * n, n,
                                cudaMemcpyDeviceToDevice, g_cuda.stream));
