@@ -14,9 +14,11 @@
 #      a GPU test is a FAIL here): loom devices; test_cuda_ops;
 #      test_cuda_attention; test_cuda_model; 100 training steps of gpt2-tiny
 #      on the bundled corpus with CUDA graphs on and off (same losses), bf16,
-#      fp16 with loss scaling, recompute; compute-sanitizer memcheck and
+#      fp16 with loss scaling, recompute, bf16 with fp32 activations and
+#      fp32 (the bf16-activation loss curve against both); compute-sanitizer memcheck and
 #      racecheck on a reduced op test; loom bench train on GPT-2 124M T=1024
-#      bf16 at the largest batch that fits, against PyTorch eager and
+#      bf16 at the largest batch that fits (and with fp32 activations at
+#      that batch: what 16-bit storage gains), against PyTorch eager and
 #      torch.compile at the same batch; loom's generation benchmark when this
 #      loom has one
 #   4. a table last; full logs in $OUT (gpu-check.log, gpu-check.txt, and
@@ -342,11 +344,15 @@ if [ -n "$BIN" ] && [ -n "$PY" ]; then
     [ $rc = 0 ] || row tokenize "$(verdict $rc)" "see tokenize.log"
     targs=(--data "$WORK/kjv" --model gpt2-tiny --steps 100 --batch 8 --seq 256 --warmup 10 --eval-every 0
            --sample-tokens 0 --ckpt-every 0 --seed 7 --force --device cuda --log-every 10)
-    for v in "graphs_on --dtype bf16 --cuda-graphs on" "graphs_off --dtype bf16 --cuda-graphs off" \
-             "fp16 --dtype fp16" "recompute --dtype bf16 --recompute all"; do
-        read -r name extra <<<"$v"
+    # NAME ENV ARGS: bf16 stores activations in bf16 (docs/cuda.md);
+    # fp32acts keeps them fp32 with bf16 GEMMs (LOOM_CUDA_ACTIVATIONS=fp32)
+    for v in "graphs_on - --dtype bf16 --cuda-graphs on" "graphs_off - --dtype bf16 --cuda-graphs off" \
+             "fp16 - --dtype fp16" "recompute - --dtype bf16 --recompute all" \
+             "fp32acts LOOM_CUDA_ACTIVATIONS=fp32 --dtype bf16" "fp32 - --dtype fp32"; do
+        read -r name envs extra <<<"$v"
+        [ "$envs" = - ] && envs=LOOM_GPU_CHECK=1
         # shellcheck disable=SC2086 # $extra is several words on purpose
-        run 45 "train_$name" "$BIN/loom" train "${targs[@]}" --out "$WORK/run_$name" $extra; rc=$?
+        run 45 "train_$name" env "$envs" "$BIN/loom" train "${targs[@]}" --out "$WORK/run_$name" $extra; rc=$?
         if [ $rc = 0 ]; then
             line=$(train_summary "$WORK/run_$name" 2>&1); rc=$?
             row "train_$name" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$line"
@@ -358,10 +364,16 @@ if [ -n "$BIN" ] && [ -n "$PY" ]; then
         line=$(compare_losses "$WORK/run_graphs_on" "$WORK/run_graphs_off" 1e-3 2>&1); rc=$?
         row graphs_vs_plain "$([ $rc = 0 ] && echo ok || echo FAIL)" "$line"
     fi
-    if [ -f "$WORK/run_recompute/metrics.jsonl" ] && [ -f "$WORK/run_graphs_on/metrics.jsonl" ]; then
-        line=$(compare_losses "$WORK/run_recompute" "$WORK/run_graphs_on" 2e-2 2>&1); rc=$?
-        row recompute_vs_keep "$([ $rc = 0 ] && echo ok || echo FAIL)" "$line"
-    fi
+    # bounds set a priori: bf16 storage against fp32 storage of the same
+    # bf16 GEMMs, and against fp32 throughout
+    for v in "recompute_vs_keep recompute graphs_on 2e-2" "bf16_acts_vs_fp32_acts graphs_on fp32acts 2e-2" \
+             "bf16_vs_fp32 graphs_on fp32 3e-2"; do
+        read -r label a b bound <<<"$v"
+        if [ -f "$WORK/run_$a/metrics.jsonl" ] && [ -f "$WORK/run_$b/metrics.jsonl" ]; then
+            line=$(compare_losses "$WORK/run_$a" "$WORK/run_$b" "$bound" 2>&1); rc=$?
+            row "$label" "$([ $rc = 0 ] && echo ok || echo FAIL)" "$line"
+        fi
+    done
 else
     row train FAIL "no loom binary or no python3 to read the metrics"
 fi
@@ -396,6 +408,15 @@ if [ -n "$BIN" ]; then
     done
     if [ -n "$LOOM_TPS" ]; then
         row bench_loom ok "B=$BATCH: $line"
+        run 60 bench_loom_fp32acts env LOOM_CUDA_ACTIVATIONS=fp32 "$BIN/loom" bench train --device cuda --dtype bf16 \
+            --model gpt2-small --seq 1024 --batch "$BATCH" --steps 5 --rounds 1 --torch off; rc=$?
+        line=$(grep -E '^ *loom cuda' "$WORK/bench_loom_fp32acts.log" | tail -n 1 | sed 's/^ *//')
+        tps=$(printf '%s\n' "$line" | awk '$4 ~ /^[0-9.]+$/ { print $4 }')
+        if [ $rc = 0 ] && [ -n "$tps" ]; then
+            row bench_loom_fp32acts info "B=$BATCH, fp32 activations: $line; bf16 activations $(awk -v a="$LOOM_TPS" -v b="$tps" 'BEGIN { printf "%.2fx", a / b }') of it"
+        else
+            row bench_loom_fp32acts "$(verdict $rc)" "$(why "$WORK/bench_loom_fp32acts.log")"
+        fi
     else
         row bench_loom "$(verdict "${rc:-1}")" "no batch of ${GPU_CHECK_BATCHES:-64 32 16 8} ran: $(why "$(ls -t "$WORK"/bench_loom_b*.log | head -n 1)")"
     fi

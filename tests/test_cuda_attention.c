@@ -2,8 +2,9 @@
  * T up to 1024) and at head size 128, ragged T included, per 16-bit dtype,
  * against the CPU op. At bf16 and fp16 these shapes take the tensor-core
  * path (cuDNN's SDPA when the plugin was built with cudnn-frontend), so the
- * bounds are the dtype's: inputs rounded to 8 (bf16) or 11 (fp16)
- * significant bits, fp32 accumulation. Outputs are poisoned with NaN
+ * bounds are the dtype's: activations stored with 8 (bf16) or 11 (fp16)
+ * significant bits (the backend's act_dtype; the inputs are rounded on the
+ * host first, so the CPU reads what the GPU reads), fp32 accumulation. Outputs are poisoned with NaN
  * before each launch; fresh random data each run (LOOM_TEST_SEED=N
  * repeats one). Each case prints its normalized errors.
  *
@@ -34,16 +35,37 @@ static float *dev_copy(const float *h, size_t n) {
     gpu->upload(d, h, n * sizeof(float));
     return d;
 }
-static float *dev_nan(size_t n) {
-    float *h = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) h[i] = NAN;
-    float *d = dev_copy(h, n);
-    free(h);
-    return d;
-}
 static double err_vs(const float *d, const float *ref, size_t n) {
     float *h = malloc(n * sizeof(float));
     gpu->download(h, d, n * sizeof(float));
+    double e = check_rel_err(h, ref, n);
+    free(h);
+    return isnan(e) ? INFINITY : e;
+}
+/* ACT tensors (qkv, out, dout, dqkv) live at gpu->act_dtype: h (n floats)
+ * is rounded in place to that type and uploaded as it. */
+static float *dev_act(float *h, size_t n) {
+    size_t es = loom_dtype_size(gpu->act_dtype);
+    void *tmp = malloc(n * es);
+    loom_dtype_from_f32(tmp, h, gpu->act_dtype, n);
+    loom_dtype_to_f32(h, tmp, gpu->act_dtype, n);
+    float *d = gpu->alloc(n * es);
+    LOOM_ASSERT(d);
+    gpu->upload(d, tmp, n * es);
+    free(tmp);
+    return d;
+}
+/* n NaNs on the device: fp32 (lse) or, with act, an ACT tensor. */
+static float *dev_nan(size_t n, int act) {
+    float *h = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *d = act ? dev_act(h, n) : dev_copy(h, n);
+    free(h);
+    return d;
+}
+static double err_act(const float *d, const float *ref, size_t n) {
+    float *h = malloc(n * sizeof(float));
+    loom_backend_download_act(gpu, h, d, n);
     double e = check_rel_err(h, ref, n);
     free(h);
     return isnan(e) ? INFINITY : e;
@@ -56,17 +78,16 @@ static void one_shape(loom_dtype dt, const int *s) {
           *dqkv = malloc(nqkv * 4);
     check_fill(qkv, nqkv, 1.5f, seed++);
     check_fill(dout, nout, 1.0f, seed++);
+    float *d_qkv = dev_act(qkv, nqkv), *d_dout = dev_act(dout, nout), *d_out = dev_nan(nout, 1), *d_lse = dev_nan(nl, 0);
     cpu->attention_forward(out, lse, qkv, B, T, C, NH);
-    cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
-
-    float *d_qkv = dev_copy(qkv, nqkv), *d_out = dev_nan(nout), *d_lse = dev_nan(nl);
     gpu->attention_forward(d_out, d_lse, d_qkv, B, T, C, NH);
-    double e_out = err_vs(d_out, out, nout), e_lse = err_vs(d_lse, lse, nl);
-    /* backward from the CPU's forward results, so it is tested alone */
-    float *d_dout = dev_copy(dout, nout), *d_oref = dev_copy(out, nout), *d_lref = dev_copy(lse, nl),
-          *d_dqkv = dev_nan(nqkv);
+    double e_out = err_act(d_out, out, nout), e_lse = err_vs(d_lse, lse, nl);
+    /* backward from the CPU's forward results (out as the GPU stores it),
+     * so it is tested alone */
+    float *d_oref = dev_act(out, nout), *d_lref = dev_copy(lse, nl), *d_dqkv = dev_nan(nqkv, 1);
+    cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
     gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_oref, d_lref, B, T, C, NH);
-    double e_d = err_vs(d_dqkv, dqkv, nqkv);
+    double e_d = err_act(d_dqkv, dqkv, nqkv);
     gpu->sync();
 
     double tf = dt == LOOM_BF16 ? 1e-2 : 3e-3, tb = 2 * tf;

@@ -69,45 +69,73 @@ static loom_gpt_t *model(const loom_backend_t *be, unsigned long long seed) {
     return m;
 }
 
+/* A static loss scale for one forward/backward at `d`: fp16 activation
+ * gradients of a mean over B*T positions are small enough to lose bits
+ * to fp16's subnormals, so fp16 scales the loss gradient by 1024 (and the
+ * gradients back), as training does with its dynamic scale. */
+static float loss_scale_for(loom_dtype d) { return d == LOOM_FP16 ? 1024.0f : 1.0f; }
+
 /* Loss of one forward/backward; the gradients copied to host memory. */
 static float grads_host(loom_gpt_t *m, const int *in, const int *tg, float *out) {
-    float loss = NAN;
+    float loss = NAN, scale = loss_scale_for(m->be->act_dtype);
     loom_gpt_zero_grad(m);
-    CHECK(loom_gpt_forward(m, in, tg, B, T, 1.0f / BT, &loss) == LOOM_OK, "forward: %s", loom_errmsg());
+    CHECK(loom_gpt_forward(m, in, tg, B, T, scale / BT, &loss) == LOOM_OK, "forward: %s", loom_errmsg());
     loom_gpt_backward(m, B, T);
     m->be->download(out, m->grads, m->num_params * sizeof(float));
+    if (scale != 1.0f)
+        for (size_t i = 0; i < m->num_params; i++) out[i] /= scale;
     return loss;
 }
 
-static void compare_grads(const char *what, const loom_gpt_t *m, const float *got, const float *ref, double tol) {
+/* Checks every parameter's gradient; returns the largest error. */
+static double compare_grads(const char *what, const loom_gpt_t *m, const float *got, const float *ref, double tol) {
+    double worst = 0;
     for (int i = 0; i < LOOM_NPARAMS; i++) {
         const loom_tensor_info_t *t = &m->ptable[i];
         double e = check_rel_err(got + t->offset, ref + t->offset, t->numel);
         CHECK(e <= tol, "%s: gradient of %s: normalized error %.3g > %.3g", what, t->name, e, tol);
+        if (e > worst) worst = e;
     }
+    return worst;
 }
 
 /* ---- GPU cases ---- */
 
-static void model_matches_cpu_at(loom_dtype d, double tol_loss, double tol_grad) {
-    const loom_backend_t *gpu = gpu_or_skip(d);
-    if (!gpu) return;
-    loom_gpt_t *mc = model(cpu, 17), *mg = model(gpu, 17);
+/* Loss and gradients of one forward/backward on `be` against the fp32 CPU.
+ * With 16-bit activations the ACT block must also be about half the fp32
+ * one's bytes (only the statistics and losses stay fp32). */
+static void model_matches_cpu_on(const loom_backend_t *be, double tol_loss, double tol_grad) {
+    loom_gpt_t *mc = model(cpu, 17), *mg = model(be, 17);
     if (!mc || !mg) return;
     int in[BT], tg[BT];
     batch(in, tg, BT, cfg().vocab_size, 1);
     float *gc = malloc(mc->num_params * sizeof(float)), *gg = malloc(mc->num_params * sizeof(float));
     float lc = grads_host(mc, in, tg, gc), lg = grads_host(mg, in, tg, gg);
-    CHECK(fabs(lg - lc) <= tol_loss * fabs(lc), "%s: loss %.7g on the GPU vs %.7g on the CPU", loom_dtype_name(d), lg, lc);
-    compare_grads(loom_dtype_name(d), mc, gg, gc, tol_grad);
+    const char *d = loom_dtype_name(be->dtype);
+    CHECK(fabs(lg - lc) <= tol_loss * fabs(lc), "%s: loss %.7g on %s vs %.7g on the CPU", d, lg, be->name, lc);
+    double worst = compare_grads(d, mc, gg, gc, tol_grad);
+    printf("  %s on %s: loss %.6f vs %.6f, worst gradient error %.3g (bound %.3g)\n", d, be->name, lg, lc, worst, tol_grad);
+    if (be->act_dtype != LOOM_FP32)
+        CHECK(mg->act_bytes < 0.6 * mc->act_bytes, "%s activations: %zu bytes vs %zu at fp32", d, mg->act_bytes, mc->act_bytes);
     free(gc);
     free(gg);
     loom_gpt_free(mc);
     loom_gpt_free(mg);
 }
 
+static void model_matches_cpu_at(loom_dtype d, double tol_loss, double tol_grad) {
+    const loom_backend_t *gpu = gpu_or_skip(d);
+    if (!gpu) return;
+    CHECK(d == LOOM_FP32 || gpu->act_dtype == d, "cuda at %s stores activations as %s", loom_dtype_name(d), loom_dtype_name(gpu->act_dtype));
+    model_matches_cpu_on(gpu, tol_loss, tol_grad);
+}
+
+/* The bounds: bf16 keeps 8 significant bits of every activation and
+ * activation gradient (fp16 11), on top of the GEMMs' rounding; the
+ * simulated-device cases below measure what storage alone does. */
 static void cuda_model_matches_cpu_fp32(void) { model_matches_cpu_at(LOOM_FP32, 1e-5, 1e-4); }
 static void cuda_model_matches_cpu_bf16(void) { model_matches_cpu_at(LOOM_BF16, 1e-2, 5e-2); }
+static void cuda_model_matches_cpu_fp16(void) { model_matches_cpu_at(LOOM_FP16, 5e-3, 2e-2); }
 
 /* Runs `steps` device-resident steps; losses into out. */
 static int device_steps(loom_gpt_t *m, int graphs, int accum, int steps, loom_loss_scaler_t *ls, float *out, int *replays) {
@@ -131,10 +159,11 @@ static int device_steps(loom_gpt_t *m, int graphs, int accum, int steps, loom_lo
     return ok;
 }
 
-static void cuda_training_tracks_cpu(void) {
-    const loom_backend_t *gpu = gpu_or_skip(LOOM_BF16);
-    if (!gpu) return;
-    loom_gpt_t *mc = model(cpu, 23), *mg = model(gpu, 23);
+/* STEPS device-resident steps on `be` (graphs when it has them) track
+ * loom_train_step on the fp32 CPU within 2% per step, and the loss falls.
+ * fp16 runs with the dynamic loss scale training uses (from 65536). */
+static void training_tracks_cpu_on(const loom_backend_t *be) {
+    loom_gpt_t *mc = model(cpu, 23), *mg = model(be, 23);
     if (!mc || !mg) return;
     float lc[STEPS], lg[STEPS];
     int replays;
@@ -144,38 +173,59 @@ static void cuda_training_tracks_cpu(void) {
         batch(in, tg, BT, cfg().vocab_size, 100 + (unsigned)s % 3);
         CHECK(loom_train_step(mc, in, tg, B, T, 1, &opt, 1e-3f, s + 1, &lc[s], &norm) == LOOM_OK, "cpu step: %s", loom_errmsg());
     }
-    if (device_steps(mg, 1, 1, STEPS, NULL, lg, &replays)) {
+    loom_loss_scaler_t ls;
+    loom_loss_scaler_init(&ls, 65536.0f, 2000);
+    int graphs = be->graph_begin != NULL;
+    if (device_steps(mg, graphs, 1, STEPS, be->caps & LOOM_CAP_LOSS_SCALING ? &ls : NULL, lg, &replays)) {
         for (int s = 0; s < STEPS; s++)
-            CHECK(fabsf(lg[s] - lc[s]) <= 2e-2f * lc[s], "step %d: GPU loss %.5f vs CPU %.5f", s + 1, lg[s], lc[s]);
-        CHECK(lg[STEPS - 1] < lg[0] - 0.5f, "GPU loss did not fall: %.4f -> %.4f", lg[0], lg[STEPS - 1]);
-        CHECK(replays == STEPS - LOOM_STEP_GRAPH_WARMUP, "%d of %d steps replayed a graph", replays, STEPS);
+            CHECK(fabsf(lg[s] - lc[s]) <= 2e-2f * lc[s], "step %d: %s loss %.5f vs CPU %.5f", s + 1, be->name, lg[s], lc[s]);
+        CHECK(lg[STEPS - 1] < lg[0] - 0.5f, "%s loss did not fall: %.4f -> %.4f", be->name, lg[0], lg[STEPS - 1]);
+        CHECK(replays == (graphs ? STEPS - LOOM_STEP_GRAPH_WARMUP : 0), "%d of %d steps replayed a graph", replays, STEPS);
+        printf("  %s: loss %.4f -> %.4f (CPU %.4f -> %.4f)\n", be->name, lg[0], lg[STEPS - 1], lc[0], lc[STEPS - 1]);
     }
     loom_gpt_free(mc);
     loom_gpt_free(mg);
 }
 
-static void cuda_graph_replay_matches_plain(void) {
-    const loom_backend_t *gpu = gpu_or_skip(LOOM_FP32);
+static void training_tracks_cpu_at(loom_dtype d) {
+    const loom_backend_t *gpu = gpu_or_skip(d);
+    if (gpu) training_tracks_cpu_on(gpu);
+}
+static void cuda_training_tracks_cpu(void) { training_tracks_cpu_at(LOOM_BF16); }
+static void cuda_training_tracks_cpu_fp16(void) { training_tracks_cpu_at(LOOM_FP16); }
+
+/* 8 steps with graphs against 8 with plain launches, accum 1 and 2: same
+ * kernels either way; only the two atomics-based reductions (encoder dwte,
+ * layernorm dw/db) may order fp32 sums differently, which 16-bit storage
+ * can turn into a last-bit difference of an activation (hence the looser
+ * bound there, set a priori). */
+static void graph_replay_matches_plain_at(loom_dtype d, float tol) {
+    const loom_backend_t *gpu = gpu_or_skip(d);
     if (!gpu) return;
+    loom_loss_scaler_t ls;
     for (int accum = 1; accum <= 2; accum++) {
         float lp[8], lr[8];
         int rp, rr;
         loom_gpt_t *a = model(gpu, 31);
         if (!a) return;
-        int ok = device_steps(a, 0, accum, 8, NULL, lp, &rp);
+        loom_loss_scaler_init(&ls, 65536.0f, 2000);
+        int ok = device_steps(a, 0, accum, 8, d == LOOM_FP16 ? &ls : NULL, lp, &rp);
         loom_gpt_free(a);
         loom_gpt_t *b = model(gpu, 31);
         if (!b) return;
-        ok = ok && device_steps(b, 1, accum, 8, NULL, lr, &rr);
+        loom_loss_scaler_init(&ls, 65536.0f, 2000);
+        ok = ok && device_steps(b, 1, accum, 8, d == LOOM_FP16 ? &ls : NULL, lr, &rr);
         loom_gpt_free(b);
         if (!ok) return;
         CHECK(rp == 0 && rr == 8 - LOOM_STEP_GRAPH_WARMUP, "accum %d: %d plain and %d graph steps replayed", accum, rp, rr);
-        /* Same kernels either way; only the two atomics-based reductions
-         * (encoder dwte, layernorm dw/db) may order sums differently. */
         for (int s = 0; s < 8; s++)
-            CHECK(fabsf(lr[s] - lp[s]) <= 1e-5f * lp[s], "accum %d step %d: graph %.7f vs plain %.7f", accum, s + 1, lr[s], lp[s]);
+            CHECK(fabsf(lr[s] - lp[s]) <= tol * lp[s], "%s accum %d step %d: graph %.7f vs plain %.7f", loom_dtype_name(d), accum,
+                  s + 1, lr[s], lp[s]);
     }
 }
+static void cuda_graph_replay_matches_plain(void) { graph_replay_matches_plain_at(LOOM_FP32, 1e-5f); }
+static void cuda_graph_replay_matches_plain_bf16(void) { graph_replay_matches_plain_at(LOOM_BF16, 1e-3f); }
+static void cuda_graph_replay_matches_plain_fp16(void) { graph_replay_matches_plain_at(LOOM_FP16, 1e-3f); }
 
 static void cuda_fp16_loss_scaling(void) {
     const loom_backend_t *gpu = gpu_or_skip(LOOM_FP16);
@@ -262,6 +312,155 @@ static const loom_backend_t *sim_backend(void) {
     sim.adamw_dev = sim_adamw_dev;
     sim.caps |= LOOM_CAP_DEVICE_STEP;
     return &sim;
+}
+
+
+/* ---- 16-bit activations, simulated: the CPU ops, with every ACT argument
+ * stored as bf16 (or fp16) in memory and widened to fp32 around each call
+ * (outputs rounded back), as the CUDA backend stores them at --dtype
+ * bf16. It checks the model's side of the typed contract on this machine:
+ * that every ACT buffer is sized, offset and zeroed at act_dtype, that
+ * nothing fp32 is passed where ops.h says ACT (or back), and what bf16
+ * storage does to the loss and the gradients. ---- */
+
+static loom_backend_t sim16;
+typedef struct {
+    const void *p;
+    float *f;
+    size_t n;
+} shadow_t;
+static shadow_t shadows[8];
+static int nshadows;
+
+/* The fp32 view of ACT tensor p (n elements) for one call; the same
+ * pointer twice (an op's aliased arguments) gets the same view. */
+static float *wide(const void *p, size_t n) {
+    if (!p) return NULL;
+    for (int i = 0; i < nshadows; i++)
+        if (shadows[i].p == p) return shadows[i].f;
+    LOOM_ASSERT(nshadows < 8);
+    float *f = malloc((n ? n : 1) * sizeof(float));
+    loom_dtype_to_f32(f, p, sim16.act_dtype, n);
+    shadows[nshadows++] = (shadow_t){p, f, n};
+    return f;
+}
+/* After the call: every view back into its 16-bit tensor, rounded (inputs
+ * round to themselves). */
+static void narrow(void) {
+    for (int i = 0; i < nshadows; i++) {
+        loom_dtype_from_f32((void *)shadows[i].p, shadows[i].f, sim16.act_dtype, shadows[i].n);
+        free(shadows[i].f);
+    }
+    nshadows = 0;
+}
+
+static void s16_encoder_forward(float *out, const int *tok, const float *wte, const float *wpe, int B, int T, int C) {
+    cpu->encoder_forward(wide(out, (size_t)B * T * C), tok, wte, wpe, B, T, C);
+    narrow();
+}
+static void s16_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tok, int B, int T, int C) {
+    cpu->encoder_backward(dwte, dwpe, wide(dout, (size_t)B * T * C), tok, B, T, C);
+    narrow();
+}
+static void s16_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N, int C) {
+    size_t n = (size_t)N * C;
+    cpu->layernorm_forward(wide(out, n), mean, rstd, wide(inp, n), w, b, N, C);
+    narrow();
+}
+static void s16_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
+                                   const float *mean, const float *rstd, int N, int C) {
+    size_t n = (size_t)N * C;
+    cpu->layernorm_backward(wide(dinp, n), dw, db, wide(dout, n), wide(inp, n), w, mean, rstd, N, C);
+    narrow();
+}
+static void s16_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
+    cpu->matmul_forward(wide(out, (size_t)N * OC), wide(inp, (size_t)N * C), w, bias, N, C, OC);
+    narrow();
+}
+static void s16_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
+                                int N, int C, int OC) {
+    cpu->matmul_backward(wide(dinp, (size_t)N * C), dw, dbias, wide(dout, (size_t)N * OC), wide(inp, (size_t)N * C), w, N, C, OC);
+    narrow();
+}
+static void s16_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+    size_t n = (size_t)B * T * C;
+    cpu->attention_forward(wide(out, n), lse, wide(qkv, 3 * n), B, T, C, NH);
+    narrow();
+}
+static void s16_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                                   int B, int T, int C, int NH) {
+    size_t n = (size_t)B * T * C;
+    cpu->attention_backward(wide(dqkv, 3 * n), wide(dout, n), wide(qkv, 3 * n), wide(out, n), lse, B, T, C, NH);
+    narrow();
+}
+static void s16_gelu_forward(float *out, const float *inp, size_t n) {
+    cpu->gelu_forward(wide(out, n), wide(inp, n), n);
+    narrow();
+}
+static void s16_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    cpu->gelu_backward(wide(dinp, n), wide(inp, n), wide(dout, n), n);
+    narrow();
+}
+static void s16_residual_forward(float *out, const float *a, const float *b, size_t n) {
+    cpu->residual_forward(wide(out, n), wide(a, n), wide(b, n), n);
+    narrow();
+}
+static void s16_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
+                                           const float *b_res, const float *w, const float *b, int N, int C) {
+    size_t n = (size_t)N * C;
+    cpu->residual_layernorm_forward(wide(res, n), wide(out, n), mean, rstd, wide(a, n), wide(b_res, n), w, b, N, C);
+    narrow();
+}
+static void s16_matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
+                                    int C, int OC) {
+    size_t no = (size_t)N * OC;
+    cpu->matmul_forward_gelu(wide(out, no), wide(pre, no), wide(inp, (size_t)N * C), w, bias, N, C, OC);
+    narrow();
+}
+static void s16_matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
+                                     const float *pre, const float *w, int N, int C, int OC) {
+    size_t ni = (size_t)N * C;
+    cpu->matmul_backward_gelu(wide(dpre, ni), dw, dbias, wide(dout, (size_t)N * OC), wide(inp, ni), wide(pre, ni), w, N, C, OC);
+    narrow();
+}
+static void s16_crossentropy(float *losses, float *logits, const int *tg, int N, int V, int Vp, float dloss) {
+    cpu->crossentropy(losses, wide(logits, (size_t)N * Vp), tg, N, V, Vp, dloss);
+    narrow();
+}
+static void s16_crossentropy_dev(float *losses, float *logits, const int *tg, int N, int V, int Vp, const float *sc) {
+    s16_crossentropy(losses, logits, tg, N, V, Vp, sc[5]);
+}
+
+/* The simulated device with ACT tensors of type d (bf16 or fp16). */
+static const loom_backend_t *sim16_backend(loom_dtype d) {
+    sim16 = *sim_backend();
+    sim16.name = d == LOOM_BF16 ? "cpu-sim-bf16" : "cpu-sim-fp16";
+    sim16.dtype = d;
+    sim16.act_dtype = d;
+    sim16.dtypes |= LOOM_DTYPE_BIT(d);
+    if (d == LOOM_FP16) sim16.caps |= LOOM_CAP_LOSS_SCALING;
+    sim16.encoder_forward = s16_encoder_forward;
+    sim16.encoder_backward = s16_encoder_backward;
+    sim16.layernorm_forward = s16_layernorm_forward;
+    sim16.layernorm_backward = s16_layernorm_backward;
+    sim16.matmul_forward = s16_matmul_forward;
+    sim16.matmul_backward = s16_matmul_backward;
+    sim16.attention_forward = s16_attention_forward;
+    sim16.attention_backward = s16_attention_backward;
+    sim16.gelu_forward = s16_gelu_forward;
+    sim16.gelu_backward = s16_gelu_backward;
+    sim16.residual_forward = s16_residual_forward;
+    sim16.crossentropy = s16_crossentropy;
+    sim16.crossentropy_dev = s16_crossentropy_dev;
+    /* the CPU's fused entries, wrapped the same way (every ACT entry must be) */
+    sim16.residual_layernorm_forward = cpu->residual_layernorm_forward ? s16_residual_layernorm_forward : NULL;
+    sim16.matmul_forward_gelu = cpu->matmul_forward_gelu ? s16_matmul_forward_gelu : NULL;
+    sim16.matmul_backward_gelu = cpu->matmul_backward_gelu ? s16_matmul_backward_gelu : NULL;
+    /* the inference ops are not simulated: the training step does not call them */
+    sim16.embed_positions = NULL, sim16.matmul_forward_rows = NULL, sim16.kv_write = NULL;
+    sim16.paged_attention = NULL, sim16.gather_rows = NULL, sim16.kv_copy_block = NULL;
+    sim16.matmul_forward_w8 = NULL, sim16.matmul_forward_w8a8 = NULL;
+    return &sim16;
 }
 
 /* ---- CUDA graphs, simulated: while "capturing", every op the step calls
@@ -377,11 +576,14 @@ static void g_reset(void) {
     for (int k = 0; k < SIM_KEYS; k++) sim_have[k] = sim_len[k] = 0;
 }
 
-/* The simulated device with graph entries: every op goes through a recorder. */
+/* The simulated device `base` with graph entries: every op goes through a
+ * recorder, which runs base's op (through `sim`) outside capture and on
+ * replay. */
 static loom_backend_t sim_graphs;
-static const loom_backend_t *sim_graph_backend(void) {
+static const loom_backend_t *sim_graph_backend_over(const loom_backend_t *base) {
     loom_backend_t *b = &sim_graphs;
-    *b = *sim_backend();
+    sim = *base;
+    *b = sim;
     b->name = "cpu-sim-graphs";
     b->caps |= LOOM_CAP_GRAPHS;
 #define SIM_SET_(name, ret, kind, fallback, flops, n, args) SIM_SET_##kind##_(name)
@@ -398,6 +600,7 @@ static const loom_backend_t *sim_graph_backend(void) {
     b->graph_begin = g_begin, b->graph_end = g_end, b->graph_replay = g_replay, b->graph_reset = g_reset;
     return b;
 }
+static const loom_backend_t *sim_graph_backend(void) { return sim_graph_backend_over(sim_backend()); }
 
 /* A capture that fails (graph_end returns an error) does not end the run:
  * the step runs with plain launches, bit for bit as a plain run, and keeps
@@ -431,8 +634,7 @@ static void sim_graph_capture_failure_falls_back(void) {
  * launches (bit for bit: the same CPU ops in the same order), replays from
  * the step after the warm-up, nothing forbidden called during capture, and
  * one graph per part combination: 7; 3, 6; 3, 2, 6 for accum 1, 2, 3. */
-static void sim_graph_replay_matches_plain(void) {
-    const loom_backend_t *plain = sim_backend(), *graphs = sim_graph_backend();
+static void sim_graph_replay_matches_plain_on(const loom_backend_t *plain, const loom_backend_t *graphs) {
     for (int accum = 1; accum <= 3; accum++) {
         loom_gpt_t *a = model(plain, 71), *b = model(graphs, 71);
         if (!a || !b) return;
@@ -462,6 +664,24 @@ static void sim_graph_replay_matches_plain(void) {
         loom_gpt_free(a);
         loom_gpt_free(b);
     }
+}
+static void sim_graph_replay_matches_plain(void) {
+    const loom_backend_t *plain = sim_backend();
+    sim_graph_replay_matches_plain_on(plain, sim_graph_backend());
+}
+
+/* ---- the 16-bit activation cases on the simulated device (run here) ---- */
+
+/* One forward/backward with bf16 (fp16) activations against fp32: storage
+ * alone, measured; the GPU bound (above) adds the GEMMs' rounding. */
+static void sim_bf16_model_matches_fp32(void) { model_matches_cpu_on(sim16_backend(LOOM_BF16), 1e-2, 5e-2); }
+static void sim_fp16_model_matches_fp32(void) { model_matches_cpu_on(sim16_backend(LOOM_FP16), 5e-3, 2e-2); }
+static void sim_bf16_training_tracks_fp32(void) { training_tracks_cpu_on(sim16_backend(LOOM_BF16)); }
+static void sim_fp16_training_tracks_fp32(void) { training_tracks_cpu_on(sim16_backend(LOOM_FP16)); }
+/* Graph capture and replay with 16-bit activations: bit for bit as plain. */
+static void sim_bf16_graph_replay_matches_plain(void) {
+    const loom_backend_t *plain = sim16_backend(LOOM_BF16);
+    sim_graph_replay_matches_plain_on(plain, sim_graph_backend_over(plain));
 }
 
 static void device_step_matches_host_step(void) {
@@ -534,10 +754,19 @@ int main(void) {
     RUN(device_step_overflow_skips);
     RUN(sim_graph_replay_matches_plain);
     RUN(sim_graph_capture_failure_falls_back);
+    RUN(sim_bf16_model_matches_fp32);
+    RUN(sim_fp16_model_matches_fp32);
+    RUN(sim_bf16_training_tracks_fp32);
+    RUN(sim_fp16_training_tracks_fp32);
+    RUN(sim_bf16_graph_replay_matches_plain);
     RUN(cuda_model_matches_cpu_fp32);
     RUN(cuda_model_matches_cpu_bf16);
+    RUN(cuda_model_matches_cpu_fp16);
     RUN(cuda_training_tracks_cpu);
+    RUN(cuda_training_tracks_cpu_fp16);
     RUN(cuda_graph_replay_matches_plain);
+    RUN(cuda_graph_replay_matches_plain_bf16);
+    RUN(cuda_graph_replay_matches_plain_fp16);
     RUN(cuda_fp16_loss_scaling);
     RUN(cuda_recompute_all_matches_none);
     return check_main_end();

@@ -8,6 +8,11 @@
  * C=96, odd C, head size 24, vocabularies not a multiple of 4), and the
  * normalized error ||gpu - cpu|| / ||cpu|| must stay under the bound below.
  *
+ * ACT arguments (ops.h) are stored at the backend's act_dtype: bf16 and
+ * fp16 at those dtypes. Their inputs are rounded to that type on the host
+ * first, so the CPU reference reads exactly what the GPU reads; their
+ * outputs come back widened and carry one rounding more (tol_act).
+ *
  * Without CUDA in the build, or without a usable GPU, every GPU case prints
  * SKIP with the CUDA runtime's reason; the peak-table cases run anyway. */
 #include <math.h>
@@ -48,6 +53,9 @@ static double tol_matmul(void) {
     default: return TOL_FP32;
     }
 }
+/* The rounding of a 16-bit ACT output (normalized error of round to
+ * nearest: about 2^-9 for bf16, 2^-12 for fp16, with margin); 0 at fp32. */
+static double tol_act(void) { return gpu && gpu->act_dtype == LOOM_BF16 ? 8e-3 : gpu && gpu->act_dtype == LOOM_FP16 ? 1e-3 : 0; }
 /* The unfused attention backward chains five GEMMs at the dtype and a
  * cancellation (dP - D), so it gets three times the matmul bound. */
 static double tol_attention_unfused_backward(void) { return 3 * tol_matmul(); }
@@ -115,6 +123,38 @@ static void expect(const char *what, const float *d, const float *ref, size_t n,
           shape, loom_dtype_name(dtype), err, tol, seed0);
 }
 
+/* ---- ACT tensors: stored at gpu->act_dtype ---- */
+
+static size_t act_size(void) { return loom_dtype_size(gpu->act_dtype); }
+/* ACT element `off` of device tensor d. */
+static float *aoff(float *d, size_t off) { return (float *)((char *)d + off * act_size()); }
+/* Device ACT copy of host h (n floats); h is rounded in place to what the
+ * device holds, so the CPU reference reads the same values. */
+static float *dput_act(float *h, size_t n) {
+    void *tmp = track_host(malloc((n ? n : 1) * sizeof(float)));
+    loom_dtype_from_f32(tmp, h, gpu->act_dtype, n);
+    loom_dtype_to_f32(h, tmp, gpu->act_dtype, n);
+    return dput(tmp, n * act_size());
+}
+/* Device ACT tensor of n elements, all NaN. */
+static float *apoison(size_t n) {
+    float *h = track_host(malloc((n ? n : 1) * sizeof(float)));
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    return dput_act(h, n);
+}
+/* As expect, for an ACT output, within `bound` exactly. */
+static void expect_act_within(const char *what, const float *d, const float *ref, size_t n, double bound) {
+    float *got = track_host(malloc((n ? n : 1) * sizeof(float)));
+    loom_backend_download_act(gpu, got, d, n);
+    double err = check_rel_err(got, ref, n);
+    CHECK(err <= bound, "%s [%s, %s, activations %s]: normalized error %.3g > %.3g (LOOM_TEST_SEED=%u)", what, shape,
+          loom_dtype_name(dtype), loom_dtype_name(gpu->act_dtype), err, bound, seed0);
+}
+/* As expect, for an ACT output: its 16-bit rounding is added to tol. */
+static void expect_act(const char *what, const float *d, const float *ref, size_t n, double tol) {
+    expect_act_within(what, d, ref, n, tol + tol_act());
+}
+
 static int gpu_ready(void) {
     if (no_gpu[0]) {
         if (no_gpu_fails) check_fail_why("%s", no_gpu);
@@ -141,14 +181,14 @@ static void test_encoder(void) {
         cpu->encoder_forward(ref, tok, wte, wpe, B, T, C);
         int *d_tok = dput(tok, (size_t)B * T * sizeof(int));
         float *d_wte = dput(wte, (size_t)V * C * 4), *d_wpe = dput(wpe, (size_t)T * C * 4);
-        float *d_out = dpoison(n);
+        float *d_out = apoison(n);
         gpu->encoder_forward(d_out, d_tok, d_wte, d_wpe, B, T, C);
-        expect("encoder_forward out", d_out, ref, n, TOL_FP32);
+        expect_act("encoder_forward out", d_out, ref, n, TOL_FP32);
 
         float *dout = hrand(n, 1);
         float *dwte = hrand((size_t)V * C, 1), *dwpe = hrand((size_t)T * C, 1);
         float *d_dwte = dput(dwte, (size_t)V * C * 4), *d_dwpe = dput(dwpe, (size_t)T * C * 4);
-        float *d_dout = dput(dout, n * 4);
+        float *d_dout = dput_act(dout, n);
         cpu->encoder_backward(dwte, dwpe, dout, tok, B, T, C);
         gpu->encoder_backward(d_dwte, d_dwpe, d_dout, d_tok, B, T, C);
         expect("encoder_backward dwte", d_dwte, dwte, (size_t)V * C, TOL_FP32);
@@ -169,21 +209,21 @@ static void test_layernorm(void) {
         snprintf(shape, sizeof shape, "N=%d C=%d", N, C);
         float *inp = hrand(n, 2), *w = hrand(C, 1), *b = hrand(C, 1);
         float *out = hrand(n, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
+        float *d_inp = dput_act(inp, n), *d_w = dput(w, C * 4), *d_b = dput(b, C * 4);
         cpu->layernorm_forward(out, mean, rstd, inp, w, b, N, C);
-        float *d_inp = dput(inp, n * 4), *d_w = dput(w, C * 4), *d_b = dput(b, C * 4);
-        float *d_out = dpoison(n), *d_mean = dpoison(N), *d_rstd = dpoison(N);
+        float *d_out = apoison(n), *d_mean = dpoison(N), *d_rstd = dpoison(N);
         gpu->layernorm_forward(d_out, d_mean, d_rstd, d_inp, d_w, d_b, N, C);
-        expect("layernorm_forward out", d_out, out, n, TOL_FP32);
+        expect_act("layernorm_forward out", d_out, out, n, TOL_FP32);
         expect("layernorm_forward mean", d_mean, mean, N, TOL_FP32);
         expect("layernorm_forward rstd", d_rstd, rstd, N, TOL_FP32);
 
         float *dout = hrand(n, 1), *dinp = hrand(n, 1), *dw = hrand(C, 1), *db = hrand(C, 1);
-        float *d_dout = dput(dout, n * 4), *d_dinp = dput(dinp, n * 4);
+        float *d_dout = dput_act(dout, n), *d_dinp = dput_act(dinp, n);
         float *d_dw = dput(dw, C * 4), *d_db = dput(db, C * 4);
         float *d_mref = dput(mean, N * 4), *d_rref = dput(rstd, N * 4);
         cpu->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
         gpu->layernorm_backward(d_dinp, d_dw, d_db, d_dout, d_inp, d_w, d_mref, d_rref, N, C);
-        expect("layernorm_backward dinp", d_dinp, dinp, n, TOL_FP32);
+        expect_act("layernorm_backward dinp", d_dinp, dinp, n, TOL_FP32);
         expect("layernorm_backward dw", d_dw, dw, C, TOL_FP32);
         expect("layernorm_backward db", d_db, db, C, TOL_FP32);
         release();
@@ -202,19 +242,18 @@ static void test_residual_layernorm(void) {
         snprintf(shape, sizeof shape, "N=%d C=%d", N, C);
         float *a = hrand(n, 1), *r = hrand(n, 1), *w = hrand(C, 1), *b = hrand(C, 1);
         float *res = hrand(n, 1), *out = hrand(n, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
+        float *d_a = dput_act(a, n), *d_r = dput_act(r, n), *d_w = dput(w, C * 4), *d_b = dput(b, C * 4);
         cpu->residual_forward(res, a, r, n);
         cpu->layernorm_forward(out, mean, rstd, res, w, b, N, C);
-        float *d_a = dput(a, n * 4), *d_r = dput(r, n * 4), *d_w = dput(w, C * 4),
-              *d_b = dput(b, C * 4);
-        float *d_res = dpoison(n), *d_out = dpoison(n), *d_mean = dpoison(N),
-              *d_rstd = dpoison(N);
+        float *d_res = apoison(n), *d_out = apoison(n), *d_mean = dpoison(N), *d_rstd = dpoison(N);
         gpu->residual_layernorm_forward(d_res, d_out, d_mean, d_rstd, d_a, d_r, d_w, d_b, N, C);
-        expect("residual_layernorm_forward res", d_res, res, n, TOL_FP32);
-        expect("residual_layernorm_forward out", d_out, out, n, TOL_FP32);
-        expect("residual_layernorm_forward rstd", d_rstd, rstd, N, TOL_FP32);
+        expect_act("residual_layernorm_forward res", d_res, res, n, TOL_FP32);
+        /* 16-bit: the statistics are those of the stored (rounded) sum */
+        expect_act("residual_layernorm_forward out", d_out, out, n, TOL_FP32 + tol_act());
+        expect("residual_layernorm_forward rstd", d_rstd, rstd, N, TOL_FP32 + tol_act());
         /* in place: res aliases a */
         gpu->residual_layernorm_forward(d_a, d_out, d_mean, d_rstd, d_a, d_r, d_w, d_b, N, C);
-        expect("residual_layernorm_forward in place", d_a, res, n, TOL_FP32);
+        expect_act("residual_layernorm_forward in place", d_a, res, n, TOL_FP32);
         release();
     }
 }
@@ -232,11 +271,11 @@ static void test_matmul_forward(void) {
             snprintf(shape, sizeof shape, "N=%d C=%d OC=%d bias=%d", N, C, OC, with_bias);
             float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 1),
                   *bias = hrand(OC, 1), *out = hrand((size_t)N * OC, 1);
+            float *d_inp = dput_act(inp, (size_t)N * C), *d_w = dput(w, (size_t)OC * C * 4);
             cpu->matmul_forward(out, inp, w, with_bias ? bias : NULL, N, C, OC);
-            float *d_inp = dput(inp, (size_t)N * C * 4), *d_w = dput(w, (size_t)OC * C * 4);
-            float *d_bias = dput(bias, OC * 4), *d_out = dpoison((size_t)N * OC);
+            float *d_bias = dput(bias, OC * 4), *d_out = apoison((size_t)N * OC);
             gpu->matmul_forward(d_out, d_inp, d_w, with_bias ? d_bias : NULL, N, C, OC);
-            expect("matmul_forward out", d_out, out, (size_t)N * OC, tol_matmul());
+            expect_act("matmul_forward out", d_out, out, (size_t)N * OC, tol_matmul());
             release();
         }
 }
@@ -251,16 +290,14 @@ static void test_matmul_backward(void) {
             size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
             float *inp = hrand(nin, 1), *w = hrand(nw, 1), *dout = hrand(nout, 1);
             float *dinp = hrand(nin, 1), *dw = hrand(nw, 1), *dbias = hrand(OC, 1);
-            float *d_inp = dput(inp, nin * 4), *d_w = dput(w, nw * 4),
-                  *d_dout = dput(dout, nout * 4);
-            float *d_dinp = dput(dinp, nin * 4), *d_dw = dput(dw, nw * 4),
-                  *d_dbias = dput(dbias, OC * 4);
+            float *d_inp = dput_act(inp, nin), *d_w = dput(w, nw * 4), *d_dout = dput_act(dout, nout);
+            float *d_dinp = dput_act(dinp, nin), *d_dw = dput(dw, nw * 4), *d_dbias = dput(dbias, OC * 4);
             cpu->matmul_backward(full ? dinp : NULL, dw, full ? dbias : NULL, dout, inp, w, N, C,
                                  OC);
             gpu->matmul_backward(full ? d_dinp : NULL, d_dw, full ? d_dbias : NULL, d_dout,
                                  d_inp, d_w, N, C, OC);
             expect("matmul_backward dw", d_dw, dw, nw, tol_matmul());
-            expect("matmul_backward dinp", d_dinp, dinp, nin, tol_matmul());
+            expect_act("matmul_backward dinp", d_dinp, dinp, nin, tol_matmul());
             expect("matmul_backward dbias", d_dbias, dbias, OC, tol_matmul());
             release();
         }
@@ -279,14 +316,14 @@ static void test_matmul_forward_gelu(void) {
             size_t nout = (size_t)N * OC;
             float *inp = hrand((size_t)N * C, 1), *w = hrand((size_t)OC * C, 1),
                   *bias = hrand(OC, 1), *pre = hrand(nout, 1), *out = hrand(nout, 1);
+            float *d_inp = dput_act(inp, (size_t)N * C), *d_w = dput(w, (size_t)OC * C * 4);
             cpu->matmul_forward(pre, inp, w, with_bias ? bias : NULL, N, C, OC);
             cpu->gelu_forward(out, pre, nout);
-            float *d_inp = dput(inp, (size_t)N * C * 4), *d_w = dput(w, (size_t)OC * C * 4);
-            float *d_bias = dput(bias, OC * 4), *d_out = dpoison(nout), *d_pre = dpoison(nout);
+            float *d_bias = dput(bias, OC * 4), *d_out = apoison(nout), *d_pre = apoison(nout);
             gpu->matmul_forward_gelu(d_out, d_pre, d_inp, d_w, with_bias ? d_bias : NULL, N, C,
                                      OC);
-            expect("matmul_forward_gelu pre", d_pre, pre, nout, tol_matmul());
-            expect("matmul_forward_gelu out", d_out, out, nout, tol_matmul());
+            expect_act("matmul_forward_gelu pre", d_pre, pre, nout, tol_matmul());
+            expect_act("matmul_forward_gelu out", d_out, out, nout, tol_matmul());
             release();
         }
 }
@@ -304,17 +341,16 @@ static void test_matmul_backward_gelu(void) {
             size_t nin = (size_t)N * C, nw = (size_t)OC * C, nout = (size_t)N * OC;
             float *pre = hrand(nin, 2), *inp = hrand(nin, 1), *w = hrand(nw, 1);
             float *dout = hrand(nout, 1), *dw = hrand(nw, 1), *dbias = hrand(OC, 1);
+            float *d_pre = dput_act(pre, nin);
             cpu->gelu_forward(inp, pre, nin);
-            float *d_pre = dput(pre, nin * 4), *d_inp = dput(inp, nin * 4),
-                  *d_w = dput(w, nw * 4), *d_dout = dput(dout, nout * 4);
-            float *d_dw = dput(dw, nw * 4), *d_dbias = dput(dbias, OC * 4),
-                  *d_dpre = dpoison(nin);
+            float *d_inp = dput_act(inp, nin), *d_w = dput(w, nw * 4), *d_dout = dput_act(dout, nout);
+            float *d_dw = dput(dw, nw * 4), *d_dbias = dput(dbias, OC * 4), *d_dpre = apoison(nin);
             float *dpre = track_host(calloc(nin, sizeof(float)));
             cpu->matmul_backward(dpre, dw, with_bias ? dbias : NULL, dout, inp, w, N, C, OC);
             cpu->gelu_backward(dpre, pre, dpre, nin);
             gpu->matmul_backward_gelu(d_dpre, d_dw, with_bias ? d_dbias : NULL, d_dout, d_inp,
                                       d_pre, d_w, N, C, OC);
-            expect("matmul_backward_gelu dpre", d_dpre, dpre, nin, tol_matmul());
+            expect_act("matmul_backward_gelu dpre", d_dpre, dpre, nin, tol_matmul());
             expect("matmul_backward_gelu dw", d_dw, dw, nw, tol_matmul());
             expect("matmul_backward_gelu dbias", d_dbias, dbias, OC, tol_matmul());
             release();
@@ -338,19 +374,20 @@ static void attention_cases(double tol_fwd, double tol_bwd, int max_hs) {
         snprintf(shape, sizeof shape, "B=%d T=%d C=%d NH=%d hs=%d", B, T, C, NH, C / NH);
         size_t nqkv = (size_t)B * T * 3 * C, nout = (size_t)B * T * C, nl = (size_t)B * NH * T;
         float *qkv = hrand(nqkv, 1.5f), *out = hrand(nout, 1), *lse = hrand(nl, 1);
+        float *d_qkv = dput_act(qkv, nqkv), *d_out = apoison(nout), *d_lse = dpoison(nl);
         cpu->attention_forward(out, lse, qkv, B, T, C, NH);
-        float *d_qkv = dput(qkv, nqkv * 4), *d_out = dpoison(nout), *d_lse = dpoison(nl);
         gpu->attention_forward(d_out, d_lse, d_qkv, B, T, C, NH);
-        expect("attention_forward out", d_out, out, nout, tol_fwd);
+        expect_act("attention_forward out", d_out, out, nout, tol_fwd);
         expect("attention_forward lse", d_lse, lse, nl, tol_fwd);
 
-        /* backward from the CPU's forward results, so it is tested alone */
+        /* backward from the CPU's forward results (out rounded to the
+         * activation type as the GPU holds it), so it is tested alone */
         float *dout = hrand(nout, 1), *dqkv = hrand(nqkv, 1);
+        float *d_dout = dput_act(dout, nout), *d_oref = dput_act(out, nout), *d_lref = dput(lse, nl * 4),
+              *d_dqkv = apoison(nqkv);
         cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
-        float *d_dout = dput(dout, nout * 4), *d_oref = dput(out, nout * 4),
-              *d_lref = dput(lse, nl * 4), *d_dqkv = dpoison(nqkv);
         gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_oref, d_lref, B, T, C, NH);
-        expect("attention_backward dqkv", d_dqkv, dqkv, nqkv, tol_bwd);
+        expect_act("attention_backward dqkv", d_dqkv, dqkv, nqkv, tol_bwd);
         release();
     }
 }
@@ -400,16 +437,16 @@ static void test_gelu(void) {
             snprintf(shape, sizeof shape, "n=%zu offset=%d", n, off);
             float *inp = hrand(n + off, 4), *out = hrand(n, 1), *dout = hrand(n + off, 1);
             float *dinp = hrand(n, 1);
+            float *d_inp = dput_act(inp, n + off), *d_out = apoison(n + off), *d_dout = dput_act(dout, n + off);
             cpu->gelu_forward(out, inp + off, n);
             cpu->gelu_backward(dinp, inp + off, dout + off, n);
-            float *d_inp = dput(inp, (n + off) * 4), *d_out = dpoison(n + off);
-            gpu->gelu_forward(d_out + off, d_inp + off, n);
-            expect("gelu_forward", d_out + off, out, n, TOL_FP32);
-            float *d_dout = dput(dout, (n + off) * 4), *d_dinp = dpoison(n + off);
-            gpu->gelu_backward(d_dinp + off, d_inp + off, d_dout + off, n);
-            expect("gelu_backward", d_dinp + off, dinp, n, TOL_FP32);
-            gpu->gelu_backward(d_dout + off, d_inp + off, d_dout + off, n); /* in place */
-            expect("gelu_backward in place", d_dout + off, dinp, n, TOL_FP32);
+            gpu->gelu_forward(aoff(d_out, off), aoff(d_inp, off), n);
+            expect_act("gelu_forward", aoff(d_out, off), out, n, TOL_FP32);
+            float *d_dinp = apoison(n + off);
+            gpu->gelu_backward(aoff(d_dinp, off), aoff(d_inp, off), aoff(d_dout, off), n);
+            expect_act("gelu_backward", aoff(d_dinp, off), dinp, n, TOL_FP32);
+            gpu->gelu_backward(aoff(d_dout, off), aoff(d_inp, off), aoff(d_dout, off), n); /* in place */
+            expect_act("gelu_backward in place", aoff(d_dout, off), dinp, n, TOL_FP32);
             release();
         }
 }
@@ -421,11 +458,13 @@ static void test_residual_accumulate(void) {
             size_t n = ew_sizes[s];
             snprintf(shape, sizeof shape, "n=%zu offset=%d", n, off);
             float *a = hrand(n + off, 1), *b = hrand(n + off, 1), *out = hrand(n, 1);
-            cpu->residual_forward(out, a + off, b + off, n);
+            float *a16 = hcopy(a, n + off), *b16 = hcopy(b, n + off);
+            float *d_a16 = dput_act(a16, n + off), *d_b16 = dput_act(b16, n + off), *d_out = apoison(n + off);
+            cpu->residual_forward(out, a16 + off, b16 + off, n);
+            gpu->residual_forward(aoff(d_out, off), aoff(d_a16, off), aoff(d_b16, off), n);
+            expect_act("residual_forward", aoff(d_out, off), out, n, TOL_FP32);
+            /* accumulate is fp32 (F32: the trainer's loss sums) */
             float *d_a = dput(a, (n + off) * 4), *d_b = dput(b, (n + off) * 4);
-            float *d_out = dpoison(n + off);
-            gpu->residual_forward(d_out + off, d_a + off, d_b + off, n);
-            expect("residual_forward", d_out + off, out, n, TOL_FP32);
             float *acc = hcopy(a + off, n);
             cpu->accumulate(acc, b + off, n);
             gpu->accumulate(d_a + off, d_b + off, n);
@@ -447,7 +486,7 @@ static void crossentropy_cases(int use_dev) {
             size_t nl = (size_t)N * Vp;
             float *logits = hrand(nl, 4), *losses = hrand(N, 1);
             int *tgt = hrand_ids(N, V);
-            float *d_logits = dput(logits, nl * 4), *d_losses = dpoison(N);
+            float *d_logits = dput_act(logits, nl), *d_losses = dpoison(N);
             int *d_tgt = dput(tgt, N * sizeof(int));
             float *ref = hcopy(logits, nl);
             cpu->crossentropy(losses, ref, tgt, N, V, Vp, dloss);
@@ -460,8 +499,8 @@ static void crossentropy_cases(int use_dev) {
                 gpu->crossentropy(d_losses, d_logits, d_tgt, N, V, Vp, dloss);
             }
             expect("crossentropy losses", d_losses, losses, N, TOL_FP32);
-            expect(with_grad ? "crossentropy dlogits" : "crossentropy logits unchanged",
-                   d_logits, ref, nl, with_grad ? TOL_FP32 : 0.0);
+            if (with_grad) expect_act("crossentropy dlogits", d_logits, ref, nl, TOL_FP32);
+            else expect_act_within("crossentropy logits unchanged", d_logits, ref, nl, 0.0);
             release();
         }
 }
@@ -596,11 +635,11 @@ static void graph_step(graph_bufs *b, int N, int C, int V) {
 static void graph_setup(graph_bufs *b, int N, int C, int V, unsigned seed) {
     unsigned keep = seed_next;
     seed_next = seed; /* both copies start from the same data */
-    b->x = dput(hrand((size_t)N * C, 1), (size_t)N * C * 4);
+    b->x = dput_act(hrand((size_t)N * C, 1), (size_t)N * C);
     b->w = dput(hrand((size_t)V * C, 1), (size_t)V * C * 4);
-    b->h = dpoison((size_t)N * V);
-    b->a = dpoison((size_t)N * V);
-    b->y = dpoison((size_t)N * V);
+    b->h = apoison((size_t)N * V);
+    b->a = apoison((size_t)N * V);
+    b->y = apoison((size_t)N * V);
     b->mean = dpoison(N);
     b->rstd = dpoison(N);
     b->lnw = dput(hrand(V, 1), V * 4);
@@ -756,18 +795,19 @@ static void test_paged_rows(void) {
     int *tok = hrand_ids(N, V), *pos = hrand_ids(N, maxT), rows[3] = {4, 0, 2};
     float *wte = hrand((size_t)V * C, 1), *wpe = hrand((size_t)maxT * C, 1), *x = hrand((size_t)N * C, 1);
     float *w = hrand((size_t)OC * C, 1), *bias = hrand(OC, 1), *y = hrand((size_t)N * OC, 1), *g = hrand(3 * (size_t)C, 1);
-    float *d_x = dpoison((size_t)N * C), *d_y = dpoison((size_t)N * OC), *d_g = dpoison(3 * (size_t)C);
+    float *d_x = apoison((size_t)N * C), *d_y = apoison((size_t)N * OC), *d_g = apoison(3 * (size_t)C);
     cpu->embed_positions(x, tok, pos, wte, wpe, N, C);
     gpu->embed_positions(d_x, dput(tok, N * 4), dput(pos, N * 4), dput(wte, (size_t)V * C * 4), dput(wpe, (size_t)maxT * C * 4), N, C);
-    expect("embed_positions", d_x, x, (size_t)N * C, TOL_FP32);
+    expect_act("embed_positions", d_x, x, (size_t)N * C, TOL_FP32);
+    loom_backend_download_act(gpu, x, d_x, (size_t)N * C); /* the next ops read what the GPU holds */
     for (int gelu = 0; gelu < 2; gelu++) {
         cpu->matmul_forward_rows(y, x, w, bias, N, C, OC, gelu);
         gpu->matmul_forward_rows(d_y, d_x, dput(w, (size_t)OC * C * 4), dput(bias, OC * 4), N, C, OC, gelu);
-        expect(gelu ? "matmul_forward_rows gelu" : "matmul_forward_rows", d_y, y, (size_t)N * OC, tol_matmul());
+        expect_act(gelu ? "matmul_forward_rows gelu" : "matmul_forward_rows", d_y, y, (size_t)N * OC, tol_matmul());
     }
     cpu->gather_rows(g, x, rows, 3, C);
     gpu->gather_rows(d_g, d_x, dput(rows, sizeof rows), 3, C);
-    expect("gather_rows", d_g, g, 3 * (size_t)C, TOL_FP32);
+    expect_act_within("gather_rows", d_g, g, 3 * (size_t)C, 0.0);
     release();
 }
 
@@ -784,13 +824,13 @@ static void test_paged_kv(void) {
     loom_tensor_t hk = {.data = kc, .dtype = LOOM_FP32, .rows = nb * 2 * NH, .cols = bs * hs}, dk = hk;
     dk.data = dput(kc, cache * 4);
     int *d_pos = dput(pos, sizeof pos), *d_seq = dput(seq, sizeof seq), *d_tab = dput(tables, sizeof tables);
-    float *d_qkv = dput(qkv, (size_t)N * 3 * C * 4), *d_out = dpoison((size_t)N * C);
+    float *d_qkv = dput_act(qkv, (size_t)N * 3 * C), *d_out = apoison((size_t)N * C);
     cpu->kv_write(&hk, qkv, slot, N, NH, bs);
     gpu->kv_write(&dk, d_qkv, dput(slot, sizeof slot), N, NH, bs);
     expect("kv_write", dk.data, kc, cache, TOL_FP32);
     cpu->paged_attention(out, qkv, &hk, pos, seq, tables, mb, N, NH, bs);
     gpu->paged_attention(d_out, d_qkv, &dk, d_pos, d_seq, d_tab, mb, N, NH, bs);
-    expect("paged_attention", d_out, out, (size_t)N * C, TOL_FP32);
+    expect_act("paged_attention", d_out, out, (size_t)N * C, TOL_FP32);
     cpu->kv_copy_block(&hk, tables[0], nb - 1, NH);
     gpu->kv_copy_block(&dk, tables[0], nb - 1, NH);
     expect("kv_copy_block", dk.data, kc, cache, TOL_FP32);
@@ -820,8 +860,17 @@ static void int8_weight(loom_tensor_t *hw, loom_tensor_t *dw, int OC, int C, int
  * rows runs cuBLASLt at the dtype (the matmul bound). Shapes: decode and
  * prefill row counts, per-channel and block-32 scales, a GPT-2 width, and
  * a ragged one that cuBLASLt's int8 kernels refuse (own dp4a kernel). */
+/* The inference variants take fp32 activations: with 16-bit ones (bf16,
+ * fp16) the backend must leave them out (the model's fp32 fallback runs). */
+static int variants_absent_at_16bit(int present) {
+    if (gpu->act_dtype == LOOM_FP32) return 0;
+    CHECK(!present, "an fp32-activation inference variant is offered with %s activations", loom_dtype_name(gpu->act_dtype));
+    return 1;
+}
+
 static void test_int8_matmul(void) {
     if (!gpu_ready()) return;
+    if (variants_absent_at_16bit(gpu->matmul_forward_w8 || gpu->matmul_forward_w8a8)) return;
     if (!gpu->matmul_forward_w8 || !gpu->matmul_forward_w8a8) {
         check_fail_why("the CUDA backend has no int8 matmul variant (cuda_int8.cu), which it is meant to have");
         return;
@@ -914,6 +963,7 @@ static void test_int8_kv(void) {
  * address must not reuse the old one's preparation. */
 static void test_sparse24_matmul(void) {
     if (!gpu_ready()) return;
+    if (variants_absent_at_16bit(gpu->matmul_forward_s24 != NULL)) return;
     if (!gpu->matmul_forward_s24) {
         check_fail_why("the CUDA backend has no matmul_forward_s24 (cuda_sparse24.cu), which it is meant to have");
         return;

@@ -144,3 +144,16 @@ loom_status loom_backend_open(const loom_backend_t **out, const char *device, in
     }
     return loom_error(LOOM_EINVAL, "--device %s: unknown device; use cpu, cuda or cuda:N", device);
 }
+
+size_t loom_backend_act_bytes(const loom_backend_t *be, size_t n) { return n * loom_dtype_size(be->act_dtype); }
+
+void loom_backend_download_act(const loom_backend_t *be, float *dst, const void *src, size_t n) {
+    if (be->act_dtype == LOOM_FP32 || be->act_dtype == LOOM_TF32) {
+        be->download(dst, src, n * sizeof(float));
+        return;
+    }
+    void *tmp = loom_malloc(n * loom_dtype_size(be->act_dtype) + 1);
+    be->download(tmp, src, n * loom_dtype_size(be->act_dtype));
+    loom_dtype_to_f32(dst, tmp, be->act_dtype, n);
+    free(tmp);
+}

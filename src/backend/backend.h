@@ -5,8 +5,11 @@
  * Conventions, for every backend:
  * - Tensors are row-major, in the backend's memory (device memory for
  *   CUDA). Their element type follows the argument's tag in ops.h: F32
- *   float32, I32 int32 (token ids), ACT be->act_dtype (float32 on every
- *   backend today), QT a loom_tensor_t that says its own type.
+ *   float32, I32 int32 (token ids), ACT be->act_dtype (float32 on the CPU;
+ *   bf16/fp16 on CUDA at those dtypes), QT a loom_tensor_t that says its
+ *   own type. An ACT argument is declared `float *` but points at
+ *   act_dtype elements: callers size and offset ACT buffers with
+ *   loom_dtype_size(be->act_dtype) and never read them on the host.
  * - B batch, T sequence length, C channels, NH heads, N = B*T rows,
  *   V vocabulary, Vp padded vocabulary (V <= Vp, Vp % 64 == 0).
  * - Backward ops ACCUMULATE (+=) into parameter gradients and into `dinp`
@@ -83,6 +86,12 @@ loom_status loom_tensor_check(const loom_tensor_t *t, const char *what);
  * a scratch buffer, then the fp32 op"; backends and tests check against
  * it. `t` must pass loom_tensor_check. */
 void loom_tensor_dequantize(const loom_tensor_t *t, float *out);
+/* Host conversions between fp32 and a storage type `d` (fp32, bf16,
+ * fp16; n elements): to_f32 widens exactly, from_f32 rounds to nearest
+ * even (overflow to inf, as the GPU's conversions do). The reference for
+ * ACT tensors of a backend whose act_dtype is 16-bit. */
+void loom_dtype_to_f32(float *dst, const void *src, loom_dtype d, size_t n);
+void loom_dtype_from_f32(void *dst, const float *src, loom_dtype d, size_t n);
 
 /* alloc's return type, one token for ops.h. */
 typedef void *loom_ptr;
@@ -164,7 +173,10 @@ typedef struct loom_backend {
      * tagged F32 and I32 in ops.h are always fp32 and int32, ACT tensors
      * are act_dtype, QT tensors say their own type (loom_tensor_t). */
     unsigned dtypes;
-    loom_dtype act_dtype; /* element type of ACT arguments: LOOM_FP32 today */
+    /* Element type of ACT arguments: fp32 on the CPU; on CUDA the 16-bit
+     * matrix precision (bf16, fp16) when the backend is opened at one,
+     * else fp32 (docs/cuda.md, "bf16 activations"). */
+    loom_dtype act_dtype;
 
     /* One slot per entry of ops.h, in its order; the contract of each: */
 #define LOOM_OP_SLOT_(name, ret, kind, fallback, flops, n, args) ret(*name) LOOM_OP_PARAMS(n, args);
@@ -196,7 +208,8 @@ typedef struct loom_backend {
  *   out and lse of forward.
  * gelu_forward, gelu_backward: GELU, tanh approximation. backward
  *   overwrites dinp (may alias dout).
- * residual_forward: out = a + b (out may alias a or b). accumulate: dst += src.
+ * residual_forward: out = a + b (out may alias a or b). accumulate: dst += src
+ *   over fp32 (F32: the trainer sums per-position losses with it).
  * crossentropy: fused softmax + cross-entropy over logits (N,Vp), only the
  *   first V columns count. losses (N) = -log softmax(logits)[target]. If
  *   dloss != 0 the logits are overwritten in place by their gradient
@@ -280,6 +293,12 @@ typedef struct loom_backend {
  *   same result as matmul_forward_rows on loom_tensor_dequantize(w), reading
  *   about half the weight bytes.
  * kv_copy_block: block src to block dst, K and V of every head (copy-on-write). */
+
+/* Copy n elements of an ACT tensor (be->act_dtype) from backend memory to
+ * host fp32 `dst` (a plain download when act_dtype is fp32). */
+void loom_backend_download_act(const struct loom_backend *be, float *dst, const void *src, size_t n);
+/* Bytes of n elements of an ACT tensor on `be`. */
+size_t loom_backend_act_bytes(const struct loom_backend *be, size_t n);
 
 /* LOOM_OK when every required entry of `be` is filled and its type flags
  * agree with its slots; else LOOM_EINTERNAL naming the first missing op. */

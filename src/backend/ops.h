@@ -28,7 +28,7 @@
  * Argument tags say what each argument holds, hence its element type
  * (docs/design.md, "Op list and tensor types"):
  *   ACT    activation or activation gradient: element type be->act_dtype
- *          (fp32 on every backend today)
+ *          (fp32 on the CPU, bf16/fp16 on CUDA at those dtypes)
  *   F32    always float32: parameters, their gradients, optimizer state,
  *          per-row statistics (mean, rstd, lse), losses, step scalars
  *   I32    int32 token ids
@@ -82,7 +82,7 @@
       ((ACT, float *, dinp), (ACT, const float *, inp), (ACT, const float *, dout), (VAL, size_t, n))) \
     X(residual_forward, void, OP, "", 0, 4, \
       ((ACT, float *, out), (ACT, const float *, a), (ACT, const float *, b), (VAL, size_t, n))) \
-    X(accumulate, void, OP, "", 0, 3, ((ACT, float *, dst), (ACT, const float *, src), (VAL, size_t, n))) \
+    X(accumulate, void, OP, "", 0, 3, ((F32, float *, dst), (F32, const float *, src), (VAL, size_t, n))) \
     X(crossentropy, void, HOST, "", 0, 7, \
       ((F32, float *, losses), (ACT, float *, logits), (I32, const int *, targets), (VAL, int, N), \
        (VAL, int, V), (VAL, int, Vp), (VAL, float, dloss))) \

@@ -71,3 +71,42 @@ void loom_tensor_dequantize(const loom_tensor_t *t, float *out) {
         }
     }
 }
+
+static uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* NaN stays NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);                                      /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+/* Round to nearest even, subnormals included; beyond 65504 (after
+ * rounding) it is inf, as __float2half does. */
+static uint16_t float_to_half(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    float a = fabsf(f);
+    if (isnan(f)) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 65520.0f) return (uint16_t)(sign | 0x7c00u);
+    if (a < 6.103515625e-05f) /* subnormal: units of 2^-24, rint rounds half to even */
+        return (uint16_t)(sign | (uint16_t)rintf(a * 16777216.0f));
+    int e;
+    float m = frexpf(a, &e);                          /* a = m * 2^e, m in [0.5, 1) */
+    uint32_t mant = (uint32_t)rintf(m * 2048.0f);     /* 11 significant bits */
+    if (mant == 2048) mant = 1024, e++;
+    return (uint16_t)(sign | (uint16_t)((uint32_t)(e + 14) << 10) | (mant & 1023u));
+}
+
+void loom_dtype_to_f32(float *dst, const void *src, loom_dtype d, size_t n) {
+    loom_tensor_t t = {.data = (void *)src, .dtype = d};
+    for (size_t i = 0; i < n; i++) dst[i] = stored(&t, i);
+}
+
+void loom_dtype_from_f32(void *dst, const float *src, loom_dtype d, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (d == LOOM_BF16) ((uint16_t *)dst)[i] = float_to_bf16(src[i]);
+        else if (d == LOOM_FP16) ((uint16_t *)dst)[i] = float_to_half(src[i]);
+        else ((float *)dst)[i] = src[i];
+    }
+}

@@ -250,24 +250,37 @@ static void act_sizes(const loom_gpt_config_t *c, loom_recompute rc, int B, int 
     }
 }
 
+/* The statistics and the losses are fp32 on every backend (tagged F32 in
+ * ops.h); every other tensor of the block is an ACT tensor, stored at the
+ * backend's act_dtype (bf16 on CUDA at --dtype bf16). */
+static int act_is_f32(int i) {
+    return i == A_LN1_MEAN || i == A_LN1_RSTD || i == A_ATT_LSE || i == A_LN2_MEAN || i == A_LN2_RSTD ||
+           i == A_LNF_MEAN || i == A_LNF_RSTD || i == A_LOSSES;
+}
+static size_t act_elem(loom_dtype act, int i) { return act_is_f32(i) ? sizeof(float) : loom_dtype_size(act); }
+/* Bytes of tensor i in the block: 64-byte aligned (16 floats, as before
+ * typed activations, so the fp32 layout is unchanged). */
+static size_t act_padded_bytes(size_t elems, size_t esz) { return (elems * esz + 63) / 64 * 64; }
+
 /* Views into the activation block for the current (B, T). */
 typedef struct {
-    float *a[A_COUNT];
-    size_t stride[A_COUNT]; /* floats between layers' slices; 0 = shared */
+    float *a[A_COUNT];      /* ACT tensors point at act_dtype elements */
+    size_t stride[A_COUNT]; /* bytes between layers' slices; 0 = shared */
 } acts_t;
 
 static void act_views(const loom_gpt_t *m, int B, int T, acts_t *v) {
     size_t sz[A_COUNT], nl[A_COUNT], off = 0;
     act_sizes(&m->cfg, m->recompute, B, T, sz, nl);
     for (int i = 0; i < A_COUNT; i++) {
-        v->a[i] = m->acts + off;
-        v->stride[i] = nl[i] > 1 ? sz[i] : 0;
-        off += (sz[i] * nl[i] + 15) / 16 * 16;
+        size_t esz = act_elem(m->be->act_dtype, i);
+        v->a[i] = (float *)((char *)m->acts + off);
+        v->stride[i] = nl[i] > 1 ? sz[i] * esz : 0;
+        off += act_padded_bytes(sz[i] * nl[i], esz);
     }
 }
 
 /* Layer l's slice of activation tensor i. */
-static float *lay(const acts_t *v, int i, int l) { return v->a[i] + (size_t)l * v->stride[i]; }
+static float *lay(const acts_t *v, int i, int l) { return (float *)((char *)v->a[i] + (size_t)l * v->stride[i]); }
 
 static const char *const recompute_names[] = {"none", "gelu", "all"};
 
@@ -290,16 +303,24 @@ size_t loom_gpt_act_table(const loom_gpt_config_t *cfg, loom_recompute rc, int B
     act_sizes(cfg, rc, B, T, sz, nl);
     for (int i = 0; i < A_COUNT; i++) {
         size_t padded = (sz[i] * nl[i] + 15) / 16 * 16;
-        if (out) out[i] = (loom_act_info_t){act_names[i], sz[i], nl[i], padded, i >= A_LN1 && i <= A_RESIDUAL3};
+        if (out) out[i] = (loom_act_info_t){act_names[i], sz[i], nl[i], padded, i >= A_LN1 && i <= A_RESIDUAL3, act_is_f32(i)};
         total += padded;
     }
     if (n) *n = A_COUNT;
     return total;
 }
 
+/* Bytes of the activation block for (B, T) with ACT tensors of type `act`. */
+static size_t act_block_bytes(const loom_gpt_config_t *cfg, loom_recompute rc, loom_dtype act, int B, int T) {
+    size_t sz[A_COUNT], nl[A_COUNT], total = 0;
+    act_sizes(cfg, rc, B, T, sz, nl);
+    for (int i = 0; i < A_COUNT; i++) total += act_padded_bytes(sz[i] * nl[i], act_elem(act, i));
+    return total;
+}
+
 static void free_acts(loom_gpt_t *m) {
     if (!m->acts) return;
-    loom_mem_count(LOOM_MEM_ACTS, -(long long)(m->num_acts * sizeof(float)));
+    loom_mem_count(LOOM_MEM_ACTS, -(long long)m->act_bytes);
     loom_mem_count(LOOM_MEM_BATCH, -3 * (long long)((size_t)m->act_B * m->act_T * sizeof(int)));
     m->be->free(m->acts);
     m->be->free(m->tokens);
@@ -309,7 +330,7 @@ static void free_acts(loom_gpt_t *m) {
     m->tokens = m->targets = NULL;
     m->loss_host = NULL;
     m->act_B = m->act_T = 0;
-    m->num_acts = 0;
+    m->num_acts = m->act_bytes = 0;
 }
 
 void loom_gpt_set_recompute(loom_gpt_t *m, loom_recompute r) {
@@ -324,15 +345,17 @@ loom_status loom_gpt_alloc_acts(loom_gpt_t *m, int B, int T) {
     if (m->acts && (size_t)B * T <= (size_t)m->act_B * m->act_T) return LOOM_OK;
     free_acts(m);
     size_t total = loom_gpt_act_table(&m->cfg, m->recompute, B, T, NULL, NULL);
-    m->acts = m->be->alloc(total * sizeof(float));
+    size_t bytes = act_block_bytes(&m->cfg, m->recompute, m->be->act_dtype, B, T);
+    m->acts = m->be->alloc(bytes);
     m->tokens = m->be->alloc((size_t)B * T * sizeof(int));
     m->targets = m->be->alloc((size_t)B * T * sizeof(int));
     if (!m->acts || !m->tokens || !m->targets)
         return loom_error(LOOM_ENOMEM, "cannot allocate %.1f MB of activations for batch %d x %d on %s; lower --batch or --seq",
-                          total * 4.0 / 1e6, B, T, m->be->name);
+                          bytes / 1e6, B, T, m->be->name);
     m->num_acts = total;
+    m->act_bytes = bytes;
     m->loss_host = loom_calloc((size_t)B * T, sizeof(float));
-    loom_mem_count(LOOM_MEM_ACTS, (long long)(total * sizeof(float)));
+    loom_mem_count(LOOM_MEM_ACTS, (long long)bytes);
     loom_mem_count(LOOM_MEM_BATCH, 3 * (long long)((size_t)B * T * sizeof(int))); /* tokens, targets, losses */
     m->act_B = B;
     m->act_T = T;
@@ -470,7 +493,7 @@ float *loom_gpt_losses_dev(const loom_gpt_t *m, int B, int T) {
 void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
     const loom_backend_t *be = m->be;
     int L = m->cfg.n_layer, C = m->cfg.channels, NH = m->cfg.n_head, Vp = m->cfg.padded_vocab_size;
-    size_t N = (size_t)B * T, btc = N * C;
+    size_t N = (size_t)B * T, btc = N * C, btc_bytes = loom_backend_act_bytes(be, btc);
     acts_t a;
     act_views(m, B, T, &a);
     float *const *p = m->param;
@@ -478,9 +501,9 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
     float *dres = a.a[G_RESIDUAL], *dbtc = a.a[G_BTC], *dqkv = a.a[G_QKV], *dfch = a.a[G_FCH];
 
     /* Head: logits = lnf @ wte^T, the logits buffer now holds their gradient. */
-    be->zero(dbtc, btc * sizeof(float));
+    be->zero(dbtc, btc_bytes);
     be->matmul_backward(dbtc, g[LOOM_WTE], NULL, a.a[A_LOGITS], a.a[A_LNF], p[LOOM_WTE], (int)N, C, Vp);
-    be->zero(dres, btc * sizeof(float));
+    be->zero(dres, btc_bytes);
     const float *last = lay(&a, A_RESIDUAL3, L - 1);
     be->layernorm_backward(dres, g[LOOM_LNFW], g[LOOM_LNFB], dbtc, last, p[LOOM_LNFW], a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N, C);
 
@@ -501,18 +524,18 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
         if (be->matmul_backward_gelu) {
             be->matmul_backward_gelu(dfch, g[LOOM_FCPROJW] + lc * 4 * C, g[LOOM_FCPROJB] + lc, dres, fch_gelu, fch, p[LOOM_FCPROJW] + lc * 4 * C, (int)N, 4 * C, C);
         } else {
-            be->zero(dfch, 4 * btc * sizeof(float));
+            be->zero(dfch, 4 * btc_bytes);
             be->matmul_backward(dfch, g[LOOM_FCPROJW] + lc * 4 * C, g[LOOM_FCPROJB] + lc, dres, fch_gelu, p[LOOM_FCPROJW] + lc * 4 * C, (int)N, 4 * C, C);
             be->gelu_backward(dfch, fch, dfch, 4 * btc);
         }
-        be->zero(dbtc, btc * sizeof(float));
+        be->zero(dbtc, btc_bytes);
         be->matmul_backward(dbtc, g[LOOM_FCW] + lc * 4 * C, g[LOOM_FCB] + 4 * lc, dfch, ln2, p[LOOM_FCW] + lc * 4 * C, (int)N, C, 4 * C);
         be->layernorm_backward(dres, g[LOOM_LN2W] + lc, g[LOOM_LN2B] + lc, dbtc, res2, p[LOOM_LN2W] + lc, ln2_mean, ln2_rstd, (int)N, C);
         /* res2 = resid + attproj */
-        be->zero(dbtc, btc * sizeof(float));
+        be->zero(dbtc, btc_bytes);
         be->matmul_backward(dbtc, g[LOOM_ATTPROJW] + lc * C, g[LOOM_ATTPROJB] + lc, dres, atty, p[LOOM_ATTPROJW] + lc * C, (int)N, C, C);
         be->attention_backward(dqkv, dbtc, qkv, atty, lse, B, T, C, NH);
-        be->zero(dbtc, btc * sizeof(float));
+        be->zero(dbtc, btc_bytes);
         be->matmul_backward(dbtc, g[LOOM_QKVW] + lc * 3 * C, g[LOOM_QKVB] + 3 * lc, dqkv, ln1, p[LOOM_QKVW] + lc * 3 * C, (int)N, C, 3 * C);
         be->layernorm_backward(dres, g[LOOM_LN1W] + lc, g[LOOM_LN1B] + lc, dbtc, resid, p[LOOM_LN1W] + lc, ln1_mean, ln1_rstd, (int)N, C);
         if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, l);
@@ -548,12 +571,12 @@ void loom_gpt_adamw_dev(loom_gpt_t *m, const loom_adamw_t *hp, const float *scal
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T) {
     acts_t a;
     act_views(m, B, T, &a);
-    m->be->download(out, a.a[A_LOGITS], (size_t)B * T * m->cfg.padded_vocab_size * sizeof(float));
+    loom_backend_download_act(m->be, out, a.a[A_LOGITS], (size_t)B * T * m->cfg.padded_vocab_size);
 }
 
 void loom_gpt_logits_row(const loom_gpt_t *m, float *out, int B, int T, size_t row) {
     acts_t a;
     act_views(m, B, T, &a);
     size_t Vp = (size_t)m->cfg.padded_vocab_size;
-    m->be->download(out, a.a[A_LOGITS] + row * Vp, Vp * sizeof(float));
+    loom_backend_download_act(m->be, out, (char *)a.a[A_LOGITS] + loom_backend_act_bytes(m->be, row * Vp), Vp);
 }

@@ -95,8 +95,9 @@ struct loom_gpt {
      * B*T fits too. */
     int act_B, act_T;
     loom_recompute recompute; /* decides the activation layout; set with loom_gpt_set_recompute */
-    float *acts;             /* one backend allocation */
-    size_t num_acts;
+    float *acts;             /* one backend allocation; ACT tensors at be->act_dtype */
+    size_t num_acts;         /* elements in the block (loom_gpt_act_table's total) */
+    size_t act_bytes;        /* its bytes: 2 per ACT element at a 16-bit act_dtype */
     int *tokens, *targets;   /* backend memory, (B, T) int32 */
     float *loss_host;        /* (B*T) host copy of per-position losses */
 
@@ -141,6 +142,8 @@ typedef struct {
     size_t slices;       /* L when the recompute mode keeps every layer's, else 1 */
     size_t floats;       /* slice_floats * slices, padded to 64 bytes as allocated */
     int per_layer;       /* 1 for the tensors each block writes */
+    int f32;             /* 1: always fp32 (statistics, losses); 0: an ACT tensor,
+                          * stored at the backend's act_dtype (2 bytes at bf16) */
 } loom_act_info_t;
 #define LOOM_ACT_MAX 32
 /* The activation block loom_gpt_alloc_acts allocates for (B, T) under

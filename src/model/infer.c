@@ -219,7 +219,7 @@ loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, f
     if (b->n_logits) {
         be->gather_rows(inf->rows, inf->ln, inf->d_rows, b->n_logits, C);
         matmul(inf, loom_quant_logits(inf->quant), inf->logits, inf->rows, p[LOOM_WTE], NULL, b->n_logits, C, Vp, 0);
-        be->download(logits, inf->logits, (size_t)b->n_logits * Vp * sizeof(float));
+        loom_backend_download_act(be, logits, inf->logits, (size_t)b->n_logits * Vp); /* ACT: bf16 on CUDA at --dtype bf16 */
     }
     return LOOM_OK;
 }

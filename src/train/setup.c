@@ -269,7 +269,7 @@ static void report_setup(const loom_train_job_t *j) {
         loom_info("loom train: %s step%s%s; recompute %s (%.1f MB of activations)", j->device_step ? "device-resident" : "host",
                   j->device_step ? (j->graphs ? ", CUDA graphs after the warm-up steps" : ", CUDA graphs off") : "",
                   run->loss_scaling ? ", dynamic fp16 loss scaling from 65536" : "", loom_recompute_name(run->model->recompute),
-                  run->model->num_acts * 4.0 / 1e6);
+                  run->model->act_bytes / 1e6);
     if (run->multi || run->dp) report_ranks(j);
     if (o->resume)
         loom_info("loom train: resuming %s from step %lld (%s), data position %llu", o->out, j->rst.step, j->rck, j->rst.data_pos);

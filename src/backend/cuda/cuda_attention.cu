@@ -16,6 +16,9 @@
  * products onto tensor cores (mma.sync on bf16/fp16 tiles) is the next step.
  * Head sizes up to 128; larger heads use the unfused path.
  *
+ * With 16-bit activations these fp32 kernels run on fp32 copies (the
+ * entries at the end); cuDNN's SDPA reads the 16-bit tensors directly.
+ *
  * Unfused (LOOM_CUDA_ATTENTION=unfused, the reference and fallback): heads
  * are split out to (B, NH, T, hs), scores and products are strided batched
  * GEMMs in cuBLAS at the run's compute type, and a softmax kernel between
@@ -65,6 +68,45 @@ __device__ __forceinline__ void tile_load(float *dst, int sld, const float *src,
     for (int i = threadIdx.x; i < rows * hs; i += blockDim.x) {
         int r = i / hs, d = i % hs;
         dst[r * sld + d] = r < valid ? src[(size_t)r * ld + d] * scale : 0.f;
+    }
+}
+
+/* acc[e] += sum over the tile's first n rows jj of (lane jj's w) * row jj
+ * of `tile` (row stride ld), for this lane's head elements d = lane + 32e:
+ * the shared inner loop of the three fused kernels. */
+template <int DPL>
+__device__ __forceinline__ void add_tile_rows(float (&acc)[DPL], float w, const float *tile, int ld, int n, int hs,
+                                              int lane) {
+    for (int jj = 0; jj < n; jj++) {
+        float wj = __shfl_sync(0xffffffffu, w, jj);
+        const float *row = tile + jj * ld;
+#pragma unroll
+        for (int e = 0; e < DPL; e++) {
+            int d = lane + 32 * e;
+            if (d < hs) acc[e] += wj * row[d];
+        }
+    }
+}
+
+/* *s = a . b and *dp = c . e over hs elements: a (query, key) pair's score
+ * and dP in the two backward kernels. */
+__device__ __forceinline__ void two_dots(const float *a, const float *b, const float *c, const float *e, int hs,
+                                         float *s, float *dp) {
+    float x = 0.f, y = 0.f;
+    for (int d = 0; d < hs; d++) {
+        x += a[d] * b[d];
+        y += c[d] * e[d];
+    }
+    *s = x, *dp = y;
+}
+
+/* dst[d] = acc[e] * mul for this lane's head elements d = lane + 32e. */
+template <int DPL>
+__device__ __forceinline__ void store_row(float *dst, const float (&acc)[DPL], float mul, int hs, int lane) {
+#pragma unroll
+    for (int e = 0; e < DPL; e++) {
+        int d = lane + 32 * e;
+        if (d < hs) dst[d] = acc[e] * mul;
     }
 }
 
@@ -119,28 +161,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             int nk = min(ATT_BC, i - k0 + 1);
 #pragma unroll
             for (int e = 0; e < DPL; e++) acc[r][e] *= corr;
-            for (int jj = 0; jj < nk; jj++) {
-                float pj = __shfl_sync(0xffffffffu, p, jj);
-                const float *v = Vs + jj * hs;
-#pragma unroll
-                for (int e = 0; e < DPL; e++) {
-                    int d = lane + 32 * e;
-                    if (d < hs) acc[r][e] += pj * v[d];
-                }
-            }
+            add_tile_rows<DPL>(acc[r], p, Vs, hs, nk, hs, lane);
         }
     }
 #pragma unroll
     for (int r = 0; r < ATT_ROWS; r++) {
         int i = q0 + warp * ATT_ROWS + r;
         if (i >= T) continue;
-        float *o = out + ((size_t)b * T + i) * C + h * hs;
-        float inv = 1.f / l[r];
-#pragma unroll
-        for (int e = 0; e < DPL; e++) {
-            int d = lane + 32 * e;
-            if (d < hs) o[d] = acc[r][e] * inv;
-        }
+        store_row<DPL>(out + ((size_t)b * T + i) * C + h * hs, acc[r], 1.f / l[r], hs, lane);
         if (lane == 0) lse[(size_t)bh * T + i] = m[r] + logf(l[r]);
     }
 }
@@ -189,36 +217,18 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             if (i >= T || k0 > i) continue;
             const float *q = Qs + qr * hs, *go = dOs + qr * hs;
             const float *k = Ks + lane * (hs + 1), *v = Vs + lane * (hs + 1);
-            float s = 0.f, dp = 0.f;
-            for (int d = 0; d < hs; d++) {
-                s += q[d] * k[d];
-                dp += go[d] * v[d];
-            }
+            float s, dp;
+            two_dots(q, k, go, v, hs, &s, &dp);
             int j = k0 + lane;
             float p = j <= i ? expf(s - rl[r]) : 0.f;
             float ds = p * (dp - rD[r]);
-            int nk = min(ATT_BC, i - k0 + 1);
-            for (int jj = 0; jj < nk; jj++) {
-                float dsj = __shfl_sync(0xffffffffu, ds, jj);
-                const float *kj = Ks + jj * (hs + 1);
-#pragma unroll
-                for (int e = 0; e < DPL; e++) {
-                    int d = lane + 32 * e;
-                    if (d < hs) dq[r][e] += dsj * kj[d];
-                }
-            }
+            add_tile_rows<DPL>(dq[r], ds, Ks, hs + 1, min(ATT_BC, i - k0 + 1), hs, lane);
         }
     }
 #pragma unroll
     for (int r = 0; r < ATT_ROWS; r++) {
         int i = q0 + warp * ATT_ROWS + r;
-        if (i >= T) continue;
-        float *o = dqkv + ((size_t)b * T + i) * ld + h * hs;
-#pragma unroll
-        for (int e = 0; e < DPL; e++) {
-            int d = lane + 32 * e;
-            if (d < hs) o[d] = dq[r][e] * scale;
-        }
+        if (i < T) store_row<DPL>(dqkv + ((size_t)b * T + i) * ld + h * hs, dq[r], scale, hs, lane);
     }
 }
 
@@ -268,11 +278,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
             if (j >= T || i0 + ATT_BC - 1 < j) continue; /* no query of the tile sees key j */
             const float *k = Ks + kr * hs, *v = Vs + kr * hs;
             const float *q = Qs + lane * (hs + 1), *go = dOs + lane * (hs + 1);
-            float s = 0.f, dp = 0.f;
-            for (int d = 0; d < hs; d++) {
-                s += k[d] * q[d];
-                dp += v[d] * go[d];
-            }
+            float s, dp;
+            two_dots(k, q, v, go, hs, &s, &dp);
             int i = i0 + lane;
             float p = (i < T && i >= j) ? expf(s - Ls[lane]) : 0.f;
             float ds = p * (dp - Ds[lane]);
@@ -297,14 +304,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         int j = k0 + warp * ATT_ROWS + r;
         if (j >= T) continue;
         float *o = dqkv + ((size_t)b * T + j) * ld + h * hs;
-#pragma unroll
-        for (int e = 0; e < DPL; e++) {
-            int d = lane + 32 * e;
-            if (d < hs) {
-                o[C + d] = dk[r][e] * scale;
-                o[2 * C + d] = dv[r][e];
-            }
-        }
+        store_row<DPL>(o + C, dk[r], scale, hs, lane);
+        store_row<DPL>(o + 2 * C, dv[r], 1.f, hs, lane);
     }
 }
 
@@ -496,10 +497,8 @@ static bool use_cudnn(int C, int NH) {
     return !g_cuda.attention_unfused && !g_cuda.attention_own && cuda_attention_cudnn_takes(C, NH);
 }
 
-void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
-                            int NH) {
-    if (B <= 0 || T <= 0) return;
-    if (use_cudnn(C, NH) && cuda_attention_cudnn_forward(out, lse, qkv, B, T, C, NH)) return;
+/* The own kernels on fp32 tensors. */
+static void attention_forward_f32(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
     if (!use_fused(C, NH)) {
         unfused_forward(out, lse, qkv, B, T, C, NH);
         return;
@@ -515,10 +514,8 @@ void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int
     LAUNCH_CHECK();
 }
 
-void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                             const float *lse, int B, int T, int C, int NH) {
-    if (B <= 0 || T <= 0) return;
-    if (use_cudnn(C, NH) && cuda_attention_cudnn_backward(dqkv, dout, qkv, out, lse, B, T, C, NH)) return;
+static void attention_backward_f32(float *dqkv, const float *dout, const float *qkv, const float *out,
+                                   const float *lse, int B, int T, int C, int NH) {
     if (!use_fused(C, NH)) {
         unfused_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
         return;
@@ -537,4 +534,39 @@ void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, c
             dqkv, dout, qkv, lse, Dv, T, C, NH, scale);
         LAUNCH_CHECK();
     });
+}
+
+/* With 16-bit activations, the fp32 kernels (head sizes or dtypes cuDNN
+ * does not serve, LOOM_CUDA_ATTENTION=own|unfused) run on fp32 copies in
+ * scratch: correct, not fast (docs/cuda.md). */
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0) return;
+    if (use_cudnn(C, NH) && cuda_attention_cudnn_forward(out, lse, qkv, B, T, C, NH)) return;
+    if (!cuda_act16()) {
+        attention_forward_f32(out, lse, qkv, B, T, C, NH);
+        return;
+    }
+    size_t BT = (size_t)B * T;
+    float *q32 = (float *)cuda_scratch(SCRATCH_ATTN_F32, BT * 4 * C * sizeof(float)), *o32 = q32 + BT * 3 * C;
+    cuda_act_to_f32(q32, qkv, BT * 3 * C);
+    attention_forward_f32(o32, lse, q32, B, T, C, NH);
+    cuda_act_from_f32(out, o32, BT * C);
+}
+
+void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                             const float *lse, int B, int T, int C, int NH) {
+    if (B <= 0 || T <= 0) return;
+    if (use_cudnn(C, NH) && cuda_attention_cudnn_backward(dqkv, dout, qkv, out, lse, B, T, C, NH)) return;
+    if (!cuda_act16()) {
+        attention_backward_f32(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        return;
+    }
+    size_t BT = (size_t)B * T;
+    float *q32 = (float *)cuda_scratch(SCRATCH_ATTN_F32, BT * 8 * C * sizeof(float));
+    float *o32 = q32 + BT * 3 * C, *g32 = o32 + BT * C, *d32 = g32 + BT * C; /* qkv, out, dout, dqkv */
+    cuda_act_to_f32(q32, qkv, BT * 3 * C);
+    cuda_act_to_f32(o32, out, BT * C);
+    cuda_act_to_f32(g32, dout, BT * C);
+    attention_backward_f32(d32, g32, q32, o32, lse, B, T, C, NH);
+    cuda_act_from_f32(dqkv, d32, BT * 3 * C);
 }

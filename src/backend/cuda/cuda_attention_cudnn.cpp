@@ -4,10 +4,11 @@
  * multiples of 8 up to 128 (GPT-2: 64); fp32 accumulation and softmax inside
  * cuDNN. docs/cuda.md says why cuDNN rather than an own mma.sync kernel.
  *
- * The op table's tensors are fp32 (backend.h), so each call converts its
- * inputs to the 16-bit type in scratch, lets cuDNN read q, k, v straight
- * out of the (B, T, 3C) layout through strides, and converts the outputs
- * back. The log-sum-exp that cuDNN saves (its "stats", fp32, (B, NH, T)) is
+ * With 16-bit activations (the default at bf16/fp16) cuDNN reads q, k, v
+ * straight out of the (B, T, 3C) activation through strides and writes
+ * out and dqkv in place; with fp32 activations (LOOM_CUDA_ACTIVATIONS=fp32)
+ * each call converts its inputs to the 16-bit type in scratch and the
+ * outputs back. The log-sum-exp that cuDNN saves (its "stats", fp32, (B, NH, T)) is
  * backend.h's lse. A graph is built once per (B, T, NH, hs, dtype,
  * direction) and cached; a shape cuDNN refuses is remembered and served by
  * the own kernels (with one warning). Without the cudnn-frontend headers at
@@ -147,15 +148,29 @@ bool cuda_attention_cudnn_forward(float *out, float *lse, const float *qkv, int 
     fe::graph::Graph *g = get_graph(B, T, NH, C / NH, false);
     if (!g) return false;
     size_t BT = (size_t)B * T;
-    char *lp = (char *)cuda_scratch(SCRATCH_ATTN_LP, BT * 4 * C * 2); /* qkv (3C), out (C) */
-    void *qkv16 = lp, *out16 = lp + BT * 3 * C * 2;
-    to_lp16(qkv16, qkv, BT * 3 * C);
+    bool direct = cuda_act16(); /* activations already 16-bit: no copies */
+    char *lp = direct ? nullptr : (char *)cuda_scratch(SCRATCH_ATTN_LP, BT * 4 * C * 2); /* qkv (3C), out (C) */
+    void *qkv16 = direct ? (void *)qkv : lp, *out16 = direct ? (void *)out : lp + BT * 3 * C * 2;
+    if (!direct) to_lp16(qkv16, qkv, BT * 3 * C);
     float scale = 1.f / sqrtf((float)(C / NH));
     std::unordered_map<int64_t, void *> pack = {
         {UID_Q, qkv16}, {UID_K, (char *)qkv16 + C * 2}, {UID_V, (char *)qkv16 + 2 * C * 2},
         {UID_SCALE, &scale}, {UID_O, out16}, {UID_STATS, lse}};
     execute(g, pack);
-    from_lp16(out, out16, BT * C);
+    if (!direct) from_lp16(out, out16, BT * C);
+    return true;
+}
+
+/* The backward graph on 16-bit tensors (q, k, v inside qkv; out, dout; dq,
+ * dk, dv written inside dqkv). */
+static bool cudnn_backward_run(fe::graph::Graph *g, void *dqkv16, const void *dout16, const void *qkv16,
+                               const void *out16, const float *lse, int C, int NH) {
+    float scale = 1.f / sqrtf((float)(C / NH));
+    std::unordered_map<int64_t, void *> pack = {
+        {UID_Q, (void *)qkv16}, {UID_K, (char *)qkv16 + C * 2}, {UID_V, (char *)qkv16 + 2 * C * 2},
+        {UID_SCALE, &scale}, {UID_O, (void *)out16}, {UID_DO, (void *)dout16}, {UID_STATS, (void *)lse},
+        {UID_DQ, dqkv16}, {UID_DK, (char *)dqkv16 + C * 2}, {UID_DV, (char *)dqkv16 + 2 * C * 2}};
+    execute(g, pack);
     return true;
 }
 
@@ -164,18 +179,14 @@ bool cuda_attention_cudnn_backward(float *dqkv, const float *dout, const float *
     fe::graph::Graph *g = get_graph(B, T, NH, C / NH, true);
     if (!g) return false;
     size_t BT = (size_t)B * T;
+    if (cuda_act16()) return cudnn_backward_run(g, dqkv, dout, qkv, out, lse, C, NH);
     char *lp = (char *)cuda_scratch(SCRATCH_ATTN_LP, BT * 8 * C * 2); /* qkv, out, dout, dqkv */
     void *qkv16 = lp, *out16 = lp + BT * 3 * C * 2, *dout16 = lp + BT * 4 * C * 2,
          *dqkv16 = lp + BT * 5 * C * 2;
     to_lp16(qkv16, qkv, BT * 3 * C);
     to_lp16(out16, out, BT * C);
     to_lp16(dout16, dout, BT * C);
-    float scale = 1.f / sqrtf((float)(C / NH));
-    std::unordered_map<int64_t, void *> pack = {
-        {UID_Q, qkv16}, {UID_K, (char *)qkv16 + C * 2}, {UID_V, (char *)qkv16 + 2 * C * 2},
-        {UID_SCALE, &scale}, {UID_O, out16}, {UID_DO, dout16}, {UID_STATS, (void *)lse},
-        {UID_DQ, dqkv16}, {UID_DK, (char *)dqkv16 + C * 2}, {UID_DV, (char *)dqkv16 + 2 * C * 2}};
-    execute(g, pack);
+    cudnn_backward_run(g, dqkv16, dout16, qkv16, out16, lse, C, NH);
     from_lp16(dqkv, dqkv16, BT * 3 * C);
     return true;
 }

@@ -289,8 +289,8 @@ static void fill_table(loom_backend_t *b, loom_dtype dtype, double peak) {
     b->peak_source = g_peak_source;
     b->caps = LOOM_CAP_DEVICE_MEMORY | LOOM_CAP_DEVICE_STEP | LOOM_CAP_GRAPHS |
               (dtype == LOOM_FP16 ? (unsigned)LOOM_CAP_LOSS_SCALING : 0u);
-    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32);
-    b->act_dtype = LOOM_FP32;
+    b->act_dtype = g_cuda.act;
+    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(g_cuda.act);
     b->alloc = cuda_alloc;
     b->free = cuda_free;
     b->upload = cuda_upload;
@@ -329,9 +329,13 @@ static void fill_table(loom_backend_t *b, loom_dtype dtype, double peak) {
     b->paged_attention = cuda_paged_attention;
     b->gather_rows = cuda_gather_rows;
     b->kv_copy_block = cuda_kv_copy_block;
+    b->dtypes |= LOOM_DTYPE_BIT(LOOM_INT8); /* int8 weights and the int8 KV cache (cuda_int8.cu) */
+    /* The inference variants read and write fp32 activations; with 16-bit
+     * ones (bf16/fp16 training) they are left out and the model takes its
+     * fp32 fallback (ops.h). */
+    if (g_cuda.act != LOOM_FP32) return;
     b->matmul_forward_w8 = cuda_matmul_forward_w8; /* cuda_int8.cu: int8 weights (issue 16) */
     b->matmul_forward_w8a8 = cuda_matmul_forward_w8a8;
-    b->dtypes |= LOOM_DTYPE_BIT(LOOM_INT8); /* int8 weights and the int8 KV cache (cuda_int8.cu) */
     b->matmul_forward_s24 = cuda_matmul_forward_s24; /* cuda_sparse24.cu: cuSPARSELt, else dense */
 }
 
@@ -380,6 +384,11 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
         LOOM_TRY(state_init(index, &prop));
     }
     g_cuda.dtype = dtype;
+    /* Activations in 16 bits at bf16/fp16 (docs/cuda.md); LOOM_CUDA_ACTIVATIONS=fp32
+     * keeps them fp32 with the tensor cores still rounding inside the GEMMs. */
+    const char *acts = getenv("LOOM_CUDA_ACTIVATIONS");
+    bool act16 = (dtype == LOOM_BF16 || dtype == LOOM_FP16) && !(acts && strcmp(acts, "fp32") == 0);
+    g_cuda.act = act16 ? dtype : LOOM_FP32;
     const char *att = getenv("LOOM_CUDA_ATTENTION");
     g_cuda.attention_unfused = att && strcmp(att, "unfused") == 0;
     g_cuda.attention_own = att && strcmp(att, "own") == 0;

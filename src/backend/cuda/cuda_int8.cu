@@ -34,15 +34,8 @@
 
 #include "cuda_int8.h"
 
-/* ACT tensors (inp, out, qkv) are fp32 on main today. The bf16-activation
- * work (issue 14) adds with_act / to_f / from_f to cuda_internal.h and
- * makes ACT 16-bit at bf16/fp16; the kernels here are already templates
- * on the activation type A. When that lands, these three stand-ins
- * collide with cuda_internal.h's at compile time: delete them. */
-template <typename F> static inline void with_act(F f) { f(0.f); }
-__device__ __forceinline__ float to_f(float x) { return x; }
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+/* ACT tensors (inp, out, qkv) are of type g_cuda.act; with_act, to_f and
+ * from_f come from cuda_internal.h. */
 #define ACT_TYPE(act) typedef std::decay_t<decltype(act)> A
 
 #define W8_KERNEL_MAX_N 32 /* rows up to which the in-kernel dequantization runs */

@@ -1,7 +1,11 @@
 /* cuda_kernels: the memory-bound ops of the CUDA backend. Each op is one or
  * two launches on g_cuda.stream; rows are handled warp-per-row, and loads are
- * 16-byte (float4) where the row length and the pointers allow it, with a
- * scalar version of the same template otherwise. Accumulations use fp32
+ * 4-element vectors (16 bytes of fp32, 8 of bf16/fp16) where the row length
+ * and the pointers allow it, with a scalar version of the same template
+ * otherwise. ACT tensors are of type g_cuda.act (float, or bf16/fp16 when
+ * the backend stores activations in 16 bits): every kernel over them is a
+ * template on that type, widening on load and rounding on store, with the
+ * arithmetic, the LayerNorm statistics and the losses in fp32. Accumulations use fp32
  * registers; the global reductions (sumsq) use double partials in a fixed
  * order, so they are deterministic. Two ops use atomics and are therefore not
  * bit-reproducible run to run: encoder_backward (dwte, tokens repeat) and the
@@ -10,34 +14,44 @@
 
 #include <type_traits>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "cuda_internal.h"
 
-/* ---- vector access: VEC = 4 uses float4, VEC = 1 plain floats ---- */
+/* ---- vector access: VEC = 4 loads 4 elements at once (float4 for fp32,
+ * 8 bytes for 16-bit types), VEC = 1 one at a time; values are fp32 ---- */
 template <int VEC> struct fvec {
     float v[VEC];
 };
-template <int VEC> __device__ __forceinline__ fvec<VEC> vload(const float *p) {
+template <int VEC, typename T> __device__ __forceinline__ fvec<VEC> vload(const T *p) {
     fvec<VEC> r;
-    if constexpr (VEC == 4) {
+    if constexpr (VEC == 4 && sizeof(T) == 4) {
         float4 t = *reinterpret_cast<const float4 *>(p);
         r.v[0] = t.x, r.v[1] = t.y, r.v[2] = t.z, r.v[3] = t.w;
+    } else if constexpr (VEC == 4) {
+        union { uint2 u; T t[4]; } x;
+        x.u = *reinterpret_cast<const uint2 *>(p);
+#pragma unroll
+        for (int i = 0; i < 4; i++) r.v[i] = to_f(x.t[i]);
     } else {
 #pragma unroll
-        for (int i = 0; i < VEC; i++) r.v[i] = p[i];
+        for (int i = 0; i < VEC; i++) r.v[i] = to_f(p[i]);
     }
     return r;
 }
-template <int VEC> __device__ __forceinline__ void vstore(float *p, const fvec<VEC> &r) {
-    if constexpr (VEC == 4) {
+template <int VEC, typename T> __device__ __forceinline__ void vstore(T *p, const fvec<VEC> &r) {
+    if constexpr (VEC == 4 && sizeof(T) == 4) {
         *reinterpret_cast<float4 *>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    } else if constexpr (VEC == 4) {
+        union { uint2 u; T t[4]; } x;
+#pragma unroll
+        for (int i = 0; i < 4; i++) x.t[i] = from_f<T>(r.v[i]);
+        *reinterpret_cast<uint2 *>(p) = x.u;
     } else {
 #pragma unroll
-        for (int i = 0; i < VEC; i++) p[i] = r.v[i];
+        for (int i = 0; i < VEC; i++) p[i] = from_f<T>(r.v[i]);
     }
 }
+/* The element type of a with_act argument, as a type. */
+#define ACT_T(x) std::decay_t<decltype(x)>
 
 int cuda_grid(size_t n, int block) {
     size_t g = (n + (size_t)block - 1) / (size_t)block;
@@ -48,8 +62,8 @@ int cuda_grid(size_t n, int block) {
 
 /* ---- encoder ---- */
 
-template <int VEC>
-static __global__ void encoder_forward_kernel(float *out, const int *tokens, const float *wte,
+template <int VEC, typename A>
+static __global__ void encoder_forward_kernel(A *out, const int *tokens, const float *wte,
                                        const float *wpe, int T, int C, size_t nvec) {
     int cv = C / VEC;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
@@ -69,33 +83,36 @@ static __global__ void encoder_forward_kernel(float *out, const int *tokens, con
 void cuda_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                           int B, int T, int C) {
     size_t n = (size_t)B * T * C;
-    if (C % 4 == 0 && aligned16(out, wte, wpe)) {
-        encoder_forward_kernel<4><<<cuda_grid(n / 4, 256), 256, 0, g_cuda.stream>>>(
-            out, tokens, wte, wpe, T, C, n / 4);
-    } else {
-        encoder_forward_kernel<1><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(
-            out, tokens, wte, wpe, T, C, n);
-    }
+    with_act([&](auto a) {
+        typedef ACT_T(a) A;
+        A *o = (A *)out;
+        if (C % 4 == 0 && aligned16(wte, wpe) && vec4_ok<A>(o))
+            encoder_forward_kernel<4, A><<<cuda_grid(n / 4, 256), 256, 0, g_cuda.stream>>>(o, tokens, wte, wpe, T, C, n / 4);
+        else
+            encoder_forward_kernel<1, A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(o, tokens, wte, wpe, T, C, n);
+    });
     LAUNCH_CHECK();
 }
 
 /* dwte: one thread per (row, channel), atomics because tokens repeat. */
-static __global__ void encoder_backward_wte_kernel(float *dwte, const float *dout, const int *tokens,
+template <typename T>
+static __global__ void encoder_backward_wte_kernel(float *dwte, const T *dout, const int *tokens,
                                             int C, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t row = i / C;
         int c = (int)(i % C);
-        atomicAdd(dwte + (size_t)tokens[row] * C + c, dout[i]);
+        atomicAdd(dwte + (size_t)tokens[row] * C + c, to_f(dout[i]));
     }
 }
 /* dwpe: one thread per (t, channel) summing over the batch in order. */
-static __global__ void encoder_backward_wpe_kernel(float *dwpe, const float *dout, int B, int T, int C) {
+template <typename A>
+static __global__ void encoder_backward_wpe_kernel(float *dwpe, const A *dout, int B, int T, int C) {
     size_t n = (size_t)T * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         float s = 0.f;
-        for (int b = 0; b < B; b++) s += dout[(size_t)b * n + i];
+        for (int b = 0; b < B; b++) s += to_f(dout[(size_t)b * n + i]);
         dwpe[i] += s;
     }
 }
@@ -103,12 +120,13 @@ static __global__ void encoder_backward_wpe_kernel(float *dwpe, const float *dou
 void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B,
                            int T, int C) {
     size_t n = (size_t)B * T * C;
-    encoder_backward_wte_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dwte, dout, tokens,
-                                                                            C, n);
-    LAUNCH_CHECK();
-    encoder_backward_wpe_kernel<<<cuda_grid((size_t)T * C, 256), 256, 0, g_cuda.stream>>>(
-        dwpe, dout, B, T, C);
-    LAUNCH_CHECK();
+    with_act([&](auto a) {
+        typedef ACT_T(a) A;
+        encoder_backward_wte_kernel<A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dwte, (const A *)dout, tokens, C, n);
+        LAUNCH_CHECK();
+        encoder_backward_wpe_kernel<A><<<cuda_grid((size_t)T * C, 256), 256, 0, g_cuda.stream>>>(dwpe, (const A *)dout, B, T, C);
+        LAUNCH_CHECK();
+    });
 }
 
 /* ---- layernorm ---- */
@@ -116,29 +134,29 @@ void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const in
 /* Warp per row. With b_res != NULL the row is x = a + b_res, written to res
  * first (residual add fused into the same pass). Two-pass variance from the
  * row (re-read from L1/L2), as the CPU reference computes it. */
-template <int VEC>
-static __global__ void layernorm_forward_kernel(float *res, float *out, float *mean, float *rstd,
-                                         const float *a, const float *b_res, const float *w,
+template <int VEC, typename T>
+static __global__ void layernorm_forward_kernel(T *res, T *out, float *mean, float *rstd,
+                                         const T *a, const T *b_res, const float *w,
                                          const float *bias, int N, int C) {
     int warps = blockDim.x / 32, lane = threadIdx.x % 32;
     int row = blockIdx.x * warps + threadIdx.x / 32;
     if (row >= N) return;
-    const float *x = a + (size_t)row * C;
-    const float *xr = b_res ? b_res + (size_t)row * C : nullptr;
-    float *r = res ? res + (size_t)row * C : nullptr;
+    const T *x = a + (size_t)row * C;
+    const T *xr = b_res ? b_res + (size_t)row * C : nullptr;
+    T *r = res ? res + (size_t)row * C : nullptr;
     float s = 0.f;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         fvec<VEC> v = vload<VEC>(x + c);
         if (xr) {
             fvec<VEC> u = vload<VEC>(xr + c);
 #pragma unroll
-            for (int k = 0; k < VEC; k++) v.v[k] += u.v[k];
+            for (int k = 0; k < VEC; k++) v.v[k] = to_f(from_f<T>(v.v[k] + u.v[k])); /* the stored value */
             vstore<VEC>(r + c, v);
         }
 #pragma unroll
         for (int k = 0; k < VEC; k++) s += v.v[k];
     }
-    const float *src = xr ? r : x; /* this lane wrote r itself: visible to it */
+    const T *src = xr ? r : x; /* this lane wrote r itself: visible to it */
     float m = warp_sum(s) / C;
     float q = 0.f;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
@@ -147,7 +165,7 @@ static __global__ void layernorm_forward_kernel(float *res, float *out, float *m
         for (int k = 0; k < VEC; k++) q += (v.v[k] - m) * (v.v[k] - m);
     }
     float rs = rsqrtf(warp_sum(q) / C + 1e-5f);
-    float *o = out + (size_t)row * C;
+    T *o = out + (size_t)row * C;
     for (int c = lane * VEC; c < C; c += 32 * VEC) {
         fvec<VEC> v = vload<VEC>(src + c), wv = vload<VEC>(w + c), bv = vload<VEC>(bias + c);
 #pragma unroll
@@ -166,13 +184,15 @@ void cuda_residual_layernorm_forward(float *res, float *out, float *mean, float 
     const int block = 256, rows_per_block = block / 32;
     int grid = (N + rows_per_block - 1) / rows_per_block;
     if (grid == 0) return;
-    if (C % 4 == 0 && aligned16(out, a, w, b) && aligned16(res, b_res)) {
-        layernorm_forward_kernel<4><<<grid, block, 0, g_cuda.stream>>>(res, out, mean, rstd, a,
-                                                                       b_res, w, b, N, C);
-    } else {
-        layernorm_forward_kernel<1><<<grid, block, 0, g_cuda.stream>>>(res, out, mean, rstd, a,
-                                                                       b_res, w, b, N, C);
-    }
+    with_act([&](auto act) {
+        typedef ACT_T(act) A;
+        A *r = (A *)res, *o = (A *)out;
+        const A *x = (const A *)a, *xr = (const A *)b_res;
+        if (C % 4 == 0 && aligned16(w, b) && vec4_ok<A>(o) && vec4_ok<A>(x) && vec4_ok<A>(r) && vec4_ok<A>(xr))
+            layernorm_forward_kernel<4, A><<<grid, block, 0, g_cuda.stream>>>(r, o, mean, rstd, x, xr, w, b, N, C);
+        else
+            layernorm_forward_kernel<1, A><<<grid, block, 0, g_cuda.stream>>>(r, o, mean, rstd, x, xr, w, b, N, C);
+    });
     LAUNCH_CHECK();
 }
 
@@ -184,9 +204,9 @@ void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *i
 /* Warp per row, grid-stride over rows. dinp is accumulated directly; dw and
  * db are summed per block in shared memory and written as per-block partials
  * (part: gridDim.x x 2C), which layernorm_reduce_kernel adds in block order. */
-template <int VEC>
-static __global__ void layernorm_backward_kernel(float *dinp, float *part, const float *dout,
-                                          const float *inp, const float *w, const float *mean,
+template <int VEC, typename T>
+static __global__ void layernorm_backward_kernel(T *dinp, float *part, const T *dout,
+                                          const T *inp, const float *w, const float *mean,
                                           const float *rstd, int N, int C) {
     extern __shared__ float sh[]; /* dw (C), db (C) */
     float *dw_s = sh, *db_s = sh + C;
@@ -194,7 +214,7 @@ static __global__ void layernorm_backward_kernel(float *dinp, float *part, const
     __syncthreads();
     int warps = blockDim.x / 32, lane = threadIdx.x % 32;
     for (int row = blockIdx.x * warps + threadIdx.x / 32; row < N; row += gridDim.x * warps) {
-        const float *g = dout + (size_t)row * C, *x = inp + (size_t)row * C;
+        const T *g = dout + (size_t)row * C, *x = inp + (size_t)row * C;
         float m = mean[row], rs = rstd[row];
         float s1 = 0.f, s2 = 0.f;
         for (int c = lane * VEC; c < C; c += 32 * VEC) {
@@ -207,7 +227,7 @@ static __global__ void layernorm_backward_kernel(float *dinp, float *part, const
             }
         }
         float dmean = warp_sum(s1) / C, dnorm_mean = warp_sum(s2) / C;
-        float *di = dinp + (size_t)row * C;
+        T *di = dinp + (size_t)row * C;
         for (int c = lane * VEC; c < C; c += 32 * VEC) {
             fvec<VEC> gv = vload<VEC>(g + c), xv = vload<VEC>(x + c), wv = vload<VEC>(w + c);
             fvec<VEC> dv = vload<VEC>(di + c);
@@ -248,15 +268,17 @@ void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dou
     if (grid > 2 * g_cuda.num_sms) grid = 2 * g_cuda.num_sms;
     size_t shmem = 2 * (size_t)C * sizeof(float);
     float *part = (float *)cuda_scratch(SCRATCH_LN, (size_t)grid * shmem);
-    /* float4 loads when every row is 16-byte aligned, else scalar */
-    void (*kernel)(float *, float *, const float *, const float *, const float *, const float *,
-                   const float *, int, int) =
-        C % 4 == 0 && aligned16(dinp, dout, inp, w) ? layernorm_backward_kernel<4>
-                                                    : layernorm_backward_kernel<1>;
-    if (shmem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)shmem));
-    kernel<<<grid, block, shmem, g_cuda.stream>>>(dinp, part, dout, inp, w, mean, rstd, N, C);
+    with_act([&](auto act) {
+        typedef ACT_T(act) A;
+        /* vector loads when every row is aligned for them, else scalar */
+        void (*kernel)(A *, float *, const A *, const A *, const float *, const float *, const float *, int, int) =
+            C % 4 == 0 && aligned16(w) && vec4_ok<A>(dinp) && vec4_ok<A>(dout) && vec4_ok<A>(inp)
+                ? layernorm_backward_kernel<4, A>
+                : layernorm_backward_kernel<1, A>;
+        if (shmem > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shmem));
+        kernel<<<grid, block, shmem, g_cuda.stream>>>((A *)dinp, part, (const A *)dout, (const A *)inp, w, mean, rstd, N, C);
+    });
     LAUNCH_CHECK();
     layernorm_reduce_kernel<<<(C + 255) / 256, 256, 0, g_cuda.stream>>>(dw, db, part, grid, C);
     LAUNCH_CHECK();
@@ -266,7 +288,7 @@ void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dou
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 
-template <int VEC> __global__ void gelu_forward_kernel(float *out, const float *inp, size_t nvec) {
+template <int VEC, typename T> __global__ void gelu_forward_kernel(T *out, const T *inp, size_t nvec) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
          i += (size_t)gridDim.x * blockDim.x) {
         fvec<VEC> x = vload<VEC>(inp + i * VEC);
@@ -279,9 +301,8 @@ template <int VEC> __global__ void gelu_forward_kernel(float *out, const float *
     }
 }
 
-template <int VEC>
-static __global__ void gelu_backward_kernel(float *dinp, const float *inp, const float *dout,
-                                     size_t nvec) {
+template <int VEC, typename T>
+static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t nvec) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
          i += (size_t)gridDim.x * blockDim.x) {
         fvec<VEC> x = vload<VEC>(inp + i * VEC), g = vload<VEC>(dout + i * VEC);
@@ -299,8 +320,8 @@ static __global__ void gelu_backward_kernel(float *dinp, const float *inp, const
 }
 
 /* out = a + b; with out == a it is dst += src. */
-template <int VEC>
-static __global__ void add_kernel(float *out, const float *a, const float *b, size_t nvec) {
+template <int VEC, typename T>
+static __global__ void add_kernel(T *out, const T *a, const T *b, size_t nvec) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
          i += (size_t)gridDim.x * blockDim.x) {
         fvec<VEC> x = vload<VEC>(a + i * VEC), y = vload<VEC>(b + i * VEC);
@@ -328,52 +349,70 @@ template <typename F> static void split_vec(size_t n, bool aligned, F launch) {
 }
 
 void cuda_gelu_forward(float *out, const float *inp, size_t n) {
-    split_vec(n, aligned16(out, inp), [&](auto vec, size_t o, size_t nv) {
-        constexpr int V = decltype(vec)::value;
-        gelu_forward_kernel<V><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(out + o, inp + o,
-                                                                               nv);
+    with_act([&](auto act) {
+        typedef ACT_T(act) A;
+        A *y = (A *)out;
+        const A *x = (const A *)inp;
+        split_vec(n, vec4_ok<A>(y) && vec4_ok<A>(x), [&](auto vec, size_t o, size_t nv) {
+            constexpr int V = decltype(vec)::value;
+            gelu_forward_kernel<V, A><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(y + o, x + o, nv);
+        });
     });
 }
 
 void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-    split_vec(n, aligned16(dinp, inp, dout), [&](auto vec, size_t o, size_t nv) {
+    with_act([&](auto act) {
+        typedef ACT_T(act) A;
+        A *di = (A *)dinp;
+        const A *x = (const A *)inp, *g = (const A *)dout;
+        split_vec(n, vec4_ok<A>(di) && vec4_ok<A>(x) && vec4_ok<A>(g), [&](auto vec, size_t o, size_t nv) {
+            constexpr int V = decltype(vec)::value;
+            gelu_backward_kernel<V, A><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(di + o, x + o, g + o, nv);
+        });
+    });
+}
+
+/* out = a + b over n elements of type A. */
+template <typename A> static void add_launch(A *out, const A *a, const A *b, size_t n) {
+    split_vec(n, vec4_ok<A>(out) && vec4_ok<A>(a) && vec4_ok<A>(b), [&](auto vec, size_t o, size_t nv) {
         constexpr int V = decltype(vec)::value;
-        gelu_backward_kernel<V><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(
-            dinp + o, inp + o, dout + o, nv);
+        add_kernel<V, A><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(out + o, a + o, b + o, nv);
     });
 }
 
 void cuda_residual_forward(float *out, const float *a, const float *b, size_t n) {
-    split_vec(n, aligned16(out, a, b), [&](auto vec, size_t o, size_t nv) {
-        constexpr int V = decltype(vec)::value;
-        add_kernel<V><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(out + o, a + o, b + o, nv);
+    with_act([&](auto act) {
+        typedef ACT_T(act) A;
+        add_launch<A>((A *)out, (const A *)a, (const A *)b, n);
     });
 }
 
-void cuda_accumulate(float *dst, const float *src, size_t n) {
-    cuda_residual_forward(dst, dst, src, n);
-}
+/* fp32 (F32 in ops.h): the trainer's loss sums, the bias gradients. */
+void cuda_accumulate(float *dst, const float *src, size_t n) { add_launch<float>(dst, dst, src, n); }
 
-static __global__ void bias_add_kernel(float *out, const float *bias, int OC, size_t n) {
+template <typename T> static __global__ void bias_add_kernel(T *out, const float *bias, int OC, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        out[i] += bias[i % OC];
+        out[i] = from_f<T>(to_f(out[i]) + bias[i % OC]);
 }
 
 void cuda_bias_add(float *out, const float *bias, int N, int OC) {
     size_t n = (size_t)N * OC;
-    bias_add_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(out, bias, OC, n);
+    with_act([&](auto act) {
+        typedef ACT_T(act) A;
+        bias_add_kernel<A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((A *)out, bias, OC, n);
+    });
     LAUNCH_CHECK();
 }
 
 /* dbias[c] += sum over rows of dout[., c]: a (32 columns x 8 row-lanes) block
  * per 32 columns, rows strided by 8, then a fixed-order shared reduction. */
-static __global__ void bias_grad_kernel(float *dbias, const float *dout, int N, int OC) {
+template <typename T> static __global__ void bias_grad_kernel(float *dbias, const T *dout, int N, int OC) {
     __shared__ float sh[8][33];
     int c = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
     if (c < OC)
-        for (int r = threadIdx.y; r < N; r += 8) s += dout[(size_t)r * OC + c];
+        for (int r = threadIdx.y; r < N; r += 8) s += to_f(dout[(size_t)r * OC + c]);
     sh[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && c < OC) {
@@ -383,7 +422,10 @@ static __global__ void bias_grad_kernel(float *dbias, const float *dout, int N, 
 }
 
 void cuda_bias_grad(float *dbias, const float *dout, int N, int OC) {
-    bias_grad_kernel<<<(OC + 31) / 32, dim3(32, 8), 0, g_cuda.stream>>>(dbias, dout, N, OC);
+    with_act([&](auto act) {
+        typedef ACT_T(act) A;
+        bias_grad_kernel<A><<<(OC + 31) / 32, dim3(32, 8), 0, g_cuda.stream>>>(dbias, (const A *)dout, N, OC);
+    });
     LAUNCH_CHECK();
 }
 
@@ -408,15 +450,15 @@ __device__ __forceinline__ msum msum_add(msum a, float x) {
 /* One block per row. Pass 1 finds the row's log-sum-exp over the first V
  * columns; pass 2 (when dloss != 0) overwrites the row with its gradient.
  * Nothing but the loss and the gradient is ever written. */
-template <int VEC>
-static __global__ void crossentropy_kernel(float *losses, float *logits, const int *targets, int V,
+template <int VEC, typename T>
+static __global__ void crossentropy_kernel(float *losses, T *logits, const int *targets, int V,
                                     int Vp, float dloss_arg, const float *dloss_dev) {
     __shared__ msum warp_part[32];
     __shared__ float row_lse;
     int row = blockIdx.x;
-    float *x = logits + (size_t)row * Vp;
+    T *x = logits + (size_t)row * Vp;
     int target = targets[row];
-    float x_target = threadIdx.x == 0 ? x[target] : 0.f; /* read before pass 2 writes */
+    float x_target = threadIdx.x == 0 ? to_f(x[target]) : 0.f; /* read before pass 2 writes */
     msum acc = {-INFINITY, 0.f};
     for (int j = threadIdx.x * VEC; j < V; j += blockDim.x * VEC) {
         fvec<VEC> v = vload<VEC>(x + j);
@@ -457,12 +499,14 @@ static void crossentropy_launch(float *losses, float *logits, const int *targets
                                 int Vp, float dloss, const float *dloss_dev) {
     if (N <= 0) return;
     const int block = 512;
-    if (Vp % 4 == 0 && aligned16(logits))
-        crossentropy_kernel<4><<<N, block, 0, g_cuda.stream>>>(losses, logits, targets, V, Vp,
-                                                               dloss, dloss_dev);
-    else
-        crossentropy_kernel<1><<<N, block, 0, g_cuda.stream>>>(losses, logits, targets, V, Vp,
-                                                               dloss, dloss_dev);
+    with_act([&](auto act) {
+        typedef ACT_T(act) A;
+        A *x = (A *)logits;
+        if (Vp % 4 == 0 && vec4_ok<A>(x))
+            crossentropy_kernel<4, A><<<N, block, 0, g_cuda.stream>>>(losses, x, targets, V, Vp, dloss, dloss_dev);
+        else
+            crossentropy_kernel<1, A><<<N, block, 0, g_cuda.stream>>>(losses, x, targets, V, Vp, dloss, dloss_dev);
+    });
     LAUNCH_CHECK();
 }
 
@@ -601,17 +645,13 @@ cudaError_t cuda_kernels_probe(void) {
 
 /* ---- fp32 <-> 16-bit copies (cuDNN's attention reads and writes 16-bit) ---- */
 
-template <typename T> __device__ __forceinline__ T to_lp(float x);
-template <> __device__ __forceinline__ __nv_bfloat16 to_lp(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ __half to_lp(float x) { return __float2half(x); }
-
 template <typename T> static __global__ void to_lp_kernel(T *dst, const float *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = to_lp<T>(src[i]);
+        dst[i] = from_f<T>(src[i]);
 }
 template <typename T> static __global__ void from_lp_kernel(float *dst, const T *src, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = (float)src[i];
+        dst[i] = to_f(src[i]);
 }
 
 void cuda_to_lp16(void *dst, const float *src, size_t n, bool bf16) {
@@ -622,6 +662,9 @@ void cuda_to_lp16(void *dst, const float *src, size_t n, bool bf16) {
         to_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((__half *)dst, src, n);
     LAUNCH_CHECK();
 }
+
+void cuda_act_from_f32(void *dst, const float *src, size_t n) { cuda_to_lp16(dst, src, n, g_cuda.act == LOOM_BF16); }
+void cuda_act_to_f32(float *dst, const void *src, size_t n) { cuda_from_lp16(dst, src, n, g_cuda.act == LOOM_BF16); }
 
 void cuda_from_lp16(float *dst, const void *src, size_t n, bool bf16) {
     if (n == 0) return;

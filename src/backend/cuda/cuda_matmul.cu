@@ -1,11 +1,15 @@
 /* cuda_matmul: the linear layers through cuBLASLt.
  *
- * Precision: tensors stay float32 in memory (the op table's seam); the
- * compute type decides what the tensor cores do with them: fp32 ->
- * CUBLAS_COMPUTE_32F (no tensor cores), tf32 -> 32F_FAST_TF32, bf16 ->
- * 32F_FAST_16BF, fp16 -> 32F_FAST_16F. With the fast types cuBLASLt rounds
- * the fp32 inputs to the 16/19-bit format inside the kernel and accumulates
- * in fp32, so weights and optimizer state stay fp32 masters.
+ * Precision. With 16-bit activations (bf16/fp16, the default at those
+ * dtypes) the GEMMs read and write 16-bit activations (A, B, D of type
+ * g_cuda.act) with CUBLAS_COMPUTE_32F (fp32 accumulation); the fp32 master
+ * weight of each call (and its bias) is rounded into scratch first (the
+ * masters stay fp32, and AdamW updates them), and the weight gradient is
+ * written in fp32 (16-bit A and B, fp32 C/D: dw accumulates into the fp32
+ * gradients). With fp32 activations the tensors stay fp32 and the compute
+ * type decides what the tensor cores do: fp32 -> CUBLAS_COMPUTE_32F (no
+ * tensor cores), tf32 -> 32F_FAST_TF32, bf16 -> 32F_FAST_16BF, fp16 ->
+ * 32F_FAST_16F (LOOM_CUDA_ACTIVATIONS=fp32 at bf16/fp16).
  *
  * Layout: cuBLASLt is column-major; a row-major (R, K) matrix is the same
  * memory as a column-major (K, R) one, so every row-major product here is
@@ -22,6 +26,7 @@
 
 typedef struct {
     int transa, transb, m, n, k, lda, ldb, ldd, epilogue, accumulate, compute;
+    int type_a, type_b, type_d; /* cudaDataType_t of A, B and C = D */
     int align_a, align_b, align_d, ld_aux;
     int align_bias, align_aux; /* 0 when absent: an algorithm picked for aligned epilogue pointers may need them */
 } lt_key;
@@ -43,7 +48,10 @@ void cuda_matmul_stats(long *queries, long *hits) {
     *hits = g_hits;
 }
 
-static cublasComputeType_t compute_type(void) {
+/* 16-bit inputs accumulate in fp32 (COMPUTE_32F); fp32 inputs use the
+ * dtype's fast mode, where cuBLASLt rounds them inside the GEMM. */
+static cublasComputeType_t compute_type(cudaDataType_t in) {
+    if (in != CUDA_R_32F) return CUBLAS_COMPUTE_32F;
     switch (g_cuda.dtype) {
     case LOOM_TF32: return CUBLAS_COMPUTE_32F_FAST_TF32;
     case LOOM_BF16: return CUBLAS_COMPUTE_32F_FAST_16BF;
@@ -52,11 +60,12 @@ static cublasComputeType_t compute_type(void) {
     }
 }
 
-/* Largest power of two (<= 16) dividing the address. */
+/* Largest power of two (<= 16) dividing the address (2 is possible for
+ * 16-bit activations). */
 static int ptr_align(const void *p) {
     uintptr_t a = (uintptr_t)p;
     int r = 16;
-    while (r > 4 && (a % (uintptr_t)r) != 0) r /= 2;
+    while (r > 1 && (a % (uintptr_t)r) != 0) r /= 2;
     return r;
 }
 
@@ -124,58 +133,73 @@ static bool lt_algo(const lt_key *key, cublasLtMatmulDesc_t op, cublasLtMatrixLa
     return found;
 }
 
-/* Column-major D (m, n) = op(A) op(B) (+ D when accumulate), fp32 storage,
- * with epilogue `epi` using `bias` (BIAS, GELU_AUX_BIAS: read; BGRADB:
- * written) and `aux` (GELU_AUX*: written; DGELU: read; leading dimension
- * ld_aux).
- * Returns false when cuBLASLt has no algorithm for it (the caller falls
- * back); panics on any other failure. */
-static bool lt_matmul(float *d, const float *a, const float *b, int m, int n, int k, int lda,
-                      int ldb, int ldd, bool transa, bool transb, bool accumulate,
-                      cublasLtEpilogue_t epi, const float *bias, float *aux, int ld_aux) {
-    if (m == 0 || n == 0) return true;
-    cublasComputeType_t ct = compute_type();
-    lt_key key;
-    memset(&key, 0, sizeof key);
-    key.transa = transa, key.transb = transb, key.m = m, key.n = n, key.k = k;
-    key.lda = lda, key.ldb = ldb, key.ldd = ldd, key.epilogue = (int)epi;
-    key.accumulate = accumulate, key.compute = (int)ct;
-    key.align_a = ptr_align(a), key.align_b = ptr_align(b), key.align_d = ptr_align(d);
-    key.ld_aux = ld_aux;
-    key.align_bias = bias ? ptr_align(bias) : 0;
-    key.align_aux = aux ? ptr_align(aux) : 0;
+/* One GEMM: column-major D (m, n) = op(A) op(B) (+ D when accumulate),
+ * elements of A, B and D (= C) of types ta, tb, td, with epilogue `epi`
+ * using `bias` (BIAS, GELU_AUX_BIAS: read, of type td; BGRADB: written, of
+ * type td) and `aux` (GELU_AUX*: written; DGELU: read; type td, leading
+ * dimension ld_aux). */
+typedef struct {
+    void *d;
+    const void *a, *b;
+    cudaDataType_t ta, tb, td;
+    int m, n, k, lda, ldb, ldd;
+    bool transa, transb, accumulate;
+    cublasLtEpilogue_t epi;
+    const void *bias;
+    void *aux;
+    int ld_aux;
+} gemm_t;
 
+static void gemm_key(const gemm_t *g, cublasComputeType_t ct, lt_key *key) {
+    memset(key, 0, sizeof *key);
+    key->transa = g->transa, key->transb = g->transb, key->m = g->m, key->n = g->n, key->k = g->k;
+    key->lda = g->lda, key->ldb = g->ldb, key->ldd = g->ldd, key->epilogue = (int)g->epi;
+    key->accumulate = g->accumulate, key->compute = (int)ct;
+    key->type_a = (int)g->ta, key->type_b = (int)g->tb, key->type_d = (int)g->td;
+    key->align_a = ptr_align(g->a), key->align_b = ptr_align(g->b), key->align_d = ptr_align(g->d);
+    key->ld_aux = g->ld_aux;
+    key->align_bias = g->bias ? ptr_align(g->bias) : 0;
+    key->align_aux = g->aux ? ptr_align(g->aux) : 0;
+}
+
+static cublasLtMatmulDesc_t gemm_desc(const gemm_t *g, cublasComputeType_t ct) {
     cublasLtMatmulDesc_t op;
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F));
-    cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasOperation_t tb = transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t ta = g->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasOperation_t tb = g->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                                sizeof epi));
-    if (bias)
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                    &bias, sizeof bias));
-    if (aux) {
-        int64_t ld = ld_aux;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                    &aux, sizeof aux));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                                                    &ld, sizeof ld));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi, sizeof g->epi));
+    if (g->bias)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+    if (g->aux) {
+        int64_t ld = g->ld_aux;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
     }
-    /* Stored shapes: op(A) is (m, k), op(B) is (k, n). */
-    cublasLtMatrixLayout_t la, lb, ld;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, transa ? k : m, transa ? m : k, lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, transb ? n : k, transb ? k : n, ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, ldd));
+    return op;
+}
 
+/* Runs g. Returns false when cuBLASLt has no algorithm for it (the caller
+ * falls back); panics on any other failure. */
+static bool lt_matmul(const gemm_t *g) {
+    if (g->m == 0 || g->n == 0) return true;
+    cublasComputeType_t ct = compute_type(g->ta);
+    lt_key key;
+    gemm_key(g, ct, &key);
+    cublasLtMatmulDesc_t op = gemm_desc(g, ct);
+    /* Stored shapes: op(A) is (m, k), op(B) is (k, n). */
+    int m = g->m, n = g->n, k = g->k;
+    cublasLtMatrixLayout_t la, lb, ld;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, g->ta, g->transa ? k : m, g->transa ? m : k, g->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, g->tb, g->transb ? n : k, g->transb ? k : n, g->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, g->td, m, n, g->ldd));
     cublasLtMatmulAlgo_t algo;
     bool found = lt_algo(&key, op, la, lb, ld, &algo);
     if (found) {
-        const float alpha = 1.f, beta = accumulate ? 1.f : 0.f;
-        CUBLAS_CHECK(cublasLtMatmul(g_cuda.lt, op, &alpha, a, la, b, lb, &beta, d, ld, d, ld,
-                                    &algo, g_cuda.workspace, g_cuda.workspace_bytes,
-                                    g_cuda.stream));
+        const float alpha = 1.f, beta = g->accumulate ? 1.f : 0.f;
+        CUBLAS_CHECK(cublasLtMatmul(g_cuda.lt, op, &alpha, g->a, la, g->b, lb, &beta, g->d, ld, g->d, ld, &algo,
+                                    g_cuda.workspace, g_cuda.workspace_bytes, g_cuda.stream));
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
@@ -186,22 +210,56 @@ static bool lt_matmul(float *d, const float *a, const float *b, int m, int n, in
 
 static void no_algorithm(const char *what, int N, int C, int OC) {
     loom_panic(__FILE__, __LINE__,
-               "cuBLASLt has no algorithm for %s (N=%d C=%d OC=%d, dtype %s) even without an "
+               "cuBLASLt has no algorithm for %s (N=%d C=%d OC=%d, dtype %s, activations %s) even without an "
                "epilogue",
-               what, N, C, OC, loom_dtype_name(g_cuda.dtype));
+               what, N, C, OC, loom_dtype_name(g_cuda.dtype), loom_dtype_name(g_cuda.act));
+}
+
+/* The cudaDataType_t of ACT tensors. */
+static cudaDataType_t act_type(void) {
+    return g_cuda.act == LOOM_BF16 ? CUDA_R_16BF : g_cuda.act == LOOM_FP16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* The weight w (n fp32) and bias (nb fp32, may be NULL) as the GEMM reads
+ * them: themselves with fp32 activations, else rounded to the activation
+ * type in scratch (one buffer: the bias after the weight, 256-byte
+ * aligned). */
+static const void *weight_in(const float *w, size_t n, const float *bias, size_t nb, const void **bias_out) {
+    *bias_out = bias;
+    if (!cuda_act16()) return w;
+    size_t wbytes = (n * 2 + 255) / 256 * 256;
+    char *s = (char *)cuda_scratch(SCRATCH_WLP, wbytes + nb * 2 + 256);
+    cuda_act_from_f32(s, w, n);
+    if (bias) {
+        cuda_act_from_f32(s + wbytes, bias, nb);
+        *bias_out = s + wbytes;
+    }
+    return s;
 }
 
 /* Row-major out (N, OC) = inp (N, C) @ w (OC, C)^T: column-major
  * out^T (OC, N) = w (OC, C) inp^T (C, N); w is stored column-major as
- * (C, OC) ld C, so op(A) transposes it; inp is stored (C, N) ld C. */
+ * (C, OC) ld C, so op(A) transposes it; inp is stored (C, N) ld C. With
+ * `pre`, GELU is applied in the epilogue and the pre-activation kept in
+ * pre (aux, ld OC). Returns false when cuBLASLt cannot run the epilogue. */
+static bool forward_gemm(float *out, float *pre, const float *inp, const float *w, const float *bias, int N, int C,
+                         int OC, bool with_epilogue) {
+    const void *b16;
+    const void *wa = weight_in(w, (size_t)OC * C, with_epilogue ? bias : nullptr, (size_t)OC, &b16);
+    cudaDataType_t t = act_type();
+    cublasLtEpilogue_t epi = !with_epilogue ? CUBLASLT_EPILOGUE_DEFAULT
+                             : pre          ? (bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                             : bias         ? CUBLASLT_EPILOGUE_BIAS
+                                            : CUBLASLT_EPILOGUE_DEFAULT;
+    gemm_t g = {out, wa, inp, t, t, t, OC, N, C, C, C, OC, true, false, false, epi, with_epilogue ? b16 : nullptr,
+                pre, pre ? OC : 0};
+    return lt_matmul(&g);
+}
+
 void cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N,
                          int C, int OC) {
-    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-    if (lt_matmul(out, w, inp, OC, N, C, C, C, OC, true, false, false, epi, bias, nullptr, 0))
-        return;
-    if (!bias || !lt_matmul(out, w, inp, OC, N, C, C, C, OC, true, false, false,
-                            CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0))
-        no_algorithm("matmul_forward", N, C, OC);
+    if (forward_gemm(out, nullptr, inp, w, bias, N, C, OC, true)) return;
+    if (!bias || !forward_gemm(out, nullptr, inp, w, bias, N, C, OC, false)) no_algorithm("matmul_forward", N, C, OC);
     cuda_bias_add(out, bias, N, OC);
 }
 
@@ -209,52 +267,63 @@ void cuda_matmul_forward(float *out, const float *inp, const float *w, const flo
  * pre-activation written to `pre` (the epilogue's aux output). */
 void cuda_matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w,
                               const float *bias, int N, int C, int OC) {
-    cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
     /* cuBLASLt wants the aux leading dimension a multiple of 8. */
-    if (OC % 8 == 0 &&
-        lt_matmul(out, w, inp, OC, N, C, C, C, OC, true, false, false, epi, bias, pre, OC))
-        return;
+    if (OC % 8 == 0 && forward_gemm(out, pre, inp, w, bias, N, C, OC, true)) return;
     cuda_matmul_forward(pre, inp, w, bias, N, C, OC);
     cuda_gelu_forward(out, pre, (size_t)N * OC);
 }
 
+/* dinp (N, C) (+)= dout (N, OC) @ w (OC, C): column-major dinp^T (C, N) =
+ * w^T (C, OC) dout^T (OC, N); w stored (C, OC) ld C, dout stored (OC, N)
+ * ld OC, neither transposed. With `pre` (aux, ld C) the DGELU epilogue
+ * multiplies by gelu'(pre) and dinp is overwritten. */
+static bool dinp_gemm(float *dinp, const float *dout, const void *w, const float *pre, int N, int C, int OC,
+                      bool accumulate) {
+    cudaDataType_t t = act_type();
+    gemm_t g = {dinp, w, dout, t, t, t, C, N, OC, C, OC, C, false, false, accumulate,
+                pre ? CUBLASLT_EPILOGUE_DGELU : CUBLASLT_EPILOGUE_DEFAULT, nullptr, (void *)pre, pre ? C : 0};
+    return lt_matmul(&g);
+}
+
 /* dpre (N, C) = gelu'(pre) * (dout @ w), overwritten: the dinp GEMM of
- * matmul_backward (see there) with the DGELU epilogue reading pre as aux. */
+ * matmul_backward with the DGELU epilogue reading pre as aux. */
 void cuda_matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout,
                                const float *inp, const float *pre, const float *w, int N, int C,
                                int OC) {
     cuda_matmul_backward(nullptr, dw, dbias, dout, inp, w, N, C, OC);
-    if (C % 8 == 0 && lt_matmul(dpre, w, dout, C, N, OC, C, OC, C, false, false, false,
-                                CUBLASLT_EPILOGUE_DGELU, nullptr, (float *)pre, C))
-        return;
-    if (!lt_matmul(dpre, w, dout, C, N, OC, C, OC, C, false, false, false,
-                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0))
-        no_algorithm("matmul_backward_gelu (dpre)", N, C, OC);
+    const void *unused;
+    const void *wa = weight_in(w, (size_t)OC * C, nullptr, 0, &unused);
+    if (C % 8 == 0 && dinp_gemm(dpre, dout, wa, pre, N, C, OC, false)) return;
+    if (!dinp_gemm(dpre, dout, wa, nullptr, N, C, OC, false)) no_algorithm("matmul_backward_gelu (dpre)", N, C, OC);
     cuda_gelu_backward(dpre, pre, dpre, (size_t)N * C);
+}
+
+/* dw (OC, C) += dout^T @ inp: column-major dw^T (C, OC) = inp^T (C, N)
+ * dout (N, OC); inp stored (C, N) ld C, dout stored (OC, N) ld OC and
+ * transposed; dw is fp32 whatever the activations. With `bgrad`, the
+ * BGRADB epilogue sums op(B) = dout over k = N into it (fp32, overwritten). */
+static bool dw_gemm(float *dw, float *bgrad, const float *dout, const float *inp, int N, int C, int OC) {
+    cudaDataType_t t = act_type();
+    gemm_t g = {dw, inp, dout, t, t, CUDA_R_32F, C, OC, N, C, OC, C, false, true, true,
+                bgrad ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT, bgrad, nullptr, 0};
+    return lt_matmul(&g);
 }
 
 void cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                           const float *inp, const float *w, int N, int C, int OC) {
-    /* dinp (N, C) += dout (N, OC) @ w (OC, C): column-major dinp^T (C, N) =
-     * w^T (C, OC) dout^T (OC, N); w stored (C, OC) ld C, dout stored (OC, N)
-     * ld OC, neither transposed. */
-    if (dinp && !lt_matmul(dinp, w, dout, C, N, OC, C, OC, C, false, false, true,
-                           CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0))
-        no_algorithm("matmul_backward (dinp)", N, C, OC);
-    /* dw (OC, C) += dout^T @ inp: column-major dw^T (C, OC) = inp^T (C, N)
-     * dout (N, OC); inp stored (C, N) ld C, dout stored (OC, N) ld OC and
-     * transposed. BGRADB sums op(B) = dout over k = N: the bias gradient,
-     * which the epilogue overwrites into scratch; it is then added. */
+    if (dinp) {
+        const void *unused;
+        const void *wa = weight_in(w, (size_t)OC * C, nullptr, 0, &unused);
+        if (!dinp_gemm(dinp, dout, wa, nullptr, N, C, OC, true)) no_algorithm("matmul_backward (dinp)", N, C, OC);
+    }
+    /* The bias gradient from the dw GEMM's epilogue into scratch, then added. */
     if (dbias) {
         float *tmp = (float *)cuda_scratch(SCRATCH_BIAS, (size_t)OC * sizeof(float));
-        if (lt_matmul(dw, inp, dout, C, OC, N, C, OC, C, false, true, true,
-                      CUBLASLT_EPILOGUE_BGRADB, tmp, nullptr, 0)) {
+        if (dw_gemm(dw, tmp, dout, inp, N, C, OC)) {
             cuda_accumulate(dbias, tmp, (size_t)OC);
             return;
         }
     }
-    if (!lt_matmul(dw, inp, dout, C, OC, N, C, OC, C, false, true, true,
-                   CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0))
-        no_algorithm("matmul_backward (dw)", N, C, OC);
+    if (!dw_gemm(dw, nullptr, dout, inp, N, C, OC)) no_algorithm("matmul_backward (dw)", N, C, OC);
     if (dbias) cuda_bias_grad(dbias, dout, N, OC);
 }

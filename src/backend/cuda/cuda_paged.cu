@@ -8,25 +8,35 @@
  *
  * attention: one warp per (row, head); each lane holds hs/32 of the query
  * and of the output; keys are walked through the block table with an
- * online softmax (running max and sum), one key at a time. */
+ * online softmax (running max and sum), one key at a time.
+ *
+ * Activations (out, qkv, inp) are of the backend's ACT type (bf16 when a
+ * training run at --dtype bf16 samples text), read into fp32; the cache is
+ * fp32. */
+#include <type_traits>
+
 #include "cuda_internal.h"
 #include "cuda_paged.h"
 #include "cuda_int8.h"
 
 #define MAX_HS_PER_LANE 8 /* head size up to 256 */
 
-__global__ void paged_embed_kernel(float *out, const int *tokens, const int *pos, const float *wte,
+template <typename A>
+__global__ void paged_embed_kernel(A *out, const int *tokens, const int *pos, const float *wte,
                                    const float *wpe, int N, int C) {
     size_t n = (size_t)N * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / C, c = i % C;
-        out[i] = wte[(size_t)tokens[r] * C + c] + wpe[(size_t)pos[r] * C + c];
+        out[i] = from_f<A>(wte[(size_t)tokens[r] * C + c] + wpe[(size_t)pos[r] * C + c]);
     }
 }
 
 void cuda_embed_positions(float *out, const int *tokens, const int *pos, const float *wte, const float *wpe,
                         int N, int C) {
-    paged_embed_kernel<<<cuda_grid((size_t)N * C, 256), 256, 0, g_cuda.stream>>>(out, tokens, pos, wte, wpe, N, C);
+    with_act([&](auto act) {
+        typedef std::decay_t<decltype(act)> A;
+        paged_embed_kernel<A><<<cuda_grid((size_t)N * C, 256), 256, 0, g_cuda.stream>>>((A *)out, tokens, pos, wte, wpe, N, C);
+    });
     LAUNCH_CHECK();
 }
 
@@ -48,15 +58,16 @@ static void fp32_only(const loom_tensor_t *kv) {
 }
 
 /* One thread per (row, element of C): K and V parts of qkv into the cache. */
-__global__ void kv_write_kernel(float *kv, const float *qkv, const int *slot, int N, int NH, int bs, int hs) {
+template <typename A>
+__global__ void kv_write_kernel(float *kv, const A *qkv, const int *slot, int N, int NH, int bs, int hs) {
     int C = NH * hs;
     size_t n = (size_t)N * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         int r = (int)(i / C), c = (int)(i % C), h = c / hs, e = c % hs;
         int s = slot[r], blk = s / bs, off = s % bs;
-        const float *row = qkv + (size_t)r * 3 * C;
-        kv_slot(kv, NH, bs, hs, blk, 0, h, off)[e] = row[C + c];
-        kv_slot(kv, NH, bs, hs, blk, 1, h, off)[e] = row[2 * C + c];
+        const A *row = qkv + (size_t)r * 3 * C;
+        kv_slot(kv, NH, bs, hs, blk, 0, h, off)[e] = to_f(row[C + c]);
+        kv_slot(kv, NH, bs, hs, blk, 1, h, off)[e] = to_f(row[2 * C + c]);
     }
 }
 
@@ -65,22 +76,26 @@ void cuda_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, i
     fp32_only(kv);
     int hs = (int)(kv->cols / bs);
     size_t n = (size_t)N * NH * hs;
-    kv_write_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((float *)kv->data, qkv, slot, N, NH, bs, hs);
+    with_act([&](auto act) {
+        typedef std::decay_t<decltype(act)> A;
+        kv_write_kernel<A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((float *)kv->data, (const A *)qkv, slot, N, NH, bs, hs);
+    });
     LAUNCH_CHECK();
 }
 
 /* One warp per (row, head), 4 warps per block. */
-__global__ void paged_attention_kernel(float *out, const float *qkv, float *kv, const int *pos, const int *seq,
+template <typename A>
+__global__ void paged_attention_kernel(A *out, const A *qkv, float *kv, const int *pos, const int *seq,
                                        const int *tables, int max_blocks, int N, int NH, int bs, int hs) {
     int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= N * NH) return;
     int r = warp / NH, h = warp % NH, C = NH * hs, per = (hs + 31) / 32;
-    const float *q = qkv + (size_t)r * 3 * C + h * hs;
+    const A *q = qkv + (size_t)r * 3 * C + h * hs;
     const int *table = tables + (size_t)seq[r] * max_blocks;
     float ql[MAX_HS_PER_LANE], o[MAX_HS_PER_LANE], mx = -INFINITY, sum = 0.0f, scale = rsqrtf((float)hs);
     for (int k = 0; k < per; k++) {
         int e = lane + 32 * k;
-        ql[k] = e < hs ? q[e] : 0.0f;
+        ql[k] = e < hs ? to_f(q[e]) : 0.0f;
         o[k] = 0.0f;
     }
     for (int t = 0; t <= pos[r]; t++) {
@@ -99,10 +114,10 @@ __global__ void paged_attention_kernel(float *out, const float *qkv, float *kv, 
         }
         mx = nm;
     }
-    float *dst = out + (size_t)r * C + h * hs;
+    A *dst = out + (size_t)r * C + h * hs;
     for (int k = 0; k < per; k++) {
         int e = lane + 32 * k;
-        if (e < hs) dst[e] = o[k] / sum;
+        if (e < hs) dst[e] = from_f<A>(o[k] / sum);
     }
 }
 
@@ -114,19 +129,25 @@ void cuda_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv,
     int hs = (int)(kv->cols / bs), warps = N * NH;
     if (hs > 32 * MAX_HS_PER_LANE)
         loom_panic(__FILE__, __LINE__, "paged attention: head size %d is above %d", hs, 32 * MAX_HS_PER_LANE);
-    paged_attention_kernel<<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(out, qkv, (float *)kv->data, pos, seq,
-                                                                      block_tables, max_blocks, N, NH, bs, hs);
+    with_act([&](auto act) {
+        typedef std::decay_t<decltype(act)> A;
+        paged_attention_kernel<A><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
+            (A *)out, (const A *)qkv, (float *)kv->data, pos, seq, block_tables, max_blocks, N, NH, bs, hs);
+    });
     LAUNCH_CHECK();
 }
 
-__global__ void gather_rows_kernel(float *out, const float *inp, const int *rows, int R, int C) {
+template <typename A> __global__ void gather_rows_kernel(A *out, const A *inp, const int *rows, int R, int C) {
     size_t n = (size_t)R * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         out[i] = inp[(size_t)rows[i / C] * C + i % C];
 }
 
 void cuda_gather_rows(float *out, const float *inp, const int *rows, int R, int C) {
-    gather_rows_kernel<<<cuda_grid((size_t)R * C, 256), 256, 0, g_cuda.stream>>>(out, inp, rows, R, C);
+    with_act([&](auto act) {
+        typedef std::decay_t<decltype(act)> A;
+        gather_rows_kernel<A><<<cuda_grid((size_t)R * C, 256), 256, 0, g_cuda.stream>>>((A *)out, (const A *)inp, rows, R, C);
+    });
     LAUNCH_CHECK();
 }
 
