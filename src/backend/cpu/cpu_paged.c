@@ -44,14 +44,6 @@ void loom_cpu_embed_positions(float *out, const int *tokens, const int *pos, con
     }
 }
 
-/* Fixed-order sum of the 8 lanes. */
-__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* The weight operand (OC, K) of the row kernel: fp32 rows (f), or int8
  * rows (q) whose element (j, k) is (float)q[j,k] * s[j * nb + (k >> sh)]
  * (per row: nb 1, sh 30; per block of 2^sh: nb K >> sh), the value
@@ -104,7 +96,7 @@ tile_avx2(const float *x, int K, const wop_t *W, size_t j0, int mr, int jr, int 
     }
     for (int m = 0; m < mr; m++)
         for (int j = 0; j < jr; j++) {
-            float s = hsum8(acc[m][j]);
+            float s = loom_hsum8(acc[m][j]);
             for (int kk = k; kk < K; kk++) s = fmaf(x[(size_t)m * K + kk], wval(W, i8, j0 + j, K, kk), s);
             out[m][j] = s;
         }
