@@ -157,7 +157,9 @@ static int parse_sides(const bench_flags_t *f, bench_side_t *sd) {
 /* Every side and level `repeat` times, alternating sides and levels (drift
  * on a shared machine spreads over all of them), the read bandwidth
  * measured at the start of each round; medians and spread printed. */
-static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const int *prompt, double *medians) {
+/* medians: out tok/s per side and level; dec1: per side, the median decode
+ * tok/s of the one-at-a-time level (0 when there is none). */
+static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const int *prompt, double *medians, double *dec1) {
     int nl = f->nconc, R = f->repeat;
     double *tps = loom_calloc((size_t)(ns * nl * R), sizeof(double)), *ttft = loom_calloc((size_t)(ns * nl * R), sizeof(double));
     double *bw = loom_calloc((size_t)R, sizeof(double)), *dec = loom_calloc((size_t)(ns * nl * R), sizeof(double));
@@ -189,6 +191,7 @@ static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const in
             medians[s * nl + l] = med;
             char name[64], fl[64] = "";
             snprintf(name, sizeof name, c == 1 ? "one request at a time" : "continuous batching, %d", c);
+            if (c == 1) dec1[s] = d[R / 2];
             if (c == 1) snprintf(fl, sizeof fl, "%.1f (%.1f-%.1f) of %.1f", d[R / 2], d[0], d[R - 1], floor);
             printf("%-16s %-26s %10.1f %8.1f-%-8.1f %9.0f %8.2fx %22s\n", sd[s].name, name, med, t[0], t[R - 1], q[R / 2],
                    med / first, fl);
@@ -216,17 +219,19 @@ static loom_status bench_model(const bench_flags_t *f, loom_gpt_t **m) {
     return loom_gpt_init(m, &cfg, be, 1);
 }
 
-/* llama.cpp beside the first int8 side (else the first side): one
- * stream and the 16-client level (else the largest), bench_llama.h. */
-static void llama_peer(const bench_flags_t *f, const bench_side_t *sd, int ns, const double *med) {
+/* llama.cpp beside the int8 side with the fastest single-stream decode
+ * (else the first side): decode against llama-bench's generation, and the
+ * 16-client level (else the largest) against llama-batched-bench,
+ * bench_llama.h. */
+static void llama_peer(const bench_flags_t *f, const bench_side_t *sd, int ns, const double *med, const double *dec1) {
     int s = 0, nl = f->nconc;
-    while (s + 1 < ns && !sd[s].quant) s++;
-    if (!sd[s].quant) s = 0;
+    for (int i = 0; i < ns; i++)
+        if (sd[i].quant && (!sd[s].quant || dec1[i] > dec1[s])) s = i;
     char label[64];
     snprintf(label, sizeof label, "loom %s", sd[s].name);
     loom_bench_llama_t p = {.bin = f->llama_bin, .gguf = f->gguf, .run = f->run, .quant = sd[s].quant, .label = label,
                             .plen = f->plen, .gen = f->gen, .threads = loom_backend_cpu_threads(), .repeat = f->repeat,
-                            .loom_one = med[s * nl]};
+                            .loom_one = dec1[s]};
     for (int l = 1; l < nl; l++)
         if (p.clients != 16) p.clients = f->conc[l], p.loom_many = med[s * nl + l];
     loom_bench_llama_peer(&p);
@@ -271,8 +276,8 @@ static int bench_generate(const bench_flags_t *f) {
     if (s == LOOM_OK) {
         int *prompt = loom_malloc((size_t)f->plen * sizeof(int));
         for (int i = 0; i < f->plen; i++) prompt[i] = (int)((i * 7919u + 13u) % (unsigned)m->cfg.vocab_size);
-        double med[MAX_SIDES * 16] = {0};
-        run_table(sd, ns, f, prompt, med);
+        double med[MAX_SIDES * 16] = {0}, dec1[MAX_SIDES] = {0};
+        run_table(sd, ns, f, prompt, med, dec1);
         free(prompt);
         for (int i = 0; i < ns; i++) {
             loom_engine_stats_t st;
@@ -280,7 +285,7 @@ static int bench_generate(const bench_flags_t *f) {
             printf("engine %s: %lld steps, mean batch %.1f rows, %lld preemptions\n", sd[i].name, st.steps,
                    (double)st.batch_rows / (double)(st.steps ? st.steps : 1), st.preemptions);
         }
-        llama_peer(f, sd, ns, med);
+        llama_peer(f, sd, ns, med, dec1);
     } else {
         fprintf(stderr, "loom bench generate: %s\n", loom_errmsg());
     }

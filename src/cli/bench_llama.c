@@ -79,9 +79,12 @@ static void one_stream(const loom_bench_llama_t *p, const char *dir, const char 
         if (np > 0)
             printf("%-28s %12.1f  (+-%.1f)  prompt processing, %.0f tokens (%s)\n", "llama.cpp llama-bench", ts, sd, np,
                    cJSON_IsString(type) ? type->valuestring : "?");
-        else
-            printf("%-28s %12.1f  (+-%.1f)  generation, %.0f tokens: %s one request at a time %.1f = %.2fx llama.cpp\n",
+        else if (p->loom_one > 0)
+            printf("%-28s %12.1f  (+-%.1f)  generation, %.0f tokens: %s decode, one request at a time, %.1f = %.2fx llama.cpp\n",
                    "llama.cpp llama-bench", ts, sd, ng, p->label, p->loom_one, p->loom_one / ts);
+        else
+            printf("%-28s %12.1f  (+-%.1f)  generation, %.0f tokens (no loom one-at-a-time level to compare)\n",
+                   "llama.cpp llama-bench", ts, sd, ng);
     }
     cJSON_Delete(j);
 }

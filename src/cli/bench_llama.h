@@ -14,7 +14,7 @@ typedef struct {
     int quant;         /* loom_quant_mode of loom's rows: NONE wants f32, else Q8_0 */
     const char *label; /* loom's rows, e.g. "loom w8a8" */
     int plen, gen, threads, repeat;
-    double loom_one;   /* loom's one-request-at-a-time output tokens/s (median) */
+    double loom_one;   /* loom's one-request-at-a-time decode tokens/s, median (0: that level was not run) */
     int clients;       /* the concurrency of loom_many (0: none measured) */
     double loom_many;  /* loom's output tokens/s at `clients` requests in flight */
 } loom_bench_llama_t;
