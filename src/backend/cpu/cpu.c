@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "cpu_attention.h"
+#include "cpu_llama.h"
 #include "cpu_gemm.h"
 #include "cpu_math.h"
 #include "cpu_int8.h"
@@ -57,6 +58,10 @@ static void encoder_forward(float *out, const int *tokens, const float *wte, con
         for (int t = 0; t < T; t++) {
             float *o = out + ((size_t)b * T + t) * C;
             const float *e = wte + (size_t)tokens[b * T + t] * C;
+            if (!wpe) { /* rotary models: no position table */
+                memcpy(o, e, (size_t)C * sizeof(float));
+                continue;
+            }
             const float *p = wpe + (size_t)t * C;
             for (int i = 0; i < C; i++) o[i] = e[i] + p[i];
         }
@@ -75,10 +80,10 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
             for (int t = 0; t < T; t++) {
                 const float *d = dout + ((size_t)b * T + t) * C;
                 float *we = dwte + (size_t)tokens[b * T + t] * C;
-                float *wp = dwpe + (size_t)t * C;
+                float *wp = dwpe ? dwpe + (size_t)t * C : NULL;
                 for (int i = c0; i < c1; i++) {
                     we[i] += d[i];
-                    wp[i] += d[i];
+                    if (wp) wp[i] += d[i];
                 }
             }
     }
@@ -399,6 +404,12 @@ static loom_backend_t cpu_backend = {
     .matmul_forward_w8 = loom_cpu_matmul_forward_w8,
     .matmul_forward_w8a8 = loom_cpu_matmul_forward_w8a8,
     .matmul_forward_s24 = loom_cpu_matmul_forward_s24,
+    .rmsnorm_forward = loom_cpu_rmsnorm_forward,
+    .rmsnorm_backward = loom_cpu_rmsnorm_backward,
+    .rope_forward = loom_cpu_rope_forward,
+    .rope_backward = loom_cpu_rope_backward,
+    .swiglu_forward = loom_cpu_swiglu_forward,
+    .swiglu_backward = loom_cpu_swiglu_backward,
 };
 
 /* Peak: the best of `reps` n^3 SGEMMs on the threads we were given, with
