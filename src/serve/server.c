@@ -207,8 +207,8 @@ static void dashboard_lines(loom_server_t *s) {
         lines[n++] = (loom_dashboard_line_t){"Time to first token (ms)", m->lbl[4], m->ttft, LOOM_LINE_QUANTILE, 0.99, 1000, NULL};
         lines[n++] = (loom_dashboard_line_t){"Inter-token latency (ms)", m->lbl[3], m->itl, LOOM_LINE_QUANTILE, 0.5, 1000, NULL};
         lines[n++] = (loom_dashboard_line_t){"Inter-token latency (ms)", m->lbl[4], m->itl, LOOM_LINE_QUANTILE, 0.99, 1000, NULL};
-        lines[n++] = (loom_dashboard_line_t){"End-to-end request latency (s)", m->lbl[3], m->e2e, LOOM_LINE_QUANTILE, 0.5, 1, NULL};
-        lines[n++] = (loom_dashboard_line_t){"End-to-end request latency (s)", m->lbl[4], m->e2e, LOOM_LINE_QUANTILE, 0.99, 1, NULL};
+        lines[n++] = (loom_dashboard_line_t){"End-to-end request latency (ms)", m->lbl[3], m->e2e, LOOM_LINE_QUANTILE, 0.5, 1000, NULL};
+        lines[n++] = (loom_dashboard_line_t){"End-to-end request latency (ms)", m->lbl[4], m->e2e, LOOM_LINE_QUANTILE, 0.99, 1000, NULL};
     }
     n += error_lines(s, lines + n);
     char title[256];
