@@ -1,10 +1,12 @@
-/* cpu_llama: RMSNorm, RoPE and SwiGLU on the CPU (see cpu_llama.h).
+/* cpu_llama: the CPU's ops of the Llama family's block (contracts in
+ * backend.h; declared from the op list in cpu.h): RMSNorm, rotary position
+ * embedding and SwiGLU, forward and backward.
  *
  * All three are memory-bound: one pass over rows, parallel over rows with
  * OpenMP, inner loops the compiler vectorizes (-march=native). The only sum
  * across rows, RMSNorm's dw, goes through per-thread partial sums added in
  * thread order, so results are reproducible for a thread count. */
-#include "cpu_llama.h"
+#include "cpu.h"
 
 #include <math.h>
 #include <omp.h>
