@@ -173,10 +173,20 @@ static loom_status parse_llama(const cJSON *j, const char *path, int arch, loom_
     return llama_refusals(j, path, arch, cfg);
 }
 
+/* architectures and model_type, when both are there, must name the same model. */
+static loom_status check_model_type(const cJSON *j, const char *path, int arch) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    const char *want = arch == ARCH_GPT2 ? "gpt2" : llama_archs[arch].type;
+    if (!cJSON_IsString(t) || !strcmp(t->valuestring, want)) return LOOM_OK;
+    return loom_error(LOOM_EFORMAT, "%s: model_type %s does not match architectures %s (model_type \"%s\"); fix config.json", path,
+                      t->valuestring, arch == ARCH_GPT2 ? "GPT2LMHeadModel" : llama_archs[arch].arch, want);
+}
+
 loom_status loom_hf_config_parse(const cJSON *j, const char *path, loom_gpt_config_t *cfg) {
     memset(cfg, 0, sizeof *cfg);
     const char *name;
     int arch = config_arch(j, &name);
+    if (arch != ARCH_NONE) LOOM_TRY(check_model_type(j, path, arch));
     if (arch == ARCH_NONE)
         return loom_error(LOOM_EUNAVAIL, "%s: architectures %s is not supported; loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM and "
                           "Qwen2ForCausalLM (docs/llama.md)", path, name ? name : "(missing)");
