@@ -89,7 +89,8 @@ static void *load(const char *v, const char *file, size_t n, size_t size) {
     return buf;
 }
 
-static loom_gpt_t *open_model(const char *v) {
+/* Folder root/v through loom's loader: config, model, weights. */
+static loom_status load_folder(const char *v, loom_gpt_t **out) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, v);
     loom_gpt_config_t cfg;
@@ -97,11 +98,15 @@ static loom_gpt_t *open_model(const char *v) {
     loom_status s = loom_hf_read_config(dir, &cfg);
     if (s == LOOM_OK) s = loom_gpt_create(&m, &cfg, be);
     if (s == LOOM_OK) s = loom_hf_load_weights(m, dir);
-    CHECK(s == LOOM_OK, "%s: %s", dir, loom_errmsg());
-    if (s != LOOM_OK) {
-        loom_gpt_free(m);
-        return NULL;
-    }
+    if (s != LOOM_OK) loom_gpt_free(m), m = NULL;
+    *out = m;
+    return s;
+}
+
+static loom_gpt_t *open_model(const char *v) {
+    loom_gpt_t *m;
+    loom_status s = load_folder(v, &m);
+    CHECK(s == LOOM_OK, "%s/%s: %s", root, v, loom_errmsg());
     return m;
 }
 
@@ -319,13 +324,8 @@ static void set_yarn(cJSON *j) {
 
 /* What loading `dir` says: the status, and the message in msg. */
 static loom_status try_load(const char *dir, char *msg, size_t cap) {
-    char path[1100];
-    snprintf(path, sizeof path, "%s/%s", root, dir);
-    loom_gpt_config_t cfg;
-    loom_gpt_t *m = NULL;
-    loom_status s = loom_hf_read_config(path, &cfg);
-    if (s == LOOM_OK) s = loom_gpt_create(&m, &cfg, be);
-    if (s == LOOM_OK) s = loom_hf_load_weights(m, path);
+    loom_gpt_t *m;
+    loom_status s = load_folder(dir, &m);
     snprintf(msg, cap, "%s", s == LOOM_OK ? "" : loom_errmsg());
     loom_gpt_free(m);
     return s;

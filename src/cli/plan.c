@@ -12,18 +12,35 @@
 #include <unistd.h>
 
 #include "cli/args.h"
+#include "ckpt/hf.h"
 #include "cli/commands.h"
 #include "cli/plan_report.h"
 #include "parallel/dist.h"
 #include "plan/plan.h"
 
+/* --config: a Hugging Face config.json, or the folder holding one. */
+static loom_status hf_config_file(const char *path, loom_gpt_config_t *cfg) {
+    if (loom_path_is_dir(path)) return loom_hf_read_config(path, cfg);
+    char *text;
+    size_t len;
+    if (loom_file_read(path, &text, &len) != LOOM_OK)
+        return loom_error(LOOM_EINVAL, "--config %s: cannot read it; name a Hugging Face config.json or its folder", path);
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    free(text);
+    loom_status s = j ? loom_hf_config_parse(j, path, cfg) : loom_error(LOOM_EFORMAT, "--config %s: not valid JSON", path);
+    cJSON_Delete(j);
+    return s;
+}
+
 loom_status plan_model_config(const plan_model_flags_t *f, loom_gpt_config_t *cfg) {
-    LOOM_TRY(loom_gpt_preset(cfg, f->model));
+    if (f->config && f->config[0]) LOOM_TRY(hf_config_file(f->config, cfg));
+    else LOOM_TRY(loom_gpt_preset(cfg, f->model));
     if (f->layers) cfg->n_layer = f->layers;
-    if (f->heads) cfg->n_head = f->heads;
-    if (f->channels) cfg->channels = f->channels;
+    if (f->heads) cfg->n_head = f->heads, cfg->n_kv_heads = 0;
+    if (f->channels) cfg->channels = f->channels, cfg->ffn_hidden = 0;
     if (f->context) cfg->max_seq_len = f->context;
-    cfg->vocab_size = f->vocab;
+    if (!cfg->vocab_size || loom_args_given("vocab")) cfg->vocab_size = f->vocab;
+    cfg->padded_vocab_size = 0;
     return loom_gpt_config_finish(cfg);
 }
 
@@ -108,9 +125,11 @@ static loom_status read_run_config(const char *run, train_flags_t *f, measured_t
         cJSON_Delete(j);
         return loom_error(LOOM_EFORMAT, "%s: not a loom run config (no model_config)", path);
     }
-    cfg->n_layer = jint(mc, "n_layer", 0), cfg->n_head = jint(mc, "n_head", 0);
-    cfg->channels = jint(mc, "n_embd", 0), cfg->max_seq_len = jint(mc, "n_positions", 0);
-    cfg->vocab_size = jint(mc, "vocab_size", 0);
+    loom_status ms = loom_hf_config_parse(mc, path, cfg); /* the run's model description (ckpt/hf.h) */
+    if (ms != LOOM_OK) {
+        cJSON_Delete(j);
+        return ms;
+    }
     m->B = jint(j, "batch", 1), m->T = jint(j, "seq", 0), m->accum = jint(j, "grad_accum", 1);
     m->world = jint(j, "world_size", 1);
     if (!m->T) m->T = cfg->max_seq_len;
@@ -125,7 +144,7 @@ static loom_status read_run_config(const char *run, train_flags_t *f, measured_t
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "recompute");
     if (!loom_args_given("recompute") && cJSON_IsString(r)) f->recompute = strncpy(rc, r->valuestring, sizeof rc - 1);
     cJSON_Delete(j);
-    return loom_gpt_config_finish(cfg);
+    return LOOM_OK;
 }
 
 /* Median step time and MFU of RUN/metrics.jsonl (the first step, with its
