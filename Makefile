@@ -145,6 +145,10 @@ test: deps
 	$(MAKE) all
 	$(MAKE) SANITIZE=address,undefined all
 	tests/run.sh
+	@# The container image test takes minutes: it runs once the Debian base is
+	@# cached (README, "Container image"), and says so when it is not.
+	@if deploy/container/base.sh --check; then tests/image_test.sh; \
+	 else echo "NOT RUN image_test: no cached Debian base; run deploy/container/base.sh once, then make test runs tests/image_test.sh"; fi
 
 # The README's first command.
 demo: deps

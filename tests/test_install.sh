@@ -38,3 +38,9 @@ fi
 make -s "${make_args[@]}" uninstall > "$tmp/un.log" 2>&1
 left=$(find "$tmp/dest" -type f | head -5)
 [ -z "$left" ] && echo "PASS install_uninstall_leaves_nothing" || echo "FAIL install_uninstall_leaves_nothing: $left"
+
+# ---- the deploy files name the image of deploy/image.env ----
+. deploy/image.env
+bad=$(grep -n "image:" deploy/k8s/*.yaml | grep -v "image: $LOOM_IMAGE\b" | head -3)
+[ -n "$LOOM_IMAGE" ] && [ -z "$bad" ] && grep -q "image: $LOOM_IMAGE" deploy/k8s/serve.yaml \
+    && echo "PASS deploy_image_in_one_place ($LOOM_IMAGE)" || echo "FAIL deploy_image_in_one_place: $bad (deploy/image.env: $LOOM_IMAGE)"
