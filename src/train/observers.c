@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model/generate.h"
 #include "obs/metrics_log.h"
@@ -54,7 +55,20 @@ void loom_train_signals_restore(void) {
     installed = 0;
 }
 
+/* LOOM_TEST_HOLD_AFTER_STEP=N: a run that started from step 1 waits
+ * after step N until a signal asks it to stop, and says so on stderr; a
+ * test interrupts a run there on any machine, instead of hoping that its
+ * signal lands before a fast machine has finished every step. A resumed
+ * run (the same command after the interruption) does not wait. */
+static void hold_for_test(const loom_train_run_t *run, long long step) {
+    const char *v = getenv("LOOM_TEST_HOLD_AFTER_STEP");
+    if (!v || !*v || atoll(v) + 1 != step || run->first_step != 1) return;
+    loom_info("loom train: LOOM_TEST_HOLD_AFTER_STEP=%s: holding after step %lld until a signal", v, step - 1);
+    while (!stop_signal) usleep(10000);
+}
+
 static loom_status signals_before_step(void *ctx, loom_train_run_t *run, long long step) {
+    hold_for_test(run, step);
     if (stop_signal) loom_train_request_stop(run, stop_signal);
     return LOOM_OK;
 }
