@@ -38,9 +38,9 @@ expect unknown_flag "unknown flag" -- $T --data "$tmp/small.txt" --out "$tmp/r" 
 expect missing_value "needs a value" -- $T --data "$tmp/small.txt" --out "$tmp/r" --lr
 expect unknown_device "unknown device" -- $T --data "$tmp/small.txt" --out "$tmp/r" --device tpu
 expect unknown_command "unknown command" -- $LOOM frobnicate
-expect sample_not_a_run "not a loom run" -- $LOOM sample --run "$tmp/notarun"
+expect sample_not_a_run "is neither a run folder" -- $LOOM sample --run "$tmp/notarun"
 expect sample_missing_run "no such folder" -- $LOOM sample --run "$tmp/nothing"
-expect eval_not_a_run "not a loom run" -- $LOOM eval --run "$tmp/notarun" --data "$tmp/small.txt"
+expect eval_not_a_run "is neither a run folder" -- $LOOM eval --run "$tmp/notarun" --data "$tmp/small.txt"
 expect out_not_empty "already exists" -- $T --data "$tmp/small.txt" --out "$tmp/notarun"
 if [ "$(cat "$tmp/notarun/file.txt")" = hello ] && [ "$(ls "$tmp/notarun")" = file.txt ]; then
     echo "PASS existing_folder_untouched"
