@@ -67,11 +67,11 @@ static loom_status run_tokenizer(const char *dir, uint64_t want, loom_tokenizer_
 
 /* A run folder: its newest checkpoint, or o->step's. */
 static loom_status describe_run(const char *run, const loom_open_opts_t *o, loom_opened_t *r) {
-    char which[64] = "";
-    if (o->step >= 0) {
+    char which[64] = "", ck[4200];
+    if (o->step >= 0) { /* checked here: loom_ckpt_find's message speaks of --resume */
         snprintf(which, sizeof which, "step_%08lld", o->step);
-        if (!has(run, "checkpoints") || (snprintf(r->weights_path, sizeof r->weights_path, "%s/checkpoints/%s", run, which),
-                                         !loom_path_is_dir(r->weights_path)))
+        snprintf(ck, sizeof ck, "%s/checkpoints/%s", run, which);
+        if (!loom_path_is_dir(ck))
             return loom_error(LOOM_EINVAL, "--step %lld: %s has no checkpoint of that step (see %s/checkpoints)", o->step, run, run);
     }
     LOOM_TRY(loom_run_find(run, which[0] ? which : NULL, r->weights_path, sizeof r->weights_path, &r->cfg, &r->state));

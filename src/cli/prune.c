@@ -26,6 +26,10 @@ static loom_status copy_file(const char *src, const char *dst, const char *name)
 
 static loom_status prune_run(const char *run, const char *out, int force, int threads) {
     loom_opened_t R;
+    loom_source_kind kind;
+    LOOM_TRY(loom_open_detect(run, &kind));
+    if (kind != LOOM_SOURCE_RUN) /* the new run copies the old one's config.json and tokenizer */
+        return loom_error(LOOM_EINVAL, "%s is a %s; loom prune makes a new run from a run folder (`loom train --out`)", run, loom_source_name(kind));
     loom_open_opts_t oo = loom_open_opts_default();
     oo.threads = threads, oo.weights.sparse = LOOM_SPARSE_OFF; /* the dense weights are what gets pruned */
     LOOM_TRY(loom_open(run, &oo, &R));
