@@ -305,7 +305,8 @@ static int json_whole(cJSON *o, const char *k, double lo, double hi, double *out
 }
 
 /* state.json, trusted no further than it checks: the step must be the one
- * in the folder's name, positions and losses in range. */
+ * in the folder's name (folder_step < 0: a folder not named step_N),
+ * positions and losses in range. */
 static loom_status read_state(const char *path, long long folder_step, int padded_vocab, loom_ckpt_state_t *st) {
     char *text;
     size_t len;
@@ -325,7 +326,7 @@ static loom_status read_state(const char *path, long long folder_step, int padde
     char *end = NULL;
     if (!json_whole(j, "step", 1, 9007199254740992.0, &step))
         s = loom_error(LOOM_EFORMAT, "%s: \"step\" is missing or not a whole number from 1 to 2^53", path);
-    else if ((long long)step != folder_step)
+    else if (folder_step >= 0 && (long long)step != folder_step)
         s = loom_error(LOOM_EFORMAT, "%s: \"step\" is %.0f but the folder is the checkpoint of step %lld; the file was edited or mixed up",
                        path, step, folder_step);
     else if (!json_whole(j, "data_position", 0, 9007199254740992.0, &pos))
@@ -360,17 +361,9 @@ static loom_status read_state(const char *path, long long folder_step, int padde
     return s;
 }
 
-loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
-                          loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (!loom_path_is_dir(dir))
-        return loom_error(LOOM_EINVAL, "%s: no such folder; train one with `loom train --out %s`", dir, dir);
-    if (!loom_path_exists(path))
-        return loom_error(LOOM_EINVAL, "%s: not a loom run (no config.json); pass the --out folder of a `loom train`", dir);
-    long long folder_step;
-    LOOM_TRY(loom_ckpt_find(dir, which, ckpt_dir, cap, &folder_step));
-    char *text;
+/* A checkpoint folder's config.json (the model) and state.json. */
+static loom_status read_ckpt_meta(const char *ckpt_dir, long long folder_step, loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
+    char path[4200], *text;
     size_t len;
     snprintf(path, sizeof path, "%s/config.json", ckpt_dir);
     LOOM_TRY(loom_file_read(path, &text, &len));
@@ -381,6 +374,29 @@ loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, si
     LOOM_TRY(ms);
     snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
     return read_state(path, folder_step, cfg->padded_vocab_size, st);
+}
+
+loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
+                          loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!loom_path_is_dir(dir))
+        return loom_error(LOOM_EINVAL, "%s: no such folder; train one with `loom train --out %s`", dir, dir);
+    if (!loom_path_exists(path))
+        return loom_error(LOOM_EINVAL, "%s: not a loom run (no config.json); pass the --out folder of a `loom train`", dir);
+    long long folder_step;
+    LOOM_TRY(loom_ckpt_find(dir, which, ckpt_dir, cap, &folder_step));
+    return read_ckpt_meta(ckpt_dir, folder_step, cfg, st);
+}
+
+loom_status loom_run_read_checkpoint(const char *ckpt_dir, loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
+    int verified;
+    LOOM_TRY(loom_ckpt_verify(ckpt_dir, &verified));
+    const char *base = strrchr(ckpt_dir, '/') ? strrchr(ckpt_dir, '/') + 1 : ckpt_dir;
+    char *end = NULL;
+    long long step = strncmp(base, "step_", 5) ? -1 : strtoll(base + 5, &end, 10);
+    if (end && (*end || end == base + 5)) step = -1;
+    return read_ckpt_meta(ckpt_dir, step, cfg, st);
 }
 
 loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap, loom_gpt_config_t *cfg,

@@ -152,6 +152,24 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
 void loom_infer_set_quant(loom_infer_t *inf, const loom_quant_t *q) { inf->quant = q; }
 void loom_infer_set_sparse24(loom_infer_t *inf, const loom_sparse24_t *s) { inf->s24 = s; }
 
+loom_status loom_infer_weights_create(loom_infer_weights_t *w, const loom_gpt_t *m, const loom_infer_weights_opts_t *o) {
+    *w = (loom_infer_weights_t){0};
+    if (o->quant == LOOM_QUANT_NONE) return loom_sparse24_auto(&w->s24, m, o->sparse);
+    loom_quant_opts_t qo = {.block = o->block, .logits = !o->fp32_logits};
+    return loom_quant_create_opts(&w->quant, m, (loom_quant_mode)o->quant, &qo);
+}
+
+void loom_infer_weights_free(loom_infer_weights_t *w) {
+    loom_quant_free(w->quant);
+    loom_sparse24_free(w->s24);
+    *w = (loom_infer_weights_t){0};
+}
+
+void loom_infer_set_weights(loom_infer_t *inf, const loom_infer_weights_t *w) {
+    inf->quant = w ? w->quant : NULL;
+    inf->s24 = w ? w->s24 : NULL;
+}
+
 /* out (N, OC) = inp (N, C) @ w^T + bias: on qw (int8) when a quantized
  * copy is set and the backend has the op (W8A8, else W8A32), else fp32
  * matmul_forward_rows on w. */
