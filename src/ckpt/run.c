@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
 
 
@@ -99,41 +100,15 @@ static loom_status write_json(const char *path, cJSON *root) {
     return s;
 }
 
-/* The model's shape, as both config files write it (Hugging Face keys). */
-static void model_to_json(cJSON *j, const loom_gpt_config_t *c) {
-    cJSON_AddNumberToObject(j, "n_layer", c->n_layer);
-    cJSON_AddNumberToObject(j, "n_head", c->n_head);
-    cJSON_AddNumberToObject(j, "n_embd", c->channels);
-    cJSON_AddNumberToObject(j, "n_positions", c->max_seq_len);
-    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
-}
-
-static int json_int(const cJSON *o, const char *k, int *out) {
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)v->valueint || v->valueint <= 0) return 0;
-    *out = v->valueint;
-    return 1;
-}
-
-/* The model's shape from either config file; `path` for the message. */
+/* The model's description from either config file (Hugging Face keys,
+ * ckpt/hf.c); `path` for the message. */
 static loom_status model_from_json(const cJSON *j, const char *path, loom_gpt_config_t *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    int ok = j && json_int(j, "vocab_size", &cfg->vocab_size) && json_int(j, "n_positions", &cfg->max_seq_len) &&
-             json_int(j, "n_embd", &cfg->channels) && json_int(j, "n_layer", &cfg->n_layer) && json_int(j, "n_head", &cfg->n_head);
-    if (!ok) return loom_error(LOOM_EFORMAT, "%s: missing or malformed model fields (vocab_size, n_positions, n_embd, n_layer, n_head: positive whole numbers)", path);
-    return loom_gpt_config_finish(cfg);
+    if (!cJSON_IsObject(j)) return loom_error(LOOM_EFORMAT, "%s: model_config is missing or not an object", path);
+    return loom_hf_config_parse(j, path, cfg);
 }
 
 static cJSON *hf_config(const loom_gpt_config_t *c) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
-    cJSON_AddStringToObject(j, "model_type", "gpt2");
-    model_to_json(j, c);
-    cJSON_AddNumberToObject(j, "n_ctx", c->max_seq_len);
-    cJSON_AddStringToObject(j, "activation_function", "gelu_new");
-    cJSON_AddNumberToObject(j, "layer_norm_epsilon", 1e-5);
-    cJSON_AddBoolToObject(j, "tie_word_embeddings", 1);
+    cJSON *j = loom_hf_config_json(c);
     cJSON_AddStringToObject(j, "torch_dtype", "float32");
     return j;
 }
@@ -186,8 +161,8 @@ static void field_to_json(cJSON *j, const field_t *f, const loom_run_config_t *c
         break;
     case F_MODEL: {
         const loom_gpt_config_t *m = (const loom_gpt_config_t *)p;
-        cJSON *mc = cJSON_AddObjectToObject(j, f->key);
-        model_to_json(mc, m);
+        cJSON *mc = loom_hf_config_json(m);
+        cJSON_AddItemToObject(j, f->key, mc);
         cJSON_AddNumberToObject(mc, "padded_vocab_size", m->padded_vocab_size);
         cJSON_AddNumberToObject(mc, "parameters", (double)loom_gpt_num_params(m));
         break;
