@@ -47,7 +47,14 @@ ifneq ($(and $(NVCC),$(CU_SRCS)),)
                 --expt-relaxed-constexpr -Werror all-warnings $(EXTRA_NVFLAGS)
   CFLAGS     += -DLOOM_HAVE_CUDA -I$(CUDA_HOME)/include
   CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib \
-                -lcublasLt -lcublas -lnccl -lcudart -lstdc++
+                -lcublasLt -lcublas -lcudart -lstdc++
+  # NCCL (src/parallel/dist_nccl.c): compiled against its header when found,
+  # opened with dlopen at the first multi-GPU join, never linked (one GPU
+  # needs no libnccl).
+  NCCL_H     ?= $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+  ifneq ($(NCCL_H),)
+    CFLAGS   += -DLOOM_HAVE_NCCL
+  endif
   # cuDNN (fused attention through NVIDIA's header-only cudnn-frontend, PyPI
   # nvidia-cudnn-frontend in .deps/cudnn-fe; nvrtc for its run-time compiled
   # engines) is compiled in and linked only when those headers are found;
