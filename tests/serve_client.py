@@ -258,8 +258,12 @@ def part_concurrency():
 
 
 def part_overload():
-    srv = Server("--max-queue", "4", "--max-seqs", "2")
+    # --threads 1 (the last --threads wins): the stepping thread must run the
+    # model on it, not on OpenMP's default for a new thread (all cores)
+    srv = Server("--max-queue", "4", "--max-seqs", "2", "--threads", "1")
     try:
+        ran = [l for l in srv.log if "OpenMP thread" in l]
+        report("serve_threads_flag_on_stepping_thread", ran and "with 1 OpenMP thread\n" in ran[0], ran)
         def one(i):
             try:
                 st, h, data = request(srv, "POST", "/v1/completions",

@@ -141,16 +141,23 @@ static void batch_of_16(int blocks, int expect_preempt) {
 static void greedy_batch_equals_full_forward(void) { batch_of_16(400, 0); }
 static void greedy_with_preemption(void) { batch_of_16(40, 1); }
 
-/* Alone: one request in its own engine gives the same tokens as in the batch. */
-static void alone_equals_batch(void) {
+/* Alone: one request gives the same tokens as in a batch. With a step
+ * budget that takes every prompt whole (`bitwise`), each prompt is
+ * prefilled in one chunk either way (the packed GEMM, whose rows do not
+ * depend on the other rows) and every decode row runs alone in the row
+ * kernel: the log-probabilities are the same bits. With a small budget,
+ * prompts are cut into other chunks in the batch (some below the GEMM's
+ * row count): the same tokens, log-probabilities within fp32 rounding. */
+static void alone_vs_batch(int budget, int bitwise) {
     loom_request_params_t p;
     loom_request_params_default(&p);
     p.max_tokens = 10;
+    p.logprobs = 0;
     int prompts[16][MAXT], len[16];
     static result_t alone[16], batch[16];
     memset(alone, 0, sizeof alone);
     memset(batch, 0, sizeof batch);
-    loom_engine_t *e = engine(block_bytes() * 300, 32);
+    loom_engine_t *e = engine(block_bytes() * 300, budget);
     if (!e) return;
     for (int i = 0; i < 16; i++) {
         len[i] = 3 + (i * 13) % 40;
@@ -160,11 +167,19 @@ static void alone_equals_batch(void) {
     }
     for (int i = 0; i < 16; i++) loom_engine_submit(e, prompts[i], len[i], &p, collect, &batch[i], NULL);
     loom_engine_run(e);
-    for (int i = 0; i < 16; i++)
+    for (int i = 0; i < 16; i++) {
         CHECK(memcmp(alone[i].tokens[0], batch[i].tokens[0], sizeof(int) * 10) == 0 && batch[i].n[0] == 10,
-              "request %d differs alone and in the batch", i);
+              "request %d: other tokens alone and in the batch", i);
+        for (int k = 0; k < 10; k++)
+            CHECK(bitwise ? memcmp(&alone[i].lp[0][k], &batch[i].lp[0][k], sizeof(float)) == 0
+                          : fabsf(alone[i].lp[0][k] - batch[i].lp[0][k]) < 1e-4f,
+                  "request %d token %d: log-probability %.9g alone, %.9g in the batch", i, k,
+                  (double)alone[i].lp[0][k], (double)batch[i].lp[0][k]);
+    }
     loom_engine_free(e);
 }
+static void alone_equals_batch_bitwise(void) { alone_vs_batch(512, 1); }
+static void alone_equals_batch_chunked(void) { alone_vs_batch(32, 0); }
 
 /* Same seed, same tokens; n = 3 samples sharing the prompt's blocks (the
  * prompt ends inside a block, so the first write copies it) equal three
@@ -348,7 +363,8 @@ static void *client(void *arg) {
 static void threads_and_queues(void) {
     loom_engine_t *e = engine(block_bytes() * 200, 64);
     if (!e) return;
-    CHECK(loom_engine_start(e) == LOOM_OK, "%s", loom_errmsg());
+    loom_engine_loop_t *loop = NULL;
+    CHECK(loom_engine_loop_start(&loop, &e, 1) == LOOM_OK, "%s", loom_errmsg());
     client_t c[4];
     pthread_t th[4];
     for (int k = 0; k < 4; k++) {
@@ -356,7 +372,7 @@ static void threads_and_queues(void) {
         pthread_create(&th[k], NULL, client, &c[k]);
     }
     for (int k = 0; k < 4; k++) pthread_join(th[k], NULL);
-    loom_engine_stop(e);
+    loom_engine_loop_stop(loop);
     loom_engine_free(e);
     for (int k = 0; k < 4; k++) {
         int prompt[20], want[8];
@@ -367,16 +383,55 @@ static void threads_and_queues(void) {
     }
 }
 
+/* The loop's thread runs the model on the backend's thread count (OpenMP's
+ * count is per thread: a new thread would otherwise get the default, all
+ * cores), for two engines stepped by one loop; 3 is neither this machine's
+ * default nor the 2 the other cases use. Runs last: it reopens the backend. */
+static void loop_runs_backend_threads(void) {
+    const loom_backend_t *be;
+    CHECK(loom_backend_cpu_init(&be, 3) == LOOM_OK, "%s", loom_errmsg());
+    loom_engine_t *es[2] = {engine(block_bytes() * 100, 64), engine(block_bytes() * 100, 64)};
+    if (!es[0] || !es[1]) return;
+    loom_engine_loop_t *loop = NULL;
+    CHECK(loom_engine_loop_start(&loop, es, 2) == LOOM_OK, "%s", loom_errmsg());
+    if (!loop) return;
+    CHECK(loom_engine_loop_threads(loop) == 3, "the loop's thread has a team of %d, want 3", loom_engine_loop_threads(loop));
+    loom_engine_queue_t *q = loom_engine_queue_new();
+    int prompt[12], got[2] = {0, 0};
+    prompt_of(prompt, 12, 9u);
+    loom_request_params_t p;
+    loom_request_params_default(&p);
+    p.max_tokens = 3;
+    for (int k = 0; k < 2; k++) CHECK(loom_engine_submit(es[k], prompt, 12, &p, loom_engine_queue_push, q, NULL) == LOOM_OK, "%s", loom_errmsg());
+    loom_engine_event_t ev;
+    for (int fins = 0; fins < 2 && loom_engine_queue_pop(q, &ev, 60.0);) {
+        fins += ev.finish != LOOM_FINISH_NONE;
+        loom_engine_event_clear(&ev);
+    }
+    loom_engine_loop_stop(loop);
+    for (int k = 0; k < 2; k++) {
+        loom_engine_stats_t st;
+        loom_engine_stats(es[k], &st);
+        got[k] = st.threads;
+        CHECK(st.requests_done == 1, "engine %d finished %lld requests, want 1", k, st.requests_done);
+        loom_engine_free(es[k]);
+    }
+    CHECK(got[0] == 3 && got[1] == 3, "the models ran on teams of %d and %d threads, want 3 (--threads)", got[0], got[1]);
+    loom_engine_queue_free(q);
+}
+
 int main(void) {
     setup();
     RUN(greedy_batch_equals_full_forward);
     RUN(greedy_with_preemption);
-    RUN(alone_equals_batch);
+    RUN(alone_equals_batch_bitwise);
+    RUN(alone_equals_batch_chunked);
     RUN(seeded_samples_share_prompt);
     RUN(stop_strings);
     RUN(bad_input_keeps_serving);
     RUN(cancel_returns_blocks);
     RUN(threads_and_queues);
+    RUN(loop_runs_backend_threads);
     loom_gpt_free(model);
     loom_tokenizer_free(bytes_tok);
     return check_main_end();

@@ -6,6 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A sequence with at least this many rows in a batch is prefilled: its
+ * rows go through the backend's packed GEMM (matmul_forward, the one
+ * training uses), which packs the weights once per call and reaches the
+ * CPU's compute rate from a few tens of rows. Fewer rows (decode, a short
+ * tail of a prompt, a few drafted tokens) take matmul_forward_rows, which
+ * streams each weight once per step and computes every row alone, so
+ * decode stays bitwise the same in any batch. Measured on gpt2-small's fc
+ * (768 -> 3072, one thread, AVX-512): the GEMM takes 1.5x the row kernel's
+ * time at 4 rows, 0.8x at 8, 0.3x from 32 (docs/perf.md). */
+#define PREFILL_GEMM_ROWS 8
+
 struct loom_infer {
     loom_gpt_t *m;
     const loom_backend_t *be;
@@ -22,12 +33,15 @@ struct loom_infer {
     float *proj;   /* (N, C) attproj, then fcproj */
     float *res2;   /* (N, C) residual after attention */
     float *fch;    /* (N, 4C) gelu(fc) */
+    float *pre;    /* (N, 4C) fc before the GELU (the fused GEMM's other output) */
     float *rows;   /* (R, C) lnf rows that want logits */
     float *logits; /* (R, Vp) */
     int *d_tokens, *d_pos, *d_seq, *d_slot; /* (N) */
     int *d_tables; /* (S, max_blocks) */
     int *d_rows;   /* (R) */
     int *h_slot;   /* (N) host */
+    int *h_count;  /* (S) host: rows of each sequence in this batch */
+    int *seg_start, *seg_gemm, n_seg; /* (N + 1) host: runs of rows, prefill (GEMM) or not */
     const loom_quant_t *quant; /* int8 linear weights, or NULL */
     const loom_sparse24_t *s24; /* 2:4 compressed linear weights, or NULL */
 };
@@ -44,12 +58,15 @@ void loom_infer_free(loom_infer_t *inf) {
     if (!inf) return;
     const loom_backend_t *be = inf->be;
     void *bufs[] = {inf->cache, inf->x, inf->ln, inf->mean, inf->rstd, inf->qkv, inf->atty, inf->proj,
-                    inf->res2, inf->fch, inf->rows, inf->logits, inf->d_tokens, inf->d_pos, inf->d_seq,
+                    inf->res2, inf->fch, inf->pre, inf->rows, inf->logits, inf->d_tokens, inf->d_pos, inf->d_seq,
                     inf->d_slot, inf->d_tables, inf->d_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
     free(inf->layers);
     free(inf->h_slot);
+    free(inf->h_count);
+    free(inf->seg_start);
+    free(inf->seg_gemm);
     free(inf);
 }
 
@@ -104,6 +121,7 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     inf->proj = buf(be, N * C, f, &fail);
     inf->res2 = buf(be, N * C, f, &fail);
     inf->fch = buf(be, N * 4 * C, f, &fail);
+    inf->pre = buf(be, N * 4 * C, f, &fail);
     inf->rows = buf(be, R * C, f, &fail);
     inf->logits = buf(be, R * c->padded_vocab_size, f, &fail);
     inf->d_tokens = buf(be, N, sizeof(int), &fail);
@@ -113,6 +131,9 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     inf->d_tables = buf(be, (size_t)max_seqs * inf->max_blocks, sizeof(int), &fail);
     inf->d_rows = buf(be, R, sizeof(int), &fail);
     inf->h_slot = loom_malloc(N * sizeof(int));
+    inf->h_count = loom_malloc((size_t)max_seqs * sizeof(int));
+    inf->seg_start = loom_malloc((N + 1) * sizeof(int));
+    inf->seg_gemm = loom_malloc((N + 1) * sizeof(int));
     if (fail || !inf->cache) {
         loom_infer_free(inf);
         return loom_error(LOOM_ENOMEM, "cannot allocate the KV cache (%d blocks of %zu bytes) and activations for %d tokens on %s",
@@ -149,6 +170,22 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
     return LOOM_OK;
 }
 
+/* Split the batch into runs of rows of one kind: rows of sequences with
+ * at least PREFILL_GEMM_ROWS rows (GEMM) and the others (row kernel). */
+static void segment(loom_infer_t *inf, const loom_infer_batch_t *b) {
+    memset(inf->h_count, 0, (size_t)b->n_seqs * sizeof(int));
+    for (int i = 0; i < b->n_tokens; i++) inf->h_count[b->seq[i]]++;
+    inf->n_seg = 0;
+    for (int i = 0; i < b->n_tokens; i++) {
+        int g = inf->h_count[b->seq[i]] >= PREFILL_GEMM_ROWS;
+        if (inf->n_seg == 0 || inf->seg_gemm[inf->n_seg - 1] != g) {
+            inf->seg_start[inf->n_seg] = i;
+            inf->seg_gemm[inf->n_seg++] = g;
+        }
+    }
+    inf->seg_start[inf->n_seg] = b->n_tokens;
+}
+
 void loom_infer_set_quant(loom_infer_t *inf, const loom_quant_t *q) { inf->quant = q; }
 void loom_infer_set_sparse24(loom_infer_t *inf, const loom_sparse24_t *s) { inf->s24 = s; }
 
@@ -167,16 +204,37 @@ static void matmul(loom_infer_t *inf, const loom_tensor_t *qw, float *out, const
         be->matmul_forward_rows(out, inp, w, bias, N, C, OC, gelu);
 }
 
-/* Linear layer `which` (LOOM_QLIN_*) of block l: int8 when a quantized
- * copy is set, else compressed 2:4 when a sparse copy is set and the batch
- * has at most LOOM_SPARSE24_MAX_ROWS rows, else fp32. */
+/* The packed GEMM on fp32 w for prefill rows; `pre` (N, OC) takes the
+ * product before the GELU when the fused entry needs it. */
+static void gemm(const loom_backend_t *be, float *out, float *pre, const float *inp, const float *w,
+                 const float *bias, int N, int C, int OC, int gelu) {
+    if (!gelu) be->matmul_forward(out, inp, w, bias, N, C, OC);
+    else if (be->matmul_forward_gelu) be->matmul_forward_gelu(out, pre, inp, w, bias, N, C, OC);
+    else {
+        be->matmul_forward(pre, inp, w, bias, N, C, OC);
+        be->gelu_forward(out, pre, (size_t)N * OC);
+    }
+}
+
+/* Linear layer `which` (LOOM_QLIN_*) of block l, run by runs of rows
+ * (segment): int8 when a quantized copy is set; else compressed 2:4 for a
+ * run of at most LOOM_SPARSE24_MAX_ROWS rows when a sparse copy is set;
+ * else fp32, the packed GEMM for prefill rows, the row kernel otherwise. */
 static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
-                   const float *bias, int N, int C, int OC, int gelu) {
+                   const float *bias, int C, int OC, int gelu) {
+    const loom_backend_t *be = inf->be;
     const loom_tensor_t *qw = inf->quant ? loom_quant_weight(inf->quant, which, l) : NULL;
-    if (!qw && inf->s24 && inf->be->matmul_forward_s24 && N <= LOOM_SPARSE24_MAX_ROWS)
-        inf->be->matmul_forward_s24(out, inp, loom_sparse24_weight(inf->s24, which, l), bias, N, C, OC, gelu);
-    else
-        matmul(inf, qw, out, inp, w, bias, N, C, OC, gelu);
+    for (int k = 0; k < inf->n_seg; k++) {
+        int r0 = inf->seg_start[k], n = inf->seg_start[k + 1] - r0;
+        float *o = out + (size_t)r0 * OC;
+        const float *x = inp + (size_t)r0 * C;
+        if (!qw && inf->s24 && be->matmul_forward_s24 && n <= LOOM_SPARSE24_MAX_ROWS)
+            be->matmul_forward_s24(o, x, loom_sparse24_weight(inf->s24, which, l), bias, n, C, OC, gelu);
+        else if (!qw && inf->seg_gemm[k])
+            gemm(be, o, inf->pre + (size_t)r0 * OC, x, w, bias, n, C, OC, gelu);
+        else
+            matmul(inf, qw, o, x, w, bias, n, C, OC, gelu);
+    }
 }
 
 /* Block l on the rows in inf->x, with its ln1 already in inf->ln; leaves
@@ -186,15 +244,15 @@ static void block(loom_infer_t *inf, int N, int l) {
     int C = inf->m->cfg.channels, L = inf->m->cfg.n_layer;
     size_t lc = (size_t)l * C;
     float *const *p = inf->m->param;
-    linear(inf, LOOM_QLIN_QKV, l, inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, N, C, 3 * C, 0);
+    linear(inf, LOOM_QLIN_QKV, l, inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, C, 3 * C, 0);
     be->kv_write(&inf->layers[l], inf->qkv, inf->d_slot, N, inf->NH, inf->block_size);
     be->paged_attention(inf->atty, inf->qkv, &inf->layers[l], inf->d_pos, inf->d_seq, inf->d_tables,
                         inf->max_blocks, N, inf->NH, inf->block_size);
-    linear(inf, LOOM_QLIN_ATTPROJ, l, inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
+    linear(inf, LOOM_QLIN_ATTPROJ, l, inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, C, C, 0);
     loom_gpt_residual_layernorm(be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, p[LOOM_LN2W] + lc,
                   p[LOOM_LN2B] + lc, N, C);
-    linear(inf, LOOM_QLIN_FC, l, inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, N, C, 4 * C, 1);
-    linear(inf, LOOM_QLIN_FCPROJ, l, inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, N, 4 * C, C, 0);
+    linear(inf, LOOM_QLIN_FC, l, inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, C, 4 * C, 1);
+    linear(inf, LOOM_QLIN_FCPROJ, l, inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, 4 * C, C, 0);
     const float *w = l + 1 < L ? p[LOOM_LN1W] + lc + C : p[LOOM_LNFW];
     const float *bb = l + 1 < L ? p[LOOM_LN1B] + lc + C : p[LOOM_LNFB];
     loom_gpt_residual_layernorm(be, inf->x, inf->ln, inf->mean, inf->rstd, inf->res2, inf->proj, w, bb, N, C);
@@ -202,6 +260,7 @@ static void block(loom_infer_t *inf, int N, int l) {
 
 loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, float *logits) {
     LOOM_TRY(check_batch(inf, b));
+    segment(inf, b);
     const loom_backend_t *be = inf->be;
     const loom_gpt_config_t *c = &inf->m->cfg;
     int N = b->n_tokens, C = c->channels, Vp = c->padded_vocab_size;

@@ -64,7 +64,7 @@ struct loom_engine {
     loom_kv_pool_t *pool;
     int max_blocks, V, Vp, maxT;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    loom_engine_loop_t *loop; /* the loop that steps this engine, or NULL */
     request_t *incoming, *live; /* both under mu; live is read by the step thread freely */
     int n_live;
     uint64_t next_id;
@@ -77,8 +77,17 @@ struct loom_engine {
     int top_ids[20];
     float top_lp[20];
     loom_engine_stats_t st; /* counters; under mu */
+    pthread_t stepper;      /* the thread that last stepped, whose team st.threads is */
+    int stepper_threads;    /* the OpenMP count set on it (0 = none yet) */
+};
+
+struct loom_engine_loop {
+    loom_engine_t **e;
+    int n, threads;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, kicked, started;
     pthread_t thread;
-    int thread_on, stop;
 };
 
 void loom_engine_config_default(loom_engine_config_t *c) {
@@ -189,7 +198,6 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     e->pool = loom_kv_pool_new((int)nb, c->debug);
     e->max_blocks = loom_infer_max_blocks(e->inf);
     pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
     e->next_id = 1;
     size_t T = (size_t)c->max_batch_tokens, S = (size_t)c->max_seqs;
     e->b_tok = loom_malloc(T * sizeof(int));
@@ -225,7 +233,6 @@ static void request_free(request_t *r) {
 
 void loom_engine_free(loom_engine_t *e) {
     if (!e) return;
-    loom_engine_stop(e);
     for (int pass = 0; pass < 2; pass++)
         for (request_t *r = pass ? e->live : e->incoming, *nx; r; r = nx) {
             nx = r->next;
@@ -242,11 +249,21 @@ void loom_engine_free(loom_engine_t *e) {
     loom_quant_free(e->quant);
     loom_sparse24_free(e->s24);
     pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->cv);
     free(e);
 }
 
 /* ---- submit / cancel ---- */
+
+/* Tell e's loop (if any) there is work. The flag under the loop's mutex
+ * closes the gap between its last step and its wait. */
+static void loop_wake(loom_engine_t *e) {
+    loom_engine_loop_t *l = e->loop;
+    if (!l) return;
+    pthread_mutex_lock(&l->mu);
+    l->kicked = 1;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
 
 static loom_status check_request(const loom_engine_t *e, const int *prompt, int np, const loom_request_params_t *p) {
     if (np < 1 || !prompt) return loom_error(LOOM_EINVAL, "empty prompt: a request needs at least one token");
@@ -312,8 +329,8 @@ loom_status loom_engine_submit(loom_engine_t *e, const int *prompt, int n_prompt
     while (*tail) tail = &(*tail)->next;
     *tail = r;
     e->n_live++;
-    pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
+    loop_wake(e);
     if (id) *id = r->id;
     return LOOM_OK;
 }
@@ -328,8 +345,8 @@ int loom_engine_cancel(loom_engine_t *e, uint64_t id) {
                 found = 0;
                 break;
             }
-    pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
+    loop_wake(e);
     return found;
 }
 
@@ -608,7 +625,34 @@ static void advance(loom_engine_t *e, int *prompt_rows) {
     free(done);
 }
 
+/* Threads in a parallel region started here: the team every op gets. */
+static int team_size(void) {
+    int n = 0;
+#pragma omp parallel
+    {
+#pragma omp single
+        n = omp_get_num_threads();
+    }
+    return n;
+}
+
+/* OpenMP's thread count belongs to each thread: give the stepping thread
+ * the backend's, and record the team it gets when the thread or the count
+ * changes. */
+static void set_threads(loom_engine_t *e) {
+    int want = loom_backend_cpu_threads();
+    omp_set_num_threads(want);
+    if (want == e->stepper_threads && pthread_equal(e->stepper, pthread_self())) return;
+    e->stepper = pthread_self();
+    e->stepper_threads = want;
+    int n = team_size();
+    pthread_mutex_lock(&e->mu);
+    e->st.threads = n;
+    pthread_mutex_unlock(&e->mu);
+}
+
 loom_status loom_engine_step(loom_engine_t *e, int *busy) {
+    set_threads(e);
     intake(e);
     e->N = e->S = e->gen_step = 0;
     int budget = e->cfg.max_batch_tokens, R = 0, prompt_rows = 0;
@@ -649,38 +693,66 @@ loom_status loom_engine_run(loom_engine_t *e) {
     }
 }
 
-static void *step_loop(void *arg) {
-    loom_engine_t *e = arg;
-    /* OpenMP's thread count is per thread: take the backend's */
+static void *loop_main(void *arg) {
+    loom_engine_loop_t *l = arg;
     omp_set_num_threads(loom_backend_cpu_threads());
-    for (;;) {
-        pthread_mutex_lock(&e->mu);
-        while (!e->stop && e->n_live == 0) pthread_cond_wait(&e->cv, &e->mu);
-        int stop = e->stop;
-        pthread_mutex_unlock(&e->mu);
-        if (stop) break;
-        if (loom_engine_step(e, NULL) != LOOM_OK) loom_warn("engine step failed: %s", loom_errmsg());
+    int threads = team_size();
+    pthread_mutex_lock(&l->mu);
+    l->threads = threads;
+    l->started = 1;
+    pthread_cond_broadcast(&l->cv);
+    while (!l->stop) {
+        l->kicked = 0;
+        pthread_mutex_unlock(&l->mu);
+        int any = 0;
+        for (int i = 0; i < l->n; i++) {
+            int busy = 0;
+            if (loom_engine_step(l->e[i], &busy) != LOOM_OK) loom_warn("engine step failed: %s", loom_errmsg());
+            any |= busy;
+        }
+        pthread_mutex_lock(&l->mu);
+        while (!any && !l->stop && !l->kicked) pthread_cond_wait(&l->cv, &l->mu);
     }
+    pthread_mutex_unlock(&l->mu);
     return NULL;
 }
 
-loom_status loom_engine_start(loom_engine_t *e) {
-    if (e->thread_on) return LOOM_OK;
-    e->stop = 0;
-    if (pthread_create(&e->thread, NULL, step_loop, e) != 0)
+loom_status loom_engine_loop_start(loom_engine_loop_t **out, loom_engine_t *const *engines, int n) {
+    for (int i = 0; i < n; i++)
+        if (engines[i]->loop) return loom_error(LOOM_EINVAL, "engine %d of %d is stepped by another loop already", i, n);
+    loom_engine_loop_t *l = loom_calloc(1, sizeof *l);
+    l->e = loom_malloc(((size_t)n + 1) * sizeof *l->e);
+    memcpy(l->e, engines, (size_t)n * sizeof *l->e);
+    l->n = n;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    for (int i = 0; i < n; i++) engines[i]->loop = l;
+    if (pthread_create(&l->thread, NULL, loop_main, l) != 0) {
+        for (int i = 0; i < n; i++) engines[i]->loop = NULL;
+        free(l->e), free(l);
         return loom_error(LOOM_ENOMEM, "cannot start the engine's step thread");
-    e->thread_on = 1;
+    }
+    pthread_mutex_lock(&l->mu);
+    while (!l->started) pthread_cond_wait(&l->cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+    *out = l;
     return LOOM_OK;
 }
 
-void loom_engine_stop(loom_engine_t *e) {
-    if (!e->thread_on) return;
-    pthread_mutex_lock(&e->mu);
-    e->stop = 1;
-    pthread_cond_broadcast(&e->cv);
-    pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
-    e->thread_on = 0;
+int loom_engine_loop_threads(const loom_engine_loop_t *l) { return l->threads; }
+
+void loom_engine_loop_stop(loom_engine_loop_t *l) {
+    if (!l) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = 1;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+    for (int i = 0; i < l->n; i++) l->e[i]->loop = NULL;
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    free(l->e);
+    free(l);
 }
 
 void loom_engine_stats(loom_engine_t *e, loom_engine_stats_t *st) {

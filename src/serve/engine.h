@@ -14,16 +14,19 @@
  * recomputed (prompt plus the tokens it had made) when blocks free up.
  *
  * Threads: every function here is safe to call from any thread. Either
- * call loom_engine_step yourself (one thread), or loom_engine_start, which
- * runs the step loop on a thread of its own until loom_engine_stop. Events
- * are delivered on the thread that runs the steps, with no engine lock
- * held: a callback may submit or cancel, but must not block for long (it
- * stalls every request). A loom_engine_queue_t turns events into a queue
- * that another thread waits on.
+ * call loom_engine_step yourself (one thread), or start a step loop
+ * (loom_engine_loop_start), which steps one or more engines in turn on a
+ * thread of its own until loom_engine_loop_stop; the server and the tests
+ * use this one loop. Events are delivered on the thread that runs the
+ * steps, with no engine lock held: a callback may submit or cancel, but
+ * must not block for long (it stalls every request). A loom_engine_queue_t
+ * turns events into a queue that another thread waits on.
  *
- * CPU note: the CPU ops run on an OpenMP team from the stepping thread and
- * share the GEMM's packing buffers: do not run other model work in the same
- * process while the engine steps. */
+ * CPU note: the CPU ops run on an OpenMP team from the stepping thread, of
+ * the CPU backend's thread count (--threads; OpenMP's count is per thread,
+ * so each step sets it), and share the GEMM's packing buffers: do not run
+ * other model work in the same process while the engine steps, and step
+ * several engines from one thread (one loop), never from two at once. */
 #ifndef LOOM_ENGINE_H
 #define LOOM_ENGINE_H
 
@@ -107,7 +110,8 @@ typedef struct loom_engine loom_engine_t;
  * pool holds kv_bytes / loom_infer_block_bytes blocks. */
 loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_tokenizer_t *tok,
                                const loom_engine_config_t *cfg);
-/* Stops the step thread if running; pending requests are dropped without events. */
+/* Pending requests are dropped without events. Stop the loop that steps
+ * `e` (if any) first. */
 void loom_engine_free(loom_engine_t *e);
 
 /* Queue a request: prompt (n_prompt ids), its settings, and where its
@@ -130,15 +134,23 @@ int loom_engine_cancel(loom_engine_t *e, uint64_t id);
 loom_status loom_engine_step(loom_engine_t *e, int *busy);
 /* Step until no request is left. */
 loom_status loom_engine_run(loom_engine_t *e);
-/* The step loop on its own thread (sleeps while idle), until loom_engine_stop. */
-loom_status loom_engine_start(loom_engine_t *e);
-void loom_engine_stop(loom_engine_t *e);
+/* The step loop: a thread of its own that steps engines[0..n) in turn
+ * while any has work and sleeps while none has (a submit or cancel wakes
+ * it). An engine belongs to one loop at most. Returns once the thread
+ * runs and has measured its OpenMP team (loom_engine_loop_threads). */
+typedef struct loom_engine_loop loom_engine_loop_t;
+loom_status loom_engine_loop_start(loom_engine_loop_t **out, loom_engine_t *const *engines, int n);
+/* Threads in a parallel region on the loop's thread: the team the models run on. */
+int loom_engine_loop_threads(const loom_engine_loop_t *l);
+/* Stop the thread (after the step it is in) and free the loop; NULL is a no-op. */
+void loom_engine_loop_stop(loom_engine_loop_t *l);
 
 typedef struct {
     int waiting, running;      /* sequences now */
     int free_blocks, total_blocks, block_size;
     long long steps, prompt_tokens, generated_tokens, preemptions, requests_done;
     long long batch_rows;      /* rows over all steps (mean batch = batch_rows / steps) */
+    int threads;               /* OpenMP team of the thread that last stepped (0 = not stepped yet) */
 } loom_engine_stats_t;
 void loom_engine_stats(loom_engine_t *e, loom_engine_stats_t *st);
 

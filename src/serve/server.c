@@ -1,5 +1,5 @@
 /* server: the OpenAI-compatible HTTP server (see server.h). The request
- * path is in serve_req.c; this file holds the models, the stepping thread,
+ * path is in serve_req.c; this file holds the models, the step loop,
  * the metrics and the routes. */
 #define _GNU_SOURCE
 #include "serve/server_int.h"
@@ -63,40 +63,6 @@ static void collect(void *ctx) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* The stepping thread: every engine's step in turn; sleeps while idle. */
-static void *step_main(void *arg) {
-    loom_server_t *s = arg;
-    pthread_mutex_lock(&s->mu);
-    while (!s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        int any = 0;
-        for (int i = 0; i < s->n_models; i++) {
-            int busy = 0;
-            if (loom_engine_step(s->models[i].e, &busy) != LOOM_OK)
-                fprintf(stderr, "loom serve: model %s: %s\n", s->models[i].name, loom_errmsg());
-            any |= busy;
-        }
-        pthread_mutex_lock(&s->mu);
-        if (!any && !s->stop && !s->kicked) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += 50 * 1000000L;
-            if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-            pthread_cond_timedwait(&s->cv, &s->mu, &until);
-        }
-        s->kicked = 0;
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
-}
-
-void loom_srv_kick(loom_server_t *s) {
-    pthread_mutex_lock(&s->mu);
-    s->kicked = 1;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-}
-
 void loom_srv_reply_error(loom_http_response_t *resp, const loom_api_error_t *err) {
     char *j = loom_api_error_json(err);
     resp->status = err->status;
@@ -157,7 +123,6 @@ loom_status loom_server_start(loom_server_t **out, const loom_server_config_t *c
     s->reg = loom_metrics_new();
     s->started = time(NULL);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
     atomic_store(&s->state, SRV_LOADING);
     loom_metrics_on_collect(s->reg, collect, s);
     loom_http_route_t routes[16] = {
@@ -229,8 +194,11 @@ loom_status loom_server_add_model(loom_server_t *s, const char *name, loom_gpt_t
 loom_status loom_server_ready(loom_server_t *s) {
     if (s->n_models == 0) return loom_error(LOOM_EINVAL, "no model to serve: give --run DIR or --run NAME=DIR");
     dashboard_lines(s);
-    if (pthread_create(&s->stepper, NULL, step_main, s) != 0) return loom_error(LOOM_EIO, "cannot start the stepping thread");
-    s->stepping = 1;
+    loom_engine_t *es[SRV_MAX_MODELS];
+    for (int i = 0; i < s->n_models; i++) es[i] = s->models[i].e;
+    LOOM_TRY(loom_engine_loop_start(&s->loop, es, s->n_models));
+    int nt = loom_engine_loop_threads(s->loop);
+    fprintf(stderr, "loom serve: the models run on one stepping thread with %d OpenMP thread%s\n", nt, nt == 1 ? "" : "s");
     atomic_store(&s->state, SRV_READY);
     return LOOM_OK;
 }
@@ -255,13 +223,7 @@ void loom_server_free(loom_server_t *s) {
     if (atomic_load(&s->state) != SRV_CANCELLING) atomic_store(&s->state, SRV_CANCELLING);
     loom_http_stop(s->http);
     loom_dashboard_stop(s->dash);
-    if (s->stepping) {
-        pthread_mutex_lock(&s->mu);
-        s->stop = 1;
-        pthread_cond_signal(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->stepper, NULL);
-    }
+    loom_engine_loop_stop(s->loop);
     loom_metrics_off_collect(s->reg, collect, s);
     for (int i = 0; i < s->n_models; i++) {
         loom_engine_free(s->models[i].e);
@@ -270,7 +232,6 @@ void loom_server_free(loom_server_t *s) {
     }
     loom_metrics_free(s->reg);
     pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
     free(s->api_key);
     free(s);
 }

@@ -49,16 +49,12 @@ struct loom_server {
     atomic_int state, active, pending;
     atomic_ullong next_id;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pthread_t stepper;
-    int stepping, stop, kicked;
+    loom_engine_loop_t *loop; /* steps every model's engine in turn (NULL until ready) */
     time_t started;
 };
 
 extern const char *const loom_srv_finish_names[4];
 
-/* Wake the stepping thread (a request was submitted). */
-void loom_srv_kick(loom_server_t *s);
 /* Answer with an error in the OpenAI shape. */
 void loom_srv_reply_error(loom_http_response_t *resp, const loom_api_error_t *err);
 /* The checks every /v1 request passes first: state (503) and API key
