@@ -59,7 +59,20 @@ static void collect(void *ctx, const loom_engine_event_t *ev) {
     if (ev->finish) r->finish[i] = ev->finish;
 }
 
-static loom_engine_t *engine(size_t kv_bytes, int max_batch_tokens) {
+/* Step costs from a model instead of the clock, so the prefill budget and
+ * with it every test's chunking is the same on any machine: 10 ms a step,
+ * 0.1 ms a decode row, 0.6 ms a prompt row. Each step is recorded. */
+typedef struct {
+    int n, decode[256], prefill[256];
+} cost_log_t;
+
+static double model_cost(void *ctx, int decode_rows, int prefill_rows) {
+    cost_log_t *log = ctx;
+    if (log && log->n < 256) log->decode[log->n] = decode_rows, log->prefill[log->n++] = prefill_rows;
+    return 0.010 + 0.0001 * decode_rows + 0.0006 * prefill_rows;
+}
+
+static loom_engine_t *engine_logged(size_t kv_bytes, int max_batch_tokens, cost_log_t *log) {
     loom_engine_config_t c;
     loom_engine_config_default(&c);
     c.block_size = 4;
@@ -67,10 +80,14 @@ static loom_engine_t *engine(size_t kv_bytes, int max_batch_tokens) {
     c.max_batch_tokens = max_batch_tokens;
     c.max_seqs = 16;
     c.debug = 1;
+    c.step_cost = model_cost;
+    c.step_cost_ctx = log;
     loom_engine_t *e = NULL;
     CHECK(loom_engine_create(&e, model, bytes_tok, &c) == LOOM_OK, "create: %s", loom_errmsg());
     return e;
 }
+
+static loom_engine_t *engine(size_t kv_bytes, int max_batch_tokens) { return engine_logged(kv_bytes, max_batch_tokens, NULL); }
 
 /* Greedy continuation by the full forward pass; log-softmax of each chosen token into lp. */
 static void full_greedy(const int *prompt, int np, int n, int *out, float *lp) {
@@ -383,6 +400,52 @@ static void threads_and_queues(void) {
     }
 }
 
+/* Steady decode while a prompt arrives: four requests decode, then a
+ * 60-token prompt comes. Under the cost model a prompt row costs 0.6 ms
+ * beside a 10 ms decode step, so the budget lets about 17 prompt rows in
+ * per step (at least min_rows 16): the prompt is spread over 4 steps (it
+ * took one step of 60 rows before the budget), every one of them carries
+ * all four decodes, and every answer equals the full forward's. */
+static void prompt_spread_over_steps(void) {
+    cost_log_t log = {0};
+    loom_engine_t *e = engine_logged(block_bytes() * 200, 512, &log);
+    if (!e) return;
+    static result_t res[5];
+    memset(res, 0, sizeof res);
+    int prompts[5][MAXT], len[5] = {6, 7, 8, 9, 60};
+    loom_request_params_t p;
+    loom_request_params_default(&p);
+    p.max_tokens = 14;
+    for (int i = 0; i < 5; i++) prompt_of(prompts[i], len[i], 300u + (unsigned)i);
+    for (int i = 0; i < 4; i++) loom_engine_submit(e, prompts[i], len[i], &p, collect, &res[i], NULL);
+    for (int k = 0; k < 3; k++) loom_engine_step(e, NULL);
+    int first = log.n;
+    p.max_tokens = 4;
+    loom_engine_submit(e, prompts[4], len[4], &p, collect, &res[4], NULL);
+    for (int busy = 1; busy;) {
+        CHECK(loom_engine_step(e, &busy) == LOOM_OK, "%s", loom_errmsg());
+        CHECK(loom_engine_audit(e) == LOOM_OK, "audit: %s", loom_errmsg());
+    }
+    int spread = 0, rows = 0;
+    for (int k = first; k < log.n && rows < 60; k++) {
+        CHECK(log.decode[k] == 4, "step %d: %d decode rows beside %d prompt rows, want all 4 decodes", k,
+              log.decode[k], log.prefill[k]);
+        CHECK(log.prefill[k] >= 12 && log.prefill[k] <= 20, "step %d: %d prompt rows, want the budget's 16-17 (or the rest)", k, log.prefill[k]);
+        rows += log.prefill[k];
+        spread++;
+    }
+    CHECK(rows == 60 && spread == 4, "the 60-token prompt took %d steps (%d rows), want 4", spread, rows);
+    for (int i = 0; i < 5; i++) {
+        int want[MAXGEN];
+        float lp[MAXGEN];
+        int n = i < 4 ? 14 : 4;
+        full_greedy(prompts[i], len[i], n, want, lp);
+        CHECK(res[i].n[0] == n && memcmp(res[i].tokens[0], want, sizeof(int) * (size_t)n) == 0,
+              "request %d: %d tokens, not the full forward's", i, res[i].n[0]);
+    }
+    loom_engine_free(e);
+}
+
 /* The loop's thread runs the model on the backend's thread count (OpenMP's
  * count is per thread: a new thread would otherwise get the default, all
  * cores), for two engines stepped by one loop; 3 is neither this machine's
@@ -430,6 +493,7 @@ int main(void) {
     RUN(stop_strings);
     RUN(bad_input_keeps_serving);
     RUN(cancel_returns_blocks);
+    RUN(prompt_spread_over_steps);
     RUN(threads_and_queues);
     RUN(loop_runs_backend_threads);
     loom_gpt_free(model);

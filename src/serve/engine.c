@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "kv_cache.h"
+#include "step_budget.h"
 #include "model/generate.h"
 #include "model/infer.h"
 #include "model/quant.h"
@@ -31,6 +32,7 @@ typedef struct {
     size_t text_len, text_cap, released;
     double t_first;
     int chunk;             /* rows in this step's batch */
+    long long batched;     /* the step that last put it in the batch */
 } seq_t;
 
 struct request {
@@ -73,6 +75,8 @@ struct loom_engine {
     int *b_tok, *b_pos, *b_seq, *b_rows, *tables;
     seq_t **b_seqs;
     int N, S, gen_step;
+    long long step_no;
+    loom_step_budget_t budget;
     float *logits, *scratch;
     int top_ids[20];
     float top_lp[20];
@@ -199,6 +203,7 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     e->max_blocks = loom_infer_max_blocks(e->inf);
     pthread_mutex_init(&e->mu, NULL);
     e->next_id = 1;
+    loom_step_budget_init(&e->budget, c->max_batch_tokens);
     size_t T = (size_t)c->max_batch_tokens, S = (size_t)c->max_seqs;
     e->b_tok = loom_malloc(T * sizeof(int));
     e->b_pos = loom_malloc(T * sizeof(int));
@@ -473,6 +478,7 @@ static void batch_add(loom_engine_t *e, seq_t *s, int chunk) {
     int si = e->S++;
     e->b_seqs[si] = s;
     s->chunk = chunk;
+    s->batched = e->step_no;
     memcpy(e->tables + (size_t)si * e->max_blocks, s->blocks, (size_t)s->n_blocks * sizeof(int));
     for (int k = 0; k < chunk; k++, e->N++) {
         e->b_tok[e->N] = s->tokens[s->n_cached + k];
@@ -483,23 +489,34 @@ static void batch_add(loom_engine_t *e, seq_t *s, int chunk) {
 
 /* ---- the step ---- */
 
-/* Running sequences first, in order; a sequence that cannot get its blocks
- * preempts the newest running one (itself, if it is the newest). */
-static void schedule_running(loom_engine_t *e, int *budget) {
-    for (int i = 0; i < e->running.n && *budget > 0;) {
+/* Get s its blocks for `chunk` more rows, preempting the newest running
+ * sequence not yet in this step's batch while the pool is short. 1 when s
+ * got them; 0 when s itself was preempted or nothing is left to preempt. */
+static int reserve_or_preempt(loom_engine_t *e, seq_t *s, int chunk) {
+    while (!reserve(e, s, chunk)) {
+        seq_t *victim = NULL;
+        for (int k = e->running.n - 1; k >= 0 && !victim; k--)
+            if (e->running.v[k]->batched != e->step_no) victim = e->running.v[k];
+        if (!victim) return 0;
+        preempt(e, victim);
+        if (victim == s) return 0;
+    }
+    return 1;
+}
+
+/* Running sequences, oldest first: those with one row left (decode) when
+ * `decode`, else those with a prompt chunk left, each within *budget rows. */
+static void schedule_running(loom_engine_t *e, int decode, int *budget) {
+    for (int i = 0; i < e->running.n && *budget > 0; i++) {
         seq_t *s = e->running.v[i];
-        int chunk = s->len - s->n_cached;
-        if (chunk > *budget) chunk = *budget;
-        while (!reserve(e, s, chunk)) {
-            seq_t *victim = e->running.v[e->running.n - 1];
-            preempt(e, victim);
-            if (victim == s) break;
-        }
-        if (i < e->running.n && e->running.v[i] == s) {
+        int left = s->len - s->n_cached, chunk = left < *budget ? left : *budget;
+        if ((left == 1) != decode || s->batched == e->step_no) continue;
+        int before = e->running.n;
+        if (reserve_or_preempt(e, s, chunk)) {
             batch_add(e, s, chunk);
             *budget -= chunk;
-            i++;
         }
+        if (e->running.n != before) i = -1; /* preempted: look again from the start (batched ones are skipped) */
     }
 }
 
@@ -655,9 +672,14 @@ loom_status loom_engine_step(loom_engine_t *e, int *busy) {
     set_threads(e);
     intake(e);
     e->N = e->S = e->gen_step = 0;
+    e->step_no++;
     int budget = e->cfg.max_batch_tokens, R = 0, prompt_rows = 0;
-    schedule_running(e, &budget);
-    schedule_waiting(e, &budget);
+    schedule_running(e, 1, &budget);
+    int decode_rows = e->N, prefill = loom_step_budget_prefill(&e->budget, decode_rows), allowed;
+    if (prefill > budget) prefill = budget;
+    allowed = prefill;
+    schedule_running(e, 0, &prefill);
+    schedule_waiting(e, &prefill);
     for (int i = 0, row = 0; i < e->S; row += e->b_seqs[i++]->chunk) {
         seq_t *s = e->b_seqs[i];
         if (s->n_cached + s->chunk == s->len) e->b_rows[R++] = row + s->chunk - 1;
@@ -666,7 +688,11 @@ loom_status loom_engine_step(loom_engine_t *e, int *busy) {
     if (e->N > 0) {
         loom_infer_batch_t b = {.n_tokens = e->N, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq,
                                 .n_seqs = e->S, .block_tables = e->tables, .n_logits = R, .logit_rows = e->b_rows};
+        double t0 = loom_now();
         st = loom_infer_forward(e->inf, &b, e->logits);
+        double dt = e->cfg.step_cost ? e->cfg.step_cost(e->cfg.step_cost_ctx, decode_rows, e->N - decode_rows)
+                                     : loom_now() - t0;
+        loom_step_budget_observe(&e->budget, decode_rows, e->N - decode_rows, dt);
         if (st == LOOM_OK) advance(e, &prompt_rows);
     }
     reap(e);
@@ -677,6 +703,7 @@ loom_status loom_engine_step(loom_engine_t *e, int *busy) {
         e->st.prompt_tokens += prompt_rows;
         e->st.generated_tokens += e->gen_step;
     }
+    e->st.prefill_budget = allowed;
     e->st.waiting = e->waiting.n;
     e->st.running = e->running.n;
     e->st.free_blocks = loom_kv_pool_free_count(e->pool);

@@ -2,12 +2,14 @@
  * batching over a paged KV cache). docs/serving.md tells the whole story.
  *
  * Requests wait in a queue, first come first served. Each step the
- * scheduler builds one batch: first every running sequence's next rows (one
- * decode token, or the next chunk of a prompt still being prefilled), then
- * waiting requests are admitted while the step's token budget
- * (max_batch_tokens), the sequence cap (max_seqs) and free KV blocks allow;
- * a long prompt is prefilled in chunks so running decodes never stall
- * behind it. The batch runs as one forward (model/infer.h); each sequence
+ * scheduler builds one batch: first every decoding sequence's next token,
+ * then prompt rows within the step's prefill budget (serve/step_budget.h:
+ * what fits beside the decodes in about one decode step's time, learned
+ * from measured steps, at most max_batch_tokens rows in all): the next
+ * chunk of prompts being prefilled, then waiting requests admitted while
+ * the budget, the sequence cap (max_seqs) and free KV blocks allow. A long
+ * prompt is prefilled in chunks over several steps, so running decodes
+ * keep their pace while prompts arrive. The batch runs as one forward (model/infer.h); each sequence
  * whose rows reach its end samples its next token. When a running sequence
  * needs a block and none is free, the newest running sequence is preempted:
  * its blocks are freed and it goes back to the front of the queue to be
@@ -48,6 +50,11 @@ typedef struct {
     int sparse;           /* LOOM_SPARSE_AUTO (default): 2:4 weights run compressed when quant is 0; LOOM_SPARSE_OFF */
     int quant_block;      /* int8 scales: 0 per output channel (default), 32 per block (Q8_0) */
     int quant_fp32_logits; /* 1: keep the logits product fp32 under quant (default 0: int8) */
+    /* Seconds a step of decode_rows decode and prefill_rows prompt rows
+     * took, for the prefill budget; NULL (default): measured on the wall
+     * clock. Tests set a cost model here, so no result depends on speed. */
+    double (*step_cost)(void *ctx, int decode_rows, int prefill_rows);
+    void *step_cost_ctx;
 } loom_engine_config_t;
 
 /* Defaults for every field (kv_bytes 256 MiB). */
@@ -150,6 +157,7 @@ typedef struct {
     int free_blocks, total_blocks, block_size;
     long long steps, prompt_tokens, generated_tokens, preemptions, requests_done;
     long long batch_rows;      /* rows over all steps (mean batch = batch_rows / steps) */
+    int prefill_budget;        /* prompt rows the last step allowed */
     int threads;               /* OpenMP team of the thread that last stepped (0 = not stepped yet) */
 } loom_engine_stats_t;
 void loom_engine_stats(loom_engine_t *e, loom_engine_stats_t *st);
