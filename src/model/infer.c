@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A sequence with at least this many rows in a batch is prefilled: its
- * rows go through the backend's packed GEMM (matmul_forward, the one
+/* Without the batch's prefill flags, a sequence with at least this many
+ * rows in a batch is prefilled: its rows go through the backend's packed GEMM (matmul_forward, the one
  * training uses), which packs the weights once per call and reaches the
  * CPU's compute rate from a few tens of rows. Fewer rows (decode, a short
  * tail of a prompt, a few drafted tokens) take matmul_forward_rows, which
@@ -170,14 +170,15 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
     return LOOM_OK;
 }
 
-/* Split the batch into runs of rows of one kind: rows of sequences with
- * at least PREFILL_GEMM_ROWS rows (GEMM) and the others (row kernel). */
+/* Split the batch into runs of rows of one kind: GEMM rows (the batch's
+ * prefill flags, else the rows of sequences with at least
+ * PREFILL_GEMM_ROWS rows) and the others (row kernel). */
 static void segment(loom_infer_t *inf, const loom_infer_batch_t *b) {
     memset(inf->h_count, 0, (size_t)b->n_seqs * sizeof(int));
     for (int i = 0; i < b->n_tokens; i++) inf->h_count[b->seq[i]]++;
     inf->n_seg = 0;
     for (int i = 0; i < b->n_tokens; i++) {
-        int g = inf->h_count[b->seq[i]] >= PREFILL_GEMM_ROWS;
+        int g = b->prefill ? b->prefill[i] != 0 : inf->h_count[b->seq[i]] >= PREFILL_GEMM_ROWS;
         if (inf->n_seg == 0 || inf->seg_gemm[inf->n_seg - 1] != g) {
             inf->seg_start[inf->n_seg] = i;
             inf->seg_gemm[inf->n_seg++] = g;

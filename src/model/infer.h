@@ -26,6 +26,10 @@ typedef struct {
     const int *block_tables; /* (S, max_blocks) host; max_blocks = loom_infer_max_blocks() */
     int n_logits;            /* R */
     const int *logit_rows;   /* (R) host: rows whose logits are returned, in this order */
+    const unsigned char *prefill; /* (N) host, or NULL: 1 for a row to run through the packed
+                                     GEMM (a prompt row), 0 for the row kernel (a decoded
+                                     token); NULL: the rows of a sequence with at least 8
+                                     rows in the batch take the GEMM */
 } loom_infer_batch_t;
 
 typedef struct loom_infer loom_infer_t;

@@ -73,6 +73,7 @@ struct loom_engine {
     seq_list_t waiting, running; /* step thread only, ordered by (request id, index) */
     /* this step's batch */
     int *b_tok, *b_pos, *b_seq, *b_rows, *tables;
+    unsigned char *b_prefill; /* (max_batch_tokens) 1: a prompt row (GEMM), 0: a generated token */
     seq_t **b_seqs;
     int N, S, gen_step;
     long long step_no;
@@ -208,6 +209,7 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     e->b_tok = loom_malloc(T * sizeof(int));
     e->b_pos = loom_malloc(T * sizeof(int));
     e->b_seq = loom_malloc(T * sizeof(int));
+    e->b_prefill = loom_malloc(T);
     e->b_rows = loom_malloc(S * sizeof(int));
     e->tables = loom_malloc(S * (size_t)e->max_blocks * sizeof(int));
     e->b_seqs = loom_malloc(S * sizeof(seq_t *));
@@ -247,7 +249,7 @@ void loom_engine_free(loom_engine_t *e) {
         }
     free(e->waiting.v);
     free(e->running.v);
-    free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_rows), free(e->tables), free(e->b_seqs);
+    free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_prefill), free(e->b_rows), free(e->tables), free(e->b_seqs);
     free(e->logits), free(e->scratch);
     loom_kv_pool_free(e->pool);
     loom_infer_free(e->inf);
@@ -484,6 +486,7 @@ static void batch_add(loom_engine_t *e, seq_t *s, int chunk) {
         e->b_tok[e->N] = s->tokens[s->n_cached + k];
         e->b_pos[e->N] = s->n_cached + k;
         e->b_seq[e->N] = si;
+        e->b_prefill[e->N] = s->n_cached + k < s->req->n_prompt;
     }
 }
 
@@ -687,7 +690,8 @@ loom_status loom_engine_step(loom_engine_t *e, int *busy) {
     loom_status st = LOOM_OK;
     if (e->N > 0) {
         loom_infer_batch_t b = {.n_tokens = e->N, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq,
-                                .n_seqs = e->S, .block_tables = e->tables, .n_logits = R, .logit_rows = e->b_rows};
+                                .n_seqs = e->S, .block_tables = e->tables, .n_logits = R, .logit_rows = e->b_rows,
+                                .prefill = e->b_prefill};
         double t0 = loom_now();
         st = loom_infer_forward(e->inf, &b, e->logits);
         double dt = e->cfg.step_cost ? e->cfg.step_cost(e->cfg.step_cost_ctx, decode_rows, e->N - decode_rows)
