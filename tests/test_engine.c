@@ -386,7 +386,7 @@ static void threads_and_queues(void) {
     loom_engine_t *e = engine(block_bytes() * 200, 64);
     if (!e) return;
     loom_engine_loop_t *loop = NULL;
-    CHECK(loom_engine_loop_start(&loop, &e, 1) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(loom_engine_loop_start(&loop, &e, 1, NULL, NULL) == LOOM_OK, "%s", loom_errmsg());
     client_t c[4];
     pthread_t th[4];
     for (int k = 0; k < 4; k++) {
@@ -461,7 +461,7 @@ static void loop_runs_backend_threads(void) {
     loom_engine_t *es[2] = {engine(block_bytes() * 100, 64), engine(block_bytes() * 100, 64)};
     if (!es[0] || !es[1]) return;
     loom_engine_loop_t *loop = NULL;
-    CHECK(loom_engine_loop_start(&loop, es, 2) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(loom_engine_loop_start(&loop, es, 2, NULL, NULL) == LOOM_OK, "%s", loom_errmsg());
     if (!loop) return;
     CHECK(loom_engine_loop_threads(loop) == 3, "the loop's thread has a team of %d, want 3", loom_engine_loop_threads(loop));
     loom_engine_queue_t *q = loom_engine_queue_new();

@@ -89,6 +89,8 @@ struct loom_engine {
 struct loom_engine_loop {
     loom_engine_t **e;
     int n, threads;
+    void (*on_step)(void *ctx, int i);
+    void *ctx;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop, kicked, started;
@@ -739,6 +741,7 @@ static void *loop_main(void *arg) {
         for (int i = 0; i < l->n; i++) {
             int busy = 0;
             if (loom_engine_step(l->e[i], &busy) != LOOM_OK) loom_warn("engine step failed: %s", loom_errmsg());
+            if (busy && l->on_step) l->on_step(l->ctx, i);
             any |= busy;
         }
         pthread_mutex_lock(&l->mu);
@@ -748,13 +751,16 @@ static void *loop_main(void *arg) {
     return NULL;
 }
 
-loom_status loom_engine_loop_start(loom_engine_loop_t **out, loom_engine_t *const *engines, int n) {
+loom_status loom_engine_loop_start(loom_engine_loop_t **out, loom_engine_t *const *engines, int n,
+                                   void (*on_step)(void *ctx, int i), void *ctx) {
     for (int i = 0; i < n; i++)
         if (engines[i]->loop) return loom_error(LOOM_EINVAL, "engine %d of %d is stepped by another loop already", i, n);
     loom_engine_loop_t *l = loom_calloc(1, sizeof *l);
     l->e = loom_malloc(((size_t)n + 1) * sizeof *l->e);
     memcpy(l->e, engines, (size_t)n * sizeof *l->e);
     l->n = n;
+    l->on_step = on_step;
+    l->ctx = ctx;
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->cv, NULL);
     for (int i = 0; i < n; i++) engines[i]->loop = l;

@@ -143,10 +143,13 @@ loom_status loom_engine_step(loom_engine_t *e, int *busy);
 loom_status loom_engine_run(loom_engine_t *e);
 /* The step loop: a thread of its own that steps engines[0..n) in turn
  * while any has work and sleeps while none has (a submit or cancel wakes
- * it). An engine belongs to one loop at most. Returns once the thread
- * runs and has measured its OpenMP team (loom_engine_loop_threads). */
+ * it), calling on_step(ctx, i) (may be NULL) on that thread after each
+ * step of engines[i] that had work. An engine belongs to one loop at most.
+ * Returns once the thread runs and has measured its OpenMP team
+ * (loom_engine_loop_threads). */
 typedef struct loom_engine_loop loom_engine_loop_t;
-loom_status loom_engine_loop_start(loom_engine_loop_t **out, loom_engine_t *const *engines, int n);
+loom_status loom_engine_loop_start(loom_engine_loop_t **out, loom_engine_t *const *engines, int n,
+                                   void (*on_step)(void *ctx, int i), void *ctx);
 /* Threads in a parallel region on the loop's thread: the team the models run on. */
 int loom_engine_loop_threads(const loom_engine_loop_t *l);
 /* Stop the thread (after the step it is in) and free the loop; NULL is a no-op. */
