@@ -72,6 +72,8 @@ static double model_cost(void *ctx, int decode_rows, int prefill_rows) {
     return 0.010 + 0.0001 * decode_rows + 0.0006 * prefill_rows;
 }
 
+static int prefix_cache_on = 1; /* engines made from here on cache prefixes (the default) */
+
 static loom_engine_t *engine_logged(size_t kv_bytes, int max_batch_tokens, cost_log_t *log) {
     loom_engine_config_t c;
     loom_engine_config_default(&c);
@@ -82,6 +84,7 @@ static loom_engine_t *engine_logged(size_t kv_bytes, int max_batch_tokens, cost_
     c.debug = 1;
     c.step_cost = model_cost;
     c.step_cost_ctx = log;
+    c.prefix_cache = prefix_cache_on;
     loom_engine_t *e = NULL;
     CHECK(loom_engine_create(&e, model, bytes_tok, &c) == LOOM_OK, "create: %s", loom_errmsg());
     return e;
@@ -451,6 +454,108 @@ static void prompt_spread_over_steps(void) {
     loom_engine_free(e);
 }
 
+/* Submit prompts[i] (len[i] tokens) for i in [from, to) at once and step
+ * until done, auditing the blocks after every step. */
+static void wave(loom_engine_t *e, int prompts[][MAXT], const int *len, int from, int to,
+                 const loom_request_params_t *p, result_t *res) {
+    for (int i = from; i < to; i++)
+        CHECK(loom_engine_submit(e, prompts[i], len[i], p, collect, &res[i], NULL) == LOOM_OK, "%s", loom_errmsg());
+    for (int busy = 1; busy;) {
+        CHECK(loom_engine_step(e, &busy) == LOOM_OK, "%s", loom_errmsg());
+        CHECK(loom_engine_audit(e) == LOOM_OK, "audit: %s", loom_errmsg());
+    }
+}
+
+static long long hits_of(loom_engine_t *e) {
+    loom_engine_stats_t st;
+    loom_engine_stats(e, &st);
+    return st.prefix_hits;
+}
+
+/* Prefix caching: requests sharing a 24-token prefix (6 blocks of 4) with
+ * one that ran before give the same tokens and log-probability bits as
+ * an engine without the cache, sampled ones (n = 2) included. Hits, in
+ * tokens: P + 9 others shares 6 blocks (24), P itself 5 (its last token is
+ * always computed: 20), 10 tokens of P then others 2 (8), an unrelated
+ * prompt 0, the first request again 7 (28). */
+static void prefix_cache_equals_no_cache(void) {
+    int prompts[6][MAXT], len[6] = {29, 33, 24, 21, 20, 29};
+    for (int i = 0; i < 6; i++) prompt_of(prompts[i], len[i], 500u + (unsigned)i);
+    for (int i = 0; i < 24; i++) prompts[1][i] = prompts[2][i] = prompts[0][i];
+    for (int i = 0; i < 10; i++) prompts[3][i] = prompts[0][i];
+    memcpy(prompts[5], prompts[0], sizeof prompts[0]);
+    static result_t res[2][6];
+    memset(res, 0, sizeof res);
+    long long hits[2] = {0, 0};
+    for (int on = 0; on < 2; on++) {
+        prefix_cache_on = on;
+        loom_engine_t *e = engine(block_bytes() * 200, 512);
+        prefix_cache_on = 1;
+        if (!e) return;
+        loom_request_params_t p;
+        loom_request_params_default(&p);
+        p.max_tokens = 8;
+        p.logprobs = 0;
+        wave(e, prompts, len, 0, 1, &p, res[on]);
+        wave(e, prompts, len, 1, 5, &p, res[on]);
+        p.n = 2, p.temperature = 0.8f, p.seed = 11;
+        wave(e, prompts, len, 5, 6, &p, res[on]);
+        hits[on] = hits_of(e);
+        loom_engine_stats_t st;
+        loom_engine_stats(e, &st);
+        CHECK(st.free_blocks == st.total_blocks, "cache %s: %d of %d blocks free or cached at the end", on ? "on" : "off",
+              st.free_blocks, st.total_blocks);
+        loom_engine_free(e);
+    }
+    CHECK(hits[0] == 0 && hits[1] == 24 + 20 + 8 + 0 + 28, "prefix cache hits: %lld off, %lld on (want 0 and 80 tokens)",
+          hits[0], hits[1]);
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < (i == 5 ? 2 : 1); j++)
+            CHECK(res[0][i].n[j] == 8 && memcmp(res[0][i].tokens[j], res[1][i].tokens[j], sizeof res[0][i].tokens[j]) == 0 &&
+                  memcmp(res[0][i].lp[j], res[1][i].lp[j], sizeof res[0][i].lp[j]) == 0,
+                  "request %d sample %d: other tokens or log-probability bits with the prefix cache", i, j);
+}
+
+/* Under memory pressure cached blocks nobody holds are evicted, least
+ * recently used first, and a prompt's last blocks before its first ones
+ * (they are released last first). A pool of 40 blocks: X (40 tokens)
+ * leaves 10 cached blocks; three 44-token prompts run after it need 36
+ * blocks beside their 11 cached each, so the third evicts 4 of X's, its
+ * last. X again finds its first 6 blocks (24 tokens); the third flood
+ * prompt again finds all it may (10 blocks, 40 tokens). Every answer
+ * equals a cache-off engine's (bits), blocks audited after every step. */
+static void prefix_cache_evicts_lru(void) {
+    int prompts[6][MAXT], len[6] = {40, 44, 44, 44, 40, 44};
+    for (int i = 0; i < 6; i++) prompt_of(prompts[i], len[i], 900u + (unsigned)i);
+    memcpy(prompts[4], prompts[0], sizeof prompts[0]);
+    memcpy(prompts[5], prompts[3], sizeof prompts[3]);
+    static result_t res[2][6];
+    memset(res, 0, sizeof res);
+    long long got[2][6];
+    for (int on = 0; on < 2; on++) {
+        prefix_cache_on = on;
+        loom_engine_t *e = engine(block_bytes() * 40, 512);
+        prefix_cache_on = 1;
+        if (!e) return;
+        loom_request_params_t p;
+        loom_request_params_default(&p);
+        p.max_tokens = 4;
+        p.logprobs = 0;
+        for (int i = 0; i < 6; i++) {
+            long long h = hits_of(e);
+            wave(e, prompts, len, i, i + 1, &p, res[on]);
+            got[on][i] = hits_of(e) - h;
+        }
+        loom_engine_free(e);
+    }
+    CHECK(got[1][4] == 24 && got[1][5] == 40, "hits of X again %lld (want 24), of the third flood prompt again %lld (want 40)",
+          got[1][4], got[1][5]);
+    for (int i = 0; i < 6; i++)
+        CHECK(memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
+              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
+              "request %d: other tokens or log-probability bits with the prefix cache", i);
+}
+
 /* The loop's thread runs the model on the backend's thread count (OpenMP's
  * count is per thread: a new thread would otherwise get the default, all
  * cores), for two engines stepped by one loop; 3 is neither this machine's
@@ -499,6 +604,8 @@ int main(void) {
     RUN(bad_input_keeps_serving);
     RUN(cancel_returns_blocks);
     RUN(prompt_spread_over_steps);
+    RUN(prefix_cache_equals_no_cache);
+    RUN(prefix_cache_evicts_lru);
     RUN(threads_and_queues);
     RUN(loop_runs_backend_threads);
     loom_gpt_free(model);

@@ -26,6 +26,8 @@ typedef struct {
     int *tokens, len;      /* (prompt + generated) ids, len of them */
     int n_cached;          /* tokens whose K, V are in the cache */
     int *blocks, n_blocks; /* block table (max_blocks wide) */
+    int n_hashed;          /* leading full prompt blocks registered in the prefix cache */
+    uint64_t hash;         /* the hash of the last of them (0: none) */
     loom_rng_t rng;
     int n_gen;
     char *text;            /* generated text; bytes [released, text_len) held back */
@@ -99,7 +101,8 @@ struct loom_engine_loop {
 
 void loom_engine_config_default(loom_engine_config_t *c) {
     *c = (loom_engine_config_t){.block_size = 16, .kv_bytes = (size_t)256 << 20, .kv_dtype = LOOM_FP32,
-                                .max_batch_tokens = 512, .max_seqs = 64, .sparse = LOOM_SPARSE_AUTO};
+                                .max_batch_tokens = 512, .max_seqs = 64, .sparse = LOOM_SPARSE_AUTO,
+                                .prefix_cache = 1};
 }
 
 void loom_request_params_default(loom_request_params_t *p) {
@@ -202,7 +205,7 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
         free(e);
         return s;
     }
-    e->pool = loom_kv_pool_new((int)nb, c->debug);
+    e->pool = loom_kv_pool_new((int)nb, c->block_size, c->prefix_cache, c->debug);
     e->max_blocks = loom_infer_max_blocks(e->inf);
     pthread_mutex_init(&e->mu, NULL);
     e->next_id = 1;
@@ -223,8 +226,19 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     return LOOM_OK;
 }
 
+/* Drop s's blocks, the last first: a prompt's first blocks are then the
+ * most recently used of its cached ones, evicted last (a cached block is
+ * of use only while the ones before it are cached too). */
+static void release_blocks(loom_engine_t *e, seq_t *s) {
+    for (int k = s->n_blocks - 1; k >= 0; k--) loom_kv_pool_release(e->pool, s->blocks[k]);
+    s->n_blocks = 0;
+    s->n_cached = 0;
+    s->n_hashed = 0;
+    s->hash = 0;
+}
+
 static void seq_free(loom_engine_t *e, seq_t *s) {
-    for (int k = 0; k < s->n_blocks; k++) loom_kv_pool_release(e->pool, s->blocks[k]);
+    release_blocks(e, s);
     free(s->tokens);
     free(s->blocks);
     free(s->text);
@@ -448,9 +462,7 @@ static void seq_finish(loom_engine_t *e, seq_t *s) {
 }
 
 static void preempt(loom_engine_t *e, seq_t *s) {
-    for (int k = 0; k < s->n_blocks; k++) loom_kv_pool_release(e->pool, s->blocks[k]);
-    s->n_blocks = 0;
-    s->n_cached = 0;
+    release_blocks(e, s);
     list_remove(&e->running, s);
     list_insert(&e->waiting, s);
     pthread_mutex_lock(&e->mu);
@@ -475,6 +487,46 @@ static int reserve(loom_engine_t *e, seq_t *s, int chunk) {
     }
     for (int k = 0; k < need; k++) s->blocks[s->n_blocks++] = loom_kv_pool_alloc(e->pool);
     return 1;
+}
+
+/* ---- prefix cache ---- */
+
+/* A sequence about to be admitted with no blocks (new, or preempted)
+ * takes the cached blocks its prompt starts with. Only full blocks inside
+ * the prompt are looked up (those are the ones registered: all their rows
+ * went through the prompt kernel, so reusing them gives the same bits as
+ * computing them), and the last prompt token is always left to compute
+ * (its logits start the generation). */
+static void prefix_lookup(loom_engine_t *e, seq_t *s) {
+    int bs = e->cfg.block_size, n_prompt = s->req->n_prompt;
+    int max = (s->len - 1) / bs < n_prompt / bs ? (s->len - 1) / bs : n_prompt / bs;
+    uint64_t h = 0;
+    while (s->n_blocks < max) {
+        const int *t = s->tokens + (size_t)s->n_blocks * bs;
+        uint64_t hk = loom_kv_block_hash(h, t, bs);
+        int b = loom_kv_pool_lookup(e->pool, hk, h, t);
+        if (b < 0) break;
+        s->blocks[s->n_blocks++] = b;
+        h = hk;
+    }
+    s->n_hashed = s->n_blocks;
+    s->n_cached = s->n_blocks * bs;
+    s->hash = h;
+    pthread_mutex_lock(&e->mu);
+    e->st.prefix_queries += s->len;
+    e->st.prefix_hits += s->n_cached;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Register s's full prompt blocks computed so far. */
+static void prefix_register(loom_engine_t *e, seq_t *s) {
+    int bs = e->cfg.block_size, upto = s->n_cached < s->req->n_prompt ? s->n_cached : s->req->n_prompt;
+    for (; (s->n_hashed + 1) * bs <= upto; s->n_hashed++) {
+        const int *t = s->tokens + (size_t)s->n_hashed * bs;
+        uint64_t hk = loom_kv_block_hash(s->hash, t, bs);
+        loom_kv_pool_register(e->pool, s->blocks[s->n_hashed], hk, s->hash, t);
+        s->hash = hk;
+    }
 }
 
 /* Put s's next `chunk` rows into the batch. */
@@ -532,9 +584,13 @@ static void schedule_waiting(loom_engine_t *e, int *budget) {
         seq_t *s = e->waiting.v[0];
         int slots = s->req->forked ? 1 : s->req->p.n;
         if (e->running.n + slots > e->cfg.max_seqs) break;
+        if (e->cfg.prefix_cache && s->n_blocks == 0) prefix_lookup(e, s);
         int chunk = s->len - s->n_cached;
         if (chunk > *budget) chunk = *budget;
-        if (!reserve(e, s, chunk)) break;
+        if (!reserve(e, s, chunk)) {
+            release_blocks(e, s); /* what the lookup took: cached again, for the next try */
+            break;
+        }
         list_remove(&e->waiting, s);
         list_insert(&e->running, s);
         if (s->req->t_admit == 0) s->req->t_admit = loom_now();
@@ -589,6 +645,8 @@ static void fork_samples(loom_engine_t *e, seq_t *s) {
     for (int i = 1; i < r->p.n; i++) {
         seq_t *c = seq_new(e, r, i, s->tokens, s->len);
         c->n_cached = s->n_cached;
+        c->n_hashed = s->n_hashed;
+        c->hash = s->hash;
         for (int k = 0; k < s->n_blocks; k++) {
             loom_kv_pool_ref(e->pool, s->blocks[k]);
             c->blocks[c->n_blocks++] = s->blocks[k];
@@ -629,6 +687,7 @@ static void advance(loom_engine_t *e, int *prompt_rows) {
         seq_t *s = e->b_seqs[i];
         if (s->n_cached < s->req->n_prompt) *prompt_rows += s->chunk;
         s->n_cached += s->chunk;
+        if (e->cfg.prefix_cache) prefix_register(e, s);
         done[i] = s->n_cached == s->len ? s : NULL;
     }
     for (int i = 0; i < e->S; i++) {
@@ -713,6 +772,7 @@ loom_status loom_engine_step(loom_engine_t *e, int *busy) {
     e->st.waiting = e->waiting.n;
     e->st.running = e->running.n;
     e->st.free_blocks = loom_kv_pool_free_count(e->pool);
+    e->st.cached_blocks = loom_kv_pool_cached_count(e->pool);
     if (busy) *busy = e->N > 0 || e->n_live > 0;
     pthread_mutex_unlock(&e->mu);
     return st;

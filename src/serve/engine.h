@@ -50,6 +50,7 @@ typedef struct {
     int sparse;           /* LOOM_SPARSE_AUTO (default): 2:4 weights run compressed when quant is 0; LOOM_SPARSE_OFF */
     int quant_block;      /* int8 scales: 0 per output channel (default), 32 per block (Q8_0) */
     int quant_fp32_logits; /* 1: keep the logits product fp32 under quant (default 0: int8) */
+    int prefix_cache;     /* 1 (default): reuse cached KV blocks of equal prompt prefixes (serve/kv_cache.h) */
     /* Seconds a step of decode_rows decode and prefill_rows prompt rows
      * took, for the prefill budget; NULL (default): measured on the wall
      * clock. Tests set a cost model here, so no result depends on speed. */
@@ -161,6 +162,9 @@ typedef struct {
     long long steps, prompt_tokens, generated_tokens, preemptions, requests_done;
     long long batch_rows;      /* rows over all steps (mean batch = batch_rows / steps) */
     int prefill_budget;        /* prompt rows the last step allowed */
+    long long prefix_queries;  /* prompt tokens looked up in the prefix cache (recomputes included) */
+    long long prefix_hits;     /* of them, tokens found cached (not computed) */
+    int cached_blocks;         /* cached blocks nobody holds (counted in free_blocks) */
     int threads;               /* OpenMP team of the thread that last stepped (0 = not stepped yet) */
 } loom_engine_stats_t;
 void loom_engine_stats(loom_engine_t *e, loom_engine_stats_t *st);

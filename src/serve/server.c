@@ -27,6 +27,10 @@ static void declare_metrics(loom_server_t *s, srv_model_t *m) {
     m->prompt_tokens = loom_metrics_counter(r, "loom_serve_prompt_tokens_total", "Prompt tokens prefilled (recomputes included).", "model", n, NULL);
     m->gen_tokens = loom_metrics_counter(r, "loom_serve_generation_tokens_total", "Tokens generated.", "model", n, NULL);
     m->preemptions = loom_metrics_counter(r, "loom_serve_preemptions_total", "Sequences preempted for KV blocks.", "model", n, NULL);
+    m->prefix_queries = loom_metrics_counter(r, "loom_serve_prefix_cache_queries_total",
+                                             "Prompt tokens looked up in the prefix cache (recomputes after preemption included).", "model", n, NULL);
+    m->prefix_hits = loom_metrics_counter(r, "loom_serve_prefix_cache_hits_total",
+                                          "Prompt tokens found in the prefix cache (their KV blocks reused, not computed).", "model", n, NULL);
     m->rejected = loom_metrics_counter(r, "loom_serve_requests_rejected_total", "Requests refused with 429 (waiting queue full).", "model", n, NULL);
     m->ttft = loom_metrics_histogram(r, "loom_serve_time_to_first_token_seconds", "Time from arrival to a sample's first token.",
                                      latency_bounds, NB, "model", n, NULL);
@@ -55,7 +59,10 @@ static void collect(void *ctx) {
         loom_counter_add(m->prompt_tokens, (double)(st.prompt_tokens - m->last_prompt));
         loom_counter_add(m->gen_tokens, (double)(st.generated_tokens - m->last_gen));
         loom_counter_add(m->preemptions, (double)(st.preemptions - m->last_preempt));
+        loom_counter_add(m->prefix_queries, (double)(st.prefix_queries - m->last_queries));
+        loom_counter_add(m->prefix_hits, (double)(st.prefix_hits - m->last_hits));
         m->last_prompt = st.prompt_tokens, m->last_gen = st.generated_tokens, m->last_preempt = st.preemptions;
+        m->last_queries = st.prefix_queries, m->last_hits = st.prefix_hits;
     }
     pthread_mutex_unlock(&s->mu);
 }

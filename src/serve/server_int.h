@@ -29,7 +29,8 @@ typedef struct {
     loom_metric_t *running, *waiting, *kv_usage, *kv_used, *prompt_tokens, *gen_tokens, *preemptions, *rejected;
     loom_metric_t *ttft, *itl, *e2e, *queue;
     loom_serve_metrics_t more; /* per-request, per-step and configuration series (serve_metrics.h) */
-    long long last_prompt, last_gen, last_preempt;
+    loom_metric_t *prefix_hits, *prefix_queries;
+    long long last_prompt, last_gen, last_preempt, last_hits, last_queries;
     char lbl[5][96];
 } srv_model_t;
 
