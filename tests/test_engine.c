@@ -73,6 +73,9 @@ static double model_cost(void *ctx, int decode_rows, int prefill_rows) {
 }
 
 static int prefix_cache_on = 1; /* engines made from here on cache prefixes (the default) */
+static int speculate_k = 0;     /* and draft this many tokens (0: off, the default) */
+static int (*drafter)(void *, const int *, int, int *, int); /* from here (NULL: prompt lookup) */
+static void *drafter_ctx;
 
 static loom_engine_t *engine_logged(size_t kv_bytes, int max_batch_tokens, cost_log_t *log) {
     loom_engine_config_t c;
@@ -85,6 +88,9 @@ static loom_engine_t *engine_logged(size_t kv_bytes, int max_batch_tokens, cost_
     c.step_cost = model_cost;
     c.step_cost_ctx = log;
     c.prefix_cache = prefix_cache_on;
+    c.speculate = speculate_k;
+    c.draft = drafter;
+    c.draft_ctx = drafter_ctx;
     loom_engine_t *e = NULL;
     CHECK(loom_engine_create(&e, model, bytes_tok, &c) == LOOM_OK, "create: %s", loom_errmsg());
     return e;
@@ -556,6 +562,190 @@ static void prefix_cache_evicts_lru(void) {
               "request %d: other tokens or log-probability bits with the prefix cache", i);
 }
 
+/* Speculative decoding by prompt lookup (4 drafts) gives the greedy tokens
+ * and log-probability bits of plain decoding: prompts that repeat a
+ * pattern (drafts proposed; this random model rarely follows them) and
+ * plain ones, one ending on a stop id. Accepted runs are the next case's. */
+static void speculative_greedy_equals_plain(void) {
+    int prompts[6][MAXT], len[6] = {30, 24, 17, 33, 12, 40};
+    for (int i = 0; i < 6; i++) prompt_of(prompts[i], len[i], 700u + (unsigned)i);
+    for (int i = 0; i < 3; i++)
+        for (int k = 5; k < len[i]; k++) prompts[i][k] = prompts[i][k % (3 + i)]; /* a repeating pattern */
+    static result_t res[2][6];
+    memset(res, 0, sizeof res);
+    loom_engine_stats_t st[2];
+    int stop = -1;
+    for (int on = 0; on < 2; on++) {
+        speculate_k = on ? 4 : 0;
+        loom_engine_t *e = engine(block_bytes() * 200, 512);
+        speculate_k = 0;
+        if (!e) return;
+        loom_request_params_t p;
+        loom_request_params_default(&p);
+        p.max_tokens = 20;
+        p.logprobs = 0;
+        wave(e, prompts, len, 0, 5, &p, res[on]);
+        if (!on) stop = res[0][0].tokens[0][9]; /* a token plain decoding makes: the stop id */
+        p.stop_ids = &stop, p.n_stop_ids = 1;
+        wave(e, prompts, len, 5, 6, &p, res[on]);
+        loom_engine_stats(e, &st[on]);
+        loom_engine_free(e);
+    }
+    printf("  speculative: %lld drafted, %lld accepted\n", st[1].spec_drafted, st[1].spec_accepted);
+    CHECK(st[0].spec_drafted == 0 && st[1].spec_drafted > 0, "drafts: %lld off, %lld on", st[0].spec_drafted,
+          st[1].spec_drafted);
+    for (int i = 0; i < 6; i++)
+        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
+              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
+              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
+              "request %d: %d tokens (finish %d) with drafts, %d (finish %d) without, or other bits", i, res[1][i].n[0],
+              res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+}
+
+/* Drafts from the answers plain decoding gave (an oracle: every draft is
+ * right), except that every third proposal gets its second token wrong:
+ * long accepted runs, bonus tokens, rejections in the middle; one request
+ * ends on a stop id, one on max_tokens inside a run of drafts. Tokens,
+ * finish reasons and log-probability bits equal plain decoding's, in
+ * fewer steps. */
+typedef struct {
+    int (*prompts)[MAXT];
+    const int *len;
+    result_t *plain;
+    int n, calls;
+} oracle_t;
+
+static int oracle_draft(void *ctx, const int *tokens, int len, int *out, int max) {
+    oracle_t *o = ctx;
+    for (int i = 0; i < o->n; i++) {
+        int np = o->len[i], ng = len - np;
+        if (ng < 0 || ng >= o->plain[i].n[0] || memcmp(tokens, o->prompts[i], sizeof(int) * np) != 0 ||
+            memcmp(tokens + np, o->plain[i].tokens[0], sizeof(int) * ng) != 0)
+            continue;
+        int d = 0;
+        while (d < max && ng + d < o->plain[i].n[0]) out[d] = o->plain[i].tokens[0][ng + d], d++;
+        if (++o->calls % 3 == 0 && d > 1) out[1] = (out[1] + 1) % 256;
+        return d;
+    }
+    return 0;
+}
+
+static void speculative_oracle_drafts(void) {
+    int prompts[6][MAXT], len[6] = {14, 12, 17, 13, 12, 20};
+    for (int i = 0; i < 6; i++) prompt_of(prompts[i], len[i], 800u + (unsigned)i);
+    static result_t res[2][6];
+    memset(res, 0, sizeof res);
+    oracle_t o = {prompts, len, res[0], 6, 0};
+    loom_engine_stats_t st;
+    for (int on = 0; on < 2; on++) {
+        speculate_k = on ? 5 : 0, drafter = oracle_draft, drafter_ctx = &o;
+        loom_engine_t *e = engine(block_bytes() * 200, 512);
+        speculate_k = 0, drafter = NULL, drafter_ctx = NULL;
+        if (!e) return;
+        loom_request_params_t p;
+        loom_request_params_default(&p);
+        p.max_tokens = MAXGEN;
+        p.logprobs = 0;
+        wave(e, prompts, len, 0, 4, &p, res[on]);
+        int want[MAXGEN];
+        float lp[MAXGEN];
+        full_greedy(prompts[4], len[4], 8, want, lp);
+        int stop = want[7]; /* ends request 4 on a token it makes (or the first earlier one equal to it) */
+        p.stop_ids = &stop, p.n_stop_ids = 1;
+        p.max_tokens = 11; /* request 5 ends on max_tokens inside a run of drafts */
+        wave(e, prompts, len, 4, 6, &p, res[on]);
+        loom_engine_stats(e, &st);
+        loom_engine_free(e);
+    }
+    printf("  oracle drafts: %lld drafted, %lld accepted in %lld steps\n", st.spec_drafted, st.spec_accepted, st.steps);
+    CHECK(st.spec_accepted > st.spec_drafted / 2 && st.spec_accepted < st.spec_drafted && st.steps < 16,
+          "%lld of %lld drafts accepted in %lld steps", st.spec_accepted, st.spec_drafted, st.steps);
+    for (int i = 0; i < 6; i++)
+        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
+              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
+              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
+              "request %d: %d tokens (finish %d) with drafts, %d (finish %d) without, or other bits", i, res[1][i].n[0],
+              res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+}
+
+/* Sampled with drafts: the first two tokens (t1, t2) of 2000 requests with
+ * top_k 3 at temperature 1.5, a draft always proposed for t2 (the same
+ * token whatever t1: accepted about a tenth of the time), follow the
+ * model's distribution p(t1) p(t2 | t1) computed by the full forward
+ * (chi-squared, p = 0.001, fixed seeds: the same result on every run). */
+static int fixed_draft(void *ctx, const int *tokens, int len, int *out, int max) {
+    out[0] = *(const int *)ctx;
+    return max > 0;
+}
+
+/* The top_k 3 distribution at temperature T of the full forward's last row. */
+static void top3(const int *seq, int len, double T, int *ids, double *p) {
+    int Vp = model->cfg.padded_vocab_size, V = model->cfg.vocab_size;
+    float *lg = malloc(sizeof(float) * MAXT * Vp);
+    loom_gpt_forward(model, seq, NULL, 1, len, 0.0f, NULL);
+    loom_gpt_logits(model, lg, 1, len);
+    const float *r = lg + (size_t)(len - 1) * Vp;
+    for (int k = 0; k < 3; k++) {
+        ids[k] = -1;
+        for (int v = 0; v < V; v++)
+            if ((k == 0 || (v != ids[0] && (k == 1 || v != ids[1]))) && (ids[k] < 0 || r[v] > r[ids[k]])) ids[k] = v;
+    }
+    double z = 0;
+    for (int k = 0; k < 3; k++) z += p[k] = exp((r[ids[k]] - r[ids[0]]) / T);
+    for (int k = 0; k < 3; k++) p[k] /= z;
+    free(lg);
+}
+
+static void speculative_sampling_distribution(void) {
+    int prompt[MAXT], np = 10, ids1[3], ids2[3][3];
+    double p1[3], p2[3][3];
+    prompt_of(prompt, np, 4242u);
+    top3(prompt, np, 1.5, ids1, p1);
+    for (int a = 0; a < 3; a++) {
+        prompt[np] = ids1[a];
+        top3(prompt, np + 1, 1.5, ids2[a], p2[a]);
+    }
+    int D = ids2[0][1];
+    speculate_k = 1, drafter = fixed_draft, drafter_ctx = &D;
+    loom_engine_t *e = engine(block_bytes() * 300, 512);
+    speculate_k = 0, drafter = NULL, drafter_ctx = NULL;
+    if (!e) return;
+    enum { N = 2000 };
+    static result_t res[16];
+    int count[3][3] = {{0}}, other = 0;
+    loom_request_params_t p;
+    loom_request_params_default(&p);
+    p.max_tokens = 3, p.temperature = 1.5f, p.top_k = 3;
+    for (int done = 0; done < N; done += 8) { /* 8 at a time: drafts are made for at most 8 */
+        memset(res, 0, sizeof res);
+        for (int k = 0; k < 8; k++) {
+            p.seed = 7919u * (uint64_t)(done + k) + 17;
+            loom_engine_submit(e, prompt, np, &p, collect, &res[k], NULL);
+        }
+        loom_engine_run(e);
+        for (int k = 0; k < 8 && done + k < N; k++) {
+            int a = -1, b = -1;
+            for (int j = 0; j < 3; j++) a = res[k].tokens[0][0] == ids1[j] ? j : a;
+            for (int j = 0; j < 3 && a >= 0; j++) b = res[k].tokens[0][1] == ids2[a][j] ? j : b;
+            if (a < 0 || b < 0) other++;
+            else count[a][b]++;
+        }
+    }
+    loom_engine_stats_t st;
+    loom_engine_stats(e, &st);
+    loom_engine_free(e);
+    double chi2 = 0;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            double want = N * p1[a] * p2[a][b];
+            chi2 += (count[a][b] - want) * (count[a][b] - want) / want;
+        }
+    printf("  %lld drafts, %lld accepted; chi-squared %.2f over 9 cells\n", st.spec_drafted, st.spec_accepted, chi2);
+    CHECK(other == 0, "%d samples outside the top 3", other);
+    CHECK(st.spec_drafted >= N && st.spec_accepted > 0, "%lld drafts, %lld accepted", st.spec_drafted, st.spec_accepted);
+    CHECK(chi2 < 26.12, "chi-squared %.2f over 9 cells (8 degrees of freedom, critical 26.12 at p = 0.001)", chi2);
+}
+
 /* The loop's thread runs the model on the backend's thread count (OpenMP's
  * count is per thread: a new thread would otherwise get the default, all
  * cores), for two engines stepped by one loop; 3 is neither this machine's
@@ -606,6 +796,9 @@ int main(void) {
     RUN(prompt_spread_over_steps);
     RUN(prefix_cache_equals_no_cache);
     RUN(prefix_cache_evicts_lru);
+    RUN(speculative_greedy_equals_plain);
+    RUN(speculative_oracle_drafts);
+    RUN(speculative_sampling_distribution);
     RUN(threads_and_queues);
     RUN(loop_runs_backend_threads);
     loom_gpt_free(model);

@@ -192,6 +192,7 @@ loom_status loom_cli_engine_flags_config(const loom_cli_engine_flags_t *ef, loom
     c->kv_dtype = ef->kv_dtype ? LOOM_INT8 : LOOM_FP32;
     c->sparse = ef->sparse; /* model/sparse24.h */
     c->prefix_cache = !ef->no_prefix_cache;
+    c->speculate = ef->speculate;
     return LOOM_OK;
 }
 

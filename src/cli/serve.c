@@ -124,6 +124,7 @@ int cmd_serve(int argc, char **argv) {
         loom_flag(LOOM_FLAG_SPARSE, &f.engine.sparse),
         loom_flag(LOOM_FLAG_KV_MEMORY, &f.engine.kv_memory), /* for all models together, split evenly */
         LOOM_CLI_ENGINE_SIZE_FLAGS(f.engine),                /* --max-seqs per model */
+        {"speculate", ARG_INT, &f.engine.speculate, "0", 0, 16, "draft tokens per step by prompt lookup (speculative decoding, while at most 8 sequences decode; same greedy output), 0 = off"},
         {"no-prefix-cache", ARG_BOOL, &f.engine.no_prefix_cache, NULL, 0, 0, "compute every prompt in full (default: reuse the KV blocks of prompt prefixes seen before; the output is the same bits)"},
         {"max-queue", ARG_INT, &f.max_queue, "256", 0, 1 << 20, "prompts waiting for their first token at most; above: 429 with Retry-After (0 = no cap)"},
         {"api-key", ARG_STR, &f.api_key, "", 0, 0, "ask clients for 'Authorization: Bearer KEY' on /v1 routes (none: open)"},

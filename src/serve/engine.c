@@ -20,6 +20,17 @@
 
 typedef struct request request_t;
 
+/* Speculative decoding by prompt lookup: drafts come from the latest
+ * earlier occurrence of a sequence's last NGRAM_MAX..NGRAM_MIN tokens; only
+ * while at most SPEC_MAX_SEQS sequences decode (beyond, a step is compute
+ * bound and drafts cost more than they save); after a proposal with nothing
+ * accepted a sequence waits 2, 4, .. SPEC_MAX_WAIT steps before the next. */
+#define NGRAM_MAX 4
+#define NGRAM_MIN 2
+#define SPEC_MAX_SEQS 8
+#define SPEC_MAX_DRAFT 16
+#define SPEC_MAX_WAIT 16
+
 typedef struct {
     request_t *req;
     int index;             /* sample index in the request */
@@ -35,6 +46,8 @@ typedef struct {
     double t_first;
     int chunk;             /* rows in this step's batch */
     long long batched;     /* the step that last put it in the batch */
+    int n_draft;           /* drafted tokens in this step's rows (at tokens[len..len+n_draft)) */
+    int spec_wait, spec_fails; /* steps before the next proposal; proposals in a row with none accepted */
 } seq_t;
 
 struct request {
@@ -176,6 +189,8 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
         return loom_error(LOOM_EINVAL, "--block-size %d: expected 1 to 256 tokens", c->block_size);
     if (c->max_batch_tokens < 1 || c->max_seqs < 1)
         return loom_error(LOOM_EINVAL, "--max-batch-tokens %d, --max-seqs %d: each must be at least 1", c->max_batch_tokens, c->max_seqs);
+    if (c->speculate < 0 || c->speculate > SPEC_MAX_DRAFT)
+        return loom_error(LOOM_EINVAL, "--speculate %d: expected 0 (off) to %d draft tokens", c->speculate, SPEC_MAX_DRAFT);
     size_t per = loom_infer_block_bytes(&m->cfg, c->block_size, c->kv_dtype);
     size_t nb = c->kv_bytes / per;
     int need = (m->cfg.max_seq_len + c->block_size - 1) / c->block_size; /* one full-context sequence */
@@ -188,8 +203,9 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     e->tok = tok;
     e->cfg = *c;
     e->V = m->cfg.vocab_size, e->Vp = m->cfg.padded_vocab_size, e->maxT = m->cfg.max_seq_len;
+    int max_logits = c->max_seqs + SPEC_MAX_SEQS * c->speculate; /* one row per sequence, k more per drafting one */
     loom_status s = loom_infer_create(&e->inf, m, (int)nb, c->block_size, c->kv_dtype, c->max_batch_tokens,
-                                      c->max_seqs, c->max_seqs);
+                                      c->max_seqs, max_logits);
     if (s == LOOM_OK && c->quant != LOOM_QUANT_NONE) {
         loom_quant_opts_t qo = {.block = c->quant_block, .logits = !c->quant_fp32_logits};
         s = loom_quant_create_opts(&e->quant, m, (loom_quant_mode)c->quant, &qo);
@@ -215,10 +231,10 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     e->b_pos = loom_malloc(T * sizeof(int));
     e->b_seq = loom_malloc(T * sizeof(int));
     e->b_prefill = loom_malloc(T);
-    e->b_rows = loom_malloc(S * sizeof(int));
+    e->b_rows = loom_malloc((size_t)max_logits * sizeof(int));
     e->tables = loom_malloc(S * (size_t)e->max_blocks * sizeof(int));
     e->b_seqs = loom_malloc(S * sizeof(seq_t *));
-    e->logits = loom_malloc(S * (size_t)e->Vp * sizeof(float));
+    e->logits = loom_malloc((size_t)max_logits * (size_t)e->Vp * sizeof(float));
     e->scratch = loom_malloc(2 * (size_t)e->V * sizeof(float));
     e->st.total_blocks = (int)nb;
     e->st.block_size = c->block_size;
@@ -316,7 +332,7 @@ static seq_t *seq_new(loom_engine_t *e, request_t *r, int index, const int *toke
     seq_t *s = loom_calloc(1, sizeof *s);
     s->req = r;
     s->index = index;
-    s->tokens = loom_malloc(((size_t)len + (size_t)r->p.max_tokens + 1) * sizeof(int));
+    s->tokens = loom_malloc(((size_t)len + (size_t)r->p.max_tokens + 1 + SPEC_MAX_DRAFT) * sizeof(int));
     memcpy(s->tokens, tokens, (size_t)len * sizeof(int));
     s->len = len;
     s->blocks = loom_malloc((size_t)e->max_blocks * sizeof(int));
@@ -463,6 +479,7 @@ static void seq_finish(loom_engine_t *e, seq_t *s) {
 
 static void preempt(loom_engine_t *e, seq_t *s) {
     release_blocks(e, s);
+    s->n_draft = 0;
     list_remove(&e->running, s);
     list_insert(&e->waiting, s);
     pthread_mutex_lock(&e->mu);
@@ -561,17 +578,57 @@ static int reserve_or_preempt(loom_engine_t *e, seq_t *s, int chunk) {
     return 1;
 }
 
+/* Prompt lookup: up to `max` tokens that followed the latest earlier
+ * occurrence of s's last n tokens (n = NGRAM_MAX down to NGRAM_MIN) in its
+ * prompt and output, written after its tokens (tokens[len..]). */
+static int propose(seq_t *s, int max) {
+    int len = s->len, *t = s->tokens;
+    for (int n = NGRAM_MAX; n >= NGRAM_MIN && max > 0; n--)
+        for (int at = len - n - 1; at >= 0; at--) {
+            if (memcmp(t + at, t + len - n, (size_t)n * sizeof(int)) != 0) continue;
+            int d = len - (at + n) < max ? len - (at + n) : max;
+            memcpy(t + len, t + at + n, (size_t)d * sizeof(int)); /* [at+n, at+n+d) ends at len at most */
+            return d;
+        }
+    return 0;
+}
+
+/* Drafts for decoding sequence s this step (0 when off, backing off, or
+ * when a draft could not be used: the request's last token, the context's
+ * end, the step's rows). */
+static int drafts(loom_engine_t *e, seq_t *s, int spec, int budget) {
+    if (!spec) return 0;
+    if (s->spec_wait > 0) {
+        s->spec_wait--;
+        return 0;
+    }
+    int max = e->cfg.speculate, left = s->req->p.max_tokens - s->n_gen - 1;
+    if (left < max) max = left;
+    if (e->maxT - s->len < max) max = e->maxT - s->len;
+    if (budget - 1 < max) max = budget - 1;
+    if (max <= 0) return 0;
+    if (!e->cfg.draft) return propose(s, max);
+    int d = e->cfg.draft(e->cfg.draft_ctx, s->tokens, s->len, s->tokens + s->len, max);
+    return d < 0 ? 0 : d > max ? max : d;
+}
+
 /* Running sequences, oldest first: those with one row left (decode) when
- * `decode`, else those with a prompt chunk left, each within *budget rows. */
-static void schedule_running(loom_engine_t *e, int decode, int *budget) {
+ * `decode`, else those with a prompt chunk left, each within *budget rows.
+ * A decoding sequence may add drafted tokens when `spec`. */
+static void schedule_running(loom_engine_t *e, int decode, int spec, int *budget) {
     for (int i = 0; i < e->running.n && *budget > 0; i++) {
         seq_t *s = e->running.v[i];
         int left = s->len - s->n_cached, chunk = left < *budget ? left : *budget;
         if ((left == 1) != decode || s->batched == e->step_no) continue;
+        s->n_draft = decode ? drafts(e, s, spec, *budget) : 0;
+        if (s->n_draft && !reserve(e, s, 1 + s->n_draft)) s->n_draft = 0; /* no room: plain decode */
+        chunk += s->n_draft;
         int before = e->running.n;
         if (reserve_or_preempt(e, s, chunk)) {
             batch_add(e, s, chunk);
             *budget -= chunk;
+        } else {
+            s->n_draft = 0;
         }
         if (e->running.n != before) i = -1; /* preempted: look again from the start (batched ones are skipped) */
     }
@@ -655,11 +712,10 @@ static void fork_samples(loom_engine_t *e, seq_t *s) {
     }
 }
 
-/* Sample s's next token from `row` and send its event. */
-static void sample_next(loom_engine_t *e, seq_t *s, const float *row) {
+/* Append tok (chosen from `row`) to s and send its event; 1 when that
+ * ended s (freed). */
+static int take_token(loom_engine_t *e, seq_t *s, const float *row, int tok) {
     const loom_request_params_t *p = &s->req->p;
-    loom_sampling_t sp = {p->temperature, p->top_k, p->top_p};
-    int tok = loom_sample_logits(row, e->V, &sp, &s->rng, e->scratch);
     int ntop = p->logprobs > 0 ? p->logprobs : 0;
     float lp = p->logprobs >= 0 ? logprobs(e, row, tok, ntop) : 0.0f;
     s->tokens[s->len++] = tok;
@@ -676,6 +732,43 @@ static void sample_next(loom_engine_t *e, seq_t *s, const float *row) {
     emit(e, s, tok, s->text + s->released, rel - s->released, lp, ntop, fin);
     s->released = rel;
     if (fin) seq_finish(e, s);
+    return fin != LOOM_FINISH_NONE;
+}
+
+/* Sample s's next token from `row` and send its event. */
+static void sample_next(loom_engine_t *e, seq_t *s, const float *row) {
+    const loom_request_params_t *p = &s->req->p;
+    loom_sampling_t sp = {p->temperature, p->top_k, p->top_p};
+    take_token(e, s, row, loom_sample_logits(row, e->V, &sp, &s->rng, e->scratch));
+}
+
+/* s ran its last token and d drafts (rows[0..d]): row j verifies draft j
+ * (loom_sample_verify: greedy takes it iff it is the argmax; sampled keeps
+ * the target distribution); tokens are taken until one differs from its
+ * draft, then one more from the row after the last accepted draft. Each
+ * accepted draft's row is a valid cache entry. */
+static void verify_drafts(loom_engine_t *e, seq_t *s, const float *rows) {
+    const loom_request_params_t *p = &s->req->p;
+    loom_sampling_t sp = {p->temperature, p->top_k, p->top_p};
+    int d = s->n_draft, accepted = 0, ended = 0;
+    s->n_draft = 0;
+    for (int j = 0; j <= d && !ended; j++) {
+        const float *row = rows + (size_t)j * e->Vp;
+        int draft = j < d ? s->tokens[s->len] : -1;
+        int tok = loom_sample_verify(row, e->V, &sp, &s->rng, e->scratch, draft);
+        ended = take_token(e, s, row, tok); /* frees s when it ends */
+        if (tok != draft) break;
+        accepted++;
+        if (!ended) s->n_cached++;
+    }
+    if (!ended) {
+        s->spec_fails = accepted ? 0 : s->spec_fails + 1;
+        s->spec_wait = accepted ? 0 : 1 << (s->spec_fails < 4 ? s->spec_fails : 4);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->st.spec_drafted += d;
+    e->st.spec_accepted += accepted;
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* After the forward: advance every sequence of the batch; those that
@@ -686,15 +779,18 @@ static void advance(loom_engine_t *e, int *prompt_rows) {
     for (int i = 0; i < e->S; i++) {
         seq_t *s = e->b_seqs[i];
         if (s->n_cached < s->req->n_prompt) *prompt_rows += s->chunk;
-        s->n_cached += s->chunk;
+        s->n_cached += s->n_draft ? 1 : s->chunk; /* drafts' rows count once accepted */
         if (e->cfg.prefix_cache) prefix_register(e, s);
-        done[i] = s->n_cached == s->len ? s : NULL;
+        done[i] = s->n_cached == s->len || s->n_draft ? s : NULL;
     }
     for (int i = 0; i < e->S; i++) {
         seq_t *s = done[i];
         if (!s) continue;
-        const float *row = e->logits + (size_t)r++ * e->Vp;
-        if (!s->req->forked) {
+        const float *row = e->logits + (size_t)r * e->Vp;
+        r += 1 + s->n_draft;
+        if (s->n_draft) {
+            verify_drafts(e, s, row);
+        } else if (!s->req->forked) {
             fork_samples(e, s);
             request_t *q = s->req;
             for (int k = 0; k < q->p.n; k++)
@@ -738,15 +834,20 @@ loom_status loom_engine_step(loom_engine_t *e, int *busy) {
     e->N = e->S = e->gen_step = 0;
     e->step_no++;
     int budget = e->cfg.max_batch_tokens, R = 0, prompt_rows = 0;
-    schedule_running(e, 1, &budget);
+    int decoding = 0;
+    for (int i = 0; i < e->running.n; i++) decoding += e->running.v[i]->len - e->running.v[i]->n_cached == 1;
+    schedule_running(e, 1, e->cfg.speculate > 0 && decoding <= SPEC_MAX_SEQS, &budget);
     int decode_rows = e->N, prefill = loom_step_budget_prefill(&e->budget, decode_rows), allowed;
     if (prefill > budget) prefill = budget;
     allowed = prefill;
-    schedule_running(e, 0, &prefill);
+    schedule_running(e, 0, 0, &prefill);
     schedule_waiting(e, &prefill);
     for (int i = 0, row = 0; i < e->S; row += e->b_seqs[i++]->chunk) {
         seq_t *s = e->b_seqs[i];
-        if (s->n_cached + s->chunk == s->len) e->b_rows[R++] = row + s->chunk - 1;
+        if (s->n_draft) /* every row: each verifies the draft after it */
+            for (int k = 0; k < s->chunk; k++) e->b_rows[R++] = row + k;
+        else if (s->n_cached + s->chunk == s->len)
+            e->b_rows[R++] = row + s->chunk - 1;
     }
     loom_status st = LOOM_OK;
     if (e->N > 0) {

@@ -51,6 +51,13 @@ typedef struct {
     int quant_block;      /* int8 scales: 0 per output channel (default), 32 per block (Q8_0) */
     int quant_fp32_logits; /* 1: keep the logits product fp32 under quant (default 0: int8) */
     int prefix_cache;     /* 1 (default): reuse cached KV blocks of equal prompt prefixes (serve/kv_cache.h) */
+    int speculate;        /* draft tokens per step (speculative decoding), 0 (default) off, <= 16 */
+    /* Where drafts come from: NULL (default) prompt lookup (n-gram); else
+     * draft(ctx, tokens, len, out, max) writes up to max tokens to follow
+     * tokens[0..len) into out and returns how many (a draft model, or a
+     * test's oracle). Called on the stepping thread. */
+    int (*draft)(void *ctx, const int *tokens, int len, int *out, int max);
+    void *draft_ctx;
     /* Seconds a step of decode_rows decode and prefill_rows prompt rows
      * took, for the prefill budget; NULL (default): measured on the wall
      * clock. Tests set a cost model here, so no result depends on speed. */
@@ -165,6 +172,7 @@ typedef struct {
     long long prefix_queries;  /* prompt tokens looked up in the prefix cache (recomputes included) */
     long long prefix_hits;     /* of them, tokens found cached (not computed) */
     int cached_blocks;         /* cached blocks nobody holds (counted in free_blocks) */
+    long long spec_drafted, spec_accepted; /* speculative decoding: tokens drafted, and accepted */
     int threads;               /* OpenMP team of the thread that last stepped (0 = not stepped yet) */
 } loom_engine_stats_t;
 void loom_engine_stats(loom_engine_t *e, loom_engine_stats_t *st);

@@ -31,6 +31,10 @@ static void declare_metrics(loom_server_t *s, srv_model_t *m) {
                                              "Prompt tokens looked up in the prefix cache (recomputes after preemption included).", "model", n, NULL);
     m->prefix_hits = loom_metrics_counter(r, "loom_serve_prefix_cache_hits_total",
                                           "Prompt tokens found in the prefix cache (their KV blocks reused, not computed).", "model", n, NULL);
+    m->spec_drafted = loom_metrics_counter(r, "loom_serve_spec_decode_num_draft_tokens_total",
+                                           "Tokens drafted for speculative decoding (--speculate).", "model", n, NULL);
+    m->spec_accepted = loom_metrics_counter(r, "loom_serve_spec_decode_num_accepted_tokens_total",
+                                            "Drafted tokens the model accepted.", "model", n, NULL);
     m->rejected = loom_metrics_counter(r, "loom_serve_requests_rejected_total", "Requests refused with 429 (waiting queue full).", "model", n, NULL);
     m->ttft = loom_metrics_histogram(r, "loom_serve_time_to_first_token_seconds", "Time from arrival to a sample's first token.",
                                      latency_bounds, NB, "model", n, NULL);
@@ -62,7 +66,10 @@ static void collect(void *ctx) {
         loom_counter_add(m->prefix_queries, (double)(st.prefix_queries - m->last_queries));
         loom_counter_add(m->prefix_hits, (double)(st.prefix_hits - m->last_hits));
         m->last_prompt = st.prompt_tokens, m->last_gen = st.generated_tokens, m->last_preempt = st.preemptions;
+        loom_counter_add(m->spec_drafted, (double)(st.spec_drafted - m->last_drafted));
+        loom_counter_add(m->spec_accepted, (double)(st.spec_accepted - m->last_accepted));
         m->last_queries = st.prefix_queries, m->last_hits = st.prefix_hits;
+        m->last_drafted = st.spec_drafted, m->last_accepted = st.spec_accepted;
     }
     pthread_mutex_unlock(&s->mu);
 }

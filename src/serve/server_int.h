@@ -29,8 +29,8 @@ typedef struct {
     loom_metric_t *running, *waiting, *kv_usage, *kv_used, *prompt_tokens, *gen_tokens, *preemptions, *rejected;
     loom_metric_t *ttft, *itl, *e2e, *queue;
     loom_serve_metrics_t more; /* per-request, per-step and configuration series (serve_metrics.h) */
-    loom_metric_t *prefix_hits, *prefix_queries;
-    long long last_prompt, last_gen, last_preempt, last_hits, last_queries;
+    loom_metric_t *prefix_hits, *prefix_queries, *spec_drafted, *spec_accepted;
+    long long last_prompt, last_gen, last_preempt, last_hits, last_queries, last_drafted, last_accepted;
     char lbl[5][96];
 } srv_model_t;
 
