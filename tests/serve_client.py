@@ -2,7 +2,7 @@
 HTTP): tests/test_serve.sh and tests/test_serve_san.sh run it.
 
 usage: serve_client.py LOOM RUN PART...   PART: openai concurrency load
-       overload disconnect badinput sigterm. Prints PASS/FAIL lines."""
+       quantmem overload disconnect badinput sigterm. Prints PASS/FAIL lines."""
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
 
 LOOM, RUN = sys.argv[1], sys.argv[2]
@@ -338,6 +338,25 @@ def part_load():
         hits = metric(srv, "loom_serve_prefix_cache_hits_total", 'model="run"')
         report("serve_no_prefix_cache_speculate_same_answers", not diff and hits == 0,
                "%d differ (%s); hits %s" % (len(diff), diff[:2], hits))
+    finally:
+        srv.stop()
+
+
+def part_quantmem():
+    """--quant w8a8: the server gives the fp32 linear weights back (start
+    log), logs its resident memory, and answers as `loom sample --quant
+    w8a8` (which keeps them): the int8 path never read them."""
+    srv = Server("--quant", "w8a8")
+    try:
+        log = "".join(srv.log)
+        report("serve_quant_gives_back_fp32", "fp32 linear weights given back" in log and "resident memory" in log,
+               [l for l in srv.log if "model run" in l or "resident" in l])
+        prompt = "the cat sat on"
+        text = greedy(srv, prompt, n=24)
+        out = subprocess.run([LOOM, "sample", "--run", RUN, "--prompt", prompt, "--tokens", "24", "--temperature", "0",
+                              "--quant", "w8a8", "--threads", "2"], capture_output=True).stdout.decode("utf-8", "replace")
+        report("serve_quant_equals_sample", text is not None and out.rstrip("\n") == prompt + text,
+               "server %r, loom sample %r" % (text, out))
     finally:
         srv.stop()
 

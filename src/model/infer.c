@@ -3,8 +3,11 @@
 #include "quant.h"
 #include "sparse24.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* Without the batch's prefill flags, a sequence with at least this many
  * rows in a batch is prefilled: its rows go through the backend's packed
@@ -208,6 +211,22 @@ void loom_infer_weights_free(loom_infer_weights_t *w) {
     loom_quant_free(w->quant);
     loom_sparse24_free(w->s24);
     *w = (loom_infer_weights_t){0};
+}
+
+size_t loom_infer_weights_release_fp32(loom_gpt_t *m, const loom_infer_weights_t *w) {
+    if (!w->quant || (m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return 0;
+    static const int lin[4][2] = {{LOOM_QKVW, LOOM_QLIN_QKV}, {LOOM_ATTPROJW, LOOM_QLIN_ATTPROJ},
+                                  {LOOM_FCW, LOOM_QLIN_FC}, {LOOM_FCPROJW, LOOM_QLIN_FCPROJ}};
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    size_t given = 0;
+    for (int i = 0; i < 4; i++) {
+        int every_layer = 1; /* only a matrix whose int8 copy exists in every layer goes */
+        for (int l = 0; l < m->cfg.n_layer; l++) every_layer &= loom_quant_weight(w->quant, lin[i][1], l) != NULL;
+        uintptr_t a = (uintptr_t)m->param[lin[i][0]], b = a + m->ptable[lin[i][0]].numel * sizeof(float);
+        a = (a + page - 1) & ~(page - 1), b &= ~(page - 1); /* whole pages inside the tensor only */
+        if (every_layer && b > a && madvise((void *)a, b - a, MADV_DONTNEED) == 0) given += b - a;
+    }
+    return given;
 }
 
 void loom_infer_set_weights(loom_infer_t *inf, const loom_infer_weights_t *w) {
