@@ -26,4 +26,4 @@ if ! $LOOM train --data "$tmp/corpus.txt" --model gpt2-tiny --steps 2 --batch 2 
       --sample-tokens 0 --seed 3 --out "$tmp/run" > "$tmp/train.log" 2>&1; then
     echo "FAIL serve_train: loom train failed:"; tail -5 "$tmp/train.log"; exit 1
 fi
-$PY tests/serve_client.py "$LOOM" "$tmp/run" ${SERVE_PARTS:-openai concurrency overload disconnect badinput sigterm}
+$PY tests/serve_client.py "$LOOM" "$tmp/run" ${SERVE_PARTS:-openai concurrency load quantmem overload disconnect badinput sigterm}

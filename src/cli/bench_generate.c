@@ -98,7 +98,7 @@ static double measure_bandwidth(size_t bytes) {
 typedef struct {
     const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf, *device, *sweep;
     int conc[16], nconc;
-    int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens, quant, kv_dtype, sparse;
+    int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens, quant, kv_dtype, sparse, speculate;
 } bench_flags_t;
 
 /* One configuration measured (a "side"): weights, scales, logits, cache. */
@@ -249,6 +249,7 @@ static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_sid
         LOOM_TRY(loom_infer_weights_create(&sd[i].w, m, &wo));
         ec.weights = sd[i].w;
         ec.kv_dtype = sd[i].kv8 ? LOOM_INT8 : LOOM_FP32;
+        ec.speculate = f->speculate;
         loom_quant_opts_t qo = {.block = sd[i].block, .logits = !sd[i].fp32_logits};
         sd[i].bytes = loom_quant_decode_bytes(&m->cfg, (loom_quant_mode)sd[i].quant, &qo);
         LOOM_TRY(loom_engine_create(&sd[i].e, m, NULL, &ec));
@@ -318,6 +319,7 @@ int cmd_bench_generate(int argc, char **argv) {
         loom_flag(LOOM_FLAG_QUANT, &f.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &f.kv_dtype),
         loom_flag(LOOM_FLAG_SPARSE, &f.sparse),
+        {"speculate", ARG_INT, &f.speculate, "0", 0, 16, "draft tokens per step by prompt lookup (speculative decoding), 0 = off"},
         {"llama-bench", ARG_STR, &f.llama_bin, ".cache/llama.cpp/build/bin/llama-bench", 0, 0, "llama.cpp's llama-bench, for the peer row"},
         {"gguf", ARG_STR, &f.gguf, "", 0, 0, "the same weights as GGUF, for llama.cpp"},
         {"sweep", ARG_STR, &f.sweep, "", 0, 0,

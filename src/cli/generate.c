@@ -195,7 +195,10 @@ loom_open_opts_t loom_cli_engine_flags_open(const loom_cli_engine_flags_t *ef, i
 }
 
 loom_status loom_cli_engine_flags_config(const loom_cli_engine_flags_t *ef, loom_engine_config_t *c) {
-    return loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, c);
+    LOOM_TRY(loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, c));
+    c->prefix_cache = !ef->no_prefix_cache;
+    c->speculate = ef->speculate;
+    return LOOM_OK;
 }
 
 void loom_cli_engine_config_model(loom_engine_config_t *c, const loom_opened_t *m) {

@@ -19,6 +19,8 @@ loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int ma
 typedef struct {
     const char *device, *kv_memory;
     int block_size, max_batch_tokens, max_seqs, quant, kv_dtype, sparse;
+    int no_prefix_cache; /* --no-prefix-cache (where a command has it) */
+    int speculate;       /* --speculate N: draft tokens by prompt lookup (where a command has it) */
 } loom_cli_engine_flags_t;
 
 /* The engine's batch and cache-block flags (--block-size,

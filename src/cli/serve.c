@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
+#include "obs/process.h"
 #include "serve/server.h"
 
 static volatile sig_atomic_t stop_signal;
@@ -64,12 +65,16 @@ static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_
         const char *dir;
         split_run(f->runs.v[i], name, sizeof name, &dir);
         LOOM_TRY(loom_open(dir, &oo, &opened[i]));
+        /* the server runs the model only through the engine: an int8 run keeps no fp32 linear weights */
+        size_t given = loom_infer_weights_release_fp32(opened[i].model, &opened[i].weights);
         loom_cli_engine_config_model(&ec, &opened[i]);
         char *tmpl = chat_template_of(dir, f->chat_template);
         loom_status s = loom_server_add_model(srv, name, opened[i].model, opened[i].tok, &ec, tmpl);
         free(tmpl);
         LOOM_TRY(s);
-        fprintf(stderr, "loom serve: model %s from %s (%.0f MiB of KV cache)\n", name, dir, (double)ec.kv_bytes / (1 << 20));
+        char gave[96] = "";
+        if (given) snprintf(gave, sizeof gave, "; %.0f MiB of fp32 linear weights given back to the system", (double)given / (1 << 20));
+        fprintf(stderr, "loom serve: model %s from %s (%.0f MiB of KV cache%s)\n", name, dir, (double)ec.kv_bytes / (1 << 20), gave);
     }
     return LOOM_OK;
 }
@@ -92,6 +97,8 @@ static int serve_run(const serve_flags_t *f) {
     if (s == LOOM_OK) s = load_models(srv, f, opened);
     if (s == LOOM_OK) s = loom_server_ready(srv);
     if (s == LOOM_OK) {
+        fprintf(stderr, "loom serve: resident memory %.0f MiB (process_resident_memory_bytes; KV cache pages count once used)\n",
+                loom_process_rss_bytes() / (1 << 20));
         fprintf(stderr, "loom serve: ready on http://%s:%d\n", f->host, loom_server_port(srv));
         while (!stop_signal) usleep(50000);
         fprintf(stderr, "loom serve: %s: no new requests; in-flight ones have %g s to finish\n",
@@ -121,6 +128,8 @@ int cmd_serve(int argc, char **argv) {
         loom_flag(LOOM_FLAG_SPARSE, &f.engine.sparse),
         loom_flag(LOOM_FLAG_KV_MEMORY, &f.engine.kv_memory), /* for all models together, split evenly */
         LOOM_CLI_ENGINE_SIZE_FLAGS(f.engine),                /* --max-seqs per model */
+        {"speculate", ARG_INT, &f.engine.speculate, "0", 0, 16, "draft tokens per step by prompt lookup (speculative decoding, while at most 8 sequences decode; same greedy output), 0 = off"},
+        {"no-prefix-cache", ARG_BOOL, &f.engine.no_prefix_cache, NULL, 0, 0, "compute every prompt in full (default: reuse the KV blocks of prompt prefixes seen before; the output is the same bits)"},
         {"max-queue", ARG_INT, &f.max_queue, "256", 0, 1 << 20, "prompts waiting for their first token at most; above: 429 with Retry-After (0 = no cap)"},
         {"api-key", ARG_STR, &f.api_key, "", 0, 0, "ask clients for 'Authorization: Bearer KEY' on /v1 routes (none: open)"},
         {"request-timeout", ARG_FLOAT, &f.timeout, "600", 0, 1e9, "seconds a request may take from arrival to its last token (0 = none)"},

@@ -26,6 +26,10 @@ typedef struct {
     const int *block_tables; /* (S, max_blocks) host; max_blocks = loom_infer_max_blocks() */
     int n_logits;            /* R */
     const int *logit_rows;   /* (R) host: rows whose logits are returned, in this order */
+    const unsigned char *prefill; /* (N) host, or NULL: 1 for a row to run through the packed
+                                     GEMM (a prompt row), 0 for the row kernel (a decoded
+                                     token); NULL: the rows of a sequence with at least 8
+                                     rows in the batch take the GEMM */
 } loom_infer_batch_t;
 
 typedef struct loom_infer loom_infer_t;
@@ -85,6 +89,14 @@ typedef struct {
  * stderr). *w is zeroed on an error. */
 loom_status loom_infer_weights_create(loom_infer_weights_t *w, const loom_gpt_t *m, const loom_infer_weights_opts_t *o);
 void loom_infer_weights_free(loom_infer_weights_t *w);
+/* Give back the memory of m's fp32 linear weights that w's int8 copies
+ * replace (every layer's QKV, projection, fc and fc projection; the
+ * embeddings, norms and biases stay), when m lives in CPU memory: their
+ * pages are returned to the system (madvise), so the resident memory of an
+ * int8 run is what it computes with. Afterwards those weights read as
+ * zeros: only the inference path with w set may run m. Returns the bytes
+ * given back (0 without int8 copies, or on a device). */
+size_t loom_infer_weights_release_fp32(loom_gpt_t *m, const loom_infer_weights_t *w);
 /* loom_infer_set_quant and loom_infer_set_sparse24 with w's copies (NULL: fp32). */
 void loom_infer_set_weights(loom_infer_t *inf, const loom_infer_weights_t *w);
 

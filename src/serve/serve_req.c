@@ -200,7 +200,6 @@ static void cancel_all(job_t *j, int why) {
     __atomic_store_n(&j->why, why, __ATOMIC_RELEASE); /* the stepping thread's test hold reads it */
     for (int k = 0; k < j->n_sub; k++)
         if (j->submitted[k]) loom_engine_cancel(j->m->e, j->eids[k]);
-    loom_srv_kick(j->s);
 }
 
 /* Wait up to timeout_s for one event and fold it in; cancels on the
@@ -516,7 +515,6 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
         }
         j->submitted[k] = 1;
     }
-    loom_srv_kick(j->s);
     return LOOM_OK;
 }
 

@@ -29,7 +29,8 @@ typedef struct {
     loom_metric_t *running, *waiting, *kv_usage, *kv_used, *prompt_tokens, *gen_tokens, *preemptions, *rejected;
     loom_metric_t *ttft, *itl, *e2e, *queue;
     loom_serve_metrics_t more; /* per-request, per-step and configuration series (serve_metrics.h) */
-    long long last_prompt, last_gen, last_preempt;
+    loom_metric_t *prefix_hits, *prefix_queries, *spec_drafted, *spec_accepted;
+    long long last_prompt, last_gen, last_preempt, last_hits, last_queries, last_drafted, last_accepted;
     char lbl[5][96];
 } srv_model_t;
 
@@ -52,17 +53,13 @@ struct loom_server {
     atomic_int state, active, pending;
     atomic_ullong next_id;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    pthread_t stepper;
-    int stepping, stop, kicked;
+    loom_engine_loop_t *loop; /* steps every model's engine in turn (NULL until ready) */
     time_t started;
     loom_telemetry_t *tel; /* GPU telemetry (or CPU energy) and process_* series, from the first model's device */
 };
 
 extern const char *const loom_srv_finish_names[4];
 
-/* Wake the stepping thread (a request was submitted). */
-void loom_srv_kick(loom_server_t *s);
 /* Answer with an error in the OpenAI shape. */
 void loom_srv_reply_error(loom_http_response_t *resp, const loom_api_error_t *err);
 /* The checks every /v1 request passes first: state (503) and API key
