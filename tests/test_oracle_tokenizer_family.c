@@ -9,13 +9,15 @@
  * adds; decoding their ids must give `tokenizers`' text; the file loom
  * writes must give `tokenizers` the same ids again; and the
  * pre-tokenization must split every sampled code point as Llama 3's regex
- * does in `tokenizers`. */
+ * does in `tokenizers`, and NFC (Qwen2) must normalize every code point in
+ * context as `tokenizers` does. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "data/bpe_nfc.h"
 #include "data/bpe_pretok.h"
 #include "data/tokenizer.h"
 
@@ -181,6 +183,26 @@ static void pretokenize_code_points(void) {
     }
 }
 
+/* NFC (Qwen2's normalizer) of the code points where it does something
+ * (marks, decomposable ones, Hangul) and every 29th other, in three
+ * contexts, and of Hangul jamo runs, as tokenizers'. */
+static void nfc_code_points(void) {
+    if (!have_oracle) return check_skip("Hugging Face tokenizers not importable by %s", python);
+    const char *tp = check_tmp_path("nfc_in.txt"), *op = check_tmp_path("nfc_out.txt");
+    char *in = NULL, *want = NULL;
+    size_t n = 0, wn = 0, cap = 0;
+    if (!oracle("nfc %s %s", tp, op) || loom_file_read(tp, &in, &n) != LOOM_OK || loom_file_read(op, &want, &wn) != LOOM_OK) {
+        free(in);
+        return check_fail_why("the oracle gave no NFC text");
+    }
+    unsigned char *got = NULL;
+    size_t gn = loom_nfc((const unsigned char *)in, n, &got, &cap), i = 0;
+    while (i < gn && i < wn && got[i] == (unsigned char)want[i]) i++;
+    size_t from = i > 12 ? i - 12 : 0;
+    CHECK(gn == wn && i == wn, "%zu bytes vs %zu; first difference at byte %zu, after \"%.*s\"", gn, wn, i, (int)(i - from), want + from);
+    free(in), free(want), free(got);
+}
+
 int main(void) {
     check_tmpdir("oracle-tokfam");
     loom_log_quiet(1);
@@ -198,5 +220,6 @@ int main(void) {
     RUN(spm_first);
     RUN(spm_split);
     RUN(pretokenize_code_points);
+    RUN(nfc_code_points);
     return check_main_end();
 }
