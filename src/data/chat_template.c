@@ -45,6 +45,7 @@ typedef struct {
     seg_t *seg;
     int nseg, cap, at;   /* segments, and the parser's position */
     int loops;           /* for-loops around the statement being parsed */
+    int nest;            /* blocks and expressions open around the parser (bounded: the stack is) */
     loom_status err;
 } parser_t;
 
@@ -60,10 +61,19 @@ static loom_status perr(parser_t *ps, int line, const char *fmt, ...) {
     return ps->err;
 }
 
-static int line_of(const char *src, const char *p) {
-    int l = 1;
-    for (const char *q = src; q < p; q++) l += *q == '\n';
-    return l;
+#define MAX_NEST 100
+
+/* Count one level of nesting; refuse past MAX_NEST (a crafted template
+ * must not exhaust the stack). */
+static int enter(parser_t *ps, int line) {
+    if (++ps->nest > MAX_NEST) return perr(ps, line, "blocks or expressions nest more than %d deep", MAX_NEST), 0;
+    return 1;
+}
+
+/* The line of p, counting on from (at, line) where the last call stopped. */
+static int line_at(const char *p, const char **at, int *line) {
+    for (; *at < p; (*at)++) *line += **at == '\n';
+    return *line;
 }
 
 static void push_seg(parser_t *ps, seg_t s) {
@@ -100,15 +110,16 @@ static const char *tag_end(const char *p, const char *close) {
 
 /* Cut src into text and tags (markers recorded, whitespace not yet applied). */
 static loom_status cut_segments(parser_t *ps) {
-    const char *p = ps->src, *end = p + strlen(p);
+    const char *p = ps->src, *end = p + strlen(p), *at = p;
+    int line = 1;
     static const char *close[4] = {NULL, "}}", "%}", "#}"};
     while (p < end) {
         const char *o = p;
         while ((o = strchr(o, '{')) && o[1] != '{' && o[1] != '%' && o[1] != '#') o++;
         if (!o) o = end;
-        if (o > p) push_seg(ps, (seg_t){.kind = SEG_TEXT, .p = p, .n = (size_t)(o - p), .line = line_of(ps->src, p)});
+        if (o > p) push_seg(ps, (seg_t){.kind = SEG_TEXT, .p = p, .n = (size_t)(o - p), .line = line_at(p, &at, &line)});
         if (o == end) break;
-        seg_t s = {.kind = o[1] == '{' ? SEG_EXPR : o[1] == '%' ? SEG_STMT : SEG_COMMENT, .line = line_of(ps->src, o)};
+        seg_t s = {.kind = o[1] == '{' ? SEG_EXPR : o[1] == '%' ? SEG_STMT : SEG_COMMENT, .line = line_at(o, &at, &line)};
         const char *in = o + 2;
         s.minus_l = *in == '-';
         s.plus_l = *in == '+';
@@ -516,7 +527,10 @@ static node_t *parse_unary(lex_t *lx) {
     if (is_op(lx, "-") || is_op(lx, "+")) {
         int neg = is_op(lx, "-");
         NEXT(lx);
-        if (!(x = parse_unary(lx))) return NULL;
+        if (!enter(lx->ps, lx->line)) return NULL;
+        x = parse_unary(lx);
+        lx->ps->nest--;
+        if (!x) return NULL;
         if (!neg) return x;
         node_t *n = new_node(lx, E_NEG);
         n->a = x;
@@ -602,7 +616,10 @@ static node_t *parse_not(lex_t *lx) {
     if (!is_word(lx, "not")) return parse_compare(lx);
     NEXT(lx);
     node_t *n = new_node(lx, E_NOT);
-    return (n->a = parse_not(lx)) ? n : NULL;
+    if (!enter(lx->ps, lx->line)) return NULL;
+    n->a = parse_not(lx);
+    lx->ps->nest--;
+    return n->a ? n : NULL;
 }
 
 static node_t *parse_logic(lex_t *lx, const char *word, int kind, node_t *(*next)(lex_t *)) {
@@ -617,8 +634,18 @@ static node_t *parse_logic(lex_t *lx, const char *word, int kind, node_t *(*next
 static node_t *parse_and(lex_t *lx) { return parse_logic(lx, "and", E_AND, parse_not); }
 static node_t *parse_or(lex_t *lx) { return parse_logic(lx, "or", E_OR, parse_and); }
 
-/* x if cond [else y] */
+static node_t *parse_cond(lex_t *lx);
+
+/* An expression, its depth counted. */
 static node_t *parse_expr(lex_t *lx) {
+    if (!enter(lx->ps, lx->line)) return NULL;
+    node_t *x = parse_cond(lx);
+    lx->ps->nest--;
+    return x;
+}
+
+/* x if cond [else y] */
+static node_t *parse_cond(lex_t *lx) {
     node_t *x = parse_or(lx);
     while (x && is_word(lx, "if")) {
         NEXT(lx);
@@ -738,6 +765,7 @@ static node_t *parse_stmt(parser_t *ps, lex_t *lx, const char *word) {
  * names the keyword that closed the body. */
 static node_t *parse_body(parser_t *ps, const char *const *ends, const char **ended) {
     node_t *head = NULL, **tail = &head;
+    if (ends && !enter(ps, ps->at > 0 ? ps->seg[ps->at - 1].line : 1)) return NULL;
     while (ps->err == LOOM_OK && ps->at < ps->nseg) {
         const seg_t *s = &ps->seg[ps->at++];
         lex_t lx;
@@ -758,6 +786,7 @@ static node_t *parse_body(parser_t *ps, const char *const *ends, const char **en
             const char *word = tok_name(&lx);
             if (ends && in_list(word, ends)) {
                 *ended = word;
+                ps->nest--;
                 return head;
             }
             if (!(n = parse_stmt(ps, &lx, word))) return NULL;
