@@ -12,7 +12,8 @@ usage:
             qwen2 (Qwen2's regex and NFC normalizer), smollm (Digits + ByteLevel),
             spm-legacy (Llama 2: Prepend/Replace normalizer, byte_fallback, Strip decoder),
             spm-first (Metaspace prepend_scheme first, split false, a token with an inner space),
-            spm-split (Metaspace always + split, no byte_fallback: unknown characters, Metaspace decoder)
+            spm-split (Metaspace always + split, no byte_fallback: unknown characters, Metaspace decoder),
+            spm-scores (spm-legacy with the merges a GGUF vocabulary's scores give)
   tokenizer_family_oracle.py encode TOKENIZER.json TEXT IDS.bin SPECIAL   SPECIAL 1: add BOS/EOS as encode() does
   tokenizer_family_oracle.py decode TOKENIZER.json IDS.bin OUT.txt        decode, special tokens kept
   tokenizer_family_oracle.py pretok KIND STEP TEXT LENS.bin   code points (every STEP-th above U+3000) in
@@ -115,6 +116,20 @@ def byte_level(d, kind):
     return {"llama3": ("<|begin_of_text|>", "<|eot_id|>"), "qwen2": (None, "<|im_end|>"), "smollm": ("<|im_start|>", "<|im_end|>")}[kind]
 
 
+def extractor_merges(vocab):
+    """Every way to cut a token into two tokens, the token's score (-id) first,
+    then (id of left, id of right): what a GGUF "llama" vocabulary's scores
+    give (loom_tokenizer_from_vocab) and transformers' converter writes."""
+    special = {"<unk>", "<s>", "</s>"} | {"<0x%02X>" % b for b in range(256)}
+    regular = {t: i for t, i in vocab.items() if t not in special}
+    merges = []
+    for tok, i in sorted(regular.items(), key=lambda x: x[1]):
+        local = [(tok[:k], tok[k:], -i) for k in range(1, len(tok)) if tok[:k] in regular and tok[k:] in regular]
+        merges += sorted(local, key=lambda x: (regular[x[0]], regular[x[1]]))
+    merges.sort(key=lambda x: x[2], reverse=True)
+    return [a + " " + b for a, b, _ in merges]
+
+
 def sentencepiece(d, kind):
     """The trained vocabulary behind <unk> <s> </s> and the 256 byte tokens, as Llama 2's file has it."""
     trained = d["model"]["vocab"]
@@ -132,7 +147,9 @@ def sentencepiece(d, kind):
     d["added_tokens"] = [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>"), added(len(vocab), "<custom>", special=False)]
     strip = {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "}, {"type": "ByteFallback"},
                                               {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
-    if kind == "spm-legacy":
+    if kind == "spm-scores":  # merges made from scores (-id) as transformers' SentencePieceExtractor makes them
+        m["merges"] = extractor_merges(vocab)
+    if kind in ("spm-legacy", "spm-scores"):
         d["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPACE},
                                                                {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]}
         d["pre_tokenizer"] = None

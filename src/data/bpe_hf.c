@@ -1003,6 +1003,7 @@ static loom_status gguf_style(const loom_tokenizer_vocab_t *g, const char *origi
         st->ignore_merges = 1;
     } else if (!strcmp(pre, "qwen2")) {
         st->pretok = LOOM_PRETOK_QWEN2;
+        st->nfc = 1; /* as Qwen2's tokenizer.json, which the GGUF was converted from */
     } else if (!strcmp(pre, "smollm")) {
         st->pretok = LOOM_PRETOK_DIGITS;
     } else if (strcmp(pre, "default") && strcmp(pre, "gpt2") && strcmp(pre, "gpt-2")) {
