@@ -724,13 +724,12 @@ void loom_tokenizer_merge(const loom_tokenizer_t *t, size_t i, uint32_t *a, uint
 
 int loom_text_sink_emit(int token, void *vsink) {
     loom_text_sink_t *sink = vsink;
-    uint32_t id = (uint32_t)token;
-    char *text = NULL;
     size_t len = 0;
-    if (loom_tokenizer_decode(sink->tok, &id, 1, &text, &len) == LOOM_OK) {
-        fwrite(text, 1, len, sink->out);
+    /* the token's own bytes: decode's leading-space strip belongs to a text's start, not to each token */
+    const unsigned char *b = loom_tokenizer_token(sink->tok, (uint32_t)token, &len);
+    if (b) {
+        fwrite(b, 1, len, sink->out);
         fflush(sink->out);
-        free(text);
     }
     return 0;
 }
