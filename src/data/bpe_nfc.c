@@ -119,16 +119,11 @@ static size_t recompose(uint32_t *v, size_t n) {
 }
 
 static size_t put_utf8(unsigned char *o, uint32_t cp) {
-    if (cp & INVALID_BYTE) { o[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x80) { o[0] = (unsigned char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (unsigned char)(0xC0 | (cp >> 6)); o[1] = (unsigned char)(0x80 | (cp & 63)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xE0 | (cp >> 12)); o[1] = (unsigned char)(0x80 | ((cp >> 6) & 63)); o[2] = (unsigned char)(0x80 | (cp & 63));
-        return 3;
+    if (cp & INVALID_BYTE) {
+        o[0] = (unsigned char)cp;
+        return 1;
     }
-    o[0] = (unsigned char)(0xF0 | (cp >> 18)); o[1] = (unsigned char)(0x80 | ((cp >> 12) & 63));
-    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 63)); o[3] = (unsigned char)(0x80 | (cp & 63));
-    return 4;
+    return loom_utf8_put(o, cp);
 }
 
 size_t loom_nfc(const unsigned char *s, size_t n, unsigned char **out, size_t *cap) {

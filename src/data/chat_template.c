@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bpe_pretok.h"
 #include "chat_template_int.h"
 
 void *loom_chat_alloc(loom_chat_template_t *t, size_t n) {
@@ -136,8 +137,7 @@ static loom_status cut_segments(parser_t *ps) {
     return LOOM_OK;
 }
 
-/* Python's str.isspace() for one character; *n gets its length in bytes. */
-static int py_space(const unsigned char *s, size_t left, int *n) {
+int loom_chat_py_space(const unsigned char *s, size_t left, int *n) {
     *n = 1;
     if (*s == ' ' || (*s >= '\t' && *s <= '\r') || (*s >= 0x1c && *s <= 0x1f)) return 1;
     if (left >= 2 && s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0)) return *n = 2;
@@ -152,7 +152,7 @@ static int py_space(const unsigned char *s, size_t left, int *n) {
 static size_t lead_space(const char *s, size_t n) {
     size_t i = 0;
     int k;
-    while (i < n && py_space((const unsigned char *)s + i, n - i, &k)) i += (size_t)k;
+    while (i < n && loom_chat_py_space((const unsigned char *)s + i, n - i, &k)) i += (size_t)k;
     return i;
 }
 
@@ -165,7 +165,7 @@ static size_t trail_space(const char *s, size_t n) {
         b--;
         while (b > 0 && ((unsigned char)s[b] & 0xC0) == 0x80) b--;
         int k;
-        if (!py_space((const unsigned char *)s + b, e - b, &k) || b + (size_t)k != e) return n - e;
+        if (!loom_chat_py_space((const unsigned char *)s + b, e - b, &k) || b + (size_t)k != e) return n - e;
         e = b;
     }
 }
@@ -225,19 +225,6 @@ static int tok_is(const lex_t *lx, int kind, const char *text) {
 static int is_op(const lex_t *lx, const char *op) { return tok_is(lx, T_OP, op); }
 static int is_word(const lex_t *lx, const char *w) { return tok_is(lx, T_NAME, w); }
 
-/* Append the UTF-8 of code point cp to out. */
-static size_t put_utf8(char *out, unsigned cp) {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) { out[0] = (char)(0xC0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 63)); return 2; }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12)); out[1] = (char)(0x80 | ((cp >> 6) & 63)); out[2] = (char)(0x80 | (cp & 63));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18)); out[1] = (char)(0x80 | ((cp >> 12) & 63));
-    out[2] = (char)(0x80 | ((cp >> 6) & 63)); out[3] = (char)(0x80 | (cp & 63));
-    return 4;
-}
-
 /* One escape after a backslash at s (Python's string escapes); returns the
  * bytes consumed, writes the result to out, *w its length. */
 static size_t unescape(const char *s, const char *end, char *out, size_t *w) {
@@ -255,7 +242,7 @@ static size_t unescape(const char *s, const char *end, char *out, size_t *w) {
         else cp = cp * 16 + (unsigned)(isdigit((unsigned char)s[k]) ? s[k] - '0' : (tolower((unsigned char)s[k]) - 'a' + 10));
     }
     if (digits && cp <= 0x10FFFF) {
-        *w = put_utf8(out, cp);
+        *w = loom_utf8_put((unsigned char *)out, cp);
         return (size_t)digits + 1;
     }
     out[0] = '\\'; /* an unknown escape keeps its backslash, as Python does */
