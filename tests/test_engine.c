@@ -333,7 +333,7 @@ static void *client(void *arg) {
     p.max_tokens = 8;
     c->ok = loom_engine_submit(c->e, prompt, 11 + c->k, &p, loom_engine_queue_push, q, NULL) == LOOM_OK;
     loom_engine_event_t ev;
-    while (c->ok && loom_engine_queue_pop(q, &ev, 30.0)) {
+    while (c->ok && loom_engine_queue_pop(q, &ev, 600.0)) { /* a guard only: the finish event ends it */
         int fin = ev.finish;
         if (ev.token >= 0 && n < 8) got[n++] = ev.token;
         loom_engine_event_clear(&ev);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
 
 
@@ -99,41 +100,15 @@ static loom_status write_json(const char *path, cJSON *root) {
     return s;
 }
 
-/* The model's shape, as both config files write it (Hugging Face keys). */
-static void model_to_json(cJSON *j, const loom_gpt_config_t *c) {
-    cJSON_AddNumberToObject(j, "n_layer", c->n_layer);
-    cJSON_AddNumberToObject(j, "n_head", c->n_head);
-    cJSON_AddNumberToObject(j, "n_embd", c->channels);
-    cJSON_AddNumberToObject(j, "n_positions", c->max_seq_len);
-    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
-}
-
-static int json_int(const cJSON *o, const char *k, int *out) {
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)v->valueint || v->valueint <= 0) return 0;
-    *out = v->valueint;
-    return 1;
-}
-
-/* The model's shape from either config file; `path` for the message. */
+/* The model's description from either config file (Hugging Face keys,
+ * ckpt/hf.c); `path` for the message. */
 static loom_status model_from_json(const cJSON *j, const char *path, loom_gpt_config_t *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    int ok = j && json_int(j, "vocab_size", &cfg->vocab_size) && json_int(j, "n_positions", &cfg->max_seq_len) &&
-             json_int(j, "n_embd", &cfg->channels) && json_int(j, "n_layer", &cfg->n_layer) && json_int(j, "n_head", &cfg->n_head);
-    if (!ok) return loom_error(LOOM_EFORMAT, "%s: missing or malformed model fields (vocab_size, n_positions, n_embd, n_layer, n_head: positive whole numbers)", path);
-    return loom_gpt_config_finish(cfg);
+    if (!cJSON_IsObject(j)) return loom_error(LOOM_EFORMAT, "%s: model_config is missing or not an object", path);
+    return loom_hf_config_parse(j, path, cfg);
 }
 
 static cJSON *hf_config(const loom_gpt_config_t *c) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
-    cJSON_AddStringToObject(j, "model_type", "gpt2");
-    model_to_json(j, c);
-    cJSON_AddNumberToObject(j, "n_ctx", c->max_seq_len);
-    cJSON_AddStringToObject(j, "activation_function", "gelu_new");
-    cJSON_AddNumberToObject(j, "layer_norm_epsilon", 1e-5);
-    cJSON_AddBoolToObject(j, "tie_word_embeddings", 1);
+    cJSON *j = loom_hf_config_json(c);
     cJSON_AddStringToObject(j, "torch_dtype", "float32");
     return j;
 }
@@ -186,8 +161,8 @@ static void field_to_json(cJSON *j, const field_t *f, const loom_run_config_t *c
         break;
     case F_MODEL: {
         const loom_gpt_config_t *m = (const loom_gpt_config_t *)p;
-        cJSON *mc = cJSON_AddObjectToObject(j, f->key);
-        model_to_json(mc, m);
+        cJSON *mc = loom_hf_config_json(m);
+        cJSON_AddItemToObject(j, f->key, mc);
         cJSON_AddNumberToObject(mc, "padded_vocab_size", m->padded_vocab_size);
         cJSON_AddNumberToObject(mc, "parameters", (double)loom_gpt_num_params(m));
         break;
@@ -305,7 +280,8 @@ static int json_whole(cJSON *o, const char *k, double lo, double hi, double *out
 }
 
 /* state.json, trusted no further than it checks: the step must be the one
- * in the folder's name, positions and losses in range. */
+ * in the folder's name (folder_step < 0: a folder not named step_N),
+ * positions and losses in range. */
 static loom_status read_state(const char *path, long long folder_step, int padded_vocab, loom_ckpt_state_t *st) {
     char *text;
     size_t len;
@@ -325,7 +301,7 @@ static loom_status read_state(const char *path, long long folder_step, int padde
     char *end = NULL;
     if (!json_whole(j, "step", 1, 9007199254740992.0, &step))
         s = loom_error(LOOM_EFORMAT, "%s: \"step\" is missing or not a whole number from 1 to 2^53", path);
-    else if ((long long)step != folder_step)
+    else if (folder_step >= 0 && (long long)step != folder_step)
         s = loom_error(LOOM_EFORMAT, "%s: \"step\" is %.0f but the folder is the checkpoint of step %lld; the file was edited or mixed up",
                        path, step, folder_step);
     else if (!json_whole(j, "data_position", 0, 9007199254740992.0, &pos))
@@ -360,17 +336,9 @@ static loom_status read_state(const char *path, long long folder_step, int padde
     return s;
 }
 
-loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
-                          loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (!loom_path_is_dir(dir))
-        return loom_error(LOOM_EINVAL, "%s: no such folder; train one with `loom train --out %s`", dir, dir);
-    if (!loom_path_exists(path))
-        return loom_error(LOOM_EINVAL, "%s: not a loom run (no config.json); pass the --out folder of a `loom train`", dir);
-    long long folder_step;
-    LOOM_TRY(loom_ckpt_find(dir, which, ckpt_dir, cap, &folder_step));
-    char *text;
+/* A checkpoint folder's config.json (the model) and state.json. */
+static loom_status read_ckpt_meta(const char *ckpt_dir, long long folder_step, loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
+    char path[4200], *text;
     size_t len;
     snprintf(path, sizeof path, "%s/config.json", ckpt_dir);
     LOOM_TRY(loom_file_read(path, &text, &len));
@@ -381,6 +349,29 @@ loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, si
     LOOM_TRY(ms);
     snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
     return read_state(path, folder_step, cfg->padded_vocab_size, st);
+}
+
+loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
+                          loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!loom_path_is_dir(dir))
+        return loom_error(LOOM_EINVAL, "%s: no such folder; train one with `loom train --out %s`", dir, dir);
+    if (!loom_path_exists(path))
+        return loom_error(LOOM_EINVAL, "%s: not a loom run (no config.json); pass the --out folder of a `loom train`", dir);
+    long long folder_step;
+    LOOM_TRY(loom_ckpt_find(dir, which, ckpt_dir, cap, &folder_step));
+    return read_ckpt_meta(ckpt_dir, folder_step, cfg, st);
+}
+
+loom_status loom_run_read_checkpoint(const char *ckpt_dir, loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
+    int verified;
+    LOOM_TRY(loom_ckpt_verify(ckpt_dir, &verified));
+    const char *base = strrchr(ckpt_dir, '/') ? strrchr(ckpt_dir, '/') + 1 : ckpt_dir;
+    char *end = NULL;
+    long long step = strncmp(base, "step_", 5) ? -1 : strtoll(base + 5, &end, 10);
+    if (end && (*end || end == base + 5)) step = -1;
+    return read_ckpt_meta(ckpt_dir, step, cfg, st);
 }
 
 loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap, loom_gpt_config_t *cfg,

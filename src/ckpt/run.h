@@ -90,5 +90,9 @@ loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap,
  * newest) or "step_N"/"N". */
 loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
                           loom_gpt_config_t *cfg, loom_ckpt_state_t *st);
+/* One checkpoint folder by its path (RUN/checkpoints/step_N, or a copy of
+ * one elsewhere): verified against its manifest, then its model config and
+ * state as loom_run_find reads them. */
+loom_status loom_run_read_checkpoint(const char *ckpt_dir, loom_gpt_config_t *cfg, loom_ckpt_state_t *st);
 
 #endif

@@ -10,7 +10,6 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
-#include "cli/runload.h"
 #include "serve/server.h"
 
 static volatile sig_atomic_t stop_signal;
@@ -68,7 +67,8 @@ static loom_status chat_template_of(const char *dir, const char *flag, loom_toke
     return LOOM_OK;
 }
 
-static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_opened_run_t *opened) {
+static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_opened_t *opened) {
+    loom_open_opts_t oo = loom_cli_engine_flags_open(&f->engine, f->threads);
     loom_engine_config_t ec;
     LOOM_TRY(loom_cli_engine_flags_config(&f->engine, &ec));
     ec.kv_bytes /= (size_t)f->runs.n; /* one budget, split evenly */
@@ -76,8 +76,8 @@ static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_
         char name[128];
         const char *dir;
         split_run(f->runs.v[i], name, sizeof name, &dir);
-        LOOM_TRY(loom_run_open(dir, f->threads, &opened[i]));
-        LOOM_TRY(loom_cli_model_to_device(&opened[i].model, f->engine.device));
+        LOOM_TRY(loom_open(dir, &oo, &opened[i]));
+        loom_cli_engine_config_model(&ec, &opened[i]);
         char *tmpl = NULL;
         LOOM_TRY(chat_template_of(dir, f->chat_template, opened[i].tok, &tmpl));
         loom_status s = loom_server_add_model(srv, name, opened[i].model, opened[i].tok, &ec, tmpl);
@@ -100,7 +100,7 @@ static int serve_run(const serve_flags_t *f) {
     signal(SIGPIPE, SIG_IGN);
     loom_server_config_t c = {f->host, f->port, f->max_queue, f->api_key, f->timeout};
     loom_server_t *srv = NULL;
-    loom_opened_run_t *opened = loom_calloc((size_t)f->runs.n, sizeof *opened);
+    loom_opened_t *opened = loom_calloc((size_t)f->runs.n, sizeof *opened);
     loom_status s = loom_server_start(&srv, &c);
     if (s == LOOM_OK) fprintf(stderr, "loom serve: listening on http://%s:%d, loading\n", f->host, loom_server_port(srv));
     if (s == LOOM_OK) s = load_models(srv, f, opened);
@@ -116,10 +116,7 @@ static int serve_run(const serve_flags_t *f) {
         fprintf(stderr, "loom serve: %s\n", loom_errmsg());
     }
     loom_server_free(srv);
-    for (int i = 0; i < f->runs.n; i++) {
-        if (opened[i].tok) loom_tokenizer_free(opened[i].tok);
-        if (opened[i].model) loom_gpt_free(opened[i].model);
-    }
+    for (int i = 0; i < f->runs.n; i++) loom_open_close(&opened[i]);
     free(opened);
     free(f->runs.v);
     return s == LOOM_OK ? 0 : loom_exit_code(s);

@@ -10,18 +10,19 @@ struct loom_infer {
     loom_gpt_t *m;
     const loom_backend_t *be;
     int max_tokens, max_seqs, max_logits, max_blocks;
-    loom_tensor_t *layers;   /* (L) views into cache: (num_blocks*2*NH, block_size*hs) each */
-    int NH, block_size;
+    loom_tensor_t *layers;   /* (L) views into cache: (num_blocks*2*KV, block_size*hs) each */
+    int NH, KV, block_size;
     void *cache;             /* one backend allocation: per layer K then V */
     /* Activations, backend memory, one buffer each reused by every layer. */
     float *x;      /* (N, C) residual stream */
     float *ln;     /* (N, C) LayerNorm output */
     float *mean, *rstd; /* (N) */
-    float *qkv;    /* (N, 3C) */
+    float *qkv;    /* (N, QR): q, k, v heads (loom_gpt_qkv_rows) */
     float *atty;   /* (N, C) */
     float *proj;   /* (N, C) attproj, then fcproj */
     float *res2;   /* (N, C) residual after attention */
-    float *fch;    /* (N, 4C) gelu(fc) */
+    float *fch;    /* (N, H) the MLP's activation: gelu(fc), or silu(gate) * up */
+    float *fcpre;  /* (N, 2H) gate and up before SwiGLU; NULL for GELU (fused in the matmul) */
     float *rows;   /* (R, C) lnf rows that want logits */
     float *logits; /* (R, Vp) */
     int *d_tokens, *d_pos, *d_seq, *d_slot; /* (N) */
@@ -32,9 +33,13 @@ struct loom_infer {
     const loom_sparse24_t *s24; /* 2:4 compressed linear weights, or NULL */
 };
 
+/* Key/value heads of a config, 0 read as n_head (an unfinished config). */
+static int kv_heads(const loom_gpt_config_t *c) { return c->n_kv_heads ? c->n_kv_heads : c->n_head; }
+
 size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_dtype dtype) {
-    size_t per = (size_t)cfg->n_layer * 2 * (size_t)block_size * cfg->channels * loom_dtype_size(dtype);
-    if (dtype == LOOM_INT8) per += (size_t)cfg->n_layer * 2 * cfg->n_head * sizeof(float); /* row scales */
+    size_t kvc = (size_t)kv_heads(cfg) * (cfg->channels / cfg->n_head); /* a token's K (or V) width */
+    size_t per = (size_t)cfg->n_layer * 2 * (size_t)block_size * kvc * loom_dtype_size(dtype);
+    if (dtype == LOOM_INT8) per += (size_t)cfg->n_layer * 2 * kv_heads(cfg) * sizeof(float); /* row scales */
     return per;
 }
 
@@ -44,7 +49,7 @@ void loom_infer_free(loom_infer_t *inf) {
     if (!inf) return;
     const loom_backend_t *be = inf->be;
     void *bufs[] = {inf->cache, inf->x, inf->ln, inf->mean, inf->rstd, inf->qkv, inf->atty, inf->proj,
-                    inf->res2, inf->fch, inf->rows, inf->logits, inf->d_tokens, inf->d_pos, inf->d_seq,
+                    inf->res2, inf->fch, inf->fcpre, inf->rows, inf->logits, inf->d_tokens, inf->d_pos, inf->d_seq,
                     inf->d_slot, inf->d_tables, inf->d_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
@@ -80,12 +85,13 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     inf->max_seqs = max_seqs;
     inf->max_logits = max_logits;
     inf->max_blocks = (c->max_seq_len + block_size - 1) / block_size;
-    int C = c->channels, L = c->n_layer, NH = c->n_head, fail = 0;
+    int C = c->channels, L = c->n_layer, NH = c->n_head, KV = c->n_kv_heads, fail = 0;
     size_t N = (size_t)max_tokens, R = (size_t)max_logits, f = sizeof(float);
-    size_t per_layer = 2 * (size_t)num_blocks * block_size * C; /* elements of K and V per layer */
+    size_t per_layer = 2 * (size_t)num_blocks * block_size * KV * (C / NH); /* elements of K and V per layer */
     inf->NH = NH;
+    inf->KV = KV;
     inf->block_size = block_size;
-    size_t rows = (size_t)num_blocks * 2 * NH, nsc = dtype == LOOM_INT8 ? rows * L : 0; /* int8: a scale per row */
+    size_t rows = (size_t)num_blocks * 2 * KV, nsc = dtype == LOOM_INT8 ? rows * L : 0; /* int8: a scale per row */
     inf->cache = buf(be, per_layer * L * loom_dtype_size(dtype) + nsc * sizeof(float), 1, &fail);
     float *scales = inf->cache ? (float *)((char *)inf->cache + per_layer * L * loom_dtype_size(dtype)) : NULL;
     if (nsc && inf->cache) be->zero(scales, nsc * sizeof(float));
@@ -99,11 +105,12 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     inf->ln = buf(be, N * C, f, &fail);
     inf->mean = buf(be, N, f, &fail);
     inf->rstd = buf(be, N, f, &fail);
-    inf->qkv = buf(be, N * 3 * C, f, &fail);
+    inf->qkv = buf(be, N * loom_gpt_qkv_rows(c), f, &fail);
     inf->atty = buf(be, N * C, f, &fail);
     inf->proj = buf(be, N * C, f, &fail);
     inf->res2 = buf(be, N * C, f, &fail);
-    inf->fch = buf(be, N * 4 * C, f, &fail);
+    inf->fch = buf(be, N * c->ffn_hidden, f, &fail);
+    if (c->mlp == LOOM_MLP_SWIGLU) inf->fcpre = buf(be, N * loom_gpt_fc_rows(c), f, &fail);
     inf->rows = buf(be, R * C, f, &fail);
     inf->logits = buf(be, R * c->padded_vocab_size, f, &fail);
     inf->d_tokens = buf(be, N, sizeof(int), &fail);
@@ -125,7 +132,7 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
 /* Check the batch against the model and the cache; fill h_slot. */
 static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
     const loom_gpt_config_t *c = &inf->m->cfg;
-    int bs = inf->block_size, nb = (int)(inf->layers[0].rows / (2 * inf->NH));
+    int bs = inf->block_size, nb = (int)(inf->layers[0].rows / (2 * inf->KV));
     if (b->n_tokens < 1 || b->n_tokens > inf->max_tokens || b->n_seqs < 1 || b->n_seqs > inf->max_seqs ||
         b->n_logits < 0 || b->n_logits > inf->max_logits)
         return loom_error(LOOM_EINVAL, "batch of %d tokens, %d sequences, %d logit rows: this context takes 1..%d, 1..%d, 0..%d",
@@ -151,6 +158,24 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
 
 void loom_infer_set_quant(loom_infer_t *inf, const loom_quant_t *q) { inf->quant = q; }
 void loom_infer_set_sparse24(loom_infer_t *inf, const loom_sparse24_t *s) { inf->s24 = s; }
+
+loom_status loom_infer_weights_create(loom_infer_weights_t *w, const loom_gpt_t *m, const loom_infer_weights_opts_t *o) {
+    *w = (loom_infer_weights_t){0};
+    if (o->quant == LOOM_QUANT_NONE) return loom_sparse24_auto(&w->s24, m, o->sparse);
+    loom_quant_opts_t qo = {.block = o->block, .logits = !o->fp32_logits};
+    return loom_quant_create_opts(&w->quant, m, (loom_quant_mode)o->quant, &qo);
+}
+
+void loom_infer_weights_free(loom_infer_weights_t *w) {
+    loom_quant_free(w->quant);
+    loom_sparse24_free(w->s24);
+    *w = (loom_infer_weights_t){0};
+}
+
+void loom_infer_set_weights(loom_infer_t *inf, const loom_infer_weights_t *w) {
+    inf->quant = w ? w->quant : NULL;
+    inf->s24 = w ? w->s24 : NULL;
+}
 
 /* out (N, OC) = inp (N, C) @ w^T + bias: on qw (int8) when a quantized
  * copy is set and the backend has the op (W8A8, else W8A32), else fp32
@@ -183,21 +208,30 @@ static void linear(loom_infer_t *inf, int which, int l, float *out, const float 
  * the next block's ln1 (or lnf) in inf->ln. */
 static void block(loom_infer_t *inf, int N, int l) {
     const loom_backend_t *be = inf->be;
-    int C = inf->m->cfg.channels, L = inf->m->cfg.n_layer;
-    size_t lc = (size_t)l * C;
-    float *const *p = inf->m->param;
-    linear(inf, LOOM_QLIN_QKV, l, inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, N, C, 3 * C, 0);
-    be->kv_write(&inf->layers[l], inf->qkv, inf->d_slot, N, inf->NH, inf->block_size);
+    const loom_gpt_t *m = inf->m;
+    const loom_gpt_config_t *c = &m->cfg;
+    int C = c->channels, L = c->n_layer, H = c->ffn_hidden;
+    float *const *p = m->param;
+#define W(i, layer) loom_gpt_slice(m, p, i, layer)
+    linear(inf, LOOM_QLIN_QKV, l, inf->qkv, inf->ln, W(LOOM_QKVW, l), W(LOOM_QKVB, l), N, C, loom_gpt_qkv_rows(c), 0);
+    if (c->pos == LOOM_POS_ROPE) be->rope_forward(inf->qkv, inf->d_pos, m->rope_freq, N, inf->NH, inf->KV, C / inf->NH);
+    be->kv_write(&inf->layers[l], inf->qkv, inf->d_slot, N, inf->NH, inf->KV, inf->block_size);
     be->paged_attention(inf->atty, inf->qkv, &inf->layers[l], inf->d_pos, inf->d_seq, inf->d_tables,
-                        inf->max_blocks, N, inf->NH, inf->block_size);
-    linear(inf, LOOM_QLIN_ATTPROJ, l, inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
-    loom_gpt_residual_layernorm(be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, p[LOOM_LN2W] + lc,
-                  p[LOOM_LN2B] + lc, N, C);
-    linear(inf, LOOM_QLIN_FC, l, inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, N, C, 4 * C, 1);
-    linear(inf, LOOM_QLIN_FCPROJ, l, inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, N, 4 * C, C, 0);
-    const float *w = l + 1 < L ? p[LOOM_LN1W] + lc + C : p[LOOM_LNFW];
-    const float *bb = l + 1 < L ? p[LOOM_LN1B] + lc + C : p[LOOM_LNFB];
-    loom_gpt_residual_layernorm(be, inf->x, inf->ln, inf->mean, inf->rstd, inf->res2, inf->proj, w, bb, N, C);
+                        inf->max_blocks, N, inf->NH, inf->KV, inf->block_size);
+    linear(inf, LOOM_QLIN_ATTPROJ, l, inf->proj, inf->atty, W(LOOM_ATTPROJW, l), W(LOOM_ATTPROJB, l), N, C, C, 0);
+    loom_gpt_residual_norm(c, be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, W(LOOM_LN2W, l),
+                           W(LOOM_LN2B, l), N);
+    if (c->mlp == LOOM_MLP_SWIGLU) {
+        linear(inf, LOOM_QLIN_FC, l, inf->fcpre, inf->ln, W(LOOM_FCW, l), W(LOOM_FCB, l), N, C, 2 * H, 0);
+        be->swiglu_forward(inf->fch, inf->fcpre, N, H);
+    } else {
+        linear(inf, LOOM_QLIN_FC, l, inf->fch, inf->ln, W(LOOM_FCW, l), W(LOOM_FCB, l), N, C, H, 1);
+    }
+    linear(inf, LOOM_QLIN_FCPROJ, l, inf->proj, inf->fch, W(LOOM_FCPROJW, l), W(LOOM_FCPROJB, l), N, H, C, 0);
+    int last = l + 1 == L;
+    loom_gpt_residual_norm(c, be, inf->x, inf->ln, inf->mean, inf->rstd, inf->res2, inf->proj,
+                           last ? W(LOOM_LNFW, 0) : W(LOOM_LN1W, l + 1), last ? W(LOOM_LNFB, 0) : W(LOOM_LN1B, l + 1), N);
+#undef W
 }
 
 loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, float *logits) {
@@ -212,18 +246,19 @@ loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, f
     be->upload(inf->d_slot, inf->h_slot, ni);
     be->upload(inf->d_tables, b->block_tables, (size_t)b->n_seqs * inf->max_blocks * sizeof(int));
     if (b->n_logits) be->upload(inf->d_rows, b->logit_rows, (size_t)b->n_logits * sizeof(int));
-    float *const *p = inf->m->param;
-    be->embed_positions(inf->x, inf->d_tokens, inf->d_pos, p[LOOM_WTE], p[LOOM_WPE], N, C);
-    be->layernorm_forward(inf->ln, inf->mean, inf->rstd, inf->x, p[LOOM_LN1W], p[LOOM_LN1B], N, C);
+    const loom_gpt_t *m = inf->m;
+    float *const *p = m->param;
+    be->embed_positions(inf->x, inf->d_tokens, inf->d_pos, p[LOOM_WTE], loom_gpt_slice(m, p, LOOM_WPE, 0), N, C);
+    loom_gpt_norm(c, be, inf->ln, inf->mean, inf->rstd, inf->x, p[LOOM_LN1W], loom_gpt_slice(m, p, LOOM_LN1B, 0), N);
     for (int l = 0; l < c->n_layer; l++) block(inf, N, l);
     if (b->n_logits) {
         be->gather_rows(inf->rows, inf->ln, inf->d_rows, b->n_logits, C);
-        matmul(inf, loom_quant_logits(inf->quant), inf->logits, inf->rows, p[LOOM_WTE], NULL, b->n_logits, C, Vp, 0);
+        matmul(inf, loom_quant_logits(inf->quant), inf->logits, inf->rows, p[loom_gpt_head_param(c)], NULL, b->n_logits, C, Vp, 0);
         loom_backend_download_act(be, logits, inf->logits, (size_t)b->n_logits * Vp); /* ACT: bf16 on CUDA at --dtype bf16 */
     }
     return LOOM_OK;
 }
 
 void loom_infer_copy_block(loom_infer_t *inf, int src, int dst) {
-    for (int l = 0; l < inf->m->cfg.n_layer; l++) inf->be->kv_copy_block(&inf->layers[l], src, dst, inf->NH);
+    for (int l = 0; l < inf->m->cfg.n_layer; l++) inf->be->kv_copy_block(&inf->layers[l], src, dst, inf->KV);
 }

@@ -14,8 +14,6 @@
 #include "kv_cache.h"
 #include "model/generate.h"
 #include "model/infer.h"
-#include "model/quant.h"
-#include "model/sparse24.h"
 
 typedef struct request request_t;
 
@@ -59,8 +57,6 @@ struct loom_engine {
     const loom_tokenizer_t *tok;
     loom_engine_config_t cfg;
     loom_infer_t *inf;
-    loom_quant_t *quant; /* int8 linear weights (cfg.quant), or NULL */
-    loom_sparse24_t *s24; /* 2:4 compressed linear weights (cfg.sparse), or NULL */
     loom_kv_pool_t *pool;
     int max_blocks, V, Vp, maxT;
     pthread_mutex_t mu;
@@ -83,7 +79,7 @@ struct loom_engine {
 
 void loom_engine_config_default(loom_engine_config_t *c) {
     *c = (loom_engine_config_t){.block_size = 16, .kv_bytes = (size_t)256 << 20, .kv_dtype = LOOM_FP32,
-                                .max_batch_tokens = 512, .max_seqs = 64, .sparse = LOOM_SPARSE_AUTO};
+                                .max_batch_tokens = 512, .max_seqs = 64};
 }
 
 void loom_request_params_default(loom_request_params_t *p) {
@@ -171,17 +167,7 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     e->V = m->cfg.vocab_size, e->Vp = m->cfg.padded_vocab_size, e->maxT = m->cfg.max_seq_len;
     loom_status s = loom_infer_create(&e->inf, m, (int)nb, c->block_size, c->kv_dtype, c->max_batch_tokens,
                                       c->max_seqs, c->max_seqs);
-    if (s == LOOM_OK && c->quant != LOOM_QUANT_NONE) {
-        loom_quant_opts_t qo = {.block = c->quant_block, .logits = !c->quant_fp32_logits};
-        s = loom_quant_create_opts(&e->quant, m, (loom_quant_mode)c->quant, &qo);
-        if (s == LOOM_OK) loom_infer_set_quant(e->inf, e->quant);
-        else loom_infer_free(e->inf);
-    }
-    if (s == LOOM_OK && c->quant == LOOM_QUANT_NONE) {
-        s = loom_sparse24_auto(&e->s24, m, c->sparse);
-        if (s == LOOM_OK) loom_infer_set_sparse24(e->inf, e->s24);
-        else loom_infer_free(e->inf);
-    }
+    if (s == LOOM_OK) loom_infer_set_weights(e->inf, &c->weights);
     if (s != LOOM_OK) {
         free(e);
         return s;
@@ -239,8 +225,6 @@ void loom_engine_free(loom_engine_t *e) {
     free(e->logits), free(e->scratch);
     loom_kv_pool_free(e->pool);
     loom_infer_free(e->inf);
-    loom_quant_free(e->quant);
-    loom_sparse24_free(e->s24);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     free(e);

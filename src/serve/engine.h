@@ -33,6 +33,7 @@
 #include "backend/backend.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
+#include "model/infer.h"
 
 typedef struct {
     int block_size;       /* tokens per KV block (default 16) */
@@ -41,10 +42,9 @@ typedef struct {
     int max_batch_tokens; /* rows per step, prefill and decode together (default 512) */
     int max_seqs;         /* running sequences at most (default 64) */
     int debug;            /* 1: check block ownership on every change (tests) */
-    int quant;            /* loom_quant_mode (model/quant.h): 0 fp32 weights (default) */
-    int sparse;           /* LOOM_SPARSE_AUTO (default): 2:4 weights run compressed when quant is 0; LOOM_SPARSE_OFF */
-    int quant_block;      /* int8 scales: 0 per output channel (default), 32 per block (Q8_0) */
-    int quant_fp32_logits; /* 1: keep the logits product fp32 under quant (default 0: int8) */
+    loom_infer_weights_t weights; /* the model's int8 or 2:4 copies to run (model/infer.h; made by
+                                     ckpt/open.h's loom_open), owned by the caller and outliving the
+                                     engine; zero (the default): the fp32 weights */
 } loom_engine_config_t;
 
 /* Defaults for every field (kv_bytes 256 MiB). */
