@@ -197,6 +197,7 @@ static cJSON *pre_tokenizer_json(const loom_tok_style_t *st) {
 }
 
 static cJSON *normalizer_json(const loom_tok_style_t *st) {
+    if (st->nfc) return typed("NFC");
     if (!st->sentencepiece || st->prepend != LOOM_PREPEND_NORMALIZER) return cJSON_CreateNull();
     cJSON *p = typed("Prepend"), *r = patterned("Replace", "String", " ");
     cJSON_AddStringToObject(p, "prepend", SP_SPACE);
@@ -546,9 +547,12 @@ static loom_status read_normalizer(const char *path, const cJSON *norm, loom_tok
             st->prepend = LOOM_PREPEND_NORMALIZER;
         } else if (str_is(s, "type", "Replace") && str_is(pat, "String", " ") && str_is(s, "content", SP_SPACE)) {
             replace = 1;
+        } else if (str_is(s, "type", "NFC") && n == 1) {
+            st->nfc = 1;
+            return LOOM_OK;
         } else {
             return loom_error(LOOM_EUNAVAIL, "%s: normalizer %s is not supported; loom reads the Prepend(\"▁\") and Replace(\" \", \"▁\") "
-                              "normalizers of SentencePiece-style tokenizers (Llama 2), and none else", path, type_of(s));
+                              "normalizers of SentencePiece-style tokenizers (Llama 2) and NFC alone (Qwen2), and none else", path, type_of(s));
         }
     }
     if (n < 0 || (n > 0 && !replace))
@@ -999,6 +1003,7 @@ static loom_status gguf_style(const loom_tokenizer_vocab_t *g, const char *origi
         st->ignore_merges = 1;
     } else if (!strcmp(pre, "qwen2")) {
         st->pretok = LOOM_PRETOK_QWEN2;
+        st->nfc = 1; /* as Qwen2's tokenizer.json, which the GGUF was converted from */
     } else if (!strcmp(pre, "smollm")) {
         st->pretok = LOOM_PRETOK_DIGITS;
     } else if (strcmp(pre, "default") && strcmp(pre, "gpt2") && strcmp(pre, "gpt-2")) {
