@@ -98,8 +98,8 @@ typedef struct {
 static loom_status reader_open(reader_t *r, const char *path) {
     memset(r, 0, sizeof *r);
     r->path = path;
-    r->f = fopen(path, "rb");
-    if (!r->f) return loom_error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+    size_t size;
+    LOOM_TRY(loom_file_open_regular(path, &r->f, &size));
     r->cap = 2 * CHUNK;
     r->buf = loom_malloc(r->cap);
     return LOOM_OK;
