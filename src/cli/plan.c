@@ -458,7 +458,8 @@ static loom_status plan_train(void *flags) {
     if (s == LOOM_OK) s = pick_batch(&c, f, &t);
     if (s == LOOM_OK) c.accum = accum_for(f, c.B, c.T, f->gpus);
     if (s == LOOM_OK) s = pick_rate(&c, f, &m, &r);
-    double tokens = f->tokens ? plan_parse_count(f->tokens) : 20.0 * (double)loom_gpt_num_params(&c.cfg);
+    /* only with a model: loom_gpt_num_params of an empty config sets an error of its own */
+    double tokens = s != LOOM_OK ? 0 : f->tokens ? plan_parse_count(f->tokens) : 20.0 * (double)loom_gpt_num_params(&c.cfg);
     if (s == LOOM_OK && tokens <= 0) s = loom_error(LOOM_EINVAL, "--tokens %s: a token count like 30B or 2.5e9", f->tokens);
     if (s != LOOM_OK) {
         plan_report_discard(&r);
