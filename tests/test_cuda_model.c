@@ -392,15 +392,43 @@ void s16_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout
     cpu->matmul_backward(wide(dinp, (size_t)N * C), dw, dbias, wide(dout, (size_t)N * OC), wide(inp, (size_t)N * C), w, N, C, OC);
     narrow();
 }
-void s16_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
-    size_t n = (size_t)B * T * C;
-    cpu->attention_forward(wide(out, n), lse, wide(qkv, 3 * n), B, T, C, NH);
+void s16_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int NKV) {
+    size_t n = (size_t)B * T * C, nq = (size_t)B * T * (C + 2 * NKV * (C / NH));
+    cpu->attention_forward(wide(out, n), lse, wide(qkv, nq), B, T, C, NH, NKV);
     narrow();
 }
 void s16_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                                   int B, int T, int C, int NH) {
-    size_t n = (size_t)B * T * C;
-    cpu->attention_backward(wide(dqkv, 3 * n), wide(dout, n), wide(qkv, 3 * n), wide(out, n), lse, B, T, C, NH);
+                                   int B, int T, int C, int NH, int NKV) {
+    size_t n = (size_t)B * T * C, nq = (size_t)B * T * (C + 2 * NKV * (C / NH));
+    cpu->attention_backward(wide(dqkv, nq), wide(dout, n), wide(qkv, nq), wide(out, n), lse, B, T, C, NH, NKV);
+    narrow();
+}
+void s16_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    size_t n = (size_t)N * C;
+    cpu->rmsnorm_forward(wide(out, n), rstd, wide(inp, n), w, N, C, eps);
+    narrow();
+}
+void s16_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w, const float *rstd,
+                          int N, int C) {
+    size_t n = (size_t)N * C;
+    cpu->rmsnorm_backward(wide(dinp, n), dw, wide(dout, n), wide(inp, n), w, rstd, N, C);
+    narrow();
+}
+void s16_rope_forward(float *qkv, const int *pos, const float *freq, int N, int NH, int NKV, int hs) {
+    cpu->rope_forward(wide(qkv, (size_t)N * (NH + 2 * NKV) * hs), pos, freq, N, NH, NKV, hs);
+    narrow();
+}
+void s16_rope_backward(float *dqkv, const int *pos, const float *freq, int N, int NH, int NKV, int hs) {
+    cpu->rope_backward(wide(dqkv, (size_t)N * (NH + 2 * NKV) * hs), pos, freq, N, NH, NKV, hs);
+    narrow();
+}
+void s16_swiglu_forward(float *out, const float *inp, int N, int H) {
+    cpu->swiglu_forward(wide(out, (size_t)N * H), wide(inp, (size_t)N * 2 * H), N, H);
+    narrow();
+}
+void s16_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int H) {
+    size_t n = (size_t)N * H;
+    cpu->swiglu_backward(wide(dinp, 2 * n), wide(inp, 2 * n), wide(dout, n), N, H);
     narrow();
 }
 void s16_gelu_forward(float *out, const float *inp, size_t n) {

@@ -73,9 +73,11 @@ static __global__ void encoder_forward_kernel(A *out, const int *tokens, const f
         int t = (int)(row % T);
         int tok = tokens[row];
         fvec<VEC> a = vload<VEC>(wte + (size_t)tok * C + c);
-        fvec<VEC> b = vload<VEC>(wpe + (size_t)t * C + c);
+        if (wpe) { /* NULL: rotary models, no position table */
+            fvec<VEC> b = vload<VEC>(wpe + (size_t)t * C + c);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) a.v[k] += b.v[k];
+            for (int k = 0; k < VEC; k++) a.v[k] += b.v[k];
+        }
         vstore<VEC>(out + row * C + c, a);
     }
 }
@@ -86,7 +88,7 @@ void cuda_encoder_forward(float *out, const int *tokens, const float *wte, const
     with_act([&](auto a) {
         typedef ACT_T(a) A;
         A *o = (A *)out;
-        if (C % 4 == 0 && aligned16(wte, wpe) && vec4_ok<A>(o))
+        if (C % 4 == 0 && aligned16(wte, wpe ? wpe : wte) && vec4_ok<A>(o))
             encoder_forward_kernel<4, A><<<cuda_grid(n / 4, 256), 256, 0, g_cuda.stream>>>(o, tokens, wte, wpe, T, C, n / 4);
         else
             encoder_forward_kernel<1, A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(o, tokens, wte, wpe, T, C, n);
@@ -124,8 +126,10 @@ void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const in
         typedef ACT_T(a) A;
         encoder_backward_wte_kernel<A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dwte, (const A *)dout, tokens, C, n);
         LAUNCH_CHECK();
-        encoder_backward_wpe_kernel<A><<<cuda_grid((size_t)T * C, 256), 256, 0, g_cuda.stream>>>(dwpe, (const A *)dout, B, T, C);
-        LAUNCH_CHECK();
+        if (dwpe) {
+            encoder_backward_wpe_kernel<A><<<cuda_grid((size_t)T * C, 256), 256, 0, g_cuda.stream>>>(dwpe, (const A *)dout, B, T, C);
+            LAUNCH_CHECK();
+        }
     });
 }
 
