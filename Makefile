@@ -6,6 +6,7 @@
 #            NO_CUDA=1                    (skip the CUDA backend even if nvcc exists)
 #            ARCH=-march=native           (CPU target flags)
 #            NO_MPI=1                     (skip the MPI transport even if mpicc exists)
+#            NO_BLAS=1                    (no OpenBLAS: LOOM_GEMM=blas is refused; the GPU bundle)
 
 CC      ?= gcc
 ARCH    ?= -march=native
@@ -13,8 +14,11 @@ OPT     ?= -O3
 # Paths are built with snprintf into PATH_MAX buffers; gcc cannot prove they fit.
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-format-truncation
 CFLAGS  := -std=gnu11 $(OPT) $(ARCH) -g -fopenmp $(WARN) -Isrc $(EXTRA_CFLAGS)
-LDLIBS  := -lopenblas -lcjson -lm -lpthread -ldl -lmicrohttpd
+LDLIBS  := $(if $(NO_BLAS),,-lopenblas) -lcjson -lm -lpthread -ldl -lmicrohttpd
 BUILD   := build
+ifneq ($(NO_BLAS),)
+  CFLAGS  += -DLOOM_NO_BLAS
+endif
 
 ifneq ($(SANITIZE),)
   BUILD   := build-san
