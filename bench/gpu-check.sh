@@ -189,7 +189,9 @@ verdict() {
 count() { grep -c "^$1 " "$2" 2>/dev/null || true; }
 # why LOG: the line of a log that says what went wrong (else its last line)
 why() {
-    { grep -iE 'error|panic|fatal|fail|unavailable|cannot|no usable|not found' "$1" | grep -v '^\$ ' | tail -n 1; tail -n 1 "$1"; } 2>/dev/null |
+    # (not the telemetry notes: NVML and RAPL are absent on many machines, as expected)
+    { grep -iE 'error|panic|fatal|fail|unavailable|cannot|no usable|not found|no GPU' "$1" | grep -v '^\$ ' |
+        grep -viE 'RAPL|telemetry' | tail -n 1; tail -n 1 "$1"; } 2>/dev/null |
         head -n 1 | sed 's/^ *//' | cut -c1-200
 }
 

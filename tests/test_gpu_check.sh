@@ -121,12 +121,15 @@ fi
 # three files in $OUT
 if ! nvidia-smi >/dev/null 2>&1; then
     mkdir -p "$tmp/outdir"
-    OUT="$tmp/outdir" GPU_CHECK_BATCHES=8 timeout 200 bench/gpu-check.sh --bundle "$b" --budget 60 >"$tmp/run.log" 2>&1
+    OUT="$tmp/outdir" timeout 200 bench/gpu-check.sh --bundle "$b" --budget 90 --only devices,test_cuda_ops >"$tmp/run.log" 2>&1
     rc=$?
     if [ "$rc" != 1 ]; then
         fail gpu_check_fails_without_gpu "exit $rc, want 1: $(tail -n 5 "$tmp/run.log")"
     elif ! grep -qE '^devices +(FAIL|TIMEOUT)' "$tmp/run.log" || ! grep -qE '^test_cuda_ops +(FAIL|TIMEOUT|NOT RUN)' "$tmp/run.log"; then
         fail gpu_check_fails_without_gpu "devices or test_cuda_ops not failed in the table: $(grep -A30 '^row ' "$tmp/run.log" | head -n 12)"
+    elif ! grep -qE '^test_cuda_ops +FAIL +0 passed, [0-9]+ failed.*: cuda_encoder/fp32' "$tmp/run.log" ||
+        ! grep -q '^test_cuda_ops: FAIL cuda_encoder/fp32: LOOM_REQUIRE_GPU=1' "$tmp/outdir/gpu-check-failures.txt"; then
+        fail gpu_check_fails_without_gpu "the failing cases are not named in the table or the failures file: $(grep -m1 '^test_cuda_ops ' "$tmp/run.log"; head -n 2 "$tmp/outdir/gpu-check-failures.txt")"
     elif grep -qE '^rebuild ' "$tmp/run.log"; then
         fail gpu_check_fails_without_gpu "it rebuilt although the carried binaries start: $(grep -m1 '^binaries ' "$tmp/run.log")"
     elif [ "$(ls "$tmp/outdir" | sort | tr '\n' ' ')" != "gpu-check-failures.txt gpu-check-logs.tar.gz gpu-check.log gpu-check.txt " ]; then
