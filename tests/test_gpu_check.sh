@@ -43,7 +43,7 @@ legacy=$(grep -nE '\bcuda(Memcpy|Memset|Memcpy2D|MemcpyToSymbol)\(' src/backend/
 [ -z "$legacy" ] && pass cuda_copies_on_the_backend_stream || fail cuda_copies_on_the_backend_stream "$legacy"
 
 if [ ! -x build/loom ] || [ ! -f build/libloom_cuda.so ]; then
-    for t in cuda_plugin_loads cuda_plugin_needs_no_nccl gpu_bundle_from_build gpu_check_dry_run_whole gpu_check_dry_run_files gpu_check_dry_run_only gpu_check_only_brings_needs \
+    for t in cuda_plugin_loads cuda_plugin_has_every_kernel cuda_plugin_needs_no_nccl gpu_bundle_from_build gpu_check_dry_run_whole gpu_check_dry_run_files gpu_check_dry_run_only gpu_check_only_brings_needs \
         gpu_check_fails_without_gpu gpu_check_dry_run_missing_library gpu_check_dry_run_checksum; do
         echo "SKIP $t: build/loom or build/libloom_cuda.so not built (needs nvcc; run make all)"
     done
@@ -56,6 +56,14 @@ if build/loom devices 2>&1 | grep -q 'plugin could not be loaded'; then
 else
     pass cuda_plugin_loads
 fi
+
+# Every CUDA kernel the generated table names is in the plugin: a shared
+# library links with undefined symbols, so a required ops.h row without its
+# cuda_<name> kernel (or with a kernel whose signature differs: another C++
+# overload) would only show when dlopen refuses the plugin on a GPU machine
+nokernel=$(nm -D --undefined-only build/libloom_cuda.so | awk '$1 == "U" && $2 ~ /^cuda_|^_Z[0-9]+cuda_/ { print $2 }' | tr '\n' ' ')
+[ -z "$nokernel" ] && pass cuda_plugin_has_every_kernel ||
+    fail cuda_plugin_has_every_kernel "undefined in build/libloom_cuda.so (a row of src/backend/ops.h without its CUDA kernel, or one whose signature differs from the row): $nokernel"
 
 # NCCL is opened with dlopen by the multi-GPU transport: one GPU needs no libnccl
 if readelf -d build/libloom_cuda.so | grep -q 'NEEDED.*libnccl'; then
