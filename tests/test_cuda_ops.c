@@ -998,6 +998,23 @@ static void test_sparse24_matmul(void) {
     }
 }
 
+/* Opening cuda:0 at another dtype hands out another table and leaves the
+ * one already held as it was (the table was one static, rewritten on every
+ * open); opening at the first dtype again gives the first table back. */
+static void test_tables_stay(void) {
+    if (!gpu_ready()) return;
+    loom_backend_t before = *gpu;
+    const loom_backend_t *other = NULL, *again = NULL;
+    loom_dtype od = dtype == LOOM_FP32 ? LOOM_FP16 : LOOM_FP32;
+    CHECK(loom_backend_open(&other, "cuda:0", 1, od) == LOOM_OK, "opening cuda:0 at %s: %s", loom_dtype_name(od),
+          loom_errmsg());
+    CHECK(other != gpu, "cuda:0 at %s and at %s share one table", loom_dtype_name(dtype), loom_dtype_name(od));
+    CHECK(memcmp(&before, gpu, sizeof before) == 0, "opening cuda:0 at %s rewrote the %s table", loom_dtype_name(od),
+          loom_dtype_name(dtype));
+    CHECK(loom_backend_open(&again, "cuda:0", 1, dtype) == LOOM_OK && again == gpu,
+          "opening cuda:0 at %s again did not give its table back", loom_dtype_name(dtype));
+}
+
 static const gpu_case gpu_cases[] = {
     {"encoder", test_encoder, "encoder_forward encoder_backward"},
     {"layernorm", test_layernorm, "layernorm_forward layernorm_backward"},
@@ -1022,6 +1039,7 @@ static const gpu_case gpu_cases[] = {
     {"int8_matmul", test_int8_matmul, "matmul_forward_w8 matmul_forward_w8a8"},
     {"int8_kv", test_int8_kv, "kv_write paged_attention kv_copy_block"},
     {"sparse24_matmul", test_sparse24_matmul, "matmul_forward_s24"},
+    {"tables_stay", test_tables_stay, ""},
 };
 
 /* 1 when `name` is a whole word of the space-separated `list`. */
