@@ -2,7 +2,7 @@
 HTTP): tests/test_serve.sh and tests/test_serve_san.sh run it.
 
 usage: serve_client.py LOOM RUN PART...   PART: openai concurrency load
-       quantmem overload disconnect badinput sigterm. Prints PASS/FAIL lines."""
+       quantmem overload disconnect badinput sigterm chattemplate. Prints PASS/FAIL lines."""
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
 
 LOOM, RUN = sys.argv[1], sys.argv[2]
@@ -632,6 +632,54 @@ def part_sigterm():
                "exit %s, stream %s" % (rc, r and r[1:]))
     finally:
         srv.stop()
+
+
+# --- the model's own chat template (Jinja) ---------------------------------------
+CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
+          "You are helpful.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+ALTERNATE = ("{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+             "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+             "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% endfor %}")
+
+
+def part_chattemplate():
+    """--chat-template with a Jinja template: the chat endpoint's prompt is the
+    template rendered as jinja2 renders it (tests/chat_template_oracle.py's
+    setup); a template error is a 400 naming it; a construct loom does not
+    implement stops the server at start, named."""
+    import tempfile
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import chat_template_oracle
+    d = tempfile.mkdtemp(prefix="loom-chat-")
+    paths = {}
+    for name, text in (("chatml", CHATML), ("alternate", ALTERNATE), ("macro", "{% macro f() %}x{% endmacro %}")):
+        paths[name] = os.path.join(d, name + ".jinja")
+        with open(paths[name], "w") as f:
+            f.write(text)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the dog"}]
+    job = {"template": CHATML, "messages": msgs, "add_generation_prompt": True}
+    import jinja2.sandbox, jinja2.ext
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    rendered = chat_template_oracle.render(env, job)["text"]
+    srv = Server("--chat-template", paths["chatml"])
+    try:
+        st, _, j = post(srv, {"messages": msgs, "max_tokens": 10, "temperature": 0}, path="/v1/chat/completions")
+        want = greedy(srv, rendered, n=10)
+        report("serve_chat_jinja_template", st == 200 and j["choices"][0]["message"]["content"] == want,
+               "%s %r vs %r" % (st, j, want))
+    finally:
+        srv.stop()
+    srv = Server("--chat-template", paths["alternate"])
+    try:
+        st, _, j = post(srv, {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "max_tokens": 4},
+                        path="/v1/chat/completions")
+        report("serve_chat_template_raises_400", st == 400 and "must alternate" in j["error"]["message"], (st, j))
+    finally:
+        srv.stop()
+    p = subprocess.run([LOOM, "serve", "--port", "0", "--run", RUN, "--chat-template", paths["macro"]],
+                       capture_output=True, text=True, timeout=120 * SLOW)
+    report("serve_chat_template_refused", p.returncode != 0 and "macro" in p.stderr, (p.returncode, p.stderr[-400:]))
 
 
 for part in PARTS:

@@ -310,6 +310,40 @@ static void malformed_never_crash(void) {
         }
         free(buf);
     }
+    /* random text from the template alphabet, and nesting past any stack */
+    for (int r = 0; r < 400; r++) {
+        char junk[256];
+        seed = seed * 1103515245u + 12345u;
+        int len = (int)((seed >> 8) % 255);
+        for (int k = 0; k < len; k++) {
+            seed = seed * 1103515245u + 12345u;
+            junk[k] = noise[(seed >> 16) % (sizeof noise - 1)];
+        }
+        junk[len] = 0;
+        loom_chat_template_t *tp = NULL;
+        char *out = NULL;
+        loom_chat_vars_t v = {.messages = msgs, .add_generation_prompt = 1};
+        if (loom_chat_template_parse(&tp, "junk", junk) == LOOM_OK) loom_chat_template_render(tp, &v, &out);
+        free(out);
+        loom_chat_template_free(tp);
+    }
+    const char *deep[][5] = {{"{{ ", "(", "1", ")", " }}"}, {"{{ ", "[", "1", "]", " }}"}, {"{{ ", "not ", "1", "", " }}"},
+                             {"{{ ", "- ", "1", "", " }}"}, {"", "{% if 1 %}", "x", "{% endif %}", ""},
+                             {"", "{% for x in [1] %}", "x", "{% endfor %}", ""}};
+    for (int k = 0; k < 6; k++) { /* 100000 levels, opened and closed */
+        size_t n = 100000 * (strlen(deep[k][1]) + strlen(deep[k][3])) + 64, o = 0;
+        char *b = loom_malloc(n);
+        o += (size_t)sprintf(b + o, "%s", deep[k][0]);
+        for (int i = 0; i < 100000; i++) o += (size_t)sprintf(b + o, "%s", deep[k][1]);
+        o += (size_t)sprintf(b + o, "%s", deep[k][2]);
+        for (int i = 0; i < 100000; i++) o += (size_t)sprintf(b + o, "%s", deep[k][3]);
+        sprintf(b + o, "%s", deep[k][4]);
+        loom_chat_template_t *tp = NULL;
+        CHECK(loom_chat_template_parse(&tp, "deep", b) != LOOM_OK && strstr(loom_errmsg(), "nest"), "100000 levels of \"%s\": %s",
+              deep[k][1], tp ? "parsed" : loom_errmsg());
+        loom_chat_template_free(tp);
+        free(b);
+    }
     printf("  %d mutated templates: %d parsed, %d rendered, the rest refused with an error\n", runs, parsed, rendered);
     CHECK(parsed > 0 && parsed < runs, "the mutations should both break and keep some templates (%d of %d parsed)", parsed, runs);
     if (have_oracle && !getenv("LOOM_SANITIZED")) compare_jobs(jobs);

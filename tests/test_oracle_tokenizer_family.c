@@ -9,13 +9,15 @@
  * adds; decoding their ids must give `tokenizers`' text; the file loom
  * writes must give `tokenizers` the same ids again; and the
  * pre-tokenization must split every sampled code point as Llama 3's regex
- * does in `tokenizers`. */
+ * does in `tokenizers`, and NFC (Qwen2) must normalize every code point in
+ * context as `tokenizers` does. */
 #define _GNU_SOURCE
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "check.h"
+#include "data/bpe_nfc.h"
 #include "data/bpe_pretok.h"
 #include "data/tokenizer.h"
 
@@ -94,6 +96,13 @@ static void pieces_match(const loom_tokenizer_t *t, const char *text, size_t len
     loom_encoder_free(e);
 }
 
+static const char *GGUF_MODEL(const char *kind) { return !strncmp(kind, "spm", 3) ? "llama" : "gpt2"; }
+static const char *GGUF_PRE(const char *kind) {
+    return !strcmp(kind, "llama3") ? "llama-bpe" : !strcmp(kind, "qwen2") ? "qwen2" : !strcmp(kind, "smollm") ? "smollm" : NULL;
+}
+static void check_from_vocab(const loom_tokenizer_t *t, const char *model, const char *pre, int scores,
+                             const char *text, size_t len, const uint32_t *want, size_t nwant);
+
 static void check_kind(const char *kind, int cut_safe) {
     if (!have_oracle) {
         check_skip("Hugging Face tokenizers not importable by %s (scripts/deps.sh installs it)", python);
@@ -130,6 +139,8 @@ static void check_kind(const char *kind, int cut_safe) {
     CHECK(theirs[0] && loom_tokenizer_decode(t, theirs[0], m[0], &back, &dl) == LOOM_OK && want && dl == wl && !memcmp(back, want, wl),
           "decode differs from tokenizers' (%zu vs %zu bytes)", dl, wl);
     if (cut_safe) pieces_match(t, text, len, mine[0], n[0]);
+    if ((GGUF_PRE(kind) || !strcmp(kind, "spm-legacy") || !strcmp(kind, "spm-scores")) && theirs[0])
+        check_from_vocab(t, GGUF_MODEL(kind), GGUF_PRE(kind), !strcmp(kind, "spm-scores"), text, len, theirs[0], m[0]);
     /* the tokenizer.json loom writes gives tokenizers the same ids */
     char saved[700], ids[700];
     snprintf(saved, sizeof saved, "%s/saved.json", dir);
@@ -146,12 +157,59 @@ static void check_kind(const char *kind, int cut_safe) {
     loom_tokenizer_free(t);
 }
 
+/* The same vocabulary handed over as GGUF holds it (names, token types,
+ * merges or scores): loom_tokenizer_from_vocab must give the same ids. */
+static void check_from_vocab(const loom_tokenizer_t *t, const char *model, const char *pre, int scores,
+                             const char *text, size_t len, const uint32_t *want, size_t nwant) {
+    int V = loom_tokenizer_vocab_size(t), nm = scores ? 0 : loom_tokenizer_merges(t);
+    char **names = loom_calloc((size_t)V, sizeof *names), **merges = loom_calloc((size_t)nm + 1, sizeof *merges);
+    int32_t *types = loom_calloc((size_t)V, sizeof *types);
+    float *sc = loom_calloc((size_t)V, sizeof *sc);
+    for (int i = 0; i < V; i++) {
+        names[i] = loom_tokenizer_token_name(t, (uint32_t)i);
+        size_t n;
+        loom_tokenizer_token(t, (uint32_t)i, &n);
+        int byte = !strncmp(names[i], "<0x", 3) && strlen(names[i]) == 6 && !strcmp(model, "llama");
+        types[i] = loom_tokenizer_is_control(t, (uint32_t)i) ? 3 : byte ? 6 : 1;
+        sc[i] = -(float)i;
+    }
+    for (int k = 0; k < loom_tokenizer_nspecial(t); k++) { /* added tokens that are text: user defined */
+        uint32_t id;
+        loom_tokenizer_special(t, k, &id);
+        if (!loom_tokenizer_is_control(t, id)) types[id] = 4;
+    }
+    for (int i = 0; i < nm; i++) {
+        uint32_t a, b;
+        loom_tokenizer_merge(t, (size_t)i, &a, &b);
+        merges[i] = loom_malloc(strlen(names[a]) + strlen(names[b]) + 2);
+        sprintf(merges[i], "%s %s", names[a], names[b]);
+    }
+    loom_tokenizer_vocab_t v = {.model = model, .pre = pre, .n = V, .tokens = (const char *const *)names, .types = types,
+                                .merges = (const char *const *)merges, .nmerges = (size_t)nm, .scores = scores ? sc : NULL,
+                                .bos = loom_tokenizer_bos(t), .eos = loom_tokenizer_eos(t), .unk = scores ? 0 : -1,
+                                .add_space_prefix = 1, .origin = "vocab"};
+    loom_tokenizer_t *g = NULL;
+    CHECK(loom_tokenizer_from_vocab(&g, &v) == LOOM_OK, "from_vocab: %s", loom_errmsg());
+    if (g) {
+        uint32_t *ids;
+        size_t n;
+        loom_tokenizer_encode(g, text, len, &ids, &n);
+        same_ids(scores ? "from GGUF-style vocab and scores" : "from GGUF-style vocab and merges", ids, n, want, nwant, text, t);
+        free(ids);
+    }
+    loom_tokenizer_free(g);
+    for (int i = 0; i < V; i++) free(names[i]);
+    for (int i = 0; i < nm; i++) free(merges[i]);
+    free(names), free(merges), free(types), free(sc);
+}
+
 static void llama3(void) { check_kind("llama3", 1); }
 static void qwen2(void) { check_kind("qwen2", 1); }
 static void smollm(void) { check_kind("smollm", 1); }
 static void spm_legacy(void) { check_kind("spm-legacy", 1); }
 static void spm_first(void) { check_kind("spm-first", 0); }
 static void spm_split(void) { check_kind("spm-split", 1); }
+static void spm_scores(void) { check_kind("spm-scores", 1); }
 
 /* Every code point below U+3000 and every 31st above, in contexts, split as
  * the Split pre-tokenizer with Llama 3's regex splits it. */
@@ -181,6 +239,26 @@ static void pretokenize_code_points(void) {
     }
 }
 
+/* NFC (Qwen2's normalizer) of the code points where it does something
+ * (marks, decomposable ones, Hangul) and every 29th other, in three
+ * contexts, and of Hangul jamo runs, as tokenizers'. */
+static void nfc_code_points(void) {
+    if (!have_oracle) return check_skip("Hugging Face tokenizers not importable by %s", python);
+    const char *tp = check_tmp_path("nfc_in.txt"), *op = check_tmp_path("nfc_out.txt");
+    char *in = NULL, *want = NULL;
+    size_t n = 0, wn = 0, cap = 0;
+    if (!oracle("nfc %s %s", tp, op) || loom_file_read(tp, &in, &n) != LOOM_OK || loom_file_read(op, &want, &wn) != LOOM_OK) {
+        free(in);
+        return check_fail_why("the oracle gave no NFC text");
+    }
+    unsigned char *got = NULL;
+    size_t gn = loom_nfc((const unsigned char *)in, n, &got, &cap), i = 0;
+    while (i < gn && i < wn && got[i] == (unsigned char)want[i]) i++;
+    size_t from = i > 12 ? i - 12 : 0;
+    CHECK(gn == wn && i == wn, "%zu bytes vs %zu; first difference at byte %zu, after \"%.*s\"", gn, wn, i, (int)(i - from), want + from);
+    free(in), free(want), free(got);
+}
+
 int main(void) {
     check_tmpdir("oracle-tokfam");
     loom_log_quiet(1);
@@ -197,6 +275,8 @@ int main(void) {
     RUN(spm_legacy);
     RUN(spm_first);
     RUN(spm_split);
+    RUN(spm_scores);
     RUN(pretokenize_code_points);
+    RUN(nfc_code_points);
     return check_main_end();
 }

@@ -333,7 +333,7 @@ static void bad_tokenizer_json(void) {
         {"{\"normalizer\": {\"type\": \"NFKC\"}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "normalizer NFKC"},
         {"{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "pre_tokenizer Whitespace"},
         /* each component loom does not implement is refused by name */
-        {"{\"normalizer\": {\"type\": \"NFC\"}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "normalizer NFC"},
+        {"{\"normalizer\": {\"type\": \"NFKD\"}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "normalizer NFKD"},
         {"{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\w+\"}, "
          "\"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", \"use_regex\": false}]}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "Split with pattern \\w+"},
         {"{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"WordPiece\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "decoder WordPiece"},

@@ -9,14 +9,17 @@ usage:
   tokenizer_family_oracle.py text OUT.txt SEED          unseen multilingual text
   tokenizer_family_oracle.py build KIND TRAIN.txt OUTDIR tokenizer.json + tokenizer_config.json
       KIND: llama3 (Split with Llama 3's regex + ByteLevel, ignore_merges, BOS template)
-            qwen2 (Qwen2's regex), smollm (Digits + ByteLevel),
+            qwen2 (Qwen2's regex and NFC normalizer), smollm (Digits + ByteLevel),
             spm-legacy (Llama 2: Prepend/Replace normalizer, byte_fallback, Strip decoder),
             spm-first (Metaspace prepend_scheme first, split false, a token with an inner space),
-            spm-split (Metaspace always + split, no byte_fallback: unknown characters, Metaspace decoder)
+            spm-split (Metaspace always + split, no byte_fallback: unknown characters, Metaspace decoder),
+            spm-scores (spm-legacy with the merges a GGUF vocabulary's scores give)
   tokenizer_family_oracle.py encode TOKENIZER.json TEXT IDS.bin SPECIAL   SPECIAL 1: add BOS/EOS as encode() does
   tokenizer_family_oracle.py decode TOKENIZER.json IDS.bin OUT.txt        decode, special tokens kept
   tokenizer_family_oracle.py pretok KIND STEP TEXT LENS.bin   code points (every STEP-th above U+3000) in
       contexts, and the byte length of each piece Llama 3's (KIND llama3) or Qwen2's (qwen2) Split makes
+  tokenizer_family_oracle.py nfc TEXT OUT   code points (marks, decomposable ones, Latin, Hangul, every 29th
+      other) before U+0301 and U+0307 U+0323 and in NFD form, and jamo runs (TEXT); tokenizers' NFC of it (OUT)
 IDS.bin and LENS.bin are little-endian uint32 arrays.
 """
 import array
@@ -42,6 +45,7 @@ SAMPLES = [
     "spaces   three  two \t\t tabs\n\n\nthree newlines   \n  trailing   ",
     "ſ 'ſ x'Ss ((abc)) ..\n.\r\n ὈΔΥΣΣΕΎΣ Ǆǅǆ ﬁ ﬀ ẞß",
     "\u00a0nbsp \u3000ideographic \u2028line sep \u200bzero width",
+    "decomposed: e\u0301 A\u030a o\u0308\u0304 \u1100\u1161\u11a8 \u1100\u1161 a\u0328\u0301 \u0041\u0301\u0328 \u2126 \u212b \uf900 \u0958 q\u0307\u0323",
     "Ünïcödé àçcèñtš ÀÉÎÕÜ αβγδε ΑΒΓΔ",
 ]
 SPECIALS = {
@@ -104,10 +108,26 @@ def byte_level(d, kind):
              "pair": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
                       {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
              "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [bos], "tokens": ["<|begin_of_text|>"]}}}]}
+    if kind == "qwen2":
+        d["normalizer"] = {"type": "NFC"}  # as Qwen2's file has it
     n = len(vocab)
     d["added_tokens"].append(added(n, "<custom>", special=False))
     d["added_tokens"].append(added(n + 1, "my added phrase", special=False, normalized=True))
     return {"llama3": ("<|begin_of_text|>", "<|eot_id|>"), "qwen2": (None, "<|im_end|>"), "smollm": ("<|im_start|>", "<|im_end|>")}[kind]
+
+
+def extractor_merges(vocab):
+    """Every way to cut a token into two tokens, the token's score (-id) first,
+    then (id of left, id of right): what a GGUF "llama" vocabulary's scores
+    give (loom_tokenizer_from_vocab) and transformers' converter writes."""
+    special = {"<unk>", "<s>", "</s>"} | {"<0x%02X>" % b for b in range(256)}
+    regular = {t: i for t, i in vocab.items() if t not in special}
+    merges = []
+    for tok, i in sorted(regular.items(), key=lambda x: x[1]):
+        local = [(tok[:k], tok[k:], -i) for k in range(1, len(tok)) if tok[:k] in regular and tok[k:] in regular]
+        merges += sorted(local, key=lambda x: (regular[x[0]], regular[x[1]]))
+    merges.sort(key=lambda x: x[2], reverse=True)
+    return [a + " " + b for a, b, _ in merges]
 
 
 def sentencepiece(d, kind):
@@ -127,7 +147,9 @@ def sentencepiece(d, kind):
     d["added_tokens"] = [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>"), added(len(vocab), "<custom>", special=False)]
     strip = {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "}, {"type": "ByteFallback"},
                                               {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
-    if kind == "spm-legacy":
+    if kind == "spm-scores":  # merges made from scores (-id) as transformers' SentencePieceExtractor makes them
+        m["merges"] = extractor_merges(vocab)
+    if kind in ("spm-legacy", "spm-scores"):
         d["normalizer"] = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPACE},
                                                                {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]}
         d["pre_tokenizer"] = None
@@ -189,8 +211,29 @@ def pretok(kind, step, text_path, lens_path):
     tokenizer_oracle.write_u32(lens_path, [len(t[a:b].encode()) for _, (a, b) in split.pre_tokenize_str(t)])
 
 
+def nfc(text_path, out_path):
+    from tokenizers import normalizers
+    import unicodedata
+    parts = []
+    for c in range(0x110000):
+        ch = chr(c)
+        if 0xD800 <= c <= 0xDFFF or (c % 29 and not unicodedata.combining(ch) and not unicodedata.decomposition(ch)
+                                     and not 0xAC00 <= c <= 0xD7A3 and c > 0x24F):
+            continue  # every 29th of the code points where nothing happens
+        parts.append(ch + "\u0301 " + ch + "\u0307\u0323|" + normalizers.NFD().normalize_str(ch) + "\u0300 ")
+    r = random.Random(5)
+    for _ in range(3000):  # jamo runs: L V T in and out of order
+        parts.append("".join(chr(r.choice([0x1100 + r.randrange(19), 0x1161 + r.randrange(21), 0x11A7 + r.randrange(28)]))
+                             for _ in range(r.randint(1, 5))) + " ")
+    t = "".join(parts)
+    with open(text_path, "w", encoding="utf-8", newline="") as f:
+        f.write(t)
+    with open(out_path, "w", encoding="utf-8", newline="") as f:
+        f.write(normalizers.NFC().normalize_str(t))
+
+
 if __name__ == "__main__":
-    cmds = {"text": text, "build": build, "encode": encode, "decode": decode, "pretok": pretok}
+    cmds = {"text": text, "build": build, "encode": encode, "decode": decode, "pretok": pretok, "nfc": nfc}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         sys.exit(__doc__)
     cmds[sys.argv[1]](*sys.argv[2:])

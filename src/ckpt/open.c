@@ -142,14 +142,32 @@ static loom_status to_device(loom_gpt_t **m, const char *device) {
     return LOOM_OK;
 }
 
+/* describe + load_cpu. A live run prunes old checkpoints while a reader
+ * opens the newest: when the checkpoint read from vanished meanwhile (a
+ * newer one replaced it), read the run's newest again. */
+static loom_status describe_and_load(const char *path, const loom_open_opts_t *o, loom_opened_t *out) {
+    loom_status s = LOOM_OK;
+    for (int attempt = 0; attempt < 8; attempt++) {
+        if (attempt) {
+            loom_open_close(out);
+            *out = (loom_opened_t){.kv_dtype = o->kv_dtype};
+        }
+        s = describe(path, o, out);
+        if (s == LOOM_OK && !o->config_only) s = load_cpu(o, out);
+        if (s == LOOM_OK || out->kind != LOOM_SOURCE_RUN || o->step >= 0 || !out->weights_path[0] ||
+            loom_path_is_dir(out->weights_path))
+            return s;
+    }
+    return s;
+}
+
 loom_status loom_open(const char *path, const loom_open_opts_t *o, loom_opened_t *out) {
     *out = (loom_opened_t){0};
     out->kv_dtype = o->kv_dtype;
     loom_status s = LOOM_OK;
     if (o->kv_dtype != LOOM_FP32 && o->kv_dtype != LOOM_INT8)
         s = loom_error(LOOM_EINVAL, "KV cache type %s: use fp32 or int8", loom_dtype_name(o->kv_dtype));
-    if (s == LOOM_OK) s = describe(path, o, out);
-    if (s == LOOM_OK && !o->config_only) s = load_cpu(o, out);
+    if (s == LOOM_OK) s = describe_and_load(path, o, out);
     if (s == LOOM_OK && !o->config_only) s = to_device(&out->model, o->device);
     if (s == LOOM_OK && !o->config_only) s = loom_infer_weights_create(&out->weights, out->model, &o->weights);
     if (s != LOOM_OK) loom_open_close(out);

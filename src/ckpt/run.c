@@ -4,6 +4,8 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -36,6 +38,7 @@ static int count_entries(const char *dir) {
 /* An entry that holds nothing of value: NAME.tmp of a run file, or an
  * empty checkpoints/ (made just before config.json is written). */
 static int is_leftover(const char *dir, const char *name) {
+    if (!strcmp(name, LOOM_RUN_LOCK)) return 1; /* the writer's lock (loom_run_lock) */
     for (size_t i = 0; i < N_RUN_FILES; i++) {
         size_t n = strlen(run_files[i]);
         if (!strncmp(name, run_files[i], n) && !strcmp(name + n, ".tmp")) return 1;
@@ -70,6 +73,37 @@ static loom_status remove_run_files(const char *dir) {
             loom_ckpt_test_point("run_prepare");
         }
     }
+    return LOOM_OK;
+}
+
+/* The holder's PID as the lock file says it, or 0. */
+static long lock_holder(int fd) {
+    char buf[32] = {0};
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    return n > 0 ? strtol(buf, NULL, 10) : 0;
+}
+
+loom_status loom_run_lock(const char *dir, int *fd_out) {
+    *fd_out = -1;
+    if (loom_path_exists(dir) && !loom_path_is_dir(dir))
+        return loom_error(LOOM_EINVAL, "--out %s: exists and is not a folder; choose another --out", dir);
+    LOOM_TRY(loom_mkdir_p(dir));
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, LOOM_RUN_LOCK);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return loom_error(LOOM_EIO, "%s: cannot create the run's lock file: %s", p, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        long pid = lock_holder(fd);
+        close(fd);
+        if (errno != EWOULDBLOCK) return loom_error(LOOM_EIO, "%s: cannot lock: %s", p, strerror(errno));
+        return loom_error(LOOM_EINVAL,
+                          "--out %s: another loom train (PID %ld) is writing this run folder; wait for it to end or stop it "
+                          "(kill -TERM %ld keeps its newest checkpoint), then start again", dir, pid, pid);
+    }
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, buf, (size_t)n, 0) != n) loom_warn("%s: cannot record this PID in the lock file", p);
+    *fd_out = fd;
     return LOOM_OK;
 }
 
@@ -125,6 +159,7 @@ typedef struct {
 #define RC_FIELD(key, type, member) {key, type, offsetof(loom_run_config_t, member), sizeof(((loom_run_config_t *)0)->member)}
 static const field_t run_fields[] = {
     RC_FIELD("format", F_STR, format), RC_FIELD("data", F_STR, data),
+    RC_FIELD("data_resolved", F_STR, data_resolved), RC_FIELD("init_from_run", F_STR, init_from_run),
     RC_FIELD("data_description", F_STR, data_description), RC_FIELD("val_fraction", F_DBL, val_fraction),
     RC_FIELD("model", F_STR, model), RC_FIELD("model_config", F_MODEL, model_cfg),
     RC_FIELD("device", F_STR, device), RC_FIELD("dtype", F_STR, dtype), RC_FIELD("dtype_source", F_STR, dtype_source),

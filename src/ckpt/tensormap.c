@@ -242,11 +242,9 @@ struct loom_stview {
 
 loom_status loom_stview_open(loom_stview_t **out, const char *path) {
     *out = NULL;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return loom_error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    fstat(fd, &sb);
-    size_t size = (size_t)sb.st_size;
+    int fd;
+    size_t size;
+    LOOM_TRY(loom_file_open_fd(path, &fd, &size));
     void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
     close(fd);
     if (map == MAP_FAILED) return loom_error(LOOM_EFORMAT, "%s: empty or unreadable file; not a safetensors file", path);

@@ -27,7 +27,8 @@ static loom_status run_data(const char *run, loom_source_kind kind, loom_run_con
     if (kind != LOOM_SOURCE_RUN) return loom_error(LOOM_EINVAL, "%s is a %s, which names no data; pass --data", run, loom_source_name(kind));
     LOOM_TRY(loom_run_config_read(run, rc));
     if (!rc->data[0]) return loom_error(LOOM_EINVAL, "%s/config.json names no data; pass --data", run);
-    *data = rc->data;
+    /* as given when it still names the data from here, else as resolved at the start (eval run from another folder) */
+    *data = loom_path_exists(rc->data) || !rc->data_resolved[0] ? rc->data : rc->data_resolved;
     if (!loom_args_given("val-fraction")) *val_fraction = rc->val_fraction;
     return LOOM_OK;
 }

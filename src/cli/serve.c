@@ -44,15 +44,28 @@ typedef struct {
     double timeout, grace;
 } serve_flags_t;
 
-/* The chat template of a run: RUN/chat_template.txt, else --chat-template, else NULL. */
-static char *chat_template_of(const char *dir, const char *flag) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/chat_template.txt", dir);
-    char *data = NULL;
+/* The chat template of a run: --chat-template FILE, else RUN/chat_template.txt,
+ * else the chat_template of RUN/tokenizer_config.json (a Hugging Face
+ * folder), else NULL (the fixed "{role}: {content}" form). A
+ * tokenizer_config.json also sets the tokenizer's BOS/EOS. */
+static loom_status chat_template_of(const char *dir, const char *flag, loom_tokenizer_t *tok, char **out) {
+    char path[4096], *data = NULL, *cfg_tmpl = NULL;
     size_t n = 0;
-    if (access(path, R_OK) == 0 && loom_file_read(path, &data, &n) == LOOM_OK) return data;
-    if (flag && loom_file_read(flag, &data, &n) == LOOM_OK) return data;
-    return NULL;
+    *out = NULL;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (tok && access(path, R_OK) == 0) LOOM_TRY(loom_tokenizer_apply_config(tok, path, &cfg_tmpl));
+    if (flag) {
+        free(cfg_tmpl);
+        return loom_file_read(flag, out, &n);
+    }
+    snprintf(path, sizeof path, "%s/chat_template.txt", dir);
+    if (access(path, R_OK) == 0 && loom_file_read(path, &data, &n) == LOOM_OK) {
+        free(cfg_tmpl);
+        *out = data;
+        return LOOM_OK;
+    }
+    *out = cfg_tmpl;
+    return LOOM_OK;
 }
 
 static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_opened_t *opened) {
@@ -68,7 +81,8 @@ static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_
         /* the server runs the model only through the engine: an int8 run keeps no fp32 linear weights */
         size_t given = loom_infer_weights_release_fp32(opened[i].model, &opened[i].weights);
         loom_cli_engine_config_model(&ec, &opened[i]);
-        char *tmpl = chat_template_of(dir, f->chat_template);
+        char *tmpl = NULL;
+        LOOM_TRY(chat_template_of(dir, f->chat_template, opened[i].tok, &tmpl));
         loom_status s = loom_server_add_model(srv, name, opened[i].model, opened[i].tok, &ec, tmpl);
         free(tmpl);
         LOOM_TRY(s);
@@ -135,7 +149,7 @@ int cmd_serve(int argc, char **argv) {
         {"api-key", ARG_STR, &f.api_key, "", 0, 0, "ask clients for 'Authorization: Bearer KEY' on /v1 routes (none: open)"},
         {"request-timeout", ARG_FLOAT, &f.timeout, "600", 0, 1e9, "seconds a request may take from arrival to its last token (0 = none)"},
         {"grace", ARG_FLOAT, &f.grace, "30", 0, 1e6, "seconds in-flight requests get to finish after SIGTERM"},
-        {"chat-template", ARG_STR, &f.chat_template, "", 0, 0, "file with the chat template ({role}, {content}) for runs without chat_template.txt"},
+        {"chat-template", ARG_STR, &f.chat_template, "", 0, 0, "chat template file for every run (Jinja, as tokenizer_config.json holds it, or {role}/{content}); overrides the run's own"},
     };
     LOOM_ARGS_PARSE_OR_RETURN("serve", "loom serve --run runs/NAME [--run NAME=DIR ...] [--port 8080] [flags]",
                               args, argc, argv);

@@ -43,6 +43,7 @@ typedef struct {
     int ignore_merges;   /* a word in the vocabulary is one token */
     int sentencepiece;   /* SentencePiece-style symbols (see above) */
     int prepend;         /* LOOM_PREPEND_* (SentencePiece) */
+    int nfc;             /* normalizer NFC (Qwen2): text between added tokens is normalized first */
     int split_spaces;    /* Metaspace split: every space starts a word */
     int strip_decode;    /* decode drops up to n leading spaces; -1: all spaces of the first token (Metaspace decoder) */
     int unk, fuse_unk;   /* unknown token (-1: none) and whether a run of unknowns is one */

@@ -197,6 +197,7 @@ static cJSON *pre_tokenizer_json(const loom_tok_style_t *st) {
 }
 
 static cJSON *normalizer_json(const loom_tok_style_t *st) {
+    if (st->nfc) return typed("NFC");
     if (!st->sentencepiece || st->prepend != LOOM_PREPEND_NORMALIZER) return cJSON_CreateNull();
     cJSON *p = typed("Prepend"), *r = patterned("Replace", "String", " ");
     cJSON_AddStringToObject(p, "prepend", SP_SPACE);
@@ -446,7 +447,12 @@ static loom_status vocab_from_json(vocab_t *v, const char *path, const cJSON *vo
         LOOM_TRY(added_flags(path, x, c->valuestring, &f));
         if (id > maxid) maxid = id;
     }
-    if (maxid + 1 > 0x7fffffff) return loom_error(LOOM_EFORMAT, "%s: token id %ld is too large", path, maxid);
+    /* The table is sized by the largest id: ids far beyond the entry count
+     * (a sparse or hostile file) would allocate gigabytes for nothing. */
+    long entries = cJSON_GetArraySize(vocab) + cJSON_GetArraySize(added);
+    if (maxid + 1 > 0x7fffffff || maxid >= 2 * entries + 1024)
+        return loom_error(LOOM_EFORMAT, "%s: token id %ld is far above the file's %ld tokens; a tokenizer's ids run 0..N-1 "
+                          "(this file is damaged or not a tokenizer.json)", path, maxid, entries);
     vocab_alloc(v, (int)(maxid + 1));
     cJSON_ArrayForEach(x, added) {
         json_id(cJSON_GetObjectItemCaseSensitive(x, "id"), &id);
@@ -546,9 +552,12 @@ static loom_status read_normalizer(const char *path, const cJSON *norm, loom_tok
             st->prepend = LOOM_PREPEND_NORMALIZER;
         } else if (str_is(s, "type", "Replace") && str_is(pat, "String", " ") && str_is(s, "content", SP_SPACE)) {
             replace = 1;
+        } else if (str_is(s, "type", "NFC") && n == 1) {
+            st->nfc = 1;
+            return LOOM_OK;
         } else {
             return loom_error(LOOM_EUNAVAIL, "%s: normalizer %s is not supported; loom reads the Prepend(\"▁\") and Replace(\" \", \"▁\") "
-                              "normalizers of SentencePiece-style tokenizers (Llama 2), and none else", path, type_of(s));
+                              "normalizers of SentencePiece-style tokenizers (Llama 2) and NFC alone (Qwen2), and none else", path, type_of(s));
         }
     }
     if (n < 0 || (n > 0 && !replace))
@@ -999,6 +1008,7 @@ static loom_status gguf_style(const loom_tokenizer_vocab_t *g, const char *origi
         st->ignore_merges = 1;
     } else if (!strcmp(pre, "qwen2")) {
         st->pretok = LOOM_PRETOK_QWEN2;
+        st->nfc = 1; /* as Qwen2's tokenizer.json, which the GGUF was converted from */
     } else if (!strcmp(pre, "smollm")) {
         st->pretok = LOOM_PRETOK_DIGITS;
     } else if (strcmp(pre, "default") && strcmp(pre, "gpt2") && strcmp(pre, "gpt-2")) {

@@ -81,6 +81,29 @@ int loom_utf8_next(const unsigned char *s, size_t len, size_t i, unsigned *cp) {
     return 1;
 }
 
+size_t loom_utf8_put(unsigned char *o, unsigned cp) {
+    if (cp < 0x80) {
+        o[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (unsigned char)(0xC0 | (cp >> 6));
+        o[1] = (unsigned char)(0x80 | (cp & 63));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (unsigned char)(0xE0 | (cp >> 12));
+        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 63));
+        o[2] = (unsigned char)(0x80 | (cp & 63));
+        return 3;
+    }
+    o[0] = (unsigned char)(0xF0 | (cp >> 18));
+    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 63));
+    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 63));
+    o[3] = (unsigned char)(0x80 | (cp & 63));
+    return 4;
+}
+
 /* Class and length of the character at s[i]. */
 static inline int char_at(const unsigned char *s, size_t len, size_t i, int *cls) {
     if (s[i] < 0x80) {

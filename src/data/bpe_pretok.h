@@ -19,6 +19,9 @@ int loom_pretok_class(unsigned cp);
  * an invalid byte) and returns its length in bytes (>= 1). */
 int loom_utf8_next(const unsigned char *s, size_t len, size_t i, unsigned *cp);
 
+/* Write code point cp (<= 0x10FFFF) as UTF-8 to out; returns its length. */
+size_t loom_utf8_put(unsigned char *out, unsigned cp);
+
 /* End (exclusive) of the pre-token that starts at s[i], i < len. */
 size_t loom_pretok_next(const unsigned char *s, size_t len, size_t i);
 

@@ -545,17 +545,7 @@ static val_t slice(ctx_t *c, val_t o, val_t lo, val_t hi, int line) {
 
 /* ---- strings: Python's methods and jinja2's filters --------------------------------------- */
 
-/* Python's str.isspace() for the character at s (n bytes left); *k its length. */
-static int space_at(const char *s, size_t n, int *k) {
-    const unsigned char *u = (const unsigned char *)s;
-    *k = 1;
-    if (*u == ' ' || (*u >= '\t' && *u <= '\r') || (*u >= 0x1c && *u <= 0x1f)) return 1;
-    if (n >= 2 && u[0] == 0xC2 && (u[1] == 0x85 || u[1] == 0xA0)) return *k = 2;
-    if (n < 3 || (u[0] & 0xF0) != 0xE0) return 0;
-    unsigned cp = ((u[0] & 0x0Fu) << 12) | ((u[1] & 0x3Fu) << 6) | (u[2] & 0x3Fu);
-    *k = 3;
-    return cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
-}
+static int space_at(const char *s, size_t n, int *k) { return loom_chat_py_space((const unsigned char *)s, n, k); }
 
 /* Is the character at s[i] (k bytes) one of `chars` (NULL: whitespace)? */
 static int strip_char(val_t v, size_t i, size_t *k, const val_t *chars) {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bpe_pretok.h"
 #include "chat_template_int.h"
 
 void *loom_chat_alloc(loom_chat_template_t *t, size_t n) {
@@ -45,6 +46,7 @@ typedef struct {
     seg_t *seg;
     int nseg, cap, at;   /* segments, and the parser's position */
     int loops;           /* for-loops around the statement being parsed */
+    int nest;            /* blocks and expressions open around the parser (bounded: the stack is) */
     loom_status err;
 } parser_t;
 
@@ -60,10 +62,19 @@ static loom_status perr(parser_t *ps, int line, const char *fmt, ...) {
     return ps->err;
 }
 
-static int line_of(const char *src, const char *p) {
-    int l = 1;
-    for (const char *q = src; q < p; q++) l += *q == '\n';
-    return l;
+#define MAX_NEST 100
+
+/* Count one level of nesting; refuse past MAX_NEST (a crafted template
+ * must not exhaust the stack). */
+static int enter(parser_t *ps, int line) {
+    if (++ps->nest > MAX_NEST) return perr(ps, line, "blocks or expressions nest more than %d deep", MAX_NEST), 0;
+    return 1;
+}
+
+/* The line of p, counting on from (at, line) where the last call stopped. */
+static int line_at(const char *p, const char **at, int *line) {
+    for (; *at < p; (*at)++) *line += **at == '\n';
+    return *line;
 }
 
 static void push_seg(parser_t *ps, seg_t s) {
@@ -100,15 +111,16 @@ static const char *tag_end(const char *p, const char *close) {
 
 /* Cut src into text and tags (markers recorded, whitespace not yet applied). */
 static loom_status cut_segments(parser_t *ps) {
-    const char *p = ps->src, *end = p + strlen(p);
+    const char *p = ps->src, *end = p + strlen(p), *at = p;
+    int line = 1;
     static const char *close[4] = {NULL, "}}", "%}", "#}"};
     while (p < end) {
         const char *o = p;
         while ((o = strchr(o, '{')) && o[1] != '{' && o[1] != '%' && o[1] != '#') o++;
         if (!o) o = end;
-        if (o > p) push_seg(ps, (seg_t){.kind = SEG_TEXT, .p = p, .n = (size_t)(o - p), .line = line_of(ps->src, p)});
+        if (o > p) push_seg(ps, (seg_t){.kind = SEG_TEXT, .p = p, .n = (size_t)(o - p), .line = line_at(p, &at, &line)});
         if (o == end) break;
-        seg_t s = {.kind = o[1] == '{' ? SEG_EXPR : o[1] == '%' ? SEG_STMT : SEG_COMMENT, .line = line_of(ps->src, o)};
+        seg_t s = {.kind = o[1] == '{' ? SEG_EXPR : o[1] == '%' ? SEG_STMT : SEG_COMMENT, .line = line_at(o, &at, &line)};
         const char *in = o + 2;
         s.minus_l = *in == '-';
         s.plus_l = *in == '+';
@@ -125,8 +137,7 @@ static loom_status cut_segments(parser_t *ps) {
     return LOOM_OK;
 }
 
-/* Python's str.isspace() for one character; *n gets its length in bytes. */
-static int py_space(const unsigned char *s, size_t left, int *n) {
+int loom_chat_py_space(const unsigned char *s, size_t left, int *n) {
     *n = 1;
     if (*s == ' ' || (*s >= '\t' && *s <= '\r') || (*s >= 0x1c && *s <= 0x1f)) return 1;
     if (left >= 2 && s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0)) return *n = 2;
@@ -141,7 +152,7 @@ static int py_space(const unsigned char *s, size_t left, int *n) {
 static size_t lead_space(const char *s, size_t n) {
     size_t i = 0;
     int k;
-    while (i < n && py_space((const unsigned char *)s + i, n - i, &k)) i += (size_t)k;
+    while (i < n && loom_chat_py_space((const unsigned char *)s + i, n - i, &k)) i += (size_t)k;
     return i;
 }
 
@@ -154,7 +165,7 @@ static size_t trail_space(const char *s, size_t n) {
         b--;
         while (b > 0 && ((unsigned char)s[b] & 0xC0) == 0x80) b--;
         int k;
-        if (!py_space((const unsigned char *)s + b, e - b, &k) || b + (size_t)k != e) return n - e;
+        if (!loom_chat_py_space((const unsigned char *)s + b, e - b, &k) || b + (size_t)k != e) return n - e;
         e = b;
     }
 }
@@ -214,19 +225,6 @@ static int tok_is(const lex_t *lx, int kind, const char *text) {
 static int is_op(const lex_t *lx, const char *op) { return tok_is(lx, T_OP, op); }
 static int is_word(const lex_t *lx, const char *w) { return tok_is(lx, T_NAME, w); }
 
-/* Append the UTF-8 of code point cp to out. */
-static size_t put_utf8(char *out, unsigned cp) {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) { out[0] = (char)(0xC0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 63)); return 2; }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12)); out[1] = (char)(0x80 | ((cp >> 6) & 63)); out[2] = (char)(0x80 | (cp & 63));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18)); out[1] = (char)(0x80 | ((cp >> 12) & 63));
-    out[2] = (char)(0x80 | ((cp >> 6) & 63)); out[3] = (char)(0x80 | (cp & 63));
-    return 4;
-}
-
 /* One escape after a backslash at s (Python's string escapes); returns the
  * bytes consumed, writes the result to out, *w its length. */
 static size_t unescape(const char *s, const char *end, char *out, size_t *w) {
@@ -244,7 +242,7 @@ static size_t unescape(const char *s, const char *end, char *out, size_t *w) {
         else cp = cp * 16 + (unsigned)(isdigit((unsigned char)s[k]) ? s[k] - '0' : (tolower((unsigned char)s[k]) - 'a' + 10));
     }
     if (digits && cp <= 0x10FFFF) {
-        *w = put_utf8(out, cp);
+        *w = loom_utf8_put((unsigned char *)out, cp);
         return (size_t)digits + 1;
     }
     out[0] = '\\'; /* an unknown escape keeps its backslash, as Python does */
@@ -516,7 +514,10 @@ static node_t *parse_unary(lex_t *lx) {
     if (is_op(lx, "-") || is_op(lx, "+")) {
         int neg = is_op(lx, "-");
         NEXT(lx);
-        if (!(x = parse_unary(lx))) return NULL;
+        if (!enter(lx->ps, lx->line)) return NULL;
+        x = parse_unary(lx);
+        lx->ps->nest--;
+        if (!x) return NULL;
         if (!neg) return x;
         node_t *n = new_node(lx, E_NEG);
         n->a = x;
@@ -602,7 +603,10 @@ static node_t *parse_not(lex_t *lx) {
     if (!is_word(lx, "not")) return parse_compare(lx);
     NEXT(lx);
     node_t *n = new_node(lx, E_NOT);
-    return (n->a = parse_not(lx)) ? n : NULL;
+    if (!enter(lx->ps, lx->line)) return NULL;
+    n->a = parse_not(lx);
+    lx->ps->nest--;
+    return n->a ? n : NULL;
 }
 
 static node_t *parse_logic(lex_t *lx, const char *word, int kind, node_t *(*next)(lex_t *)) {
@@ -617,8 +621,18 @@ static node_t *parse_logic(lex_t *lx, const char *word, int kind, node_t *(*next
 static node_t *parse_and(lex_t *lx) { return parse_logic(lx, "and", E_AND, parse_not); }
 static node_t *parse_or(lex_t *lx) { return parse_logic(lx, "or", E_OR, parse_and); }
 
-/* x if cond [else y] */
+static node_t *parse_cond(lex_t *lx);
+
+/* An expression, its depth counted. */
 static node_t *parse_expr(lex_t *lx) {
+    if (!enter(lx->ps, lx->line)) return NULL;
+    node_t *x = parse_cond(lx);
+    lx->ps->nest--;
+    return x;
+}
+
+/* x if cond [else y] */
+static node_t *parse_cond(lex_t *lx) {
     node_t *x = parse_or(lx);
     while (x && is_word(lx, "if")) {
         NEXT(lx);
@@ -738,6 +752,7 @@ static node_t *parse_stmt(parser_t *ps, lex_t *lx, const char *word) {
  * names the keyword that closed the body. */
 static node_t *parse_body(parser_t *ps, const char *const *ends, const char **ended) {
     node_t *head = NULL, **tail = &head;
+    if (ends && !enter(ps, ps->at > 0 ? ps->seg[ps->at - 1].line : 1)) return NULL;
     while (ps->err == LOOM_OK && ps->at < ps->nseg) {
         const seg_t *s = &ps->seg[ps->at++];
         lex_t lx;
@@ -758,6 +773,7 @@ static node_t *parse_body(parser_t *ps, const char *const *ends, const char **en
             const char *word = tok_name(&lx);
             if (ends && in_list(word, ends)) {
                 *ended = word;
+                ps->nest--;
                 return head;
             }
             if (!(n = parse_stmt(ps, &lx, word))) return NULL;

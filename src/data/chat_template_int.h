@@ -46,6 +46,10 @@ struct loom_chat_template {
     size_t nblocks, capblocks;
 };
 
+/* Python's str.isspace() for the character at s (left bytes); *n gets its
+ * length in bytes. */
+int loom_chat_py_space(const unsigned char *s, size_t left, int *n);
+
 /* Allocate n bytes (zeroed) owned by the template. */
 void *loom_chat_alloc(loom_chat_template_t *t, size_t n);
 

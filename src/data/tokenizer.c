@@ -6,6 +6,7 @@
 
 #include "bpe_build.h"
 #include "bpe_map.h"
+#include "bpe_nfc.h"
 #include "bpe_pretok.h"
 
 #define EOT_TEXT "<|endoftext|>"
@@ -69,7 +70,7 @@ static void compute_hash(loom_tokenizer_t *t) {
     /* Options after GPT-2's enter only when set, so GPT-2-style hashes (in
      * checkpoints) stay as they were. */
     int more[8] = {st->pretok > LOOM_PRETOK_GPT2 ? st->pretok : 0, st->sentencepiece, st->prepend, st->split_spaces,
-                   st->strip_decode, st->sentencepiece ? st->unk : 0, st->fuse_unk, 0};
+                   st->strip_decode, st->sentencepiece ? st->unk : 0, st->fuse_unk, st->nfc};
     int any = 0;
     for (int k = 0; k < 8; k++) any |= more[k];
     if (any) h = loom_fnv1a(more, sizeof more, h);
@@ -88,7 +89,7 @@ static loom_status merge_error(const loom_bpe_spec_t *sp, size_t i, const char *
 /* The ids of the added tokens with (`norm` 1) or without the NORMALIZED
  * flag, longest text first (HF matches leftmost, then longest). */
 static uint32_t *added_list(loom_tokenizer_t *t, int norm, int *n) {
-    int normalizer = t->st.prepend == LOOM_PREPEND_NORMALIZER;
+    int normalizer = t->st.prepend == LOOM_PREPEND_NORMALIZER || t->st.nfc;
     uint32_t *ids = loom_malloc(((size_t)t->vocab_size + 1) * sizeof *ids);
     *n = 0;
     for (int i = 0; i < t->vocab_size; i++) {
@@ -625,7 +626,7 @@ static void sp_plain(loom_encoder_t *e, const unsigned char *s, size_t len, int 
 }
 
 /* Byte-level text between added tokens: the prefix space, then pieces. */
-static void bl_plain(loom_encoder_t *e, const unsigned char *s, size_t len, int seg_start, int first, loom_ids_t *out) {
+static void bl_words(loom_encoder_t *e, const unsigned char *s, size_t len, int seg_start, int first, loom_ids_t *out) {
     (void)first;
     const loom_tokenizer_t *t = e->t;
     unsigned char *tmp = NULL;
@@ -642,6 +643,18 @@ static void bl_plain(loom_encoder_t *e, const unsigned char *s, size_t len, int 
         i = j;
     }
     free(tmp);
+}
+
+/* Byte-level text between raw added tokens: NFC when the tokenizer has that
+ * normalizer, then the normalized added tokens cut out of it. */
+static void bl_plain(loom_encoder_t *e, const unsigned char *s, size_t len, int seg_start, int first, loom_ids_t *out) {
+    const loom_tokenizer_t *t = e->t;
+    if (t->st.nfc) {
+        len = loom_nfc(s, len, &e->norm, &e->norm_cap);
+        s = e->norm;
+    }
+    if (t->nnorm) split_added(e, t->norm_ids, t->nnorm, e->at_norm, s, len, seg_start, bl_words, out);
+    else bl_words(e, s, len, seg_start, first, out);
 }
 
 void loom_encoder_encode(loom_encoder_t *e, const char *text, size_t len, int at_start, loom_ids_t *out) {
@@ -711,13 +724,12 @@ void loom_tokenizer_merge(const loom_tokenizer_t *t, size_t i, uint32_t *a, uint
 
 int loom_text_sink_emit(int token, void *vsink) {
     loom_text_sink_t *sink = vsink;
-    uint32_t id = (uint32_t)token;
-    char *text = NULL;
     size_t len = 0;
-    if (loom_tokenizer_decode(sink->tok, &id, 1, &text, &len) == LOOM_OK) {
-        fwrite(text, 1, len, sink->out);
+    /* the token's own bytes: decode's leading-space strip belongs to a text's start, not to each token */
+    const unsigned char *b = loom_tokenizer_token(sink->tok, (uint32_t)token, &len);
+    if (b) {
+        fwrite(b, 1, len, sink->out);
         fflush(sink->out);
-        free(text);
     }
     return 0;
 }

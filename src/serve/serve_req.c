@@ -436,7 +436,8 @@ static loom_status job_prompts(job_t *j, loom_api_error_t *err) {
         a->text = loom_calloc(1, sizeof *a->text);
         a->ids = loom_calloc(1, sizeof *a->ids);
         a->n_ids = loom_calloc(1, sizeof *a->n_ids);
-        a->text[0] = loom_api_render_chat(a->msgs, a->n_msgs, j->m->chat_template);
+        if (loom_srv_chat_render(j->m, a->msgs, a->n_msgs, &a->text[0]) != LOOM_OK)
+            return loom_api_fail(err, 400, NULL, "messages", NULL, "%s", loom_errmsg());
     }
     j->n_sub = a->n_prompts;
     j->pids = loom_calloc((size_t)j->n_sub, sizeof *j->pids);
@@ -447,7 +448,10 @@ static loom_status job_prompts(job_t *j, loom_api_error_t *err) {
         if (a->text[k]) {
             uint32_t *u = NULL;
             size_t n = 0;
-            if (loom_tokenizer_encode(j->m->tok, a->text[k], strlen(a->text[k]), &u, &n) != LOOM_OK)
+            /* a rendered template holds its own BOS; a plain prompt gets what the tokenizer adds */
+            loom_status (*enc)(const loom_tokenizer_t *, const char *, size_t, uint32_t **, size_t *) =
+                j->m->tmpl && j->kind == LOOM_API_CHAT ? loom_tokenizer_encode : loom_tokenizer_encode_special;
+            if (enc(j->m->tok, a->text[k], strlen(a->text[k]), &u, &n) != LOOM_OK)
                 return loom_api_fail(err, 400, NULL, param, NULL, "cannot tokenize the prompt: %s", loom_errmsg());
             j->pids[k] = loom_malloc((n + 1) * sizeof(int));
             for (size_t i = 0; i < n; i++) j->pids[k][i] = (int)u[i];
@@ -503,9 +507,8 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     j->q = loom_engine_queue_new();
     a->p.stop = (const char *const *)a->stop;
     a->p.n_stop = a->n_stop;
-    int eot = loom_tokenizer_eot(j->m->tok);
-    a->p.stop_ids = eot >= 0 ? &j->m->eot : NULL;
-    a->p.n_stop_ids = eot >= 0 && !a->ignore_eos;
+    a->p.stop_ids = j->m->n_stop ? j->m->stop_ids : NULL;
+    a->p.n_stop_ids = a->ignore_eos ? 0 : j->m->n_stop;
     for (int k = 0; k < j->n_sub; k++) {
         j->subs[k] = (sub_t){.job = j, .k = k};
         if (loom_engine_submit(j->m->e, j->pids[k], j->n_pids[k], &a->p, on_event, &j->subs[k], &j->eids[k]) != LOOM_OK) {

@@ -224,12 +224,14 @@ loom_status loom_server_add_model(loom_server_t *s, const char *name, loom_gpt_t
     if (!tok) return loom_error(LOOM_EINVAL, "model %s has no tokenizer.json: the server needs one to read prompts", name);
     srv_model_t *sm = &s->models[s->n_models];
     memset(sm, 0, sizeof *sm);
-    LOOM_TRY(loom_engine_create(&sm->e, m, tok, ec));
-    sm->name = loom_strdup(name);
-    sm->m = m;
     sm->tok = tok;
     sm->eot = loom_tokenizer_eot(tok);
-    sm->chat_template = chat_template ? loom_strdup(chat_template) : NULL;
+    LOOM_TRY(loom_srv_chat_setup(sm, name, chat_template));
+    loom_status st = loom_engine_create(&sm->e, m, tok, ec);
+    if (st != LOOM_OK) loom_srv_chat_free(sm);
+    LOOM_TRY(st);
+    sm->name = loom_strdup(name);
+    sm->m = m;
     declare_metrics(s, sm);
     if (!s->tel) {
         s->tel = loom_telemetry_open(s->reg, loom_backend_gpu_ordinal(m->be->name), -1);
@@ -279,7 +281,7 @@ void loom_server_free(loom_server_t *s) {
     for (int i = 0; i < s->n_models; i++) {
         loom_engine_free(s->models[i].e);
         free(s->models[i].name);
-        free(s->models[i].chat_template);
+        loom_srv_chat_free(&s->models[i]);
     }
     loom_metrics_free(s->reg);
     pthread_mutex_destroy(&s->mu);
