@@ -1,5 +1,7 @@
 #include "gguf.h"
 
+#include "backend/qblock.h"
+#include "ckpt/gguf_file.h"
 #include "model/quant.h"
 
 #include <cjson/cJSON.h>
@@ -12,25 +14,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* GGUF metadata value types (gguf-py GGUFValueType). */
-enum { GV_U8, GV_I8, GV_U16, GV_I16, GV_U32, GV_I32, GV_F32, GV_BOOL, GV_STR, GV_ARR, GV_U64, GV_I64, GV_F64 };
-/* ggml tensor types and llama.cpp file types (LlamaFileType). */
-enum { GT_F32 = 0, GT_F16 = 1, GT_Q8_0 = 8, GT_BF16 = 30 };
+enum { GV_U32 = LOOM_GV_U32, GV_I32 = LOOM_GV_I32, GV_F32 = LOOM_GV_F32, GV_STR = LOOM_GV_STR, GV_ARR = LOOM_GV_ARR };
+enum { GT_F32 = LOOM_GT_F32, GT_F16 = LOOM_GT_F16, GT_Q8_0 = LOOM_GT_Q8_0, GT_BF16 = LOOM_GT_BF16 };
 enum { TOKEN_NORMAL = 1, TOKEN_CONTROL = 3, TOKEN_UNUSED = 5 };
 
 static int ggml_type_of(loom_xdtype t) {
     static const int map[] = {GT_F32, GT_F16, GT_BF16, GT_Q8_0};
     return map[t];
-}
-
-static int xdtype_of(uint32_t ggml_type) {
-    switch (ggml_type) {
-    case GT_F32: return LOOM_XDT_F32;
-    case GT_F16: return LOOM_XDT_F16;
-    case GT_BF16: return LOOM_XDT_BF16;
-    case GT_Q8_0: return LOOM_XDT_Q8_0;
-    }
-    return -1;
 }
 
 /* ---- writing ------------------------------------------------------------- */
@@ -229,177 +219,12 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o) {
 
 /* ---- reading ------------------------------------------------------------- */
 
-typedef struct {
-    const char *key;
-    size_t key_len;
-    uint32_t type;
-    const unsigned char *val; /* the value; for arrays, its first element */
-    uint32_t elem;            /* arrays: element type */
-    uint64_t count;           /* arrays: element count */
-} kv_t;
-
-typedef struct {
-    char name[96];
-    uint32_t ndim, type;
-    uint64_t ne[4], offset;
-} tinfo_t;
-
-typedef struct {
-    const char *path;
-    const unsigned char *p;
-    size_t size, at;
-    int short_read;
-    uint32_t version;
-    uint64_t nkv, nt;
-    kv_t *kv;
-    tinfo_t *t;
-    size_t data; /* start of the data section */
-} gguf_t;
-
-static const unsigned char *take(gguf_t *g, size_t n) {
-    if (g->short_read || n > g->size - g->at) {
-        g->short_read = 1;
-        return NULL;
-    }
-    const unsigned char *q = g->p + g->at;
-    g->at += n;
-    return q;
-}
-static uint32_t get_u32(gguf_t *g) {
-    uint32_t v = 0;
-    const unsigned char *q = take(g, 4);
-    if (q) memcpy(&v, q, 4);
-    return v;
-}
-static uint64_t get_u64(gguf_t *g) {
-    uint64_t v = 0;
-    const unsigned char *q = take(g, 8);
-    if (q) memcpy(&v, q, 8);
-    return v;
-}
-
-static size_t scalar_size(uint32_t type) {
-    static const size_t sz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
-    return type <= GV_F64 ? sz[type] : 0;
-}
-
-/* Step over one value of `type` (strings and nested arrays included). */
-static int skip_value(gguf_t *g, uint32_t type, int depth) {
-    if (type == GV_STR) return take(g, get_u64(g)) != NULL;
-    if (type == GV_ARR) {
-        uint32_t elem = get_u32(g);
-        uint64_t n = get_u64(g);
-        if (depth > 4 || elem > GV_F64) return 0;
-        if (elem != GV_STR && elem != GV_ARR) return n <= g->size && take(g, n * scalar_size(elem)) != NULL;
-        for (uint64_t i = 0; i < n && !g->short_read; i++)
-            if (!skip_value(g, elem, depth + 1)) return 0;
-        return !g->short_read;
-    }
-    return scalar_size(type) && take(g, scalar_size(type)) != NULL;
-}
-
-static loom_status parse_kv(gguf_t *g) {
-    g->kv = loom_calloc(g->nkv ? g->nkv : 1, sizeof *g->kv);
-    for (uint64_t i = 0; i < g->nkv; i++) {
-        kv_t *k = &g->kv[i];
-        k->key_len = get_u64(g);
-        k->key = (const char *)take(g, k->key_len);
-        k->type = get_u32(g);
-        if (g->short_read) break;
-        k->val = g->p + g->at;
-        if (k->type == GV_ARR) {
-            size_t save = g->at;
-            k->elem = get_u32(g);
-            k->count = get_u64(g);
-            k->val = g->p + g->at;
-            g->at = save;
-        }
-        if (!skip_value(g, k->type, 0))
-            return loom_error(LOOM_EFORMAT, "%s: metadata %.*s (type %u) is malformed or cut short; the file is truncated or not GGUF", g->path,
-                              (int)(k->key ? k->key_len : 0), k->key ? k->key : "", k->type);
-    }
-    if (g->short_read) return loom_error(LOOM_EFORMAT, "%s: the metadata ends past the end of the file (%zu bytes); the file is truncated", g->path, g->size);
-    return LOOM_OK;
-}
-
-static const kv_t *kv_find(const gguf_t *g, const char *key) {
-    for (uint64_t i = 0; i < g->nkv; i++)
-        if (g->kv[i].key_len == strlen(key) && !memcmp(g->kv[i].key, key, g->kv[i].key_len)) return &g->kv[i];
-    return NULL;
-}
-
-/* An integer metadata value of any integer type; 0 when absent. */
-static int kv_int(const gguf_t *g, const char *key, long long *out) {
-    const kv_t *k = kv_find(g, key);
-    if (!k) return 0;
-    uint64_t u = 0;
-    switch (k->type) {
-    case GV_U8: u = k->val[0]; break;
-    case GV_U16: { uint16_t v; memcpy(&v, k->val, 2); u = v; break; }
-    case GV_U32: { uint32_t v; memcpy(&v, k->val, 4); u = v; break; }
-    case GV_I32: { int32_t v; memcpy(&v, k->val, 4); u = (uint64_t)(int64_t)v; break; }
-    case GV_U64: case GV_I64: memcpy(&u, k->val, 8); break;
-    default: return 0;
-    }
-    *out = (long long)u;
-    return 1;
-}
-
-/* A string value as a malloc'd C string, or NULL. */
-static char *kv_string(const gguf_t *g, const char *key) {
-    const kv_t *k = kv_find(g, key);
-    if (!k || k->type != GV_STR) return NULL;
-    uint64_t n;
-    memcpy(&n, k->val, 8);
-    char *s = loom_malloc(n + 1);
-    memcpy(s, k->val + 8, n);
-    s[n] = 0;
-    return s;
-}
-
-static loom_status parse_tensors(gguf_t *g) {
-    g->t = loom_calloc(g->nt ? g->nt : 1, sizeof *g->t);
-    for (uint64_t i = 0; i < g->nt && !g->short_read; i++) {
-        tinfo_t *t = &g->t[i];
-        uint64_t n = get_u64(g);
-        const unsigned char *name = take(g, n);
-        if (name) snprintf(t->name, sizeof t->name, "%.*s", (int)(n < 95 ? n : 95), name);
-        t->ndim = get_u32(g);
-        if (t->ndim > 4) return loom_error(LOOM_EFORMAT, "%s: tensor %s has %u dimensions; GGUF allows 4", g->path, t->name, t->ndim);
-        for (uint32_t d = 0; d < t->ndim; d++) t->ne[d] = get_u64(g);
-        t->type = get_u32(g);
-        t->offset = get_u64(g);
-    }
-    if (g->short_read) return loom_error(LOOM_EFORMAT, "%s: the tensor list ends past the end of the file (%zu bytes); the file is truncated", g->path, g->size);
-    long long align = LOOM_GGUF_ALIGN;
-    kv_int(g, "general.alignment", &align);
-    if (align <= 0) align = LOOM_GGUF_ALIGN;
-    g->data = (g->at + (size_t)align - 1) / (size_t)align * (size_t)align;
-    return LOOM_OK;
-}
-
-static loom_status parse_head(gguf_t *g) {
-    uint32_t magic = get_u32(g);
-    if (g->short_read || magic != LOOM_GGUF_MAGIC)
-        return loom_error(LOOM_EFORMAT, "%s: not a GGUF file (magic %08x, expected %08x \"GGUF\")", g->path, magic, LOOM_GGUF_MAGIC);
-    g->version = get_u32(g);
-    if (g->version != 2 && g->version != 3)
-        return loom_error(LOOM_EFORMAT, "%s: GGUF version %u is not supported; loom reads versions 2 and 3 (convert it again with a current llama.cpp)",
-                          g->path, g->version);
-    g->nt = get_u64(g);
-    g->nkv = get_u64(g);
-    if (g->short_read || g->nt > g->size || g->nkv > g->size)
-        return loom_error(LOOM_EFORMAT, "%s: the GGUF header is cut short or corrupt (%llu tensors, %llu metadata entries)", g->path,
-                          (unsigned long long)g->nt, (unsigned long long)g->nkv);
-    LOOM_TRY(parse_kv(g));
-    return parse_tensors(g);
-}
-
 /* The model config from gpt2.* metadata and the embedding's shape. */
-static loom_status read_config(const gguf_t *g, loom_gpt_config_t *c) {
-    char *arch = kv_string(g, "general.architecture");
+static loom_status read_config(const loom_gguf_t *g, loom_gpt_config_t *c) {
+    const char *path = loom_gguf_path(g);
+    char *arch = loom_gguf_str(g, "general.architecture");
     if (!arch || strcmp(arch, "gpt2")) {
-        loom_status s = loom_error(LOOM_EUNAVAIL, "%s: architecture %s is not supported; loom reads gpt2 (GPT-2) models", g->path,
+        loom_status s = loom_error(LOOM_EUNAVAIL, "%s: architecture %s is not supported; loom reads gpt2 (GPT-2) models", path,
                                    arch ? arch : "(general.architecture missing)");
         free(arch);
         return s;
@@ -408,46 +233,34 @@ static loom_status read_config(const gguf_t *g, loom_gpt_config_t *c) {
     static const char *const keys[] = {"gpt2.block_count", "gpt2.context_length", "gpt2.embedding_length", "gpt2.attention.head_count"};
     long long v[4], ff = 0;
     for (int i = 0; i < 4; i++)
-        if (!kv_int(g, keys[i], &v[i]) || v[i] <= 0 || v[i] > (1 << 24))
-            return loom_error(LOOM_EFORMAT, "%s: metadata %s is missing or not a positive integer", g->path, keys[i]);
+        if (!loom_gguf_int(g, keys[i], &v[i]) || v[i] <= 0 || v[i] > (1 << 24))
+            return loom_error(LOOM_EFORMAT, "%s: metadata %s is missing or not a positive integer", path, keys[i]);
     memset(c, 0, sizeof *c);
     c->n_layer = (int)v[0];
     c->max_seq_len = (int)v[1];
     c->channels = (int)v[2];
     c->n_head = (int)v[3];
-    if (kv_int(g, "gpt2.feed_forward_length", &ff) && ff != 4LL * c->channels)
-        return loom_error(LOOM_EUNAVAIL, "%s: feed_forward_length %lld is not 4 x embedding_length (%d); loom's GPT-2 has that MLP only", g->path,
+    if (loom_gguf_int(g, "gpt2.feed_forward_length", &ff) && ff != 4LL * c->channels)
+        return loom_error(LOOM_EUNAVAIL, "%s: feed_forward_length %lld is not 4 x embedding_length (%d); loom's GPT-2 has that MLP only", path,
                           ff, 4 * c->channels);
-    for (uint64_t i = 0; i < g->nt; i++)
-        if (!strcmp(g->t[i].name, "token_embd.weight")) c->vocab_size = (int)g->t[i].ne[1];
-    if (c->vocab_size <= 0) return loom_error(LOOM_EFORMAT, "%s: tensor token_embd.weight is missing; a gpt2 GGUF has it", g->path);
+    const loom_gguf_tensor_t *e = loom_gguf_find(g, "token_embd.weight");
+    if (!e || e->ndim != 2 || e->ne[1] > (1 << 24))
+        return loom_error(LOOM_EFORMAT, "%s: tensor token_embd.weight is missing or not a matrix; a gpt2 GGUF has it", path);
+    c->vocab_size = (int)e->ne[1];
     return loom_gpt_config_finish(c);
 }
 
-static const tinfo_t *find_tensor(const gguf_t *g, const char *name) {
-    for (uint64_t i = 0; i < g->nt; i++)
-        if (!strcmp(g->t[i].name, name)) return &g->t[i];
-    return NULL;
-}
-
-/* A loom_xsource_fn over a parsed GGUF file (ctx: the gguf_t). */
+/* A loom_xsource_fn over an opened GGUF file (ctx: the loom_gguf_t). */
 static loom_status read_tensor(void *ctx, const loom_xtensor_t *x, float *out) {
-    const gguf_t *g = ctx;
-    const tinfo_t *t = find_tensor(g, x->gguf);
-    if (!t) return loom_error(LOOM_EFORMAT, "%s: tensor %s is missing; a gpt2 GGUF has it", g->path, x->gguf);
+    const loom_gguf_t *g = ctx;
+    const loom_gguf_tensor_t *t = loom_gguf_find(g, x->gguf);
+    if (!t) return loom_error(LOOM_EFORMAT, "%s: tensor %s is missing; a gpt2 GGUF has it", loom_gguf_path(g), x->gguf);
     uint64_t want0 = x->cols ? x->cols : x->rows, want1 = x->cols ? x->rows : 1;
     uint64_t got1 = t->ndim >= 2 ? t->ne[1] : 1;
-    if (t->ndim < 1 || t->ndim > 2 || t->ne[0] != want0 || got1 != want1)
-        return loom_error(LOOM_EFORMAT, "%s: tensor %s has shape [%llu, %llu], the metadata implies [%llu, %llu]", g->path, x->gguf,
+    if (t->ndim > 2 || t->ne[0] != want0 || got1 != want1)
+        return loom_error(LOOM_EFORMAT, "%s: tensor %s has shape [%llu, %llu], the metadata implies [%llu, %llu]", loom_gguf_path(g), x->gguf,
                           (unsigned long long)t->ne[0], (unsigned long long)got1, (unsigned long long)want0, (unsigned long long)want1);
-    int xt = xdtype_of(t->type);
-    if (xt < 0 || (xt == LOOM_XDT_Q8_0 && t->ne[0] % 32))
-        return loom_error(LOOM_EUNAVAIL, "%s: tensor %s has ggml type %u; loom reads f32 (0), f16 (1), q8_0 (8) and bf16 (30)", g->path, x->gguf, t->type);
-    size_t bytes = loom_xdtype_bytes((loom_xdtype)xt, x->numel);
-    if (t->offset > g->size || g->data + t->offset > g->size || bytes > g->size - g->data - t->offset)
-        return loom_error(LOOM_EFORMAT, "%s: tensor %s: its %zu bytes at offset %llu end past the end of the file (%zu bytes); the file is truncated",
-                          g->path, x->gguf, bytes, (unsigned long long)(g->data + t->offset), g->size);
-    loom_xdecode((loom_xdtype)xt, g->p + g->data + t->offset, x->numel, out);
+    loom_gguf_values(t, out);
     return LOOM_OK;
 }
 
@@ -457,70 +270,80 @@ static int qlin_of(int param) {
          : param == LOOM_FCW ? LOOM_QLIN_FC : param == LOOM_FCPROJW ? LOOM_QLIN_FCPROJ : -1;
 }
 
-/* The file's Q8_0 linear weights as m->file_int8, their bytes as stored:
- * int8 values copied, each block's fp16 scale widened to fp32 (exact);
- * only when every linear matrix is q8_0 (one block size for the int8
- * copy). Called after read_tensor checked every tensor's shape, type and
- * extent. */
-static void read_int8(const gguf_t *g, loom_gpt_t *m) {
-    loom_xtensor_t *x;
-    int n = loom_xtensors(&m->cfg, &x);
-    size_t head = (size_t)m->cfg.n_layer * LOOM_QLIN_COUNT * sizeof(loom_tensor_t), bytes = 0;
-    int found = 0;
-    for (int i = 0; i < n; i++)
-        if (qlin_of(x[i].param) >= 0 && find_tensor(g, x[i].gguf)->type == GT_Q8_0) bytes += x[i].numel + x[i].numel / 8, found++;
-    char *mem = found == m->cfg.n_layer * LOOM_QLIN_COUNT ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
-    for (int i = 0; i < n && mem; i++) {
-        const tinfo_t *t = find_tensor(g, x[i].gguf);
-        if (qlin_of(x[i].param) < 0 || t->type != GT_Q8_0) continue;
-        size_t nb = x[i].numel / 32;
-        float *sc = (float *)at; /* nb scales, then numel int8: alignment kept (numel % 32 == 0) */
-        signed char *q = (signed char *)(sc + nb);
-        const unsigned char *src = g->p + g->data + t->offset;
-        for (size_t b = 0; b < nb; b++) {
-            uint16_t h;
-            memcpy(&h, src + 34 * b, 2);
-            sc[b] = loom_f16_to_f32(h);
-            memcpy(q + 32 * b, src + 34 * b + 2, 32);
-        }
-        ((loom_tensor_t *)mem)[x[i].layer * LOOM_QLIN_COUNT + qlin_of(x[i].param)] = (loom_tensor_t){
-            .data = q, .dtype = LOOM_INT8, .rows = (long long)x[i].rows, .cols = (long long)x[i].cols, .scales = sc, .block = 32};
-        at += x[i].numel + nb * sizeof(float);
+/* A q8_0 tensor's blocks as int8 values q (numel) and fp32 scales sc
+ * (numel / 32): the int8 copied, each fp16 scale widened (exact). */
+static void q8_0_split(const loom_gguf_tensor_t *t, signed char *q, float *sc) {
+    const unsigned char *src = t->data;
+    for (size_t b = 0; b < t->numel / 32; b++) {
+        uint16_t h;
+        memcpy(&h, src + 34 * b, 2);
+        sc[b] = loom_f16_to_f32(h);
+        memcpy(q + 32 * b, src + 34 * b + 2, 32);
     }
-    m->file_int8 = (loom_tensor_t *)mem;
-    free(x);
 }
 
-/* The i-th string of a string array (ptr, len) by walking; arrays are walked
- * once in order by the caller, so `cur` keeps the position. */
-static const unsigned char *next_str(const gguf_t *g, const unsigned char **cur, uint64_t *len) {
-    if ((size_t)(*cur - g->p) + 8 > g->size) return NULL;
-    memcpy(len, *cur, 8);
-    const unsigned char *s = *cur + 8;
-    *cur = s + *len;
-    return s;
+/* Bytes a linear weight takes as m->file_int8 / m->file_q hold it. */
+static size_t held_bytes(const loom_gguf_tensor_t *t) {
+    return t->type == GT_Q8_0 ? t->numel + t->numel / 8 : t->bytes;
+}
+
+/* The file's own linear weights (model/gpt.h), host memory, one malloc:
+ * the (L, 4) tensors, then their bytes. `block` 0: every linear matrix
+ * is q8_0, held as m->file_int8 (int8, block-32 fp32 scales); 1: the
+ * matrices in llama.cpp's block formats as stored, as m->file_q (q8_0
+ * ones as int8 again, f32/f16/bf16 ones left out: data NULL). Called
+ * after every tensor's shape was checked. */
+static loom_tensor_t *file_weights(const loom_gguf_t *g, const loom_gpt_t *m, int block) {
+    loom_xtensor_t *x;
+    int n = loom_xtensors(&m->cfg, &x), found = 0, want = 0;
+    size_t head = (size_t)m->cfg.n_layer * LOOM_QLIN_COUNT * sizeof(loom_tensor_t), bytes = 0;
+    for (int i = 0; i < n; i++) {
+        const loom_gguf_tensor_t *t = loom_gguf_find(g, x[i].gguf);
+        if (qlin_of(x[i].param) < 0) continue;
+        int kq = loom_qblock_of_ggml(t->type) >= 0, take = kq || t->type == GT_Q8_0;
+        found += kq, want += take, bytes += take ? (held_bytes(t) + 63) / 64 * 64 : 0;
+    }
+    int use = block ? found > 0 : want == m->cfg.n_layer * LOOM_QLIN_COUNT && found == 0;
+    char *mem = use ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
+    for (int i = 0; i < n && mem; i++) {
+        const loom_gguf_tensor_t *t = loom_gguf_find(g, x[i].gguf);
+        int d = loom_qblock_of_ggml(t->type);
+        if (qlin_of(x[i].param) < 0 || (d < 0 && t->type != GT_Q8_0)) continue;
+        loom_tensor_t v = {.data = at, .dtype = (loom_dtype)d, .rows = (long long)x[i].rows, .cols = (long long)x[i].cols};
+        if (d >= 0) {
+            memcpy(at, t->data, t->bytes);
+        } else { /* nb scales, then numel int8: alignment kept (numel % 32 == 0) */
+            float *sc = (float *)at;
+            v = (loom_tensor_t){.data = sc + t->numel / 32, .dtype = LOOM_INT8, .rows = v.rows, .cols = v.cols, .scales = sc, .block = 32};
+            q8_0_split(t, v.data, sc);
+        }
+        ((loom_tensor_t *)mem)[x[i].layer * LOOM_QLIN_COUNT + qlin_of(x[i].param)] = v;
+        at += (held_bytes(t) + 63) / 64 * 64;
+    }
+    free(x);
+    return (loom_tensor_t *)mem;
 }
 
 /* The embedded GPT-2 BPE tokenizer as tokenizer.json text. */
-static loom_status read_tokenizer(const gguf_t *g, loom_tokenizer_t **tok) {
+static loom_status read_tokenizer(const loom_gguf_t *g, loom_tokenizer_t **tok) {
     *tok = NULL;
-    char *model = kv_string(g, "tokenizer.ggml.model");
-    const kv_t *toks = kv_find(g, "tokenizer.ggml.tokens"), *types = kv_find(g, "tokenizer.ggml.token_type"),
-               *merges = kv_find(g, "tokenizer.ggml.merges");
-    if (!model || !toks) {
+    char *model = loom_gguf_str(g, "tokenizer.ggml.model");
+    loom_gguf_array_t toks, types, merges;
+    int has_types = loom_gguf_array(g, "tokenizer.ggml.token_type", &types);
+    if (!model || !loom_gguf_array(g, "tokenizer.ggml.tokens", &toks)) {
         free(model);
         return LOOM_OK; /* no tokenizer: ids only */
     }
     int gpt2 = !strcmp(model, "gpt2");
     free(model);
-    if (!gpt2 || toks->elem != GV_STR || !merges || merges->elem != GV_STR)
-        return loom_error(LOOM_EUNAVAIL, "%s: the embedded tokenizer is not GPT-2 BPE (tokenizer.ggml.model \"gpt2\" with merges); loom reads that one", g->path);
-    int32_t *type = NULL;
-    if (types && types->elem == GV_I32 && types->count == toks->count) type = (int32_t *)types->val;
-    uint64_t n = toks->count;
+    if (!gpt2 || toks.elem != GV_STR || !loom_gguf_array(g, "tokenizer.ggml.merges", &merges) || merges.elem != GV_STR)
+        return loom_error(LOOM_EUNAVAIL, "%s: the embedded tokenizer is not GPT-2 BPE (tokenizer.ggml.model \"gpt2\" with merges); loom reads that one",
+                          loom_gguf_path(g));
+    const unsigned char *type = has_types && types.elem == GV_I32 && types.count == toks.count ? types.val : NULL;
+    uint64_t n = toks.count;
     while (n > 0 && type) { /* trailing padding ids are the model's, not the tokenizer's */
         int32_t ty;
-        memcpy(&ty, &type[n - 1], 4);
+        memcpy(&ty, type + 4 * (n - 1), 4);
         if (ty != TOKEN_UNUSED) break;
         n--;
     }
@@ -532,16 +355,16 @@ static loom_status read_tokenizer(const gguf_t *g, loom_tokenizer_t **tok) {
     cJSON *m = cJSON_AddObjectToObject(root, "model");
     cJSON_AddStringToObject(m, "type", "BPE");
     cJSON *vocab = cJSON_AddObjectToObject(m, "vocab"), *ml = cJSON_AddArrayToObject(m, "merges");
-    const unsigned char *cur = toks->val, *s;
+    const unsigned char *cur = toks.val, *s;
     uint64_t len;
     char *name = NULL;
-    for (uint64_t i = 0; i < n && (s = next_str(g, &cur, &len)); i++) {
+    for (uint64_t i = 0; i < n && (s = loom_gguf_next_str(g, &cur, &len)); i++) {
         name = realloc(name, len + 1);
         memcpy(name, s, len);
         name[len] = 0;
         cJSON_AddNumberToObject(vocab, name, (double)i);
         int32_t ty = TOKEN_NORMAL;
-        if (type) memcpy(&ty, &type[i], 4);
+        if (type) memcpy(&ty, type + 4 * i, 4);
         if (ty == TOKEN_CONTROL || ty == TOKEN_UNUSED) {
             cJSON *a = cJSON_CreateObject();
             cJSON_AddNumberToObject(a, "id", (double)i);
@@ -550,8 +373,8 @@ static loom_status read_tokenizer(const gguf_t *g, loom_tokenizer_t **tok) {
             cJSON_AddItemToArray(added, a);
         }
     }
-    cur = merges->val;
-    for (uint64_t i = 0; i < merges->count && (s = next_str(g, &cur, &len)); i++) {
+    cur = merges.val;
+    for (uint64_t i = 0; i < merges.count && (s = loom_gguf_next_str(g, &cur, &len)); i++) {
         name = realloc(name, len + 1);
         memcpy(name, s, len);
         name[len] = 0;
@@ -560,41 +383,49 @@ static loom_status read_tokenizer(const gguf_t *g, loom_tokenizer_t **tok) {
     free(name);
     char *text = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    loom_status st = loom_tokenizer_parse(tok, g->path, text, strlen(text));
+    loom_status st = loom_tokenizer_parse(tok, loom_gguf_path(g), text, strlen(text));
     free(text);
     return st;
+}
+
+/* Say which weights run as stored and which were dequantized. */
+static void say_block_weights(const char *path, const loom_gpt_t *m, const loom_backend_t *be) {
+    if (!m->file_q) return;
+    size_t bytes = 0;
+    for (int i = 0; i < m->cfg.n_layer * LOOM_QLIN_COUNT; i++) {
+        const loom_tensor_t *t = &m->file_q[i];
+        if (t->data) bytes += loom_qblock_info(t->dtype) ? loom_qblock_row_bytes(t->dtype, t->cols) * (size_t)t->rows : (size_t)(t->rows * t->cols);
+    }
+    if (be->matmul_forward_kq)
+        loom_info("%s: the linear layers run on the file's own quantized blocks (%.1f MB); the fp32 copy of every weight "
+                  "is kept too (%.1f MB) for the embedding, the logits and `loom eval`", path, bytes / 1e6,
+                  m->num_params * 4.0 / 1e6);
 }
 
 loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok) {
     *model = NULL;
     *tok = NULL;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return loom_error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    fstat(fd, &sb);
-    gguf_t g = {.path = path, .size = (size_t)sb.st_size};
-    void *map = g.size ? mmap(NULL, g.size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
-    close(fd);
-    if (map == MAP_FAILED) return loom_error(LOOM_EFORMAT, "%s: empty or unreadable; not a GGUF file", path);
-    g.p = map;
+    loom_gguf_t *g;
+    LOOM_TRY(loom_gguf_open(&g, path));
     loom_gpt_config_t cfg;
-    loom_status s = parse_head(&g);
-    if (s == LOOM_OK) s = read_config(&g, &cfg);
-    if (s == LOOM_OK) s = read_tokenizer(&g, tok);
+    loom_status s = read_config(g, &cfg);
+    if (s == LOOM_OK) s = read_tokenizer(g, tok);
     if (s == LOOM_OK && *tok && loom_tokenizer_vocab_size(*tok) > cfg.vocab_size)
         s = loom_error(LOOM_EFORMAT, "%s: the tokenizer has %d tokens but token_embd.weight only %d rows", path,
                        loom_tokenizer_vocab_size(*tok), cfg.vocab_size);
     if (s == LOOM_OK) s = loom_gpt_create(model, &cfg, be);
-    if (s == LOOM_OK) s = loom_xload(*model, read_tensor, &g);
-    if (s == LOOM_OK) read_int8(&g, *model);
+    if (s == LOOM_OK) s = loom_xload(*model, read_tensor, g);
+    if (s == LOOM_OK) {
+        (*model)->file_int8 = file_weights(g, *model, 0);
+        (*model)->file_q = file_weights(g, *model, 1);
+        say_block_weights(path, *model, be);
+    }
     if (s != LOOM_OK) {
         if (*model) loom_gpt_free(*model);
         if (*tok) loom_tokenizer_free(*tok);
         *model = NULL;
         *tok = NULL;
     }
-    free(g.kv);
-    free(g.t);
-    munmap(map, g.size);
+    loom_gguf_close(g);
     return s;
 }

@@ -374,6 +374,7 @@ void loom_gpt_free(loom_gpt_t *m) {
     loom_gpt_free_moments(m);
     free_acts(m);
     free(m->file_int8);
+    free(m->file_q);
     free(m);
 }
 

@@ -167,11 +167,23 @@ static void matmul(loom_infer_t *inf, const loom_tensor_t *qw, float *out, const
         be->matmul_forward_rows(out, inp, w, bias, N, C, OC, gelu);
 }
 
-/* Linear layer `which` (LOOM_QLIN_*) of block l: int8 when a quantized
+int loom_infer_file_weight(const loom_backend_t *be, const loom_tensor_t *w, float *out, const float *inp,
+                           const float *bias, int N, int C, int OC, int gelu) {
+    if (w->dtype == LOOM_INT8 && be->matmul_forward_w8a8) be->matmul_forward_w8a8(out, inp, w, bias, N, C, OC, gelu);
+    else if (w->dtype != LOOM_INT8 && be->matmul_forward_kq) be->matmul_forward_kq(out, inp, w, bias, N, C, OC, gelu);
+    else return 0;
+    return 1;
+}
+
+/* Linear layer `which` (LOOM_QLIN_*) of block l: the file's own blocks
+ * when the model has them (gpt.h file_q) and the backend their op, else
+ * int8 when a quantized
  * copy is set, else compressed 2:4 when a sparse copy is set and the batch
  * has at most LOOM_SPARSE24_MAX_ROWS rows, else fp32. */
 static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
                    const float *bias, int N, int C, int OC, int gelu) {
+    const loom_tensor_t *fq = inf->m->file_q ? &inf->m->file_q[(size_t)l * LOOM_QLIN_COUNT + which] : NULL;
+    if (fq && fq->data && loom_infer_file_weight(inf->be, fq, out, inp, bias, N, C, OC, gelu)) return;
     const loom_tensor_t *qw = inf->quant ? loom_quant_weight(inf->quant, which, l) : NULL;
     if (!qw && inf->s24 && inf->be->matmul_forward_s24 && N <= LOOM_SPARSE24_MAX_ROWS)
         inf->be->matmul_forward_s24(out, inp, loom_sparse24_weight(inf->s24, which, l), bias, N, C, OC, gelu);

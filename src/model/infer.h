@@ -63,6 +63,13 @@ struct loom_sparse24;
  * LOOM_SPARSE24_MAX_ROWS rows. s must outlive its use here. */
 void loom_infer_set_sparse24(loom_infer_t *inf, const struct loom_sparse24 *s);
 
+/* out (N, OC) = inp (N, C) @ w^T + bias (GELU when gelu) on a weight
+ * as a file stored it (gpt.h file_q: a block format, or int8 from q8_0)
+ * with the backend's op for its type: 1, or 0 (nothing run) when the
+ * backend has none (then the caller runs the dequantized fp32 weight). */
+int loom_infer_file_weight(const loom_backend_t *be, const loom_tensor_t *w, float *out, const float *inp,
+                           const float *bias, int N, int C, int OC, int gelu);
+
 /* Copy cache block src to dst in every layer (copy-on-write of a shared block). */
 void loom_infer_copy_block(loom_infer_t *inf, int src, int dst);
 

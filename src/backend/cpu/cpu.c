@@ -14,6 +14,7 @@
 #include "cpu_gemm.h"
 #include "cpu_math.h"
 #include "cpu_int8.h"
+#include "cpu_kquant.h"
 #include "cpu_sparse24.h"
 #include "cpu_paged.h"
 
@@ -367,7 +368,9 @@ static loom_backend_t cpu_backend = {
     .name = "cpu",
     .dtype = LOOM_FP32,
     .caps = 0, /* host memory, synchronous ops, no graphs, no device step */
-    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(LOOM_INT8),
+    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(LOOM_INT8) | LOOM_DTYPE_BIT(LOOM_Q4_0) |
+              LOOM_DTYPE_BIT(LOOM_Q4_1) | LOOM_DTYPE_BIT(LOOM_Q5_0) | LOOM_DTYPE_BIT(LOOM_Q5_1) | LOOM_DTYPE_BIT(LOOM_Q4_K) |
+              LOOM_DTYPE_BIT(LOOM_Q5_K) | LOOM_DTYPE_BIT(LOOM_Q6_K),
     .act_dtype = LOOM_FP32,
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -399,6 +402,7 @@ static loom_backend_t cpu_backend = {
     .matmul_forward_w8 = loom_cpu_matmul_forward_w8,
     .matmul_forward_w8a8 = loom_cpu_matmul_forward_w8a8,
     .matmul_forward_s24 = loom_cpu_matmul_forward_s24,
+    .matmul_forward_kq = loom_cpu_matmul_forward_kq,
 };
 
 /* Peak: the best of `reps` n^3 SGEMMs on the threads we were given, with
