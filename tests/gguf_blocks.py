@@ -1,6 +1,6 @@
 """Oracle files for tests/test_gguf_blocks.c, written by the gguf package.
 
-usage: gguf_blocks.py OUT_DIR
+usage: gguf_blocks.py OUT_DIR [gpt2]
 
 OUT_DIR/blocks.gguf: one 2-D tensor per block format loom reads, named by
 the format ("q4_K"), in shapes (rows, cols) of several blocks per row; q4_0,
@@ -9,6 +9,9 @@ the k-quants are random bytes whose fp16 scale fields are set to finite
 values (any such bytes are a valid block). Also f32, f16 and bf16.
 OUT_DIR/ref.gguf: the same names in f32, as gguf.quants.dequantize reads
 them: the values loom's dequantization must equal bit for bit.
+With `gpt2`, OUT_DIR/gpt2.gguf: a small GPT-2 (C 256, 2 layers) whose
+linear weights are in one block format each (k-quants, 32-value formats
+and q8_0 mixed, as a Q4_K_M file mixes them), the rest f32, no tokenizer.
 """
 import sys
 
@@ -22,16 +25,54 @@ out = sys.argv[1]
 rng = np.random.default_rng(1234)
 
 
-def kquant_bytes(qtype, rows, cols):
+def kquant_bytes(qtype, rows, cols, scale=0.02):
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     b = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
     # the fp16 fields: d (and dmin) first for q4_K/q5_K, d last for q6_K
     fields = [0, 2] if qtype in (T.Q4_K, T.Q5_K) else [size - 2]
     for f in fields:
-        scale = rng.uniform(-0.02, 0.02, size=b.shape[0]).astype(np.float16)
-        b[:, f:f + 2] = scale.view(np.uint8).reshape(-1, 2)
+        d = rng.uniform(-scale, scale, size=b.shape[0]).astype(np.float16)
+        b[:, f:f + 2] = d.view(np.uint8).reshape(-1, 2)
     return b.reshape(rows, cols // block * size)
 
+
+def block_tensor(qtype, rows, cols, std):
+    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):  # values d * sc * q: sc, q < 64
+        return kquant_bytes(qtype, rows, cols, std / 400)
+    return quantize(rng.standard_normal((rows, cols)).astype(np.float32) * std, qtype)
+
+
+def gpt2_file(path):
+    C, L, V, T_ = 256, 2, 300, 64
+    w = gguf.GGUFWriter(path, "gpt2")
+    for k, v in (("block_count", L), ("context_length", T_), ("embedding_length", C),
+                 ("feed_forward_length", 4 * C), ("attention.head_count", 4)):
+        w.add_uint32(f"gpt2.{k}", v)
+    w.add_float32("gpt2.attention.layer_norm_epsilon", 1e-5)
+    f32 = lambda *shape, std=0.02: (rng.standard_normal(shape) * std).astype(np.float32)
+    w.add_tensor("token_embd.weight", f32(V, C))
+    w.add_tensor("position_embd.weight", f32(T_, C, std=0.01))
+    types = [(T.Q4_K, T.Q6_K, T.Q5_K, T.Q4_K), (T.Q5_0, T.Q8_0, T.Q4_1, T.Q5_1)]
+    for l in range(L):
+        for name, rows, cols, qt in (("attn_qkv", 3 * C, C, types[l][0]), ("attn_output", C, C, types[l][1]),
+                                     ("ffn_up", 4 * C, C, types[l][2]), ("ffn_down", C, 4 * C, types[l][3])):
+            w.add_tensor(f"blk.{l}.{name}.weight", block_tensor(qt, rows, cols, 0.02), raw_dtype=qt)
+            w.add_tensor(f"blk.{l}.{name}.bias", f32(rows, std=0.01))
+        for name in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{l}.{name}.weight", 1 + f32(C, std=0.1))
+            w.add_tensor(f"blk.{l}.{name}.bias", f32(C, std=0.1))
+    w.add_tensor("output_norm.weight", 1 + f32(C, std=0.1))
+    w.add_tensor("output_norm.bias", f32(C, std=0.1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if len(sys.argv) > 2 and sys.argv[2] == "gpt2":
+    gpt2_file(f"{out}/gpt2.gguf")
+    print("ok gpt2")
+    sys.exit(0)
 
 # (type, rows, cols): 32-value formats with a width that is not a multiple
 # of 64 too (the AVX-512 path's step), k-quants with 2 super-blocks a row.

@@ -10,7 +10,11 @@
  *     dequantized weights, and every instruction set gives the same bits;
  *   - broken files (cut inside a tensor, an unknown type, a type that
  *     does not match the bytes, overlapping tensors, two tensors at one
- *     offset, a row of partial blocks) are refused naming the tensor.
+ *     offset, a row of partial blocks) are refused naming the tensor;
+ *   - a GPT-2 file whose linear weights mix block formats loads with those
+ *     weights as stored, and the inference forward on them (the kernel)
+ *     gives the logits of the fp32 forward on the dequantized weights up
+ *     to the activations' 8-bit rounding.
  *
  * The bound. Output o of row n is sum_i w_i x_i. The kernel computes, per
  * block b of the activation row (32 or 256 values), xd_b (d_b I_b - m_b M_b)
@@ -34,12 +38,34 @@
 #include "backend/cpu/cpu_kquant.h"
 #include "backend/qblock.h"
 #include "check.h"
+#include "ckpt/gguf.h"
 #include "ckpt/gguf_file.h"
+#include "model/infer.h"
+#include "model/quant.h"
 
 #define PYTHON "/usr/bin/python3"
 
 static char dir[256];
 static int made = -1; /* 1 written, 0 failed, -1 not tried */
+
+/* Run tests/gguf_blocks.py with `args` into dir; 1 when it printed "ok". */
+static int run_script(const char *args) {
+    char cmd[1024], line[512], last[512] = "";
+    snprintf(cmd, sizeof cmd, "PYTHONPATH=.deps/py " PYTHON " tests/gguf_blocks.py %s %s 2>&1", dir, args);
+    FILE *p = popen(cmd, "r");
+    int ok = 0;
+    while (p && fgets(line, sizeof line, p)) {
+        snprintf(last, sizeof last, "%s", line);
+        if (!strncmp(line, "ok ", 3)) ok = 1;
+    }
+    if (p) pclose(p);
+    if (!ok && strstr(last, "ModuleNotFoundError")) {
+        check_skip("the gguf Python package is missing (.deps/py): %s", last);
+        return -1;
+    }
+    CHECK(ok, "tests/gguf_blocks.py %s failed: %s", args, last);
+    return ok;
+}
 
 /* Write the oracle files once; 0 (case skipped or failed) when they are not there. */
 static int oracle_files(void) {
@@ -49,21 +75,7 @@ static int oracle_files(void) {
             return 0;
         }
         snprintf(dir, sizeof dir, "%s", check_tmpdir("gguf-blocks"));
-        char cmd[1024], line[512], last[512] = "";
-        snprintf(cmd, sizeof cmd, "PYTHONPATH=.deps/py " PYTHON " tests/gguf_blocks.py %s 2>&1", dir);
-        FILE *p = popen(cmd, "r");
-        made = 0;
-        while (p && fgets(line, sizeof line, p)) {
-            snprintf(last, sizeof last, "%s", line);
-            if (!strncmp(line, "ok ", 3)) made = 1;
-        }
-        if (p) pclose(p);
-        if (!made && strstr(last, "ModuleNotFoundError")) {
-            check_skip("the gguf Python package is missing (.deps/py): %s", last);
-            made = -1;
-            return 0;
-        }
-        CHECK(made, "tests/gguf_blocks.py failed: %s", last);
+        made = run_script("");
     }
     return made == 1;
 }
@@ -258,9 +270,55 @@ static void test_broken_files(void) {
     free(orig);
 }
 
+/* Logits (T, Vp) of tokens 0..T-1 of one sequence through the inference forward. */
+static float *infer_logits(loom_gpt_t *m, int T) {
+    int Vp = m->cfg.padded_vocab_size, tokens[64], pos[64], seq[64], rows[64], tables[4] = {0, 1, 2, 3};
+    float *out = loom_calloc((size_t)T * Vp, sizeof(float));
+    loom_infer_t *inf;
+    CHECK(loom_infer_create(&inf, m, 4, 16, LOOM_FP32, T, 1, T) == LOOM_OK, "%s", loom_errmsg());
+    for (int i = 0; i < T; i++) tokens[i] = (i * 37 + 5) % m->cfg.vocab_size, pos[i] = i, seq[i] = 0, rows[i] = i;
+    loom_infer_batch_t b = {T, tokens, pos, seq, 1, tables, T, rows};
+    CHECK(loom_infer_forward(inf, &b, out) == LOOM_OK, "%s", loom_errmsg());
+    loom_infer_free(inf);
+    return out;
+}
+
+static void test_gpt2_block_weights(void) {
+    if (!oracle_files() || run_script("gpt2") != 1) return;
+    const loom_backend_t *be;
+    CHECK(loom_backend_open(&be, "cpu", 0, LOOM_FP32) == LOOM_OK, "%s", loom_errmsg());
+    char p[512];
+    snprintf(p, sizeof p, "%s/gpt2.gguf", dir);
+    loom_gpt_t *m;
+    loom_tokenizer_t *tok;
+    if (loom_gguf_load(p, be, &m, &tok) != LOOM_OK) {
+        CHECK(0, "%s", loom_errmsg());
+        return;
+    }
+    static const loom_dtype want[2][LOOM_QLIN_COUNT] = {{LOOM_Q4_K, LOOM_Q6_K, LOOM_Q5_K, LOOM_Q4_K},
+                                                        {LOOM_Q5_0, LOOM_INT8, LOOM_Q4_1, LOOM_Q5_1}};
+    CHECK(m->file_q && !m->file_int8 && !tok, "block weights %p, int8 %p", (void *)m->file_q, (void *)m->file_int8);
+    for (int i = 0; i < 2 * LOOM_QLIN_COUNT && m->file_q; i++)
+        CHECK(m->file_q[i].data && m->file_q[i].dtype == want[i / 4][i % 4], "layer %d weight %d: %s", i / 4, i % 4,
+              loom_dtype_name(m->file_q[i].dtype));
+    int T = 40;
+    size_t n = (size_t)T * m->cfg.padded_vocab_size;
+    float *kq = infer_logits(m, T);
+    loom_tensor_t *fq = m->file_q;
+    m->file_q = NULL; /* the fp32 forward on the dequantized weights */
+    float *f32 = infer_logits(m, T);
+    m->file_q = fq;
+    double e = check_rel_err(kq, f32, n);
+    CHECK(e > 0 && e < 2e-2, "logits on the file's blocks vs fp32 on their dequantized values: normalized error %.3g", e);
+    printf("  gpt2 with 7 block formats: logits on the blocks vs fp32 on the dequantized weights, normalized error %.3g\n", e);
+    free(kq), free(f32);
+    loom_gpt_free(m);
+}
+
 int main(void) {
     RUN(test_dequantize_equals_gguf);
     RUN(test_kq_matmul_bound);
     RUN(test_broken_files);
+    RUN(test_gpt2_block_weights);
     return check_main_end();
 }
