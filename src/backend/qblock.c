@@ -85,8 +85,7 @@ void loom_qblock_values(loom_dtype d, const void *blk, uint8_t *u) {
 
 void loom_qblock_scales(loom_dtype d, const void *blk, loom_qblock_scales_t *s) {
     const uint8_t *b = blk;
-    memset(s, 0, sizeof *s);
-    s->n = loom_qblock_info(d)->block;
+    s->n = d >= LOOM_Q4_K ? 256 : 32; /* a 32-value block fills groups 0 and 1 only */
     if (s->n == 32) {
         int hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1;
         s->d = f16(b);
