@@ -22,7 +22,8 @@ TYPES=${TYPES:-Q8_0 Q4_K_M Q5_K_M Q6_K}
 work=$(mktemp -d /tmp/loom-llama-kquant-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 if [ -z "${RUN:-}" ]; then
-    bible Gen1:1-Rev22:21 </dev/null | head -c 1500000 > "$work/train.txt"
+    bible Gen1:1-Rev22:21 </dev/null > "$work/kjv.txt"
+    head -c 1500000 "$work/kjv.txt" > "$work/train.txt"
     $LOOM tokenize --input "$work/train.txt" --vocab 2048 --out "$work/data" --quiet --threads "$THREADS" > /dev/null
     echo "llama-kquant: training a 4-layer, 256-channel GPT-2 for ${STEPS:-300} steps"
     $LOOM train --data "$work/data" --layers 4 --heads 4 --channels 256 --context 128 --steps "${STEPS:-300}" --batch 8 --seq 128 \
