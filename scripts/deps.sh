@@ -51,6 +51,11 @@ pip_target .deps/py kubernetes_validate kubernetes-validate
 # (PYTHONPATH=.deps/hf), pinned to versions that run on Debian's torch 1.13;
 # kept apart so the tokenizer tests keep Debian python's own `tokenizers`.
 pip_target .deps/hf transformers transformers==4.36.2 tokenizers==0.15.2 huggingface_hub==0.20.3 safetensors==0.4.2 "numpy<2"
+# A newer transformers for the Llama-family oracles (tests/test_llama*.c): 4.36
+# has no Qwen2 and no llama3 rope_scaling; 4.44 is the newest found to run
+# on Debian's torch 1.13 (docs/llama.md). Its own folder so the GPT-2 tests
+# keep their pin.
+pip_target .deps/hf44 transformers transformers==4.44.2 tokenizers==0.19.1 huggingface_hub==0.24.7 safetensors==0.4.5 "numpy<2"
 # NVIDIA's cudnn-frontend headers (header-only C++; the CUDA plugin's cuDNN
 # attention is compiled only when they are here; see docs/cuda.md).
 [ -f .deps/cudnn-fe/include/cudnn_frontend.h ] || /usr/bin/python3 -m pip install -q --disable-pip-version-check --no-deps --target .deps/cudnn-fe nvidia-cudnn-frontend==1.32.0

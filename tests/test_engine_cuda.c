@@ -69,11 +69,23 @@ static void engine_matches_cpu(void) { compare_engines(LOOM_QUANT_NONE, LOOM_FP3
  * fp32 ones do. */
 static void engine_int8_matches_cpu(void) { compare_engines(LOOM_QUANT_W8A8, LOOM_INT8, "W8A8, int8 KV"); }
 
-int main(void) {
+static const struct {
+    const char *name;
+    void (*fn)(void);
+} cases[] = {{"engine_matches_cpu", engine_matches_cpu}, {"engine_int8_matches_cpu", engine_int8_matches_cpu}};
+static const char *case_name(int i) { return cases[i].name; }
+static void run_case(int i) { check_run(cases[i].name, cases[i].fn); }
+
+/* In each child of check_run_isolated: a CUDA context does not survive
+ * fork, so nothing opens in the parent. */
+static void open_backends(void) {
     loom_backend_cpu_init(&cpu, 2);
     gpu_status = loom_backend_open(&gpu, "cuda:0", 1, LOOM_FP32);
     if (gpu_status != LOOM_OK) snprintf(no_gpu, sizeof no_gpu, "%s", loom_errmsg());
-    RUN(engine_matches_cpu);
-    RUN(engine_int8_matches_cpu);
+}
+
+int main(void) {
+    /* isolated: a case that panics or faults the GPU fails alone */
+    check_run_isolated(2, case_name, open_backends, run_case);
     return check_main_end();
 }

@@ -214,7 +214,7 @@ kill "${pids[-1]}" 2>/dev/null
 wait "${pids[-1]}" 2>/dev/null
 
 # ---- no charting library: said once, the run still works ----
-out=$(LOOM_DYGRAPHS_JS=/nonexistent/dygraph.min.js $LOOM "${TRAIN[@]}" --steps 3 --out "$tmp/nojs" --metrics-port 0 2>&1); rc=$?
+out=$(LOOM_DYGRAPHS_JS=/nonexistent/dygraph.min.js $LOOM "${TRAIN[@]}" --steps 3 --out "$tmp/nojs" --metrics-port 0 --metrics-linger 0 2>&1); rc=$?
 [ $rc = 0 ] && [ "$(printf '%s' "$out" | grep -c 'charting library is missing')" = 1 ] && printf '%s' "$out" | grep -q "libjs-dygraphs" \
     && echo "PASS obs_missing_charting_library_said_once" || echo "FAIL obs_missing_charting_library_said_once: exit $rc: $out"
 

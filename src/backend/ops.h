@@ -195,6 +195,30 @@
 #define LOOM_OP_MAP_VOID_9
 #define LOOM_OP_MAP_VOID_10
 
+/* ---- a backend's table, generated from the list ----
+ *
+ * The kernel of entry `name` on a backend is the function named by a
+ * per-backend prefix: loom_cpu_<name> on the CPU (src/backend/cpu/cpu.h),
+ * cuda_<name> on CUDA (src/backend/cuda/cuda_internal.h). Each backend
+ * declares every kernel with LOOM_OP_KERNEL and fills its table with one
+ * LOOM_OPS expansion, so a new entry needs no edit in any table:
+ *   - required kinds (MEM, OP, HOST) are declared plainly: a backend that
+ *     has no kernel for one fails to link, naming loom_cpu_<name> or
+ *     cuda_<name>;
+ *   - optional kinds (FUSED, DEV, GRAPH, VARIANT) are declared weak: with
+ *     no kernel anywhere the slot is NULL and the model takes the fallback.
+ * A weak declaration makes the definition it precedes weak too, which
+ * changes nothing while each kernel is defined once. */
+#define LOOM_OP_LINK_MEM
+#define LOOM_OP_LINK_OP
+#define LOOM_OP_LINK_HOST
+#define LOOM_OP_LINK_FUSED __attribute__((weak))
+#define LOOM_OP_LINK_DEV __attribute__((weak))
+#define LOOM_OP_LINK_GRAPH __attribute__((weak))
+#define LOOM_OP_LINK_VARIANT __attribute__((weak))
+/* `ret fn(params);`, weak for the optional kinds. */
+#define LOOM_OP_KERNEL(fn, ret, kind, n, args) ret fn LOOM_OP_PARAMS(n, args) LOOM_OP_LINK_##kind;
+
 /* 1 for the kinds every backend must fill. */
 #define LOOM_OP_REQUIRED_MEM 1
 #define LOOM_OP_REQUIRED_OP 1

@@ -2,6 +2,7 @@
 
 #include "backend/qblock.h"
 #include "ckpt/gguf_file.h"
+#include "ckpt/gguf_map.h"
 #include "model/quant.h"
 
 #include <cjson/cJSON.h>
@@ -219,111 +220,6 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o) {
 
 /* ---- reading ------------------------------------------------------------- */
 
-/* The model config from gpt2.* metadata and the embedding's shape. */
-static loom_status read_config(const loom_gguf_t *g, loom_gpt_config_t *c) {
-    const char *path = loom_gguf_path(g);
-    char *arch = loom_gguf_str(g, "general.architecture");
-    if (!arch || strcmp(arch, "gpt2")) {
-        loom_status s = loom_error(LOOM_EUNAVAIL, "%s: architecture %s is not supported; loom reads gpt2 (GPT-2) models", path,
-                                   arch ? arch : "(general.architecture missing)");
-        free(arch);
-        return s;
-    }
-    free(arch);
-    static const char *const keys[] = {"gpt2.block_count", "gpt2.context_length", "gpt2.embedding_length", "gpt2.attention.head_count"};
-    long long v[4], ff = 0;
-    for (int i = 0; i < 4; i++)
-        if (!loom_gguf_int(g, keys[i], &v[i]) || v[i] <= 0 || v[i] > (1 << 24))
-            return loom_error(LOOM_EFORMAT, "%s: metadata %s is missing or not a positive integer", path, keys[i]);
-    memset(c, 0, sizeof *c);
-    c->n_layer = (int)v[0];
-    c->max_seq_len = (int)v[1];
-    c->channels = (int)v[2];
-    c->n_head = (int)v[3];
-    if (loom_gguf_int(g, "gpt2.feed_forward_length", &ff) && ff != 4LL * c->channels)
-        return loom_error(LOOM_EUNAVAIL, "%s: feed_forward_length %lld is not 4 x embedding_length (%d); loom's GPT-2 has that MLP only", path,
-                          ff, 4 * c->channels);
-    const loom_gguf_tensor_t *e = loom_gguf_find(g, "token_embd.weight");
-    if (!e || e->ndim != 2 || e->ne[1] > (1 << 24))
-        return loom_error(LOOM_EFORMAT, "%s: tensor token_embd.weight is missing or not a matrix; a gpt2 GGUF has it", path);
-    c->vocab_size = (int)e->ne[1];
-    return loom_gpt_config_finish(c);
-}
-
-/* A loom_xsource_fn over an opened GGUF file (ctx: the loom_gguf_t). */
-static loom_status read_tensor(void *ctx, const loom_xtensor_t *x, float *out) {
-    const loom_gguf_t *g = ctx;
-    const loom_gguf_tensor_t *t = loom_gguf_find(g, x->gguf);
-    if (!t) return loom_error(LOOM_EFORMAT, "%s: tensor %s is missing; a gpt2 GGUF has it", loom_gguf_path(g), x->gguf);
-    uint64_t want0 = x->cols ? x->cols : x->rows, want1 = x->cols ? x->rows : 1;
-    uint64_t got1 = t->ndim >= 2 ? t->ne[1] : 1;
-    if (t->ndim > 2 || t->ne[0] != want0 || got1 != want1)
-        return loom_error(LOOM_EFORMAT, "%s: tensor %s has shape [%llu, %llu], the metadata implies [%llu, %llu]", loom_gguf_path(g), x->gguf,
-                          (unsigned long long)t->ne[0], (unsigned long long)got1, (unsigned long long)want0, (unsigned long long)want1);
-    loom_gguf_values(t, out);
-    return LOOM_OK;
-}
-
-/* Which LOOM_QLIN_* a parameter is, -1 for the others. */
-static int qlin_of(int param) {
-    return param == LOOM_QKVW ? LOOM_QLIN_QKV : param == LOOM_ATTPROJW ? LOOM_QLIN_ATTPROJ
-         : param == LOOM_FCW ? LOOM_QLIN_FC : param == LOOM_FCPROJW ? LOOM_QLIN_FCPROJ : -1;
-}
-
-/* A q8_0 tensor's blocks as int8 values q (numel) and fp32 scales sc
- * (numel / 32): the int8 copied, each fp16 scale widened (exact). */
-static void q8_0_split(const loom_gguf_tensor_t *t, signed char *q, float *sc) {
-    const unsigned char *src = t->data;
-    for (size_t b = 0; b < t->numel / 32; b++) {
-        uint16_t h;
-        memcpy(&h, src + 34 * b, 2);
-        sc[b] = loom_f16_to_f32(h);
-        memcpy(q + 32 * b, src + 34 * b + 2, 32);
-    }
-}
-
-/* Bytes a linear weight takes as m->file_int8 / m->file_q hold it. */
-static size_t held_bytes(const loom_gguf_tensor_t *t) {
-    return t->type == GT_Q8_0 ? t->numel + t->numel / 8 : t->bytes;
-}
-
-/* The file's own linear weights (model/gpt.h), host memory, one malloc:
- * the (L, 4) tensors, then their bytes. `block` 0: every linear matrix
- * is q8_0, held as m->file_int8 (int8, block-32 fp32 scales); 1: the
- * matrices in llama.cpp's block formats as stored, as m->file_q (q8_0
- * ones as int8 again, f32/f16/bf16 ones left out: data NULL). Called
- * after every tensor's shape was checked. */
-static loom_tensor_t *file_weights(const loom_gguf_t *g, const loom_gpt_t *m, int block) {
-    loom_xtensor_t *x;
-    int n = loom_xtensors(&m->cfg, &x), found = 0, want = 0;
-    size_t head = (size_t)m->cfg.n_layer * LOOM_QLIN_COUNT * sizeof(loom_tensor_t), bytes = 0;
-    for (int i = 0; i < n; i++) {
-        const loom_gguf_tensor_t *t = loom_gguf_find(g, x[i].gguf);
-        if (qlin_of(x[i].param) < 0) continue;
-        int kq = loom_qblock_of_ggml(t->type) >= 0, take = kq || t->type == GT_Q8_0;
-        found += kq, want += take, bytes += take ? (held_bytes(t) + 63) / 64 * 64 : 0;
-    }
-    int use = block ? found > 0 : want == m->cfg.n_layer * LOOM_QLIN_COUNT && found == 0;
-    char *mem = use ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
-    for (int i = 0; i < n && mem; i++) {
-        const loom_gguf_tensor_t *t = loom_gguf_find(g, x[i].gguf);
-        int d = loom_qblock_of_ggml(t->type);
-        if (qlin_of(x[i].param) < 0 || (d < 0 && t->type != GT_Q8_0)) continue;
-        loom_tensor_t v = {.data = at, .dtype = (loom_dtype)d, .rows = (long long)x[i].rows, .cols = (long long)x[i].cols};
-        if (d >= 0) {
-            memcpy(at, t->data, t->bytes);
-        } else { /* nb scales, then numel int8: alignment kept (numel % 32 == 0) */
-            float *sc = (float *)at;
-            v = (loom_tensor_t){.data = sc + t->numel / 32, .dtype = LOOM_INT8, .rows = v.rows, .cols = v.cols, .scales = sc, .block = 32};
-            q8_0_split(t, v.data, sc);
-        }
-        ((loom_tensor_t *)mem)[x[i].layer * LOOM_QLIN_COUNT + qlin_of(x[i].param)] = v;
-        at += (held_bytes(t) + 63) / 64 * 64;
-    }
-    free(x);
-    return (loom_tensor_t *)mem;
-}
-
 /* The embedded GPT-2 BPE tokenizer as tokenizer.json text. */
 static loom_status read_tokenizer(const loom_gguf_t *g, loom_tokenizer_t **tok) {
     *tok = NULL;
@@ -389,7 +285,7 @@ static loom_status read_tokenizer(const loom_gguf_t *g, loom_tokenizer_t **tok) 
 }
 
 /* Say which weights run as stored and which were dequantized. */
-static void say_block_weights(const char *path, const loom_gpt_t *m, const loom_backend_t *be) {
+static void say_block_weights(const char *path, const loom_gpt_t *m, const loom_backend_t *be, int mixed) {
     if (!m->file_q) return;
     size_t bytes = 0;
     for (int i = 0; i < m->cfg.n_layer * LOOM_QLIN_COUNT; i++) {
@@ -400,6 +296,32 @@ static void say_block_weights(const char *path, const loom_gpt_t *m, const loom_
         loom_info("%s: the linear layers run on the file's own quantized blocks (%.1f MB); the fp32 copy of every weight "
                   "is kept too (%.1f MB) for the embedding, the logits and `loom eval`", path, bytes / 1e6,
                   m->num_params * 4.0 / 1e6);
+    if (mixed)
+        loom_info("%s: %d fused weights (q, k, v or gate, up) mix block types; those run on their fp32 values dequantized at load",
+                  path, mixed);
+}
+
+/* Config, tokenizer and weights of an opened file into a new model. */
+static loom_status load(const loom_gguf_t *g, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok) {
+    const char *path = loom_gguf_path(g);
+    loom_gpt_config_t cfg;
+    LOOM_TRY(loom_gguf_config(g, &cfg));
+    LOOM_TRY(read_tokenizer(g, tok));
+    if (*tok && loom_tokenizer_vocab_size(*tok) > cfg.vocab_size)
+        return loom_error(LOOM_EFORMAT, "%s: the tokenizer has %d tokens but token_embd.weight only %d rows", path,
+                          loom_tokenizer_vocab_size(*tok), cfg.vocab_size);
+    LOOM_TRY(loom_gpt_create(model, &cfg, be));
+    loom_gpt_t *m = *model;
+    float *host = loom_calloc(m->num_params, sizeof(float));
+    loom_status s = loom_gguf_read_params(g, &m->cfg, m->ptable, host);
+    if (s == LOOM_OK) be->upload(m->params, host, m->num_params * sizeof(float));
+    free(host);
+    if (s != LOOM_OK) return s;
+    int mixed;
+    m->file_int8 = loom_gguf_file_weights(g, &m->cfg, 0, &mixed);
+    m->file_q = loom_gguf_file_weights(g, &m->cfg, 1, &mixed);
+    say_block_weights(path, m, be, m->file_q ? mixed : 0);
+    return LOOM_OK;
 }
 
 loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok) {
@@ -407,19 +329,7 @@ loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_
     *tok = NULL;
     loom_gguf_t *g;
     LOOM_TRY(loom_gguf_open(&g, path));
-    loom_gpt_config_t cfg;
-    loom_status s = read_config(g, &cfg);
-    if (s == LOOM_OK) s = read_tokenizer(g, tok);
-    if (s == LOOM_OK && *tok && loom_tokenizer_vocab_size(*tok) > cfg.vocab_size)
-        s = loom_error(LOOM_EFORMAT, "%s: the tokenizer has %d tokens but token_embd.weight only %d rows", path,
-                       loom_tokenizer_vocab_size(*tok), cfg.vocab_size);
-    if (s == LOOM_OK) s = loom_gpt_create(model, &cfg, be);
-    if (s == LOOM_OK) s = loom_xload(*model, read_tensor, g);
-    if (s == LOOM_OK) {
-        (*model)->file_int8 = file_weights(g, *model, 0);
-        (*model)->file_q = file_weights(g, *model, 1);
-        say_block_weights(path, *model, be);
-    }
+    loom_status s = load(g, be, model, tok);
     if (s != LOOM_OK) {
         if (*model) loom_gpt_free(*model);
         if (*tok) loom_tokenizer_free(*tok);

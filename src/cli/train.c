@@ -86,6 +86,7 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int *keep_sparsity, int
         {"bucket-mb", ARG_FLOAT, &o->bucket_mb, "4", 0.001, 1e5, "gradient bucket size for overlapped reduction, MB"},
         {"metrics-port", ARG_INT, &o->metrics_port, "-1", -1, 65535, "serve Prometheus /metrics and the live dashboard (/) on this port plus the local rank; 0 = any free port; -1 = off"},
         {"metrics-host", ARG_STR, &o->metrics_host, "127.0.0.1", 0, 0, "address the metrics server listens on (0.0.0.0 = every interface)"},
+        {"metrics-linger", ARG_FLOAT, &o->metrics_linger, "10", 0, 86400, "after the run, keep /metrics up until it is scraped once more (the final state), at most this many seconds"},
     };
     return loom_args_parse("train", "loom train --data FILE_OR_DIR --out runs/NAME [--model gpt2-tiny] [flags]", args,
                            LOOM_ARGS_COUNT(args), argc, argv);

@@ -16,6 +16,7 @@ typedef struct {
     job_t *job;
     int k;       /* prompt index */
     int started; /* a first event arrived (or never submitted): no longer pending */
+    int n_fin, finish, n_gen; /* samples finished, the request's finish reason, tokens generated (metrics) */
 } sub_t;
 
 typedef struct {
@@ -62,8 +63,11 @@ static void on_event(void *ctx, const loom_engine_event_t *ev) {
         else loom_histogram_observe(m->itl, now - j->last_t[c]);
         j->last_t[c] = now;
     }
+    if (ev->token >= 0) sb->n_gen++;
     if (ev->finish) {
-        loom_counter_add(m->finished[ev->finish], 1);
+        /* A request ends with its last sample; abort outranks length outranks stop. */
+        if (ev->finish == 3 || (ev->finish == 1 && sb->finish != 3) || !sb->finish) sb->finish = ev->finish;
+        if (++sb->n_fin == j->a.p.n) loom_serve_metrics_request(&m->more, j->n_pids[sb->k], sb->n_gen, sb->finish);
         if (++j->fin_cb == j->n_choices) loom_histogram_observe(m->e2e, now - j->t0);
     }
     loom_engine_queue_push(j->q, ev);
@@ -471,7 +475,7 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     a->p.stop_ids = eot >= 0 ? &j->m->eot : NULL;
     a->p.n_stop_ids = eot >= 0 && !a->ignore_eos;
     for (int k = 0; k < j->n_sub; k++) {
-        j->subs[k] = (sub_t){j, k, 0};
+        j->subs[k] = (sub_t){.job = j, .k = k};
         if (loom_engine_submit(j->m->e, j->pids[k], j->n_pids[k], &a->p, on_event, &j->subs[k], &j->eids[k]) != LOOM_OK) {
             j->subs[k].started = 1, atomic_fetch_sub(&j->s->pending, 1);
             for (int r = k + 1; r < j->n_sub; r++) j->subs[r].started = 1, atomic_fetch_sub(&j->s->pending, 1);

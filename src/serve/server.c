@@ -27,10 +27,6 @@ static void declare_metrics(loom_server_t *s, srv_model_t *m) {
     m->prompt_tokens = loom_metrics_counter(r, "loom_serve_prompt_tokens_total", "Prompt tokens prefilled (recomputes included).", "model", n, NULL);
     m->gen_tokens = loom_metrics_counter(r, "loom_serve_generation_tokens_total", "Tokens generated.", "model", n, NULL);
     m->preemptions = loom_metrics_counter(r, "loom_serve_preemptions_total", "Sequences preempted for KV blocks.", "model", n, NULL);
-    for (int i = 1; i < 4; i++)
-        m->finished[i] = loom_metrics_counter(r, "loom_serve_request_success_total",
-                                              "Finished samples by finish reason (abort: cancelled, disconnected, timed out).",
-                                              "model", n, "finish_reason", loom_srv_finish_names[i], NULL);
     m->rejected = loom_metrics_counter(r, "loom_serve_requests_rejected_total", "Requests refused with 429 (waiting queue full).", "model", n, NULL);
     m->ttft = loom_metrics_histogram(r, "loom_serve_time_to_first_token_seconds", "Time from arrival to a sample's first token.",
                                      latency_bounds, NB, "model", n, NULL);
@@ -41,6 +37,7 @@ static void declare_metrics(loom_server_t *s, srv_model_t *m) {
     m->queue = loom_metrics_histogram(r, "loom_serve_request_queue_time_seconds",
                                       "Time from submission to the engine's first admission of the request.", latency_bounds, NB,
                                       "model", n, NULL);
+    loom_serve_metrics_declare(&m->more, r, n, m->e, m->m->be->name);
 }
 
 /* Collect hook: engine stats into gauges, counter deltas into counters. */
@@ -74,6 +71,7 @@ static void *step_main(void *arg) {
             int busy = 0;
             if (loom_engine_step(s->models[i].e, &busy) != LOOM_OK)
                 fprintf(stderr, "loom serve: model %s: %s\n", s->models[i].name, loom_errmsg());
+            if (busy) loom_serve_metrics_step(&s->models[i].more, s->models[i].e);
             any |= busy;
         }
         pthread_mutex_lock(&s->mu);
@@ -175,13 +173,26 @@ loom_status loom_server_start(loom_server_t **out, const loom_server_config_t *c
         routes[n++] = (loom_http_route_t){"GET", dash_paths[i], on_dash, &s->proxy[i]};
     }
     *out = s;
-    return loom_http_start(&s->http, c->host, c->port, routes, n);
+    loom_http_opts_t ho = {.host = c->host, .port = c->port, .routes = routes, .n = n, .reg = s->reg,
+                           .counter = LOOM_SERVE_HTTP_COUNTER, .error_body = loom_serve_http_error};
+    return loom_http_start_opts(&s->http, &ho);
+}
+
+/* The "Errors" chart: rates of the error responses worth watching. */
+static int error_lines(loom_server_t *s, loom_dashboard_line_t *lines) {
+    static const char *const codes[4][2] = {{"400", "400 bad request"}, {"413", "413 too large"}, {"429", "429 queue full"},
+                                            {"500", "500 server error"}};
+    for (int i = 0; i < 4; i++)
+        lines[i] = (loom_dashboard_line_t){"Errors (responses/s)", codes[i][1],
+                                           loom_metrics_find(s->reg, LOOM_SERVE_HTTP_COUNTER, "code", codes[i][0], NULL),
+                                           LOOM_LINE_RATE, 0, 0, NULL};
+    return 4;
 }
 
 static void dashboard_lines(loom_server_t *s) {
     loom_dashboard_line_t lines[32];
     int n = 0;
-    for (int i = 0; i < s->n_models && n + 6 <= 32; i++) {
+    for (int i = 0; i < s->n_models && n + 10 <= 32 - 4; i++) {
         srv_model_t *m = &s->models[i];
         snprintf(m->lbl[0], sizeof m->lbl[0], "%s running", m->name);
         snprintf(m->lbl[1], sizeof m->lbl[1], "%s waiting", m->name);
@@ -194,11 +205,25 @@ static void dashboard_lines(loom_server_t *s) {
         lines[n++] = (loom_dashboard_line_t){"Generated tokens/s", m->lbl[2], m->gen_tokens, LOOM_LINE_RATE, 0, 0, NULL};
         lines[n++] = (loom_dashboard_line_t){"Time to first token (ms)", m->lbl[3], m->ttft, LOOM_LINE_QUANTILE, 0.5, 1000, NULL};
         lines[n++] = (loom_dashboard_line_t){"Time to first token (ms)", m->lbl[4], m->ttft, LOOM_LINE_QUANTILE, 0.99, 1000, NULL};
+        lines[n++] = (loom_dashboard_line_t){"Inter-token latency (ms)", m->lbl[3], m->itl, LOOM_LINE_QUANTILE, 0.5, 1000, NULL};
+        lines[n++] = (loom_dashboard_line_t){"Inter-token latency (ms)", m->lbl[4], m->itl, LOOM_LINE_QUANTILE, 0.99, 1000, NULL};
+        lines[n++] = (loom_dashboard_line_t){"End-to-end request latency (ms)", m->lbl[3], m->e2e, LOOM_LINE_QUANTILE, 0.5, 1000, NULL};
+        lines[n++] = (loom_dashboard_line_t){"End-to-end request latency (ms)", m->lbl[4], m->e2e, LOOM_LINE_QUANTILE, 0.99, 1000, NULL};
     }
-    if (loom_dashboard_start(&s->dash, "loom serve", s->reg, lines, n, 1.0) != LOOM_OK) {
+    n += error_lines(s, lines + n);
+    char title[256];
+    snprintf(title, sizeof title, "loom serve: %s%s on %s", s->models[0].name, s->n_models > 1 ? " and more" : "",
+             s->models[0].m->be->name);
+    if (loom_dashboard_start(&s->dash, title, s->reg, lines, n, 1.0) != LOOM_OK) {
         fprintf(stderr, "loom serve: no dashboard: %s\n", loom_errmsg());
         return;
     }
+    for (int i = 0; i < s->n_models; i++) {
+        char note[256];
+        snprintf(note, sizeof note, "model %s on %s", s->models[i].name, s->models[i].m->be->name);
+        loom_dashboard_note(s->dash, note);
+    }
+    loom_dashboard_note(s->dash, loom_telemetry_status(s->tel));
     loom_http_route_t r[4];
     loom_dashboard_routes(s->dash, r);
     s->dash_routes_ready = 1;
@@ -220,6 +245,10 @@ loom_status loom_server_add_model(loom_server_t *s, const char *name, loom_gpt_t
     sm->eot = loom_tokenizer_eot(tok);
     sm->chat_template = chat_template ? loom_strdup(chat_template) : NULL;
     declare_metrics(s, sm);
+    if (!s->tel) {
+        s->tel = loom_telemetry_open(s->reg, loom_backend_gpu_ordinal(m->be->name), -1);
+        fprintf(stderr, "loom serve: %s\n", loom_telemetry_status(s->tel));
+    }
     pthread_mutex_lock(&s->mu);
     s->n_models++;
     pthread_mutex_unlock(&s->mu);
@@ -263,6 +292,7 @@ void loom_server_free(loom_server_t *s) {
         pthread_join(s->stepper, NULL);
     }
     loom_metrics_off_collect(s->reg, collect, s);
+    loom_telemetry_close(s->tel);
     for (int i = 0; i < s->n_models; i++) {
         loom_engine_free(s->models[i].e);
         free(s->models[i].name);

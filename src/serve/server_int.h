@@ -10,7 +10,9 @@
 #include "obs/http.h"
 #include "obs/metrics.h"
 #include "obs/sbuf.h"
+#include "obs/telemetry.h"
 #include "serve/http_api.h"
+#include "serve/serve_metrics.h"
 #include "serve/server.h"
 
 #define SRV_MAX_MODELS 8
@@ -25,7 +27,8 @@ typedef struct {
     char *chat_template;
     int eot; /* the tokenizer's end-of-text id (a stop id), -1 if none */
     loom_metric_t *running, *waiting, *kv_usage, *kv_used, *prompt_tokens, *gen_tokens, *preemptions, *rejected;
-    loom_metric_t *finished[4], *ttft, *itl, *e2e, *queue;
+    loom_metric_t *ttft, *itl, *e2e, *queue;
+    loom_serve_metrics_t more; /* per-request, per-step and configuration series (serve_metrics.h) */
     long long last_prompt, last_gen, last_preempt;
     char lbl[5][96];
 } srv_model_t;
@@ -53,6 +56,7 @@ struct loom_server {
     pthread_t stepper;
     int stepping, stop, kicked;
     time_t started;
+    loom_telemetry_t *tel; /* GPU telemetry (or CPU energy) and process_* series, from the first model's device */
 };
 
 extern const char *const loom_srv_finish_names[4];

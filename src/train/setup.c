@@ -317,6 +317,10 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     run->step = j->rst.step;
     run->data_pos = j->rst.data_pos;
     j->peak = run->be->peak_flops;
+    /* Ranks measure their peak on a shared machine at different moments
+     * and get different figures; MFU is one job's number, so rank 0's
+     * measure is every rank's. */
+    if (run->multi) LOOM_TRY(loom_dist_broadcast(dist, &j->peak, sizeof j->peak, 0));
     j->opt = (loom_optim_t){.beta1 = (float)o->beta1, .beta2 = (float)o->beta2, .eps = 1e-8f,
                             .weight_decay = (float)o->weight_decay, .clip = (float)o->clip};
     size_t per_rank = (size_t)run->B * run->T * o->grad_accum;

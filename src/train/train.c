@@ -149,6 +149,7 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     rec->comm_wait_s = loom_dp_last_wait(run->dp);
     rec->tokens_per_s = run->tokens_per_step / rec->step_s;
     rec->mfu = step_mfu(j, rec);
+    rec->peak_flops = j->peak;
     run->train_time += rec->step_s;
     run->comm_wait += rec->comm_wait_s;
     run->step = step;

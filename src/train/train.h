@@ -81,6 +81,7 @@ typedef struct {
      * local rank (0 = any free port, < 0 = no server); --metrics-host. */
     int metrics_port;
     const char *metrics_host;
+    double metrics_linger;  /* after the run, keep the server until one more scrape, at most this many seconds */
 } loom_train_opts_t;
 
 /* One optimizer step's numbers, as observers see them. */
@@ -98,6 +99,7 @@ typedef struct {
     float loss_scale;        /* fp16 dynamic loss scale used (1 without scaling) */
     int skipped;             /* the step was skipped (inf/nan gradients under loss scaling) */
     double data_s;           /* time loading this step's batches, before step_s */
+    double peak_flops;       /* FLOP/s per rank MFU is relative to (rank 0's measure, so every rank has the same) */
 } loom_step_record_t;
 
 /* A checkpoint that was just taken. With --ckpt-sync it is on disk;
