@@ -1,6 +1,6 @@
 """Oracle files for tests/test_gguf_blocks.c, written by the gguf package.
 
-usage: gguf_blocks.py OUT_DIR [gpt2]
+usage: gguf_blocks.py OUT_DIR [gpt2|llama]
 
 OUT_DIR/blocks.gguf: one 2-D tensor per block format loom reads, named by
 the format ("q4_K"), in shapes (rows, cols) of several blocks per row; q4_0,
@@ -12,6 +12,12 @@ them: the values loom's dequantization must equal bit for bit.
 With `gpt2`, OUT_DIR/gpt2.gguf: a small GPT-2 (C 256, 2 layers) whose
 linear weights are in one block format each (k-quants, 32-value formats
 and q8_0 mixed, as a Q4_K_M file mixes them), the rest f32, no tokenizer.
+With `llama`, OUT_DIR/llama.gguf: a small Llama (C 256, 4 heads, 2 kv
+heads, H 512, untied head) as llama.cpp's convert_hf_to_gguf.py lays it
+out (attn_q and attn_k rows permuted by its `permute`), layer 0 in f32,
+layer 1 in block formats; OUT_DIR/llama_expect.gguf: loom's fused
+parameters (qkvw.N = q, k, v in Hugging Face's row order; fcw.N = gate,
+up; ...) as numpy computes them from the same values.
 """
 import sys
 
@@ -68,6 +74,70 @@ def gpt2_file(path):
     w.write_tensors_to_file()
     w.close()
 
+
+def permute(w, n_head):  # convert_hf_to_gguf.py LlamaModel.permute
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w, n_head):
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama_file(path, expect_path):
+    C, L, V, H, NH, KV = 256, 2, 300, 512, 4, 2
+    hs = C // NH
+    w = gguf.GGUFWriter(path, "llama")
+    for k, v in (("block_count", L), ("context_length", 128), ("embedding_length", C), ("feed_forward_length", H),
+                 ("attention.head_count", NH), ("attention.head_count_kv", KV), ("rope.dimension_count", hs)):
+        w.add_uint32(f"llama.{k}", v)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32("llama.rope.freq_base", 500000.0)
+    ex = gguf.GGUFWriter(expect_path, "llama")
+    f32 = lambda *shape, std=0.02: (rng.standard_normal(shape) * std).astype(np.float32)
+    top = {"token_embd.weight": ("wte", f32(V, C)), "output.weight": ("lm_head", f32(V, C)),
+           "output_norm.weight": ("lnfw", 1 + f32(C, std=0.1))}
+    for name, (loom, x) in top.items():
+        w.add_tensor(name, x)
+        ex.add_tensor(loom, x)
+    kinds = [dict(q=T.F32, k=T.F32, v=T.F32, o=T.F32, gate=T.F32, up=T.F32, down=T.F32),
+             dict(q=T.Q4_K, k=T.Q4_K, v=T.Q4_K, o=T.Q6_K, gate=T.Q5_K, up=T.Q4_K, down=T.Q8_0)]
+    for l in range(L):
+        parts = {}
+        for key, name, rows, cols, heads in (("q", "attn_q", NH * hs, C, NH), ("k", "attn_k", KV * hs, C, KV),
+                                             ("v", "attn_v", KV * hs, C, 0), ("o", "attn_output", C, C, 0),
+                                             ("gate", "ffn_gate", H, C, 0), ("up", "ffn_up", H, C, 0), ("down", "ffn_down", C, H, 0)):
+            qt = kinds[l][key]
+            hf = f32(rows, cols)
+            stored = permute(hf, heads) if heads else hf
+            if qt == T.F32:
+                w.add_tensor(f"blk.{l}.{name}.weight", np.ascontiguousarray(stored))
+                vals = stored
+            else:
+                data = block_tensor(qt, rows, cols, 0.02) if qt != T.Q8_0 else quantize(stored, qt)
+                w.add_tensor(f"blk.{l}.{name}.weight", data, raw_dtype=qt)
+                vals = dequantize(data, qt).reshape(rows, cols)
+            parts[key] = unpermute(vals, heads) if heads else vals
+            if qt == T.F32 and heads:
+                assert np.array_equal(parts[key], hf)
+        for name, loom in (("attn_norm", "ln1w"), ("ffn_norm", "ln2w")):
+            x = 1 + f32(C, std=0.1)
+            w.add_tensor(f"blk.{l}.{name}.weight", x)
+            ex.add_tensor(f"{loom}.{l}", x)
+        ex.add_tensor(f"qkvw.{l}", np.ascontiguousarray(np.concatenate([parts["q"], parts["k"], parts["v"]])))
+        ex.add_tensor(f"attprojw.{l}", np.ascontiguousarray(parts["o"]))
+        ex.add_tensor(f"fcw.{l}", np.ascontiguousarray(np.concatenate([parts["gate"], parts["up"]])))
+        ex.add_tensor(f"fcprojw.{l}", np.ascontiguousarray(parts["down"]))
+    for f in (w, ex):
+        f.write_header_to_file()
+        f.write_kv_data_to_file()
+        f.write_tensors_to_file()
+        f.close()
+
+
+if len(sys.argv) > 2 and sys.argv[2] == "llama":
+    llama_file(f"{out}/llama.gguf", f"{out}/llama_expect.gguf")
+    print("ok llama")
+    sys.exit(0)
 
 if len(sys.argv) > 2 and sys.argv[2] == "gpt2":
     gpt2_file(f"{out}/gpt2.gguf")

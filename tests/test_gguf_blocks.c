@@ -14,7 +14,11 @@
  *   - a GPT-2 file whose linear weights mix block formats loads with those
  *     weights as stored, and the inference forward on them (the kernel)
  *     gives the logits of the fp32 forward on the dequantized weights up
- *     to the activations' 8-bit rounding.
+ *     to the activations' 8-bit rounding;
+ *   - a Llama file laid out as llama.cpp's converter writes it (q and k
+ *     rows in its rotary order, q/k/v and gate/up apart) reads into loom's
+ *     config and fused parameters as numpy computes them, the block
+ *     weights kept as stored with their rows in loom's order.
  *
  * The bound. Output o of row n is sum_i w_i x_i. The kernel computes, per
  * block b of the activation row (32 or 256 values), xd_b (d_b I_b - m_b M_b)
@@ -40,6 +44,7 @@
 #include "check.h"
 #include "ckpt/gguf.h"
 #include "ckpt/gguf_file.h"
+#include "ckpt/gguf_map.h"
 #include "model/infer.h"
 #include "model/quant.h"
 
@@ -315,10 +320,76 @@ static void test_gpt2_block_weights(void) {
     loom_gpt_free(m);
 }
 
+/* The config, the parameters and the block weights of tests/gguf_blocks.py's llama file. */
+static void test_llama_map(void) {
+    if (!oracle_files() || run_script("llama") != 1) return;
+    char p[512];
+    snprintf(p, sizeof p, "%s/llama.gguf", dir);
+    loom_gguf_t *g = NULL, *e = open_file("llama_expect.gguf");
+    CHECK(loom_gguf_open(&g, p) == LOOM_OK, "%s", loom_errmsg());
+    loom_gpt_config_t c;
+    if (!g || !e || loom_gguf_config(g, &c) != LOOM_OK) {
+        CHECK(0, "%s", loom_errmsg());
+        return;
+    }
+    CHECK(c.n_layer == 2 && c.channels == 256 && c.n_head == 4 && c.n_kv_heads == 2 && c.ffn_hidden == 512 && c.vocab_size == 300 &&
+              c.norm == LOOM_NORM_RMSNORM && c.pos == LOOM_POS_ROPE && c.mlp == LOOM_MLP_SWIGLU && c.bias == LOOM_BIAS_NONE &&
+              c.untied_head && c.rope_theta == 500000.0f && c.norm_eps == 1e-6f,
+          "config: L %d C %d NH %d KV %d H %d V %d untied %d theta %g eps %g", c.n_layer, c.channels, c.n_head, c.n_kv_heads,
+          c.ffn_hidden, c.vocab_size, c.untied_head, c.rope_theta, c.norm_eps);
+    loom_tensor_info_t pt[LOOM_NPARAMS];
+    size_t total;
+    loom_gpt_param_table(&c, pt, &total);
+    float *host = loom_calloc(total, sizeof(float));
+    CHECK(loom_gguf_read_params(g, &c, pt, host) == LOOM_OK, "%s", loom_errmsg());
+    int same = 0, n = loom_gguf_ntensors(e);
+    for (int i = 0; i < n; i++) { /* "qkvw.1" -> parameter qkvw, layer 1 */
+        const loom_gguf_tensor_t *t = loom_gguf_tensor_at(e, i);
+        char name[96];
+        snprintf(name, sizeof name, "%s", t->name);
+        char *dot = strchr(name, '.');
+        int layer = dot ? atoi(dot + 1) : 0, k = 0;
+        if (dot) *dot = 0;
+        while (k < LOOM_NPARAMS && strcmp(pt[k].name, name)) k++;
+        if (k == LOOM_NPARAMS) continue;
+        size_t per = dot ? pt[k].numel / (size_t)c.n_layer : 0, len = t->numel;
+        const float *got = host + pt[k].offset + (size_t)layer * per;
+        int eq = !memcmp(got, t->data, (k == LOOM_WTE || k == LOOM_LMHEAD ? (size_t)c.vocab_size * c.channels : len) * sizeof(float));
+        CHECK(eq, "%s: loom's parameter differs from numpy's", t->name);
+        same += eq;
+    }
+    CHECK(same == n && n == 3 + 2 * 6, "%d of %d parameters equal", same, n);
+    int mixed = 0;
+    loom_tensor_t *fq = loom_gguf_file_weights(g, &c, 1, &mixed);
+    CHECK(fq && mixed == 1, "block weights %p, %d mixed", (void *)fq, mixed);
+    static const loom_dtype want[LOOM_QLIN_COUNT] = {LOOM_Q4_K, LOOM_Q6_K, LOOM_DTYPE_COUNT, LOOM_INT8};
+    for (int q = 0; q < LOOM_QLIN_COUNT && fq; q++) {
+        const loom_tensor_t *w = &fq[LOOM_QLIN_COUNT + q];
+        CHECK(!fq[q].data, "layer 0 (f32) has no block weights");
+        if (want[q] == LOOM_DTYPE_COUNT) { /* gate q5_K, up q4_K: left to fp32 */
+            CHECK(!w->data, "the mixed gate/up has block weights");
+            continue;
+        }
+        CHECK(w->data && w->dtype == want[q], "layer 1 weight %d: %s", q, loom_dtype_name(w->dtype));
+        if (!w->data) continue;
+        int pk = q == LOOM_QLIN_QKV ? LOOM_QKVW : q == LOOM_QLIN_ATTPROJ ? LOOM_ATTPROJW : LOOM_FCPROJW;
+        float *d = loom_malloc((size_t)w->rows * w->cols * sizeof(float));
+        loom_tensor_dequantize(w, d);
+        CHECK(!memcmp(d, host + pt[pk].offset + pt[pk].numel / 2, (size_t)w->rows * w->cols * sizeof(float)),
+              "layer 1 weight %d: the kept blocks (rows in loom's order) do not dequantize to the parameters", q);
+        free(d);
+    }
+    free(fq);
+    free(host);
+    loom_gguf_close(g);
+    loom_gguf_close(e);
+}
+
 int main(void) {
     RUN(test_dequantize_equals_gguf);
     RUN(test_kq_matmul_bound);
     RUN(test_broken_files);
     RUN(test_gpt2_block_weights);
+    RUN(test_llama_map);
     return check_main_end();
 }
