@@ -134,6 +134,28 @@ def llama_file(path, expect_path):
         f.close()
 
 
+def compare(loom_path, orig_path):
+    """loom's f32 export of the llama file against the file itself."""
+    a, b = gguf.GGUFReader(loom_path), gguf.GGUFReader(orig_path)
+    assert a.fields["general.architecture"].contents() == "llama"
+    for k in b.fields:
+        if k.startswith("llama."):
+            assert k in a.fields and a.fields[k].contents() == b.fields[k].contents(), k
+    ta = {t.name: t for t in a.tensors}
+    for t in b.tensors:
+        assert t.name in ta, t.name
+        got = ta[t.name]
+        assert got.tensor_type == T.F32 and list(got.shape) == list(t.shape), t.name
+        want = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).ravel()
+        assert np.array_equal(np.asarray(got.data).ravel().view(np.uint32), want.view(np.uint32)), t.name
+    assert len(a.tensors) == len(b.tensors)
+
+
+if len(sys.argv) > 3 and sys.argv[2] == "compare":
+    compare(sys.argv[3], f"{out}/llama.gguf")
+    print("ok compare")
+    sys.exit(0)
+
 if len(sys.argv) > 2 and sys.argv[2] == "llama":
     llama_file(f"{out}/llama.gguf", f"{out}/llama_expect.gguf")
     print("ok llama")

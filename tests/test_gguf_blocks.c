@@ -18,7 +18,9 @@
  *   - a Llama file laid out as llama.cpp's converter writes it (q and k
  *     rows in its rotary order, q/k/v and gate/up apart) reads into loom's
  *     config and fused parameters as numpy computes them, the block
- *     weights kept as stored with their rows in loom's order.
+ *     weights kept as stored with their rows in loom's order; written
+ *     back by loom as an f32 llama GGUF, the gguf reader finds the same
+ *     llama.* keys and every tensor's values (rows in rotary order again).
  *
  * The bound. Output o of row n is sum_i w_i x_i. The kernel computes, per
  * block b of the activation row (32 or 256 values), xd_b (d_b I_b - m_b M_b)
@@ -380,6 +382,13 @@ static void test_llama_map(void) {
         free(d);
     }
     free(fq);
+    /* written back as an f32 llama GGUF: the gguf reader finds the original's keys and values */
+    snprintf(p, sizeof p, "%s/llama_loom.gguf", dir);
+    loom_gguf_write_opts_t o = {.cfg = &c, .dtype = LOOM_XDT_F32, .name = "map-test", .params = host};
+    CHECK(loom_gguf_write(p, &o) == LOOM_OK, "%s", loom_errmsg());
+    char args[600];
+    snprintf(args, sizeof args, "compare %s", p);
+    CHECK(run_script(args) == 1, "loom's llama export differs from the file it read");
     free(host);
     loom_gguf_close(g);
     loom_gguf_close(e);

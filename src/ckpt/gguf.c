@@ -116,36 +116,68 @@ static int put_tokenizer(buf_t *b, const loom_tokenizer_t *t, int V) {
     return n;
 }
 
-/* The metadata section; returns the number of key-value pairs. */
-static uint64_t put_metadata(buf_t *b, const loom_gguf_write_opts_t *o) {
-    static const uint32_t file_type[] = {0, 1, 32, 7}; /* ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0 */
-    const loom_gpt_config_t *c = o->cfg;
-    kv_str(b, "general.architecture", "gpt2");
-    kv_str(b, "general.type", "model");
-    kv_str(b, "general.name", o->name && *o->name ? o->name : "loom");
-    kv_u32(b, "gpt2.block_count", (uint32_t)c->n_layer);
-    kv_u32(b, "gpt2.context_length", (uint32_t)c->max_seq_len);
-    kv_u32(b, "gpt2.embedding_length", (uint32_t)c->channels);
-    kv_u32(b, "gpt2.feed_forward_length", (uint32_t)(4 * c->channels));
-    kv_u32(b, "gpt2.attention.head_count", (uint32_t)c->n_head);
-    kv_f32(b, "gpt2.attention.layer_norm_epsilon", 1e-5f);
-    kv_u32(b, "general.file_type", file_type[o->dtype]);
-    kv_u32(b, "general.quantization_version", 2);
-    return 11 + (uint64_t)put_tokenizer(b, o->tok, c->vocab_size);
+/* The architecture a config is written as: gpt2, llama (no biases) or
+ * qwen2 (q, k, v biases); NULL when GGUF has none for it. */
+static const char *arch_of(const loom_gpt_config_t *c) {
+    if (!strcmp(loom_gpt_family(c), "gpt2")) return c->n_kv_heads == c->n_head && c->bias == LOOM_BIAS_ALL && !c->untied_head ? "gpt2" : NULL;
+    if (c->norm != LOOM_NORM_RMSNORM || c->pos != LOOM_POS_ROPE || c->mlp != LOOM_MLP_SWIGLU) return NULL;
+    return c->bias == LOOM_BIAS_NONE ? "llama" : c->bias == LOOM_BIAS_QKV ? "qwen2" : NULL;
 }
 
-static loom_xdtype tensor_dtype(const loom_xtensor_t *x, loom_xdtype want) {
+/* The architecture's keys (`arch`.*); returns their count. */
+static int put_arch(buf_t *b, const char *arch, const loom_gpt_config_t *c) {
+    char k[96];
+#define ARCH_U32(key, v) (snprintf(k, sizeof k, "%s." key, arch), kv_u32(b, k, (uint32_t)(v)))
+#define ARCH_F32(key, v) (snprintf(k, sizeof k, "%s." key, arch), kv_f32(b, k, (float)(v)))
+    ARCH_U32("block_count", c->n_layer);
+    ARCH_U32("context_length", c->max_seq_len);
+    ARCH_U32("embedding_length", c->channels);
+    ARCH_U32("feed_forward_length", c->ffn_hidden);
+    ARCH_U32("attention.head_count", c->n_head);
+    if (!strcmp(arch, "gpt2")) {
+        ARCH_F32("attention.layer_norm_epsilon", 1e-5f);
+        return 6;
+    }
+    ARCH_U32("attention.head_count_kv", c->n_kv_heads);
+    ARCH_F32("attention.layer_norm_rms_epsilon", c->norm_eps > 0 ? c->norm_eps : 1e-5f);
+    ARCH_F32("rope.freq_base", c->rope_theta > 0 ? c->rope_theta : 10000.0f);
+    ARCH_U32("rope.dimension_count", c->channels / c->n_head);
+    ARCH_U32("vocab_size", c->vocab_size);
+    if (c->rope_scaling.kind != LOOM_ROPE_SCALING_LINEAR) return 10;
+    snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
+    kv_str(b, k, "linear");
+    ARCH_F32("rope.scaling.factor", c->rope_scaling.factor);
+    return 12;
+#undef ARCH_U32
+#undef ARCH_F32
+}
+
+/* The metadata section; returns the number of key-value pairs. */
+static uint64_t put_metadata(buf_t *b, const loom_gguf_write_opts_t *o, const char *arch) {
+    static const uint32_t file_type[] = {0, 1, 32, 7}; /* ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0 */
+    kv_str(b, "general.architecture", arch);
+    kv_str(b, "general.type", "model");
+    kv_str(b, "general.name", o->name && *o->name ? o->name : "loom");
+    int n = put_arch(b, arch, o->cfg);
+    kv_u32(b, "general.file_type", file_type[o->dtype]);
+    kv_u32(b, "general.quantization_version", 2);
+    return 5 + (uint64_t)n + (o->tok ? (uint64_t)put_tokenizer(b, o->tok, o->cfg->vocab_size) : 0);
+}
+
+static loom_xdtype tensor_dtype(const loom_gguf_map_t *x, loom_xdtype want) {
     if (!x->cols) return LOOM_XDT_F32;
     if (want == LOOM_XDT_Q8_0 && x->cols % 32) return LOOM_XDT_F16;
     return want;
 }
 
+static size_t numel_of(const loom_gguf_map_t *x) { return x->rows * (x->cols ? x->cols : 1); }
+
 static size_t align_up(size_t n) { return (n + LOOM_GGUF_ALIGN - 1) / LOOM_GGUF_ALIGN * LOOM_GGUF_ALIGN; }
 
 /* Header, metadata and tensor infos, padded to the data section. */
-static buf_t gguf_head(const loom_gguf_write_opts_t *o, const loom_xtensor_t *x, int n) {
+static buf_t gguf_head(const loom_gguf_write_opts_t *o, const char *arch, const loom_gguf_map_t *x, int n) {
     buf_t kv = {0}, b = {0};
-    uint64_t nkv = put_metadata(&kv, o);
+    uint64_t nkv = put_metadata(&kv, o, arch);
     put_u32(&b, LOOM_GGUF_MAGIC);
     put_u32(&b, LOOM_GGUF_VERSION);
     put_u64(&b, (uint64_t)n);
@@ -161,25 +193,40 @@ static buf_t gguf_head(const loom_gguf_write_opts_t *o, const loom_xtensor_t *x,
         if (x[i].cols) put_u64(&b, x[i].rows);
         put_u32(&b, (uint32_t)ggml_type_of(t));
         put_u64(&b, off);
-        off = align_up(off + loom_xdtype_bytes(t, x[i].numel));
+        off = align_up(off + loom_xdtype_bytes(t, numel_of(&x[i])));
     }
     static const unsigned char zero[LOOM_GGUF_ALIGN];
     put(&b, zero, align_up(b.n) - b.n);
     return b;
 }
 
-static loom_status write_tensors(FILE *f, const char *tmp, const loom_gguf_write_opts_t *o, const loom_xtensor_t *x, int n) {
+/* Tensor i's values: from the source (GPT-2's table, xt[i]) or from the
+ * host parameter block, rows in the file's order. */
+static loom_status tensor_values(const loom_gguf_write_opts_t *o, const loom_gguf_map_t *x, const loom_xtensor_t *xt,
+                                 const loom_tensor_info_t *pt, float *vals) {
+    if (!o->params) return o->src(o->src_ctx, xt, vals);
+    size_t w = x->cols ? x->cols : 1;
+    const float *from = o->params + loom_gguf_param_at(x, o->cfg, pt);
+    for (size_t r = 0; r < x->rows; r++) memcpy(vals + loom_gguf_file_row(x, r) * w, from + r * w, w * sizeof(float));
+    return LOOM_OK;
+}
+
+static loom_status write_tensors(FILE *f, const char *tmp, const loom_gguf_write_opts_t *o, const loom_gguf_map_t *x,
+                                 const loom_xtensor_t *xt, int n) {
     size_t most = 0;
-    for (int i = 0; i < n; i++) most = x[i].numel > most ? x[i].numel : most;
+    for (int i = 0; i < n; i++) most = numel_of(&x[i]) > most ? numel_of(&x[i]) : most;
     float *vals = loom_malloc(most * sizeof(float));
     unsigned char *enc = loom_malloc(most * 4);
+    loom_tensor_info_t pt[LOOM_NPARAMS];
+    size_t total;
+    loom_gpt_param_table(o->cfg, pt, &total);
     static const unsigned char zero[LOOM_GGUF_ALIGN];
     loom_status s = LOOM_OK;
     for (int i = 0; i < n && s == LOOM_OK; i++) {
-        if ((s = o->src(o->src_ctx, &x[i], vals)) != LOOM_OK) break;
+        if ((s = tensor_values(o, &x[i], xt ? &xt[i] : NULL, pt, vals)) != LOOM_OK) break;
         loom_xdtype t = tensor_dtype(&x[i], o->dtype);
-        size_t bytes = loom_xdtype_bytes(t, x[i].numel);
-        loom_xencode(t, vals, x[i].numel, enc);
+        size_t bytes = loom_xdtype_bytes(t, numel_of(&x[i]));
+        loom_xencode(t, vals, numel_of(&x[i]), enc);
         if (fwrite(enc, 1, bytes, f) != bytes || fwrite(zero, 1, align_up(bytes) - bytes, f) != align_up(bytes) - bytes)
             s = loom_error(LOOM_EIO, "%s: write failed at tensor %s: %s (disk full?)", tmp, x[i].gguf, strerror(errno));
     }
@@ -188,33 +235,50 @@ static loom_status write_tensors(FILE *f, const char *tmp, const loom_gguf_write
     return s;
 }
 
-loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o) {
-    if (loom_tokenizer_vocab_size(o->tok) > o->cfg->vocab_size)
-        return loom_error(LOOM_EINVAL, "%s: the tokenizer has %d tokens but the model only %d", path,
-                          loom_tokenizer_vocab_size(o->tok), o->cfg->vocab_size);
-    loom_xtensor_t *x;
-    int n = loom_xtensors(o->cfg, &x);
-    if (o->dtype == LOOM_XDT_Q8_0 && o->cfg->channels % 32)
+/* The checks before a file is begun. */
+static loom_status write_check(const char *path, const loom_gguf_write_opts_t *o, const char *arch) {
+    const loom_gpt_config_t *c = o->cfg;
+    if (o->tok && loom_tokenizer_vocab_size(o->tok) > c->vocab_size)
+        return loom_error(LOOM_EINVAL, "%s: the tokenizer has %d tokens but the model only %d", path, loom_tokenizer_vocab_size(o->tok),
+                          c->vocab_size);
+    if (!arch)
+        return loom_error(LOOM_EUNAVAIL, "%s: this model (%s blocks, biases kind %d) has no GGUF architecture loom writes (gpt2, llama, qwen2)",
+                          path, loom_gpt_family(c), (int)c->bias);
+    if (strcmp(arch, "gpt2") && !o->params)
+        return loom_error(LOOM_EINVAL, "%s: a %s GGUF is written from the model's parameters (loom_gguf_write_opts_t.params)", path, arch);
+    if (c->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3)
+        return loom_error(LOOM_EUNAVAIL, "%s: Llama 3's RoPE scaling is not written to GGUF yet (llama.cpp wants a rope_freqs tensor)", path);
+    if (o->dtype == LOOM_XDT_Q8_0 && c->channels % 32)
         loom_warn("%s: q8_0 needs rows that are a multiple of 32 values; the width %d is not, so those matrices are written f16",
-                  path, o->cfg->channels);
+                  path, c->channels);
+    return LOOM_OK;
+}
+
+loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o) {
+    const char *arch = arch_of(o->cfg);
+    LOOM_TRY(write_check(path, o, arch));
+    loom_gguf_map_t *x;
+    loom_xtensor_t *xt = NULL;
+    int n = loom_gguf_map(o->cfg, arch, &x);
+    if (!o->params) loom_xtensors(o->cfg, &xt); /* the source's table: the same order as the map */
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
     if (!f) {
-        free(x);
+        free(x), free(xt);
         return loom_error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     }
-    buf_t head = gguf_head(o, x, n);
+    buf_t head = gguf_head(o, arch, x, n);
     loom_status s = LOOM_OK;
     if (fwrite(head.p, 1, head.n, f) != head.n) s = loom_error(LOOM_EIO, "%s: write failed: %s", tmp, strerror(errno));
     free(head.p);
-    if (s == LOOM_OK) s = write_tensors(f, tmp, o, x, n);
+    if (s == LOOM_OK) s = write_tensors(f, tmp, o, x, xt, n);
     if (s == LOOM_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
         s = loom_error(LOOM_EIO, "%s: write failed: %s (disk full?)", tmp, strerror(errno));
     if (fclose(f) != 0 && s == LOOM_OK) s = loom_error(LOOM_EIO, "%s: close failed: %s", tmp, strerror(errno));
     if (s == LOOM_OK && rename(tmp, path) != 0) s = loom_error(LOOM_EIO, "%s: rename failed: %s", path, strerror(errno));
     if (s != LOOM_OK) unlink(tmp);
-    free(x);
+    free(x), free(xt);
     return s;
 }
 

@@ -184,15 +184,13 @@ int loom_gguf_map(const loom_gpt_config_t *c, const char *arch, loom_gguf_map_t 
 
 /* ---- reading ---- */
 
-/* The file's row holding loom's row r of a tensor in rotary order. */
-static size_t file_row(const loom_gguf_map_t *m, size_t r) {
+size_t loom_gguf_file_row(const loom_gguf_map_t *m, size_t r) {
     if (m->rope_heads <= 0) return r;
     size_t hs = m->rows / (size_t)m->rope_heads, h = r / hs, k = r % hs;
     return h * hs + 2 * (k % (hs / 2)) + k / (hs / 2);
 }
 
-/* Where entry m's first row lives in a parameter block laid out by ptable. */
-static size_t param_at(const loom_gguf_map_t *m, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable) {
+size_t loom_gguf_param_at(const loom_gguf_map_t *m, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable) {
     const loom_tensor_info_t *p = &ptable[m->param];
     size_t per = m->layer >= 0 ? p->numel / (size_t)c->n_layer : 0, w = m->cols ? m->cols : 1;
     return p->offset + (m->layer >= 0 ? (size_t)m->layer * per : 0) + m->row0 * w;
@@ -223,9 +221,9 @@ loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t 
         const loom_gguf_tensor_t *t = NULL;
         if ((s = check_shape(g, &map[i], &t)) != LOOM_OK) break;
         size_t w = map[i].cols ? map[i].cols : 1;
-        float *tmp = loom_malloc(t->numel * sizeof(float)), *dst = host + param_at(&map[i], c, ptable);
+        float *tmp = loom_malloc(t->numel * sizeof(float)), *dst = host + loom_gguf_param_at(&map[i], c, ptable);
         loom_gguf_values(t, tmp);
-        for (size_t r = 0; r < map[i].rows; r++) memcpy(dst + r * w, tmp + file_row(&map[i], r) * w, w * sizeof(float));
+        for (size_t r = 0; r < map[i].rows; r++) memcpy(dst + r * w, tmp + loom_gguf_file_row(&map[i], r) * w, w * sizeof(float));
         free(tmp);
     }
     free(map);
@@ -254,7 +252,7 @@ static size_t gather(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, i
     for (int k = p0; k < p1; k++) {
         const unsigned char *src = loom_gguf_find(g, map[k].gguf)->data;
         for (size_t i = 0; i < map[k].rows; i++, r++) {
-            size_t fr = file_row(&map[k], i);
+            size_t fr = loom_gguf_file_row(&map[k], i);
             if (d >= 0) {
                 memcpy(at + r * rb, src + fr * rb, rb);
                 continue;

@@ -43,6 +43,11 @@ loom_status loom_gguf_config(const loom_gguf_t *g, loom_gpt_config_t *c);
 /* The tensors of config c for architecture `arch` ("gpt2", "llama",
  * "qwen2"), malloc'd into *out; returns the count. */
 int loom_gguf_map(const loom_gpt_config_t *c, const char *arch, loom_gguf_map_t **out);
+/* The file's row that holds loom's row r of entry m (rotary order undone). */
+size_t loom_gguf_file_row(const loom_gguf_map_t *m, size_t r);
+/* Where entry m's first row lives in a parameter block laid out by ptable
+ * (in floats). */
+size_t loom_gguf_param_at(const loom_gguf_map_t *m, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable);
 /* Every mapped tensor, dequantized, into host (the parameter block laid
  * out by ptable, zeroed by the caller); a missing or misshapen tensor is
  * an error naming it. */

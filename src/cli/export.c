@@ -40,7 +40,7 @@ static loom_status export_run(const char *run, const char *format, long long ste
         s = loom_hf_write(out, force, &cfg, tok, dt, loom_xsource_safetensors, v);
     } else if (s == LOOM_OK) {
         const char *name = strrchr(run, '/') && strrchr(run, '/')[1] ? strrchr(run, '/') + 1 : run;
-        loom_gguf_write_opts_t o = {&cfg, tok, dt, name, loom_xsource_safetensors, v};
+        loom_gguf_write_opts_t o = {&cfg, tok, dt, name, loom_xsource_safetensors, v, NULL};
         if (loom_path_exists(out) && !force)
             s = loom_error(LOOM_EINVAL, "--out %s already exists; pass --force to replace it, or choose another --out", out);
         else

@@ -59,18 +59,7 @@ static int kq_pick(void) {
 
 const char *loom_cpu_kq_isa(void) { return kq_names[kq_pick()]; }
 
-int loom_cpu_kq_use(const char *name) {
-    if (!name) {
-        kq_isa_now = -1;
-        return 1;
-    }
-    for (int i = 0; i < KQ_COUNT; i++)
-        if (!strcmp(name, kq_names[i]) && kq_supported(i)) {
-            kq_isa_now = i;
-            return 1;
-        }
-    return 0;
-}
+int loom_cpu_kq_use(const char *name) { return loom_cpu_isa_use(kq_names, KQ_COUNT, kq_supported, &kq_isa_now, name); }
 
 void loom_cpu_kq_quantize_act(const float *x, int C, int blk, float *xd, int8_t *xq, int16_t *xs) {
     for (int b = 0; b < C / blk; b++) {
