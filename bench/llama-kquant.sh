@@ -6,6 +6,7 @@
 #
 #   bench/llama-kquant.sh                 # trains a 4-layer, 256-channel GPT-2 (widths multiples of 256,
 #                                         # so the k-quants are not replaced by llama-quantize's 32-value fallbacks)
+#                                         # into .cache/kquant-run once; later runs reuse it
 #   RUN=runs/NAME bench/llama-kquant.sh   # or an existing run
 #   TYPES="Q4_K_M Q6_K" bench/llama-kquant.sh
 #
@@ -21,14 +22,15 @@ THREADS=${THREADS:-2}
 TYPES=${TYPES:-Q8_0 Q4_K_M Q5_K_M Q6_K}
 work=$(mktemp -d /tmp/loom-llama-kquant-XXXXXX)
 trap 'rm -rf "$work"' EXIT
+if [ -z "${RUN:-}" ] && [ -d .cache/kquant-run/checkpoints ]; then RUN=.cache/kquant-run; fi
 if [ -z "${RUN:-}" ]; then
     bible Gen1:1-Rev22:21 </dev/null > "$work/kjv.txt"
     head -c 1500000 "$work/kjv.txt" > "$work/train.txt"
     $LOOM tokenize --input "$work/train.txt" --vocab 2048 --out "$work/data" --quiet --threads "$THREADS" > /dev/null
     echo "llama-kquant: training a 4-layer, 256-channel GPT-2 for ${STEPS:-300} steps"
     $LOOM train --data "$work/data" --layers 4 --heads 4 --channels 256 --context 128 --steps "${STEPS:-300}" --batch 8 --seq 128 \
-        --lr 2e-3 --warmup 30 --eval-every 0 --sample-tokens 0 --threads "$THREADS" --out "$work/run" 2>&1 | tail -n 1
-    RUN="$work/run"
+        --lr 2e-3 --warmup 30 --eval-every 0 --sample-tokens 0 --threads "$THREADS" --out .cache/kquant-run 2>&1 | tail -n 1
+    RUN=.cache/kquant-run
 fi
 fail=0
 for t in $TYPES; do
