@@ -1,6 +1,7 @@
 /* qblock: the block formats' sizes, their reference dequantization and
  * their expansion into the kernels' form (qblock.h). */
 #include "qblock.h"
+#include "qblock_impl.h"
 
 #include <string.h>
 
@@ -27,22 +28,6 @@ int loom_qblock_of_ggml(uint32_t ggml) {
 size_t loom_qblock_row_bytes(loom_dtype d, long long cols) {
     const loom_qblock_info_t *q = loom_qblock_info(d);
     return q ? (size_t)(cols / q->block) * (size_t)q->bytes : 0;
-}
-
-static float f16(const uint8_t *p) {
-    _Float16 h;
-    memcpy(&h, p, 2);
-    return (float)h;
-}
-
-/* The 6-bit scale and min of sub-block j of a q4_K/q5_K block's 12 bytes. */
-static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) {
-        *sc = q[j] & 63, *m = q[j + 4] & 63;
-    } else {
-        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-    }
 }
 
 /* Value j of a 32-block's nibbles qs[16] (and fifth bits qh, or none). */
@@ -83,33 +68,7 @@ void loom_qblock_values(loom_dtype d, const void *blk, uint8_t *u) {
     }
 }
 
-void loom_qblock_scales(loom_dtype d, const void *blk, loom_qblock_scales_t *s) {
-    const uint8_t *b = blk;
-    s->n = d >= LOOM_Q4_K ? 256 : 32; /* a 32-value block fills groups 0 and 1 only */
-    if (s->n == 32) {
-        int hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1;
-        s->d = f16(b);
-        s->dmin = hasmin ? -f16(b + 2) : s->d;
-        s->sc[0] = s->sc[1] = 1;
-        s->mn[0] = s->mn[1] = (int16_t)(hasmin ? 1 : d == LOOM_Q4_0 ? 8 : 16);
-        return;
-    }
-    if (d == LOOM_Q6_K) {
-        s->d = s->dmin = f16(b + 208);
-        for (int g = 0; g < 16; g++) {
-            s->sc[g] = (int8_t)b[192 + g];
-            s->mn[g] = (int16_t)(32 * s->sc[g]);
-        }
-        return;
-    }
-    s->d = f16(b), s->dmin = f16(b + 2);
-    for (int j = 0; j < 8; j++) {
-        int sc, m;
-        scale_min_k4(j, b + 4, &sc, &m);
-        s->sc[2 * j] = s->sc[2 * j + 1] = (int16_t)sc;
-        s->mn[2 * j] = s->mn[2 * j + 1] = (int16_t)m;
-    }
-}
+void loom_qblock_scales(loom_dtype d, const void *blk, loom_qblock_scales_t *s) { loom_qblock_scales_inline(d, blk, s); }
 
 /* One block as gguf-py computes it: its float operations in its order. */
 static void dequantize_block(loom_dtype d, const uint8_t *b, float *out) {
@@ -117,28 +76,28 @@ static void dequantize_block(loom_dtype d, const uint8_t *b, float *out) {
     loom_qblock_values(d, b, u);
     switch (d) {
     case LOOM_Q4_0: case LOOM_Q5_0: {
-        float s = f16(b);
+        float s = qblock_f16(b);
         int off = d == LOOM_Q4_0 ? 8 : 16;
         for (int j = 0; j < 32; j++) out[j] = s * (float)(u[j] - off);
         break;
     }
     case LOOM_Q4_1: case LOOM_Q5_1: {
-        float s = f16(b), m = f16(b + 2);
+        float s = qblock_f16(b), m = qblock_f16(b + 2);
         for (int j = 0; j < 32; j++) out[j] = s * (float)u[j] + m;
         break;
     }
     case LOOM_Q4_K: case LOOM_Q5_K: {
-        float s = f16(b), smin = f16(b + 2);
+        float s = qblock_f16(b), smin = qblock_f16(b + 2);
         for (int j = 0; j < 8; j++) {
             int sc, m;
-            scale_min_k4(j, b + 4, &sc, &m);
+            qblock_scale_min_k4(j, b + 4, &sc, &m);
             float dl = s * (float)sc, ml = smin * (float)m;
             for (int l = 0; l < 32; l++) out[32 * j + l] = dl * (float)u[32 * j + l] - ml;
         }
         break;
     }
     case LOOM_Q6_K: {
-        float s = f16(b + 208);
+        float s = qblock_f16(b + 208);
         for (int g = 0; g < 16; g++) {
             float dl = s * (float)(int8_t)b[192 + g];
             for (int l = 0; l < 16; l++) out[16 * g + l] = dl * (float)(u[16 * g + l] - 32);
