@@ -295,6 +295,20 @@ static loom_status read_tokenizer(const loom_gguf_t *g, loom_tokenizer_t **tok) 
         return LOOM_OK; /* no tokenizer: ids only */
     }
     int gpt2 = !strcmp(model, "gpt2");
+    char *split = loom_gguf_str(g, "tokenizer.ggml.pre");
+    if (gpt2 && split && strcmp(split, "gpt-2") && strcmp(split, "default")) { /* another split regex: GPT-2's would tokenize wrongly */
+        loom_warn("%s: tokenizer.ggml.pre is \"%s\"; loom's BPE splits text as GPT-2 does (\"gpt-2\"), so the model is loaded "
+                  "without its tokenizer (token ids only)", loom_gguf_path(g), split);
+        free(split), free(model);
+        return LOOM_OK;
+    }
+    free(split);
+    if (!gpt2 && !strcmp(model, "llama")) {
+        loom_warn("%s: tokenizer.ggml.model is \"llama\" (SentencePiece); loom does not read it yet, so the model is loaded "
+                  "without its tokenizer (token ids only)", loom_gguf_path(g));
+        free(model);
+        return LOOM_OK;
+    }
     free(model);
     if (!gpt2 || toks.elem != GV_STR || !loom_gguf_array(g, "tokenizer.ggml.merges", &merges) || merges.elem != GV_STR)
         return loom_error(LOOM_EUNAVAIL, "%s: the embedded tokenizer is not GPT-2 BPE (tokenizer.ggml.model \"gpt2\" with merges); loom reads that one",
@@ -402,4 +416,13 @@ loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_
     }
     loom_gguf_close(g);
     return s;
+}
+
+loom_status loom_gguf_read_str(const char *path, const char *key, char **out) {
+    *out = NULL;
+    loom_gguf_t *g;
+    LOOM_TRY(loom_gguf_open(&g, path));
+    *out = loom_gguf_str(g, key);
+    loom_gguf_close(g);
+    return LOOM_OK;
 }

@@ -66,4 +66,9 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o);
  * runs the file's own int8 weights rather than quantizing again. */
 loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok);
 
+/* The string metadata `key` of the GGUF at `path` (e.g.
+ * "tokenizer.chat_template"): *out malloc'd, or NULL when the file has no
+ * such string. Errors are the file's (gguf_file.h). */
+loom_status loom_gguf_read_str(const char *path, const char *key, char **out);
+
 #endif
