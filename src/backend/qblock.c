@@ -70,6 +70,13 @@ void loom_qblock_values(loom_dtype d, const void *blk, uint8_t *u) {
 
 void loom_qblock_scales(loom_dtype d, const void *blk, loom_qblock_scales_t *s) { loom_qblock_scales_inline(d, blk, s); }
 
+size_t loom_qblock_tensor_bytes(const loom_tensor_t *t) {
+    size_t n = (size_t)t->rows * (size_t)t->cols;
+    if (loom_qblock_info(t->dtype)) return loom_qblock_row_bytes(t->dtype, t->cols) * (size_t)t->rows;
+    if (t->dtype == LOOM_INT8) return n + 4 * (t->block ? n / (size_t)t->block : (size_t)t->rows);
+    return n * loom_dtype_size(t->dtype);
+}
+
 /* One block as gguf-py computes it: its float operations in its order. */
 static void dequantize_block(loom_dtype d, const uint8_t *b, float *out) {
     uint8_t u[256];

@@ -48,6 +48,9 @@ const loom_qblock_info_t *loom_qblock_info(loom_dtype d);
 int loom_qblock_of_ggml(uint32_t ggml);
 /* Bytes of a row of `cols` values (cols a multiple of the block). */
 size_t loom_qblock_row_bytes(loom_dtype d, long long cols);
+/* Bytes of typed tensor t's data and scales: whole blocks for a block
+ * format, values plus fp32 scales for int8, values for the rest. */
+size_t loom_qblock_tensor_bytes(const loom_tensor_t *t);
 /* n values (a multiple of the block) from src into out, as
  * gguf.quants.dequantize computes them. */
 void loom_qblock_dequantize(loom_dtype d, const void *src, size_t n, float *out);

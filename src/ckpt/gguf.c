@@ -366,10 +366,8 @@ static loom_status read_tokenizer(const loom_gguf_t *g, loom_tokenizer_t **tok) 
 static void say_block_weights(const char *path, const loom_gpt_t *m, const loom_backend_t *be, int mixed) {
     if (!m->file_q) return;
     size_t bytes = 0;
-    for (int i = 0; i < m->cfg.n_layer * LOOM_QLIN_COUNT; i++) {
-        const loom_tensor_t *t = &m->file_q[i];
-        if (t->data) bytes += loom_qblock_info(t->dtype) ? loom_qblock_row_bytes(t->dtype, t->cols) * (size_t)t->rows : (size_t)(t->rows * t->cols);
-    }
+    for (int i = 0; i < m->cfg.n_layer * LOOM_QLIN_COUNT; i++)
+        if (m->file_q[i].data) bytes += loom_qblock_tensor_bytes(&m->file_q[i]);
     if (be->matmul_forward_kq)
         loom_info("%s: the linear layers run on the file's own quantized blocks (%.1f MB); the fp32 copy of every weight "
                   "is kept too (%.1f MB) for the embedding, the logits and `loom eval`", path, bytes / 1e6,
