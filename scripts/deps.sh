@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 pkgs=(build-essential libopenblas-dev libcjson-dev bible-kjv python3-torch python3-numpy python3-pip
       libopenmpi-dev openmpi-bin slurmctld slurmd slurm-client munge
       libmicrohttpd-dev prometheus libjs-dygraphs chromium strace python3-yaml)
+pkgs+=(podman debootstrap runc curl) # the container image test (tests/image_test.sh, deploy/container/)
+pkgs+=(python3-jinja2) # jinja2: the oracle of the chat template tests (tests/test_chat_template.c)
 pkgs+=(xxhash) # xxhsum: the reference for loom's XXH64 checksums (tests/test_ft_hash.c)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -24,7 +24,7 @@ def command(loom, work, out, nproc):
          "--steps", str(STEPS), "--warmup", "4", "--lr", "3e-3", "--ckpt-every", str(EVERY), "--keep-ckpts", "2",
          "--eval-every", "0", "--sample-tokens", "0", "--threads", "1", "--log-every", "1000"]
     if nproc > 1:
-        c += ["--nproc", str(nproc), "--zero", "1", "--dist-timeout", "20"]
+        c += ["--nproc", str(nproc), "--zero", "1", "--dist-timeout", "300"]  # a guard: deaths are seen by the closed connection
     return c
 
 
@@ -33,7 +33,7 @@ def start(cmd, log, env=None):
                             env=dict(os.environ, **(env or {})))
 
 
-def wait(p, timeout=120):
+def wait(p, timeout=900):  # a guard only: an attempt takes seconds
     try:
         return p.wait(timeout)
     except subprocess.TimeoutExpired:

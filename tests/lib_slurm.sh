@@ -63,12 +63,12 @@ pids+=($!)
 slurmd -D -f "$tmp/slurm.conf" > "$tmp/slurmd.out" 2>&1 &
 pids+=($!)
 up=0
-for _ in $(seq 1 60); do
+for _ in $(seq 1 240); do # a guard: the node coming up ends it
     if sinfo -h -o '%t' 2>/dev/null | grep -qE '^(idle|mix|alloc)'; then up=1; break; fi
     for p in "${pids[@]}"; do [ -d /proc/$p ] || break 2; done
     sleep 0.5
 done
 if [ $up = 0 ]; then
     why=$(cat "$tmp/slurmctld.out" "$tmp/slurmd.out" "$tmp/slurmctld.log" "$tmp/slurmd.log" 2>/dev/null | grep -iE "error|fatal" | head -2 | tr '\n' ' ')
-    echo "SKIP ${SLURM_TEST}: slurmctld/slurmd did not bring the node up here: ${why:-no node after 30 s}"; exit 0
+    echo "SKIP ${SLURM_TEST}: slurmctld/slurmd did not bring the node up here: ${why:-no node after 120 s}"; exit 0
 fi

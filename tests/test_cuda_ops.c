@@ -361,10 +361,12 @@ static void test_matmul_backward_gelu(void) {
 /* ---- attention ---- */
 
 /* B, T, C, NH: head sizes 32, 32 (T ragged), 24, 96, 128, 40, and 160
- * (larger than the fused kernels take: exercises the fallback). */
+ * (larger than the fused kernels take: exercises the fallback); and B * NH
+ * = 65536 heads of 8, one more than a grid's y dimension holds (the fused
+ * kernels put B * NH on x). */
 static const int att_shapes[][4] = {{2, 64, 128, 4}, {3, 37, 96, 3}, {1, 37, 96, 4},
                                     {2, 70, 192, 2}, {1, 33, 256, 2}, {1, 20, 40, 1},
-                                    {1, 17, 160, 1}};
+                                    {1, 17, 160, 1}, {4096, 3, 128, 16}};
 
 /* Every shape of att_shapes whose head size is at most max_hs (0: all). */
 static void attention_cases(double tol_fwd, double tol_bwd, int max_hs) {

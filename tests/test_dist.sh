@@ -17,7 +17,7 @@ else
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 A=(--data "$tmp/data.txt" --layers 2 --channels 64 --heads 2 --context 64 --seq 64 --steps 10 --lr 1e-3
-   --warmup 2 --eval-every 0 --sample-tokens 0 --seed 3 --log-every 1 --ckpt-every 0 --dist-timeout 60)
+   --warmup 2 --eval-every 0 --sample-tokens 0 --seed 3 --log-every 1 --ckpt-every 0 --dist-timeout 600) # a guard only (cases 7 and 8 test the watchdog)
 
 # compare NAME RUN_A RUN_B TOL: first 10 losses within TOL relative, final weights within 1e-3 of each tensor's largest value.
 compare() {
@@ -128,10 +128,12 @@ then echo "PASS dist_bf16_grads_follow_fp32"; else echo "FAIL dist_bf16_grads_fo
 out=$(RANK=0 WORLD_SIZE=2 $LOOM train "${A[@]}" --batch 2 --out "$tmp/nomaster" 2>&1)
 printf '%s' "$out" | grep -q "MASTER_ADDR" && echo "PASS dist_missing_master_addr_named" || echo "FAIL dist_missing_master_addr_named: $out"
 
-# 7. Kill rank 1 mid-run: everyone exits non-zero within the timeout, naming rank 1; the last checkpoint is whole.
-$LOOM train "${A[@]}" --batch 2 --nproc 2 --steps 100000 --ckpt-every 5 --dist-timeout 20 --out "$tmp/kill" > "$tmp/kill.log" 2>&1 &
+# 7. Kill rank 1 mid-run: everyone exits non-zero, naming rank 1; the last checkpoint is whole.
+# --dist-timeout is an hour: an exit at all proves the death was seen
+# (the connection closed), not timed out, on a machine of any speed.
+$LOOM train "${A[@]}" --batch 2 --nproc 2 --steps 100000 --ckpt-every 5 --dist-timeout 3600 --out "$tmp/kill" > "$tmp/kill.log" 2>&1 &
 launcher=$!
-for _ in $(seq 1 300); do [ -s "$tmp/kill/latest" ] && break; sleep 0.1; done
+for _ in $(seq 1 1200); do [ -s "$tmp/kill/latest" ] && break; sleep 0.1; done
 victim=""
 for p in $(pgrep -P $launcher); do
     tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "RANK=1" && victim=$p
@@ -140,16 +142,13 @@ if [ -z "$victim" ] || [ ! -s "$tmp/kill/latest" ]; then
     echo "FAIL dist_kill_rank: the run did not reach a checkpoint with two ranks"; tail -5 "$tmp/kill.log"; kill $launcher 2>/dev/null
 else
     survivors=$(pgrep -P $launcher | grep -vx "$victim")
-    t0=$(date +%s.%N)
     kill -9 "$victim"
     rc=0; wait $launcher || rc=$?
-    dt=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
     left=$(for p in $survivors; do [ -d /proc/$p ] && echo $p; done)
-    if [ $rc -ne 0 ] && [ -z "$left" ] && grep -q "rank 0: rank 1 died" "$tmp/kill.log" && grep -q "rank 0 exited with status 3" "$tmp/kill.log" \
-       && awk -v t="$dt" 'BEGIN{exit !(t < 20)}'; then
-        echo "PASS dist_kill_rank_stops_all (exit $rc after ${dt}s: $(grep -m1 'rank 1 died' "$tmp/kill.log" | sed 's/^ *//'))"
+    if [ $rc -ne 0 ] && [ -z "$left" ] && grep -q "rank 0: rank 1 died" "$tmp/kill.log" && grep -q "rank 0 exited with status 3" "$tmp/kill.log"; then
+        echo "PASS dist_kill_rank_stops_all (exit $rc: $(grep -m1 'rank 1 died' "$tmp/kill.log" | sed 's/^ *//'))"
     else
-        echo "FAIL dist_kill_rank_stops_all: exit $rc after ${dt}s, survivors '$left'"; tail -6 "$tmp/kill.log"
+        echo "FAIL dist_kill_rank_stops_all: exit $rc, survivors '$left'"; tail -6 "$tmp/kill.log"
     fi
     ck="$tmp/kill/checkpoints/$(cat "$tmp/kill/latest")"
     if python3 -c "import json,sys; json.load(open('$ck/state.json')); json.load(open('$ck/config.json'))" 2>/dev/null \
@@ -161,16 +160,21 @@ else
     fi
 fi
 
-# 8. A hung rank (stopped, not dead) is named after --dist-timeout.
-$LOOM train "${A[@]}" --batch 2 --nproc 2 --steps 100000 --dist-timeout 3 --out "$tmp/hang" > "$tmp/hang.log" 2>&1 &
+# 8. A hung rank (stopped, not dead) is named after --dist-timeout. The
+# watchdog reads the decision clock (src/core/clock.h), here a file this
+# test writes: time stands still (no rank can look hung, however slow the
+# machine) until rank 1 is stopped, then jumps past the timeout.
+echo 0 > "$tmp/clock"
+LOOM_TEST_CLOCK=file:$tmp/clock $LOOM train "${A[@]}" --batch 2 --nproc 2 --steps 100000 --dist-timeout 3 --out "$tmp/hang" > "$tmp/hang.log" 2>&1 &
 launcher=$!
-sleep 1.5
+for _ in $(seq 1 1200); do [ "$(grep -c '"loss"' "$tmp/hang/metrics.jsonl" 2>/dev/null)" -ge 2 ] && break; sleep 0.1; done
 victim=""
 for p in $(pgrep -P $launcher); do
     tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "RANK=1" && victim=$p
 done
 if [ -n "$victim" ]; then
     kill -STOP "$victim"
+    echo 100 > "$tmp/clock.new" && mv "$tmp/clock.new" "$tmp/clock"
     rc=0; wait $launcher || rc=$?
     kill -9 "$victim" 2>/dev/null
     if [ $rc -ne 0 ] && grep -q "rank 0: .*rank 1" "$tmp/hang.log"; then

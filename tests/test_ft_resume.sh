@@ -132,10 +132,20 @@ out=$($LOOM train "${A[@]}" --steps 2 --resume auto --out "$tmp/user" 2>&1); rc=
 [ $rc = 2 ] && [ -f "$tmp/user/notes.txt" ] && printf '%s' "$out" | grep -q "not empty" && pass folder_with_other_files_still_refused \
     || fail folder_with_other_files_still_refused "exit $rc: $out"
 
-# --ckpt-every-minutes: checkpoints by time with no step interval.
-$LOOM train "${A[@]}" --steps 60 --ckpt-every 0 --ckpt-every-minutes 0.001 --keep-ckpts 100 --out "$tmp/t" > "$tmp/t.log" 2>&1
-n=$(ls -d "$tmp/t/checkpoints"/step_* 2>/dev/null | wc -l)
-[ "$n" -ge 3 ] && pass "checkpoints_by_time ($n checkpoints)" || fail checkpoints_by_time "$n checkpoints: $(tail -2 "$tmp/t.log")"
+# --ckpt-every-minutes: checkpoints by time with no step interval. The
+# policy reads the decision clock (src/core/clock.h); LOOM_TEST_CLOCK=tick:1
+# makes every step take one simulated second whatever the machine's speed,
+# so a 3 s interval (0.05 minutes) over 14 steps checkpoints after steps 4,
+# 8 and 12 (the interval has passed before steps 4, 8, 12) and the final
+# 14 -- on 1 rank and on 2, where rank 0's clock decides for both.
+for np in 1 2; do
+    extra=(); [ $np = 2 ] && extra=(--nproc 2 --zero 1)
+    LOOM_TEST_CLOCK=tick:1 $LOOM train "${A[@]}" --steps 14 --ckpt-every 0 --ckpt-every-minutes 0.05 --keep-ckpts 100 \
+        "${extra[@]}" --out "$tmp/t$np" > "$tmp/t$np.log" 2>&1
+    got=$(ls -d "$tmp/t$np/checkpoints"/step_* 2>/dev/null | sed 's|.*step_0*||' | tr '\n' ' ')
+    [ "$got" = "4 8 12 14 " ] && pass "checkpoints_by_time_${np}_rank(s) (steps $got)" \
+        || fail "checkpoints_by_time_${np}_rank(s)" "checkpoints after steps '$got', want '4 8 12 14': $(tail -2 "$tmp/t$np.log")"
+done
 
 # Defects 1 and 2: SIGTERM to a run that checkpoints every step (2 ranks,
 # then 1 process): exit 75 and a verified checkpoint, every time.
@@ -145,7 +155,7 @@ for i in 1 2 3 4; do
     [ $i = 4 ] && np=() && shard=optim-rank00000-of-00001.bin
     $LOOM train "${A[@]}" --steps 100000 --ckpt-every 1 --keep-ckpts 2 "${np[@]}" --out "$tmp/m$i" > "$tmp/m$i.log" 2>&1 &
     pid=$!
-    for _ in $(seq 1200); do [ "$(cat "$tmp/m$i/metrics.jsonl" 2>/dev/null | wc -l)" -ge $((2 + 3 * i)) ] && break; sleep 0.05; done
+    for _ in $(seq 2400); do [ "$(cat "$tmp/m$i/metrics.jsonl" 2>/dev/null | wc -l)" -ge $((2 + 3 * i)) ] && break; sleep 0.05; done
     kill -TERM $pid; wait $pid; rc=$?
     last=$(cat "$tmp/m$i/latest" 2>/dev/null)
     if [ $rc != 75 ] || [ ! -f "$tmp/m$i/checkpoints/$last/$shard" ] || ! $LOOM sample --run "$tmp/m$i" --tokens 2 > /dev/null 2>&1; then
@@ -169,11 +179,11 @@ done
 # Defect 8: SIGKILL the --nproc launcher: its ranks stop (no orphans training on).
 $LOOM train "${A[@]}" --steps 100000 --ckpt-every 50 --nproc 2 --out "$tmp/o" > "$tmp/o.log" 2>&1 &
 pid=$!
-for _ in $(seq 300); do [ "$(cat "$tmp/o/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.05; done
+for _ in $(seq 2400); do [ "$(cat "$tmp/o/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.05; done # a guard: the 3rd line ends it
 kids=$(cat /proc/$pid/task/*/children 2>/dev/null)
 kill -KILL $pid; wait $pid 2>/dev/null
 alive=1
-for _ in $(seq 100); do
+for _ in $(seq 600); do # a guard: the last rank gone ends it
     alive=0; for k in $kids; do [ -d /proc/$k ] && [ "$(awk '{print $3}' /proc/$k/stat 2>/dev/null)" != Z ] && alive=1; done
     [ $alive = 0 ] && break; sleep 0.1
 done

@@ -20,16 +20,19 @@ A=(--data "$tmp/text.txt" --layers 2 --channels 64 --heads 2 --context 64 --batc
 $LOOM train --resume auto "${A[@]}" --threads 1 --out "$tmp/ref" > "$tmp/ref.log" 2>&1 || { echo "FAIL ft_slurm_reference: $(tail -2 "$tmp/ref.log")"; exit 0; }
 final=checkpoints/step_$(printf %08d $STEPS)/model.safetensors
 
-# spot NAME HOW: submit, wait for 25% of the steps, interrupt by HOW, wait for the end.
+# spot NAME HOW: submit, wait until the run holds after 25% of the steps,
+# interrupt by HOW, wait for the end. LOOM_TEST_HOLD_AFTER_STEP (sbatch
+# passes the environment on) makes the first attempt wait there for the
+# signal, so a fast machine cannot finish all the steps before the
+# interruption lands; the resumed attempt starts after that step and runs on.
 spot() {
     local name=$1 how=$2 out="$tmp/$1"
     local job
-    job=$(cd "$tmp" && LOOM=$LOOM sbatch --parsable --chdir="$tmp" --output="$tmp/$name.out" --cpus-per-task=1 \
-          "$ROOT/deploy/slurm/train-spot.sbatch" "${A[@]}" --out "$out" 2>"$tmp/$name.err")
+    job=$(cd "$tmp" && LOOM=$LOOM LOOM_TEST_HOLD_AFTER_STEP=$((STEPS / 4)) sbatch --parsable --chdir="$tmp" --output="$tmp/$name.out" \
+          --cpus-per-task=1 "$ROOT/deploy/slurm/train-spot.sbatch" "${A[@]}" --out "$out" 2>"$tmp/$name.err")
     [ -n "$job" ] || { echo "FAIL ft_slurm_$name: sbatch: $(cat "$tmp/$name.err")"; return; }
-    for _ in $(seq 1 600); do
-        n=$(grep -c '"loss"' "$out/metrics.jsonl" 2>/dev/null)
-        [ "${n:-0}" -ge $((STEPS / 4)) ] && break
+    for _ in $(seq 1 3000); do # a guard only: the hold line ends it
+        grep -q "holding after step $((STEPS / 4))" "$tmp/$name.out" 2>/dev/null && break
         sleep 0.1
     done
     if [ "$how" = requeue ]; then scontrol requeue "$job"; else scancel --batch --signal=TERM "$job"; fi

@@ -53,16 +53,21 @@ url=$(wait_for "$tmp/run.log" 'http://127\.0\.0\.1:[0-9]+' 60)
 if [ -z "$url" ]; then
     echo "FAIL obs_metrics_endpoint: no 'metrics on http://...' line:"; tail -5 "$tmp/run.log"; exit 1
 fi
-wait_for "$tmp/run.log" 'no GPU telemetry[^\n]*' 1 > /dev/null && echo "PASS obs_telemetry_status_logged" \
+wait_for "$tmp/run.log" 'no GPU telemetry[^\n]*' 60 > /dev/null && echo "PASS obs_telemetry_status_logged" \
     || echo "FAIL obs_telemetry_status_logged: $(head -5 "$tmp/run.log")"
-sleep 2
-get "$url/metrics" > "$tmp/metrics.txt"
 want_series="loom_train_step loom_train_loss loom_train_val_loss loom_train_learning_rate loom_train_grad_norm
 loom_train_tokens_per_second loom_train_flops_per_second loom_train_mfu_ratio loom_train_compute_seconds
 loom_train_comm_wait_seconds loom_train_data_wait_seconds loom_train_skipped_steps_total loom_train_step_seconds_bucket
 loom_train_checkpoint_write_seconds_count process_resident_memory_bytes loom_train_info"
-missing=""
-for s in $want_series; do grep -q "^$s{[^}]*rank=\"0\"" "$tmp/metrics.txt" || missing="$missing $s"; done
+# Scrape until every series is there (the validation loss comes at step
+# 20), however long the machine takes; the 120 s is only a guard.
+for _ in $(seq 1 600); do
+    get "$url/metrics" > "$tmp/metrics.txt"
+    missing=""
+    for s in $want_series; do grep -q "^$s{[^}]*rank=\"0\"" "$tmp/metrics.txt" || missing="$missing $s"; done
+    [ -z "$missing" ] && break
+    sleep 0.2
+done
 [ -z "$missing" ] && echo "PASS obs_training_series" || { echo "FAIL obs_training_series: missing$missing"; head -20 "$tmp/metrics.txt"; }
 
 if command -v promtool > /dev/null; then
@@ -94,7 +99,7 @@ def q(expr):
 def value(expr):
     r = q(expr)["data"]["result"]
     return float(r[0]["value"][1]) if r else None
-deadline, steps = time.time() + 60, []
+deadline, steps = time.time() + 180, []  # a guard: the loop ends at the second rising sample
 while time.time() < deadline and len(steps) < 2:
     try:
         s = value('loom_train_step{job="loom-train",rank="0"}')
@@ -210,8 +215,31 @@ for _ in $(seq 1 300); do
     sleep 0.2
 done
 [ $ok = 1 ] && echo "PASS obs_two_ranks_port_plus_local_rank" || { echo "FAIL obs_two_ranks_port_plus_local_rank:"; tail -5 "$tmp/two.log"; }
+for r in 0 1; do get "http://127.0.0.1:$((base + r))/metrics" > "$tmp/rank$r.txt"; done
+out=$(promtool check metrics < "$tmp/rank0.txt" 2>&1 && promtool check metrics < "$tmp/rank1.txt" 2>&1) \
+    && echo "PASS obs_promtool_two_ranks" || echo "FAIL obs_promtool_two_ranks: $out"
 kill "${pids[-1]}" 2>/dev/null
 wait "${pids[-1]}" 2>/dev/null
+
+# ---- one job, one peak: a short two-rank run's final scrapes (each rank
+# lingers until scraped after its last step, so both show the end) carry
+# the same peak FLOP/s: rank 0's measure, raised together when steps beat it ----
+$LOOM "${TRAIN[@]}" --nproc 2 --steps 40 --out "$tmp/peak" --metrics-port "$base" --metrics-linger 300 > "$tmp/peak.log" 2>&1 &
+pids+=($!)
+for r in 0 1; do
+    : > "$tmp/final$r.txt"
+    for _ in $(seq 1 600); do  # a guard: the run takes seconds
+        get "http://127.0.0.1:$((base + r))/metrics" > "$tmp/final$r.txt" 2>/dev/null
+        grep -q "^loom_train_state{rank=\"$r\",state=\"finished\"} 1" "$tmp/final$r.txt" && break
+        sleep 0.2
+    done
+done
+wait "${pids[-1]}"; rc=$?
+p0=$(grep -oP '^loom_train_peak_flops_per_second\{rank="0"\} \K\S+' "$tmp/final0.txt")
+p1=$(grep -oP '^loom_train_peak_flops_per_second\{rank="1"\} \K\S+' "$tmp/final1.txt")
+steps=$(grep -hoP '^loom_train_step\{rank="[01]"\} \K\S+' "$tmp/final0.txt" "$tmp/final1.txt" | tr '\n' ' ')
+[ $rc = 0 ] && [ "$steps" = "40 40 " ] && [ -n "$p0" ] && [ "$p0" = "$p1" ] && echo "PASS obs_two_ranks_same_peak ($p0 FLOP/s)" \
+    || { echo "FAIL obs_two_ranks_same_peak: exit $rc, steps '$steps', rank 0 '$p0', rank 1 '$p1'"; tail -3 "$tmp/peak.log"; }
 
 # ---- no charting library: said once, the run still works ----
 out=$(LOOM_DYGRAPHS_JS=/nonexistent/dygraph.min.js $LOOM "${TRAIN[@]}" --steps 3 --out "$tmp/nojs" --metrics-port 0 --metrics-linger 0 2>&1); rc=$?
@@ -221,9 +249,27 @@ out=$(LOOM_DYGRAPHS_JS=/nonexistent/dygraph.min.js $LOOM "${TRAIN[@]}" --steps 3
 # ---- energy per token on the CPU: a powercap tree whose counter rises ----
 mkdir -p "$tmp/powercap/intel-rapl:0"
 echo 262143328850 > "$tmp/powercap/intel-rapl:0/max_energy_range_uj"
-echo 1000000 > "$tmp/powercap/intel-rapl:0/energy_uj"
-( e=1000000; while [ -d "$tmp/powercap" ]; do e=$((e + 50000)); echo $e > "$tmp/powercap/intel-rapl:0/energy_uj.new" \
-    && mv "$tmp/powercap/intel-rapl:0/energy_uj.new" "$tmp/powercap/intel-rapl:0/energy_uj"; sleep 0.01; done ) 2>/dev/null &
+# energy_uj is a FIFO that answers every read with a counter 50000 uJ
+# above the last: the energy rises with each read, not with the wall
+# clock, so a machine fast enough to run 300 steps between two timed
+# updates still sees it rise.
+mkfifo "$tmp/powercap/intel-rapl:0/energy_uj"
+$PY - "$tmp/powercap/intel-rapl:0/energy_uj" <<'PY' 2>/dev/null &
+import fcntl, os, struct, sys, termios, time
+e = 1000000
+while True:
+    e += 50000
+    fd = os.open(sys.argv[1], os.O_WRONLY)  # blocks until loom opens it to read
+    try:
+        os.write(fd, b"%d\n" % e)
+        # Wait until this one record is read, so a later reader never meets
+        # the rest of an older one (the pipe keeps data while a writer is open).
+        while struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0] > 0:
+            time.sleep(0.001)
+    except OSError:
+        pass
+    os.close(fd)
+PY
 pids+=($!)
 out=$(LOOM_POWERCAP_ROOT="$tmp/powercap" $LOOM "${TRAIN[@]}" --steps 300 --out "$tmp/energy" 2>&1); rc=$?
 $PY - "$tmp/energy/metrics.jsonl" "$rc" "$out" <<'PY'
@@ -235,6 +281,7 @@ ok = len(rows) == 300 and all(x is not None for x in e) and e[-1] > 0 and done a
 print(("PASS" if ok else "FAIL") + " obs_energy_per_token_in_log_and_summary" +
       (" (%.3g J/token)" % e[-1] if ok else ": exit %s, %d rows, last %s, summary %s" % (sys.argv[2], len(rows), e[-1:] , done and done.group(0))))
 PY
+kill "${pids[-1]}" 2>/dev/null; wait "${pids[-1]}" 2>/dev/null
 rm -rf "$tmp/powercap"
 out=$($LOOM "${TRAIN[@]}" --steps 3 --out "$tmp/noenergy" 2>&1)
 ! grep -q energy_j_per_token "$tmp/noenergy/metrics.jsonl" && ! printf '%s' "$out" | grep -q "J per trained token" \

@@ -42,6 +42,23 @@ wait_for() {
     done
     return 1
 }
+free_port() { $PY -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+tport=$(free_port); sport=$(free_port); pport=$(free_port)
+# A real Prometheus (with loom's alert rules) scrapes a second training run
+# and the server every second.
+if command -v prometheus > /dev/null; then
+    cat > "$tmp/prom.yml" <<EOF2
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+rule_files: ['$PWD/deploy/prometheus/loom-rules.yml']
+scrape_configs:
+  - job_name: loom-train
+    static_configs: [{targets: ['127.0.0.1:$tport']}]
+  - job_name: loom-serve
+    static_configs: [{targets: ['127.0.0.1:$sport']}]
+EOF2
+    prometheus --config.file="$tmp/prom.yml" --storage.tsdb.path="$tmp/tsdb" --web.listen-address="127.0.0.1:$pport" > "$tmp/prom.log" 2>&1 &
+    pids+=($!)
+fi
 $PY -c "import random; random.seed(5); print(' '.join(random.choice(['in','the','beginning','God','created','heaven','and','earth.']) for _ in range(20000)))" > "$tmp/text.txt"
 
 # ---- training: 6 steps, then the endpoint lingers until scraped ----
@@ -58,8 +75,15 @@ grep -q '^loom_train_state{rank="0",state="finished"} 1$' "$tmp/train.txt" && gr
     && echo "PASS obs_train_final_state_scraped (the linger ended at the scrape)" \
     || echo "FAIL obs_train_final_state_scraped: exit $rc, $(grep -E '^loom_train_(state|step)\{' "$tmp/train.txt" | tr '\n' ' ')"
 
+# ---- the same run scraped by Prometheus only: its scrape after the end ends the linger ----
+if command -v prometheus > /dev/null; then
+    $LOOM train --data "$tmp/text.txt" --layers 2 --heads 2 --channels 64 --context 32 --batch 4 --seq 32 --steps 40 --eval-every 0 \
+        --ckpt-every 0 --sample-tokens 0 --threads 1 --out "$tmp/prun" --metrics-port "$tport" --metrics-linger 600 > "$tmp/prun.log" 2>&1
+    echo "prun exit $?" >> "$tmp/prun.log"
+fi
+
 # ---- serving: completions, errors, then a scrape ----
-$LOOM serve --run "$tmp/run" --port 0 > "$tmp/serve.log" 2>&1 &
+$LOOM serve --run "$tmp/run" --port "$sport" > "$tmp/serve.log" 2>&1 &
 pids+=($!)
 surl=$(wait_for "$tmp/serve.log" 'ready on http://[0-9.]+:[0-9]+' 120 | grep -oE 'http://.*')
 if [ -z "$surl" ]; then echo "FAIL obs_serve_start:"; tail -5 "$tmp/serve.log"; exit 1; fi
@@ -124,6 +148,7 @@ report("obs_serve_responses_by_code", codes[404] == 1 and codes[413] == 1 and co
 succ = sum(val("loom_serve_request_success_total", 'model="run",finish_reason="%s"' % r) or 0 for r in ("length", "stop", "abort"))
 hist = val("loom_serve_request_generation_tokens_count", 'model="run"')
 report("obs_serve_success_counts_requests", succ == done[0] == hist, "success_total %s, generation histogram %s, requests %d" % (succ, hist, done[0]))
+open(tmp + "/served.txt", "w").write("%d %d\n" % (done[0], val("loom_serve_request_generation_tokens_sum", 'model="run"') or -1))
 # The serve page in headless Chromium: the new charts drawn, a screenshot that is not blank.
 shot = tmp + "/serve.png"
 common = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--user-data-dir=" + tmp + "/chrome",
@@ -182,3 +207,61 @@ PY
 (cd deploy/prometheus && promtool test rules loom-rules.test.yml > "$tmp/pt.log" 2>&1) \
     && echo "PASS obs_promtool_test_rules (7 alerts fire on their input, none on a healthy run)" \
     || echo "FAIL obs_promtool_test_rules: $(cat "$tmp/pt.log")"
+
+# ---- what Prometheus recorded equals what loom logged ----
+if command -v prometheus > /dev/null; then
+    $PY - "http://127.0.0.1:$pport" "$tmp" <<'PY'
+import json, math, re, sys, time, urllib.parse, urllib.request
+base, tmp = sys.argv[1], sys.argv[2]
+def q(expr):
+    u = base + "/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    r = json.loads(urllib.request.urlopen(u, timeout=10).read())["data"]["result"]
+    return [float(x["value"][1]) for x in r]
+def report(name, ok, why=""):
+    print(("PASS " if ok else "FAIL ") + name + ("" if ok else ": " + why))
+log = open(tmp + "/prun.log").read()
+rows = [json.loads(l) for l in open(tmp + "/prun/metrics.jsonl")]
+served, gen_sum = map(float, open(tmp + "/served.txt").read().split())
+want = {"step": rows[-1]["step"], "served": served}
+deadline, got = time.time() + 120, {}
+while time.time() < deadline:  # Prometheus's scrape of the server after the traffic
+    try:
+        got = {"step": q('max_over_time(loom_train_step{job="loom-train"}[10m])'),
+               "finished": q('max_over_time(loom_train_state{job="loom-train",state="finished"}[10m])'),
+               "served": q('sum(loom_serve_request_success_total{job="loom-serve"})'),
+               "gen": q('sum(loom_serve_request_generation_tokens_sum{job="loom-serve"})')}
+        if got["served"] and got["served"][0] >= served and got["finished"]:
+            break
+    except Exception:
+        pass
+    time.sleep(0.5)
+report("obs_prometheus_saw_the_end_of_the_run (state finished, step %s)" % want["step"],
+       "prun exit 0" in log and got.get("step") == [want["step"]] and got.get("finished") == [1.0], "%s; %s" % (got, log[-200:]))
+report("obs_prometheus_serve_requests_equal_sent (%d requests)" % served,
+       got.get("served") == [served] and got.get("gen") == [gen_sum], "%s, sent %d, generated %s" % (got, served, gen_sum))
+# The peak behind MFU is the one the log names (GFLOP/s to 0.1).
+peak = q('max_over_time(loom_train_peak_flops_per_second{job="loom-train"}[10m])')
+m = re.search(r"peak measured .*?: ([0-9.]+) GFLOP/s", log)
+raised = "above the measured peak" in log
+report("obs_prometheus_peak_flops_as_logged", peak and m and (raised or "%.1f" % (peak[0] / 1e9) == m.group(1)),
+       "prometheus %s, log %s" % (peak, m and m.group(1)))
+# Step-time quantiles from the fine buckets against the exact ones from metrics.jsonl.
+steps = sorted(r["step_s"] for r in rows)
+bad = []
+for qq in (0.5, 0.9):
+    est = q('histogram_quantile(%g, max_over_time(loom_train_step_seconds_bucket{job="loom-train"}[10m]))' % qq)
+    exact = steps[min(len(steps) - 1, int(math.ceil(qq * len(steps))) - 1)]
+    if not est or abs(est[0] - exact) > 0.26 * exact + 1e-4:  # one bucket's width (metrics.jsonl rounds to 0.1 ms)
+        bad.append((qq, est, exact))
+report("obs_prometheus_step_quantiles_within_a_bucket", not bad, str(bad))
+# The alert rules evaluated, and none fires on these healthy runs.
+groups = json.loads(urllib.request.urlopen(base + "/api/v1/rules", timeout=10).read())["data"]["groups"]
+rules = [r for g in groups for r in g["rules"]]
+alerts = json.loads(urllib.request.urlopen(base + "/api/v1/alerts", timeout=10).read())["data"]["alerts"]
+report("obs_prometheus_alerts_silent_on_healthy_runs (%d rules)" % len(rules),
+       len(rules) == 7 and all(r["health"] == "ok" for r in rules) and not alerts, "rules %s, alerts %s" % (
+           [(r["name"], r["health"], r.get("lastError")) for r in rules if r["health"] != "ok"], alerts))
+PY
+else
+    echo "SKIP obs_prometheus_names: prometheus not installed (Debian package prometheus)"
+fi

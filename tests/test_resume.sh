@@ -74,7 +74,7 @@ fi
 # --resume continues.
 $LOOM train "${A[@]}" --threads 1 --steps 100000 --ckpt-every 0 --eval-every 0 --out "$tmp/s" > "$tmp/s.log" 2>&1 &
 pid=$!
-for _ in $(seq 300); do
+for _ in $(seq 1200); do # a guard: the 3rd line ends it
     [ "$(cat "$tmp/s/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] && break
     sleep 0.1
 done

@@ -111,6 +111,7 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: --init-from %s takes the architecture from its config.json; drop --layers/--heads/--channels/--context\n", o.init_from);
         return 2;
     }
+    o.model_given = loom_args_given("model") || o.init_from;
     if (o.init_from) o.model = o.init_from;
     o.resume = o.resume_from != NULL;
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);

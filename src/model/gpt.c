@@ -188,9 +188,6 @@ double loom_gpt_flops_per_token(const loom_gpt_config_t *cfg, int T) {
 static loom_status create(loom_gpt_t **out, const loom_gpt_config_t *cfg, const loom_backend_t *be) {
     loom_gpt_config_t c = *cfg;
     LOOM_TRY(loom_gpt_config_finish(&c));
-    if (strcmp(loom_gpt_family(&c), "gpt2") || c.n_kv_heads != c.n_head || c.bias != LOOM_BIAS_ALL || c.untied_head ||
-        c.ffn_hidden != 4 * c.channels)
-        return loom_error(LOOM_EUNAVAIL, "model: this build computes GPT-2 blocks only (the Llama family's ops are not in it yet)");
     loom_gpt_t *m = loom_calloc(1, sizeof *m);
     m->cfg = c;
     m->be = be;
@@ -203,8 +200,41 @@ static loom_status create(loom_gpt_t **out, const loom_gpt_config_t *cfg, const 
     }
     loom_mem_count(LOOM_MEM_PARAMS, (long long)(m->num_params * sizeof(float)));
     for (int i = 0; i < LOOM_NPARAMS; i++) m->param[i] = m->params + m->ptable[i].offset;
+    if (c.pos == LOOM_POS_ROPE) {
+        int half = loom_gpt_head_size(&c) / 2;
+        float freq[512];
+        if (half > 512) {
+            loom_gpt_free(m);
+            return loom_error(LOOM_EUNAVAIL, "model: head size %d; rotary embedding takes head sizes up to 1024", 2 * half);
+        }
+        loom_gpt_rope_freqs(&c, freq);
+        m->rope_freq = be->alloc((size_t)half * sizeof(float));
+        be->upload(m->rope_freq, freq, (size_t)half * sizeof(float));
+    }
     *out = m;
     return LOOM_OK;
+}
+
+void loom_gpt_rope_freqs(const loom_gpt_config_t *c, float *out) {
+    int hs = loom_gpt_head_size(c);
+    const double pi = 3.14159265358979323846;
+    for (int j = 0; j < hs / 2; j++) {
+        /* float32 as Hugging Face computes it: 1 / theta ** (2j / hs) */
+        float f = 1.0f / powf(c->rope_theta, (float)(2 * j) / (float)hs);
+        if (c->rope_scaling.kind == LOOM_ROPE_SCALING_LINEAR) {
+            f /= c->rope_scaling.factor;
+        } else if (c->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3) {
+            double fac = c->rope_scaling.factor, lo = c->rope_scaling.low_freq_factor, hi = c->rope_scaling.high_freq_factor;
+            double old = c->rope_scaling.original_max_pos, wavelen = 2 * pi / f;
+            if (wavelen > old / lo) { /* low frequency: scaled */
+                f = (float)(f / fac);
+            } else if (wavelen >= old / hi) { /* between: interpolated */
+                double smooth = (old / wavelen - lo) / (hi - lo);
+                f = (float)((1 - smooth) * f / fac + smooth * f);
+            }
+        }
+        out[j] = f;
+    }
 }
 
 loom_status loom_gpt_create(loom_gpt_t **out, const loom_gpt_config_t *cfg, const loom_backend_t *be) {
@@ -307,6 +337,7 @@ enum {
     G_BTC,       /* (B,T,C) scratch: d ln1, d atty, d ln2, d lnf */
     G_QKV,       /* (B,T,QR) */
     G_FCH,       /* (B,T,FR) */
+    G_ACT,       /* (B,T,H) d silu(gate)*up (SwiGLU; empty for GELU, whose backward works in place) */
     A_COUNT
 };
 
@@ -334,6 +365,7 @@ static void act_sizes(const loom_gpt_config_t *c, loom_recompute rc, int B, int 
     sz[G_RESIDUAL] = sz[G_BTC] = BT * C;
     sz[G_QKV] = BT * QR;
     sz[G_FCH] = BT * FR;
+    sz[G_ACT] = c->mlp == LOOM_MLP_SWIGLU ? BT * H : 0;
     for (int i = 0; i < A_COUNT; i++) {
         int keep = rc == LOOM_RECOMPUTE_NONE || (rc == LOOM_RECOMPUTE_GELU && i != A_FCH_GELU) || i == A_RESIDUAL3;
         nl[i] = i >= A_LN1 && i <= A_RESIDUAL3 && keep ? (size_t)c->n_layer : 1;
@@ -385,7 +417,7 @@ const char *loom_recompute_name(loom_recompute r) { return (unsigned)r < 3 ? rec
 static const char *const act_names[A_COUNT] = {
     "encoded", "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty", "att_lse", "attproj", "residual2", "ln2",
     "ln2_mean", "ln2_rstd", "fch", "fch_gelu", "fcproj", "residual3", "lnf", "lnf_mean", "lnf_rstd",
-    "logits", "losses", "d_residual", "d_btc", "d_qkv", "d_fch"};
+    "logits", "losses", "d_residual", "d_btc", "d_qkv", "d_fch", "d_act"};
 
 size_t loom_gpt_act_table(const loom_gpt_config_t *cfg, loom_recompute rc, int B, int T,
                           loom_act_info_t out[LOOM_ACT_MAX], int *n) {
@@ -415,6 +447,8 @@ static void free_acts(loom_gpt_t *m) {
     m->be->free(m->acts);
     m->be->free(m->tokens);
     m->be->free(m->targets);
+    if (m->pos) m->be->free(m->pos);
+    m->pos = NULL;
     free(m->loss_host);
     m->acts = NULL;
     m->tokens = m->targets = NULL;
@@ -439,7 +473,8 @@ loom_status loom_gpt_alloc_acts(loom_gpt_t *m, int B, int T) {
     m->acts = m->be->alloc(bytes);
     m->tokens = m->be->alloc((size_t)B * T * sizeof(int));
     m->targets = m->be->alloc((size_t)B * T * sizeof(int));
-    if (!m->acts || !m->tokens || !m->targets)
+    if (m->cfg.pos == LOOM_POS_ROPE) m->pos = m->be->alloc((size_t)B * T * sizeof(int));
+    if (!m->acts || !m->tokens || !m->targets || (m->cfg.pos == LOOM_POS_ROPE && !m->pos))
         return loom_error(LOOM_ENOMEM, "cannot allocate %.1f MB of activations for batch %d x %d on %s; lower --batch or --seq",
                           bytes / 1e6, B, T, m->be->name);
     m->num_acts = total;
@@ -463,6 +498,7 @@ void loom_gpt_free(loom_gpt_t *m) {
     }
     loom_gpt_free_moments(m);
     free_acts(m);
+    if (m->rope_freq) be->free(m->rope_freq);
     free(m->file_int8);
     free(m->file_q);
     free(m);
@@ -476,6 +512,29 @@ void loom_gpt_residual_layernorm(const loom_backend_t *be, float *res, float *ou
     }
     be->residual_forward(res, a, b_res, (size_t)N * C);
     be->layernorm_forward(out, mean, rstd, res, w, b, N, C);
+}
+
+void loom_gpt_residual_norm(const loom_gpt_config_t *c, const loom_backend_t *be, float *res, float *out, float *mean,
+                            float *rstd, const float *a, const float *b_res, const float *w, const float *b, int N) {
+    if (c->norm == LOOM_NORM_LAYERNORM) {
+        loom_gpt_residual_layernorm(be, res, out, mean, rstd, a, b_res, w, b, N, c->channels);
+        return;
+    }
+    be->residual_forward(res, a, b_res, (size_t)N * c->channels);
+    be->rmsnorm_forward(out, rstd, res, w, N, c->channels, c->norm_eps);
+}
+
+void loom_gpt_norm(const loom_gpt_config_t *c, const loom_backend_t *be, float *out, float *mean, float *rstd,
+                   const float *inp, const float *w, const float *b, int N) {
+    if (c->norm == LOOM_NORM_LAYERNORM) be->layernorm_forward(out, mean, rstd, inp, w, b, N, c->channels);
+    else be->rmsnorm_forward(out, rstd, inp, w, N, c->channels, c->norm_eps);
+}
+
+/* dinp += , dw += , db += : the backward of loom_gpt_norm. */
+static void norm_backward(const loom_gpt_config_t *c, const loom_backend_t *be, float *dinp, float *dw, float *db,
+                          const float *dout, const float *inp, const float *w, const float *mean, const float *rstd, int N) {
+    if (c->norm == LOOM_NORM_LAYERNORM) be->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, c->channels);
+    else be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, c->channels);
 }
 
 loom_status loom_gpt_set_batch(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T) {
@@ -492,28 +551,39 @@ loom_status loom_gpt_set_batch(loom_gpt_t *m, const int *tokens, const int *targ
     }
     m->be->upload(m->tokens, tokens, N * sizeof(int));
     if (targets) m->be->upload(m->targets, targets, N * sizeof(int));
+    if (m->pos) { /* row b*T + t is at position t */
+        int *pos = loom_malloc(N * sizeof(int));
+        for (size_t i = 0; i < N; i++) pos[i] = (int)(i % (size_t)T);
+        m->be->upload(m->pos, pos, N * sizeof(int));
+        free(pos);
+    }
     return LOOM_OK;
 }
 
-/* Layer l's slice of parameter (or gradient) tensor i of m's table, NULL
- * when the config has no such tensor (a bias of the Llama family). */
-static float *lt(const loom_gpt_t *m, float *const *base, int i, int l) {
+float *loom_gpt_slice(const loom_gpt_t *m, float *const *views, int i, int l) {
     const loom_tensor_info_t *t = &m->ptable[i];
     if (!t->numel) return NULL;
-    return t->ndim == 1 || i == LOOM_WTE || i == LOOM_WPE || i == LOOM_LMHEAD ? base[i] : base[i] + (size_t)l * (t->numel / (size_t)t->shape[0]);
+    return t->ndim == 1 || i == LOOM_WTE || i == LOOM_WPE || i == LOOM_LMHEAD ? views[i] : views[i] + (size_t)l * (t->numel / (size_t)t->shape[0]);
 }
-#define P(i, l) lt(m, m->param, i, l)
-#define G(i, l) lt(m, m->grad, i, l)
+#define P(i, l) loom_gpt_slice(m, m->param, i, l)
+#define G(i, l) loom_gpt_slice(m, m->grad, i, l)
+
+/* The MLP's activation: fch_gelu (N,H) = gelu(fch) or silu(gate) * up. */
+static void mlp_act(const loom_gpt_t *m, float *act, const float *fch, size_t N) {
+    if (m->cfg.mlp == LOOM_MLP_SWIGLU) m->be->swiglu_forward(act, fch, (int)N, m->cfg.ffn_hidden);
+    else m->be->gelu_forward(act, fch, N * (size_t)m->cfg.ffn_hidden);
+}
 
 /* Block l from its input on the residual stream. Forward (recompute = 0)
  * expects ln1 of block l in place and ends with the residual add fused with
- * the next LayerNorm (block l+1's ln1, or lnf). Recompute (in backward)
- * first computes ln1 (unfused, as no fcproj of block l-1 is kept) and stops
- * after the GELU: what block l's backward reads. */
+ * the next norm (block l+1's ln1, or lnf). Recompute (in backward) first
+ * computes ln1 (unfused, as no fcproj of block l-1 is kept) and stops after
+ * the MLP's activation: what block l's backward reads. */
 static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, int recompute) {
     const loom_backend_t *be = m->be;
     const loom_gpt_config_t *c = &m->cfg;
-    int L = c->n_layer, C = c->channels, NH = c->n_head, QR = loom_gpt_qkv_rows(c), FR = loom_gpt_fc_rows(c), H = c->ffn_hidden;
+    int L = c->n_layer, C = c->channels, NH = c->n_head, KV = c->n_kv_heads, QR = loom_gpt_qkv_rows(c);
+    int FR = loom_gpt_fc_rows(c), H = c->ffn_hidden;
     size_t N = (size_t)B * T;
     const float *resid = l == 0 ? a->a[A_ENCODED] : lay(a, A_RESIDUAL3, l - 1);
     float *ln1 = lay(a, A_LN1, l);
@@ -524,30 +594,30 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
     float *fch = lay(a, A_FCH, l), *fch_gelu = lay(a, A_FCH_GELU, l);
     float *fcproj = lay(a, A_FCPROJ, l), *res3 = lay(a, A_RESIDUAL3, l);
 
-    if (recompute)
-        be->layernorm_forward(ln1, lay(a, A_LN1_MEAN, l), lay(a, A_LN1_RSTD, l), resid, P(LOOM_LN1W, l), P(LOOM_LN1B, l), (int)N, C);
+    if (recompute) loom_gpt_norm(c, be, ln1, lay(a, A_LN1_MEAN, l), lay(a, A_LN1_RSTD, l), resid, P(LOOM_LN1W, l), P(LOOM_LN1B, l), (int)N);
     be->matmul_forward(qkv, ln1, P(LOOM_QKVW, l), P(LOOM_QKVB, l), (int)N, C, QR);
-    be->attention_forward(atty, lse, qkv, B, T, C, NH);
+    if (c->pos == LOOM_POS_ROPE) be->rope_forward(qkv, m->pos, m->rope_freq, (int)N, NH, KV, C / NH);
+    be->attention_forward(atty, lse, qkv, B, T, C, NH, KV);
     be->matmul_forward(attproj, atty, P(LOOM_ATTPROJW, l), P(LOOM_ATTPROJB, l), (int)N, C, C);
-    loom_gpt_residual_layernorm(be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, P(LOOM_LN2W, l), P(LOOM_LN2B, l), (int)N, C);
-    if (be->matmul_forward_gelu) {
+    loom_gpt_residual_norm(c, be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, P(LOOM_LN2W, l), P(LOOM_LN2B, l), (int)N);
+    if (be->matmul_forward_gelu && c->mlp == LOOM_MLP_GELU) {
         be->matmul_forward_gelu(fch_gelu, fch, ln2, P(LOOM_FCW, l), P(LOOM_FCB, l), (int)N, C, FR);
     } else {
         be->matmul_forward(fch, ln2, P(LOOM_FCW, l), P(LOOM_FCB, l), (int)N, C, FR);
-        be->gelu_forward(fch_gelu, fch, N * H);
+        mlp_act(m, fch_gelu, fch, N);
     }
     if (recompute) return;
     be->matmul_forward(fcproj, fch_gelu, P(LOOM_FCPROJW, l), P(LOOM_FCPROJB, l), (int)N, H, C);
     if (l + 1 < L)
-        loom_gpt_residual_layernorm(be, res3, lay(a, A_LN1, l + 1), lay(a, A_LN1_MEAN, l + 1), lay(a, A_LN1_RSTD, l + 1), res2, fcproj,
-                                    P(LOOM_LN1W, l + 1), P(LOOM_LN1B, l + 1), (int)N, C);
+        loom_gpt_residual_norm(c, be, res3, lay(a, A_LN1, l + 1), lay(a, A_LN1_MEAN, l + 1), lay(a, A_LN1_RSTD, l + 1), res2, fcproj,
+                               P(LOOM_LN1W, l + 1), P(LOOM_LN1B, l + 1), (int)N);
     else
-        loom_gpt_residual_layernorm(be, res3, a->a[A_LNF], a->a[A_LNF_MEAN], a->a[A_LNF_RSTD], res2, fcproj, P(LOOM_LNFW, 0),
-                                    P(LOOM_LNFB, 0), (int)N, C);
+        loom_gpt_residual_norm(c, be, res3, a->a[A_LNF], a->a[A_LNF_MEAN], a->a[A_LNF_RSTD], res2, fcproj, P(LOOM_LNFW, 0),
+                               P(LOOM_LNFB, 0), (int)N);
 }
 
-/* The output head: wte when tied, else lm_head. */
-static int head_param(const loom_gpt_t *m) { return m->cfg.untied_head ? LOOM_LMHEAD : LOOM_WTE; }
+int loom_gpt_head_param(const loom_gpt_config_t *c) { return c->untied_head ? LOOM_LMHEAD : LOOM_WTE; }
+static int head_param(const loom_gpt_t *m) { return loom_gpt_head_param(&m->cfg); }
 
 /* Embeddings, the blocks, the head: logits of the batch in m->tokens. */
 static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T) {
@@ -557,7 +627,7 @@ static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T) {
     be->encoder_forward(a->a[A_ENCODED], m->tokens, P(LOOM_WTE, 0), P(LOOM_WPE, 0), B, T, C);
     /* Each residual add is fused with the LayerNorm that reads it (the next
      * block's ln1 or the final lnf) where the backend offers the fusion. */
-    be->layernorm_forward(lay(a, A_LN1, 0), lay(a, A_LN1_MEAN, 0), lay(a, A_LN1_RSTD, 0), a->a[A_ENCODED], P(LOOM_LN1W, 0), P(LOOM_LN1B, 0), (int)N, C);
+    loom_gpt_norm(&m->cfg, be, lay(a, A_LN1, 0), lay(a, A_LN1_MEAN, 0), lay(a, A_LN1_RSTD, 0), a->a[A_ENCODED], P(LOOM_LN1W, 0), P(LOOM_LN1B, 0), (int)N);
     for (int l = 0; l < m->cfg.n_layer; l++) block_forward(m, a, l, B, T, 0);
     be->matmul_forward(a->a[A_LOGITS], a->a[A_LNF], P(head_param(m), 0), NULL, (int)N, C, Vp);
 }
@@ -594,53 +664,73 @@ float *loom_gpt_losses_dev(const loom_gpt_t *m, int B, int T) {
     return a.a[A_LOSSES];
 }
 
+/* Block l's MLP backward: dres (the gradient of res3) flows into fc_proj,
+ * the activation, fc and norm2, and accumulates into dres. */
+static void mlp_backward(loom_gpt_t *m, const acts_t *a, int l, size_t N) {
+    const loom_backend_t *be = m->be;
+    const loom_gpt_config_t *c = &m->cfg;
+    int C = c->channels, FR = loom_gpt_fc_rows(c), H = c->ffn_hidden;
+    float *dres = a->a[G_RESIDUAL], *dbtc = a->a[G_BTC], *dfch = a->a[G_FCH];
+    float *res2 = lay(a, A_RESIDUAL2, l), *ln2 = lay(a, A_LN2, l);
+    float *fch = lay(a, A_FCH, l), *fch_gelu = lay(a, A_FCH_GELU, l);
+    if (c->mlp == LOOM_MLP_SWIGLU) {
+        float *dact = a->a[G_ACT];
+        be->zero(dact, loom_backend_act_bytes(be, N * H));
+        be->matmul_backward(dact, G(LOOM_FCPROJW, l), G(LOOM_FCPROJB, l), dres, fch_gelu, P(LOOM_FCPROJW, l), (int)N, H, C);
+        be->swiglu_backward(dfch, fch, dact, (int)N, H);
+    } else if (be->matmul_backward_gelu) {
+        be->matmul_backward_gelu(dfch, G(LOOM_FCPROJW, l), G(LOOM_FCPROJB, l), dres, fch_gelu, fch, P(LOOM_FCPROJW, l), (int)N, H, C);
+    } else {
+        be->zero(dfch, loom_backend_act_bytes(be, N * FR));
+        be->matmul_backward(dfch, G(LOOM_FCPROJW, l), G(LOOM_FCPROJB, l), dres, fch_gelu, P(LOOM_FCPROJW, l), (int)N, H, C);
+        be->gelu_backward(dfch, fch, dfch, N * H);
+    }
+    be->zero(dbtc, loom_backend_act_bytes(be, N * C));
+    be->matmul_backward(dbtc, G(LOOM_FCW, l), G(LOOM_FCB, l), dfch, ln2, P(LOOM_FCW, l), (int)N, C, FR);
+    norm_backward(c, be, dres, G(LOOM_LN2W, l), G(LOOM_LN2B, l), dbtc, res2, P(LOOM_LN2W, l), lay(a, A_LN2_MEAN, l),
+                  lay(a, A_LN2_RSTD, l), (int)N);
+}
+
+/* Block l's attention backward: res2 = resid + attproj, dres flows to both. */
+static void attn_backward(loom_gpt_t *m, const acts_t *a, int l, int B, int T) {
+    const loom_backend_t *be = m->be;
+    const loom_gpt_config_t *c = &m->cfg;
+    int C = c->channels, NH = c->n_head, KV = c->n_kv_heads, QR = loom_gpt_qkv_rows(c);
+    size_t N = (size_t)B * T, btc_bytes = loom_backend_act_bytes(be, N * C);
+    float *dres = a->a[G_RESIDUAL], *dbtc = a->a[G_BTC], *dqkv = a->a[G_QKV];
+    const float *resid = l == 0 ? a->a[A_ENCODED] : lay(a, A_RESIDUAL3, l - 1);
+    float *qkv = lay(a, A_QKV, l), *atty = lay(a, A_ATTY, l);
+    be->zero(dbtc, btc_bytes);
+    be->matmul_backward(dbtc, G(LOOM_ATTPROJW, l), G(LOOM_ATTPROJB, l), dres, atty, P(LOOM_ATTPROJW, l), (int)N, C, C);
+    be->attention_backward(dqkv, dbtc, qkv, atty, lay(a, A_ATT_LSE, l), B, T, C, NH, KV);
+    if (c->pos == LOOM_POS_ROPE) be->rope_backward(dqkv, m->pos, m->rope_freq, (int)N, NH, KV, C / NH);
+    be->zero(dbtc, btc_bytes);
+    be->matmul_backward(dbtc, G(LOOM_QKVW, l), G(LOOM_QKVB, l), dqkv, lay(a, A_LN1, l), P(LOOM_QKVW, l), (int)N, C, QR);
+    norm_backward(c, be, dres, G(LOOM_LN1W, l), G(LOOM_LN1B, l), dbtc, resid, P(LOOM_LN1W, l), lay(a, A_LN1_MEAN, l),
+                  lay(a, A_LN1_RSTD, l), (int)N);
+}
+
 void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
     const loom_backend_t *be = m->be;
     const loom_gpt_config_t *c = &m->cfg;
-    int L = c->n_layer, C = c->channels, NH = c->n_head, Vp = c->padded_vocab_size, QR = loom_gpt_qkv_rows(c);
-    int FR = loom_gpt_fc_rows(c), H = c->ffn_hidden;
-    size_t N = (size_t)B * T, btc = N * C, btc_bytes = loom_backend_act_bytes(be, btc);
+    int L = c->n_layer, C = c->channels, Vp = c->padded_vocab_size;
+    size_t N = (size_t)B * T, btc_bytes = loom_backend_act_bytes(be, N * C);
     acts_t a;
     act_views(m, B, T, &a);
-    float *dres = a.a[G_RESIDUAL], *dbtc = a.a[G_BTC], *dqkv = a.a[G_QKV], *dfch = a.a[G_FCH];
+    float *dres = a.a[G_RESIDUAL], *dbtc = a.a[G_BTC];
 
     /* Head: logits = lnf @ head^T, the logits buffer now holds their gradient. */
     be->zero(dbtc, btc_bytes);
     be->matmul_backward(dbtc, G(head_param(m), 0), NULL, a.a[A_LOGITS], a.a[A_LNF], P(head_param(m), 0), (int)N, C, Vp);
     be->zero(dres, btc_bytes);
-    const float *last = lay(&a, A_RESIDUAL3, L - 1);
-    be->layernorm_backward(dres, G(LOOM_LNFW, 0), G(LOOM_LNFB, 0), dbtc, last, P(LOOM_LNFW, 0), a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N, C);
+    norm_backward(c, be, dres, G(LOOM_LNFW, 0), G(LOOM_LNFB, 0), dbtc, lay(&a, A_RESIDUAL3, L - 1), P(LOOM_LNFW, 0),
+                  a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N);
 
     for (int l = L - 1; l >= 0; l--) {
-        const float *resid = l == 0 ? a.a[A_ENCODED] : lay(&a, A_RESIDUAL3, l - 1);
-        float *ln1 = lay(&a, A_LN1, l), *ln1_mean = lay(&a, A_LN1_MEAN, l), *ln1_rstd = lay(&a, A_LN1_RSTD, l);
-        float *qkv = lay(&a, A_QKV, l), *atty = lay(&a, A_ATTY, l);
-        float *lse = lay(&a, A_ATT_LSE, l);
-        float *res2 = lay(&a, A_RESIDUAL2, l), *ln2 = lay(&a, A_LN2, l);
-        float *ln2_mean = lay(&a, A_LN2_MEAN, l), *ln2_rstd = lay(&a, A_LN2_RSTD, l);
-        float *fch = lay(&a, A_FCH, l), *fch_gelu = lay(&a, A_FCH_GELU, l);
-
         if (m->recompute == LOOM_RECOMPUTE_ALL) block_forward(m, &a, l, B, T, 1);
-        else if (m->recompute == LOOM_RECOMPUTE_GELU) be->gelu_forward(fch_gelu, fch, N * H);
-
-        /* res3 = res2 + fcproj: dres flows to both. */
-        if (be->matmul_backward_gelu) {
-            be->matmul_backward_gelu(dfch, G(LOOM_FCPROJW, l), G(LOOM_FCPROJB, l), dres, fch_gelu, fch, P(LOOM_FCPROJW, l), (int)N, H, C);
-        } else {
-            be->zero(dfch, loom_backend_act_bytes(be, N * FR));
-            be->matmul_backward(dfch, G(LOOM_FCPROJW, l), G(LOOM_FCPROJB, l), dres, fch_gelu, P(LOOM_FCPROJW, l), (int)N, H, C);
-            be->gelu_backward(dfch, fch, dfch, N * H);
-        }
-        be->zero(dbtc, btc_bytes);
-        be->matmul_backward(dbtc, G(LOOM_FCW, l), G(LOOM_FCB, l), dfch, ln2, P(LOOM_FCW, l), (int)N, C, FR);
-        be->layernorm_backward(dres, G(LOOM_LN2W, l), G(LOOM_LN2B, l), dbtc, res2, P(LOOM_LN2W, l), ln2_mean, ln2_rstd, (int)N, C);
-        /* res2 = resid + attproj */
-        be->zero(dbtc, btc_bytes);
-        be->matmul_backward(dbtc, G(LOOM_ATTPROJW, l), G(LOOM_ATTPROJB, l), dres, atty, P(LOOM_ATTPROJW, l), (int)N, C, C);
-        be->attention_backward(dqkv, dbtc, qkv, atty, lse, B, T, C, NH);
-        be->zero(dbtc, btc_bytes);
-        be->matmul_backward(dbtc, G(LOOM_QKVW, l), G(LOOM_QKVB, l), dqkv, ln1, P(LOOM_QKVW, l), (int)N, C, QR);
-        be->layernorm_backward(dres, G(LOOM_LN1W, l), G(LOOM_LN1B, l), dbtc, resid, P(LOOM_LN1W, l), ln1_mean, ln1_rstd, (int)N, C);
+        else if (m->recompute == LOOM_RECOMPUTE_GELU) mlp_act(m, lay(&a, A_FCH_GELU, l), lay(&a, A_FCH, l), N);
+        mlp_backward(m, &a, l, N);
+        attn_backward(m, &a, l, B, T);
         if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, l);
     }
     be->encoder_backward(G(LOOM_WTE, 0), G(LOOM_WPE, 0), dres, m->tokens, B, T, C);

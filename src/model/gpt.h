@@ -173,6 +173,8 @@ struct loom_gpt {
     size_t num_acts;         /* elements in the block (loom_gpt_act_table's total) */
     size_t act_bytes;        /* its bytes: 2 per ACT element at a 16-bit act_dtype */
     int *tokens, *targets;   /* backend memory, (B, T) int32 */
+    int *pos;                /* backend memory, (B, T) int32: each row's position t (RoPE only, else NULL) */
+    float *rope_freq;        /* backend memory, (hs/2): rotary inverse frequencies (RoPE only, else NULL) */
     float *loss_host;        /* (B*T) host copy of per-position losses */
 
     /* Called during backward as gradients become final for this
@@ -200,6 +202,14 @@ struct loom_gpt {
      * (docs/quantization.md). Freed with the model. */
     loom_tensor_t *file_q;
 };
+
+/* Layer l's slice of tensor i (LOOM_WTE ...) in `views` (m->param,
+ * m->grad, or views laid out like them): the whole tensor for the ones
+ * that are not per layer; NULL when the config has no such tensor (a bias
+ * of the Llama family), which every matmul op takes as "no bias". */
+float *loom_gpt_slice(const loom_gpt_t *m, float *const *views, int i, int l);
+/* The output head's tensor: LOOM_WTE when tied, else LOOM_LMHEAD. */
+int loom_gpt_head_param(const loom_gpt_config_t *c);
 
 /* Allocate a model with parameters initialized GPT-2 style from `seed`
  * (normal 0.02, residual projections scaled by 1/sqrt(2L), LayerNorm 1/0). */
@@ -281,6 +291,17 @@ void loom_gpt_logits_row(const loom_gpt_t *m, float *out, int B, int T, size_t r
 void loom_gpt_residual_layernorm(const loom_backend_t *be, float *res, float *out, float *mean,
                                  float *rstd, const float *a, const float *b_res, const float *w,
                                  const float *b, int N, int C);
+/* The same with the config's norm: LayerNorm as above, or the residual add
+ * then RMSNorm (mean unused). */
+void loom_gpt_residual_norm(const loom_gpt_config_t *c, const loom_backend_t *be, float *res, float *out, float *mean,
+                            float *rstd, const float *a, const float *b_res, const float *w, const float *b, int N);
+/* out, mean, rstd = the config's norm of inp (N, C) with w, b (b NULL under RMSNorm). */
+void loom_gpt_norm(const loom_gpt_config_t *c, const loom_backend_t *be, float *out, float *mean, float *rstd,
+                   const float *inp, const float *w, const float *b, int N);
+/* Rotary inverse frequencies (hs/2 floats) of a RoPE config: Hugging
+ * Face's inv_freq = 1 / theta^(2j/hs), then rope_scaling (linear: / factor;
+ * llama3: low frequencies / factor, high kept, smooth between). */
+void loom_gpt_rope_freqs(const loom_gpt_config_t *c, float *out);
 /* Model FLOPs per token for training (6N plus attention), N excluding the
  * position embedding, for MFU. */
 double loom_gpt_flops_per_token(const loom_gpt_config_t *cfg, int T);

@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "parallel/dist_impl.h"
 
 /* ---------------- element types ---------------- */
@@ -101,7 +102,7 @@ struct loom_dist {
     loom_status first_err;
     char err[512];
     int quit, comm_started;
-    _Atomic double op_start; /* loom_now when the running op began; 0 = idle */
+    _Atomic double op_start; /* loom_clock_now when the running op began; 0 = idle */
     _Atomic long running_seq;
 
     /* watchdog */
@@ -170,7 +171,7 @@ static void *comm_main(void *arg) {
         loom_status s = LOOM_OK;
         if (prior == LOOM_OK) { /* after a failure the rest are skipped */
             atomic_store(&d->running_seq, d->done);
-            atomic_store(&d->op_start, loom_now());
+            atomic_store(&d->op_start, loom_clock_now());
             s = run_op(d, o);
             atomic_store(&d->op_start, 0.0);
         }
@@ -337,7 +338,7 @@ static void *dog_main(void *arg) {
     while (!atomic_load(&d->dog_quit)) {
         for (int r = 0; r < n; r++) p[r] = (struct pollfd){.fd = d->hb[r], .events = POLLIN | POLLRDHUP};
         poll(p, (nfds_t)n, 200);
-        double now = loom_now();
+        double now = loom_clock_now();
         int closing = atomic_load(&d->closing);
         for (int r = 0; r < n; r++) {
             if (r == d->rank || d->hb[r] < 0 || !p[r].revents) continue;
@@ -492,7 +493,7 @@ loom_status loom_dist_init(loom_dist_t **out, const loom_dist_opts_t *o) {
         release(d);
         return s;
     }
-    double now = loom_now();
+    double now = loom_clock_now();
     for (int r = 0; r < d->size; r++) d->last_heard[r] = now;
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->cv_work, NULL);

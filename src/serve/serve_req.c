@@ -5,7 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "core/clock.h"
 #include "serve/server_int.h"
 
 enum { WHY_NONE, WHY_TIMEOUT, WHY_SHUTDOWN, WHY_CLIENT };
@@ -39,18 +41,49 @@ struct job {
     int n_sub, n_choices, n_done, fin_cb, why, counted, phase;
     choice_t *ch;
     double *last_t;    /* per choice, stepping thread only */
-    double t0, deadline;
+    double t0;       /* arrival, for the latency metrics (loom_now) */
+    double deadline; /* --request-timeout on the decision clock (core/clock.h); 0 = none */
     char id[40];
     long created;
     loom_sbuf_t out;
     size_t out_pos;
 };
 
+static int hold_k = -1;          /* LOOM_TEST_SERVE_HOLD's K; -1: no hold */
+static const char *hold_release; /* ... and its PATH, if any */
+static pthread_once_t hold_once = PTHREAD_ONCE_INIT;
+static void hold_parse(void) {
+    const char *v = getenv("LOOM_TEST_SERVE_HOLD");
+    char *end;
+    if (!v || !*v) return;
+    long k = strtol(v, &end, 10);
+    if (end == v || k < 0 || (*end && *end != ':')) {
+        loom_warn("LOOM_TEST_SERVE_HOLD=%s: not K or K:PATH; no hold", v);
+        return;
+    }
+    hold_k = (int)k;
+    if (*end == ':' && end[1]) hold_release = end + 1;
+}
+
+/* LOOM_TEST_SERVE_HOLD=K[:PATH]: a sample's token after its K-th waits
+ * here, on the stepping thread (so no request moves on meanwhile), until
+ * its request is cancelled (the client left, the deadline passed), the
+ * server cancels at shutdown, or PATH exists. A test then acts while
+ * requests are surely in flight, on a machine of any speed. */
+static void hold_for_test(job_t *j, const loom_engine_event_t *ev) {
+    pthread_once(&hold_once, hold_parse);
+    if (hold_k < 0 || ev->token < 0 || ev->n_generated <= hold_k) return;
+    while (!__atomic_load_n(&j->why, __ATOMIC_ACQUIRE) && atomic_load(&j->s->state) != SRV_CANCELLING &&
+           !(hold_release && access(hold_release, F_OK) == 0))
+        usleep(1000);
+}
+
 /* Event callback, on the stepping thread: metrics, then into the job's queue. */
 static void on_event(void *ctx, const loom_engine_event_t *ev) {
     sub_t *sb = ctx;
     job_t *j = sb->job;
     srv_model_t *m = j->m;
+    hold_for_test(j, ev);
     double now = loom_now();
     if (!sb->started) {
         sb->started = 1;
@@ -164,16 +197,15 @@ static void apply(job_t *j, const loom_engine_event_t *ev) {
 
 static void cancel_all(job_t *j, int why) {
     if (j->why) return;
-    j->why = why;
+    __atomic_store_n(&j->why, why, __ATOMIC_RELEASE); /* the stepping thread's test hold reads it */
     for (int k = 0; k < j->n_sub; k++)
         if (j->submitted[k]) loom_engine_cancel(j->m->e, j->eids[k]);
-    loom_srv_kick(j->s);
 }
 
 /* Wait up to timeout_s for one event and fold it in; cancels on the
  * deadline or at shutdown. Returns 1 when an event came. */
 static int wait_one(job_t *j, double timeout_s, loom_engine_event_t *evout) {
-    double now = loom_now();
+    double now = loom_clock_now();
     if (j->deadline > 0 && now > j->deadline) cancel_all(j, WHY_TIMEOUT);
     if (atomic_load(&j->s->state) == SRV_CANCELLING) cancel_all(j, WHY_SHUTDOWN);
     if (j->deadline > 0 && j->deadline - now < timeout_s) timeout_s = j->deadline - now > 0.01 ? j->deadline - now : 0.01;
@@ -404,7 +436,8 @@ static loom_status job_prompts(job_t *j, loom_api_error_t *err) {
         a->text = loom_calloc(1, sizeof *a->text);
         a->ids = loom_calloc(1, sizeof *a->ids);
         a->n_ids = loom_calloc(1, sizeof *a->n_ids);
-        a->text[0] = loom_api_render_chat(a->msgs, a->n_msgs, j->m->chat_template);
+        if (loom_srv_chat_render(j->m, a->msgs, a->n_msgs, &a->text[0]) != LOOM_OK)
+            return loom_api_fail(err, 400, NULL, "messages", NULL, "%s", loom_errmsg());
     }
     j->n_sub = a->n_prompts;
     j->pids = loom_calloc((size_t)j->n_sub, sizeof *j->pids);
@@ -415,7 +448,10 @@ static loom_status job_prompts(job_t *j, loom_api_error_t *err) {
         if (a->text[k]) {
             uint32_t *u = NULL;
             size_t n = 0;
-            if (loom_tokenizer_encode(j->m->tok, a->text[k], strlen(a->text[k]), &u, &n) != LOOM_OK)
+            /* a rendered template holds its own BOS; a plain prompt gets what the tokenizer adds */
+            loom_status (*enc)(const loom_tokenizer_t *, const char *, size_t, uint32_t **, size_t *) =
+                j->m->tmpl && j->kind == LOOM_API_CHAT ? loom_tokenizer_encode : loom_tokenizer_encode_special;
+            if (enc(j->m->tok, a->text[k], strlen(a->text[k]), &u, &n) != LOOM_OK)
                 return loom_api_fail(err, 400, NULL, param, NULL, "cannot tokenize the prompt: %s", loom_errmsg());
             j->pids[k] = loom_malloc((n + 1) * sizeof(int));
             for (size_t i = 0; i < n; i++) j->pids[k][i] = (int)u[i];
@@ -451,7 +487,7 @@ static job_t *job_new(loom_server_t *s, srv_model_t *m, loom_api_kind kind, loom
     job_t *j = loom_calloc(1, sizeof *j);
     j->s = s, j->m = m, j->kind = kind, j->a = *a;
     j->t0 = loom_now();
-    j->deadline = s->cfg.request_timeout > 0 ? j->t0 + s->cfg.request_timeout : 0;
+    j->deadline = s->cfg.request_timeout > 0 ? loom_clock_now() + s->cfg.request_timeout : 0;
     j->created = (long)time(NULL);
     snprintf(j->id, sizeof j->id, "%s-%llx", kind == LOOM_API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)atomic_fetch_add(&s->next_id, 1) + 1);
@@ -471,9 +507,8 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     j->q = loom_engine_queue_new();
     a->p.stop = (const char *const *)a->stop;
     a->p.n_stop = a->n_stop;
-    int eot = loom_tokenizer_eot(j->m->tok);
-    a->p.stop_ids = eot >= 0 ? &j->m->eot : NULL;
-    a->p.n_stop_ids = eot >= 0 && !a->ignore_eos;
+    a->p.stop_ids = j->m->n_stop ? j->m->stop_ids : NULL;
+    a->p.n_stop_ids = a->ignore_eos ? 0 : j->m->n_stop;
     for (int k = 0; k < j->n_sub; k++) {
         j->subs[k] = (sub_t){.job = j, .k = k};
         if (loom_engine_submit(j->m->e, j->pids[k], j->n_pids[k], &a->p, on_event, &j->subs[k], &j->eids[k]) != LOOM_OK) {
@@ -483,7 +518,6 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
         }
         j->submitted[k] = 1;
     }
-    loom_srv_kick(j->s);
     return LOOM_OK;
 }
 

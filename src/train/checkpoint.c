@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <stdlib.h>
 
+#include "core/clock.h"
 #include "ckpt/optim.h"
 #include "ckpt/run.h"
 #include "ckpt/safetensors.h"
@@ -44,7 +45,7 @@ loom_status loom_train_load_checkpoint(loom_train_job_t *j) {
 
 typedef struct {
     loom_ckpt_writer_t *w;
-    double last_t;        /* when the last checkpoint was taken (or the loop started) */
+    double last_t;        /* when the last checkpoint was taken (or the loop started), loom_clock_now */
     long long last_step;  /* its step (the resumed one at start) */
     int time_due;         /* --ckpt-every-minutes have passed (agreed by every rank) */
     int outstanding;      /* several ranks: a checkpoint not yet committed */
@@ -82,9 +83,9 @@ static loom_status take(ckpt_t *c, loom_train_run_t *run, const loom_ckpt_state_
     LOOM_TRY(loom_ckpt_writer_submit(c->w, st, am, av, lo, hi));
     c->outstanding = run->multi;
     c->last_step = st->step;
-    c->last_t = loom_now();
+    c->last_t = loom_clock_now();
     c->taken++;
-    loom_ckpt_event_t ev = {*st, run->o->out, c->last_t - t0, final};
+    loom_ckpt_event_t ev = {*st, run->o->out, loom_now() - t0, final};
     return loom_train_emit_checkpoint(run, &ev);
 }
 
@@ -94,7 +95,7 @@ static loom_status ckpt_start(void *ctx, loom_train_run_t *run) {
     loom_ckpt_writer_opts_t wo = {.run = o->out, .m = run->model, .rank = o->rank, .world = o->world_size, .zero = o->zero,
                                   .keep = o->keep_ckpts, .async = !o->ckpt_sync};
     LOOM_TRY(loom_ckpt_writer_open(&c->w, &wo));
-    c->last_t = loom_now();
+    c->last_t = loom_clock_now();
     c->last_step = run->resumed_step;
     return LOOM_OK;
 }
@@ -105,7 +106,7 @@ static loom_status ckpt_start(void *ctx, loom_train_run_t *run) {
 static loom_status ckpt_before_step(void *ctx, loom_train_run_t *run, long long step) {
     ckpt_t *c = ctx;
     double minutes = run->o->ckpt_every_minutes;
-    int due = minutes > 0 && loom_now() - c->last_t >= 60 * minutes;
+    int due = minutes > 0 && loom_clock_now() - c->last_t >= 60 * minutes;
     if (!run->multi) {
         c->time_due = due;
         return LOOM_OK;

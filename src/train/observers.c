@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "model/generate.h"
 #include "obs/metrics_log.h"
@@ -54,7 +55,20 @@ void loom_train_signals_restore(void) {
     installed = 0;
 }
 
+/* LOOM_TEST_HOLD_AFTER_STEP=N: a run that started from step 1 waits
+ * after step N until a signal asks it to stop, and says so on stderr; a
+ * test interrupts a run there on any machine, instead of hoping that its
+ * signal lands before a fast machine has finished every step. A resumed
+ * run (the same command after the interruption) does not wait. */
+static void hold_for_test(const loom_train_run_t *run, long long step) {
+    const char *v = getenv("LOOM_TEST_HOLD_AFTER_STEP");
+    if (!v || !*v || atoll(v) + 1 != step || run->first_step != 1) return;
+    loom_info("loom train: LOOM_TEST_HOLD_AFTER_STEP=%s: holding after step %lld until a signal", v, step - 1);
+    while (!stop_signal) usleep(10000);
+}
+
 static loom_status signals_before_step(void *ctx, loom_train_run_t *run, long long step) {
+    hold_for_test(run, step);
     if (stop_signal) loom_train_request_stop(run, stop_signal);
     return LOOM_OK;
 }
@@ -167,11 +181,11 @@ static void plot_add_val(plot_t *g, long long step, double val) {
 }
 
 /* A resumed run's history, read back from its (trimmed) metrics log. */
-static void plot_row(void *ctx, long long step, double loss, double val) {
+static void plot_row(void *ctx, const loom_metrics_row_t *r) {
     plot_t *g = ctx;
-    if (step < 1 || step > g->nsteps) return;
-    g->loss[step - 1] = loss;
-    if (!isnan(val)) plot_add_val(g, step, val);
+    if (r->step < 1 || r->step > g->nsteps) return;
+    g->loss[r->step - 1] = r->loss;
+    if (!isnan(r->val_loss)) plot_add_val(g, r->step, r->val_loss);
 }
 
 static loom_status plot_start(void *ctx, loom_train_run_t *run) {

@@ -61,6 +61,7 @@ typedef struct {
     double ckpt_every_minutes; /* also checkpoint when this much time passed (0 = off) */
     int ckpt_sync;             /* write checkpoints in the loop's thread (default: in the background) */
     const char *init_from; /* Hugging Face GPT-2 folder: architecture and weights (ckpt/hf.h); NULL = a preset */
+    int model_given;           /* --model was on the command line (a resume refuses another preset) */
     const char *init_from_run; /* a loom run folder (e.g. from `loom prune`): architecture and weights of its newest checkpoint */
     long long seed;
     /* Data parallelism. The ranks come from the launch (mpirun, srun, the

@@ -60,6 +60,10 @@ void loom_cpu_encoder_forward(float *out, const int *tokens, const float *wte, c
         for (int t = 0; t < T; t++) {
             float *o = out + ((size_t)b * T + t) * C;
             const float *e = wte + (size_t)tokens[b * T + t] * C;
+            if (!wpe) { /* rotary models: no position table */
+                memcpy(o, e, (size_t)C * sizeof(float));
+                continue;
+            }
             const float *p = wpe + (size_t)t * C;
             for (int i = 0; i < C; i++) o[i] = e[i] + p[i];
         }
@@ -78,10 +82,10 @@ void loom_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, cons
             for (int t = 0; t < T; t++) {
                 const float *d = dout + ((size_t)b * T + t) * C;
                 float *we = dwte + (size_t)tokens[b * T + t] * C;
-                float *wp = dwpe + (size_t)t * C;
+                float *wp = dwpe ? dwpe + (size_t)t * C : NULL;
                 for (int i = c0; i < c1; i++) {
                     we[i] += d[i];
-                    wp[i] += d[i];
+                    if (wp) wp[i] += d[i];
                 }
             }
     }
