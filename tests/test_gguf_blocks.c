@@ -284,41 +284,58 @@ static float *infer_logits(loom_gpt_t *m, int T) {
     loom_infer_t *inf;
     CHECK(loom_infer_create(&inf, m, 4, 16, LOOM_FP32, T, 1, T) == LOOM_OK, "%s", loom_errmsg());
     for (int i = 0; i < T; i++) tokens[i] = (i * 37 + 5) % m->cfg.vocab_size, pos[i] = i, seq[i] = 0, rows[i] = i;
-    loom_infer_batch_t b = {T, tokens, pos, seq, 1, tables, T, rows};
+    loom_infer_batch_t b = {T, tokens, pos, seq, 1, tables, T, rows, NULL};
     CHECK(loom_infer_forward(inf, &b, out) == LOOM_OK, "%s", loom_errmsg());
     loom_infer_free(inf);
     return out;
 }
 
-static void test_gpt2_block_weights(void) {
-    if (!oracle_files() || run_script("gpt2") != 1) return;
+/* Logits on the file's blocks against fp32 on their dequantized values:
+ * the normalized error, which the activations' 8-bit rounding bounds. */
+static double blocks_vs_fp32(loom_gpt_t *m, int T) {
+    size_t n = (size_t)T * m->cfg.padded_vocab_size;
+    float *kq = infer_logits(m, T);
+    loom_tensor_t *fq = m->file_q;
+    m->file_q = NULL;
+    float *f32 = infer_logits(m, T);
+    m->file_q = fq;
+    int finite = 1;
+    for (size_t i = 0; i < n; i++) finite &= isfinite(kq[i]) && isfinite(f32[i]);
+    double e = finite ? check_rel_err(kq, f32, n) : INFINITY;
+    free(kq), free(f32);
+    return e;
+}
+
+/* Load tests/gguf_blocks.py's `name` on the CPU; NULL (failed) on an error. */
+static loom_gpt_t *load_cpu(const char *name) {
     const loom_backend_t *be;
     CHECK(loom_backend_open(&be, "cpu", 0, LOOM_FP32) == LOOM_OK, "%s", loom_errmsg());
     char p[512];
-    snprintf(p, sizeof p, "%s/gpt2.gguf", dir);
+    snprintf(p, sizeof p, "%s/%s", dir, name);
     loom_gpt_t *m;
     loom_tokenizer_t *tok;
     if (loom_gguf_load(p, be, &m, &tok) != LOOM_OK) {
         CHECK(0, "%s", loom_errmsg());
-        return;
+        return NULL;
     }
+    CHECK(!tok, "%s has no tokenizer", name);
+    return m;
+}
+
+static void test_gpt2_block_weights(void) {
+    if (!oracle_files() || run_script("gpt2") != 1) return;
+    loom_gpt_t *m = load_cpu("gpt2.gguf");
+    loom_tokenizer_t *tok = NULL;
+    if (!m) return;
     static const loom_dtype want[2][LOOM_QLIN_COUNT] = {{LOOM_Q4_K, LOOM_Q6_K, LOOM_Q5_K, LOOM_Q4_K},
                                                         {LOOM_Q5_0, LOOM_INT8, LOOM_Q4_1, LOOM_Q5_1}};
     CHECK(m->file_q && !m->file_int8 && !tok, "block weights %p, int8 %p", (void *)m->file_q, (void *)m->file_int8);
     for (int i = 0; i < 2 * LOOM_QLIN_COUNT && m->file_q; i++)
         CHECK(m->file_q[i].data && m->file_q[i].dtype == want[i / 4][i % 4], "layer %d weight %d: %s", i / 4, i % 4,
               loom_dtype_name(m->file_q[i].dtype));
-    int T = 40;
-    size_t n = (size_t)T * m->cfg.padded_vocab_size;
-    float *kq = infer_logits(m, T);
-    loom_tensor_t *fq = m->file_q;
-    m->file_q = NULL; /* the fp32 forward on the dequantized weights */
-    float *f32 = infer_logits(m, T);
-    m->file_q = fq;
-    double e = check_rel_err(kq, f32, n);
+    double e = blocks_vs_fp32(m, 40);
     CHECK(e > 0 && e < 2e-2, "logits on the file's blocks vs fp32 on their dequantized values: normalized error %.3g", e);
     printf("  gpt2 with 7 block formats: logits on the blocks vs fp32 on the dequantized weights, normalized error %.3g\n", e);
-    free(kq), free(f32);
     loom_gpt_free(m);
 }
 
@@ -392,6 +409,12 @@ static void test_llama_map(void) {
     free(host);
     loom_gguf_close(g);
     loom_gguf_close(e);
+    loom_gpt_t *m = load_cpu("llama.gguf"); /* the whole load, and the forward on the blocks */
+    if (!m) return;
+    double err = blocks_vs_fp32(m, 40);
+    CHECK(err > 0 && err < 2e-2, "llama logits on the file's blocks vs fp32: normalized error %.3g", err);
+    printf("  llama: logits on the blocks (layer 1) vs fp32 on the dequantized weights, normalized error %.3g\n", err);
+    loom_gpt_free(m);
 }
 
 int main(void) {
