@@ -96,9 +96,11 @@ def llama_file(path, expect_path):
     f32 = lambda *shape, std=0.02: (rng.standard_normal(shape) * std).astype(np.float32)
     top = {"token_embd.weight": ("wte", f32(V, C)), "output.weight": ("lm_head", f32(V, C)),
            "output_norm.weight": ("lnfw", 1 + f32(C, std=0.1))}
+    hfw = {}  # the weights in Hugging Face's layout, for llama_logits
     for name, (loom, x) in top.items():
         w.add_tensor(name, x)
         ex.add_tensor(loom, x)
+        hfw[loom] = x
     kinds = [dict(q=T.F32, k=T.F32, v=T.F32, o=T.F32, gate=T.F32, up=T.F32, down=T.F32),
              dict(q=T.Q4_K, k=T.Q4_K, v=T.Q4_K, o=T.Q6_K, gate=T.Q5_K, up=T.Q4_K, down=T.Q8_0)]
     for l in range(L):
@@ -119,19 +121,56 @@ def llama_file(path, expect_path):
             parts[key] = unpermute(vals, heads) if heads else vals
             if qt == T.F32 and heads:
                 assert np.array_equal(parts[key], hf)
+        norms = []
         for name, loom in (("attn_norm", "ln1w"), ("ffn_norm", "ln2w")):
             x = 1 + f32(C, std=0.1)
             w.add_tensor(f"blk.{l}.{name}.weight", x)
             ex.add_tensor(f"{loom}.{l}", x)
+            norms.append(x)
         ex.add_tensor(f"qkvw.{l}", np.ascontiguousarray(np.concatenate([parts["q"], parts["k"], parts["v"]])))
         ex.add_tensor(f"attprojw.{l}", np.ascontiguousarray(parts["o"]))
         ex.add_tensor(f"fcw.{l}", np.ascontiguousarray(np.concatenate([parts["gate"], parts["up"]])))
         ex.add_tensor(f"fcprojw.{l}", np.ascontiguousarray(parts["down"]))
+        for key, x in parts.items():
+            hfw[f"{l}.{key}"] = np.asarray(x, dtype=np.float32)
+        hfw[f"{l}.ln1"], hfw[f"{l}.ln2"] = norms
     for f in (w, ex):
         f.write_header_to_file()
         f.write_kv_data_to_file()
         f.write_tensors_to_file()
         f.close()
+    np.savez(expect_path.replace(".gguf", ".npz"), **hfw)
+
+
+def llama_logits(npz, out_path, T=40):
+    """transformers' LlamaForCausalLM (float64) on the Hugging Face-order
+    weights: logits (T, V) of tokens (i * 37 + 5) % V, raw float64."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    hf = np.load(npz)
+    V, C = hf["wte"].shape
+    cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=hf["0.gate"].shape[0], num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+                      rope_theta=500000.0, tie_word_embeddings=False)
+    m = LlamaForCausalLM(cfg).double().eval()
+    sd = {"model.embed_tokens.weight": hf["wte"], "lm_head.weight": hf["lm_head"], "model.norm.weight": hf["lnfw"]}
+    for l in range(2):
+        p = f"model.layers.{l}."
+        for k, name in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+                        ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj")):
+            sd[p + name + ".weight"] = hf[f"{l}.{k}"]
+        sd[p + "input_layernorm.weight"], sd[p + "post_attention_layernorm.weight"] = hf[f"{l}.ln1"], hf[f"{l}.ln2"]
+    m.load_state_dict({k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in sd.items()}, strict=False)
+    ids = torch.tensor([[(i * 37 + 5) % V for i in range(T)]])
+    with torch.no_grad():
+        logits = m(ids).logits[0].numpy().astype(np.float64)
+    logits.tofile(out_path)
+
+
+if len(sys.argv) > 3 and sys.argv[2] == "llama_logits":
+    llama_logits(f"{out}/llama_expect.npz", sys.argv[3])
+    print("ok llama_logits")
+    sys.exit(0)
 
 
 def compare(loom_path, orig_path):

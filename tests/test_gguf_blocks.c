@@ -20,7 +20,11 @@
  *     config and fused parameters as numpy computes them, the block
  *     weights kept as stored with their rows in loom's order; written
  *     back by loom as an f32 llama GGUF, the gguf reader finds the same
- *     llama.* keys and every tensor's values (rows in rotary order again).
+ *     llama.* keys and every tensor's values (rows in rotary order again);
+ *   - that file loaded whole: its logits equal transformers'
+ *     LlamaForCausalLM's (float64, .deps/hf44) on the same weights in
+ *     Hugging Face's layout (so the rotary rows are put back right), and
+ *     on the file's blocks they stay within the activations' rounding.
  *
  * The bound. Output o of row n is sum_i w_i x_i. The kernel computes, per
  * block b of the activation row (32 or 256 values), xd_b (d_b I_b - m_b M_b)
@@ -58,7 +62,7 @@ static int made = -1; /* 1 written, 0 failed, -1 not tried */
 /* Run tests/gguf_blocks.py with `args` into dir; 1 when it printed "ok". */
 static int run_script(const char *args) {
     char cmd[1024], line[512], last[512] = "";
-    snprintf(cmd, sizeof cmd, "PYTHONPATH=.deps/py " PYTHON " tests/gguf_blocks.py %s %s 2>&1", dir, args);
+    snprintf(cmd, sizeof cmd, "PYTHONPATH=.deps/py:.deps/hf44 " PYTHON " tests/gguf_blocks.py %s %s 2>&1", dir, args);
     FILE *p = popen(cmd, "r");
     int ok = 0;
     while (p && fgets(line, sizeof line, p)) {
@@ -67,7 +71,7 @@ static int run_script(const char *args) {
     }
     if (p) pclose(p);
     if (!ok && strstr(last, "ModuleNotFoundError")) {
-        check_skip("the gguf Python package is missing (.deps/py): %s", last);
+        check_skip("a Python package is missing (.deps/py: gguf, .deps/hf44: transformers): %s", last);
         return -1;
     }
     CHECK(ok, "tests/gguf_blocks.py %s failed: %s", args, last);
@@ -409,11 +413,32 @@ static void test_llama_map(void) {
     free(host);
     loom_gguf_close(g);
     loom_gguf_close(e);
-    loom_gpt_t *m = load_cpu("llama.gguf"); /* the whole load, and the forward on the blocks */
+}
+
+/* The llama file's logits against transformers' on the same weights. */
+static void test_llama_hf_logits(void) {
+    if (!oracle_files() || run_script("llama") != 1) return;
+    char ref[512], args[600];
+    snprintf(ref, sizeof ref, "%s/hf_logits.f64", dir);
+    snprintf(args, sizeof args, "llama_logits %s", ref);
+    if (run_script(args) != 1) return;
+    loom_gpt_t *m = load_cpu("llama.gguf");
     if (!m) return;
-    double err = blocks_vs_fp32(m, 40);
-    CHECK(err > 0 && err < 2e-2, "llama logits on the file's blocks vs fp32: normalized error %.3g", err);
-    printf("  llama: logits on the blocks (layer 1) vs fp32 on the dequantized weights, normalized error %.3g\n", err);
+    int T = 40, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
+    double *want = loom_malloc((size_t)T * V * sizeof(double));
+    FILE *f = fopen(ref, "rb");
+    CHECK(f && fread(want, sizeof(double), (size_t)T * V, f) == (size_t)T * V, "%s", ref);
+    if (f) fclose(f);
+    loom_tensor_t *fq = m->file_q;
+    m->file_q = NULL; /* fp32 on the dequantized weights: transformers' arithmetic */
+    float *got = infer_logits(m, T), *row = loom_malloc((size_t)T * V * sizeof(float));
+    m->file_q = fq;
+    for (int t = 0; t < T; t++) memcpy(row + (size_t)t * V, got + (size_t)t * Vp, (size_t)V * sizeof(float));
+    double e = check_rel_err_d(row, want, (size_t)T * V), eq = blocks_vs_fp32(m, T);
+    CHECK(e < 1e-5, "loom's llama logits vs transformers': normalized error %.3g", e);
+    CHECK(eq > 0 && eq < 2e-2, "llama logits on the file's blocks vs fp32: normalized error %.3g", eq);
+    printf("  llama GGUF: fp32 logits vs transformers' %.3g; on the file's blocks (layer 1) vs fp32 %.3g (normalized errors)\n", e, eq);
+    free(want), free(got), free(row);
     loom_gpt_free(m);
 }
 
@@ -423,5 +448,6 @@ int main(void) {
     RUN(test_broken_files);
     RUN(test_gpt2_block_weights);
     RUN(test_llama_map);
+    RUN(test_llama_hf_logits);
     return check_main_end();
 }
