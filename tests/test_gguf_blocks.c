@@ -283,14 +283,17 @@ static void test_broken_files(void) {
 
 /* Logits (T, Vp) of tokens 0..T-1 of one sequence through the inference forward. */
 static float *infer_logits(loom_gpt_t *m, int T) {
-    int Vp = m->cfg.padded_vocab_size, tokens[64], pos[64], seq[64], rows[64], tables[4] = {0, 1, 2, 3};
+    int Vp = m->cfg.padded_vocab_size, tokens[64], pos[64], seq[64], rows[64];
     float *out = loom_calloc((size_t)T * Vp, sizeof(float));
     loom_infer_t *inf;
     CHECK(loom_infer_create(&inf, m, 4, 16, LOOM_FP32, T, 1, T) == LOOM_OK, "%s", loom_errmsg());
+    int *tables = loom_calloc((size_t)loom_infer_max_blocks(inf), sizeof(int)); /* one sequence in blocks 0..3 */
+    for (int k = 0; k < 4; k++) tables[k] = k;
     for (int i = 0; i < T; i++) tokens[i] = (i * 37 + 5) % m->cfg.vocab_size, pos[i] = i, seq[i] = 0, rows[i] = i;
     loom_infer_batch_t b = {T, tokens, pos, seq, 1, tables, T, rows, NULL};
     CHECK(loom_infer_forward(inf, &b, out) == LOOM_OK, "%s", loom_errmsg());
     loom_infer_free(inf);
+    free(tables);
     return out;
 }
 
