@@ -17,6 +17,7 @@
 #include "cpu_gemm.h"
 #include "cpu_math.h"
 #include "cpu_int8.h"
+#include "cpu_kquant.h"
 #include "cpu_sparse24.h"
 #include "cpu_paged.h"
 
@@ -389,7 +390,9 @@ static loom_backend_t cpu_backend = {
     .name = "cpu",
     .dtype = LOOM_FP32,
     .caps = 0, /* host memory, synchronous ops, no graphs, no device step */
-    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(LOOM_INT8),
+    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(LOOM_INT8) | LOOM_DTYPE_BIT(LOOM_Q4_0) |
+              LOOM_DTYPE_BIT(LOOM_Q4_1) | LOOM_DTYPE_BIT(LOOM_Q5_0) | LOOM_DTYPE_BIT(LOOM_Q5_1) | LOOM_DTYPE_BIT(LOOM_Q4_K) |
+              LOOM_DTYPE_BIT(LOOM_Q5_K) | LOOM_DTYPE_BIT(LOOM_Q6_K),
     .act_dtype = LOOM_FP32,
 #define CPU_SLOT_(name, ret, kind, fallback, flops, n, args) .name = loom_cpu_##name,
     LOOM_OPS(CPU_SLOT_)
