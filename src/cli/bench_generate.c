@@ -15,7 +15,6 @@
 #include "model/quant.h"
 #include "cli/runload.h"
 #include "model/infer.h"
-#include "backend/cpu/cpu_int8.h"
 
 typedef struct {
     loom_engine_t *e;
@@ -223,14 +222,14 @@ static loom_status bench_model(const bench_flags_t *f, loom_gpt_t **m) {
  * (else the first side): decode against llama-bench's generation, and the
  * 16-client level (else the largest) against llama-batched-bench,
  * bench_llama.h. */
-static void llama_peer(const bench_flags_t *f, const bench_side_t *sd, int ns, const double *med, const double *dec1) {
+static void llama_peer(const bench_flags_t *f, int threads, const bench_side_t *sd, int ns, const double *med, const double *dec1) {
     int s = 0, nl = f->nconc;
     for (int i = 0; i < ns; i++)
         if (sd[i].quant && (!sd[s].quant || dec1[i] > dec1[s])) s = i;
     char label[64];
     snprintf(label, sizeof label, "loom %s", sd[s].name);
     loom_bench_llama_t p = {.bin = f->llama_bin, .gguf = f->gguf, .run = f->run, .quant = sd[s].quant, .label = label,
-                            .plen = f->plen, .gen = f->gen, .threads = loom_backend_cpu_threads(), .repeat = f->repeat,
+                            .plen = f->plen, .gen = f->gen, .threads = threads, .repeat = f->repeat,
                             .loom_one = dec1[s]};
     for (int l = 1; l < nl; l++)
         if (p.clients != 16) p.clients = f->conc[l], p.loom_many = med[s * nl + l];
@@ -268,9 +267,9 @@ static int bench_generate(const bench_flags_t *f) {
         s = loom_error(LOOM_EINVAL, "--prompt-len %d + --gen %d is above the model's context (%d)", f->plen, f->gen, m->cfg.max_seq_len);
     if (s == LOOM_OK) {
         const loom_gpt_config_t *cfg = &m->cfg;
-        printf("model %s (%.1fM parameters, vocabulary %d, %s, fp32), %d CPU threads, int8 kernels %s, prompts %d + %d new tokens\n",
+        printf("model %s (%.1fM parameters, vocabulary %d, %s, fp32), %d CPU threads, kernels %s, prompts %d + %d new tokens\n",
                f->run ? f->run : f->model, loom_gpt_num_params(cfg) / 1e6, cfg->vocab_size, f->run ? "checkpoint" : "random weights",
-               loom_backend_cpu_threads(), loom_cpu_int8_isa(), f->plen, f->gen);
+               m->be->threads, m->be->kernels ? m->be->kernels : "-", f->plen, f->gen);
         s = make_engines(f, m, sd, ns);
     }
     if (s == LOOM_OK) {
@@ -285,7 +284,7 @@ static int bench_generate(const bench_flags_t *f) {
             printf("engine %s: %lld steps, mean batch %.1f rows, %lld preemptions\n", sd[i].name, st.steps,
                    (double)st.batch_rows / (double)(st.steps ? st.steps : 1), st.preemptions);
         }
-        llama_peer(f, sd, ns, med, dec1);
+        llama_peer(f, m->be->threads, sd, ns, med, dec1);
     } else {
         fprintf(stderr, "loom bench generate: %s\n", loom_errmsg());
     }

@@ -651,8 +651,9 @@ loom_status loom_engine_run(loom_engine_t *e) {
 
 static void *step_loop(void *arg) {
     loom_engine_t *e = arg;
-    /* OpenMP's thread count is per thread: take the backend's */
-    omp_set_num_threads(loom_backend_cpu_threads());
+    /* OpenMP's thread count is per thread: take the backend's (one where
+     * the ops run off the host: the sampling's few loops) */
+    omp_set_num_threads(e->m->be->threads > 0 ? e->m->be->threads : 1);
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && e->n_live == 0) pthread_cond_wait(&e->cv, &e->mu);
