@@ -47,8 +47,6 @@ loom_status loom_train_metrics_start(loom_train_metrics_t **out, const loom_trai
 /* The registry (to add metrics) and the telemetry in use. */
 loom_metrics_t *loom_train_metrics_registry(loom_train_metrics_t *tm);
 loom_telemetry_t *loom_train_metrics_telemetry(loom_train_metrics_t *tm);
-/* The port the server listens on (0 without a server). */
-int loom_train_metrics_port(const loom_train_metrics_t *tm);
 
 /* Record a step, a validation loss, a checkpoint write. Lock-free. */
 void loom_train_metrics_step(loom_train_metrics_t *tm, const loom_train_metrics_step_t *s);

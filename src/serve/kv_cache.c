@@ -49,8 +49,6 @@ void loom_kv_pool_release(loom_kv_pool_t *p, int block) {
 
 int loom_kv_pool_refs(const loom_kv_pool_t *p, int block) { return p->refs[block]; }
 int loom_kv_pool_free_count(const loom_kv_pool_t *p) { return p->nfree; }
-int loom_kv_pool_total(const loom_kv_pool_t *p) { return p->total; }
-
 loom_status loom_kv_pool_audit(const loom_kv_pool_t *p, const int *const *tables, const int *lens,
                                int n) {
     int *seen = loom_calloc((size_t)p->total, sizeof(int)), owned = 0;

@@ -31,9 +31,8 @@ void loom_kv_pool_ref(loom_kv_pool_t *p, int block);
 void loom_kv_pool_release(loom_kv_pool_t *p, int block);
 /* References a block has (0 = free). */
 int loom_kv_pool_refs(const loom_kv_pool_t *p, int block);
-/* Free blocks now, and the pool's size. */
+/* Free blocks now. */
 int loom_kv_pool_free_count(const loom_kv_pool_t *p);
-int loom_kv_pool_total(const loom_kv_pool_t *p);
 
 /* Check the pool against the block tables that own blocks: tables[i] holds
  * lens[i] block ids. Every block's count must equal the number of table

@@ -37,8 +37,6 @@ static int scratch_reserve(int threads, int T) {
     return 0;
 }
 
-int loom_cpu_attention_reserve(int threads, int T) { return scratch_reserve(threads, T); }
-
 /* S (rows x keys, row stride ld) = Q_blk K^T. */
 static void scores(float *S, int ld, const float *q, const float *k, size_t C3, int rows, int keys,
                    int hs, int tid) {

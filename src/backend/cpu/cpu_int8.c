@@ -87,8 +87,6 @@ int loom_cpu_int8_use(const char *name) {
     return 0;
 }
 
-int loom_cpu_int8_vnni(void) { return isa_pick() >= ISA_AVXVNNI; }
-
 /* One row: its scale, then q = round(x / s), ties away from zero (as
  * roundf), clamped to +-127. */
 static void quantize_row(const float *r, int C, int8_t *q, float *s) {
