@@ -86,6 +86,11 @@ void loom_engine_config_default(loom_engine_config_t *c) {
                                 .max_batch_tokens = 512, .max_seqs = 64, .sparse = LOOM_SPARSE_AUTO};
 }
 
+const char *loom_finish_name(loom_finish_reason f) {
+    static const char *const names[LOOM_FINISH_COUNT] = {"", "length", "stop", "abort"};
+    return f >= 0 && f < LOOM_FINISH_COUNT ? names[f] : "";
+}
+
 void loom_request_params_default(loom_request_params_t *p) {
     *p = (loom_request_params_t){.max_tokens = 16, .temperature = 0, .top_k = 0, .top_p = 1, .n = 1, .logprobs = -1};
 }

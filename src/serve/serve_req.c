@@ -271,7 +271,7 @@ static cJSON *head_json(const job_t *j, const char *object) {
 }
 
 static void add_finish(cJSON *c, int finish) {
-    if (finish) cJSON_AddStringToObject(c, "finish_reason", loom_srv_finish_names[finish]);
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", loom_api_finish_reason((loom_finish_reason)finish));
     else cJSON_AddNullToObject(c, "finish_reason");
 }
 

@@ -16,8 +16,6 @@ static const double latency_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.
                                         0.75,  1.0,   2.5,  5.0,  7.5,  10,   20,   40,  80,  160};
 #define NB (int)(sizeof latency_bounds / sizeof latency_bounds[0])
 
-const char *const loom_srv_finish_names[4] = {"", "length", "stop", "abort"};
-
 /* Declare one model's series, every one labelled model=NAME. */
 static void declare_metrics(loom_server_t *s, srv_model_t *m) {
     loom_metrics_t *r = s->reg;
@@ -29,10 +27,10 @@ static void declare_metrics(loom_server_t *s, srv_model_t *m) {
     m->prompt_tokens = loom_metrics_counter(r, "loom_serve_prompt_tokens_total", "Prompt tokens prefilled (recomputes included).", "model", n, NULL);
     m->gen_tokens = loom_metrics_counter(r, "loom_serve_generation_tokens_total", "Tokens generated.", "model", n, NULL);
     m->preemptions = loom_metrics_counter(r, "loom_serve_preemptions_total", "Sequences preempted for KV blocks.", "model", n, NULL);
-    for (int i = 1; i < 4; i++)
+    for (int i = 1; i < LOOM_FINISH_COUNT; i++)
         m->finished[i] = loom_metrics_counter(r, "loom_serve_request_success_total",
                                               "Finished samples by finish reason (abort: cancelled, disconnected, timed out).",
-                                              "model", n, "finish_reason", loom_srv_finish_names[i], NULL);
+                                              "model", n, "finish_reason", loom_finish_name((loom_finish_reason)i), NULL);
     m->rejected = loom_metrics_counter(r, "loom_serve_requests_rejected_total", "Requests refused with 429 (waiting queue full).", "model", n, NULL);
     m->ttft = loom_metrics_histogram(r, "loom_serve_time_to_first_token_seconds", "Time from arrival to a sample's first token.",
                                      latency_bounds, NB, "model", n, NULL);

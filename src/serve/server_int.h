@@ -25,7 +25,7 @@ typedef struct {
     char *chat_template;
     int eot; /* the tokenizer's end-of-text id (a stop id), -1 if none */
     loom_metric_t *running, *waiting, *kv_usage, *kv_used, *prompt_tokens, *gen_tokens, *preemptions, *rejected;
-    loom_metric_t *finished[4], *ttft, *itl, *e2e, *queue;
+    loom_metric_t *finished[LOOM_FINISH_COUNT], *ttft, *itl, *e2e, *queue;
     long long last_prompt, last_gen, last_preempt;
     char lbl[5][96];
 } srv_model_t;
@@ -54,8 +54,6 @@ struct loom_server {
     int stepping, stop, kicked;
     time_t started;
 };
-
-extern const char *const loom_srv_finish_names[4];
 
 /* Wake the stepping thread (a request was submitted). */
 void loom_srv_kick(loom_server_t *s);
