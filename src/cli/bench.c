@@ -21,6 +21,7 @@
 #include "backend/devices.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/stats.h"
 #include "model/gpt.h"
 #include "train/step.h"
 #include "train/step_graph.h"
@@ -223,17 +224,10 @@ typedef struct {
     char peak_source[192];
 } side_t;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(const double *v, int n) {
-    if (n == 0) return 0;
     double tmp[MAX_TIMES];
     memcpy(tmp, v, (size_t)n * sizeof(double));
-    qsort(tmp, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+    return loom_median(tmp, n);
 }
 
 static double fastest(const double *v, int n) {

@@ -14,6 +14,7 @@
 #include "cli/generate.h"
 #include "model/quant.h"
 #include "cli/runload.h"
+#include "cli/stats.h"
 #include "model/infer.h"
 
 typedef struct {
@@ -48,11 +49,6 @@ static void bench_event(void *ctx, const loom_engine_event_t *ev) {
     }
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* One concurrency level: `total` requests, `conc` in flight. Returns
  * output tokens/s; median TTFT into *ttft_ms; with conc 1, the decode rate
  * (tokens after the first over the time from first to last, the rate
@@ -67,7 +63,7 @@ static double run_level(loom_engine_t *e, const int *prompt, int plen, int gen, 
     for (int i = 0; i < conc; i++) submit_next(&L);
     if (loom_engine_run(e) != LOOM_OK) loom_panic(__FILE__, __LINE__, "engine: %s", loom_errmsg());
     double dt = loom_now() - t0;
-    qsort(L.ttft, (size_t)total, sizeof(double), cmp_double);
+    loom_sort_doubles(L.ttft, total);
     *ttft_ms = 1e3 * L.ttft[total / 2];
     *decode = conc == 1 && L.decode_time > 0 ? (double)L.decode_tokens / L.decode_time : 0;
     free(L.ttft);
@@ -172,7 +168,7 @@ static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const in
                 fprintf(stderr, "  %s, concurrency %d, round %d: %.1f tokens/s, TTFT %.0f ms\n", sd[s].name, c, r + 1, tps[i], ttft[i]);
             }
     }
-    qsort(bw, (size_t)R, sizeof(double), cmp_double);
+    loom_sort_doubles(bw, R);
     printf("memory read bandwidth %.1f GB/s (median of %d rounds, %.1f-%.1f; 1 GiB summed, best of 5 each)\n", bw[R / 2] / 1e9,
            R, bw[0] / 1e9, bw[R - 1] / 1e9);
     printf("%-16s %-26s %10s %17s %9s %9s %22s\n", "loom", "", "out tok/s", "(min-max)", "TTFT ms", "vs first",
@@ -181,9 +177,9 @@ static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const in
     for (int s = 0; s < ns; s++)
         for (int l = 0; l < nl; l++) {
             double *t = tps + (s * nl + l) * R, *q = ttft + (s * nl + l) * R, *d = dec + (s * nl + l) * R;
-            qsort(t, (size_t)R, sizeof(double), cmp_double);
-            qsort(q, (size_t)R, sizeof(double), cmp_double);
-            qsort(d, (size_t)R, sizeof(double), cmp_double);
+            loom_sort_doubles(t, R);
+            loom_sort_doubles(q, R);
+            loom_sort_doubles(d, R);
             double med = t[R / 2], floor = bw[R / 2] / (double)sd[s].bytes;
             int c = f->conc[l];
             if (s == 0 && l == 0) first = med;

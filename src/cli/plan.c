@@ -14,6 +14,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/plan_report.h"
+#include "cli/stats.h"
 #include "parallel/dist.h"
 #include "plan/plan.h"
 
@@ -78,16 +79,6 @@ typedef struct {
     int nsteps, world, B, T, accum;
     char device[32];
 } measured_t;
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static int jint(const cJSON *o, const char *k, int def) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
@@ -154,8 +145,8 @@ static loom_status read_run_metrics(const char *run, const loom_gpt_config_t *cf
     }
     k = n > 1 ? 1 : 0;
     m->nsteps = n - k;
-    m->step_s = median(st + k, n - k);
-    m->mfu = median(mf + k, n - k);
+    m->step_s = loom_median(st + k, n - k);
+    m->mfu = loom_median(mf + k, n - k);
     m->flops_per_s = loom_gpt_flops_per_token(cfg, m->T) * (double)m->B * m->T * m->accum / m->step_s;
     m->have = 1;
     free(st), free(mf);
