@@ -7,12 +7,16 @@
 #include <string.h>
 #include <unistd.h>
 
-/* One exported tensor: which loom parameter, which layer (-1 = not
- * per-layer), and its Hugging Face shape. Matrices marked `conv1d` are
- * stored (in, out): loom's (rows=out, cols=in) transposed. */
+#include "ckpt/tensormap.h"
+
+/* One tensor of the file: its row of the GPT-2 tensor table (tensormap.h,
+ * the one list of names, parameters and layouts) and its Hugging Face
+ * shape. Matrices marked `conv1d` are stored (in, out): loom's (rows=out,
+ * cols=in) transposed. */
 typedef struct {
-    char name[64];
-    int param, layer, conv1d;
+    loom_xtensor_t x;
+    const char *name; /* x.hf */
+    int conv1d;
     int ndim;
     size_t shape[2];
     size_t numel;
@@ -20,59 +24,28 @@ typedef struct {
 } st_entry_t;
 
 static int build_entries(const loom_gpt_config_t *c, st_entry_t **out) {
-    int L = c->n_layer;
-    size_t C = c->channels;
-    int n = 0, cap = 4 + 12 * L;
-    st_entry_t *e = loom_calloc((size_t)cap, sizeof *e);
-#define ADD(nm, prm, lyr, cv, d0, d1)                                               \
-    do {                                                                              \
-        st_entry_t *x = &e[n++];                                                      \
-        snprintf(x->name, sizeof x->name, "%s", nm);                                  \
-        x->param = prm; x->layer = lyr; x->conv1d = cv;                               \
-        x->shape[0] = d0; x->shape[1] = d1; x->ndim = (d1) != 0 ? 2 : 1;                  \
-        x->numel = (d1) != 0 ? (size_t)(d0) * (d1) : (size_t)(d0);                         \
-    } while (0)
-    char nm[64];
-    ADD("wte.weight", LOOM_WTE, -1, 0, (size_t)c->vocab_size, C);
-    ADD("wpe.weight", LOOM_WPE, -1, 0, (size_t)c->max_seq_len, C);
-    for (int l = 0; l < L; l++) {
-#define LAYER(suffix, prm, cv, d0, d1)                          \
-    do {                                                        \
-        snprintf(nm, sizeof nm, "h.%d.%s", l, suffix);          \
-        ADD(nm, prm, l, cv, d0, d1);                            \
-    } while (0)
-        LAYER("ln_1.weight", LOOM_LN1W, 0, C, 0);
-        LAYER("ln_1.bias", LOOM_LN1B, 0, C, 0);
-        LAYER("attn.c_attn.weight", LOOM_QKVW, 1, C, 3 * C);
-        LAYER("attn.c_attn.bias", LOOM_QKVB, 0, 3 * C, 0);
-        LAYER("attn.c_proj.weight", LOOM_ATTPROJW, 1, C, C);
-        LAYER("attn.c_proj.bias", LOOM_ATTPROJB, 0, C, 0);
-        LAYER("ln_2.weight", LOOM_LN2W, 0, C, 0);
-        LAYER("ln_2.bias", LOOM_LN2B, 0, C, 0);
-        LAYER("mlp.c_fc.weight", LOOM_FCW, 1, C, 4 * C);
-        LAYER("mlp.c_fc.bias", LOOM_FCB, 0, 4 * C, 0);
-        LAYER("mlp.c_proj.weight", LOOM_FCPROJW, 1, 4 * C, C);
-        LAYER("mlp.c_proj.bias", LOOM_FCPROJB, 0, C, 0);
-#undef LAYER
-    }
-    ADD("ln_f.weight", LOOM_LNFW, -1, 0, C, 0);
-    ADD("ln_f.bias", LOOM_LNFB, -1, 0, C, 0);
-#undef ADD
+    loom_xtensor_t *x;
+    int n = loom_xtensors(c, &x);
+    st_entry_t *e = loom_calloc((size_t)n, sizeof *e);
     size_t off = 0;
     for (int i = 0; i < n; i++) {
+        e[i].x = x[i];
+        e[i].name = e[i].x.hf;
+        e[i].conv1d = x[i].conv1d;
+        e[i].ndim = x[i].cols ? 2 : 1;
+        e[i].shape[0] = x[i].conv1d ? x[i].cols : x[i].rows;
+        e[i].shape[1] = x[i].conv1d ? x[i].rows : x[i].cols;
+        e[i].numel = x[i].numel;
         e[i].offset = off;
         off += e[i].numel * sizeof(float);
     }
+    free(x);
     *out = e;
     return n;
 }
 
 /* Where entry `x` lives in loom's host parameter block. */
-static float *loom_view(const loom_gpt_t *m, float *host, const st_entry_t *x) {
-    float *base = host + m->ptable[x->param].offset;
-    if (x->layer >= 0) base += (size_t)x->layer * x->numel;
-    return base;
-}
+static float *loom_view(const loom_gpt_t *m, float *host, const st_entry_t *x) { return loom_xtensor_view(m, host, &x->x); }
 
 /* Copy between HF layout (dst/src `hf`) and loom layout for one entry. */
 static void convert(const st_entry_t *x, float *hf, float *lm, int to_hf) {

@@ -1,4 +1,5 @@
-/* runload: open a run's newest checkpoint for `loom sample` and `loom eval`. */
+/* runload: open a run's newest checkpoint for the commands that read one
+ * (sample, eval, generate, serve, prune, bench generate and bench serve). */
 #ifndef LOOM_RUNLOAD_H
 #define LOOM_RUNLOAD_H
 

@@ -4,7 +4,7 @@
  * carries a rank label; docs/observability.md lists them with their units.
  *
  * The trainer calls loom_train_metrics_step after each optimizer step
- * (the training observer in train_observer.c does); the HTTP server and
+ * (the metrics exporter observer in src/train/exporter.c does); the HTTP server and
  * the dashboard's sampler read the registry from their own threads. */
 #ifndef LOOM_TRAIN_METRICS_H
 #define LOOM_TRAIN_METRICS_H
