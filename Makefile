@@ -6,6 +6,8 @@
 #            NO_CUDA=1                    (skip the CUDA backend even if nvcc exists)
 #            ARCH=-march=native           (CPU target flags)
 #            NO_MPI=1                     (skip the MPI transport even if mpicc exists)
+#            PREFIX=/usr/local DESTDIR=    (make install / make uninstall)
+#            GIT_COMMIT=...               (what `loom --version` names when there is no git, as in an image build)
 
 CC      ?= gcc
 ARCH    ?= -march=native
@@ -45,7 +47,14 @@ ifneq ($(and $(NVCC),$(CU_SRCS)),)
                 --expt-relaxed-constexpr -Werror all-warnings $(EXTRA_NVFLAGS)
   CFLAGS     += -DLOOM_HAVE_CUDA -I$(CUDA_HOME)/include
   CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib \
-                -lcublasLt -lcublas -lnccl -lcudart -lstdc++
+                -lcublasLt -lcublas -lcudart -lstdc++
+  # NCCL (src/parallel/dist_nccl.c): compiled against its header when found,
+  # opened with dlopen at the first multi-GPU join, never linked (one GPU
+  # needs no libnccl).
+  NCCL_H     ?= $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
+  ifneq ($(NCCL_H),)
+    CFLAGS   += -DLOOM_HAVE_NCCL
+  endif
   # cuDNN (fused attention through NVIDIA's header-only cudnn-frontend, PyPI
   # nvidia-cudnn-frontend in .deps/cudnn-fe; nvrtc for its run-time compiled
   # engines) is compiled in and linked only when those headers are found;
@@ -79,7 +88,7 @@ LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
 TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 
-.PHONY: all loom tests test test-fast demo deps clean bench gpu-bundle
+.PHONY: all loom tests test test-fast demo deps clean bench gpu-bundle install uninstall FORCE
 all: $(BUILD)/loom $(TEST_BINS) $(PLUGIN)
 	@echo "$(CUDA_NOTE)"
 
@@ -89,6 +98,17 @@ tests: $(TEST_BINS)
 $(BUILD)/libloom.a: $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
+
+# `loom --version`: VERSION and the commit, written to version.h only when
+# they change, so that a new commit rebuilds main.o and nothing else.
+VERSION    := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
+GIT_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)$(shell git diff --quiet HEAD -- 2>/dev/null || echo -dirty)
+$(BUILD)/version.h: FORCE
+	@mkdir -p $(BUILD)
+	@printf '#define LOOM_VERSION "%s"\n#define LOOM_GIT_COMMIT "%s"\n' '$(VERSION)' '$(GIT_COMMIT)' > $@.tmp
+	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv $@.tmp $@
+$(BUILD)/src/cli/main.o: $(BUILD)/version.h
+$(BUILD)/src/cli/main.o: CFLAGS += -I$(BUILD)
 
 $(BUILD)/loom: $(BUILD)/src/cli/main.o $(BUILD)/libloom.a
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(BUILD)/src/cli/main.o $(LINK_LIB) $(LDLIBS)
@@ -132,6 +152,10 @@ test: deps
 	$(MAKE) all
 	$(MAKE) SANITIZE=address,undefined all
 	tests/run.sh
+	@# The container image test takes minutes: it runs once the Debian base is
+	@# cached (README, "Container image"), and says so when it is not.
+	@if deploy/container/base.sh --check; then tests/image_test.sh; \
+	 else echo "NOT RUN image_test: no cached Debian base; run deploy/container/base.sh once, then make test runs tests/image_test.sh"; fi
 
 # The README's first command.
 demo: deps
@@ -146,6 +170,27 @@ bench: all
 # that such a machine lacks, a small corpus, a manifest.
 gpu-bundle:
 	bench/gpu-bundle.sh
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: the binary, the CUDA plugin
+# when built, and the files loom reads at run time, each where the installed
+# binary looks for it (relative to itself: ../lib/loom, ../share/loom).
+# dygraphs (the dashboard's charts) is copied from Debian's libjs-dygraphs
+# when installed here, else loom looks for Debian's file at run time.
+PREFIX ?= /usr/local
+DYGRAPHS := /usr/share/javascript/dygraphs
+install: $(BUILD)/loom $(PLUGIN)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/loom
+	install -m 755 $(BUILD)/loom $(DESTDIR)$(PREFIX)/bin/loom
+	install -m 644 src/plan/gpus.json $(DESTDIR)$(PREFIX)/share/loom/gpus.json
+	$(if $(PLUGIN),install -d $(DESTDIR)$(PREFIX)/lib/loom && install -m 755 $(PLUGIN) $(DESTDIR)$(PREFIX)/lib/loom/libloom_cuda.so)
+	if [ -f $(DYGRAPHS)/dygraph.min.js ]; then install -d $(DESTDIR)$(PREFIX)/share/loom/dygraphs && \
+	    install -m 644 $(DYGRAPHS)/dygraph.min.js $(DESTDIR)$(PREFIX)/share/loom/dygraphs/ && \
+	    { [ ! -f $(DYGRAPHS)/dygraph.css ] || install -m 644 $(DYGRAPHS)/dygraph.css $(DESTDIR)$(PREFIX)/share/loom/dygraphs/; }; fi
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/loom $(DESTDIR)$(PREFIX)/lib/loom/libloom_cuda.so
+	rm -rf $(DESTDIR)$(PREFIX)/share/loom
+	-rmdir $(DESTDIR)$(PREFIX)/lib/loom 2>/dev/null
 
 clean:
 	rm -rf build build-san build-gpu

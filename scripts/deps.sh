@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 pkgs=(build-essential libopenblas-dev libcjson-dev bible-kjv python3-torch python3-numpy python3-pip
       libopenmpi-dev openmpi-bin slurmctld slurmd slurm-client munge
       libmicrohttpd-dev prometheus libjs-dygraphs chromium strace python3-yaml)
+pkgs+=(podman debootstrap runc curl) # the container image test (tests/image_test.sh, deploy/container/)
+pkgs+=(python3-jinja2) # jinja2: the oracle of the chat template tests (tests/test_chat_template.c)
 pkgs+=(xxhash) # xxhsum: the reference for loom's XXH64 checksums (tests/test_ft_hash.c)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -51,6 +53,11 @@ pip_target .deps/py kubernetes_validate kubernetes-validate
 # (PYTHONPATH=.deps/hf), pinned to versions that run on Debian's torch 1.13;
 # kept apart so the tokenizer tests keep Debian python's own `tokenizers`.
 pip_target .deps/hf transformers transformers==4.36.2 tokenizers==0.15.2 huggingface_hub==0.20.3 safetensors==0.4.2 "numpy<2"
+# A newer transformers for the Llama-family oracles (tests/test_llama*.c): 4.36
+# has no Qwen2 and no llama3 rope_scaling; 4.44 is the newest found to run
+# on Debian's torch 1.13 (docs/llama.md). Its own folder so the GPT-2 tests
+# keep their pin.
+pip_target .deps/hf44 transformers transformers==4.44.2 tokenizers==0.19.1 huggingface_hub==0.24.7 safetensors==0.4.5 "numpy<2"
 # NVIDIA's cudnn-frontend headers (header-only C++; the CUDA plugin's cuDNN
 # attention is compiled only when they are here; see docs/cuda.md).
 [ -f .deps/cudnn-fe/include/cudnn_frontend.h ] || /usr/bin/python3 -m pip install -q --disable-pip-version-check --no-deps --target .deps/cudnn-fe nvidia-cudnn-frontend==1.32.0

@@ -1,10 +1,13 @@
 #include "check.h"
 
 #define _GNU_SOURCE
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static int case_failed, case_skipped, any_failed;
 static char skip_reason[512], fail_reason[512];
@@ -63,6 +66,59 @@ void check_run(const char *name, void (*fn)(void)) {
 }
 
 int check_main_end(void) { return any_failed ? 1 : 0; }
+
+/* The child: open, then each case from `from` on, its index written to
+ * `fd` before it starts (n after the last); exits with check_main_end. */
+static void isolated_child(int fd, int from, int n, const char *(*name)(int), void (*open)(void), void (*run)(int)) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* what a dying child printed is not lost */
+    if (open) open();
+    for (int i = from; i <= n; i++) {
+        if (write(fd, &i, sizeof i) != (ssize_t)sizeof i) _exit(3);
+        if (i < n) run(i);
+    }
+    fflush(stdout);
+    _exit(check_main_end());
+}
+
+void check_run_isolated(int n, const char *(*name)(int), void (*open)(void), void (*run)(int)) {
+    for (int from = 0; from < n;) {
+        int fds[2];
+        fflush(stdout);
+        if (pipe(fds) != 0) {
+            perror("check_run_isolated: pipe");
+            exit(2);
+        }
+        pid_t pid = fork();
+        if (pid < 0) {
+            perror("check_run_isolated: fork");
+            exit(2);
+        }
+        if (pid == 0) {
+            close(fds[0]);
+            isolated_child(fds[1], from, n, name, open, run);
+        }
+        close(fds[1]);
+        int last = from - 1, i;
+        while (read(fds[0], &i, sizeof i) == (ssize_t)sizeof i) last = i;
+        close(fds[0]);
+        int status = 0;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+        if (last >= n && WIFEXITED(status) && WEXITSTATUS(status) <= 1) {
+            any_failed |= WEXITSTATUS(status);
+            return;
+        }
+        int at = last < from ? from : last >= n ? n - 1 : last;
+        if (WIFSIGNALED(status))
+            printf("FAIL %s: the test process died in this case (signal %d, %s: loom_panic, an abort or a fault); "
+                   "the cases after it run in a new process\n", name(at), WTERMSIG(status), strsignal(WTERMSIG(status)));
+        else
+            printf("FAIL %s: the test process exited with status %d in this case; the cases after it run in a new "
+                   "process\n", name(at), WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        fflush(stdout);
+        any_failed = 1;
+        from = at + 1;
+    }
+}
 
 double check_rel_err(const float *a, const float *b, size_t n) {
     double num = 0, den = 0;

@@ -40,6 +40,15 @@ void check_skip_gpu(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int check_available(loom_status st, int gpu);
 void check_run(const char *name, void (*fn)(void));
 int check_main_end(void);
+/* Cases 0..n-1, each isolated from the others' deaths: they run in a child
+ * process (fork), which calls `open` first (NULL: nothing; open a GPU
+ * backend there, since a CUDA context does not survive fork) and then
+ * run(i) for each case (run(i) calls check_run(name(i), ...)). When the
+ * child dies in case i (loom_panic's abort, a fault, a signal), case i
+ * FAILS saying so and a new child goes on from case i + 1: one failure
+ * hides no later case. The cases' PASS/FAIL/SKIP lines are the child's;
+ * a failed case fails check_main_end here too. */
+void check_run_isolated(int n, const char *(*name)(int), void (*open)(void), void (*run)(int));
 
 /* Normalized error ||a-b|| / max(||b||, tiny), in double. */
 double check_rel_err(const float *a, const float *b, size_t n);

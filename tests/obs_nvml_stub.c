@@ -7,7 +7,11 @@
  * utilisation, SM clock 1410 MHz, 45 C, MIG mode NVML_STUB_MIG_MODE (0).
  * "MIG-stub-0": a MIG 1g.5gb instance of GPU 0 (5 GiB, 1 GiB used), for
  * which utilisation and power are "not supported", as NVML answers.
- * NVML_STUB_INIT_FAIL=1: nvmlInit fails as with no driver loaded. */
+ * NVML_STUB_INIT_FAIL=1: nvmlInit fails as with no driver loaded.
+ * GPU 0's NVML index is NVML_STUB_INDEX (default 0; nvmlDeviceGetHandleByIndex
+ * answers that index), its PCI bus id 00000000:07:00.0, the MIG instance's
+ * GPU instance id 7. NVML_STUB_XID=N: one critical XID event with code N,
+ * delivered by the first nvmlEventSetWait_v2 after registration. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,11 +19,23 @@ typedef int nvmlReturn_t;
 typedef void *nvmlDevice_t;
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+typedef void *nvmlEventSet_t;
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
 
 #define OK 0
 #define NOT_SUPPORTED 3
 #define NOT_FOUND 6
 #define DRIVER_NOT_LOADED 9
+#define TIMEOUT 10
 
 static int gpu0, mig0;
 #define GPU ((nvmlDevice_t)&gpu0)
@@ -44,7 +60,7 @@ nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
-    if (i != 0) return NOT_FOUND;
+    if (i != env_ull("NVML_STUB_INDEX", 0)) return NOT_FOUND;
     *d = GPU;
     return OK;
 }
@@ -108,3 +124,41 @@ nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDe
     *parent = GPU;
     return OK;
 }
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) {
+    if (d == MIG) return NOT_SUPPORTED;
+    *i = (unsigned int)env_ull("NVML_STUB_INDEX", 0);
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
+    if (d != MIG) return NOT_SUPPORTED;
+    *id = 7;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
+    if (d == MIG) return NOT_SUPPORTED;
+    memset(p, 0, sizeof *p);
+    strcpy(p->busIdLegacy, "0000:07:00.0");
+    strcpy(p->busId, "00000000:07:00.0");
+    p->bus = 7;
+    return OK;
+}
+static int event_set, xid_pending;
+nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
+    *set = &event_set;
+    return OK;
+}
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, nvmlEventSet_t set) {
+    if (d == MIG) return NOT_SUPPORTED;
+    xid_pending = (types & 0x8) && env_ull("NVML_STUB_XID", 0) != 0;
+    return OK;
+}
+nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    if (!xid_pending) return TIMEOUT;
+    xid_pending = 0;
+    memset(data, 0, sizeof *data);
+    data->device = GPU;
+    data->eventType = 0x8;
+    data->eventData = env_ull("NVML_STUB_XID", 0);
+    return OK;
+}
+nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) { return OK; }

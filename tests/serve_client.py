@@ -1,8 +1,8 @@
 """Drives `loom serve` with real clients (the official openai package, raw
 HTTP): tests/test_serve.sh and tests/test_serve_san.sh run it.
 
-usage: serve_client.py LOOM RUN PART...   PART: openai concurrency overload
-       disconnect badinput sigterm. Prints PASS/FAIL lines."""
+usage: serve_client.py LOOM RUN PART...   PART: openai concurrency load
+       quantmem overload disconnect badinput sigterm chattemplate. Prints PASS/FAIL lines."""
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
 
 LOOM, RUN = sys.argv[1], sys.argv[2]
@@ -257,14 +257,122 @@ def part_concurrency():
         srv.stop()
 
 
+# --- load: 64 clients through the official package ---------------------------
+SYSTEM = "by river the cat sat on a mat and then it ran to see the dog who was under old tree "
+
+
+def load_solo(cl, prompts, stops):
+    """Each (prompt, stop) answered alone, one request at a time: (text, finish)."""
+    out = {}
+    for p in prompts:
+        for stop in stops.get(p, [None]):
+            c = cl.completions.create(model="run", prompt=p, max_tokens=12, temperature=0, stop=stop)
+            out[(p, stop)] = (c.choices[0].text, c.choices[0].finish_reason)
+    return out
+
+
+def load_client(cl, i, prompts, stops):
+    """Client i: plain, streamed, streamed with a stop string, or streamed and
+    dropped after two chunks (i % 4). Returns (key, text, finish) or ("cancel",)."""
+    p = prompts[i % len(prompts)]
+    kind = i % 4
+    stop = stops[p][1] if kind == 2 else None
+    if kind == 0:
+        c = cl.completions.create(model="run", prompt=p, max_tokens=12, temperature=0)
+        return (p, None), c.choices[0].text, c.choices[0].finish_reason
+    st = cl.completions.create(model="run", prompt=p, max_tokens=12, temperature=0, stop=stop, stream=True)
+    text, fin, n = "", None, 0
+    for ch in st:
+        n += 1
+        if ch.choices:
+            text += ch.choices[0].text
+            fin = ch.choices[0].finish_reason or fin
+        if kind == 3 and n == 2:
+            st.close()  # the client goes away mid-stream: the server cancels it
+            return ("cancel",)
+    return (p, stop), text, fin
+
+
+def part_load():
+    """64 concurrent clients (streams, stop strings, cancellations) on prompts
+    sharing a system prefix: every answer equals the same request answered
+    alone; at the end no KV block is in use; the prefix cache hit; a server
+    with --no-prefix-cache and --speculate 4 answers every request alone the
+    same."""
+    import openai
+    prompts = [SYSTEM + q for q in PROMPTS]
+    srv = Server("--max-seqs", "16")
+    try:
+        cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="none", max_retries=0, timeout=120 * SLOW)
+        plain = load_solo(cl, prompts, {})
+        # a stop string from inside each solo answer, so it does stop there
+        stops = {p: [None, (plain[(p, None)][0][3:6] or "zz")] for p in prompts}
+        solo = load_solo(cl, prompts, stops)
+        t0 = time.time()
+        got = run_threads(lambda i: load_client(cl, i, prompts, stops), 64)
+        wall = time.time() - t0
+        bad = [(i, g, solo.get(g[0])) for i, g in enumerate(got) if g[0] != "cancel" and solo.get(g[0]) != tuple(g[1:])]
+        nstop = sum(1 for g in got if g[0] != "cancel" and g[0][1] is not None and g[2] == "stop")
+        report("serve_load_64_equal_solo", not bad and nstop > 0, "%d differ, e.g. %s; %d stopped by a stop string" %
+               (len(bad), bad[:2], nstop))
+        used = running = None
+        for _ in range(600 * SLOW):  # a guard: cancelled streams end at the engine's next step
+            used = metric(srv, "loom_serve_kv_cache_used_blocks", 'model="run"')
+            running = metric(srv, "loom_serve_requests_running", 'model="run"')
+            if used == 0 and running == 0:
+                break
+            time.sleep(0.1)
+        report("serve_load_kv_blocks_free", used == 0 and running == 0, "used blocks %s, running %s" % (used, running))
+        hits = metric(srv, "loom_serve_prefix_cache_hits_total", 'model="run"')
+        queries = metric(srv, "loom_serve_prefix_cache_queries_total", 'model="run"')
+        report("serve_prefix_cache_metrics", hits is not None and queries is not None and 0 < hits <= queries,
+               "hits %s, queries %s" % (hits, queries))
+        print("  64 clients in %.1f s; prefix cache %s of %s prompt tokens" % (wall, hits, queries))
+    finally:
+        srv.stop()
+    srv = Server("--no-prefix-cache", "--speculate", "4")
+    try:
+        cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="none", max_retries=0, timeout=120 * SLOW)
+        again = load_solo(cl, prompts, stops)
+        diff = [k for k in solo if solo[k] != again[k]]
+        hits = metric(srv, "loom_serve_prefix_cache_hits_total", 'model="run"')
+        report("serve_no_prefix_cache_speculate_same_answers", not diff and hits == 0,
+               "%d differ (%s); hits %s" % (len(diff), diff[:2], hits))
+    finally:
+        srv.stop()
+
+
+def part_quantmem():
+    """--quant w8a8: the server gives the fp32 linear weights back (start
+    log), logs its resident memory, and answers as `loom sample --quant
+    w8a8` (which keeps them): the int8 path never read them."""
+    srv = Server("--quant", "w8a8")
+    try:
+        log = "".join(srv.log)
+        report("serve_quant_gives_back_fp32", "fp32 linear weights given back" in log and "resident memory" in log,
+               [l for l in srv.log if "model run" in l or "resident" in l])
+        prompt = "the cat sat on"
+        text = greedy(srv, prompt, n=24)
+        out = subprocess.run([LOOM, "sample", "--run", RUN, "--prompt", prompt, "--tokens", "24", "--temperature", "0",
+                              "--quant", "w8a8", "--threads", "2"], capture_output=True).stdout.decode("utf-8", "replace")
+        report("serve_quant_equals_sample", text is not None and out.rstrip("\n") == prompt + text,
+               "server %r, loom sample %r" % (text, out))
+    finally:
+        srv.stop()
+
+
 def part_overload():
     # LOOM_TEST_SERVE_HOLD=0:FILE (src/serve/serve_req.c): no first token
     # leaves the server until FILE exists, so the 4 requests the queue takes
     # are still waiting when the other 60 arrive, however fast the machine:
     # exactly 4 answers and 60 refusals.
+    # --threads 1 (the last --threads wins): the stepping thread must run the
+    # model on it, not on OpenMP's default for a new thread (all cores).
     release = "/tmp/loom-serve-release-%d" % os.getpid()
-    srv = Server("--max-queue", "4", "--max-seqs", "2", env={"LOOM_TEST_SERVE_HOLD": "0:" + release})
+    srv = Server("--max-queue", "4", "--max-seqs", "2", "--threads", "1", env={"LOOM_TEST_SERVE_HOLD": "0:" + release})
     try:
+        ran = [l for l in srv.log if "OpenMP thread" in l]
+        report("serve_threads_flag_on_stepping_thread", ran and "with 1 OpenMP thread\n" in ran[0], ran)
         def one(i):
             try:
                 st, h, data = request(srv, "POST", "/v1/completions",
@@ -525,6 +633,54 @@ def part_sigterm():
                "exit %s, stream %s after %d bytes" % (rc, r and r[1:], len(r[0]) if r else 0))
     finally:
         srv.stop()
+
+
+# --- the model's own chat template (Jinja) ---------------------------------------
+CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
+          "You are helpful.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+ALTERNATE = ("{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+             "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+             "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% endfor %}")
+
+
+def part_chattemplate():
+    """--chat-template with a Jinja template: the chat endpoint's prompt is the
+    template rendered as jinja2 renders it (tests/chat_template_oracle.py's
+    setup); a template error is a 400 naming it; a construct loom does not
+    implement stops the server at start, named."""
+    import tempfile
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import chat_template_oracle
+    d = tempfile.mkdtemp(prefix="loom-chat-")
+    paths = {}
+    for name, text in (("chatml", CHATML), ("alternate", ALTERNATE), ("macro", "{% macro f() %}x{% endmacro %}")):
+        paths[name] = os.path.join(d, name + ".jinja")
+        with open(paths[name], "w") as f:
+            f.write(text)
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the dog"}]
+    job = {"template": CHATML, "messages": msgs, "add_generation_prompt": True}
+    import jinja2.sandbox, jinja2.ext
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    rendered = chat_template_oracle.render(env, job)["text"]
+    srv = Server("--chat-template", paths["chatml"])
+    try:
+        st, _, j = post(srv, {"messages": msgs, "max_tokens": 10, "temperature": 0}, path="/v1/chat/completions")
+        want = greedy(srv, rendered, n=10)
+        report("serve_chat_jinja_template", st == 200 and j["choices"][0]["message"]["content"] == want,
+               "%s %r vs %r" % (st, j, want))
+    finally:
+        srv.stop()
+    srv = Server("--chat-template", paths["alternate"])
+    try:
+        st, _, j = post(srv, {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "max_tokens": 4},
+                        path="/v1/chat/completions")
+        report("serve_chat_template_raises_400", st == 400 and "must alternate" in j["error"]["message"], (st, j))
+    finally:
+        srv.stop()
+    p = subprocess.run([LOOM, "serve", "--port", "0", "--run", RUN, "--chat-template", paths["macro"]],
+                       capture_output=True, text=True, timeout=120 * SLOW)
+    report("serve_chat_template_refused", p.returncode != 0 and "macro" in p.stderr, (p.returncode, p.stderr[-400:]))
 
 
 for part in PARTS:

@@ -38,9 +38,10 @@ expect unknown_flag "unknown flag" -- $T --data "$tmp/small.txt" --out "$tmp/r" 
 expect missing_value "needs a value" -- $T --data "$tmp/small.txt" --out "$tmp/r" --lr
 expect unknown_device "unknown device" -- $T --data "$tmp/small.txt" --out "$tmp/r" --device tpu
 expect unknown_command "unknown command" -- $LOOM frobnicate
-expect sample_not_a_run "not a loom run" -- $LOOM sample --run "$tmp/notarun"
+expect sample_not_a_run "is neither a run folder" -- $LOOM sample --run "$tmp/notarun"
 expect sample_missing_run "no such folder" -- $LOOM sample --run "$tmp/nothing"
-expect eval_not_a_run "not a loom run" -- $LOOM eval --run "$tmp/notarun" --data "$tmp/small.txt"
+expect eval_not_a_run "is neither a run folder" -- $LOOM eval --run "$tmp/notarun" --data "$tmp/small.txt"
+expect sample_text_file "is neither a run folder" -- $LOOM sample --run "$tmp/small.txt"
 expect out_not_empty "already exists" -- $T --data "$tmp/small.txt" --out "$tmp/notarun"
 if [ "$(cat "$tmp/notarun/file.txt")" = hello ] && [ "$(ls "$tmp/notarun")" = file.txt ]; then
     echo "PASS existing_folder_untouched"
@@ -55,6 +56,11 @@ if $T --data "$tmp/small.txt" --out "$tmp/run" --layers 1 --channels 32 --heads 
     after=$(cd "$tmp/run" && find . -type f -exec md5sum {} + | sort)
     if [ "$before" = "$after" ]; then echo "PASS run_untouched_without_force"; else echo "FAIL run_untouched_without_force"; fi
     expect sample_bad_flag "not a number" -- $LOOM sample --run "$tmp/run" --temperature hot
+    ck=$(ls -d "$tmp/run/checkpoints/step_"* | tail -1)
+    expect export_missing_step "has no checkpoint of that step" -- $LOOM export --run "$tmp/run" --format gguf --step 99 --out "$tmp/x.gguf"
+    expect step_of_a_checkpoint "only a run folder" -- $LOOM export --run "$ck" --format gguf --step 2 --out "$tmp/x.gguf"
+    expect eval_checkpoint_without_data "names no data; pass --data" -- $LOOM eval --run "$ck"
+    expect prune_needs_a_run "makes a new run from a run folder" -- $LOOM prune --run "$ck" --out "$tmp/pruned"
 else
     echo "FAIL small_run: training a 2-step run failed"
 fi

@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -360,10 +361,12 @@ static void test_matmul_backward_gelu(void) {
 /* ---- attention ---- */
 
 /* B, T, C, NH: head sizes 32, 32 (T ragged), 24, 96, 128, 40, and 160
- * (larger than the fused kernels take: exercises the fallback). */
+ * (larger than the fused kernels take: exercises the fallback); and B * NH
+ * = 65536 heads of 8, one more than a grid's y dimension holds (the fused
+ * kernels put B * NH on x). */
 static const int att_shapes[][4] = {{2, 64, 128, 4}, {3, 37, 96, 3}, {1, 37, 96, 4},
                                     {2, 70, 192, 2}, {1, 33, 256, 2}, {1, 20, 40, 1},
-                                    {1, 17, 160, 1}};
+                                    {1, 17, 160, 1}, {4096, 3, 128, 16}};
 
 /* Every shape of att_shapes whose head size is at most max_hs (0: all). */
 static void attention_cases(double tol_fwd, double tol_bwd, int max_hs) {
@@ -860,17 +863,8 @@ static void int8_weight(loom_tensor_t *hw, loom_tensor_t *dw, int OC, int C, int
  * rows runs cuBLASLt at the dtype (the matmul bound). Shapes: decode and
  * prefill row counts, per-channel and block-32 scales, a GPT-2 width, and
  * a ragged one that cuBLASLt's int8 kernels refuse (own dp4a kernel). */
-/* The inference variants take fp32 activations: with 16-bit ones (bf16,
- * fp16) the backend must leave them out (the model's fp32 fallback runs). */
-static int variants_absent_at_16bit(int present) {
-    if (gpu->act_dtype == LOOM_FP32) return 0;
-    CHECK(!present, "an fp32-activation inference variant is offered with %s activations", loom_dtype_name(gpu->act_dtype));
-    return 1;
-}
-
 static void test_int8_matmul(void) {
     if (!gpu_ready()) return;
-    if (variants_absent_at_16bit(gpu->matmul_forward_w8 || gpu->matmul_forward_w8a8)) return;
     if (!gpu->matmul_forward_w8 || !gpu->matmul_forward_w8a8) {
         check_fail_why("the CUDA backend has no int8 matmul variant (cuda_int8.cu), which it is meant to have");
         return;
@@ -883,16 +877,16 @@ static void test_int8_matmul(void) {
         loom_tensor_t hw, dw;
         int8_weight(&hw, &dw, OC, C, block);
         float *x = hrand((size_t)N * C, 2.0f), *bias = hrand(OC, 1), *y = hrand((size_t)N * OC, 1);
-        float *d_x = dput(x, (size_t)N * C * 4), *d_b = dput(bias, OC * 4), *d_y = dpoison((size_t)N * OC);
+        float *d_x = dput_act(x, (size_t)N * C), *d_b = dput(bias, OC * 4), *d_y = apoison((size_t)N * OC);
         double tol_w8 = N > 32 ? tol_matmul() : TOL_FP32, tol_w8a8 = TOL_FP32;
         for (int gelu = 0; gelu < 2; gelu++) {
             cpu->matmul_forward_w8(y, x, &hw, bias, N, C, OC, gelu);
             gpu->matmul_forward_w8(d_y, d_x, &dw, d_b, N, C, OC, gelu);
-            expect(gelu ? "matmul_forward_w8 gelu" : "matmul_forward_w8", d_y, y, (size_t)N * OC, tol_w8);
+            expect_act(gelu ? "matmul_forward_w8 gelu" : "matmul_forward_w8", d_y, y, (size_t)N * OC, tol_w8);
             cpu->matmul_forward_w8a8(y, x, &hw, gelu ? bias : NULL, N, C, OC, gelu);
             gpu->matmul_forward_w8a8(d_y, d_x, &dw, gelu ? d_b : NULL, N, C, OC, gelu);
-            expect(gelu ? "matmul_forward_w8a8 bias gelu" : "matmul_forward_w8a8 no bias", d_y, y, (size_t)N * OC,
-                   tol_w8a8);
+            expect_act(gelu ? "matmul_forward_w8a8 bias gelu" : "matmul_forward_w8a8 no bias", d_y, y, (size_t)N * OC,
+                       tol_w8a8);
         }
     }
     release();
@@ -963,7 +957,6 @@ static void test_int8_kv(void) {
  * address must not reuse the old one's preparation. */
 static void test_sparse24_matmul(void) {
     if (!gpu_ready()) return;
-    if (variants_absent_at_16bit(gpu->matmul_forward_s24 != NULL)) return;
     if (!gpu->matmul_forward_s24) {
         check_fail_why("the CUDA backend has no matmul_forward_s24 (cuda_sparse24.cu), which it is meant to have");
         return;
@@ -982,12 +975,12 @@ static void test_sparse24_matmul(void) {
                             .meta = meta}, dw = hw;
         dw.data = dput(vals, (size_t)OC * C / 2 * 4);
         dw.meta = dput(meta, nm);
-        float *d_x = dput(x, (size_t)N * C * 4), *d_b = dput(bias, OC * 4), *d_y = dpoison((size_t)N * OC);
+        float *d_x = dput_act(x, (size_t)N * C), *d_b = dput(bias, OC * 4), *d_y = apoison((size_t)N * OC);
         for (int gelu = 0; gelu < 2; gelu++) {
             cpu->matmul_forward_s24(y, x, &hw, gelu ? bias : NULL, N, C, OC, gelu);
             gpu->matmul_forward_s24(d_y, d_x, &dw, gelu ? d_b : NULL, N, C, OC, gelu);
-            expect(gelu ? "matmul_forward_s24 bias gelu" : "matmul_forward_s24 no bias", d_y, y, (size_t)N * OC,
-                   tol_matmul());
+            expect_act(gelu ? "matmul_forward_s24 bias gelu" : "matmul_forward_s24 no bias", d_y, y, (size_t)N * OC,
+                       tol_matmul());
         }
         release(); /* frees the weight */
     }
@@ -1066,7 +1059,80 @@ static int case_selected(const char *name) {
     return 0;
 }
 
+/* The cases selected (case_selected) and the dtype they run at. */
+static int sel[sizeof gpu_cases / sizeof gpu_cases[0]], nsel;
+
+/* In each child of check_run_isolated: the CPU reference, then cuda:0 at
+ * `dtype`, or the reason why not. Both open there, not in the parent: a
+ * CUDA context does not survive fork, and neither does OpenMP's pool. */
+static void open_dtype(void) {
+    probe_gpu();
+    no_gpu_fails = 0;
+    if (!no_gpu[0] && loom_backend_cpu_init(&cpu, 0) != LOOM_OK) {
+        snprintf(no_gpu, sizeof no_gpu, "cannot open the CPU reference: %s", loom_errmsg());
+        no_gpu_fails = 1;
+        return;
+    }
+    loom_status st = no_gpu[0] ? LOOM_EUNAVAIL : loom_backend_open(&gpu, "cuda:0", 1, dtype);
+    if (!no_gpu[0] && st != LOOM_OK) {
+        /* EUNAVAIL: this GPU lacks the dtype (bf16 before sm_80), a SKIP;
+         * anything else is a failure of every case at this dtype. */
+        snprintf(no_gpu, sizeof no_gpu, "%s", loom_errmsg());
+        no_gpu_fails = st != LOOM_EUNAVAIL;
+    }
+}
+
+static const char *case_name(int i) {
+    static char name[96];
+    snprintf(name, sizeof name, "cuda_%s/%s", gpu_cases[sel[i]].name, loom_dtype_name(dtype));
+    return name;
+}
+
+static void run_case(int i) {
+    seed_next = seed0 + 7919u * (unsigned)((int)dtype * 64 + sel[i]);
+    check_run(case_name(i), gpu_cases[sel[i]].fn);
+}
+
+/* ---- isolation: what the GPU check relies on ---- */
+
+static void demo_pass(void) {}
+static void demo_panic(void) { loom_panic(__FILE__, __LINE__, "a planted panic (LOOM_CUDA_OPS_DEMO=1)"); }
+static const gpu_case demo_cases[] = {{"demo_before", demo_pass, ""}, {"demo_panics", demo_panic, ""},
+                                      {"demo_after", demo_pass, ""}};
+static const char *demo_name(int i) { return demo_cases[i].name; }
+static void demo_run(int i) { check_run(demo_cases[i].name, demo_cases[i].fn); }
+
+/* A case that panics (loom_panic aborts the process) FAILS alone, and the
+ * case after it still runs and passes: this binary again, with
+ * LOOM_CUDA_OPS_DEMO=1, runs the three demo cases isolated. */
+static void isolation_survives_a_panic(void) {
+    char self[4096], cmd[4200], out[8192] = "";
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (k <= 0) {
+        check_fail_why("readlink /proc/self/exe failed");
+        return;
+    }
+    self[k] = 0;
+    snprintf(cmd, sizeof cmd, "LOOM_CUDA_OPS_DEMO=1 '%s' 2>/dev/null", self);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        check_fail_why("popen %s failed", self);
+        return;
+    }
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    CHECK(strstr(out, "PASS demo_before\n") && strstr(out, "FAIL demo_panics: the test process died") &&
+              strstr(out, "PASS demo_after\n"),
+          "the demo run printed:\n%s", out);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "the demo run's exit status is %d, want 1 (a case failed)", st);
+}
+
 int main(void) {
+    if (getenv("LOOM_CUDA_OPS_DEMO")) {
+        check_run_isolated(3, demo_name, NULL, demo_run);
+        return check_main_end();
+    }
     const char *env = getenv("LOOM_TEST_SEED");
     seed0 = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL) ^ (unsigned)getpid();
     seed_next = seed0;
@@ -1074,32 +1140,18 @@ int main(void) {
     RUN(test_peak_table);
     RUN(test_peak_never_negative);
     RUN(every_op_has_a_gpu_case);
-
-    probe_gpu();
-    char reason_all[512];
-    snprintf(reason_all, sizeof reason_all, "%s", no_gpu);
-    if (!reason_all[0] && loom_backend_cpu_init(&cpu, 0) != LOOM_OK) {
-        printf("  cannot open the CPU reference: %s\n", loom_errmsg());
-        return 1;
-    }
+    RUN(isolation_survives_a_panic);
+    /* each dtype's cases in a child process: a case that panics (or
+     * faults the device) fails alone, and the next one runs */
     for (int d = LOOM_FP32; d <= LOOM_FP16; d++) {
         dtype = (loom_dtype)d;
-        snprintf(no_gpu, sizeof no_gpu, "%s", reason_all);
-        no_gpu_fails = 0;
-        loom_status st = no_gpu[0] ? LOOM_EUNAVAIL : loom_backend_open(&gpu, "cuda:0", 1, dtype);
-        if (!no_gpu[0] && st != LOOM_OK) {
-            /* EUNAVAIL: this GPU lacks the dtype (bf16 before sm_80), a SKIP;
-             * anything else is a failure of every case at this dtype. */
-            snprintf(no_gpu, sizeof no_gpu, "%s", loom_errmsg());
-            no_gpu_fails = st != LOOM_EUNAVAIL;
-        }
+        nsel = 0;
         for (size_t i = 0; i < sizeof gpu_cases / sizeof gpu_cases[0]; i++) {
             char name[96];
             snprintf(name, sizeof name, "cuda_%s/%s", gpu_cases[i].name, loom_dtype_name(dtype));
-            if (!case_selected(name)) continue;
-            seed_next = seed0 + 7919u * (unsigned)(d * 64 + (int)i);
-            check_run(name, gpu_cases[i].fn);
+            if (case_selected(name)) sel[nsel++] = (int)i;
         }
+        check_run_isolated(nsel, case_name, open_dtype, run_case);
     }
     return check_main_end();
 }

@@ -59,7 +59,25 @@ static void collect(void *ctx, const loom_engine_event_t *ev) {
     if (ev->finish) r->finish[i] = ev->finish;
 }
 
-static loom_engine_t *engine(size_t kv_bytes, int max_batch_tokens) {
+/* Step costs from a model instead of the clock, so the prefill budget and
+ * with it every test's chunking is the same on any machine: 10 ms a step,
+ * 0.1 ms a decode row, 0.6 ms a prompt row. Each step is recorded. */
+typedef struct {
+    int n, decode[256], prefill[256];
+} cost_log_t;
+
+static double model_cost(void *ctx, int decode_rows, int prefill_rows) {
+    cost_log_t *log = ctx;
+    if (log && log->n < 256) log->decode[log->n] = decode_rows, log->prefill[log->n++] = prefill_rows;
+    return 0.010 + 0.0001 * decode_rows + 0.0006 * prefill_rows;
+}
+
+static int prefix_cache_on = 1; /* engines made from here on cache prefixes (the default) */
+static int speculate_k = 0;     /* and draft this many tokens (0: off, the default) */
+static int (*drafter)(void *, const int *, int, int *, int); /* from here (NULL: prompt lookup) */
+static void *drafter_ctx;
+
+static loom_engine_t *engine_logged(size_t kv_bytes, int max_batch_tokens, cost_log_t *log) {
     loom_engine_config_t c;
     loom_engine_config_default(&c);
     c.block_size = 4;
@@ -67,10 +85,18 @@ static loom_engine_t *engine(size_t kv_bytes, int max_batch_tokens) {
     c.max_batch_tokens = max_batch_tokens;
     c.max_seqs = 16;
     c.debug = 1;
+    c.step_cost = model_cost;
+    c.step_cost_ctx = log;
+    c.prefix_cache = prefix_cache_on;
+    c.speculate = speculate_k;
+    c.draft = drafter;
+    c.draft_ctx = drafter_ctx;
     loom_engine_t *e = NULL;
     CHECK(loom_engine_create(&e, model, bytes_tok, &c) == LOOM_OK, "create: %s", loom_errmsg());
     return e;
 }
+
+static loom_engine_t *engine(size_t kv_bytes, int max_batch_tokens) { return engine_logged(kv_bytes, max_batch_tokens, NULL); }
 
 /* Greedy continuation by the full forward pass; log-softmax of each chosen token into lp. */
 static void full_greedy(const int *prompt, int np, int n, int *out, float *lp) {
@@ -96,11 +122,13 @@ static void full_greedy(const int *prompt, int np, int n, int *out, float *lp) {
 static size_t block_bytes(void) { return 2 * 2 * 4 * 64 * sizeof(float); /* L * (K,V) * bs * C */ }
 
 /* 16 requests, lengths 1..61, arriving two per step into an engine whose
- * pool holds `blocks` blocks. */
+ * pool holds `blocks` blocks. With preemption, every token and
+ * log-probability is the same bits as without (the results of the run
+ * before): a recompute runs each position through the kernel it had. */
 static void batch_of_16(int blocks, int expect_preempt) {
     loom_engine_t *e = engine(block_bytes() * (size_t)blocks, 24);
     if (!e) return;
-    static result_t res[16];
+    static result_t res[16], before[16];
     memset(res, 0, sizeof res);
     int prompts[16][MAXT], len[16];
     loom_request_params_t p;
@@ -134,23 +162,34 @@ static void batch_of_16(int blocks, int expect_preempt) {
             CHECK(res[i].tokens[0][k] == want[k], "request %d token %d: engine %d, full forward %d", i, k, res[i].tokens[0][k], want[k]);
             CHECK(fabsf(res[i].lp[0][k] - lp[k]) < 1e-4f, "request %d token %d: logprob %g vs full forward %g", i, k, (double)res[i].lp[0][k], (double)lp[k]);
         }
+        if (expect_preempt)
+            CHECK(memcmp(res[i].tokens, before[i].tokens, sizeof res[i].tokens) == 0 &&
+                  memcmp(res[i].lp, before[i].lp, sizeof res[i].lp) == 0,
+                  "request %d: other tokens or log-probability bits after preemption than without", i);
     }
+    memcpy(before, res, sizeof res);
     loom_engine_free(e);
 }
 
 static void greedy_batch_equals_full_forward(void) { batch_of_16(400, 0); }
 static void greedy_with_preemption(void) { batch_of_16(40, 1); }
 
-/* Alone: one request in its own engine gives the same tokens as in the batch. */
-static void alone_equals_batch(void) {
+/* Alone: one request gives the same tokens and log-probability bits as in
+ * a batch: prompt rows always take the packed GEMM, whose rows do not
+ * depend on the other rows, and generated tokens the row kernel, whatever
+ * the chunks. With a step budget that takes every prompt whole, and with a
+ * small one that cuts the prompts into other chunks in the batch (some
+ * of a few rows) than alone. */
+static void alone_vs_batch(int budget) {
     loom_request_params_t p;
     loom_request_params_default(&p);
     p.max_tokens = 10;
+    p.logprobs = 0;
     int prompts[16][MAXT], len[16];
     static result_t alone[16], batch[16];
     memset(alone, 0, sizeof alone);
     memset(batch, 0, sizeof batch);
-    loom_engine_t *e = engine(block_bytes() * 300, 32);
+    loom_engine_t *e = engine(block_bytes() * 300, budget);
     if (!e) return;
     for (int i = 0; i < 16; i++) {
         len[i] = 3 + (i * 13) % 40;
@@ -160,11 +199,18 @@ static void alone_equals_batch(void) {
     }
     for (int i = 0; i < 16; i++) loom_engine_submit(e, prompts[i], len[i], &p, collect, &batch[i], NULL);
     loom_engine_run(e);
-    for (int i = 0; i < 16; i++)
+    for (int i = 0; i < 16; i++) {
         CHECK(memcmp(alone[i].tokens[0], batch[i].tokens[0], sizeof(int) * 10) == 0 && batch[i].n[0] == 10,
-              "request %d differs alone and in the batch", i);
+              "request %d: other tokens alone and in the batch", i);
+        for (int k = 0; k < 10; k++)
+            CHECK(memcmp(&alone[i].lp[0][k], &batch[i].lp[0][k], sizeof(float)) == 0,
+                  "request %d token %d: log-probability %.9g alone, %.9g in the batch", i, k,
+                  (double)alone[i].lp[0][k], (double)batch[i].lp[0][k]);
+    }
     loom_engine_free(e);
 }
+static void alone_equals_batch_whole(void) { alone_vs_batch(512); }
+static void alone_equals_batch_chunked(void) { alone_vs_batch(32); }
 
 /* Same seed, same tokens; n = 3 samples sharing the prompt's blocks (the
  * prompt ends inside a block, so the first write copies it) equal three
@@ -348,7 +394,8 @@ static void *client(void *arg) {
 static void threads_and_queues(void) {
     loom_engine_t *e = engine(block_bytes() * 200, 64);
     if (!e) return;
-    CHECK(loom_engine_start(e) == LOOM_OK, "%s", loom_errmsg());
+    loom_engine_loop_t *loop = NULL;
+    CHECK(loom_engine_loop_start(&loop, &e, 1, NULL, NULL) == LOOM_OK, "%s", loom_errmsg());
     client_t c[4];
     pthread_t th[4];
     for (int k = 0; k < 4; k++) {
@@ -356,7 +403,7 @@ static void threads_and_queues(void) {
         pthread_create(&th[k], NULL, client, &c[k]);
     }
     for (int k = 0; k < 4; k++) pthread_join(th[k], NULL);
-    loom_engine_stop(e);
+    loom_engine_loop_stop(loop);
     loom_engine_free(e);
     for (int k = 0; k < 4; k++) {
         int prompt[20], want[8];
@@ -367,16 +414,393 @@ static void threads_and_queues(void) {
     }
 }
 
+/* Steady decode while a prompt arrives: four requests decode, then a
+ * 60-token prompt comes. Under the cost model a prompt row costs 0.6 ms
+ * beside a 10 ms decode step, so the budget lets about 17 prompt rows in
+ * per step (at least min_rows 16): the prompt is spread over 4 steps (it
+ * took one step of 60 rows before the budget), every one of them carries
+ * all four decodes, and every answer equals the full forward's. */
+static void prompt_spread_over_steps(void) {
+    cost_log_t log = {0};
+    loom_engine_t *e = engine_logged(block_bytes() * 200, 512, &log);
+    if (!e) return;
+    static result_t res[5];
+    memset(res, 0, sizeof res);
+    int prompts[5][MAXT], len[5] = {6, 7, 8, 9, 60};
+    loom_request_params_t p;
+    loom_request_params_default(&p);
+    p.max_tokens = 14;
+    for (int i = 0; i < 5; i++) prompt_of(prompts[i], len[i], 300u + (unsigned)i);
+    for (int i = 0; i < 4; i++) loom_engine_submit(e, prompts[i], len[i], &p, collect, &res[i], NULL);
+    for (int k = 0; k < 3; k++) loom_engine_step(e, NULL);
+    int first = log.n;
+    p.max_tokens = 4;
+    loom_engine_submit(e, prompts[4], len[4], &p, collect, &res[4], NULL);
+    for (int busy = 1; busy;) {
+        CHECK(loom_engine_step(e, &busy) == LOOM_OK, "%s", loom_errmsg());
+        CHECK(loom_engine_audit(e) == LOOM_OK, "audit: %s", loom_errmsg());
+    }
+    int spread = 0, rows = 0;
+    for (int k = first; k < log.n && rows < 60; k++) {
+        CHECK(log.decode[k] == 4, "step %d: %d decode rows beside %d prompt rows, want all 4 decodes", k,
+              log.decode[k], log.prefill[k]);
+        CHECK(log.prefill[k] >= 12 && log.prefill[k] <= 20, "step %d: %d prompt rows, want the budget's 16-17 (or the rest)", k, log.prefill[k]);
+        rows += log.prefill[k];
+        spread++;
+    }
+    CHECK(rows == 60 && spread == 4, "the 60-token prompt took %d steps (%d rows), want 4", spread, rows);
+    for (int i = 0; i < 5; i++) {
+        int want[MAXGEN];
+        float lp[MAXGEN];
+        int n = i < 4 ? 14 : 4;
+        full_greedy(prompts[i], len[i], n, want, lp);
+        CHECK(res[i].n[0] == n && memcmp(res[i].tokens[0], want, sizeof(int) * (size_t)n) == 0,
+              "request %d: %d tokens, not the full forward's", i, res[i].n[0]);
+    }
+    loom_engine_free(e);
+}
+
+/* Submit prompts[i] (len[i] tokens) for i in [from, to) at once and step
+ * until done, auditing the blocks after every step. */
+static void wave(loom_engine_t *e, int prompts[][MAXT], const int *len, int from, int to,
+                 const loom_request_params_t *p, result_t *res) {
+    for (int i = from; i < to; i++)
+        CHECK(loom_engine_submit(e, prompts[i], len[i], p, collect, &res[i], NULL) == LOOM_OK, "%s", loom_errmsg());
+    for (int busy = 1; busy;) {
+        CHECK(loom_engine_step(e, &busy) == LOOM_OK, "%s", loom_errmsg());
+        CHECK(loom_engine_audit(e) == LOOM_OK, "audit: %s", loom_errmsg());
+    }
+}
+
+static long long hits_of(loom_engine_t *e) {
+    loom_engine_stats_t st;
+    loom_engine_stats(e, &st);
+    return st.prefix_hits;
+}
+
+/* Prefix caching: requests sharing a 24-token prefix (6 blocks of 4) with
+ * one that ran before give the same tokens and log-probability bits as
+ * an engine without the cache, sampled ones (n = 2) included. Hits, in
+ * tokens: P + 9 others shares 6 blocks (24), P itself 5 (its last token is
+ * always computed: 20), 10 tokens of P then others 2 (8), an unrelated
+ * prompt 0, the first request again 7 (28). */
+static void prefix_cache_equals_no_cache(void) {
+    int prompts[6][MAXT], len[6] = {29, 33, 24, 21, 20, 29};
+    for (int i = 0; i < 6; i++) prompt_of(prompts[i], len[i], 500u + (unsigned)i);
+    for (int i = 0; i < 24; i++) prompts[1][i] = prompts[2][i] = prompts[0][i];
+    for (int i = 0; i < 10; i++) prompts[3][i] = prompts[0][i];
+    memcpy(prompts[5], prompts[0], sizeof prompts[0]);
+    static result_t res[2][6];
+    memset(res, 0, sizeof res);
+    long long hits[2] = {0, 0};
+    for (int on = 0; on < 2; on++) {
+        prefix_cache_on = on;
+        loom_engine_t *e = engine(block_bytes() * 200, 512);
+        prefix_cache_on = 1;
+        if (!e) return;
+        loom_request_params_t p;
+        loom_request_params_default(&p);
+        p.max_tokens = 8;
+        p.logprobs = 0;
+        wave(e, prompts, len, 0, 1, &p, res[on]);
+        wave(e, prompts, len, 1, 5, &p, res[on]);
+        p.n = 2, p.temperature = 0.8f, p.seed = 11;
+        wave(e, prompts, len, 5, 6, &p, res[on]);
+        hits[on] = hits_of(e);
+        loom_engine_stats_t st;
+        loom_engine_stats(e, &st);
+        CHECK(st.free_blocks == st.total_blocks, "cache %s: %d of %d blocks free or cached at the end", on ? "on" : "off",
+              st.free_blocks, st.total_blocks);
+        loom_engine_free(e);
+    }
+    CHECK(hits[0] == 0 && hits[1] == 24 + 20 + 8 + 0 + 28, "prefix cache hits: %lld off, %lld on (want 0 and 80 tokens)",
+          hits[0], hits[1]);
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < (i == 5 ? 2 : 1); j++)
+            CHECK(res[0][i].n[j] == 8 && memcmp(res[0][i].tokens[j], res[1][i].tokens[j], sizeof res[0][i].tokens[j]) == 0 &&
+                  memcmp(res[0][i].lp[j], res[1][i].lp[j], sizeof res[0][i].lp[j]) == 0,
+                  "request %d sample %d: other tokens or log-probability bits with the prefix cache", i, j);
+}
+
+/* Under memory pressure cached blocks nobody holds are evicted, least
+ * recently used first, and a prompt's last blocks before its first ones
+ * (they are released last first). A pool of 40 blocks: X (40 tokens)
+ * leaves 10 cached blocks; three 44-token prompts run after it need 36
+ * blocks beside their 11 cached each, so the third evicts 4 of X's, its
+ * last. X again finds its first 6 blocks (24 tokens); the third flood
+ * prompt again finds all it may (10 blocks, 40 tokens). Every answer
+ * equals a cache-off engine's (bits), blocks audited after every step. */
+static void prefix_cache_evicts_lru(void) {
+    int prompts[6][MAXT], len[6] = {40, 44, 44, 44, 40, 44};
+    for (int i = 0; i < 6; i++) prompt_of(prompts[i], len[i], 900u + (unsigned)i);
+    memcpy(prompts[4], prompts[0], sizeof prompts[0]);
+    memcpy(prompts[5], prompts[3], sizeof prompts[3]);
+    static result_t res[2][6];
+    memset(res, 0, sizeof res);
+    long long got[2][6];
+    for (int on = 0; on < 2; on++) {
+        prefix_cache_on = on;
+        loom_engine_t *e = engine(block_bytes() * 40, 512);
+        prefix_cache_on = 1;
+        if (!e) return;
+        loom_request_params_t p;
+        loom_request_params_default(&p);
+        p.max_tokens = 4;
+        p.logprobs = 0;
+        for (int i = 0; i < 6; i++) {
+            long long h = hits_of(e);
+            wave(e, prompts, len, i, i + 1, &p, res[on]);
+            got[on][i] = hits_of(e) - h;
+        }
+        loom_engine_free(e);
+    }
+    CHECK(got[1][4] == 24 && got[1][5] == 40, "hits of X again %lld (want 24), of the third flood prompt again %lld (want 40)",
+          got[1][4], got[1][5]);
+    for (int i = 0; i < 6; i++)
+        CHECK(memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
+              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
+              "request %d: other tokens or log-probability bits with the prefix cache", i);
+}
+
+/* Speculative decoding by prompt lookup (4 drafts) gives the greedy tokens
+ * and log-probability bits of plain decoding: prompts that repeat a
+ * pattern (drafts proposed; this random model rarely follows them) and
+ * plain ones, one ending on a stop id. Accepted runs are the next case's. */
+static void speculative_greedy_equals_plain(void) {
+    int prompts[6][MAXT], len[6] = {30, 24, 17, 33, 12, 40};
+    for (int i = 0; i < 6; i++) prompt_of(prompts[i], len[i], 700u + (unsigned)i);
+    for (int i = 0; i < 3; i++)
+        for (int k = 5; k < len[i]; k++) prompts[i][k] = prompts[i][k % (3 + i)]; /* a repeating pattern */
+    static result_t res[2][6];
+    memset(res, 0, sizeof res);
+    loom_engine_stats_t st[2];
+    int stop = -1;
+    for (int on = 0; on < 2; on++) {
+        speculate_k = on ? 4 : 0;
+        loom_engine_t *e = engine(block_bytes() * 200, 512);
+        speculate_k = 0;
+        if (!e) return;
+        loom_request_params_t p;
+        loom_request_params_default(&p);
+        p.max_tokens = 20;
+        p.logprobs = 0;
+        wave(e, prompts, len, 0, 5, &p, res[on]);
+        if (!on) stop = res[0][0].tokens[0][9]; /* a token plain decoding makes: the stop id */
+        p.stop_ids = &stop, p.n_stop_ids = 1;
+        wave(e, prompts, len, 5, 6, &p, res[on]);
+        loom_engine_stats(e, &st[on]);
+        loom_engine_free(e);
+    }
+    printf("  speculative: %lld drafted, %lld accepted\n", st[1].spec_drafted, st[1].spec_accepted);
+    CHECK(st[0].spec_drafted == 0 && st[1].spec_drafted > 0, "drafts: %lld off, %lld on", st[0].spec_drafted,
+          st[1].spec_drafted);
+    for (int i = 0; i < 6; i++)
+        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
+              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
+              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
+              "request %d: %d tokens (finish %d) with drafts, %d (finish %d) without, or other bits", i, res[1][i].n[0],
+              res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+}
+
+/* Drafts from the answers plain decoding gave (an oracle: every draft is
+ * right), except that every third proposal gets its second token wrong:
+ * long accepted runs, bonus tokens, rejections in the middle; one request
+ * ends on a stop id, one on max_tokens inside a run of drafts. Tokens,
+ * finish reasons and log-probability bits equal plain decoding's, in
+ * fewer steps. */
+typedef struct {
+    int (*prompts)[MAXT];
+    const int *len;
+    result_t *plain;
+    int n, calls;
+} oracle_t;
+
+static int oracle_draft(void *ctx, const int *tokens, int len, int *out, int max) {
+    oracle_t *o = ctx;
+    for (int i = 0; i < o->n; i++) {
+        int np = o->len[i], ng = len - np;
+        if (ng < 0 || ng >= o->plain[i].n[0] || memcmp(tokens, o->prompts[i], sizeof(int) * np) != 0 ||
+            memcmp(tokens + np, o->plain[i].tokens[0], sizeof(int) * ng) != 0)
+            continue;
+        int d = 0;
+        while (d < max && ng + d < o->plain[i].n[0]) out[d] = o->plain[i].tokens[0][ng + d], d++;
+        if (++o->calls % 3 == 0 && d > 1) out[1] = (out[1] + 1) % 256;
+        return d;
+    }
+    return 0;
+}
+
+static void speculative_oracle_drafts(void) {
+    int prompts[6][MAXT], len[6] = {14, 12, 17, 13, 12, 20};
+    for (int i = 0; i < 6; i++) prompt_of(prompts[i], len[i], 800u + (unsigned)i);
+    static result_t res[2][6];
+    memset(res, 0, sizeof res);
+    oracle_t o = {prompts, len, res[0], 6, 0};
+    loom_engine_stats_t st;
+    for (int on = 0; on < 2; on++) {
+        speculate_k = on ? 5 : 0, drafter = oracle_draft, drafter_ctx = &o;
+        loom_engine_t *e = engine(block_bytes() * 200, 512);
+        speculate_k = 0, drafter = NULL, drafter_ctx = NULL;
+        if (!e) return;
+        loom_request_params_t p;
+        loom_request_params_default(&p);
+        p.max_tokens = MAXGEN;
+        p.logprobs = 0;
+        wave(e, prompts, len, 0, 4, &p, res[on]);
+        int want[MAXGEN];
+        float lp[MAXGEN];
+        full_greedy(prompts[4], len[4], 8, want, lp);
+        int stop = want[7]; /* ends request 4 on a token it makes (or the first earlier one equal to it) */
+        p.stop_ids = &stop, p.n_stop_ids = 1;
+        p.max_tokens = 11; /* request 5 ends on max_tokens inside a run of drafts */
+        wave(e, prompts, len, 4, 6, &p, res[on]);
+        loom_engine_stats(e, &st);
+        loom_engine_free(e);
+    }
+    printf("  oracle drafts: %lld drafted, %lld accepted in %lld steps\n", st.spec_drafted, st.spec_accepted, st.steps);
+    CHECK(st.spec_accepted > st.spec_drafted / 2 && st.spec_accepted < st.spec_drafted && st.steps < 16,
+          "%lld of %lld drafts accepted in %lld steps", st.spec_accepted, st.spec_drafted, st.steps);
+    for (int i = 0; i < 6; i++)
+        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
+              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
+              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
+              "request %d: %d tokens (finish %d) with drafts, %d (finish %d) without, or other bits", i, res[1][i].n[0],
+              res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+}
+
+/* Sampled with drafts: the first two tokens (t1, t2) of 2000 requests with
+ * top_k 3 at temperature 1.5, a draft always proposed for t2 (the same
+ * token whatever t1: accepted about a tenth of the time), follow the
+ * model's distribution p(t1) p(t2 | t1) computed by the full forward
+ * (chi-squared, p = 0.001, fixed seeds: the same result on every run). */
+static int fixed_draft(void *ctx, const int *tokens, int len, int *out, int max) {
+    out[0] = *(const int *)ctx;
+    return max > 0;
+}
+
+/* The top_k 3 distribution at temperature T of the full forward's last row. */
+static void top3(const int *seq, int len, double T, int *ids, double *p) {
+    int Vp = model->cfg.padded_vocab_size, V = model->cfg.vocab_size;
+    float *lg = malloc(sizeof(float) * MAXT * Vp);
+    loom_gpt_forward(model, seq, NULL, 1, len, 0.0f, NULL);
+    loom_gpt_logits(model, lg, 1, len);
+    const float *r = lg + (size_t)(len - 1) * Vp;
+    for (int k = 0; k < 3; k++) {
+        ids[k] = -1;
+        for (int v = 0; v < V; v++)
+            if ((k == 0 || (v != ids[0] && (k == 1 || v != ids[1]))) && (ids[k] < 0 || r[v] > r[ids[k]])) ids[k] = v;
+    }
+    double z = 0;
+    for (int k = 0; k < 3; k++) z += p[k] = exp((r[ids[k]] - r[ids[0]]) / T);
+    for (int k = 0; k < 3; k++) p[k] /= z;
+    free(lg);
+}
+
+static void speculative_sampling_distribution(void) {
+    int prompt[MAXT], np = 10, ids1[3], ids2[3][3];
+    double p1[3], p2[3][3];
+    prompt_of(prompt, np, 4242u);
+    top3(prompt, np, 1.5, ids1, p1);
+    for (int a = 0; a < 3; a++) {
+        prompt[np] = ids1[a];
+        top3(prompt, np + 1, 1.5, ids2[a], p2[a]);
+    }
+    int D = ids2[0][1];
+    speculate_k = 1, drafter = fixed_draft, drafter_ctx = &D;
+    loom_engine_t *e = engine(block_bytes() * 300, 512);
+    speculate_k = 0, drafter = NULL, drafter_ctx = NULL;
+    if (!e) return;
+    enum { N = 2000 };
+    static result_t res[16];
+    int count[3][3] = {{0}}, other = 0;
+    loom_request_params_t p;
+    loom_request_params_default(&p);
+    p.max_tokens = 3, p.temperature = 1.5f, p.top_k = 3;
+    for (int done = 0; done < N; done += 8) { /* 8 at a time: drafts are made for at most 8 */
+        memset(res, 0, sizeof res);
+        for (int k = 0; k < 8; k++) {
+            p.seed = 7919u * (uint64_t)(done + k) + 17;
+            loom_engine_submit(e, prompt, np, &p, collect, &res[k], NULL);
+        }
+        loom_engine_run(e);
+        for (int k = 0; k < 8 && done + k < N; k++) {
+            int a = -1, b = -1;
+            for (int j = 0; j < 3; j++) a = res[k].tokens[0][0] == ids1[j] ? j : a;
+            for (int j = 0; j < 3 && a >= 0; j++) b = res[k].tokens[0][1] == ids2[a][j] ? j : b;
+            if (a < 0 || b < 0) other++;
+            else count[a][b]++;
+        }
+    }
+    loom_engine_stats_t st;
+    loom_engine_stats(e, &st);
+    loom_engine_free(e);
+    double chi2 = 0;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            double want = N * p1[a] * p2[a][b];
+            chi2 += (count[a][b] - want) * (count[a][b] - want) / want;
+        }
+    printf("  %lld drafts, %lld accepted; chi-squared %.2f over 9 cells\n", st.spec_drafted, st.spec_accepted, chi2);
+    CHECK(other == 0, "%d samples outside the top 3", other);
+    CHECK(st.spec_drafted >= N && st.spec_accepted > 0, "%lld drafts, %lld accepted", st.spec_drafted, st.spec_accepted);
+    CHECK(chi2 < 26.12, "chi-squared %.2f over 9 cells (8 degrees of freedom, critical 26.12 at p = 0.001)", chi2);
+}
+
+/* The loop's thread runs the model on the backend's thread count (OpenMP's
+ * count is per thread: a new thread would otherwise get the default, all
+ * cores), for two engines stepped by one loop; 3 is neither this machine's
+ * default nor the 2 the other cases use. Runs last: it reopens the backend. */
+static void loop_runs_backend_threads(void) {
+    const loom_backend_t *be;
+    CHECK(loom_backend_cpu_init(&be, 3) == LOOM_OK, "%s", loom_errmsg());
+    loom_engine_t *es[2] = {engine(block_bytes() * 100, 64), engine(block_bytes() * 100, 64)};
+    if (!es[0] || !es[1]) return;
+    loom_engine_loop_t *loop = NULL;
+    CHECK(loom_engine_loop_start(&loop, es, 2, NULL, NULL) == LOOM_OK, "%s", loom_errmsg());
+    if (!loop) return;
+    CHECK(loom_engine_loop_threads(loop) == 3, "the loop's thread has a team of %d, want 3", loom_engine_loop_threads(loop));
+    loom_engine_queue_t *q = loom_engine_queue_new();
+    int prompt[12], got[2] = {0, 0};
+    prompt_of(prompt, 12, 9u);
+    loom_request_params_t p;
+    loom_request_params_default(&p);
+    p.max_tokens = 3;
+    for (int k = 0; k < 2; k++) CHECK(loom_engine_submit(es[k], prompt, 12, &p, loom_engine_queue_push, q, NULL) == LOOM_OK, "%s", loom_errmsg());
+    loom_engine_event_t ev;
+    for (int fins = 0; fins < 2 && loom_engine_queue_pop(q, &ev, 60.0);) {
+        fins += ev.finish != LOOM_FINISH_NONE;
+        loom_engine_event_clear(&ev);
+    }
+    loom_engine_loop_stop(loop);
+    for (int k = 0; k < 2; k++) {
+        loom_engine_stats_t st;
+        loom_engine_stats(es[k], &st);
+        got[k] = st.threads;
+        CHECK(st.requests_done == 1, "engine %d finished %lld requests, want 1", k, st.requests_done);
+        loom_engine_free(es[k]);
+    }
+    CHECK(got[0] == 3 && got[1] == 3, "the models ran on teams of %d and %d threads, want 3 (--threads)", got[0], got[1]);
+    loom_engine_queue_free(q);
+}
+
 int main(void) {
     setup();
     RUN(greedy_batch_equals_full_forward);
     RUN(greedy_with_preemption);
-    RUN(alone_equals_batch);
+    RUN(alone_equals_batch_whole);
+    RUN(alone_equals_batch_chunked);
     RUN(seeded_samples_share_prompt);
     RUN(stop_strings);
     RUN(bad_input_keeps_serving);
     RUN(cancel_returns_blocks);
+    RUN(prompt_spread_over_steps);
+    RUN(prefix_cache_equals_no_cache);
+    RUN(prefix_cache_evicts_lru);
+    RUN(speculative_greedy_equals_plain);
+    RUN(speculative_oracle_drafts);
+    RUN(speculative_sampling_distribution);
     RUN(threads_and_queues);
+    RUN(loop_runs_backend_threads);
     loom_gpt_free(model);
     loom_tokenizer_free(bytes_tok);
     return check_main_end();

@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "model/quant.h"
+#include "model/sparse24.h"
 #include "serve/engine.h"
 
 static const loom_backend_t *cpu, *gpu;
@@ -37,8 +38,10 @@ static void run_engine(const loom_backend_t *be, got_t *g, int quant, loom_dtype
     loom_engine_t *e;
     loom_engine_config_t ec;
     loom_engine_config_default(&ec);
-    ec.kv_bytes = 8 << 20, ec.block_size = 8, ec.debug = 1, ec.quant = quant, ec.kv_dtype = kv;
+    ec.kv_bytes = 8 << 20, ec.block_size = 8, ec.debug = 1, ec.kv_dtype = kv;
     CHECK(loom_gpt_init(&m, &c, be, 9) == LOOM_OK, "%s", loom_errmsg());
+    loom_infer_weights_opts_t wo = {.quant = quant, .sparse = LOOM_SPARSE_OFF};
+    CHECK(loom_infer_weights_create(&ec.weights, m, &wo) == LOOM_OK, "%s", loom_errmsg());
     CHECK(loom_engine_create(&e, m, NULL, &ec) == LOOM_OK, "%s", loom_errmsg());
     loom_request_params_t p;
     loom_request_params_default(&p);
@@ -48,6 +51,7 @@ static void run_engine(const loom_backend_t *be, got_t *g, int quant, loom_dtype
     loom_engine_submit(e, prompt, 20, &p, on_ev, g, NULL);
     CHECK(loom_engine_run(e) == LOOM_OK, "%s", loom_errmsg());
     loom_engine_free(e);
+    loom_infer_weights_free(&ec.weights);
     loom_gpt_free(m);
 }
 
@@ -69,11 +73,23 @@ static void engine_matches_cpu(void) { compare_engines(LOOM_QUANT_NONE, LOOM_FP3
  * fp32 ones do. */
 static void engine_int8_matches_cpu(void) { compare_engines(LOOM_QUANT_W8A8, LOOM_INT8, "W8A8, int8 KV"); }
 
-int main(void) {
+static const struct {
+    const char *name;
+    void (*fn)(void);
+} cases[] = {{"engine_matches_cpu", engine_matches_cpu}, {"engine_int8_matches_cpu", engine_int8_matches_cpu}};
+static const char *case_name(int i) { return cases[i].name; }
+static void run_case(int i) { check_run(cases[i].name, cases[i].fn); }
+
+/* In each child of check_run_isolated: a CUDA context does not survive
+ * fork, so nothing opens in the parent. */
+static void open_backends(void) {
     loom_backend_cpu_init(&cpu, 2);
     gpu_status = loom_backend_open(&gpu, "cuda:0", 1, LOOM_FP32);
     if (gpu_status != LOOM_OK) snprintf(no_gpu, sizeof no_gpu, "%s", loom_errmsg());
-    RUN(engine_matches_cpu);
-    RUN(engine_int8_matches_cpu);
+}
+
+int main(void) {
+    /* isolated: a case that panics or faults the GPU fails alone */
+    check_run_isolated(2, case_name, open_backends, run_case);
     return check_main_end();
 }

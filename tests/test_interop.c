@@ -194,7 +194,7 @@ static float *infer_logits(loom_gpt_t *m, const loom_quant_t *q) {
     for (int i = 0; i < B * T; i++) pos[i] = i % T, seq[i] = i / T, rows[i] = i;
     for (int b = 0; b < B; b++)
         for (int k = 0; k < per; k++) tables[b * mb + k] = b * per + k;
-    loom_infer_batch_t batch = {B * T, tokens, pos, seq, B, tables, B * T, rows};
+    loom_infer_batch_t batch = {B * T, tokens, pos, seq, B, tables, B * T, rows, NULL};
     CHECK(loom_infer_forward(inf, &batch, out) == LOOM_OK, "%s", loom_errmsg());
     loom_infer_free(inf);
     free(tables);

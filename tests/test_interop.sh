@@ -94,3 +94,23 @@ gr=$($LOOM sample --run "$tmp/m.gguf" --prompt "$prompt" --tokens 24 --temperatu
 [ "$gg" = "$lg" ] && [ "$gr" = "$lg" ] && echo "PASS interop_sample_gguf_greedy_text" || echo "FAIL interop_sample_gguf_greedy_text: '$gg' / '$gr' vs '$lg'"
 refuse interop_export_refuses_existing "already exists" $LOOM export --run "$tmp/run" --format gguf --out "$tmp/m.gguf"
 refuse interop_export_hf_refuses_q8_0 "GGUF type" $LOOM export --run "$tmp/run" --format hf --dtype q8_0 --out "$tmp/e2"
+
+# 6. Every kind of source through the one call (ckpt/open.h): the Hugging
+#    Face folder transformers made, read by loom sample and loom eval,
+#    against transformers on the same folder; a checkpoint folder of the
+#    run gives the run's text; a Hugging Face folder exports to GGUF with
+#    transformers' greedy text; a GGUF is refused as an export source.
+hs=$($LOOM sample --run "$tmp/hf" --prompt "$prompt" --tokens 24 --temperature 0 --threads 2 2>/dev/null)
+ho=$($PY tests/interop_oracle.py greedy "$tmp/hf" "$prompt" 24)
+[ -n "$ho" ] && [ "$hs" = "$ho" ] && echo "PASS open_hf_folder_greedy_text" || echo "FAIL open_hf_folder_greedy_text: loom '$hs' vs transformers '$ho'"
+he=$($LOOM eval --run "$tmp/hf" --data "$tmp/data" --batch 1 --seq 32 --batches 1 --threads 2 | awk '{print $2}')
+hl=$($PY tests/interop_oracle.py loss "$tmp/hf" "$tmp/data/val_000000.bin" 1 32)
+awk -v a="$he" -v b="$hl" 'BEGIN{d=a-b; if(d<0)d=-d; exit !(a != "" && d <= 6e-5)}' \
+    && echo "PASS open_hf_folder_eval (loom $he, transformers $hl)" || echo "FAIL open_hf_folder_eval: loom '$he', transformers '$hl'"
+ck=$(ls -d "$tmp/run/checkpoints/step_"* | tail -1)
+cs=$($LOOM sample --run "$ck" --prompt "$prompt" --tokens 24 --temperature 0 --threads 2 2>/dev/null)
+[ -n "$cs" ] && [ "$cs" = "$lg" ] && echo "PASS open_checkpoint_folder_text" || echo "FAIL open_checkpoint_folder_text: '$cs' vs the run's '$lg'"
+$LOOM export --run "$tmp/hf" --format gguf --out "$tmp/hf.gguf" > /dev/null || echo "FAIL open_export_hf_to_gguf: loom export failed"
+hg2=$($LOOM sample --run "$tmp/hf.gguf" --prompt "$prompt" --tokens 24 --temperature 0 --threads 2 2>/dev/null)
+[ -n "$hg2" ] && [ "$hg2" = "$ho" ] && echo "PASS open_export_hf_to_gguf" || echo "FAIL open_export_hf_to_gguf: '$hg2' vs transformers '$ho'"
+refuse open_export_refuses_gguf_source "is a GGUF file" $LOOM export --run "$tmp/m.gguf" --format hf --out "$tmp/e3"

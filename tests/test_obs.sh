@@ -215,11 +215,34 @@ for _ in $(seq 1 300); do
     sleep 0.2
 done
 [ $ok = 1 ] && echo "PASS obs_two_ranks_port_plus_local_rank" || { echo "FAIL obs_two_ranks_port_plus_local_rank:"; tail -5 "$tmp/two.log"; }
+for r in 0 1; do get "http://127.0.0.1:$((base + r))/metrics" > "$tmp/rank$r.txt"; done
+out=$(promtool check metrics < "$tmp/rank0.txt" 2>&1 && promtool check metrics < "$tmp/rank1.txt" 2>&1) \
+    && echo "PASS obs_promtool_two_ranks" || echo "FAIL obs_promtool_two_ranks: $out"
 kill "${pids[-1]}" 2>/dev/null
 wait "${pids[-1]}" 2>/dev/null
 
+# ---- one job, one peak: a short two-rank run's final scrapes (each rank
+# lingers until scraped after its last step, so both show the end) carry
+# the same peak FLOP/s: rank 0's measure, raised together when steps beat it ----
+$LOOM "${TRAIN[@]}" --nproc 2 --steps 40 --out "$tmp/peak" --metrics-port "$base" --metrics-linger 300 > "$tmp/peak.log" 2>&1 &
+pids+=($!)
+for r in 0 1; do
+    : > "$tmp/final$r.txt"
+    for _ in $(seq 1 600); do  # a guard: the run takes seconds
+        get "http://127.0.0.1:$((base + r))/metrics" > "$tmp/final$r.txt" 2>/dev/null
+        grep -q "^loom_train_state{rank=\"$r\",state=\"finished\"} 1" "$tmp/final$r.txt" && break
+        sleep 0.2
+    done
+done
+wait "${pids[-1]}"; rc=$?
+p0=$(grep -oP '^loom_train_peak_flops_per_second\{rank="0"\} \K\S+' "$tmp/final0.txt")
+p1=$(grep -oP '^loom_train_peak_flops_per_second\{rank="1"\} \K\S+' "$tmp/final1.txt")
+steps=$(grep -hoP '^loom_train_step\{rank="[01]"\} \K\S+' "$tmp/final0.txt" "$tmp/final1.txt" | tr '\n' ' ')
+[ $rc = 0 ] && [ "$steps" = "40 40 " ] && [ -n "$p0" ] && [ "$p0" = "$p1" ] && echo "PASS obs_two_ranks_same_peak ($p0 FLOP/s)" \
+    || { echo "FAIL obs_two_ranks_same_peak: exit $rc, steps '$steps', rank 0 '$p0', rank 1 '$p1'"; tail -3 "$tmp/peak.log"; }
+
 # ---- no charting library: said once, the run still works ----
-out=$(LOOM_DYGRAPHS_JS=/nonexistent/dygraph.min.js $LOOM "${TRAIN[@]}" --steps 3 --out "$tmp/nojs" --metrics-port 0 2>&1); rc=$?
+out=$(LOOM_DYGRAPHS_JS=/nonexistent/dygraph.min.js $LOOM "${TRAIN[@]}" --steps 3 --out "$tmp/nojs" --metrics-port 0 --metrics-linger 0 2>&1); rc=$?
 [ $rc = 0 ] && [ "$(printf '%s' "$out" | grep -c 'charting library is missing')" = 1 ] && printf '%s' "$out" | grep -q "libjs-dygraphs" \
     && echo "PASS obs_missing_charting_library_said_once" || echo "FAIL obs_missing_charting_library_said_once: exit $rc: $out"
 

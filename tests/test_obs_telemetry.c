@@ -98,11 +98,16 @@ static void test_cuda_visible_devices(void) {
 }
 
 /* Through the exporter: DCGM names in DCGM's units, and J/token =
- * (2,000,000 - 1,500,000 mJ) / 1000 / (4000 global tokens / 2 ranks) = 0.25. */
+ * (2,000,000 - 1,500,000 mJ) / 1000 / (4000 global tokens / 2 ranks) = 0.25.
+ * CUDA device 0 is the stand-in's GPU at NVML index 2 (through
+ * CUDA_VISIBLE_DEVICES), so the gpu label is 2: NVML's index, as DCGM's. */
 static void test_dcgm_names_and_energy_per_token(void) {
     if (!have_stub()) return;
     setenv("LOOM_NVML_LIB", stub, 1);
     setenv("NVML_STUB_ENERGY_MJ", "1500000", 1);
+    setenv("NVML_STUB_INDEX", "2", 1);
+    setenv("NVML_STUB_XID", "79", 1);
+    setenv("CUDA_VISIBLE_DEVICES", "GPU-stub-0", 1);
     loom_train_metrics_opts_t o = {.port = -1, .rank = 0, .world_size = 2, .device = "cuda:0", .gpu = 0, .model = "gpt2-tiny", .steps = 10};
     loom_train_metrics_t *tm;
     CHECK(loom_train_metrics_start(&tm, &o) == LOOM_OK, "%s", loom_errmsg());
@@ -114,22 +119,30 @@ static void test_dcgm_names_and_energy_per_token(void) {
     double jpt = loom_train_metrics_joules_per_token(tm);
     CHECK(fabs(jpt - 0.25) < 1e-12, "J/token %.17g, want 0.25", jpt);
     char *text = loom_metrics_render(loom_train_metrics_registry(tm), NULL);
+    char host[256] = "", labels[512];
+    gethostname(host, sizeof host - 1);
+    snprintf(labels, sizeof labels,
+             "{gpu=\"2\",UUID=\"GPU-stub-0\",pci_bus_id=\"00000000:07:00.0\",device=\"nvidia2\",gpu_model=\"NVIDIA A100-SXM4-40GB\","
+             "Hostname=\"%s\",GPU_I_PROFILE=\"\",GPU_I_ID=\"\",rank=\"0\"}", host);
     const char *want[] = {
-        "DCGM_FI_DEV_POWER_USAGE{gpu=\"0\",UUID=\"GPU-stub-0\",modelName=\"NVIDIA A100-SXM4-40GB\",GPU_I_PROFILE=\"\",rank=\"0\"} 123.456\n",
-        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu=\"0\",UUID=\"GPU-stub-0\",modelName=\"NVIDIA A100-SXM4-40GB\",GPU_I_PROFILE=\"\",rank=\"0\"} 2000000\n",
-        "DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-stub-0\",modelName=\"NVIDIA A100-SXM4-40GB\",GPU_I_PROFILE=\"\",rank=\"0\"} 1536\n",
-        "DCGM_FI_DEV_FB_TOTAL{gpu=\"0\",UUID=\"GPU-stub-0\",modelName=\"NVIDIA A100-SXM4-40GB\",GPU_I_PROFILE=\"\",rank=\"0\"} 40960\n",
-        "DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-stub-0\",modelName=\"NVIDIA A100-SXM4-40GB\",GPU_I_PROFILE=\"\",rank=\"0\"} 87\n",
-        "DCGM_FI_DEV_SM_CLOCK{", "DCGM_FI_DEV_GPU_TEMP{", "DCGM_FI_DEV_MIG_MODE{",
+        "DCGM_FI_DEV_POWER_USAGE%s 123.456\n", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION%s 2000000\n", "DCGM_FI_DEV_FB_USED%s 1536\n",
+        "DCGM_FI_DEV_FB_TOTAL%s 40960\n", "DCGM_FI_DEV_GPU_UTIL%s 87\n", "DCGM_FI_DEV_SM_CLOCK%s 1410\n", "DCGM_FI_DEV_GPU_TEMP%s 45\n",
+        "DCGM_FI_DEV_MIG_MODE%s 0\n", "DCGM_FI_DEV_XID_ERRORS%s 79\n", "loom_gpu_xid_errors_total%s 1\n",
         "loom_energy_joules_total{rank=\"0\",source=\"nvml\"} 500\n",
         "loom_train_energy_joules_per_token{rank=\"0\"} 0.25\n",
         "loom_train_compute_seconds{rank=\"0\"} 0.4\n",
         "loom_train_tokens_total{rank=\"0\"} 2000\n",
         "loom_train_mfu_ratio{rank=\"0\"} 0.25\n",
+        "process_cpu_seconds_total{rank=\"0\"} ", "process_start_time_seconds{rank=\"0\"} ", "process_open_fds{rank=\"0\"} ",
     };
-    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) CHECK(strstr(text, want[i]) != NULL, "no %s in:\n%s", want[i], text);
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        char line[1024];
+        snprintf(line, sizeof line, want[i], labels);
+        CHECK(strstr(text, line) != NULL, "no %s in:\n%s", line, text);
+    }
     free(text);
     loom_train_metrics_stop(tm);
+    unsetenv("NVML_STUB_INDEX"), unsetenv("NVML_STUB_XID"), unsetenv("CUDA_VISIBLE_DEVICES");
 }
 
 /* On a MIG instance the utilisation series is absent and says why. */
@@ -145,8 +158,10 @@ static void test_mig_utilisation_absent(void) {
     CHECK(strstr(text, "loom_gpu_telemetry_unsupported{gpu=\"0\",field=\"DCGM_FI_DEV_GPU_UTIL\",reason=\"NVML does not report utilisation for MIG instances\",rank=\"3\"} 1"),
           "no reason:\n%s", text);
     CHECK(strstr(text, "GPU_I_PROFILE=\"1g.5gb\""), "no MIG profile label:\n%s", text);
-    CHECK(strstr(text, "DCGM_FI_DEV_FB_TOTAL{gpu=\"0\",UUID=\"MIG-stub-0\",modelName=\"NVIDIA A100-SXM4-40GB MIG 1g.5gb\",GPU_I_PROFILE=\"1g.5gb\",rank=\"3\"} 5120"),
-          "MIG memory:\n%s", text);
+    CHECK(strstr(text, "DCGM_FI_DEV_FB_TOTAL{gpu=\"0\",UUID=\"MIG-stub-0\",pci_bus_id=\"00000000:07:00.0\",device=\"nvidia0\","
+                       "gpu_model=\"NVIDIA A100-SXM4-40GB MIG 1g.5gb\",Hostname="),
+          "MIG labels:\n%s", text);
+    CHECK(strstr(text, ",GPU_I_PROFILE=\"1g.5gb\",GPU_I_ID=\"7\",rank=\"3\"} 5120\n"), "MIG memory:\n%s", text);
     free(text);
     loom_telemetry_close(t);
     loom_metrics_free(r);

@@ -447,6 +447,7 @@ static void case_grads(int k) {
     if (!r) return;
     char what[64], name[64];
     for (int i = 0; i < LOOM_NPARAMS; i++) {
+        if (!r->ptable[i].numel) continue; /* not in GPT-2 */
         snprintf(what, sizeof what, "d%s", r->ptable[i].name);
         snprintf(name, sizeof name, "grad_%s", r->ptable[i].name);
         compare(r, cfgs[k].name, what, name, r->grads + r->ptable[i].offset, real_numel(&r->cfg, r->ptable, i), GRAD_BOUND);
@@ -473,6 +474,7 @@ static void case_adamw(int k) {
 
     char what[64], name[64];
     for (int i = 0; i < LOOM_NPARAMS; i++) {
+        if (!r->ptable[i].numel) continue; /* not in GPT-2 */
         int qkvb = i == LOOM_QKVB;
         snprintf(what, sizeof what, "%s%s", r->ptable[i].name, qkvb ? " (q, v)" : "");
         snprintf(name, sizeof name, "param_%s", r->ptable[i].name);

@@ -331,7 +331,19 @@ static void bad_tokenizer_json(void) {
         {"{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b c\"]}}", "merge 0"},
         {"{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}, \"merges\": []}}", "not a non-negative integer"},
         {"{\"normalizer\": {\"type\": \"NFKC\"}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "normalizer NFKC"},
-        {"{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "pre_tokenizer is Whitespace"},
+        {"{\"pre_tokenizer\": {\"type\": \"Whitespace\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "pre_tokenizer Whitespace"},
+        /* each component loom does not implement is refused by name */
+        {"{\"normalizer\": {\"type\": \"NFKD\"}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "normalizer NFKD"},
+        {"{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\w+\"}, "
+         "\"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\", \"use_regex\": false}]}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "Split with pattern \\w+"},
+        {"{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"decoder\": {\"type\": \"WordPiece\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "decoder WordPiece"},
+        {"{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"post_processor\": {\"type\": \"RobertaProcessing\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "post_processor RobertaProcessing"},
+        {"{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"added_tokens\": [{\"id\": 0, \"content\": \"<x>\", \"lstrip\": true}], \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "sets lstrip"},
+        {"{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"\\u2581\"}, \"decoder\": {\"type\": \"Fuse\"}, "
+         "\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", "turns \"\u2581\" into spaces"},
+        {"{\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\"}, \"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"\\u2581\"}, "
+         "\"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {}, \"merges\": []}}", "no ByteFallback"},
+        {"{\"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"byte_fallback\": true, \"vocab\": {}, \"merges\": []}}", "ByteLevel pre-tokenizer with SentencePiece"},
     };
     const char *path = check_tmp_path("bad.json");
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -263,9 +263,9 @@ static void run_config_old_format(void) {
 
 /* ---- the metrics log ---- */
 
-static void count_row(void *ctx, long long step, double loss, double val) {
+static void count_row(void *ctx, const loom_metrics_row_t *r) {
     int *n = ctx;
-    if (step == *n + 1 && loss == step * 0.5 && (step == 2 ? val == 1.25 : isnan(val))) (*n)++;
+    if (r->step == *n + 1 && r->loss == r->step * 0.5 && (r->step == 2 ? r->val_loss == 1.25 : isnan(r->val_loss))) (*n)++;
 }
 
 static void metrics_log_trim_on_resume(void) {
@@ -287,6 +287,34 @@ static void metrics_log_trim_on_resume(void) {
     loom_metrics_log_close(l);
     int n = 0;
     CHECK(loom_metrics_log_scan(path, count_row, &n) == LOOM_OK && n == 2, "%d rows after the trim, wanted 2", n);
+}
+
+static void keep_row(void *ctx, const loom_metrics_row_t *r) { *(loom_metrics_row_t *)ctx = *r; }
+
+/* Every number the writer writes comes back from the one reader (loom
+ * plan reads step_s and mfu through it); what a line lacks is NAN. */
+static void metrics_log_reads_back(void) {
+    const char *path = check_tmp_path("metrics_all.jsonl");
+    loom_metrics_log_t *l;
+    loom_metrics_row_t w = {.step = 7, .loss = 3.5, .val_loss = 3.25, .has_comm_wait = 1, .comm_wait_s = 0.125,
+                            .has_loss_scale = 1, .loss_scale = 65536, .skipped = 1, .lr = 6e-5, .grad_norm = INFINITY,
+                            .tokens_per_s = 1234.5, .mfu = 0.25, .step_s = 0.5, .elapsed_s = 12.25, .has_energy = 1,
+                            .energy_j_per_token = 0.75},
+                       r = {0};
+    CHECK(loom_metrics_log_open(&l, path, -1) == LOOM_OK && loom_metrics_log_write(l, &w) == LOOM_OK, "%s", loom_errmsg());
+    loom_metrics_log_close(l);
+    CHECK(loom_metrics_log_scan(path, keep_row, &r) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(r.step == 7 && r.loss == 3.5 && r.val_loss == 3.25 && r.has_comm_wait && r.comm_wait_s == 0.125 && r.has_loss_scale &&
+              r.loss_scale == 65536 && r.skipped && fabs(r.lr - 6e-5) < 1e-12 && isnan(r.grad_norm) && r.tokens_per_s == 1234.5 &&
+              r.mfu == 0.25 && r.step_s == 0.5 && r.elapsed_s == 12.25 && r.has_energy && r.energy_j_per_token == 0.75,
+          "read back step %lld loss %g val %g wait %g scale %g skipped %d lr %g norm %g tok/s %g mfu %g step_s %g elapsed %g energy %g",
+          r.step, r.loss, r.val_loss, r.comm_wait_s, r.loss_scale, r.skipped, r.lr, r.grad_norm, r.tokens_per_s, r.mfu, r.step_s,
+          r.elapsed_s, r.energy_j_per_token);
+    const char *old = "{\"step\":1,\"loss\":2.0,\"lr\":1e-3,\"tokens_per_s\":5.0,\"step_s\":0.25}\n";
+    loom_file_write_atomic(path, old, strlen(old));
+    CHECK(loom_metrics_log_scan(path, keep_row, &r) == LOOM_OK && r.step == 1 && r.step_s == 0.25 && isnan(r.mfu) &&
+              isnan(r.val_loss) && !r.has_comm_wait && !r.has_loss_scale && !r.skipped && !r.has_energy,
+          "an older line: mfu %g val %g", r.mfu, r.val_loss);
 }
 
 /* ---- shared flags ---- */
@@ -342,6 +370,7 @@ int main(void) {
     RUN(run_config_round_trip);
     RUN(run_config_old_format);
     RUN(metrics_log_trim_on_resume);
+    RUN(metrics_log_reads_back);
     RUN(flag_table_choices);
     RUN(launcher_ranks_and_status);
     return check_main_end();

@@ -122,7 +122,7 @@ typedef enum {
     LOOM_OP_COUNT
 } loom_op_id;
 
-#define LOOM_OP_MAX_ARGS 10
+#define LOOM_OP_MAX_ARGS 12
 
 /* What ops.h says about one entry, for tools and tests. */
 typedef struct {
@@ -198,9 +198,9 @@ typedef struct loom_backend {
  * waits for every op launched.
  *
  * encoder_forward: out (B,T,C) = wte[tokens] + wpe[t]; wte (Vp,C), wpe
- *   (maxT,C), tokens (B,T).
+ *   (maxT,C), tokens (B,T). wpe NULL: no position term (rotary models).
  * encoder_backward: dwte += scatter(dout by token), dwpe += sum over
- *   batch; dout (B,T,C).
+ *   batch (skipped when dwpe is NULL); dout (B,T,C).
  * layernorm_forward: out (N,C) = (inp - mean) * rstd * w + b, eps 1e-5;
  *   mean, rstd (N) saved for backward.
  * layernorm_backward: dinp += , dw += , db += .
@@ -208,12 +208,16 @@ typedef struct loom_backend {
  *   may be NULL. Overwrites out.
  * matmul_backward: dinp (N,C) += dout @ w; dw (OC,C) += dout^T @ inp;
  *   dbias (OC) += colsum(dout). dinp and dbias may be NULL (not needed).
- * attention_forward: causal multi-head attention. qkv (B,T,3C) holds q, k,
- *   v side by side, each split into NH heads of C/NH. out (B,T,C)
- *   overwritten; lse (B,NH,T) receives each query row's log-sum-exp of
- *   scaled scores, which is all backward needs (no T x T tensor is kept).
- * attention_backward: dqkv (B,T,3C) overwritten, from dout (B,T,C), qkv,
- *   out and lse of forward.
+ * attention_forward: causal attention with NH query heads of hs = C/NH and
+ *   NKV key/value heads (NKV divides NH; query head h reads kv head
+ *   h / (NH/NKV): multi-head at NKV = NH, grouped-query below, multi-query
+ *   at 1). qkv (B,T,QR), QR = C + 2*NKV*hs, holds per row the NH query
+ *   heads, then the NKV key heads, then the NKV value heads (3C at NKV =
+ *   NH). out (B,T,C) overwritten; lse (B,NH,T) receives each query row's
+ *   log-sum-exp of scaled scores, which is all backward needs (no T x T
+ *   tensor is kept).
+ * attention_backward: dqkv (B,T,QR) overwritten, from dout (B,T,C), qkv,
+ *   out and lse of forward; a kv head's dk, dv sum over its query heads.
  * gelu_forward, gelu_backward: GELU, tanh approximation. backward
  *   overwrites dinp (may alias dout).
  * residual_forward: out = a + b (out may alias a or b). accumulate: dst += src
@@ -225,6 +229,20 @@ typedef struct loom_backend {
  *   probability tensor is ever stored. targets (N) int32 in [0,V).
  * adamw: AdamW over n contiguous parameters with decoupled weight decay.
  * sumsq: sum of squares of x (n), returned to the host in double.
+ * rmsnorm_forward: out (N,C) = inp * rstd * w, rstd (N) = 1/sqrt(mean(inp^2)
+ *   + eps), saved for backward. No bias (Llama's RMSNorm).
+ * rmsnorm_backward: dinp (N,C) += , dw (C) += , from dout, inp, w, rstd.
+ * rope_forward: rotary position embedding, in place, of the NH query and
+ *   NKV key heads of qkv (N, C + 2*NKV*hs) (values untouched). Row i at
+ *   position pos[i] (N); for each head, pairs (j, j + hs/2), j < hs/2,
+ *   rotate by angle pos[i] * freq[j] (freq (hs/2) fp32: Hugging Face's
+ *   inv_freq after rope scaling): x' = x cos - y sin, y' = y cos + x sin.
+ * rope_backward: the transpose (rotation by -angle) of dq and dk in dqkv,
+ *   in place: the gradient before rope_forward.
+ * swiglu_forward: out (N,H) = silu(gate) * up, inp (N,2H) holding gate
+ *   then up per row.
+ * swiglu_backward: dinp (N,2H) OVERWRITTEN with d gate, d up from dout
+ *   (N,H) and inp.
  *
  * Optional entries (NULL where a backend has none; ops.h says what the
  * model does without each):
@@ -285,22 +303,26 @@ typedef struct loom_backend {
  * its own sequence's cache only; on the CPU in an order that depends
  * neither on N nor on the threads, so a sequence's tokens are bitwise the
  * same alone or in a batch.
- * embed_positions: out (N,C) = wte[tokens[i]] + wpe[pos[i]]; tokens, pos (N).
+ * embed_positions: out (N,C) = wte[tokens[i]] + wpe[pos[i]]; tokens, pos (N); wpe
+ *   NULL: wte rows only (rotary models).
  * matmul_forward_rows: out (N,OC) = inp (N,C) @ w (OC,C)^T + bias (may be
  *   NULL), then GELU when gelu != 0; each weight is read from memory once
  *   per call whatever N (decode's matrix-vector path, all sequences of a
  *   step at once).
- * kv_write: the K and V parts of qkv (N,3C) go into the cache at each
- *   row's slot (N).
- * paged_attention: out (N,C): causal attention of each row's q (in qkv)
- *   over positions 0..pos[i] of sequence seq[i], read through its row of
- *   block_tables (S, max_blocks). Scale 1/sqrt(hs).
+ * kv_write: the K and V parts of qkv (N, NH*hs + 2*NKV*hs; attention_forward's
+ *   row layout) go into the cache at each row's slot (N). The cache holds
+ *   NKV heads: read NH above as NKV for its rows.
+ * paged_attention: out (N,C): causal attention of each row's NH query
+ *   heads (in qkv) over positions 0..pos[i] of sequence seq[i], read through
+ *   its row of block_tables (S, max_blocks); query head h reads cache head
+ *   h / (NH/NKV). Scale 1/sqrt(hs).
  * gather_rows: out (R,C) = inp[rows[r]].
  * matmul_forward_s24: matmul_forward_rows with w (OC,C) a typed tensor of
  *   layout LOOM_LAYOUT_SPARSE24 (fp32 kept values, C a multiple of 4): the
  *   same result as matmul_forward_rows on loom_tensor_dequantize(w), reading
  *   about half the weight bytes.
- * kv_copy_block: block src to block dst, K and V of every head (copy-on-write). */
+ * kv_copy_block: block src to block dst, K and V of every head (copy-on-write);
+ *   its NH is the cache's head count (NKV). */
 
 /* Copy n elements of an ACT tensor (be->act_dtype) from backend memory to
  * host fp32 `dst` (a plain download when act_dtype is fp32). */

@@ -22,7 +22,7 @@
  *   fallback  text: what happens without an optional entry ("" if required)
  *   flops     FLOPs of one call as an expression of the arguments (0 when
  *             memory-bound), for `loom bench ops`
- *   nargs     number of arguments (0 to 10)
+ *   nargs     number of arguments (0 to 12)
  *   args      ((tag, C type, name), ...), or () with nargs 0
  *
  * Argument tags say what each argument holds, hence its element type
@@ -71,12 +71,12 @@
     X(matmul_backward, void, OP, "", (dinp ? 4.0 : 2.0) * N * C * OC, 9, \
       ((ACT, float *, dinp), (F32, float *, dw), (F32, float *, dbias), (ACT, const float *, dout), \
        (ACT, const float *, inp), (F32, const float *, w), (VAL, int, N), (VAL, int, C), (VAL, int, OC))) \
-    X(attention_forward, void, OP, "", 4.0 * B * T * T * C, 7, \
+    X(attention_forward, void, OP, "", 4.0 * B * T * T * C, 8, \
       ((ACT, float *, out), (F32, float *, lse), (ACT, const float *, qkv), (VAL, int, B), (VAL, int, T), \
-       (VAL, int, C), (VAL, int, NH))) \
-    X(attention_backward, void, OP, "", 8.0 * B * T * T * C, 9, \
+       (VAL, int, C), (VAL, int, NH), (VAL, int, NKV))) \
+    X(attention_backward, void, OP, "", 8.0 * B * T * T * C, 10, \
       ((ACT, float *, dqkv), (ACT, const float *, dout), (ACT, const float *, qkv), (ACT, const float *, out), \
-       (F32, const float *, lse), (VAL, int, B), (VAL, int, T), (VAL, int, C), (VAL, int, NH))) \
+       (F32, const float *, lse), (VAL, int, B), (VAL, int, T), (VAL, int, C), (VAL, int, NH), (VAL, int, NKV))) \
     X(gelu_forward, void, OP, "", 0, 3, ((ACT, float *, out), (ACT, const float *, inp), (VAL, size_t, n))) \
     X(gelu_backward, void, OP, "", 0, 4, \
       ((ACT, float *, dinp), (ACT, const float *, inp), (ACT, const float *, dout), (VAL, size_t, n))) \
@@ -120,13 +120,13 @@
     X(matmul_forward_rows, void, OP, "", 2.0 * N * C * OC, 8, \
       ((ACT, float *, out), (ACT, const float *, inp), (F32, const float *, w), (F32, const float *, bias), \
        (VAL, int, N), (VAL, int, C), (VAL, int, OC), (VAL, int, gelu))) \
-    X(kv_write, void, OP, "", 0, 6, \
+    X(kv_write, void, OP, "", 0, 7, \
       ((QT, const loom_tensor_t *, kv), (ACT, const float *, qkv), (I32, const int *, slot), (VAL, int, N), \
-       (VAL, int, NH), (VAL, int, block_size))) \
-    X(paged_attention, void, OP, "", 0, 10, \
+       (VAL, int, NH), (VAL, int, NKV), (VAL, int, block_size))) \
+    X(paged_attention, void, OP, "", 0, 11, \
       ((ACT, float *, out), (ACT, const float *, qkv), (QT, const loom_tensor_t *, kv), \
        (I32, const int *, pos), (I32, const int *, seq), (I32, const int *, block_tables), \
-       (VAL, int, max_blocks), (VAL, int, N), (VAL, int, NH), (VAL, int, block_size))) \
+       (VAL, int, max_blocks), (VAL, int, N), (VAL, int, NH), (VAL, int, NKV), (VAL, int, block_size))) \
     X(gather_rows, void, OP, "", 0, 5, \
       ((ACT, float *, out), (ACT, const float *, inp), (I32, const int *, rows), (VAL, int, R), (VAL, int, C))) \
     X(kv_copy_block, void, OP, "", 0, 4, \
@@ -143,7 +143,23 @@
     X(matmul_forward_s24, void, VARIANT, "matmul_forward_rows on the model's dense (pruned) fp32 weights", \
       2.0 * N * C * OC, 8, \
       ((ACT, float *, out), (ACT, const float *, inp), (QT, const loom_tensor_t *, w), (F32, const float *, bias), \
-       (VAL, int, N), (VAL, int, C), (VAL, int, OC), (VAL, int, gelu)))
+       (VAL, int, N), (VAL, int, C), (VAL, int, OC), (VAL, int, gelu))) \
+    X(rmsnorm_forward, void, OP, "", 0, 7, \
+      ((ACT, float *, out), (F32, float *, rstd), (ACT, const float *, inp), (F32, const float *, w), \
+       (VAL, int, N), (VAL, int, C), (VAL, float, eps))) \
+    X(rmsnorm_backward, void, OP, "", 0, 8, \
+      ((ACT, float *, dinp), (F32, float *, dw), (ACT, const float *, dout), (ACT, const float *, inp), \
+       (F32, const float *, w), (F32, const float *, rstd), (VAL, int, N), (VAL, int, C))) \
+    X(rope_forward, void, OP, "", 0, 7, \
+      ((ACT, float *, qkv), (I32, const int *, pos), (F32, const float *, freq), (VAL, int, N), \
+       (VAL, int, NH), (VAL, int, NKV), (VAL, int, hs))) \
+    X(rope_backward, void, OP, "", 0, 7, \
+      ((ACT, float *, dqkv), (I32, const int *, pos), (F32, const float *, freq), (VAL, int, N), \
+       (VAL, int, NH), (VAL, int, NKV), (VAL, int, hs))) \
+    X(swiglu_forward, void, OP, "", 0, 4, \
+      ((ACT, float *, out), (ACT, const float *, inp), (VAL, int, N), (VAL, int, H))) \
+    X(swiglu_backward, void, OP, "", 0, 5, \
+      ((ACT, float *, dinp), (ACT, const float *, inp), (ACT, const float *, dout), (VAL, int, N), (VAL, int, H)))
 /* clang-format on */
 
 /* ---- helpers to expand the argument lists ---- */
@@ -164,6 +180,8 @@
 #define LOOM_OP_MAP_8(F, S, a, ...) F a S() LOOM_OP_MAP_7(F, S, __VA_ARGS__)
 #define LOOM_OP_MAP_9(F, S, a, ...) F a S() LOOM_OP_MAP_8(F, S, __VA_ARGS__)
 #define LOOM_OP_MAP_10(F, S, a, ...) F a S() LOOM_OP_MAP_9(F, S, __VA_ARGS__)
+#define LOOM_OP_MAP_11(F, S, a, ...) F a S() LOOM_OP_MAP_10(F, S, __VA_ARGS__)
+#define LOOM_OP_MAP_12(F, S, a, ...) F a S() LOOM_OP_MAP_11(F, S, __VA_ARGS__)
 #define LOOM_OP_COMMA() ,
 #define LOOM_OP_SEMI() ;
 #define LOOM_OP_NOSEP()
@@ -189,6 +207,32 @@
 #define LOOM_OP_MAP_VOID_8
 #define LOOM_OP_MAP_VOID_9
 #define LOOM_OP_MAP_VOID_10
+#define LOOM_OP_MAP_VOID_11
+#define LOOM_OP_MAP_VOID_12
+
+/* ---- a backend's table, generated from the list ----
+ *
+ * The kernel of entry `name` on a backend is the function named by a
+ * per-backend prefix: loom_cpu_<name> on the CPU (src/backend/cpu/cpu.h),
+ * cuda_<name> on CUDA (src/backend/cuda/cuda_internal.h). Each backend
+ * declares every kernel with LOOM_OP_KERNEL and fills its table with one
+ * LOOM_OPS expansion, so a new entry needs no edit in any table:
+ *   - required kinds (MEM, OP, HOST) are declared plainly: a backend that
+ *     has no kernel for one fails to link, naming loom_cpu_<name> or
+ *     cuda_<name>;
+ *   - optional kinds (FUSED, DEV, GRAPH, VARIANT) are declared weak: with
+ *     no kernel anywhere the slot is NULL and the model takes the fallback.
+ * A weak declaration makes the definition it precedes weak too, which
+ * changes nothing while each kernel is defined once. */
+#define LOOM_OP_LINK_MEM
+#define LOOM_OP_LINK_OP
+#define LOOM_OP_LINK_HOST
+#define LOOM_OP_LINK_FUSED __attribute__((weak))
+#define LOOM_OP_LINK_DEV __attribute__((weak))
+#define LOOM_OP_LINK_GRAPH __attribute__((weak))
+#define LOOM_OP_LINK_VARIANT __attribute__((weak))
+/* `ret fn(params);`, weak for the optional kinds. */
+#define LOOM_OP_KERNEL(fn, ret, kind, n, args) ret fn LOOM_OP_PARAMS(n, args) LOOM_OP_LINK_##kind;
 
 /* 1 for the kinds every backend must fill. */
 #define LOOM_OP_REQUIRED_MEM 1

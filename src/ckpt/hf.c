@@ -28,6 +28,19 @@ static int int_field(const cJSON *j, const char *key, int dflt) {
     return cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= (1 << 24) ? v->valueint : -1;
 }
 
+/* A number field, `dflt` when absent or null, NAN when not a number. */
+static double num_field(const cJSON *j, const char *key, double dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!v || cJSON_IsNull(v)) return dflt;
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+/* A bool field (false when absent). */
+static int bool_field(const cJSON *j, const char *key, int dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    return v && cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
+}
+
 /* Refuse settings loom does not compute. */
 static loom_status check_variant(const char *path, const cJSON *j, int C) {
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "activation_function");
@@ -52,6 +65,193 @@ static loom_status check_variant(const char *path, const cJSON *j, int C) {
     return LOOM_OK;
 }
 
+/* GPT2Config's keys (also the model_config of run folders loom wrote
+ * before the Llama family, which have no model_type). */
+static loom_status parse_gpt2(const cJSON *j, const char *path, loom_gpt_config_t *cfg) {
+    static const char *const keys[] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
+    int *dst[] = {&cfg->n_layer, &cfg->n_head, &cfg->channels, &cfg->max_seq_len, &cfg->vocab_size};
+    for (int i = 0; i < 5; i++) {
+        *dst[i] = int_field(j, keys[i], i == 3 ? int_field(j, "n_ctx", -1) : -1);
+        if (*dst[i] < 0) return loom_error(LOOM_EFORMAT, "%s: %s is missing or not a positive integer", path, keys[i]);
+    }
+    LOOM_TRY(check_variant(path, j, cfg->channels));
+    if (cfg->channels % cfg->n_head)
+        return loom_error(LOOM_EFORMAT, "%s: n_embd %d is not a multiple of n_head %d", path, cfg->channels, cfg->n_head);
+    return LOOM_OK;
+}
+
+/* The Llama family's architectures, their model_type, and the bias each implies. */
+static const struct {
+    const char *arch, *type;
+} llama_archs[] = {{"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"}};
+enum { ARCH_LLAMA, ARCH_MISTRAL, ARCH_QWEN2, ARCH_GPT2, ARCH_NONE };
+
+/* Which architecture a config names: architectures[0], else model_type;
+ * a config with n_embd and neither is GPT-2 (loom's older run folders). */
+static int config_arch(const cJSON *j, const char **name) {
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures"), *t = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    const char *an = cJSON_IsArray(a) && cJSON_IsString(cJSON_GetArrayItem(a, 0)) ? cJSON_GetArrayItem(a, 0)->valuestring : NULL;
+    const char *tn = cJSON_IsString(t) ? t->valuestring : NULL;
+    *name = an ? an : tn;
+    for (int i = 0; i < 3; i++)
+        if ((an && !strcmp(an, llama_archs[i].arch)) || (!an && tn && !strcmp(tn, llama_archs[i].type))) return i;
+    if ((an && !strcmp(an, "GPT2LMHeadModel")) || (!an && tn && !strcmp(tn, "gpt2"))) return ARCH_GPT2;
+    if (!an && !tn && cJSON_GetObjectItemCaseSensitive(j, "n_embd")) return ARCH_GPT2;
+    return ARCH_NONE;
+}
+
+/* rope_scaling: null, "default", "linear" or "llama3" (rope_type, or type in older files). */
+static loom_status parse_rope_scaling(const cJSON *j, const char *path, loom_gpt_config_t *cfg) {
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (!rs || cJSON_IsNull(rs)) return LOOM_OK;
+    const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+    if (!ty) ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
+    const char *t = cJSON_IsString(ty) ? ty->valuestring : "(missing)";
+    if (!strcmp(t, "default")) return LOOM_OK;
+    cfg->rope_scaling.factor = (float)num_field(rs, "factor", NAN);
+    if (!strcmp(t, "linear")) {
+        cfg->rope_scaling.kind = LOOM_ROPE_SCALING_LINEAR;
+    } else if (!strcmp(t, "llama3")) {
+        cfg->rope_scaling.kind = LOOM_ROPE_SCALING_LLAMA3;
+        cfg->rope_scaling.low_freq_factor = (float)num_field(rs, "low_freq_factor", NAN);
+        cfg->rope_scaling.high_freq_factor = (float)num_field(rs, "high_freq_factor", NAN);
+        cfg->rope_scaling.original_max_pos = int_field(rs, "original_max_position_embeddings", -1);
+    } else {
+        return loom_error(LOOM_EUNAVAIL, "%s: rope_scaling.rope_type \"%s\" is not supported; loom computes linear and llama3 (docs/llama.md)", path, t);
+    }
+    if (!(cfg->rope_scaling.factor >= 1))
+        return loom_error(LOOM_EFORMAT, "%s: rope_scaling.factor is missing or below 1", path);
+    return LOOM_OK;
+}
+
+/* What the Llama family's configs may hold that loom does not compute. */
+static loom_status llama_refusals(const cJSON *j, const char *path, int arch, loom_gpt_config_t *cfg) {
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(j, "hidden_act");
+    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu")))
+        return loom_error(LOOM_EUNAVAIL, "%s: hidden_act %s is not supported; loom's SwiGLU uses silu", path, cJSON_IsString(act) ? act->valuestring : "?");
+    int hd = int_field(j, "head_dim", cfg->channels / cfg->n_head);
+    if (hd != cfg->channels / cfg->n_head)
+        return loom_error(LOOM_EUNAVAIL, "%s: head_dim %d is not hidden_size / num_attention_heads = %d; loom needs them equal", path, hd,
+                          cfg->channels / cfg->n_head);
+    int ab = bool_field(j, "attention_bias", 0), mb = bool_field(j, "mlp_bias", 0);
+    if (arch == ARCH_QWEN2 ? mb : ab != mb)
+        return loom_error(LOOM_EUNAVAIL, "%s: attention_bias %s with mlp_bias %s is not supported; loom has biases on every linear, on q/k/v only (Qwen2) or none",
+                          path, ab ? "true" : "false", mb ? "true" : "false");
+    cfg->bias = arch == ARCH_QWEN2 ? LOOM_BIAS_QKV : ab ? LOOM_BIAS_ALL : LOOM_BIAS_NONE;
+    if (bool_field(j, "use_sliding_window", 0))
+        return loom_error(LOOM_EUNAVAIL, "%s: use_sliding_window is true; loom attends over the whole context (docs/llama.md)", path);
+    int sw = arch == ARCH_MISTRAL ? int_field(j, "sliding_window", 0) : 0;
+    if (sw > 0 && sw < cfg->max_seq_len) { /* a window as long as the context changes nothing */
+        loom_warn("%s: sliding_window %d: loom attends over the whole context, so the context is capped at %d tokens", path, sw, sw);
+        cfg->max_seq_len = sw;
+    }
+    return LOOM_OK;
+}
+
+/* LlamaConfig / MistralConfig / Qwen2Config keys. */
+static loom_status parse_llama(const cJSON *j, const char *path, int arch, loom_gpt_config_t *cfg) {
+    static const char *const keys[] = {"num_hidden_layers", "num_attention_heads", "hidden_size", "max_position_embeddings",
+                                       "vocab_size", "intermediate_size"};
+    int *dst[] = {&cfg->n_layer, &cfg->n_head, &cfg->channels, &cfg->max_seq_len, &cfg->vocab_size, &cfg->ffn_hidden};
+    for (int i = 0; i < 6; i++)
+        if ((*dst[i] = int_field(j, keys[i], -1)) < 0) return loom_error(LOOM_EFORMAT, "%s: %s is missing or not a positive integer", path, keys[i]);
+    cfg->n_kv_heads = int_field(j, "num_key_value_heads", cfg->n_head);
+    if (cfg->n_kv_heads < 0 || cfg->n_head % cfg->n_kv_heads)
+        return loom_error(LOOM_EFORMAT, "%s: num_key_value_heads %d does not divide num_attention_heads %d", path, cfg->n_kv_heads, cfg->n_head);
+    if (cfg->channels % cfg->n_head)
+        return loom_error(LOOM_EFORMAT, "%s: hidden_size %d is not a multiple of num_attention_heads %d", path, cfg->channels, cfg->n_head);
+    cfg->norm = LOOM_NORM_RMSNORM;
+    cfg->pos = LOOM_POS_ROPE;
+    cfg->mlp = LOOM_MLP_SWIGLU;
+    double eps = num_field(j, "rms_norm_eps", 1e-6), theta = num_field(j, "rope_theta", 10000.0);
+    if (!(eps > 0 && eps < 1)) return loom_error(LOOM_EFORMAT, "%s: rms_norm_eps is not a number between 0 and 1", path);
+    if (!(theta > 1)) return loom_error(LOOM_EFORMAT, "%s: rope_theta is not a number above 1", path);
+    cfg->norm_eps = (float)eps;
+    cfg->rope_theta = (float)theta;
+    cfg->untied_head = !bool_field(j, "tie_word_embeddings", 0);
+    LOOM_TRY(parse_rope_scaling(j, path, cfg));
+    return llama_refusals(j, path, arch, cfg);
+}
+
+loom_status loom_hf_config_parse(const cJSON *j, const char *path, loom_gpt_config_t *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    const char *name;
+    int arch = config_arch(j, &name);
+    if (arch == ARCH_NONE)
+        return loom_error(LOOM_EUNAVAIL, "%s: architectures %s is not supported; loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM and "
+                          "Qwen2ForCausalLM (docs/llama.md)", path, name ? name : "(missing)");
+    LOOM_TRY(arch == ARCH_GPT2 ? parse_gpt2(j, path, cfg) : parse_llama(j, path, arch, cfg));
+    loom_status s = loom_gpt_config_finish(cfg);
+    if (s != LOOM_OK) return loom_error(s, "%s: %s", path, loom_errmsg());
+    return LOOM_OK;
+}
+
+/* A float as the shortest decimal that reads back as it (1e-05, not 9.99999974737875e-06). */
+static double tidy(float f) {
+    char b[32];
+    snprintf(b, sizeof b, "%.7g", (double)f);
+    return strtod(b, NULL);
+}
+
+static void llama_config_json(cJSON *j, const loom_gpt_config_t *c) {
+    int qwen = c->bias == LOOM_BIAS_QKV;
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "architectures"), cJSON_CreateString(qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
+    cJSON_AddStringToObject(j, "model_type", qwen ? "qwen2" : "llama");
+    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(j, "hidden_size", c->channels);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->ffn_hidden);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->n_layer);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->n_head);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->n_kv_heads);
+    cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_seq_len);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddNumberToObject(j, "rms_norm_eps", tidy(c->norm_eps));
+    cJSON_AddNumberToObject(j, "rope_theta", tidy(c->rope_theta));
+    if (c->rope_scaling.kind == LOOM_ROPE_SCALING_NONE) {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    } else {
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        int l3 = c->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3;
+        cJSON_AddStringToObject(rs, "rope_type", l3 ? "llama3" : "linear");
+        cJSON_AddNumberToObject(rs, "factor", tidy(c->rope_scaling.factor));
+        if (l3) {
+            cJSON_AddNumberToObject(rs, "low_freq_factor", tidy(c->rope_scaling.low_freq_factor));
+            cJSON_AddNumberToObject(rs, "high_freq_factor", tidy(c->rope_scaling.high_freq_factor));
+            cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_scaling.original_max_pos);
+        }
+    }
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", !c->untied_head);
+    if (qwen) {
+        cJSON_AddBoolToObject(j, "use_sliding_window", 0);
+    } else {
+        cJSON_AddBoolToObject(j, "attention_bias", c->bias == LOOM_BIAS_ALL);
+        cJSON_AddBoolToObject(j, "mlp_bias", c->bias == LOOM_BIAS_ALL);
+    }
+}
+
+cJSON *loom_hf_config_json(const loom_gpt_config_t *c) {
+    cJSON *j = cJSON_CreateObject();
+    if (strcmp(loom_gpt_family(c), "gpt2")) {
+        llama_config_json(j, c);
+        return j;
+    }
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
+    cJSON_AddStringToObject(j, "model_type", "gpt2");
+    cJSON_AddNumberToObject(j, "n_layer", c->n_layer);
+    cJSON_AddNumberToObject(j, "n_head", c->n_head);
+    cJSON_AddNumberToObject(j, "n_embd", c->channels);
+    cJSON_AddNumberToObject(j, "n_positions", c->max_seq_len);
+    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
+    cJSON_AddNumberToObject(j, "n_ctx", c->max_seq_len);
+    cJSON_AddNullToObject(j, "n_inner");
+    cJSON_AddStringToObject(j, "activation_function", "gelu_new");
+    cJSON_AddNumberToObject(j, "layer_norm_epsilon", 1e-5);
+    static const char *const drop[] = {"resid_pdrop", "embd_pdrop", "attn_pdrop"};
+    for (int i = 0; i < 3; i++) cJSON_AddNumberToObject(j, drop[i], 0.0);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", 1);
+    return j;
+}
+
 loom_status loom_hf_read_config(const char *dir, loom_gpt_config_t *cfg) {
     char path[4200];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -61,27 +261,9 @@ loom_status loom_hf_read_config(const char *dir, loom_gpt_config_t *cfg) {
         return loom_error(LOOM_EINVAL, "%s: no config.json; pass a Hugging Face model folder (save_pretrained writes one)", dir);
     cJSON *j;
     LOOM_TRY(read_json(path, &j));
-    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
-    if (!cJSON_IsString(mt) || strcmp(mt->valuestring, "gpt2")) {
-        loom_status s = loom_error(LOOM_EUNAVAIL, "%s: model_type %s is not supported; loom fine-tunes GPT-2 models (model_type \"gpt2\") only", path,
-                                   cJSON_IsString(mt) ? mt->valuestring : "(missing)");
-        cJSON_Delete(j);
-        return s;
-    }
-    memset(cfg, 0, sizeof *cfg);
-    static const char *const keys[] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size"};
-    int *dst[] = {&cfg->n_layer, &cfg->n_head, &cfg->channels, &cfg->max_seq_len, &cfg->vocab_size};
-    loom_status s = LOOM_OK;
-    for (int i = 0; i < 5 && s == LOOM_OK; i++) {
-        *dst[i] = int_field(j, keys[i], i == 3 ? int_field(j, "n_ctx", -1) : -1);
-        if (*dst[i] < 0) s = loom_error(LOOM_EFORMAT, "%s: %s is missing or not a positive integer", path, keys[i]);
-    }
-    if (s == LOOM_OK) s = check_variant(path, j, cfg->channels);
+    loom_status s = loom_hf_config_parse(j, path, cfg);
     cJSON_Delete(j);
-    LOOM_TRY(s);
-    if (cfg->channels % cfg->n_head)
-        return loom_error(LOOM_EFORMAT, "%s: n_embd %d is not a multiple of n_head %d", path, cfg->channels, cfg->n_head);
-    return loom_gpt_config_finish(cfg);
+    return s;
 }
 
 loom_status loom_hf_tokenizer(const char *dir, loom_tokenizer_t **tok) {
@@ -118,28 +300,95 @@ loom_status loom_hf_check_data(const char *dir, const char *data, const loom_tok
     return loom_gpt_config_finish(cfg);
 }
 
-/* The weights file of a folder, or an error saying what to do. */
-static loom_status weights_path(const char *dir, char *path, size_t cap) {
-    snprintf(path, cap, "%s/model.safetensors", dir);
+/* A folder's weights: model.safetensors, or the shards an index names
+ * (model.safetensors.index.json's weight_map: tensor name -> file), each
+ * mapped when a tensor first needs it. */
+typedef struct {
+    const char *dir;
+    char index[4200];       /* the index's path, "" for one file */
+    cJSON *map;             /* weight_map, or NULL */
+    int n;                  /* files opened */
+    char *names[256];
+    loom_stview_t *views[256];
+} hf_weights_t;
+
+static void weights_close(hf_weights_t *w) {
+    for (int i = 0; i < w->n; i++) {
+        loom_stview_close(w->views[i]);
+        free(w->names[i]);
+    }
+    cJSON_Delete(w->map);
+}
+
+/* The view of file `name` in the folder, opened once. */
+static loom_status weights_file(hf_weights_t *w, const char *name, const char *tensor, loom_stview_t **out) {
+    for (int i = 0; i < w->n; i++)
+        if (!strcmp(w->names[i], name)) return *out = w->views[i], LOOM_OK;
+    if (w->n == 256) return loom_error(LOOM_EUNAVAIL, "%s: more than 256 shard files", w->index);
+    if (strchr(name, '/') || !strcmp(name, ".."))
+        return loom_error(LOOM_EFORMAT, "%s: weight_map names file \"%s\" for %s; shards must be files in the folder", w->index, name, tensor);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", w->dir, name);
+    if (w->map && !loom_path_exists(path))
+        return loom_error(LOOM_EINVAL, "%s: shard %s, named by the index for %s, is missing from the folder", w->index, name, tensor);
+    LOOM_TRY(loom_stview_open(&w->views[w->n], path));
+    w->names[w->n] = loom_strdup(name);
+    *out = w->views[w->n++];
+    return LOOM_OK;
+}
+
+/* loom_xsource_fn over the folder: the file holding x (by the index), then
+ * tensormap's reader. */
+static loom_status weights_source(void *ctx, const loom_xtensor_t *x, float *out) {
+    hf_weights_t *w = ctx;
+    const char *file = "model.safetensors";
+    if (w->map) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(w->map, x->hf);
+        if (!f) {
+            char alt[96];
+            snprintf(alt, sizeof alt, "transformer.%s", x->hf);
+            f = cJSON_GetObjectItemCaseSensitive(w->map, alt);
+        }
+        if (!cJSON_IsString(f))
+            return loom_error(LOOM_EFORMAT, "%s: weight_map has no %s; config.json's model has it", w->index, x->hf);
+        file = f->valuestring;
+    }
+    loom_stview_t *v;
+    LOOM_TRY(weights_file(w, file, x->hf, &v));
+    return loom_xsource_safetensors(v, x, out);
+}
+
+/* Open a folder's weights, or say what to do. */
+static loom_status weights_open(const char *dir, hf_weights_t *w) {
+    memset(w, 0, sizeof *w);
+    w->dir = dir;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
     if (loom_path_exists(path)) return LOOM_OK;
-    char alt[4200];
-    snprintf(alt, sizeof alt, "%s/model.safetensors.index.json", dir);
-    if (loom_path_exists(alt))
-        return loom_error(LOOM_EUNAVAIL, "%s: sharded weights are not supported; save one file with save_pretrained(..., max_shard_size=\"100GB\")", alt);
-    snprintf(alt, sizeof alt, "%s/pytorch_model.bin", dir);
-    if (loom_path_exists(alt))
+    snprintf(w->index, sizeof w->index, "%s/model.safetensors.index.json", dir);
+    if (loom_path_exists(w->index)) {
+        cJSON *j;
+        LOOM_TRY(read_json(w->index, &j));
+        w->map = cJSON_DetachItemFromObjectCaseSensitive(j, "weight_map");
+        cJSON_Delete(j);
+        if (!cJSON_IsObject(w->map)) {
+            cJSON_Delete(w->map);
+            return loom_error(LOOM_EFORMAT, "%s: no weight_map object; not a safetensors index", w->index);
+        }
+        return LOOM_OK;
+    }
+    snprintf(path, sizeof path, "%s/pytorch_model.bin", dir);
+    if (loom_path_exists(path))
         return loom_error(LOOM_EUNAVAIL, "%s: PyTorch pickle weights are out of scope; convert them to model.safetensors with "
-                          "GPT2LMHeadModel.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)", alt);
-    return loom_error(LOOM_EINVAL, "%s: no model.safetensors in this folder", dir);
+                          "AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, safe_serialization=True)", path);
+    return loom_error(LOOM_EINVAL, "%s: no model.safetensors (or model.safetensors.index.json) in this folder", dir);
 }
 
 loom_status loom_hf_load_weights(loom_gpt_t *m, const char *dir) {
-    char path[4200];
-    LOOM_TRY(weights_path(dir, path, sizeof path));
-    loom_stview_t *v;
-    LOOM_TRY(loom_stview_open(&v, path));
-    loom_status s = loom_xload(m, loom_xsource_safetensors, v);
-    loom_stview_close(v);
+    hf_weights_t w;
+    LOOM_TRY(weights_open(dir, &w));
+    loom_status s = loom_xload(m, weights_source, &w);
+    weights_close(&w);
     return s;
 }
 
@@ -154,22 +403,7 @@ static loom_status write_json(const char *path, cJSON *j) {
 }
 
 static loom_status write_config(const char *dir, const loom_gpt_config_t *c, const loom_tokenizer_t *tok, loom_xdtype dt) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
-    cJSON_AddStringToObject(j, "model_type", "gpt2");
-    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
-    cJSON_AddNumberToObject(j, "n_positions", c->max_seq_len);
-    cJSON_AddNumberToObject(j, "n_ctx", c->max_seq_len);
-    cJSON_AddNumberToObject(j, "n_embd", c->channels);
-    cJSON_AddNumberToObject(j, "n_layer", c->n_layer);
-    cJSON_AddNumberToObject(j, "n_head", c->n_head);
-    cJSON_AddNullToObject(j, "n_inner");
-    cJSON_AddStringToObject(j, "activation_function", "gelu_new");
-    cJSON_AddNumberToObject(j, "layer_norm_epsilon", 1e-5);
-    cJSON_AddNumberToObject(j, "resid_pdrop", 0.0);
-    cJSON_AddNumberToObject(j, "embd_pdrop", 0.0);
-    cJSON_AddNumberToObject(j, "attn_pdrop", 0.0);
-    cJSON_AddBoolToObject(j, "tie_word_embeddings", 1);
+    cJSON *j = loom_hf_config_json(c);
     if (loom_tokenizer_eot(tok) >= 0) {
         cJSON_AddNumberToObject(j, "bos_token_id", loom_tokenizer_eot(tok));
         cJSON_AddNumberToObject(j, "eos_token_id", loom_tokenizer_eot(tok));

@@ -18,7 +18,7 @@ static loom_status check_fixed(const cJSON *cfg, const char *path, const loom_re
     const fixed_t f[] = {
         {"lr", "--lr", n->lr}, {"min_lr_ratio", "--min-lr-ratio", n->min_lr_ratio}, {"warmup", "--warmup", n->warmup},
         {"weight_decay", "--weight-decay", n->weight_decay}, {"clip", "--clip", n->clip}, {"beta1", "--beta1", n->beta1},
-        {"beta2", "--beta2", n->beta2}, {"seed", "--seed", (double)n->seed},
+        {"beta2", "--beta2", n->beta2}, {"seed", "--seed", (double)n->seed}, {"val_fraction", "--val-fraction", n->val_fraction},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, f[i].key);
@@ -27,9 +27,10 @@ static loom_status check_fixed(const cJSON *cfg, const char *path, const loom_re
                               "interrupted one would have: pass %s %.10g, or start a new run", f[i].flag, f[i].now, v->valuedouble, path,
                               f[i].flag, v->valuedouble);
     }
-    static const char *const strs[][2] = {{"dtype", "--dtype"}, {"grad_dtype", "--grad-dtype"}};
-    const char *now_s[] = {n->dtype, n->grad_dtype};
-    for (int i = 0; i < 2; i++) {
+    static const char *const strs[][2] = {{"dtype", "--dtype"}, {"grad_dtype", "--grad-dtype"}, {"data_resolved", "--data"},
+                                          {"model", "--model"}, {"init_from_run", "--init-from-run"}};
+    const char *now_s[] = {n->dtype, n->grad_dtype, n->data_resolved, n->model, n->init_from_run};
+    for (int i = 0; i < 5; i++) {
         cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, strs[i][0]);
         if (cJSON_IsString(v) && now_s[i] && strcmp(v->valuestring, now_s[i]))
             return loom_error(LOOM_EINVAL, "--resume: %s %s differs from the run's %s (%s): pass %s %s, or start a new run", strs[i][1],

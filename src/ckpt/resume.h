@@ -22,6 +22,10 @@ typedef struct {
     double lr, min_lr_ratio, weight_decay, clip, beta1, beta2;
     const char *dtype;      /* resolved precision name, e.g. "fp32" */
     const char *grad_dtype; /* "fp32" or "bf16" */
+    const char *data_resolved; /* --data, realpath'd */
+    double val_fraction;
+    const char *model;         /* --model when given, else NULL */
+    const char *init_from_run; /* --init-from-run, realpath'd; "" when none */
 } loom_resume_settings_t;
 
 /* Compare `now` with the run's config.json (what it started with) and the

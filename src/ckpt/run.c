@@ -4,6 +4,8 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
+#include "ckpt/hf.h"
 #include "ckpt/safetensors.h"
 
 
@@ -35,6 +38,7 @@ static int count_entries(const char *dir) {
 /* An entry that holds nothing of value: NAME.tmp of a run file, or an
  * empty checkpoints/ (made just before config.json is written). */
 static int is_leftover(const char *dir, const char *name) {
+    if (!strcmp(name, LOOM_RUN_LOCK)) return 1; /* the writer's lock (loom_run_lock) */
     for (size_t i = 0; i < N_RUN_FILES; i++) {
         size_t n = strlen(run_files[i]);
         if (!strncmp(name, run_files[i], n) && !strcmp(name + n, ".tmp")) return 1;
@@ -72,6 +76,37 @@ static loom_status remove_run_files(const char *dir) {
     return LOOM_OK;
 }
 
+/* The holder's PID as the lock file says it, or 0. */
+static long lock_holder(int fd) {
+    char buf[32] = {0};
+    ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+    return n > 0 ? strtol(buf, NULL, 10) : 0;
+}
+
+loom_status loom_run_lock(const char *dir, int *fd_out) {
+    *fd_out = -1;
+    if (loom_path_exists(dir) && !loom_path_is_dir(dir))
+        return loom_error(LOOM_EINVAL, "--out %s: exists and is not a folder; choose another --out", dir);
+    LOOM_TRY(loom_mkdir_p(dir));
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, LOOM_RUN_LOCK);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return loom_error(LOOM_EIO, "%s: cannot create the run's lock file: %s", p, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        long pid = lock_holder(fd);
+        close(fd);
+        if (errno != EWOULDBLOCK) return loom_error(LOOM_EIO, "%s: cannot lock: %s", p, strerror(errno));
+        return loom_error(LOOM_EINVAL,
+                          "--out %s: another loom train (PID %ld) is writing this run folder; wait for it to end or stop it "
+                          "(kill -TERM %ld keeps its newest checkpoint), then start again", dir, pid, pid);
+    }
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, buf, (size_t)n, 0) != n) loom_warn("%s: cannot record this PID in the lock file", p);
+    *fd_out = fd;
+    return LOOM_OK;
+}
+
 loom_status loom_run_prepare(const char *dir, int force) {
     if (loom_path_exists(dir) && !loom_path_is_dir(dir))
         return loom_error(LOOM_EINVAL, "--out %s: exists and is not a folder; choose another --out", dir);
@@ -99,41 +134,15 @@ static loom_status write_json(const char *path, cJSON *root) {
     return s;
 }
 
-/* The model's shape, as both config files write it (Hugging Face keys). */
-static void model_to_json(cJSON *j, const loom_gpt_config_t *c) {
-    cJSON_AddNumberToObject(j, "n_layer", c->n_layer);
-    cJSON_AddNumberToObject(j, "n_head", c->n_head);
-    cJSON_AddNumberToObject(j, "n_embd", c->channels);
-    cJSON_AddNumberToObject(j, "n_positions", c->max_seq_len);
-    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
-}
-
-static int json_int(const cJSON *o, const char *k, int *out) {
-    cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)v->valueint || v->valueint <= 0) return 0;
-    *out = v->valueint;
-    return 1;
-}
-
-/* The model's shape from either config file; `path` for the message. */
+/* The model's description from either config file (Hugging Face keys,
+ * ckpt/hf.c); `path` for the message. */
 static loom_status model_from_json(const cJSON *j, const char *path, loom_gpt_config_t *cfg) {
-    memset(cfg, 0, sizeof *cfg);
-    int ok = j && json_int(j, "vocab_size", &cfg->vocab_size) && json_int(j, "n_positions", &cfg->max_seq_len) &&
-             json_int(j, "n_embd", &cfg->channels) && json_int(j, "n_layer", &cfg->n_layer) && json_int(j, "n_head", &cfg->n_head);
-    if (!ok) return loom_error(LOOM_EFORMAT, "%s: missing or malformed model fields (vocab_size, n_positions, n_embd, n_layer, n_head: positive whole numbers)", path);
-    return loom_gpt_config_finish(cfg);
+    if (!cJSON_IsObject(j)) return loom_error(LOOM_EFORMAT, "%s: model_config is missing or not an object", path);
+    return loom_hf_config_parse(j, path, cfg);
 }
 
 static cJSON *hf_config(const loom_gpt_config_t *c) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("GPT2LMHeadModel"));
-    cJSON_AddStringToObject(j, "model_type", "gpt2");
-    model_to_json(j, c);
-    cJSON_AddNumberToObject(j, "n_ctx", c->max_seq_len);
-    cJSON_AddStringToObject(j, "activation_function", "gelu_new");
-    cJSON_AddNumberToObject(j, "layer_norm_epsilon", 1e-5);
-    cJSON_AddBoolToObject(j, "tie_word_embeddings", 1);
+    cJSON *j = loom_hf_config_json(c);
     cJSON_AddStringToObject(j, "torch_dtype", "float32");
     return j;
 }
@@ -150,6 +159,7 @@ typedef struct {
 #define RC_FIELD(key, type, member) {key, type, offsetof(loom_run_config_t, member), sizeof(((loom_run_config_t *)0)->member)}
 static const field_t run_fields[] = {
     RC_FIELD("format", F_STR, format), RC_FIELD("data", F_STR, data),
+    RC_FIELD("data_resolved", F_STR, data_resolved), RC_FIELD("init_from_run", F_STR, init_from_run),
     RC_FIELD("data_description", F_STR, data_description), RC_FIELD("val_fraction", F_DBL, val_fraction),
     RC_FIELD("model", F_STR, model), RC_FIELD("model_config", F_MODEL, model_cfg),
     RC_FIELD("device", F_STR, device), RC_FIELD("dtype", F_STR, dtype), RC_FIELD("dtype_source", F_STR, dtype_source),
@@ -186,8 +196,8 @@ static void field_to_json(cJSON *j, const field_t *f, const loom_run_config_t *c
         break;
     case F_MODEL: {
         const loom_gpt_config_t *m = (const loom_gpt_config_t *)p;
-        cJSON *mc = cJSON_AddObjectToObject(j, f->key);
-        model_to_json(mc, m);
+        cJSON *mc = loom_hf_config_json(m);
+        cJSON_AddItemToObject(j, f->key, mc);
         cJSON_AddNumberToObject(mc, "padded_vocab_size", m->padded_vocab_size);
         cJSON_AddNumberToObject(mc, "parameters", (double)loom_gpt_num_params(m));
         break;
@@ -305,7 +315,8 @@ static int json_whole(cJSON *o, const char *k, double lo, double hi, double *out
 }
 
 /* state.json, trusted no further than it checks: the step must be the one
- * in the folder's name, positions and losses in range. */
+ * in the folder's name (folder_step < 0: a folder not named step_N),
+ * positions and losses in range. */
 static loom_status read_state(const char *path, long long folder_step, int padded_vocab, loom_ckpt_state_t *st) {
     char *text;
     size_t len;
@@ -325,7 +336,7 @@ static loom_status read_state(const char *path, long long folder_step, int padde
     char *end = NULL;
     if (!json_whole(j, "step", 1, 9007199254740992.0, &step))
         s = loom_error(LOOM_EFORMAT, "%s: \"step\" is missing or not a whole number from 1 to 2^53", path);
-    else if ((long long)step != folder_step)
+    else if (folder_step >= 0 && (long long)step != folder_step)
         s = loom_error(LOOM_EFORMAT, "%s: \"step\" is %.0f but the folder is the checkpoint of step %lld; the file was edited or mixed up",
                        path, step, folder_step);
     else if (!json_whole(j, "data_position", 0, 9007199254740992.0, &pos))
@@ -360,17 +371,9 @@ static loom_status read_state(const char *path, long long folder_step, int padde
     return s;
 }
 
-loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
-                          loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (!loom_path_is_dir(dir))
-        return loom_error(LOOM_EINVAL, "%s: no such folder; train one with `loom train --out %s`", dir, dir);
-    if (!loom_path_exists(path))
-        return loom_error(LOOM_EINVAL, "%s: not a loom run (no config.json); pass the --out folder of a `loom train`", dir);
-    long long folder_step;
-    LOOM_TRY(loom_ckpt_find(dir, which, ckpt_dir, cap, &folder_step));
-    char *text;
+/* A checkpoint folder's config.json (the model) and state.json. */
+static loom_status read_ckpt_meta(const char *ckpt_dir, long long folder_step, loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
+    char path[4200], *text;
     size_t len;
     snprintf(path, sizeof path, "%s/config.json", ckpt_dir);
     LOOM_TRY(loom_file_read(path, &text, &len));
@@ -381,6 +384,29 @@ loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, si
     LOOM_TRY(ms);
     snprintf(path, sizeof path, "%s/state.json", ckpt_dir);
     return read_state(path, folder_step, cfg->padded_vocab_size, st);
+}
+
+loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
+                          loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!loom_path_is_dir(dir))
+        return loom_error(LOOM_EINVAL, "%s: no such folder; train one with `loom train --out %s`", dir, dir);
+    if (!loom_path_exists(path))
+        return loom_error(LOOM_EINVAL, "%s: not a loom run (no config.json); pass the --out folder of a `loom train`", dir);
+    long long folder_step;
+    LOOM_TRY(loom_ckpt_find(dir, which, ckpt_dir, cap, &folder_step));
+    return read_ckpt_meta(ckpt_dir, folder_step, cfg, st);
+}
+
+loom_status loom_run_read_checkpoint(const char *ckpt_dir, loom_gpt_config_t *cfg, loom_ckpt_state_t *st) {
+    int verified;
+    LOOM_TRY(loom_ckpt_verify(ckpt_dir, &verified));
+    const char *base = strrchr(ckpt_dir, '/') ? strrchr(ckpt_dir, '/') + 1 : ckpt_dir;
+    char *end = NULL;
+    long long step = strncmp(base, "step_", 5) ? -1 : strtoll(base + 5, &end, 10);
+    if (end && (*end || end == base + 5)) step = -1;
+    return read_ckpt_meta(ckpt_dir, step, cfg, st);
 }
 
 loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap, loom_gpt_config_t *cfg,

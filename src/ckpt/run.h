@@ -31,6 +31,8 @@
 typedef struct {
     char format[32];
     char data[4096], data_description[512], model[64];
+    char data_resolved[4096]; /* --data as realpath resolved it at the start ("" in older runs): eval from elsewhere, resume checks */
+    char init_from_run[4096]; /* --init-from-run, resolved ("" when none) */
     loom_gpt_config_t model_cfg;
     char device[64], dtype[16], dtype_source[16], loss_scaling[16], recompute[16], step[16], grad_dtype[16];
     char peak_flops_source[512];
@@ -47,6 +49,15 @@ loom_status loom_run_config_write(const char *dir, const loom_run_config_t *c);
 /* Read dir/config.json; a folder without one, or another format, is an
  * error that says what was found. */
 loom_status loom_run_config_read(const char *dir, loom_run_config_t *c);
+
+/* Take the run folder's writer lock: flock on dir/.lock (made, with dir,
+ * when missing), held until the process ends, the kernel releasing it
+ * when the process dies, so a killed run never leaves a stale lock. A
+ * second writer is refused naming the holder's PID; call before anything
+ * in the folder is touched (resume's clean-up, --force). Readers take no
+ * lock. The descriptor stays open for the life of the process. */
+#define LOOM_RUN_LOCK ".lock"
+loom_status loom_run_lock(const char *dir, int *fd);
 
 /* Prepare `dir` for a new run. An existing non-empty folder is refused
  * unless `force`, in which case loom's own files in it are removed. */
@@ -90,5 +101,9 @@ loom_status loom_run_latest(const char *dir, char *ckpt_dir, size_t cap,
  * newest) or "step_N"/"N". */
 loom_status loom_run_find(const char *dir, const char *which, char *ckpt_dir, size_t cap,
                           loom_gpt_config_t *cfg, loom_ckpt_state_t *st);
+/* One checkpoint folder by its path (RUN/checkpoints/step_N, or a copy of
+ * one elsewhere): verified against its manifest, then its model config and
+ * state as loom_run_find reads them. */
+loom_status loom_run_read_checkpoint(const char *ckpt_dir, loom_gpt_config_t *cfg, loom_ckpt_state_t *st);
 
 #endif

@@ -1,5 +1,7 @@
 #include "safetensors.h"
 
+#include "tensormap.h"
+
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
@@ -7,12 +9,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ckpt/tensormap.h"
-
-/* One tensor of the file: its row of the GPT-2 tensor table (tensormap.h,
- * the one list of names, parameters and layouts) and its Hugging Face
- * shape. Matrices marked `conv1d` are stored (in, out): loom's (rows=out,
- * cols=in) transposed. */
+/* One exported tensor: tensormap.h's entry (which loom parameter, layer
+ * and rows), its Hugging Face shape and its place in the file. Matrices
+ * marked `conv1d` are stored (in, out): loom's (rows=out, cols=in)
+ * transposed. */
 typedef struct {
     loom_xtensor_t x;
     const char *name; /* x.hf */
@@ -23,6 +23,8 @@ typedef struct {
     size_t offset; /* in bytes within the data section */
 } st_entry_t;
 
+/* The file's tensors: tensormap.h's table (GPT-2 or the Llama family) in
+ * its order, laid out back to back. */
 static int build_entries(const loom_gpt_config_t *c, st_entry_t **out) {
     loom_xtensor_t *x;
     int n = loom_xtensors(c, &x);
@@ -258,7 +260,7 @@ loom_status loom_safetensors_load_gpt(loom_gpt_t *m, const char *path) {
         cJSON *t = cJSON_GetObjectItemCaseSensitive(hdr, e[i].name);
         if (!t) t = cJSON_GetObjectItemCaseSensitive(hdr, alt);
         if (!t) {
-            s = loom_error(LOOM_EFORMAT, "%s: tensor %s is missing; is this a GPT-2 model of the same config?", path, e[i].name);
+            s = loom_error(LOOM_EFORMAT, "%s: tensor %s is missing; is this a checkpoint of a model with the same config?", path, e[i].name);
             break;
         }
         if ((s = match_entry(t, &e[i], path)) != LOOM_OK) break;

@@ -1,10 +1,11 @@
-/* safetensors: GPT-2 weights in the format the ecosystem reads.
+/* safetensors: checkpoint weights in the format the ecosystem reads.
  *
- * Tensor names follow Hugging Face's GPT2Model (`wte.weight`,
- * `h.0.attn.c_attn.weight`, ...); the four projection matrices are stored
- * in Conv1D layout (in, out), i.e. transposed from loom's (out, in); `wte`
- * holds the V real rows, not the padding. float32 only. A file with those
- * names loads in `transformers.GPT2LMHeadModel`. */
+ * Tensor names and layouts are tensormap.h's table: for GPT-2 Hugging
+ * Face's GPT2Model (`wte.weight`, `h.0.attn.c_attn.weight`, ...; the four
+ * projection matrices in Conv1D layout (in, out), transposed from loom's
+ * (out, in)), for the Llama family LlamaForCausalLM's (`model.layers.0.
+ * self_attn.q_proj.weight`, ...). `wte` holds the V real rows, not the
+ * padding. float32 only. */
 #ifndef LOOM_SAFETENSORS_H
 #define LOOM_SAFETENSORS_H
 

@@ -19,12 +19,53 @@ static void add(loom_xtensor_t *x, const char *hf, const char *gguf, int param, 
     x->param = param;
     x->layer = layer;
     x->conv1d = conv1d;
+    x->row0 = 0;
     x->rows = rows;
     x->cols = cols;
     x->numel = cols ? rows * cols : rows;
 }
 
+/* The Llama family's table (tensormap.h); only the tensors the config has. */
+static int llama_xtensors(const loom_gpt_config_t *c, loom_xtensor_t **out) {
+    size_t C = (size_t)c->channels, KVC = (size_t)c->n_kv_heads * (C / (size_t)c->n_head), H = (size_t)c->ffn_hidden;
+    /* a weight (and its bias) per module: loom tensors, first row, rows, cols */
+    const struct {
+        const char *hf, *gguf;
+        int w, b;
+        size_t row0, rows, cols;
+    } mod[] = {
+        {"input_layernorm", "attn_norm", LOOM_LN1W, -1, 0, C, 0},
+        {"self_attn.q_proj", "attn_q", LOOM_QKVW, LOOM_QKVB, 0, C, C},
+        {"self_attn.k_proj", "attn_k", LOOM_QKVW, LOOM_QKVB, C, KVC, C},
+        {"self_attn.v_proj", "attn_v", LOOM_QKVW, LOOM_QKVB, C + KVC, KVC, C},
+        {"self_attn.o_proj", "attn_output", LOOM_ATTPROJW, LOOM_ATTPROJB, 0, C, C},
+        {"post_attention_layernorm", "ffn_norm", LOOM_LN2W, -1, 0, C, 0},
+        {"mlp.gate_proj", "ffn_gate", LOOM_FCW, LOOM_FCB, 0, H, C},
+        {"mlp.up_proj", "ffn_up", LOOM_FCW, LOOM_FCB, H, H, C},
+        {"mlp.down_proj", "ffn_down", LOOM_FCPROJW, LOOM_FCPROJB, 0, C, H},
+    };
+    int nm = (int)(sizeof mod / sizeof mod[0]), n = 0;
+    loom_xtensor_t *e = loom_calloc((size_t)(3 + 2 * nm * c->n_layer), sizeof *e);
+    add(&e[n++], "model.embed_tokens.weight", "token_embd.weight", LOOM_WTE, -1, 0, (size_t)c->vocab_size, C);
+    for (int l = 0; l < c->n_layer; l++)
+        for (int k = 0; k < nm; k++)
+            for (int bias = 0; bias < 2; bias++) {
+                int prm = bias ? mod[k].b : mod[k].w;
+                if (prm < 0 || !loom_gpt_has_param(c, prm)) continue;
+                char hf[64], gg[64];
+                snprintf(hf, sizeof hf, "model.layers.%d.%s%s", l, mod[k].hf, mod[k].cols ? (bias ? ".bias" : ".weight") : ".weight");
+                snprintf(gg, sizeof gg, "blk.%d.%s.%s", l, mod[k].gguf, bias ? "bias" : "weight");
+                add(&e[n], hf, gg, prm, l, 0, mod[k].rows, bias ? 0 : mod[k].cols);
+                e[n++].row0 = mod[k].row0;
+            }
+    add(&e[n++], "model.norm.weight", "output_norm.weight", LOOM_LNFW, -1, 0, C, 0);
+    if (c->untied_head) add(&e[n++], "lm_head.weight", "output.weight", LOOM_LMHEAD, -1, 0, (size_t)c->vocab_size, C);
+    *out = e;
+    return n;
+}
+
 int loom_xtensors(const loom_gpt_config_t *c, loom_xtensor_t **out) {
+    if (strcmp(loom_gpt_family(c), "gpt2") != 0) return llama_xtensors(c, out);
     /* Each block's modules, in Hugging Face file order: a weight then its
      * bias (a vector of the weight's rows). Shapes in units of C; cols 0: a
      * vector (the LayerNorms' weights). */
@@ -60,9 +101,10 @@ int loom_xtensors(const loom_gpt_config_t *c, loom_xtensor_t **out) {
 }
 
 float *loom_xtensor_view(const loom_gpt_t *m, float *host, const loom_xtensor_t *x) {
-    float *base = host + m->ptable[x->param].offset;
-    if (x->layer >= 0) base += (size_t)x->layer * x->numel;
-    return base;
+    const loom_tensor_info_t *t = &m->ptable[x->param];
+    float *base = host + t->offset;
+    if (x->layer >= 0) base += (size_t)x->layer * (t->numel / (size_t)t->shape[0]);
+    return base + x->row0 * (x->cols ? x->cols : 1);
 }
 
 loom_status loom_xload(loom_gpt_t *m, loom_xsource_fn src, void *ctx) {
@@ -200,11 +242,9 @@ struct loom_stview {
 
 loom_status loom_stview_open(loom_stview_t **out, const char *path) {
     *out = NULL;
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return loom_error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    fstat(fd, &sb);
-    size_t size = (size_t)sb.st_size;
+    int fd;
+    size_t size;
+    LOOM_TRY(loom_file_open_fd(path, &fd, &size));
     void *map = size ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
     close(fd);
     if (map == MAP_FAILED) return loom_error(LOOM_EFORMAT, "%s: empty or unreadable file; not a safetensors file", path);

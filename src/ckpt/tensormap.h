@@ -1,6 +1,6 @@
 /* tensormap: what the interchange formats (hf.h, gguf.h) share.
  *
- * 1. The GPT-2 tensor table: each tensor of a loom model under its Hugging
+ * 1. The tensor table of a config, GPT-2's or the Llama family's (below). GPT-2: each tensor of a loom model under its Hugging
  *    Face name (GPT2Model, `h.0.attn.c_attn.weight`) and its llama.cpp GGUF
  *    name (`blk.0.attn_qkv.weight`), with loom's layout: a matrix is
  *    (rows, cols) = (out, in), cols contiguous, which is torch's nn.Linear
@@ -19,6 +19,30 @@
  *      fcprojw/b h.N.mlp.c_proj.*        blk.N.ffn_down.*         (C, 4C) / (C)
  *      lnfw/b    ln_f.weight/bias        output_norm.weight/bias  (C)
  *
+ *    The Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+ *    all use these names): a Hugging Face tensor is a range of rows
+ *    [row0, row0 + rows) of one layer's slice of a loom tensor; q, k and v
+ *    are the three row ranges of qkvw (and qkvb), gate and up the two of
+ *    fcw. nn.Linear layout, nothing transposed. GGUF names are llama.cpp's
+ *    "llama" architecture; its converter permutes q and k rows for its
+ *    interleaved rotary pairing, which the GGUF reader/writer applies.
+ *
+ *      loom        Hugging Face (model. prefix)       GGUF            rows, cols
+ *      wte         embed_tokens.weight                token_embd      V, C
+ *      ln1w        layers.N.input_layernorm.weight    blk.N.attn_norm C
+ *      qkvw/b      layers.N.self_attn.q_proj.*        blk.N.attn_q    C, C   (row0 0)
+ *                  layers.N.self_attn.k_proj.*        blk.N.attn_k    KVhs, C (row0 C)
+ *                  layers.N.self_attn.v_proj.*        blk.N.attn_v    KVhs, C (row0 C + KVhs)
+ *      attprojw/b  layers.N.self_attn.o_proj.*        blk.N.attn_output C, C
+ *      ln2w        layers.N.post_attention_layernorm  blk.N.ffn_norm  C
+ *      fcw/b       layers.N.mlp.gate_proj.*           blk.N.ffn_gate  H, C (row0 0)
+ *                  layers.N.mlp.up_proj.*             blk.N.ffn_up    H, C (row0 H)
+ *      fcprojw/b   layers.N.mlp.down_proj.*           blk.N.ffn_down  C, H
+ *      lnfw        norm.weight                        output_norm     C
+ *      lm_head     lm_head.weight (no prefix)         output          V, C (untied only)
+ *
+ *    Biases exist as the config's `bias` says (Qwen2: q, k, v).
+ *
  * 2. Element encodings: f32, f16 (IEEE half, round to nearest even), bf16
  *    (round to nearest even), q8_0 (llama.cpp's: blocks of 32 values stored
  *    as one fp16 scale d = max|x|/127 then 32 int8 q = round(x/d), 34 bytes).
@@ -34,10 +58,11 @@
 #include "model/gpt.h"
 
 typedef struct {
-    char hf[64];       /* Hugging Face name, without the "transformer." prefix */
+    char hf[64];       /* Hugging Face name (GPT-2: without the "transformer." prefix) */
     char gguf[64];     /* llama.cpp name */
     int param, layer;  /* loom parameter (LOOM_WTE ...) and layer, -1 when not per-layer */
     int conv1d;        /* stored (in, out) by Hugging Face */
+    size_t row0;       /* first row of the layer's slice of `param` it holds (q, k, v; gate, up) */
     size_t rows, cols; /* loom layout; cols = 0 for a vector of `rows` values */
     size_t numel;
 } loom_xtensor_t;

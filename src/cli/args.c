@@ -20,7 +20,7 @@ int loom_args_given(const char *name) {
 }
 
 static const loom_arg_t shared[LOOM_FLAG_COUNT] = {
-    [LOOM_FLAG_RUN] = {"run", ARG_STR, NULL, NULL, 0, 0, "run folder written by `loom train --out`, or a GPT-2 GGUF file (loom export, llama.cpp's converter)"},
+    [LOOM_FLAG_RUN] = {"run", ARG_STR, NULL, NULL, 0, 0, "the model: a run folder (`loom train --out`), one of its checkpoints/step_N, a Hugging Face folder (save_pretrained, loom export) or a GGUF file (loom export, llama.cpp's converter)"},
     [LOOM_FLAG_DATA] = {"data", ARG_STR, NULL, NULL, 0, 0, "text file, or folder of token shards from `loom tokenize`"},
     [LOOM_FLAG_MODEL] = {"model", ARG_STR, NULL, "gpt2-tiny", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"},
     [LOOM_FLAG_BATCH] = {"batch", ARG_INT, NULL, "8", 1, 1 << 20, "sequences per batch (per micro-batch and rank when training)"},

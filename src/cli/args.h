@@ -58,7 +58,7 @@ typedef enum {
     LOOM_FLAG_CUDA_GRAPHS,  /* --cuda-graphs: ARG_CHOICE, -1 default, 0 off, 1 on */
     LOOM_FLAG_ZERO,         /* --zero: ZeRO stage */
     LOOM_FLAG_GRAD_DTYPE,   /* --grad-dtype: ARG_CHOICE, a loom_dist_dtype */
-    LOOM_FLAG_QUANT,        /* --quant: ARG_CHOICE, index into none|int8|w8a32|w8a16|w8a8 (loom_cli_quant_mode) */
+    LOOM_FLAG_QUANT,        /* --quant: ARG_CHOICE, index into none|int8|w8a32|w8a16|w8a8 (loom_cli_open_opts) */
     LOOM_FLAG_KV_DTYPE,     /* --kv-dtype: ARG_CHOICE, 0 fp32, 1 int8 */
     LOOM_FLAG_KV_MEMORY,    /* --kv-memory: text, bytes or a share of free memory (loom_engine_parse_kv_memory) */
     LOOM_FLAG_BLOCK_SIZE,   /* --block-size: int, tokens per KV block (the engine's bound) */

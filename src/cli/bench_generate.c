@@ -13,8 +13,8 @@
 #include "cli/commands.h"
 #include "cli/generate.h"
 #include "model/quant.h"
-#include "cli/runload.h"
 #include "cli/stats.h"
+#include "model/sparse24.h"
 #include "model/infer.h"
 
 typedef struct {
@@ -93,7 +93,7 @@ static double measure_bandwidth(size_t bytes) {
 typedef struct {
     const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf, *device, *sweep;
     int conc[16], nconc;
-    int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens, quant, kv_dtype, sparse;
+    int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens, quant, kv_dtype, sparse, speculate;
 } bench_flags_t;
 
 /* One configuration measured (a "side"): weights, scales, logits, cache. */
@@ -101,6 +101,7 @@ typedef struct {
     char name[40];
     int quant, block, fp32_logits, kv8;
     size_t bytes; /* weight bytes read per decode token */
+    loom_infer_weights_t w; /* the side's int8 or 2:4 copies of the one model's weights */
     loom_engine_t *e;
 } bench_side_t;
 
@@ -134,7 +135,8 @@ static int parse_side(const char *s, size_t n, bench_side_t *d) {
 static int parse_sides(const bench_flags_t *f, bench_side_t *sd) {
     int n = 0;
     if (!f->sweep || !*f->sweep) {
-        sd[0] = (bench_side_t){.quant = loom_cli_quant_mode(f->quant), .kv8 = f->kv_dtype != 0};
+        sd[0] = (bench_side_t){.quant = loom_cli_open_opts(f->device, f->threads, f->quant, f->kv_dtype, f->sparse).weights.quant,
+                               .kv8 = f->kv_dtype != 0};
         snprintf(sd[0].name, sizeof sd[0].name, "%s%s", sd[0].quant ? loom_quant_name((loom_quant_mode)sd[0].quant) : "fp32",
                  sd[0].kv8 ? "-kv8" : "");
         return 1;
@@ -195,14 +197,14 @@ static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const in
     free(tps), free(ttft), free(bw), free(dec);
 }
 
-/* The model: a run's checkpoint, or a preset with random weights. */
-static loom_status bench_model(const bench_flags_t *f, loom_gpt_t **m) {
+/* The model: a run's checkpoint (fp32: each side makes its own copies),
+ * or a preset with random weights. */
+static loom_status bench_model(const bench_flags_t *f, loom_opened_t *R, loom_gpt_t **m) {
     if (f->run) {
-        loom_opened_run_t R;
-        LOOM_TRY(loom_run_open(f->run, f->threads, &R));
-        if (R.tok) loom_tokenizer_free(R.tok);
-        *m = R.model;
-        return loom_cli_model_to_device(m, f->device);
+        loom_open_opts_t oo = loom_cli_open_opts(f->device, f->threads, 0, 0, LOOM_SPARSE_OFF);
+        LOOM_TRY(loom_open(f->run, &oo, R));
+        *m = R->model;
+        return LOOM_OK;
     }
     const loom_backend_t *be;
     loom_gpt_config_t cfg;
@@ -237,9 +239,12 @@ static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_sid
     for (int i = 0; i < ns; i++) {
         loom_engine_config_t ec;
         LOOM_TRY(loom_cli_engine_config(f->kv_memory, f->block_size, f->max_batch_tokens, 64, &ec));
-        ec.quant = sd[i].quant, ec.quant_block = sd[i].block, ec.quant_fp32_logits = sd[i].fp32_logits;
+        /* --sparse: 2:4 weights compressed (model/sparse24.h) */
+        loom_infer_weights_opts_t wo = {sd[i].quant, sd[i].block, sd[i].fp32_logits, f->sparse};
+        LOOM_TRY(loom_infer_weights_create(&sd[i].w, m, &wo));
+        ec.weights = sd[i].w;
         ec.kv_dtype = sd[i].kv8 ? LOOM_INT8 : LOOM_FP32;
-        ec.sparse = f->sparse; /* --sparse: 2:4 weights compressed (model/sparse24.h) */
+        ec.speculate = f->speculate;
         loom_quant_opts_t qo = {.block = sd[i].block, .logits = !sd[i].fp32_logits};
         sd[i].bytes = loom_quant_decode_bytes(&m->cfg, (loom_quant_mode)sd[i].quant, &qo);
         LOOM_TRY(loom_engine_create(&sd[i].e, m, NULL, &ec));
@@ -255,10 +260,11 @@ static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_sid
 
 static int bench_generate(const bench_flags_t *f) {
     loom_gpt_t *m = NULL;
+    loom_opened_t R = {0};
     bench_side_t sd[MAX_SIDES] = {0};
     int ns = parse_sides(f, sd);
     if (ns < 0) return 2;
-    loom_status s = bench_model(f, &m);
+    loom_status s = bench_model(f, &R, &m);
     if (s == LOOM_OK && f->plen + f->gen > m->cfg.max_seq_len)
         s = loom_error(LOOM_EINVAL, "--prompt-len %d + --gen %d is above the model's context (%d)", f->plen, f->gen, m->cfg.max_seq_len);
     if (s == LOOM_OK) {
@@ -284,8 +290,9 @@ static int bench_generate(const bench_flags_t *f) {
     } else {
         fprintf(stderr, "loom bench generate: %s\n", loom_errmsg());
     }
-    for (int i = 0; i < ns; i++) loom_engine_free(sd[i].e);
-    loom_gpt_free(m);
+    for (int i = 0; i < ns; i++) loom_engine_free(sd[i].e), loom_infer_weights_free(&sd[i].w);
+    if (R.model) loom_open_close(&R);
+    else loom_gpt_free(m);
     return s == LOOM_OK ? 0 : loom_exit_code(s);
 }
 
@@ -307,6 +314,7 @@ int cmd_bench_generate(int argc, char **argv) {
         loom_flag(LOOM_FLAG_QUANT, &f.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &f.kv_dtype),
         loom_flag(LOOM_FLAG_SPARSE, &f.sparse),
+        {"speculate", ARG_INT, &f.speculate, "0", 0, 16, "draft tokens per step by prompt lookup (speculative decoding), 0 = off"},
         {"llama-bench", ARG_STR, &f.llama_bin, ".cache/llama.cpp/build/bin/llama-bench", 0, 0, "llama.cpp's llama-bench, for the peer row"},
         {"gguf", ARG_STR, &f.gguf, "", 0, 0, "the same weights as GGUF, for llama.cpp"},
         {"sweep", ARG_STR, &f.sweep, "", 0, 0,

@@ -23,7 +23,6 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
-#include "cli/runload.h"
 #include "cli/stats.h"
 #include "obs/sbuf.h"
 #include "serve/server.h"
@@ -278,8 +277,10 @@ static int max_level(const bench_flags_t *f) {
     return m;
 }
 
-static loom_status bench_loom(const bench_flags_t *f, load_t *L, loom_opened_run_t *R) {
-    LOOM_TRY(loom_run_open(f->run, f->threads, R));
+static loom_status bench_loom(const bench_flags_t *f, load_t *L, loom_opened_t *R) {
+    loom_open_opts_t oo = loom_open_opts_default();
+    oo.threads = f->threads;
+    LOOM_TRY(loom_open(f->run, &oo, R));
     if (!R->tok) return loom_error(LOOM_EINVAL, "%s has no tokenizer.json: the benchmark cuts its prompts from text", f->run);
     LOOM_TRY(make_prompts(R->tok, f->text, 512, f->plen, &L->prompts));
     L->n_prompts = 512;
@@ -287,6 +288,7 @@ static loom_status bench_loom(const bench_flags_t *f, load_t *L, loom_opened_run
         return loom_error(LOOM_EINVAL, "--in %d + --out %d is above the model's context (%d)", f->plen, f->gen, R->model->cfg.max_seq_len);
     loom_engine_config_t ec;
     LOOM_TRY(loom_cli_engine_config(f->kv_memory, 16, 512, f->max_seqs, &ec));
+    loom_cli_engine_config_model(&ec, R);
     loom_server_config_t sc = {"127.0.0.1", 0, 0, NULL, 0};
     loom_server_t *srv = NULL;
     loom_status s = loom_server_start(&srv, &sc);
@@ -330,12 +332,12 @@ int cmd_bench_serve(int argc, char **argv) {
     printf("loom bench serve: %s, %d tokens in, %d out, greedy, streamed; times in ms\n\n", f.run, f.plen, f.gen);
     printf("| server    | load         | ok      | req/s   | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | E2E p50 | E2E p99 |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-    loom_opened_run_t R = {0};
+    loom_opened_t R = {0};
     loom_status s = bench_loom(&f, &L, &R);
     if (s == LOOM_OK) llama_peer(&L, &f, f.rate > 0 ? f.max_seqs : max_level(&f));
     if (s != LOOM_OK) fprintf(stderr, "loom bench serve: %s\n", loom_errmsg());
     for (int i = 0; L.prompts && i < L.n_prompts; i++) free(L.prompts[i]);
     free(L.prompts);
-    if (R.model) loom_run_close(&R);
+    loom_open_close(&R);
     return s == LOOM_OK ? 0 : loom_exit_code(s);
 }

@@ -6,8 +6,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
-#include "cli/runload.h"
-#include "model/quant.h"
+#include "model/sparse24.h"
 #include "data/dataset.h"
 #include "train/eval.h"
 
@@ -23,11 +22,13 @@ static loom_status check_data(const loom_dataset_t *ds, const char *data, const 
 }
 
 /* Without --data: the run's own data and held-out share, from its config. */
-static loom_status run_data(const char *run, loom_run_config_t *rc, const char **data, double *val_fraction) {
+static loom_status run_data(const char *run, loom_source_kind kind, loom_run_config_t *rc, const char **data, double *val_fraction) {
     if (*data) return LOOM_OK;
+    if (kind != LOOM_SOURCE_RUN) return loom_error(LOOM_EINVAL, "%s is a %s, which names no data; pass --data", run, loom_source_name(kind));
     LOOM_TRY(loom_run_config_read(run, rc));
     if (!rc->data[0]) return loom_error(LOOM_EINVAL, "%s/config.json names no data; pass --data", run);
-    *data = rc->data;
+    /* as given when it still names the data from here, else as resolved at the start (eval run from another folder) */
+    *data = loom_path_exists(rc->data) || !rc->data_resolved[0] ? rc->data : rc->data_resolved;
     if (!loom_args_given("val-fraction")) *val_fraction = rc->val_fraction;
     return LOOM_OK;
 }
@@ -49,26 +50,25 @@ int cmd_eval(int argc, char **argv) {
     };
     LOOM_ARGS_PARSE_OR_RETURN("eval", "loom eval --run runs/NAME [--data FILE_OR_DIR (default: the run's)] [flags]",
                               args, argc, argv);
-    loom_opened_run_t R;
+    loom_opened_t R;
     loom_run_config_t rc;
     loom_dataset_t *ds = NULL;
     loom_eval_result_t ev;
-    loom_status s = loom_run_open(run, threads, &R);
-    if (s == LOOM_OK) s = run_data(run, &rc, &data, &val_fraction);
+    /* the inference forward scores without 2:4 copies (loom_eval_loss_infer takes int8 ones only) */
+    loom_open_opts_t oo = loom_cli_open_opts("cpu", threads, quant, kv_dtype, LOOM_SPARSE_OFF);
+    loom_status s = loom_open(run, &oo, &R);
+    if (s == LOOM_OK) s = run_data(run, R.kind, &rc, &data, &val_fraction);
     if (s == LOOM_OK) s = loom_dataset_open(&ds, data, val_fraction);
     int T = seq ? seq : (R.model ? R.model->cfg.max_seq_len : 0);
     if (s == LOOM_OK) s = check_data(ds, data, R.tok, R.model, T);
-    int qm = loom_cli_quant_mode(quant);
-    loom_quant_t *q = NULL; /* --quant, --kv-dtype given (even none, fp32): scored through the inference forward */
-    if (s == LOOM_OK && qm != LOOM_QUANT_NONE) s = loom_quant_create(&q, R.model, (loom_quant_mode)qm);
-    if (s == LOOM_OK && (q || kv_dtype || loom_args_given("quant") || loom_args_given("kv-dtype")))
-        s = loom_eval_loss_infer(R.model, q, kv_dtype ? LOOM_INT8 : LOOM_FP32, ds, batch, T, batches, &ev);
+    /* --quant, --kv-dtype given (even none, fp32): scored through the inference forward */
+    if (s == LOOM_OK && (R.weights.quant || kv_dtype || loom_args_given("quant") || loom_args_given("kv-dtype")))
+        s = loom_eval_loss_infer(R.model, R.weights.quant, R.kv_dtype, ds, batch, T, batches, &ev);
     else if (s == LOOM_OK) s = loom_eval_loss(R.model, ds, batch, T, batches, &ev);
-    loom_quant_free(q);
     if (s == LOOM_OK)
         printf("val_loss %.6f (perplexity %.4f, step %lld, %d batches of %d x %d tokens)\n", ev.loss, exp(ev.loss), R.state.step,
                ev.batches, ev.B, ev.T);
     loom_dataset_free(ds);
-    loom_run_close(&R);
+    loom_open_close(&R);
     return loom_exit_report("eval", s);
 }

@@ -6,41 +6,29 @@
 
 #include "ckpt/gguf.h"
 #include "ckpt/hf.h"
-#include "ckpt/run.h"
+#include "ckpt/open.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 
-/* The checkpoint folder of `step` (< 0: the newest). */
-static loom_status find_checkpoint(const char *run, long long step, char *ck, size_t cap) {
-    if (step < 0) {
-        loom_gpt_config_t cfg;
-        loom_ckpt_state_t st;
-        return loom_run_latest(run, ck, cap, &cfg, &st);
-    }
-    snprintf(ck, cap, "%s/checkpoints/step_%08lld", run, step);
-    if (!loom_path_is_dir(ck))
-        return loom_error(LOOM_EINVAL, "--step %lld: %s has no checkpoint of that step (see %s/checkpoints)", step, run, run);
-    return LOOM_OK;
-}
-
 static loom_status export_run(const char *run, const char *format, long long step, loom_xdtype dt, const char *out, int force) {
-    char ck[4096], path[4200];
-    LOOM_TRY(find_checkpoint(run, step, ck, sizeof ck));
-    loom_gpt_config_t cfg;
-    LOOM_TRY(loom_hf_read_config(ck, &cfg));
-    snprintf(path, sizeof path, "%s/tokenizer.json", run);
-    if (!loom_path_exists(path))
-        return loom_error(LOOM_EINVAL, "%s: the run has no tokenizer.json; an exported model needs its tokenizer", run);
-    loom_tokenizer_t *tok;
-    LOOM_TRY(loom_tokenizer_load(&tok, path));
+    char path[4200];
+    loom_opened_t R;
+    loom_open_opts_t oo = loom_open_opts_default();
+    oo.step = step, oo.config_only = 1; /* the weights stream from the file, one tensor at a time */
+    LOOM_TRY(loom_open(run, &oo, &R));
+    loom_status s = LOOM_OK;
+    if (R.kind == LOOM_SOURCE_GGUF)
+        s = loom_error(LOOM_EINVAL, "%s is a GGUF file; loom export reads a run folder, a checkpoint or a Hugging Face folder", run);
+    else if (!R.tok)
+        s = loom_error(LOOM_EINVAL, "%s: the run has no tokenizer.json; an exported model needs its tokenizer", run);
     loom_stview_t *v = NULL;
-    snprintf(path, sizeof path, "%s/model.safetensors", ck);
-    loom_status s = loom_stview_open(&v, path);
+    snprintf(path, sizeof path, "%s/model.safetensors", R.weights_path);
+    if (s == LOOM_OK) s = loom_stview_open(&v, path);
     if (s == LOOM_OK && !strcmp(format, "hf")) {
-        s = loom_hf_write(out, force, &cfg, tok, dt, loom_xsource_safetensors, v);
+        s = loom_hf_write(out, force, &R.cfg, R.tok, dt, loom_xsource_safetensors, v);
     } else if (s == LOOM_OK) {
         const char *name = strrchr(run, '/') && strrchr(run, '/')[1] ? strrchr(run, '/') + 1 : run;
-        loom_gguf_write_opts_t o = {&cfg, tok, dt, name, loom_xsource_safetensors, v};
+        loom_gguf_write_opts_t o = {&R.cfg, R.tok, dt, name, loom_xsource_safetensors, v};
         if (loom_path_exists(out) && !force)
             s = loom_error(LOOM_EINVAL, "--out %s already exists; pass --force to replace it, or choose another --out", out);
         else
@@ -48,14 +36,15 @@ static loom_status export_run(const char *run, const char *format, long long ste
     }
     if (s == LOOM_OK) {
         struct stat sb;
+        const loom_gpt_config_t *cfg = &R.cfg;
         snprintf(path, sizeof path, "%s%s", out, strcmp(format, "hf") ? "" : "/model.safetensors");
         double mb = stat(path, &sb) == 0 ? (double)sb.st_size / 1e6 : 0;
         printf("%s: %s %s (%.1f MB of weights) from %s: %d layers, %d heads, %d channels, context %d, vocabulary %d\n", out,
-               strcmp(format, "hf") ? "GGUF v3 (llama.cpp gpt2)" : "Hugging Face GPT-2 folder", loom_xdtype_name(dt), mb, ck,
-               cfg.n_layer, cfg.n_head, cfg.channels, cfg.max_seq_len, cfg.vocab_size);
+               strcmp(format, "hf") ? "GGUF v3 (llama.cpp gpt2)" : "Hugging Face GPT-2 folder", loom_xdtype_name(dt), mb,
+               R.weights_path, cfg->n_layer, cfg->n_head, cfg->channels, cfg->max_seq_len, cfg->vocab_size);
     }
     loom_stview_close(v);
-    loom_tokenizer_free(tok);
+    loom_open_close(&R);
     return s;
 }
 
@@ -64,7 +53,7 @@ int cmd_export(int argc, char **argv) {
     long long step;
     int force;
     const loom_arg_t args[] = {
-        {"run", ARG_STR, &run, NULL, 0, 0, "run folder written by `loom train --out`"},
+        {"run", ARG_STR, &run, NULL, 0, 0, "run folder written by `loom train --out`, one of its checkpoints, or a Hugging Face folder"},
         {"format", ARG_STR, &format, NULL, 0, 0, "hf (a Hugging Face folder for transformers) or gguf (a file for llama.cpp)"},
         {"step", ARG_LONG, &step, "-1", -1, 9e18, "checkpoint step to export (-1 = the newest)"},
         {"dtype", ARG_STR, &dtype, "f32", 0, 0, "weights: f32, f16, bf16; q8_0 for gguf (vectors stay f32 in GGUF)"},

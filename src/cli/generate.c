@@ -8,7 +8,6 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
-#include "cli/runload.h"
 #include "model/quant.h"
 #include "serve/engine.h"
 
@@ -169,9 +168,14 @@ static loom_status write_out(const gen_state_t *g, const char *path) {
     return fclose(f) == 0 ? LOOM_OK : loom_error(LOOM_EIO, "%s: write failed", path);
 }
 
-int loom_cli_quant_mode(int choice) {
+loom_open_opts_t loom_cli_open_opts(const char *device, int threads, int quant, int kv_dtype, int sparse) {
     static const int modes[] = {LOOM_QUANT_NONE, LOOM_QUANT_W8A32, LOOM_QUANT_W8A32, LOOM_QUANT_W8A32, LOOM_QUANT_W8A8};
-    return choice >= 0 && choice < 5 ? modes[choice] : LOOM_QUANT_NONE;
+    loom_open_opts_t o = loom_open_opts_default();
+    o.device = device, o.threads = threads;
+    o.weights.quant = quant >= 0 && quant < 5 ? modes[quant] : LOOM_QUANT_NONE; /* docs/quantization.md */
+    o.weights.sparse = sparse;                                                  /* model/sparse24.h */
+    o.kv_dtype = kv_dtype ? LOOM_INT8 : LOOM_FP32;
+    return o;
 }
 
 loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int max_batch_tokens,
@@ -184,43 +188,36 @@ loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int ma
     return LOOM_OK;
 }
 
+loom_open_opts_t loom_cli_engine_flags_open(const loom_cli_engine_flags_t *ef, int threads) {
+    return loom_cli_open_opts(ef->device, threads, ef->quant, ef->kv_dtype, ef->sparse);
+}
+
 loom_status loom_cli_engine_flags_config(const loom_cli_engine_flags_t *ef, loom_engine_config_t *c) {
     LOOM_TRY(loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, c));
-    c->quant = loom_cli_quant_mode(ef->quant); /* docs/quantization.md */
-    c->kv_dtype = ef->kv_dtype ? LOOM_INT8 : LOOM_FP32;
-    c->sparse = ef->sparse; /* model/sparse24.h */
+    c->prefix_cache = !ef->no_prefix_cache;
+    c->speculate = ef->speculate;
     return LOOM_OK;
 }
 
-loom_status loom_cli_model_to_device(loom_gpt_t **m, const char *device) {
-    if (strcmp(device, "cpu") == 0) return LOOM_OK;
-    const loom_backend_t *be;
-    loom_gpt_t *g;
-    LOOM_TRY(loom_backend_open(&be, device, 0, LOOM_FP32));
-    LOOM_TRY(loom_gpt_create(&g, &(*m)->cfg, be));
-    be->upload(g->params, (*m)->params, (*m)->num_params * sizeof(float));
-    g->file_int8 = (*m)->file_int8; /* host memory: travels with the model */
-    (*m)->file_int8 = NULL;
-    loom_gpt_free(*m);
-    *m = g;
-    return LOOM_OK;
+void loom_cli_engine_config_model(loom_engine_config_t *c, const loom_opened_t *m) {
+    c->kv_dtype = m->kv_dtype;
+    c->weights = m->weights;
 }
 
 static loom_status generate_run(const char *run, int threads, const char *in, const char *out,
                                 const loom_request_params_t *p, const loom_cli_engine_flags_t *ef) {
-    loom_opened_run_t R;
-    LOOM_TRY(loom_run_open(run, threads, &R));
-    loom_gpt_t *m = R.model;
-    loom_tokenizer_t *tok = R.tok;
+    loom_opened_t R;
+    loom_open_opts_t oo = loom_cli_engine_flags_open(ef, threads);
+    LOOM_TRY(loom_open(run, &oo, &R));
     loom_engine_config_t c;
     loom_engine_t *e = NULL;
     gen_state_t g = {0};
     req_ctx_t *ctxs = NULL;
-    loom_status s = loom_cli_model_to_device(&m, ef->device);
-    if (s == LOOM_OK) s = loom_cli_engine_flags_config(ef, &c);
-    if (s == LOOM_OK) s = loom_engine_create(&e, m, tok, &c);
+    loom_status s = loom_cli_engine_flags_config(ef, &c);
+    loom_cli_engine_config_model(&c, &R);
+    if (s == LOOM_OK) s = loom_engine_create(&e, R.model, R.tok, &c);
     g.t0 = loom_now();
-    if (s == LOOM_OK) s = submit_all(e, tok, in, p, &g, &ctxs);
+    if (s == LOOM_OK) s = submit_all(e, R.tok, in, p, &g, &ctxs);
     for (int busy = 1; s == LOOM_OK && busy;) {
         s = loom_engine_step(e, &busy);
         progress(&g, !busy);
@@ -233,8 +230,7 @@ static loom_status generate_run(const char *run, int threads, const char *in, co
     free(g.reqs);
     loom_engine_free(e);
     free(ctxs);
-    if (tok) loom_tokenizer_free(tok);
-    loom_gpt_free(m);
+    loom_open_close(&R);
     return s;
 }
 
@@ -247,7 +243,7 @@ int cmd_generate(int argc, char **argv) {
     loom_request_params_default(&p);
     loom_cli_engine_flags_t ef;
     const loom_arg_t args[] = {
-        {"run", ARG_STR, &run, NULL, 0, 0, "run folder written by `loom train --out`"},
+        loom_flag(LOOM_FLAG_RUN, &run),
         {"prompts", ARG_STR, &in, NULL, 0, 0, "JSON lines: {\"prompt\": TEXT} or {\"prompt_ids\": [..]}, optional max_tokens, temperature, top_k, top_p, seed, n"},
         {"out", ARG_STR, &out, NULL, 0, 0, "JSON lines written here, one per prompt, in input order"},
         {"max-tokens", ARG_INT, &p.max_tokens, "128", 1, 1 << 24, "new tokens per prompt (a line's max_tokens wins)"},

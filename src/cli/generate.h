@@ -1,13 +1,15 @@
 /* generate: what `loom generate` shares with `loom serve` and the benches
- * (the engine flags and config, --quant, moving a model to a device). */
+ * (the engine flags and config, the loom_open options of the flags). */
 #ifndef LOOM_CLI_GENERATE_H
 #define LOOM_CLI_GENERATE_H
 
+#include "ckpt/open.h"
 #include "cli/args.h"
 #include "serve/engine.h"
 
-/* The loom_quant_mode of a --quant choice index (args.c's order). */
-int loom_cli_quant_mode(int choice);
+/* The loom_open options (ckpt/open.h) that --device, --threads, --quant,
+ * --kv-dtype and --sparse ask for (choice indexes in args.c's order). */
+loom_open_opts_t loom_cli_open_opts(const char *device, int threads, int quant, int kv_dtype, int sparse);
 /* An engine config from the command line's --kv-memory, --block-size,
  * --max-batch-tokens and --max-seqs. */
 loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int max_batch_tokens,
@@ -17,6 +19,8 @@ loom_status loom_cli_engine_config(const char *kv_memory, int block_size, int ma
 typedef struct {
     const char *device, *kv_memory;
     int block_size, max_batch_tokens, max_seqs, quant, kv_dtype, sparse;
+    int no_prefix_cache; /* --no-prefix-cache (where a command has it) */
+    int speculate;       /* --speculate N: draft tokens by prompt lookup (where a command has it) */
 } loom_cli_engine_flags_t;
 
 /* The engine's batch and cache-block flags (--block-size,
@@ -26,12 +30,13 @@ typedef struct {
     loom_flag(LOOM_FLAG_BLOCK_SIZE, &(ef).block_size), loom_flag(LOOM_FLAG_MAX_BATCH_TOKENS, &(ef).max_batch_tokens), \
         loom_flag(LOOM_FLAG_MAX_SEQS, &(ef).max_seqs)
 
+/* The loom_open options those flags ask for (device, --quant, --kv-dtype, --sparse). */
+loom_open_opts_t loom_cli_engine_flags_open(const loom_cli_engine_flags_t *ef, int threads);
 /* The engine config those flags ask for: the KV cache's size and blocks,
- * the batch limits, --quant, --kv-dtype and --sparse. */
+ * the batch limits. */
 loom_status loom_cli_engine_flags_config(const loom_cli_engine_flags_t *ef, loom_engine_config_t *c);
-
-/* Move a model loaded on the CPU to `device` ("cpu" leaves it): the same
- * weights in a new model on that backend (fp32); the CPU copy is freed. */
-loom_status loom_cli_model_to_device(loom_gpt_t **m, const char *device);
+/* Engine config `c` for model `m` as loom_open made it: its int8 or 2:4
+ * weights and the KV cache's element type. */
+void loom_cli_engine_config_model(loom_engine_config_t *c, const loom_opened_t *m);
 
 #endif

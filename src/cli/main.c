@@ -5,6 +5,7 @@
 
 #include "cli/commands.h"
 #include "core/core.h"
+#include "version.h" /* LOOM_VERSION, LOOM_GIT_COMMIT: written by the Makefile */
 
 typedef struct {
     const char *name;
@@ -29,7 +30,7 @@ static const command_t commands[] = {
 
 static void usage(FILE *f) {
     fprintf(f, "loom: train and serve transformer language models\n\n"
-               "usage: loom COMMAND [flags]   (loom COMMAND --help lists every flag)\n\ncommands:\n");
+               "usage: loom COMMAND [flags]   (loom COMMAND --help lists every flag; loom --version)\n\ncommands:\n");
     for (int i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
     fprintf(f, "\nstart here:\n"
                "  loom tokenize --input corpus.txt --vocab 4096 --out data/corpus\n"
@@ -48,6 +49,10 @@ static int output_checked(const char *cmd, int rc) {
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        printf("loom %s (commit %s)\n", LOOM_VERSION, LOOM_GIT_COMMIT);
         return 0;
     }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

@@ -3,7 +3,6 @@
  * measured from a run, or the GPU table's default), communication, GPUs
  * for a deadline, on-demand and spot cost. `loom plan serve` and `loom
  * plan mig` live in plan_serve.c. */
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,8 +12,10 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "ckpt/run.h"
 #include "cli/plan_report.h"
 #include "cli/stats.h"
+#include "obs/metrics_log.h"
 #include "parallel/dist.h"
 #include "plan/plan.h"
 
@@ -77,79 +78,67 @@ typedef struct {
     int have;
     double step_s, mfu, flops_per_s; /* median over steps after the first; achieved per rank */
     int nsteps, world, B, T, accum;
-    char device[32];
+    char device[64], recompute[16]; /* recompute: what f->recompute points at when the run sets it */
 } measured_t;
 
-static int jint(const cJSON *o, const char *k, int def) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(v) ? v->valueint : def;
-}
-
-/* Model shape and step settings from RUN/config.json, where the flags left them unset. */
+/* Model shape and step settings from RUN/config.json (the one reader,
+ * ckpt/run.h), where the flags left them unset. */
 static loom_status read_run_config(const char *run, train_flags_t *f, measured_t *m, loom_gpt_config_t *cfg) {
-    char path[4200], *text;
-    size_t len;
-    snprintf(path, sizeof path, "%s/config.json", run);
-    if (loom_file_read(path, &text, &len) != LOOM_OK)
-        return loom_error(LOOM_EINVAL, "--measured %s: no config.json there; name a run folder written by `loom train`", run);
-    cJSON *j = cJSON_Parse(text);
-    free(text);
-    const cJSON *mc = cJSON_GetObjectItemCaseSensitive(j, "model_config");
-    if (!mc) {
-        cJSON_Delete(j);
-        return loom_error(LOOM_EFORMAT, "%s: not a loom run config (no model_config)", path);
+    loom_run_config_t rc;
+    if (loom_run_config_read(run, &rc) != LOOM_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", loom_errmsg());
+        return loom_error(LOOM_EINVAL, "--measured %s: %s", run, why);
     }
-    cfg->n_layer = jint(mc, "n_layer", 0), cfg->n_head = jint(mc, "n_head", 0);
-    cfg->channels = jint(mc, "n_embd", 0), cfg->max_seq_len = jint(mc, "n_positions", 0);
-    cfg->vocab_size = jint(mc, "vocab_size", 0);
-    m->B = jint(j, "batch", 1), m->T = jint(j, "seq", 0), m->accum = jint(j, "grad_accum", 1);
-    m->world = jint(j, "world_size", 1);
-    if (!m->T) m->T = cfg->max_seq_len;
-    const cJSON *dev = cJSON_GetObjectItemCaseSensitive(j, "device");
-    snprintf(m->device, sizeof m->device, "%s", cJSON_IsString(dev) ? dev->valuestring : "cpu");
-    if (!loom_args_given("zero")) f->zero = jint(j, "zero", 0);
+    *cfg = rc.model_cfg;
+    m->B = rc.batch > 0 ? rc.batch : 1, m->T = rc.seq > 0 ? rc.seq : cfg->max_seq_len;
+    m->accum = rc.grad_accum, m->world = rc.world_size;
+    snprintf(m->device, sizeof m->device, "%s", rc.device[0] ? rc.device : "cpu");
+    if (!loom_args_given("zero")) f->zero = rc.zero;
     if (!loom_args_given("gpus")) f->gpus = m->world;
     if (!loom_args_given("batch")) f->batch = m->B;
     if (!loom_args_given("seq")) f->seq = m->T;
     if (!loom_args_given("accum") && !loom_args_given("global-batch")) f->accum = m->accum;
-    static char rc[16];
-    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "recompute");
-    if (!loom_args_given("recompute") && cJSON_IsString(r)) f->recompute = strncpy(rc, r->valuestring, sizeof rc - 1);
-    cJSON_Delete(j);
-    return loom_gpt_config_finish(cfg);
+    snprintf(m->recompute, sizeof m->recompute, "%s", rc.recompute);
+    if (!loom_args_given("recompute") && m->recompute[0]) f->recompute = m->recompute;
+    return LOOM_OK;
+}
+
+/* The step times and MFUs of metrics.jsonl, in file order. */
+typedef struct {
+    double *step_s, *mfu;
+    int n, cap;
+} steps_t;
+
+static void add_step(void *ctx, const loom_metrics_row_t *r) {
+    steps_t *t = ctx;
+    if (isnan(r->step_s)) return;
+    if (t->n == t->cap) {
+        t->cap = t->cap ? 2 * t->cap : 1024;
+        t->step_s = realloc(t->step_s, (size_t)t->cap * sizeof *t->step_s);
+        t->mfu = realloc(t->mfu, (size_t)t->cap * sizeof *t->mfu);
+        if (!t->step_s || !t->mfu) loom_panic(__FILE__, __LINE__, "out of memory reading metrics.jsonl");
+    }
+    t->step_s[t->n] = r->step_s;
+    t->mfu[t->n++] = isnan(r->mfu) ? -1 : r->mfu;
 }
 
 /* Median step time and MFU of RUN/metrics.jsonl (the first step, with its
  * one-time allocations, left out when there are more). */
 static loom_status read_run_metrics(const char *run, const loom_gpt_config_t *cfg, measured_t *m) {
-    char path[4200], *text;
-    size_t len;
+    char path[4200];
+    steps_t t = {0};
     snprintf(path, sizeof path, "%s/metrics.jsonl", run);
-    if (loom_file_read(path, &text, &len) != LOOM_OK)
-        return loom_error(LOOM_EINVAL, "--measured %s: no metrics.jsonl; the run has not taken a step", run);
-    int cap = 1024, n = 0, k = 0;
-    double *st = loom_malloc((size_t)cap * sizeof *st), *mf = loom_malloc((size_t)cap * sizeof *mf);
-    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(line);
-        const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "step_s"), *u = cJSON_GetObjectItemCaseSensitive(j, "mfu");
-        if (cJSON_IsNumber(s) && n < cap) {
-            st[n] = s->valuedouble;
-            mf[n++] = cJSON_IsNumber(u) ? u->valuedouble : -1;
-        }
-        cJSON_Delete(j);
-    }
-    free(text);
-    if (n == 0) {
-        free(st), free(mf);
-        return loom_error(LOOM_EINVAL, "--measured %s: metrics.jsonl has no step_s lines", run);
-    }
-    k = n > 1 ? 1 : 0;
-    m->nsteps = n - k;
-    m->step_s = loom_median(st + k, n - k);
-    m->mfu = loom_median(mf + k, n - k);
+    if (!loom_path_exists(path)) return loom_error(LOOM_EINVAL, "--measured %s: no metrics.jsonl; the run has not taken a step", run);
+    LOOM_TRY(loom_metrics_log_scan(path, add_step, &t));
+    if (t.n == 0) return loom_error(LOOM_EINVAL, "--measured %s: metrics.jsonl has no step_s lines", run);
+    int k = t.n > 1 ? 1 : 0;
+    m->nsteps = t.n - k;
+    m->step_s = loom_median(t.step_s + k, t.n - k);
+    m->mfu = loom_median(t.mfu + k, t.n - k);
     m->flops_per_s = loom_gpt_flops_per_token(cfg, m->T) * (double)m->B * m->T * m->accum / m->step_s;
     m->have = 1;
-    free(st), free(mf);
+    free(t.step_s), free(t.mfu);
     return LOOM_OK;
 }
 

@@ -7,8 +7,9 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/prune.h"
-#include "cli/runload.h"
+#include "ckpt/open.h"
 #include "model/quant.h"
+#include "model/sparse24.h"
 
 /* Copy dir/name from src to dst when src has it. */
 static loom_status copy_file(const char *src, const char *dst, const char *name) {
@@ -24,8 +25,14 @@ static loom_status copy_file(const char *src, const char *dst, const char *name)
 }
 
 static loom_status prune_run(const char *run, const char *out, int force, int threads) {
-    loom_opened_run_t R;
-    LOOM_TRY(loom_run_open(run, threads, &R));
+    loom_opened_t R;
+    loom_source_kind kind;
+    LOOM_TRY(loom_open_detect(run, &kind));
+    if (kind != LOOM_SOURCE_RUN) /* the new run copies the old one's config.json and tokenizer */
+        return loom_error(LOOM_EINVAL, "%s is a %s; loom prune makes a new run from a run folder (`loom train --out`)", run, loom_source_name(kind));
+    loom_open_opts_t oo = loom_open_opts_default();
+    oo.threads = threads, oo.weights.sparse = LOOM_SPARSE_OFF; /* the dense weights are what gets pruned */
+    LOOM_TRY(loom_open(run, &oo, &R));
     loom_status s = loom_prune24_model(R.model);
     if (s == LOOM_OK) s = loom_run_prepare(out, force);
     if (s == LOOM_OK) s = copy_file(run, out, "config.json");
@@ -37,7 +44,7 @@ static loom_status prune_run(const char *run, const char *out, int force, int th
                100 * loom_sparsity_mask_share(k), R.state.step);
         loom_sparsity_mask_free(k);
     }
-    loom_run_close(&R);
+    loom_open_close(&R);
     return s;
 }
 

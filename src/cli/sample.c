@@ -6,10 +6,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
-#include "cli/runload.h"
 #include "model/generate.h"
-#include "model/quant.h"
-#include "model/sparse24.h"
 
 int cmd_sample(int argc, char **argv) {
     const char *run, *prompt, *gguf;
@@ -32,14 +29,14 @@ int cmd_sample(int argc, char **argv) {
     };
     LOOM_ARGS_PARSE_OR_RETURN("sample", "loom sample --run runs/NAME [--prompt TEXT] [flags]", args, argc, argv);
     if (gguf) run = gguf;
-    loom_opened_run_t R;
-    loom_status s = loom_run_open(run, threads, &R);
-    loom_gpt_t *m = R.model;
-    loom_tokenizer_t *tok = R.tok;
+    loom_opened_t R;
+    loom_open_opts_t oo = loom_cli_open_opts("cpu", threads, quant, kv_dtype, sparse);
+    loom_status s = loom_open(run, &oo, &R);
     if (s != LOOM_OK) return loom_exit_report("sample", s);
+    loom_tokenizer_t *tok = R.tok;
     if (!tok) {
         fprintf(stderr, "loom sample: %s has no tokenizer.json, so text cannot be encoded or decoded\n", run);
-        loom_run_close(&R);
+        loom_open_close(&R);
         return 2;
     }
     uint32_t *ids = NULL;
@@ -58,19 +55,11 @@ int cmd_sample(int argc, char **argv) {
         loom_rng_t rng;
         loom_rng_seed(&rng, (uint64_t)seed);
         loom_text_sink_t sink = {tok, stdout};
-        loom_quant_t *q = NULL;
-        int qm = loom_cli_quant_mode(quant);
-        loom_sparse24_t *s24 = NULL;
-        if (qm != LOOM_QUANT_NONE) s = loom_quant_create(&q, m, (loom_quant_mode)qm);
-        else s = loom_sparse24_auto(&s24, m, sparse);
-        if (s == LOOM_OK)
-            s = loom_gpt_generate_with(m, q, s24, kv_dtype ? LOOM_INT8 : LOOM_FP32, ids, n, tokens, &sp, &rng,
-                                       loom_text_sink_emit, &sink);
-        loom_quant_free(q);
-        loom_sparse24_free(s24);
+        s = loom_gpt_generate_with(R.model, R.weights.quant, R.weights.s24, R.kv_dtype, ids, n, tokens, &sp, &rng,
+                                   loom_text_sink_emit, &sink);
         fputc('\n', stdout);
     }
     free(ids);
-    loom_run_close(&R);
+    loom_open_close(&R);
     return loom_exit_report("sample", s);
 }

@@ -10,7 +10,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
-#include "cli/runload.h"
+#include "obs/process.h"
 #include "serve/server.h"
 
 static volatile sig_atomic_t stop_signal;
@@ -44,18 +44,32 @@ typedef struct {
     double timeout, grace;
 } serve_flags_t;
 
-/* The chat template of a run: RUN/chat_template.txt, else --chat-template, else NULL. */
-static char *chat_template_of(const char *dir, const char *flag) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/chat_template.txt", dir);
-    char *data = NULL;
+/* The chat template of a run: --chat-template FILE, else RUN/chat_template.txt,
+ * else the chat_template of RUN/tokenizer_config.json (a Hugging Face
+ * folder), else NULL (the fixed "{role}: {content}" form). A
+ * tokenizer_config.json also sets the tokenizer's BOS/EOS. */
+static loom_status chat_template_of(const char *dir, const char *flag, loom_tokenizer_t *tok, char **out) {
+    char path[4096], *data = NULL, *cfg_tmpl = NULL;
     size_t n = 0;
-    if (access(path, R_OK) == 0 && loom_file_read(path, &data, &n) == LOOM_OK) return data;
-    if (flag && loom_file_read(flag, &data, &n) == LOOM_OK) return data;
-    return NULL;
+    *out = NULL;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    if (tok && access(path, R_OK) == 0) LOOM_TRY(loom_tokenizer_apply_config(tok, path, &cfg_tmpl));
+    if (flag) {
+        free(cfg_tmpl);
+        return loom_file_read(flag, out, &n);
+    }
+    snprintf(path, sizeof path, "%s/chat_template.txt", dir);
+    if (access(path, R_OK) == 0 && loom_file_read(path, &data, &n) == LOOM_OK) {
+        free(cfg_tmpl);
+        *out = data;
+        return LOOM_OK;
+    }
+    *out = cfg_tmpl;
+    return LOOM_OK;
 }
 
-static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_opened_run_t *opened) {
+static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_opened_t *opened) {
+    loom_open_opts_t oo = loom_cli_engine_flags_open(&f->engine, f->threads);
     loom_engine_config_t ec;
     LOOM_TRY(loom_cli_engine_flags_config(&f->engine, &ec));
     ec.kv_bytes /= (size_t)f->runs.n; /* one budget, split evenly */
@@ -63,13 +77,18 @@ static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_
         char name[128];
         const char *dir;
         split_run(f->runs.v[i], name, sizeof name, &dir);
-        LOOM_TRY(loom_run_open(dir, f->threads, &opened[i]));
-        LOOM_TRY(loom_cli_model_to_device(&opened[i].model, f->engine.device));
-        char *tmpl = chat_template_of(dir, f->chat_template);
+        LOOM_TRY(loom_open(dir, &oo, &opened[i]));
+        /* the server runs the model only through the engine: an int8 run keeps no fp32 linear weights */
+        size_t given = loom_infer_weights_release_fp32(opened[i].model, &opened[i].weights);
+        loom_cli_engine_config_model(&ec, &opened[i]);
+        char *tmpl = NULL;
+        LOOM_TRY(chat_template_of(dir, f->chat_template, opened[i].tok, &tmpl));
         loom_status s = loom_server_add_model(srv, name, opened[i].model, opened[i].tok, &ec, tmpl);
         free(tmpl);
         LOOM_TRY(s);
-        fprintf(stderr, "loom serve: model %s from %s (%.0f MiB of KV cache)\n", name, dir, (double)ec.kv_bytes / (1 << 20));
+        char gave[96] = "";
+        if (given) snprintf(gave, sizeof gave, "; %.0f MiB of fp32 linear weights given back to the system", (double)given / (1 << 20));
+        fprintf(stderr, "loom serve: model %s from %s (%.0f MiB of KV cache%s)\n", name, dir, (double)ec.kv_bytes / (1 << 20), gave);
     }
     return LOOM_OK;
 }
@@ -86,12 +105,14 @@ static int serve_run(const serve_flags_t *f) {
     signal(SIGPIPE, SIG_IGN);
     loom_server_config_t c = {f->host, f->port, f->max_queue, f->api_key, f->timeout};
     loom_server_t *srv = NULL;
-    loom_opened_run_t *opened = loom_calloc((size_t)f->runs.n, sizeof *opened);
+    loom_opened_t *opened = loom_calloc((size_t)f->runs.n, sizeof *opened);
     loom_status s = loom_server_start(&srv, &c);
     if (s == LOOM_OK) fprintf(stderr, "loom serve: listening on http://%s:%d, loading\n", f->host, loom_server_port(srv));
     if (s == LOOM_OK) s = load_models(srv, f, opened);
     if (s == LOOM_OK) s = loom_server_ready(srv);
     if (s == LOOM_OK) {
+        fprintf(stderr, "loom serve: resident memory %.0f MiB (process_resident_memory_bytes; KV cache pages count once used)\n",
+                loom_process_rss_bytes() / (1 << 20));
         fprintf(stderr, "loom serve: ready on http://%s:%d\n", f->host, loom_server_port(srv));
         while (!stop_signal) usleep(50000);
         fprintf(stderr, "loom serve: %s: no new requests; in-flight ones have %g s to finish\n",
@@ -102,10 +123,7 @@ static int serve_run(const serve_flags_t *f) {
         fprintf(stderr, "loom serve: %s\n", loom_errmsg());
     }
     loom_server_free(srv);
-    for (int i = 0; i < f->runs.n; i++) {
-        if (opened[i].tok) loom_tokenizer_free(opened[i].tok);
-        if (opened[i].model) loom_gpt_free(opened[i].model);
-    }
+    for (int i = 0; i < f->runs.n; i++) loom_open_close(&opened[i]);
     free(opened);
     free(f->runs.v);
     return s == LOOM_OK ? 0 : loom_exit_code(s);
@@ -124,11 +142,13 @@ int cmd_serve(int argc, char **argv) {
         loom_flag(LOOM_FLAG_SPARSE, &f.engine.sparse),
         loom_flag(LOOM_FLAG_KV_MEMORY, &f.engine.kv_memory), /* for all models together, split evenly */
         LOOM_CLI_ENGINE_SIZE_FLAGS(f.engine),                /* --max-seqs per model */
+        {"speculate", ARG_INT, &f.engine.speculate, "0", 0, 16, "draft tokens per step by prompt lookup (speculative decoding, while at most 8 sequences decode; same greedy output), 0 = off"},
+        {"no-prefix-cache", ARG_BOOL, &f.engine.no_prefix_cache, NULL, 0, 0, "compute every prompt in full (default: reuse the KV blocks of prompt prefixes seen before; the output is the same bits)"},
         {"max-queue", ARG_INT, &f.max_queue, "256", 0, 1 << 20, "prompts waiting for their first token at most; above: 429 with Retry-After (0 = no cap)"},
         {"api-key", ARG_STR, &f.api_key, "", 0, 0, "ask clients for 'Authorization: Bearer KEY' on /v1 routes (none: open)"},
         {"request-timeout", ARG_FLOAT, &f.timeout, "600", 0, 1e9, "seconds a request may take from arrival to its last token (0 = none)"},
         {"grace", ARG_FLOAT, &f.grace, "30", 0, 1e6, "seconds in-flight requests get to finish after SIGTERM"},
-        {"chat-template", ARG_STR, &f.chat_template, "", 0, 0, "file with the chat template ({role}, {content}) for runs without chat_template.txt"},
+        {"chat-template", ARG_STR, &f.chat_template, "", 0, 0, "chat template file for every run (Jinja, as tokenizer_config.json holds it, or {role}/{content}); overrides the run's own"},
     };
     LOOM_ARGS_PARSE_OR_RETURN("serve", "loom serve --run runs/NAME [--run NAME=DIR ...] [--port 8080] [flags]",
                               args, argc, argv);

@@ -86,6 +86,7 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int *keep_sparsity, int
         {"bucket-mb", ARG_FLOAT, &o->bucket_mb, "4", 0.001, 1e5, "gradient bucket size for overlapped reduction, MB"},
         {"metrics-port", ARG_INT, &o->metrics_port, "-1", -1, 65535, "serve Prometheus /metrics and the live dashboard (/) on this port plus the local rank; 0 = any free port; -1 = off"},
         {"metrics-host", ARG_STR, &o->metrics_host, "127.0.0.1", 0, 0, "address the metrics server listens on (0.0.0.0 = every interface)"},
+        {"metrics-linger", ARG_FLOAT, &o->metrics_linger, "10", 0, 86400, "after the run, keep /metrics up until it is scraped once more (the final state), at most this many seconds"},
     };
     return loom_args_parse("train", "loom train --data FILE_OR_DIR --out runs/NAME [--model gpt2-tiny] [flags]", args,
                            LOOM_ARGS_COUNT(args), argc, argv);
@@ -110,6 +111,7 @@ int cmd_train(int argc, char **argv) {
         fprintf(stderr, "loom train: --init-from %s takes the architecture from its config.json; drop --layers/--heads/--channels/--context\n", o.init_from);
         return 2;
     }
+    o.model_given = loom_args_given("model") || o.init_from;
     if (o.init_from) o.model = o.init_from;
     o.resume = o.resume_from != NULL;
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);

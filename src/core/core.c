@@ -143,29 +143,46 @@ uint64_t loom_fnv1a(const void *data, size_t n, uint64_t h) {
     return h;
 }
 
+loom_status loom_file_open_fd(const char *path, int *fd, size_t *size) {
+    *fd = open(path, O_RDONLY);
+    if (*fd < 0) return loom_error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int is_dir = S_ISDIR(st.st_mode);
+        close(*fd);
+        *fd = -1;
+        return loom_error(LOOM_EIO, "%s: %s, not a file; pass the path of the file itself", path,
+                          is_dir ? "a folder" : "not a regular file");
+    }
+    *size = (size_t)st.st_size;
+    return LOOM_OK;
+}
+
+loom_status loom_file_open_regular(const char *path, FILE **f, size_t *size) {
+    int fd;
+    LOOM_TRY(loom_file_open_fd(path, &fd, size));
+    *f = fdopen(fd, "rb");
+    if (!*f) {
+        close(fd);
+        return loom_error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+    }
+    return LOOM_OK;
+}
+
 loom_status loom_file_read(const char *path, char **data, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return loom_error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0) {
-        fclose(f);
-        return loom_error(LOOM_EIO, "%s: cannot seek: %s", path, strerror(errno));
-    }
-    long n = ftell(f);
-    if (n < 0) {
-        fclose(f);
-        return loom_error(LOOM_EIO, "%s: not a regular file", path);
-    }
-    rewind(f);
-    char *buf = loom_malloc((size_t)n + 1);
-    size_t got = fread(buf, 1, (size_t)n, f);
+    FILE *f;
+    size_t n;
+    LOOM_TRY(loom_file_open_regular(path, &f, &n));
+    char *buf = loom_malloc(n + 1);
+    size_t got = fread(buf, 1, n, f);
     fclose(f);
-    if (got != (size_t)n) {
+    if (got != n) {
         free(buf);
-        return loom_error(LOOM_EIO, "%s: read %zu of %ld bytes", path, got, n);
+        return loom_error(LOOM_EIO, "%s: read %zu of %zu bytes (the file changed or the disk failed)", path, got, n);
     }
     buf[n] = 0;
     *data = buf;
-    *size = (size_t)n;
+    *size = n;
     return LOOM_OK;
 }
 

@@ -73,9 +73,16 @@ void loom_rng_fill_normal(loom_rng_t *rng, float *x, size_t n, float std);
 uint64_t loom_fnv1a(const void *data, size_t n, uint64_t h);
 #define LOOM_FNV_INIT 0xcbf29ce484222325ULL
 
-/* Files. loom_file_read reads a whole file (NUL-terminated for text use).
+/* Files. loom_file_open_regular opens PATH for reading only when it is a
+ * regular file (a directory, a FIFO or a device is refused with a message
+ * naming it) and gives its size from fstat, never from ftell: every reader
+ * of a user-named file starts here. loom_file_open_fd is the same for the
+ * readers that mmap (the descriptor is the caller's to close).
+ * loom_file_read reads a whole file (NUL-terminated for text use).
  * loom_file_write_atomic writes to PATH.tmp, fsyncs it and renames it into
  * place, so a crash never leaves a half-written PATH. */
+loom_status loom_file_open_regular(const char *path, FILE **f, size_t *size);
+loom_status loom_file_open_fd(const char *path, int *fd, size_t *size);
 loom_status loom_file_read(const char *path, char **data, size_t *size);
 loom_status loom_file_write_atomic(const char *path, const void *data, size_t size);
 /* The same for a file made of `n` parts written one after the other (no

@@ -99,8 +99,9 @@ uint64_t loom_hash64(const void *data, size_t n, uint64_t seed) {
 }
 
 loom_status loom_hash64_file(const char *path, uint64_t *hash, uint64_t *bytes) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return loom_error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    size_t size;
+    LOOM_TRY(loom_file_open_regular(path, &f, &size));
     loom_hash64_t h;
     loom_hash64_init(&h, 0);
     size_t cap = 1 << 20, n;

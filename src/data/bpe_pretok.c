@@ -81,6 +81,29 @@ int loom_utf8_next(const unsigned char *s, size_t len, size_t i, unsigned *cp) {
     return 1;
 }
 
+size_t loom_utf8_put(unsigned char *o, unsigned cp) {
+    if (cp < 0x80) {
+        o[0] = (unsigned char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        o[0] = (unsigned char)(0xC0 | (cp >> 6));
+        o[1] = (unsigned char)(0x80 | (cp & 63));
+        return 2;
+    }
+    if (cp < 0x10000) {
+        o[0] = (unsigned char)(0xE0 | (cp >> 12));
+        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 63));
+        o[2] = (unsigned char)(0x80 | (cp & 63));
+        return 3;
+    }
+    o[0] = (unsigned char)(0xF0 | (cp >> 18));
+    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 63));
+    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 63));
+    o[3] = (unsigned char)(0x80 | (cp & 63));
+    return 4;
+}
+
 /* Class and length of the character at s[i]. */
 static inline int char_at(const unsigned char *s, size_t len, size_t i, int *cls) {
     if (s[i] < 0x80) {
@@ -131,18 +154,113 @@ size_t loom_pretok_next(const unsigned char *s, size_t len, size_t i) {
     return j;
 }
 
-static inline int ascii_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+/* End of the run of class `cls` characters from s[j]. */
+static size_t run_end(const unsigned char *s, size_t len, size_t j, int cls) {
+    while (j < len) {
+        int c;
+        int n = char_at(s, len, j, &c);
+        if (c != cls) break;
+        j += (size_t)n;
+    }
+    return j;
+}
+
+static inline int crlf(unsigned char c) { return c == '\r' || c == '\n'; }
+
+/* (?i:'s|'t|'re|'ve|'m|'ll|'d): the contraction's length at s[i], or 0.
+ * Only ASCII folds (tokenizers' Oniguruma does not fold U+017F to 's'). */
+static size_t contraction(const unsigned char *s, size_t len, size_t i) {
+    if (s[i] != '\'' || i + 1 >= len) return 0;
+    unsigned char a = s[i + 1] | 0x20, b = i + 2 < len ? s[i + 2] | 0x20 : 0;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if (((a == 'r' || a == 'v') && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    return 0;
+}
+
+/* The whitespace alternatives \s*[\r\n]+|\s+(?!\S)|\s+ at s[i] (a space). */
+static size_t llama3_space(const unsigned char *s, size_t len, size_t i) {
+    size_t j = i, last = i, brk = 0;
+    while (j < len) {
+        int c;
+        int n = char_at(s, len, j, &c);
+        if (c != LOOM_CC_SPACE) break;
+        if (crlf(s[j])) brk = j + 1;
+        last = j;
+        j += (size_t)n;
+    }
+    if (brk) return brk; /* up to the run's last line break */
+    if (j == len) return len;
+    return last > i ? last : j;
+}
+
+/* Llama 3's regex (max_digits 3) or Qwen2's (1); see bpe_pretok.h. */
+static size_t llama3_next(const unsigned char *s, size_t len, size_t i, int max_digits) {
+    size_t k = contraction(s, len, i);
+    if (k) return i + k;
+    int c0;
+    size_t j = i + (size_t)char_at(s, len, i, &c0);
+    if (c0 == LOOM_CC_LETTER) return run_end(s, len, j, LOOM_CC_LETTER);
+    if (c0 == LOOM_CC_NUMBER) {
+        for (int d = 1; d < max_digits && j < len; d++) {
+            int c;
+            int n = char_at(s, len, j, &c);
+            if (c != LOOM_CC_NUMBER) break;
+            j += (size_t)n;
+        }
+        return j;
+    }
+    int c1 = -1, n1 = 0;
+    if (j < len) n1 = char_at(s, len, j, &c1);
+    if (!crlf(s[i]) && c1 == LOOM_CC_LETTER) return run_end(s, len, j + (size_t)n1, LOOM_CC_LETTER);
+    if (c0 == LOOM_CC_OTHER || (s[i] == ' ' && c1 == LOOM_CC_OTHER)) {
+        size_t e = run_end(s, len, c0 == LOOM_CC_OTHER ? j : j + (size_t)n1, LOOM_CC_OTHER);
+        while (e < len && crlf(s[e])) e++;
+        return e;
+    }
+    return llama3_space(s, len, i);
+}
+
+/* SmolLM2's Digits(individual_digits) then the GPT-2 regex: a digit is a
+ * piece, and no GPT-2 piece runs into one. */
+static size_t digits_next(const unsigned char *s, size_t len, size_t i) {
+    int c;
+    size_t j = i + (size_t)char_at(s, len, i, &c);
+    if (c == LOOM_CC_NUMBER) return j;
+    size_t e = i;
+    while (e < len) { /* the digit-free stretch from i */
+        int n = char_at(s, len, e, &c);
+        if (c == LOOM_CC_NUMBER) break;
+        e += (size_t)n;
+    }
+    return loom_pretok_next(s, e, i);
+}
+
+size_t loom_pretok_next_kind(loom_pretok_kind k, const unsigned char *s, size_t len, size_t i) {
+    switch (k) {
+    case LOOM_PRETOK_GPT2: return loom_pretok_next(s, len, i);
+    case LOOM_PRETOK_LLAMA3: return llama3_next(s, len, i, 3);
+    case LOOM_PRETOK_QWEN2: return llama3_next(s, len, i, 1);
+    case LOOM_PRETOK_DIGITS: return digits_next(s, len, i);
+    default: return len;
+    }
+}
+
+/* Where a cut is safe for every kind: a space that is not a line break. */
+static inline int cut_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\v' || c == '\f'; }
+/* ... after a letter or digit: not the end of an added token such as "</s>",
+ * after which the next piece gets the prefix space of a piece start. */
+static inline int ascii_alnum(unsigned char c) { return (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z'); }
 
 size_t loom_pretok_safe_cut(const unsigned char *s, size_t len, size_t want) {
     if (want > len) want = len;
     if (want >= len) return len;
     for (size_t p = want; p > 0; p--)
-        if (ascii_space(s[p]) && s[p - 1] < 0x80 && !ascii_space(s[p - 1])) return p;
+        if (cut_space(s[p]) && ascii_alnum(s[p - 1])) return p;
     return 0;
 }
 
 size_t loom_pretok_safe_cut_after(const unsigned char *s, size_t len, size_t from) {
     for (size_t p = from > 0 ? from : 1; p < len; p++)
-        if (ascii_space(s[p]) && s[p - 1] < 0x80 && !ascii_space(s[p - 1])) return p;
+        if (cut_space(s[p]) && ascii_alnum(s[p - 1])) return p;
     return 0;
 }

@@ -391,7 +391,7 @@ static loom_status build_vocab(loom_tokenizer_t **out, const loom_bpe_counter_t 
     }
     loom_bpe_spec_t sp = {.vocab_size = (int)V, .tok = (const unsigned char *const *)tok, .tok_len = len,
                           .special = special, .merges = (const uint32_t(*)[2])merges, .nmerges = nm,
-                          .use_regex = 1, .origin = "trained tokenizer"};
+                          .style = loom_tok_style_gpt2(), .origin = "trained tokenizer"};
     loom_status s = loom_tokenizer_build(out, &sp);
     for (size_t i = 0; i < V; i++) free(tok[i]);
     free(tok);

@@ -76,7 +76,7 @@ static loom_status open_shards(split_t *s, const char *dir, const char *prefix) 
         names[n++] = loom_strdup(ent->d_name);
     }
     closedir(d);
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    if (n > 1) qsort(names, (size_t)n, sizeof *names, cmp_str);
     s->shards = loom_calloc((size_t)(n ? n : 1), sizeof *s->shards);
     s->start = loom_calloc((size_t)(n ? n : 1), sizeof *s->start);
     loom_status st = LOOM_OK;

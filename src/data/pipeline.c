@@ -98,8 +98,8 @@ typedef struct {
 static loom_status reader_open(reader_t *r, const char *path) {
     memset(r, 0, sizeof *r);
     r->path = path;
-    r->f = fopen(path, "rb");
-    if (!r->f) return loom_error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
+    size_t size;
+    LOOM_TRY(loom_file_open_regular(path, &r->f, &size));
     r->cap = 2 * CHUNK;
     r->buf = loom_malloc(r->cap);
     return LOOM_OK;
@@ -355,7 +355,9 @@ static void encoders_free(encoders_t *E) {
 
 static loom_status encode_corpus(const loom_tokenizer_t *tok, const files_t *in, const loom_pipeline_opts_t *o, encode_t *e) {
     int V = loom_tokenizer_vocab_size(tok);
-    *e = (encode_t){.o = o, .total = in->total, .eot = loom_tokenizer_eot(tok),
+    /* each document starts with <|endoftext|>, or with the BOS of a tokenizer without it (Llama's) */
+    int sep = loom_tokenizer_eot(tok) >= 0 ? loom_tokenizer_eot(tok) : loom_tokenizer_bos(tok);
+    *e = (encode_t){.o = o, .total = in->total, .eot = sep,
                     .train = {.dir = o->out, .name = "train", .vocab = V, .shard_tokens = o->shard_tokens},
                     .val = {.dir = o->out, .name = "val", .vocab = V, .shard_tokens = o->shard_tokens}};
     encoders_init(&e->E, tok, o->threads);

@@ -12,14 +12,9 @@
 
 loom_status loom_shard_open(loom_shard_t *s, const char *path) {
     memset(s, 0, sizeof *s);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) return loom_error(LOOM_EIO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return loom_error(LOOM_EIO, "%s: not a regular file", path);
-    }
-    size_t len = (size_t)st.st_size;
+    int fd;
+    size_t len;
+    LOOM_TRY(loom_file_open_fd(path, &fd, &len));
     if (len < 1024) {
         close(fd);
         return loom_error(LOOM_EFORMAT, "%s: %zu bytes, shorter than a shard header (1024); re-run `loom tokenize`", path, len);

@@ -1,33 +1,16 @@
 #define _GNU_SOURCE
 #include "tokenizer.h"
 
-#include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bpe_build.h"
 #include "bpe_map.h"
+#include "bpe_nfc.h"
 #include "bpe_pretok.h"
 
 #define EOT_TEXT "<|endoftext|>"
 #define NO_RANK UINT64_MAX
-
-struct loom_tokenizer {
-    int vocab_size;
-    int eot;                  /* id of "<|endoftext|>" or -1 */
-    unsigned char *bytes;     /* token bytes, all ids back to back */
-    size_t *off;              /* (vocab_size + 1) token id -> offset into bytes */
-    uint8_t *special;         /* (vocab_size) */
-    uint32_t byte_id[256];    /* id of each single-byte token */
-    size_t nmerges;
-    uint32_t (*merges)[2];    /* (nmerges, 2) in rank order */
-    loom_pairmap_t ranks;     /* pair -> rank << 32 | merged id */
-    loom_strmap_t vocab;      /* token bytes -> id (non-special tokens) */
-    int nspecial;
-    uint32_t *special_ids;    /* (nspecial) longest text first */
-    int add_prefix_space, ignore_merges, use_regex;
-    uint64_t hash;
-};
 
 /* ---- construction ------------------------------------------------------ */
 
@@ -38,6 +21,7 @@ static void free_partial(loom_tokenizer_t *t) {
     free(t->special);
     free(t->merges);
     free(t->special_ids);
+    free(t->norm_ids);
     if (t->ranks.keys) loom_pairmap_free(&t->ranks);
     if (t->vocab.e) loom_strmap_free(&t->vocab);
     free(t);
@@ -45,7 +29,7 @@ static void free_partial(loom_tokenizer_t *t) {
 
 void loom_tokenizer_free(loom_tokenizer_t *t) { free_partial(t); }
 
-static size_t tok_len(const loom_tokenizer_t *t, uint32_t id) { return t->off[id + 1] - t->off[id]; }
+static size_t tok_len(const loom_tokenizer_t *t, uint32_t id) { return LOOM_TOK_LEN(t, id); }
 
 /* Printable form of token bytes for messages (escapes non-printables). */
 static const char *show(const unsigned char *s, size_t n, char *buf, size_t cap) {
@@ -64,7 +48,8 @@ static int by_length_desc(const void *a, const void *b, void *tok) {
 }
 
 static void compute_hash(loom_tokenizer_t *t) {
-    int canonical = t->vocab_size == 257 && t->eot == 256 && t->nmerges == 0 && t->nspecial == 1 && !t->add_prefix_space;
+    int canonical = t->vocab_size == 257 && t->eot == 256 && t->nmerges == 0 && t->nspecial == 1 && !t->st.add_prefix_space &&
+                    !t->st.sentencepiece;
     for (int b = 0; b < 256 && canonical; b++) canonical = t->byte_id[b] == (uint32_t)b;
     if (canonical) { /* the byte-level tokenizer's fingerprint from before BPE */
         uint64_t h = loom_fnv1a("bytes", 5, LOOM_FNV_INIT);
@@ -79,8 +64,17 @@ static void compute_hash(loom_tokenizer_t *t) {
         h = loom_fnv1a(&t->special[i], 1, h);
     }
     h = loom_fnv1a(t->merges, t->nmerges * sizeof *t->merges, h);
-    int flags[3] = {t->add_prefix_space, t->ignore_merges, t->use_regex};
-    t->hash = loom_fnv1a(flags, sizeof flags, h);
+    const loom_tok_style_t *st = &t->st;
+    int flags[3] = {st->add_prefix_space, st->ignore_merges, st->pretok == LOOM_PRETOK_GPT2};
+    h = loom_fnv1a(flags, sizeof flags, h);
+    /* Options after GPT-2's enter only when set, so GPT-2-style hashes (in
+     * checkpoints) stay as they were. */
+    int more[8] = {st->pretok > LOOM_PRETOK_GPT2 ? st->pretok : 0, st->sentencepiece, st->prepend, st->split_spaces,
+                   st->strip_decode, st->sentencepiece ? st->unk : 0, st->fuse_unk, st->nfc};
+    int any = 0;
+    for (int k = 0; k < 8; k++) any |= more[k];
+    if (any) h = loom_fnv1a(more, sizeof more, h);
+    t->hash = h;
 }
 
 static loom_status merge_error(const loom_bpe_spec_t *sp, size_t i, const char *fmt, const char *a, const char *b) {
@@ -90,6 +84,55 @@ static loom_status merge_error(const loom_bpe_spec_t *sp, size_t i, const char *
     char what[256];
     snprintf(what, sizeof what, fmt, a, b);
     return loom_error(LOOM_EFORMAT, "%s: %s: %s", sp->merges_origin ? sp->merges_origin : sp->origin, where, what);
+}
+
+/* The ids of the added tokens with (`norm` 1) or without the NORMALIZED
+ * flag, longest text first (HF matches leftmost, then longest). */
+static uint32_t *added_list(loom_tokenizer_t *t, int norm, int *n) {
+    int normalizer = t->st.prepend == LOOM_PREPEND_NORMALIZER || t->st.nfc;
+    uint32_t *ids = loom_malloc(((size_t)t->vocab_size + 1) * sizeof *ids);
+    *n = 0;
+    for (int i = 0; i < t->vocab_size; i++) {
+        uint8_t f = t->special[i];
+        if ((f & LOOM_TOK_ADDED) && (normalizer && (f & LOOM_TOK_NORMALIZED)) == norm) ids[(*n)++] = (uint32_t)i;
+    }
+    qsort_r(ids, (size_t)*n, sizeof *ids, by_length_desc, t);
+    return ids;
+}
+
+/* SentencePiece without Metaspace split: is there no regular token with a
+ * space after a non-space (then words may be cut before such spaces)? */
+static int spaces_start_words(const loom_tokenizer_t *t) {
+    for (int i = 0; i < t->vocab_size; i++) {
+        if (t->special[i]) continue;
+        const unsigned char *b = t->bytes + t->off[i];
+        for (size_t k = 1; k < tok_len(t, (uint32_t)i); k++)
+            if (b[k] == ' ' && b[k - 1] != ' ') return 0;
+    }
+    return 1;
+}
+
+/* Token i of `sp`: a regular token into the vocabulary map, a byte token
+ * into byte_id; errors name the id. */
+static loom_status index_token(loom_tokenizer_t *t, const loom_bpe_spec_t *sp, int i) {
+    size_t n = sp->tok_len[i];
+    char sb[160];
+    if (n == 0) return loom_error(LOOM_EFORMAT, "%s: token id %d is empty or missing; ids must run 0..%d without gaps", sp->origin, i, sp->vocab_size - 1);
+    if (t->special[i] & LOOM_TOK_ADDED) {
+        if (n == strlen(EOT_TEXT) && !memcmp(sp->tok[i], EOT_TEXT, n)) t->eot = i;
+        return LOOM_OK;
+    }
+    if (t->special[i] & LOOM_TOK_BYTE) {
+        if (!t->st.sentencepiece || n != 1) return loom_error(LOOM_EFORMAT, "%s: token id %d: a byte-fallback token outside a SentencePiece-style vocabulary", sp->origin, i);
+        t->byte_id[sp->tok[i][0]] = (uint32_t)i;
+        return LOOM_OK;
+    }
+    int added;
+    loom_strmap_entry_t *e = loom_strmap_put(&t->vocab, sp->tok[i], n, loom_bytes_hash(sp->tok[i], n), (uint64_t)i, &added);
+    if (!added)
+        return loom_error(LOOM_EFORMAT, "%s: ids %d and %d are the same token \"%s\"", sp->origin, (int)e->val, i, show(sp->tok[i], n, sb, sizeof sb));
+    if (n == 1 && !t->st.sentencepiece) t->byte_id[sp->tok[i][0]] = (uint32_t)i;
+    return LOOM_OK;
 }
 
 /* The tokens of `sp` into t (bytes, offsets, the vocabulary map, specials,
@@ -104,34 +147,20 @@ static loom_status build_vocab(loom_tokenizer_t *t, const loom_bpe_spec_t *sp) {
     loom_strmap_init(&t->vocab, (size_t)V);
     for (int b = 0; b < 256; b++) t->byte_id[b] = UINT32_MAX;
     size_t o = 0;
-    char sb[160];
     for (int i = 0; i < V; i++) {
-        size_t n = sp->tok_len[i];
         t->off[i] = o;
-        memcpy(t->bytes + o, sp->tok[i], n);
-        o += n;
+        memcpy(t->bytes + o, sp->tok[i], sp->tok_len[i]);
+        o += sp->tok_len[i];
         t->special[i] = sp->special[i];
-        if (n == 0) return loom_error(LOOM_EFORMAT, "%s: token id %d is empty or missing; ids must run 0..%d without gaps", sp->origin, i, V - 1);
-        if (t->special[i]) {
-            t->nspecial++;
-            if (n == strlen(EOT_TEXT) && !memcmp(sp->tok[i], EOT_TEXT, n)) t->eot = i;
-            continue;
-        }
-        int added;
-        loom_strmap_entry_t *e = loom_strmap_put(&t->vocab, sp->tok[i], n, loom_bytes_hash(sp->tok[i], n), (uint64_t)i, &added);
-        if (!added)
-            return loom_error(LOOM_EFORMAT, "%s: ids %d and %d are the same token \"%s\"", sp->origin, (int)e->val, i, show(sp->tok[i], n, sb, sizeof sb));
-        if (n == 1) t->byte_id[sp->tok[i][0]] = (uint32_t)i;
+        LOOM_TRY(index_token(t, sp, i));
     }
     t->off[V] = o;
-    for (int b = 0; b < 256; b++)
+    for (int b = 0; b < 256 && !t->st.sentencepiece; b++)
         if (t->byte_id[b] == UINT32_MAX)
             return loom_error(LOOM_EFORMAT, "%s: no token for byte 0x%02x; a byte-level BPE vocabulary has all 256 bytes", sp->origin, b);
-    t->special_ids = loom_malloc(((size_t)t->nspecial + 1) * sizeof *t->special_ids);
-    int k = 0;
-    for (int i = 0; i < V; i++)
-        if (t->special[i]) t->special_ids[k++] = (uint32_t)i;
-    qsort_r(t->special_ids, (size_t)t->nspecial, sizeof *t->special_ids, by_length_desc, t);
+    t->special_ids = added_list(t, 0, &t->nspecial);
+    t->norm_ids = added_list(t, 1, &t->nnorm);
+    t->words_at_spaces = t->st.sentencepiece && !t->st.split_spaces && spaces_start_words(t);
     return LOOM_OK;
 }
 
@@ -178,13 +207,18 @@ static loom_status build_merges(loom_tokenizer_t *t, const loom_bpe_spec_t *sp) 
 loom_status loom_tokenizer_build(loom_tokenizer_t **out, const loom_bpe_spec_t *sp) {
     *out = NULL;
     int V = sp->vocab_size;
-    if (V < 256) return loom_error(LOOM_EFORMAT, "%s: %d tokens; a byte-level vocabulary needs at least 256", sp->origin, V);
+    if (V < 256 && !sp->style.sentencepiece)
+        return loom_error(LOOM_EFORMAT, "%s: %d tokens; a byte-level vocabulary needs at least 256", sp->origin, V);
+    if (V < 1) return loom_error(LOOM_EFORMAT, "%s: the vocabulary is empty", sp->origin);
+    const loom_tok_style_t *st = &sp->style;
+    int ids[4] = {st->unk, st->bos, st->eos, 0};
+    const char *what[3] = {"unknown", "BOS", "EOS"};
+    for (int k = 0; k < 3; k++)
+        if (ids[k] >= V) return loom_error(LOOM_EFORMAT, "%s: the %s token id %d is beyond the vocabulary (%d)", sp->origin, what[k], ids[k], V);
     loom_tokenizer_t *t = loom_calloc(1, sizeof *t);
     t->vocab_size = V;
     t->eot = -1;
-    t->add_prefix_space = sp->add_prefix_space;
-    t->ignore_merges = sp->ignore_merges;
-    t->use_regex = sp->use_regex;
+    t->st = *st;
     loom_status s = build_vocab(t, sp);
     if (s == LOOM_OK) s = build_merges(t, sp);
     if (s != LOOM_OK) {
@@ -194,6 +228,10 @@ loom_status loom_tokenizer_build(loom_tokenizer_t **out, const loom_bpe_spec_t *
     compute_hash(t);
     *out = t;
     return LOOM_OK;
+}
+
+loom_tok_style_t loom_tok_style_gpt2(void) {
+    return (loom_tok_style_t){.pretok = LOOM_PRETOK_GPT2, .unk = -1, .bos = -1, .eos = -1};
 }
 
 loom_status loom_tokenizer_bytes(loom_tokenizer_t **out) {
@@ -210,7 +248,7 @@ loom_status loom_tokenizer_bytes(loom_tokenizer_t **out) {
     len[256] = strlen(EOT_TEXT);
     special[256] = 1;
     loom_bpe_spec_t sp = {.vocab_size = 257, .tok = tok, .tok_len = len, .special = special,
-                          .use_regex = 1, .origin = "byte-level tokenizer"};
+                          .style = loom_tok_style_gpt2(), .origin = "byte-level tokenizer"};
     return loom_tokenizer_build(out, &sp);
 }
 
@@ -218,7 +256,35 @@ int loom_tokenizer_vocab_size(const loom_tokenizer_t *t) { return t->vocab_size;
 int loom_tokenizer_eot(const loom_tokenizer_t *t) { return t->eot; }
 uint64_t loom_tokenizer_hash(const loom_tokenizer_t *t) { return t->hash; }
 int loom_tokenizer_merges(const loom_tokenizer_t *t) { return (int)t->nmerges; }
-int loom_tokenizer_nspecial(const loom_tokenizer_t *t) { return t->nspecial; }
+int loom_tokenizer_nspecial(const loom_tokenizer_t *t) { return t->nspecial + t->nnorm; }
+int loom_tokenizer_bos(const loom_tokenizer_t *t) { return t->st.bos; }
+int loom_tokenizer_eos(const loom_tokenizer_t *t) { return t->st.eos >= 0 ? t->st.eos : t->eot; }
+
+int loom_tokenizer_is_control(const loom_tokenizer_t *t, uint32_t id) {
+    return id < (uint32_t)t->vocab_size && (t->special[id] & (LOOM_TOK_ADDED | LOOM_TOK_PLAIN)) == LOOM_TOK_ADDED;
+}
+
+int loom_tokenizer_find(const loom_tokenizer_t *t, const char *text) {
+    size_t n = strlen(text);
+    for (int k = 0; k < t->nspecial + t->nnorm; k++) {
+        uint32_t id = k < t->nspecial ? t->special_ids[k] : t->norm_ids[k - t->nspecial];
+        if (tok_len(t, id) == n && !memcmp(t->bytes + t->off[id], text, n)) return (int)id;
+    }
+    loom_strmap_entry_t *e = loom_strmap_get(&t->vocab, text, n, loom_bytes_hash(text, n));
+    return e ? (int)e->val : -1;
+}
+
+loom_status loom_tokenizer_set_specials(loom_tokenizer_t *t, int bos, int eos, int add_bos, int add_eos) {
+    if (bos >= t->vocab_size || eos >= t->vocab_size)
+        return loom_error(LOOM_EINVAL, "BOS %d / EOS %d: beyond the vocabulary (%d)", bos, eos, t->vocab_size);
+    if (bos >= -1) t->st.bos = bos;
+    if (eos >= -1) t->st.eos = eos;
+    if (add_bos >= 0) t->st.add_bos = add_bos;
+    if (add_eos >= 0) t->st.add_eos = add_eos;
+    if (t->st.add_bos && t->st.bos < 0) return loom_error(LOOM_EINVAL, "the tokenizer adds a BOS token but has none");
+    if (t->st.add_eos && t->st.eos < 0) return loom_error(LOOM_EINVAL, "the tokenizer adds an EOS token but has none");
+    return LOOM_OK;
+}
 
 const unsigned char *loom_tokenizer_token(const loom_tokenizer_t *t, uint32_t id, size_t *len) {
     if (id >= (uint32_t)t->vocab_size) return NULL;
@@ -228,7 +294,7 @@ const unsigned char *loom_tokenizer_token(const loom_tokenizer_t *t, uint32_t id
 
 const char *loom_tokenizer_special(const loom_tokenizer_t *t, int i, uint32_t *id) {
     static _Thread_local char buf[256];
-    uint32_t s = t->special_ids[i];
+    uint32_t s = i < t->nspecial ? t->special_ids[i] : t->norm_ids[i - t->nspecial];
     size_t n = tok_len(t, s);
     if (n >= sizeof buf) n = sizeof buf - 1;
     memcpy(buf, t->bytes + t->off[s], n);
@@ -272,14 +338,17 @@ struct loom_encoder {
     int32_t *prev, *next;     /* scratch for long words */
     uint64_t *heap;
     size_t cap;
-    size_t *special_at;       /* (nspecial) next known occurrence of each special */
+    size_t *at_raw, *at_norm; /* (nspecial), (nnorm): next known occurrence of each added token */
+    unsigned char *norm;      /* scratch: the normalized text (SentencePiece) */
+    size_t norm_cap;
 };
 
 loom_encoder_t *loom_encoder_new(const loom_tokenizer_t *t) {
     loom_encoder_t *e = loom_calloc(1, sizeof *e);
     e->t = t;
     loom_strmap_init(&e->cache, 4096);
-    e->special_at = loom_calloc((size_t)t->nspecial + 1, sizeof *e->special_at);
+    e->at_raw = loom_calloc((size_t)t->nspecial + 1, sizeof *e->at_raw);
+    e->at_norm = loom_calloc((size_t)t->nnorm + 1, sizeof *e->at_norm);
     return e;
 }
 
@@ -292,7 +361,9 @@ void loom_encoder_free(loom_encoder_t *e) {
     free(e->prev);
     free(e->next);
     free(e->heap);
-    free(e->special_at);
+    free(e->at_raw);
+    free(e->at_norm);
+    free(e->norm);
     free(e);
 }
 
@@ -401,10 +472,42 @@ static size_t bpe_long(loom_encoder_t *e, size_t m) {
     return k;
 }
 
+/* The first symbols of word w into e->sym, and their count: one per byte
+ * (byte-level), or one per character (SentencePiece: the character's token,
+ * else the <0xNN> tokens of its bytes, else the unknown token, a run of
+ * unknowns fused into one when fuse_unk is set; else nothing, as HF does). */
+static size_t first_symbols(loom_encoder_t *e, const unsigned char *w, size_t n) {
+    const loom_tokenizer_t *t = e->t;
+    scratch(e, n);
+    if (!t->st.sentencepiece) {
+        for (size_t i = 0; i < n; i++) e->sym[i] = t->byte_id[w[i]];
+        return n;
+    }
+    size_t m = 0;
+    int unk_before = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned cp;
+        size_t k = (size_t)loom_utf8_next(w, n, i, &cp), b = 0;
+        loom_strmap_entry_t *v = loom_strmap_get(&t->vocab, w + i, k, loom_bytes_hash(w + i, k));
+        while (!v && b < k && t->byte_id[w[i + b]] != UINT32_MAX) b++;
+        if (v) {
+            e->sym[m++] = (uint32_t)v->val;
+        } else if (b == k) {
+            for (b = 0; b < k; b++) e->sym[m++] = t->byte_id[w[i + b]];
+        } else if (t->st.unk >= 0 && !(unk_before && t->st.fuse_unk)) {
+            e->sym[m++] = (uint32_t)t->st.unk;
+        }
+        unk_before = !v && b < k;
+        i += k;
+    }
+    return m;
+}
+
 /* Encode one pre-token. */
 static void encode_word(loom_encoder_t *e, const unsigned char *w, size_t n, loom_ids_t *out) {
     const loom_tokenizer_t *t = e->t;
-    if (n == 1 || t->nmerges == 0) {
+    if (n == 0) return;
+    if (!t->st.sentencepiece && (n == 1 || t->nmerges == 0)) {
         for (size_t i = 0; i < n; i++) loom_ids_push(out, t->byte_id[w[i]]);
         return;
     }
@@ -415,16 +518,15 @@ static void encode_word(loom_encoder_t *e, const unsigned char *w, size_t n, loo
         for (size_t i = 0; i < k; i++) loom_ids_push(out, e->cache_ids.v[off + i]);
         return;
     }
-    if (t->ignore_merges) {
+    if (t->st.ignore_merges) {
         loom_strmap_entry_t *v = loom_strmap_get(&t->vocab, w, n, h);
         if (v) {
             loom_ids_push(out, (uint32_t)v->val);
             return;
         }
     }
-    scratch(e, n);
-    for (size_t i = 0; i < n; i++) e->sym[i] = t->byte_id[w[i]];
-    size_t m = n <= SHORT_WORD ? bpe_short(e, n) : bpe_long(e, n);
+    size_t m = first_symbols(e, w, n);
+    if (m > 1) m = m <= SHORT_WORD ? bpe_short(e, m) : bpe_long(e, m);
     for (size_t i = 0; i < m; i++) loom_ids_push(out, e->sym[i]);
     if (m >= 0xffffff) return;
     if (e->cache.n >= CACHE_MAX_WORDS || e->cache_ids.n + m > CACHE_MAX_IDS) {
@@ -435,69 +537,152 @@ static void encode_word(loom_encoder_t *e, const unsigned char *w, size_t n, loo
     for (size_t i = 0; i < m; i++) loom_ids_push(&e->cache_ids, e->sym[i]);
 }
 
-/* Encode text that holds no special token. */
-static void encode_plain(loom_encoder_t *e, const unsigned char *s, size_t len, int at_start, loom_ids_t *out) {
-    if (len == 0) return;
+/* Text between added tokens: `seg_start` says it follows one or starts the
+ * text at a document start, `first` that it starts the text. */
+typedef void (*plain_fn)(loom_encoder_t *e, const unsigned char *s, size_t len, int seg_start, int first, loom_ids_t *out);
+
+#define AT_UNKNOWN (SIZE_MAX - 1)
+
+/* Cut the added tokens `ids` (n, longest first) out of s[0..len): the
+ * leftmost, the longest among those at one place, as HF does; the text
+ * between them goes to `plain`. `at` is scratch for n positions. */
+static void split_added(loom_encoder_t *e, const uint32_t *ids, int n, size_t *at, const unsigned char *s, size_t len,
+                        int at_start, plain_fn plain, loom_ids_t *out) {
+    const loom_tokenizer_t *t = e->t;
+    for (int k = 0; k < n; k++) at[k] = AT_UNKNOWN;
+    size_t i = 0;
+    int first = at_start;
+    while (i < len) {
+        size_t best = len;
+        int which = -1;
+        for (int k = 0; k < n; k++) {
+            size_t tl = tok_len(t, ids[k]);
+            if (at[k] == AT_UNKNOWN || at[k] < i) {
+                const unsigned char *p = memmem(s + i, len - i, t->bytes + t->off[ids[k]], tl);
+                at[k] = p ? (size_t)(p - s) : SIZE_MAX;
+            }
+            if (at[k] < best) {
+                best = at[k];
+                which = k;
+            }
+        }
+        if (best > i) plain(e, s + i, best - i, at_start, first && i == 0, out);
+        if (which < 0) break;
+        loom_ids_push(out, ids[which]);
+        i = best + tok_len(t, ids[which]);
+        at_start = 1;
+    }
+}
+
+/* Words of SentencePiece text: Metaspace split starts a word at every
+ * space; else the text is one word, which is cut before a space that
+ * follows a non-space when no token could span that place (same ids,
+ * and the word cache works). */
+static void sp_words(loom_encoder_t *e, const unsigned char *s, size_t len, int seg_start, int first, loom_ids_t *out) {
+    (void)seg_start, (void)first;
+    const loom_tokenizer_t *t = e->t;
+    if (!t->st.split_spaces && !t->words_at_spaces) {
+        encode_word(e, s, len, out);
+        return;
+    }
+    size_t w = 0;
+    for (size_t i = 1; i < len; i++)
+        if (s[i] == ' ' && (t->st.split_spaces || s[i - 1] != ' ')) {
+            encode_word(e, s + w, i - w, out);
+            w = i;
+        }
+    encode_word(e, s + w, len - w, out);
+}
+
+/* SentencePiece text between raw added tokens: the space that Prepend or
+ * Metaspace puts first, "▁" read as a space, then the normalized added
+ * tokens cut out of that. */
+static void sp_plain(loom_encoder_t *e, const unsigned char *s, size_t len, int seg_start, int first, loom_ids_t *out) {
+    const loom_tokenizer_t *t = e->t;
+    if (len + 1 > e->norm_cap) {
+        e->norm_cap = 2 * (len + 1);
+        free(e->norm);
+        e->norm = loom_malloc(e->norm_cap);
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == 0xE2 && i + 2 < len && s[i + 1] == 0x96 && s[i + 2] == 0x81) { /* U+2581 */
+            e->norm[k++] = ' ';
+            i += 2;
+        } else {
+            e->norm[k++] = s[i];
+        }
+    }
+    int p = t->st.prepend;
+    int lead = (p == LOOM_PREPEND_NORMALIZER && seg_start) || (p == LOOM_PREPEND_ALWAYS && seg_start && e->norm[0] != ' ') ||
+               (p == LOOM_PREPEND_FIRST && first && e->norm[0] != ' ');
+    if (lead) {
+        memmove(e->norm + 1, e->norm, k);
+        e->norm[0] = ' ';
+        k++;
+    }
+    if (t->nnorm) split_added(e, t->norm_ids, t->nnorm, e->at_norm, e->norm, k, 0, sp_words, out);
+    else sp_words(e, e->norm, k, 0, 0, out);
+}
+
+/* Byte-level text between added tokens: the prefix space, then pieces. */
+static void bl_words(loom_encoder_t *e, const unsigned char *s, size_t len, int seg_start, int first, loom_ids_t *out) {
+    (void)first;
     const loom_tokenizer_t *t = e->t;
     unsigned char *tmp = NULL;
-    if (t->add_prefix_space && at_start && s[0] != ' ') {
+    if (t->st.add_prefix_space && seg_start && s[0] != ' ') {
         tmp = loom_malloc(len + 1);
         tmp[0] = ' ';
         memcpy(tmp + 1, s, len);
         s = tmp;
         len++;
     }
-    if (!t->use_regex) {
-        encode_word(e, s, len, out);
-    } else {
-        for (size_t i = 0; i < len;) {
-            size_t j = loom_pretok_next(s, len, i);
-            encode_word(e, s + i, j - i, out);
-            i = j;
-        }
+    for (size_t i = 0; i < len;) {
+        size_t j = loom_pretok_next_kind(t->st.pretok, s, len, i);
+        encode_word(e, s + i, j - i, out);
+        i = j;
     }
     free(tmp);
 }
 
-void loom_encoder_encode(loom_encoder_t *e, const char *text, size_t len, int at_start, loom_ids_t *out) {
+/* Byte-level text between raw added tokens: NFC when the tokenizer has that
+ * normalizer, then the normalized added tokens cut out of it. */
+static void bl_plain(loom_encoder_t *e, const unsigned char *s, size_t len, int seg_start, int first, loom_ids_t *out) {
     const loom_tokenizer_t *t = e->t;
-    const unsigned char *s = (const unsigned char *)text;
-    for (int k = 0; k < t->nspecial; k++) e->special_at[k] = 0;
-    size_t i = 0;
-    while (i < len) {
-        /* The leftmost special in the text, the longest among those at one place. */
-        size_t best = len;
-        int which = -1;
-        for (int k = 0; k < t->nspecial; k++) {
-            uint32_t id = t->special_ids[k];
-            size_t n = tok_len(t, id);
-            if (e->special_at[k] < i || (e->special_at[k] == 0 && i == 0)) {
-                const unsigned char *p = memmem(s + i, len - i, t->bytes + t->off[id], n);
-                e->special_at[k] = p ? (size_t)(p - s) : SIZE_MAX;
-            }
-            if (e->special_at[k] < best) {
-                best = e->special_at[k];
-                which = k;
-            }
-        }
-        encode_plain(e, s + i, best - i, at_start, out);
-        if (which < 0) break;
-        uint32_t id = t->special_ids[which];
-        loom_ids_push(out, id);
-        i = best + tok_len(t, id);
-        at_start = 1;
+    if (t->st.nfc) {
+        len = loom_nfc(s, len, &e->norm, &e->norm_cap);
+        s = e->norm;
     }
+    if (t->nnorm) split_added(e, t->norm_ids, t->nnorm, e->at_norm, s, len, seg_start, bl_words, out);
+    else bl_words(e, s, len, seg_start, first, out);
 }
 
-loom_status loom_tokenizer_encode(const loom_tokenizer_t *t, const char *text, size_t len,
-                                  uint32_t **ids, size_t *n) {
+void loom_encoder_encode(loom_encoder_t *e, const char *text, size_t len, int at_start, loom_ids_t *out) {
+    const loom_tokenizer_t *t = e->t;
+    split_added(e, t->special_ids, t->nspecial, e->at_raw, (const unsigned char *)text, len, at_start,
+                t->st.sentencepiece ? sp_plain : bl_plain, out);
+}
+
+/* Encode in one call; with `special`, the BOS/EOS the tokenizer adds. */
+static void encode_all(const loom_tokenizer_t *t, const char *text, size_t len, int special, uint32_t **ids, size_t *n) {
     loom_encoder_t *e = loom_encoder_new(t);
     loom_ids_t out = {0};
+    if (special && t->st.add_bos && t->st.bos >= 0) loom_ids_push(&out, (uint32_t)t->st.bos);
     loom_encoder_encode(e, text, len, 1, &out);
+    if (special && t->st.add_eos && t->st.eos >= 0) loom_ids_push(&out, (uint32_t)t->st.eos);
     loom_encoder_free(e);
     if (!out.v) out.v = loom_malloc(sizeof *out.v);
     *ids = out.v;
     *n = out.n;
+}
+
+loom_status loom_tokenizer_encode(const loom_tokenizer_t *t, const char *text, size_t len, uint32_t **ids, size_t *n) {
+    encode_all(t, text, len, 0, ids, n);
+    return LOOM_OK;
+}
+
+loom_status loom_tokenizer_encode_special(const loom_tokenizer_t *t, const char *text, size_t len, uint32_t **ids, size_t *n) {
+    encode_all(t, text, len, 1, ids, n);
     return LOOM_OK;
 }
 
@@ -512,433 +697,24 @@ loom_status loom_tokenizer_decode(const loom_tokenizer_t *t, const uint32_t *ids
     char *out = loom_malloc(total + 1);
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t m = tok_len(t, ids[i]);
-        memcpy(out + k, t->bytes + t->off[ids[i]], m);
+        const unsigned char *b = t->bytes + t->off[ids[i]];
+        size_t m = tok_len(t, ids[i]), j = 0;
+        if (i == 0 && t->st.strip_decode < 0 && !(t->special[ids[i]] & LOOM_TOK_ADDED)) {
+            for (; j < m; j++) /* the Metaspace decoder drops the first token's "▁"s */
+                if (b[j] != ' ') out[k++] = (char)b[j];
+            continue;
+        }
+        memcpy(out + k, b, m);
         k += m;
     }
+    size_t lead = 0; /* the Strip decoder drops leading spaces of the whole text */
+    while (lead < k && lead < (size_t)(t->st.strip_decode > 0 ? t->st.strip_decode : 0) && out[lead] == ' ') lead++;
+    memmove(out, out + lead, k - lead);
+    k -= lead;
     out[k] = 0;
     *text = out;
     *len = k;
     return LOOM_OK;
-}
-
-/* ---- files --------------------------------------------------------------- */
-
-/* GPT-2's reversible map from bytes to printable unicode code points. */
-static void byte_to_unicode(int cp[256]) {
-    int n = 0;
-    for (int b = 0; b < 256; b++) {
-        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-        cp[b] = printable ? b : 256 + n++;
-    }
-}
-
-static int utf8_put(char *s, int cp) {
-    if (cp < 0x80) { s[0] = (char)cp; return 1; }
-    s[0] = (char)(0xC0 | (cp >> 6));
-    s[1] = (char)(0x80 | (cp & 63));
-    return 2; /* the map's code points are all below 0x800 */
-}
-
-/* Token bytes -> the byte-level string that names it in vocab files. */
-static char *bytes_to_name(const unsigned char *s, size_t n) {
-    int cp[256];
-    byte_to_unicode(cp);
-    char *out = loom_malloc(2 * n + 1);
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) k += (size_t)utf8_put(out + k, cp[s[i]]);
-    out[k] = 0;
-    return out;
-}
-
-/* The byte-level name -> bytes (into out, at most n bytes); -1 when a
- * character is outside the byte map. */
-static long name_to_bytes(const char *name, unsigned char *out) {
-    static int inv[512];
-    static int ready;
-    if (!ready) { /* idempotent, so a race only repeats the same stores */
-        int cp[256];
-        byte_to_unicode(cp);
-        for (int i = 0; i < 512; i++) inv[i] = -1;
-        for (int b = 0; b < 256; b++) inv[cp[b]] = b;
-        ready = 1;
-    }
-    const unsigned char *s = (const unsigned char *)name;
-    size_t len = strlen(name), k = 0;
-    for (size_t i = 0; i < len;) {
-        unsigned c;
-        int n = loom_utf8_next(s, len, i, &c);
-        if (c >= 512 || inv[c] < 0) return -1;
-        out[k++] = (unsigned char)inv[c];
-        i += (size_t)n;
-    }
-    return (long)k;
-}
-
-static cJSON *added_token(int id, const unsigned char *content, size_t n) {
-    cJSON *a = cJSON_CreateObject();
-    char *c = loom_malloc(n + 1);
-    memcpy(c, content, n);
-    c[n] = 0;
-    cJSON_AddNumberToObject(a, "id", id);
-    cJSON_AddStringToObject(a, "content", c);
-    free(c);
-    cJSON_AddBoolToObject(a, "single_word", 0);
-    cJSON_AddBoolToObject(a, "lstrip", 0);
-    cJSON_AddBoolToObject(a, "rstrip", 0);
-    cJSON_AddBoolToObject(a, "normalized", 0);
-    cJSON_AddBoolToObject(a, "special", 1);
-    return a;
-}
-
-static cJSON *byte_level(const char *type, int add_prefix_space, int use_regex) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "type", type);
-    cJSON_AddBoolToObject(o, "add_prefix_space", add_prefix_space);
-    cJSON_AddBoolToObject(o, "trim_offsets", 1);
-    cJSON_AddBoolToObject(o, "use_regex", use_regex);
-    return o;
-}
-
-loom_status loom_tokenizer_save(const loom_tokenizer_t *t, const char *path) {
-    cJSON *root = cJSON_CreateObject();
-    cJSON_AddStringToObject(root, "version", "1.0");
-    cJSON_AddNullToObject(root, "truncation");
-    cJSON_AddNullToObject(root, "padding");
-    cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
-    for (int i = 0; i < t->vocab_size; i++)
-        if (t->special[i]) cJSON_AddItemToArray(added, added_token(i, t->bytes + t->off[i], tok_len(t, (uint32_t)i)));
-    cJSON_AddNullToObject(root, "normalizer");
-    cJSON_AddItemToObject(root, "pre_tokenizer", byte_level("ByteLevel", t->add_prefix_space, t->use_regex));
-    cJSON_AddNullToObject(root, "post_processor");
-    cJSON_AddItemToObject(root, "decoder", byte_level("ByteLevel", 1, 1));
-    cJSON *model = cJSON_AddObjectToObject(root, "model");
-    cJSON_AddStringToObject(model, "type", "BPE");
-    cJSON_AddNullToObject(model, "dropout");
-    cJSON_AddNullToObject(model, "unk_token");
-    cJSON_AddNullToObject(model, "continuing_subword_prefix");
-    cJSON_AddNullToObject(model, "end_of_word_suffix");
-    cJSON_AddBoolToObject(model, "fuse_unk", 0);
-    cJSON_AddBoolToObject(model, "byte_fallback", 0);
-    cJSON_AddBoolToObject(model, "ignore_merges", t->ignore_merges);
-    cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
-    for (int i = 0; i < t->vocab_size; i++) {
-        size_t n = tok_len(t, (uint32_t)i);
-        char *name;
-        if (t->special[i]) {
-            name = loom_malloc(n + 1);
-            memcpy(name, t->bytes + t->off[i], n);
-            name[n] = 0;
-        } else {
-            name = bytes_to_name(t->bytes + t->off[i], n);
-        }
-        cJSON_AddNumberToObject(vocab, name, i);
-        free(name);
-    }
-    cJSON *merges = cJSON_AddArrayToObject(model, "merges");
-    for (size_t i = 0; i < t->nmerges; i++) {
-        uint32_t a = t->merges[i][0], b = t->merges[i][1];
-        char *na = bytes_to_name(t->bytes + t->off[a], tok_len(t, a));
-        char *nb = bytes_to_name(t->bytes + t->off[b], tok_len(t, b));
-        size_t la = strlen(na), lb = strlen(nb);
-        char *m = loom_malloc(la + lb + 2);
-        memcpy(m, na, la);
-        m[la] = ' ';
-        memcpy(m + la + 1, nb, lb + 1);
-        cJSON_AddItemToArray(merges, cJSON_CreateString(m));
-        free(m);
-        free(na);
-        free(nb);
-    }
-    char *text = cJSON_Print(root);
-    cJSON_Delete(root);
-    if (!text) return loom_error(LOOM_ENOMEM, "%s: could not format the tokenizer as JSON", path);
-    loom_status s = loom_file_write_atomic(path, text, strlen(text));
-    free(text);
-    return s;
-}
-
-/* Line and column of byte `at` in text, for parse errors. */
-static void line_col(const char *text, size_t at, long *line, long *col) {
-    *line = 1;
-    *col = 1;
-    for (size_t i = 0; i < at && text[i]; i++) {
-        if (text[i] == '\n') {
-            ++*line;
-            *col = 1;
-        } else {
-            ++*col;
-        }
-    }
-}
-
-static cJSON *parse_json(const char *path, loom_status *st) {
-    char *text;
-    size_t len;
-    *st = loom_file_read(path, &text, &len);
-    if (*st != LOOM_OK) return NULL;
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!root) {
-        long line, col;
-        size_t at = end ? (size_t)(end - text) : 0;
-        line_col(text, at, &line, &col);
-        *st = loom_error(LOOM_EFORMAT, "%s:%ld:%ld: not valid JSON", path, line, col);
-    }
-    free(text);
-    return root;
-}
-
-/* Vocabulary entries, gathered by id before building. */
-typedef struct {
-    int n;                  /* vocab size (max id + 1) */
-    unsigned char **tok;
-    size_t *len;
-    uint8_t *special;
-} vocab_t;
-
-static void vocab_free(vocab_t *v) {
-    for (int i = 0; i < v->n; i++) free(v->tok[i]);
-    free(v->tok);
-    free(v->len);
-    free(v->special);
-}
-
-static loom_status vocab_set(vocab_t *v, const char *path, long id, const unsigned char *s, size_t n, int special) {
-    if (id < 0 || id >= v->n) return loom_error(LOOM_EFORMAT, "%s: token id %ld is out of range", path, id);
-    if (v->tok[id]) {
-        if (v->len[id] == n && !memcmp(v->tok[id], s, n) && v->special[id] == special) return LOOM_OK;
-        if (special && !v->special[id]) { /* an added token also listed in the vocab */
-            free(v->tok[id]);
-        } else {
-            return loom_error(LOOM_EFORMAT, "%s: token id %ld is given twice", path, id);
-        }
-    }
-    v->tok[id] = loom_malloc(n ? n : 1);
-    memcpy(v->tok[id], s, n);
-    v->len[id] = n;
-    v->special[id] = (uint8_t)special;
-    return LOOM_OK;
-}
-
-static int json_id(const cJSON *x, long *id) {
-    if (!cJSON_IsNumber(x)) return 0;
-    double d = x->valuedouble;
-    if (d < 0 || d > 4294967294.0 || d != (double)(long)d) return 0;
-    *id = (long)d;
-    return 1;
-}
-
-/* Fill *v from a vocab object (name -> id) plus specials (content, id);
- * names of specials are taken as their text, the others through the byte map. */
-static loom_status vocab_from_json(vocab_t *v, const char *path, const cJSON *vocab, const cJSON *added) {
-    long maxid = -1, id = 0;
-    const cJSON *x;
-    cJSON_ArrayForEach(x, vocab) {
-        if (!json_id(x, &id)) return loom_error(LOOM_EFORMAT, "%s: vocabulary entry \"%s\": the id is not a non-negative integer", path, x->string);
-        if (id > maxid) maxid = id;
-    }
-    cJSON_ArrayForEach(x, added) {
-        const cJSON *i = cJSON_GetObjectItemCaseSensitive(x, "id");
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(x, "content");
-        if (!json_id(i, &id) || !cJSON_IsString(c) || !c->valuestring[0])
-            return loom_error(LOOM_EFORMAT, "%s: an added_tokens entry lacks an integer \"id\" or a \"content\" string", path);
-        const char *flags[] = {"single_word", "lstrip", "rstrip"};
-        for (int f = 0; f < 3; f++)
-            if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, flags[f])))
-                return loom_error(LOOM_EUNAVAIL, "%s: added token \"%s\" sets %s, which loom does not support", path, c->valuestring, flags[f]);
-        if (id > maxid) maxid = id;
-    }
-    if (maxid + 1 > 0x7fffffff) return loom_error(LOOM_EFORMAT, "%s: token id %ld is too large", path, maxid);
-    v->n = (int)(maxid + 1);
-    v->tok = loom_calloc((size_t)v->n + 1, sizeof *v->tok);
-    v->len = loom_calloc((size_t)v->n + 1, sizeof *v->len);
-    v->special = loom_calloc((size_t)v->n + 1, 1);
-    cJSON_ArrayForEach(x, added) {
-        json_id(cJSON_GetObjectItemCaseSensitive(x, "id"), &id);
-        const char *c = cJSON_GetObjectItemCaseSensitive(x, "content")->valuestring;
-        LOOM_TRY(vocab_set(v, path, id, (const unsigned char *)c, strlen(c), 1));
-    }
-    unsigned char *buf = NULL;
-    size_t cap = 0;
-    cJSON_ArrayForEach(x, vocab) {
-        json_id(x, &id);
-        if (v->special[id]) continue;
-        size_t n = strlen(x->string);
-        if (n + 1 > cap) {
-            cap = 2 * (n + 1);
-            free(buf);
-            buf = loom_malloc(cap);
-        }
-        long k = name_to_bytes(x->string, buf);
-        if (k <= 0) {
-            free(buf);
-            return loom_error(LOOM_EFORMAT, "%s: vocabulary entry \"%s\" (id %ld) is not a byte-level token (a character outside GPT-2's byte map)", path, x->string, id);
-        }
-        loom_status s = vocab_set(v, path, id, buf, (size_t)k, 0);
-        if (s != LOOM_OK) {
-            free(buf);
-            return s;
-        }
-    }
-    free(buf);
-    return LOOM_OK;
-}
-
-/* Resolve "a b" (or ["a", "b"]) merges to id pairs through the names. */
-static loom_status merges_to_ids(const char *path, const vocab_t *v, const char *const *a, const char *const *b, size_t n,
-                                 long line0, uint32_t (*out)[2]) {
-    loom_strmap_t names;
-    loom_strmap_init(&names, (size_t)v->n);
-    for (int i = 0; i < v->n; i++) {
-        if (!v->tok[i] || v->special[i]) continue;
-        char *nm = bytes_to_name(v->tok[i], v->len[i]);
-        size_t l = strlen(nm);
-        loom_strmap_put(&names, nm, l, loom_bytes_hash(nm, l), (uint64_t)i, NULL);
-        free(nm);
-    }
-    loom_status st = LOOM_OK;
-    for (size_t i = 0; i < n && st == LOOM_OK; i++) {
-        const char *part[2] = {a[i], b[i]};
-        for (int k = 0; k < 2; k++) {
-            size_t l = strlen(part[k]);
-            loom_strmap_entry_t *e = loom_strmap_get(&names, part[k], l, loom_bytes_hash(part[k], l));
-            if (!e) {
-                if (line0 > 0) st = loom_error(LOOM_EFORMAT, "%s: line %ld: unknown token \"%s\" in merge \"%s %s\"", path, line0 + (long)i, part[k], a[i], b[i]);
-                else st = loom_error(LOOM_EFORMAT, "%s: merge %zu: unknown token \"%s\" in merge \"%s %s\"", path, i, part[k], a[i], b[i]);
-                break;
-            }
-            out[i][k] = (uint32_t)e->val;
-        }
-    }
-    loom_strmap_free(&names);
-    return st;
-}
-
-static loom_status build_from(loom_tokenizer_t **out, const char *path, const char *mpath, vocab_t *v, uint32_t (*merges)[2], size_t nm,
-                              long line0, int prefix, int ignore, int regex) {
-    const unsigned char **tok = loom_malloc(((size_t)v->n + 1) * sizeof *tok);
-    for (int i = 0; i < v->n; i++) tok[i] = v->tok[i] ? v->tok[i] : (const unsigned char *)"";
-    loom_bpe_spec_t sp = {.vocab_size = v->n, .tok = tok, .tok_len = v->len, .special = v->special,
-                          .merges = (const uint32_t(*)[2])merges, .nmerges = nm, .add_prefix_space = prefix,
-                          .ignore_merges = ignore, .use_regex = regex, .origin = path, .merges_origin = mpath,
-                          .merge_line0 = line0};
-    loom_status s = loom_tokenizer_build(out, &sp);
-    free(tok);
-    return s;
-}
-
-/* The pre-tokenizer must be ByteLevel (alone or as the only step of a
- * Sequence); reads its add_prefix_space and use_regex. */
-static loom_status check_pre_tokenizer(const char *path, const cJSON *pre, int *prefix, int *regex) {
-    *prefix = 0;
-    *regex = 1;
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(pre, "type");
-    if (cJSON_IsString(type) && !strcmp(type->valuestring, "Sequence")) {
-        const cJSON *steps = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers");
-        if (cJSON_GetArraySize(steps) != 1)
-            return loom_error(LOOM_EUNAVAIL, "%s: pre_tokenizer is a Sequence of %d steps; loom supports ByteLevel alone", path, cJSON_GetArraySize(steps));
-        pre = cJSON_GetArrayItem(steps, 0);
-        type = cJSON_GetObjectItemCaseSensitive(pre, "type");
-    }
-    if (!cJSON_IsString(type) || strcmp(type->valuestring, "ByteLevel"))
-        return loom_error(LOOM_EUNAVAIL, "%s: pre_tokenizer is %s; loom supports byte-level BPE (ByteLevel) only", path,
-                          cJSON_IsString(type) ? type->valuestring : "missing");
-    *prefix = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(pre, "add_prefix_space"));
-    const cJSON *r = cJSON_GetObjectItemCaseSensitive(pre, "use_regex");
-    *regex = r ? cJSON_IsTrue(r) : 1;
-    return LOOM_OK;
-}
-
-static loom_status load_json(loom_tokenizer_t **out, const char *path, cJSON *root) {
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
-    if (!cJSON_IsObject(model) || !cJSON_IsObject(vocab) || !cJSON_IsArray(merges) ||
-        (type && (!cJSON_IsString(type) || strcmp(type->valuestring, "BPE"))))
-        return loom_error(LOOM_EFORMAT, "%s: not a BPE tokenizer.json (needs model.type \"BPE\", model.vocab and model.merges)", path);
-    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    if (norm && !cJSON_IsNull(norm)) {
-        const cJSON *nt = cJSON_GetObjectItemCaseSensitive(norm, "type");
-        return loom_error(LOOM_EUNAVAIL, "%s: normalizer %s is not supported; loom reads byte-level BPE without a normalizer", path,
-                          cJSON_IsString(nt) ? nt->valuestring : "?");
-    }
-    const char *unsupported[] = {"dropout", "continuing_subword_prefix", "end_of_word_suffix"};
-    for (int k = 0; k < 3; k++) {
-        const cJSON *x = cJSON_GetObjectItemCaseSensitive(model, unsupported[k]);
-        if (x && !cJSON_IsNull(x) && !(cJSON_IsString(x) && !x->valuestring[0]))
-            return loom_error(LOOM_EUNAVAIL, "%s: model.%s is set; loom does not support it", path, unsupported[k]);
-    }
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "byte_fallback")))
-        return loom_error(LOOM_EUNAVAIL, "%s: model.byte_fallback is set (a SentencePiece-style BPE); loom supports byte-level BPE", path);
-    int prefix = 0, regex = 1;
-    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    if (!pre || cJSON_IsNull(pre))
-        return loom_error(LOOM_EUNAVAIL, "%s: no pre_tokenizer; loom supports byte-level BPE (ByteLevel pre-tokenizer) only", path);
-    LOOM_TRY(check_pre_tokenizer(path, pre, &prefix, &regex));
-    int ignore = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(model, "ignore_merges"));
-    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
-    if (added && !cJSON_IsArray(added) && !cJSON_IsNull(added)) return loom_error(LOOM_EFORMAT, "%s: added_tokens is not an array", path);
-
-    vocab_t v = {0};
-    loom_status s = vocab_from_json(&v, path, vocab, cJSON_IsArray(added) ? added : NULL);
-    size_t nm = (size_t)cJSON_GetArraySize(merges);
-    const char **a = loom_calloc(nm + 1, sizeof *a), **b = loom_calloc(nm + 1, sizeof *b);
-    char **own = loom_calloc(nm + 1, sizeof *own);
-    uint32_t(*ids)[2] = loom_malloc((nm + 1) * sizeof *ids);
-    size_t i = 0;
-    const cJSON *m;
-    cJSON_ArrayForEach(m, merges) {
-        if (s != LOOM_OK) break;
-        if (cJSON_IsString(m)) {
-            own[i] = loom_strdup(m->valuestring);
-            char *sp = strchr(own[i], ' ');
-            if (!sp || strchr(sp + 1, ' ') || sp == own[i] || !sp[1]) {
-                s = loom_error(LOOM_EFORMAT, "%s: merge %zu \"%s\": expected two tokens separated by one space", path, i, m->valuestring);
-                break;
-            }
-            *sp = 0;
-            a[i] = own[i];
-            b[i] = sp + 1;
-        } else if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2 && cJSON_IsString(cJSON_GetArrayItem(m, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(m, 1))) {
-            a[i] = cJSON_GetArrayItem(m, 0)->valuestring;
-            b[i] = cJSON_GetArrayItem(m, 1)->valuestring;
-        } else {
-            s = loom_error(LOOM_EFORMAT, "%s: merge %zu is neither \"a b\" nor [\"a\", \"b\"]", path, i);
-            break;
-        }
-        i++;
-    }
-    if (s == LOOM_OK) s = merges_to_ids(path, &v, a, b, nm, 0, ids);
-    if (s == LOOM_OK) s = build_from(out, path, NULL, &v, ids, nm, 0, prefix, ignore, regex);
-    for (size_t k = 0; k < nm; k++) free(own[k]);
-    free(own);
-    free(a);
-    free(b);
-    free(ids);
-    vocab_free(&v);
-    return s;
-}
-
-loom_status loom_tokenizer_load(loom_tokenizer_t **out, const char *path) {
-    *out = NULL;
-    loom_status s;
-    cJSON *root = parse_json(path, &s);
-    if (!root) return s;
-    s = load_json(out, path, root);
-    cJSON_Delete(root);
-    return s;
-}
-
-char *loom_tokenizer_token_name(const loom_tokenizer_t *t, uint32_t id) {
-    size_t n = tok_len(t, id);
-    if (!t->special[id]) return bytes_to_name(t->bytes + t->off[id], n);
-    char *name = loom_malloc(n + 1);
-    memcpy(name, t->bytes + t->off[id], n);
-    name[n] = 0;
-    return name;
 }
 
 void loom_tokenizer_merge(const loom_tokenizer_t *t, size_t i, uint32_t *a, uint32_t *b) {
@@ -946,104 +722,14 @@ void loom_tokenizer_merge(const loom_tokenizer_t *t, size_t i, uint32_t *a, uint
     *b = t->merges[i][1];
 }
 
-loom_status loom_tokenizer_parse(loom_tokenizer_t **out, const char *origin, const char *json, size_t len) {
-    *out = NULL;
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    if (!root) return loom_error(LOOM_EFORMAT, "%s: the embedded tokenizer is not valid JSON", origin);
-    loom_status s = load_json(out, origin, root);
-    cJSON_Delete(root);
-    return s;
-}
-
-loom_status loom_tokenizer_load_gpt2(loom_tokenizer_t **out, const char *vocab_path, const char *merges_path) {
-    *out = NULL;
-    loom_status s;
-    cJSON *root = parse_json(vocab_path, &s);
-    if (!root) return s;
-    if (!cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return loom_error(LOOM_EFORMAT, "%s: not a vocab.json (expected an object of token -> id)", vocab_path);
-    }
-    /* "<|endoftext|>" is GPT-2's one special token. */
-    cJSON *added = cJSON_CreateArray();
-    const cJSON *eot = cJSON_GetObjectItemCaseSensitive(root, EOT_TEXT);
-    if (eot) {
-        cJSON *a = cJSON_CreateObject();
-        cJSON_AddItemToObject(a, "id", cJSON_Duplicate(eot, 1));
-        cJSON_AddStringToObject(a, "content", EOT_TEXT);
-        cJSON_AddItemToArray(added, a);
-    }
-    vocab_t v = {0};
-    s = vocab_from_json(&v, vocab_path, root, added);
-    cJSON_Delete(added);
-    cJSON_Delete(root);
-    char *text = NULL;
-    size_t len = 0;
-    if (s == LOOM_OK) s = loom_file_read(merges_path, &text, &len);
-    if (s != LOOM_OK) {
-        vocab_free(&v);
-        return s;
-    }
-    size_t cap = 1024, n = 0;
-    const char **a = loom_malloc(cap * sizeof *a), **b = loom_malloc(cap * sizeof *b);
-    long first_line = 0, line = 0;
-    char *p = text, *end = text + len;
-    while (p < end && s == LOOM_OK) {
-        char *nl = memchr(p, '\n', (size_t)(end - p));
-        char *e = nl ? nl : end;
-        line++;
-        if (e > p && e[-1] == '\r') e[-1] = 0;
-        *e = 0;
-        char *ln = p;
-        p = nl ? nl + 1 : end;
-        if (line == 1 && !strncmp(ln, "#version", 8)) continue;
-        if (!ln[0]) {
-            if (p >= end) break; /* a final newline */
-            s = loom_error(LOOM_EFORMAT, "%s: line %ld: empty line", merges_path, line);
-            break;
-        }
-        char *sp = strchr(ln, ' ');
-        if (!sp || sp == ln || !sp[1] || strchr(sp + 1, ' ')) {
-            s = loom_error(LOOM_EFORMAT, "%s: line %ld: \"%s\": expected two tokens separated by one space", merges_path, line, ln);
-            break;
-        }
-        if (!first_line) first_line = line;
-        if ((long)n != line - first_line) {
-            s = loom_error(LOOM_EFORMAT, "%s: line %ld: empty line before it", merges_path, line);
-            break;
-        }
-        *sp = 0;
-        if (n == cap) {
-            cap *= 2;
-            a = realloc(a, cap * sizeof *a);
-            b = realloc(b, cap * sizeof *b);
-            if (!a || !b) loom_panic(__FILE__, __LINE__, "out of memory");
-        }
-        a[n] = ln;
-        b[n] = sp + 1;
-        n++;
-    }
-    uint32_t(*ids)[2] = loom_malloc((n + 1) * sizeof *ids);
-    if (!first_line) first_line = 1;
-    if (s == LOOM_OK) s = merges_to_ids(merges_path, &v, a, b, n, first_line, ids);
-    if (s == LOOM_OK) s = build_from(out, vocab_path, merges_path, &v, ids, n, first_line, 0, 0, 1);
-    free(ids);
-    free(a);
-    free(b);
-    free(text);
-    vocab_free(&v);
-    return s;
-}
-
 int loom_text_sink_emit(int token, void *vsink) {
     loom_text_sink_t *sink = vsink;
-    uint32_t id = (uint32_t)token;
-    char *text = NULL;
     size_t len = 0;
-    if (loom_tokenizer_decode(sink->tok, &id, 1, &text, &len) == LOOM_OK) {
-        fwrite(text, 1, len, sink->out);
+    /* the token's own bytes: decode's leading-space strip belongs to a text's start, not to each token */
+    const unsigned char *b = loom_tokenizer_token(sink->tok, (uint32_t)token, &len);
+    if (b) {
+        fwrite(b, 1, len, sink->out);
         fflush(sink->out);
-        free(text);
     }
     return 0;
 }

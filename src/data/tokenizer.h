@@ -1,6 +1,11 @@
 /* tokenizer: text <-> token ids. The trainer only sees this interface, so
  * the byte-level tokenizer and BPE tokenizers plug in the same way.
  *
+ * The BPE families of Hugging Face tokenizer.json files are read: byte-level
+ * BPE with GPT-2's, Llama 3's, Qwen2's or SmolLM2's pre-tokenization, and
+ * SentencePiece-style BPE (Llama 2, Mistral, TinyLlama: "▁" for spaces,
+ * <0xNN> byte fallback); see docs/tokenizer.md and src/data/bpe_build.h.
+ *
  * Byte-level BPE as GPT-2 and Hugging Face `tokenizers` do it: text is split
  * by the GPT-2 pre-tokenizer (bpe_pretok.h), each piece's bytes start as one
  * token each and are merged by rank; special tokens ("<|endoftext|>") found
@@ -33,13 +38,30 @@ void loom_tokenizer_free(loom_tokenizer_t *t);
 int loom_tokenizer_vocab_size(const loom_tokenizer_t *t);
 /* Id of "<|endoftext|>", or -1 when the tokenizer has none. */
 int loom_tokenizer_eot(const loom_tokenizer_t *t);
+/* BOS and EOS ids (-1: none). EOS falls back to "<|endoftext|>". */
+int loom_tokenizer_bos(const loom_tokenizer_t *t);
+int loom_tokenizer_eos(const loom_tokenizer_t *t);
+/* 1 when `id` is a special (control) token: an added token marked special. */
+int loom_tokenizer_is_control(const loom_tokenizer_t *t, uint32_t id);
+/* The id of the token whose text (an added token's content, or a regular
+ * token's bytes) is `text`, or -1. */
+int loom_tokenizer_find(const loom_tokenizer_t *t, const char *text);
+/* Set BOS/EOS ids (-1: none, -2: keep) and whether a model's input gets
+ * them (-1: keep). Errors when an id is out of range or an added one is
+ * missing. */
+loom_status loom_tokenizer_set_specials(loom_tokenizer_t *t, int bos, int eos, int add_bos, int add_eos);
 /* A fingerprint of the vocabulary and merges: equal hashes, same ids. */
 uint64_t loom_tokenizer_hash(const loom_tokenizer_t *t);
 
 /* Encode `len` bytes of text; *ids is malloc'd, caller frees. */
 loom_status loom_tokenizer_encode(const loom_tokenizer_t *t, const char *text, size_t len,
                                   uint32_t **ids, size_t *n);
-/* Decode ids to bytes; *text is malloc'd and NUL-terminated, caller frees.
+/* The same with the BOS/EOS the tokenizer adds for a model (what HF's
+ * encode() does with its post-processor or add_bos_token). */
+loom_status loom_tokenizer_encode_special(const loom_tokenizer_t *t, const char *text, size_t len,
+                                          uint32_t **ids, size_t *n);
+/* Decode ids to bytes (HF's decode without skipping special tokens, except
+ * that invalid UTF-8 stays as its bytes where HF writes U+FFFD); *text is malloc'd and NUL-terminated, caller frees.
  * An id outside the vocabulary is an error naming its position. */
 loom_status loom_tokenizer_decode(const loom_tokenizer_t *t, const uint32_t *ids, size_t n,
                                   char **text, size_t *len);
@@ -65,6 +87,31 @@ const char *loom_tokenizer_special(const loom_tokenizer_t *t, int i, uint32_t *i
 char *loom_tokenizer_token_name(const loom_tokenizer_t *t, uint32_t id);
 void loom_tokenizer_merge(const loom_tokenizer_t *t, size_t i, uint32_t *a, uint32_t *b);
 loom_status loom_tokenizer_parse(loom_tokenizer_t **out, const char *origin, const char *json, size_t len);
+
+/* A tokenizer from a vocabulary held in memory (GGUF's tokenizer.ggml.*). */
+typedef struct {
+    const char *model;          /* "gpt2" (byte-level BPE) or "llama" (SentencePiece-style BPE) */
+    const char *pre;            /* pre-tokenizer, GGUF's tokenizer.ggml.pre: NULL, "default" or "gpt2",
+                                   "llama-bpe" / "llama3" (Llama 3), "qwen2", "smollm" (digits alone) */
+    int n;                      /* tokens */
+    const char *const *tokens;  /* names as in vocab files (byte-level characters, or "▁" and <0xNN>) */
+    const int32_t *types;       /* GGUF token types (1 normal, 2 unknown, 3 control, 4 user defined,
+                                   5 unused, 6 byte); NULL: all normal */
+    const char *const *merges;  /* "a b", in rank order */
+    size_t nmerges;
+    const float *scores;        /* "llama" without merges: merges made from the scores (higher first) */
+    int bos, eos, unk;          /* -1: none */
+    int add_bos, add_eos;
+    int add_space_prefix;       /* "llama": a space before the text (GGUF tokenizer.ggml.add_space_prefix, default 1) */
+    const char *origin;         /* named in messages */
+} loom_tokenizer_vocab_t;
+loom_status loom_tokenizer_from_vocab(loom_tokenizer_t **out, const loom_tokenizer_vocab_t *v);
+
+/* Apply a Hugging Face tokenizer_config.json: bos_token, eos_token,
+ * add_bos_token, add_eos_token; *chat_template (may be NULL) gets its
+ * "chat_template" (malloc'd; NULL when absent; the "default" one when it is
+ * a list of named templates). Tokens it names must be in the vocabulary. */
+loom_status loom_tokenizer_apply_config(loom_tokenizer_t *t, const char *path, char **chat_template);
 
 /* A growable id buffer. */
 typedef struct {

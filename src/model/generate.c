@@ -38,13 +38,15 @@ static int top_candidates(const float *e, int V, int k, double need, cand_t *c) 
     }
 }
 
-int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng,
-                       float *scratch) {
+/* The distribution a sampled (temperature > 0) draw comes from: the kept
+ * tokens into c[0..n) with weights exp((z - max) / T) (every token in id
+ * order when neither top_k nor top_p filters; else the likeliest first),
+ * their total into *mass. e: V floats of scratch. Returns n. */
+static int kept(const float *logits, int V, const loom_sampling_t *s, float *e, cand_t *c, double *mass) {
     int best = 0;
     for (int i = 1; i < V; i++)
         if (logits[i] > logits[best]) best = i;
-    if (s->temperature <= 0) return best;
-    float *e = scratch, mx = logits[best], inv_t = 1.0f / s->temperature;
+    float mx = logits[best], inv_t = 1.0f / s->temperature;
     double sum = 0;
     for (int i = 0; i < V; i++) {
         e[i] = expf((logits[i] - mx) * inv_t);
@@ -52,38 +54,73 @@ int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loo
     }
     int k = s->top_k > 0 && s->top_k < V ? s->top_k : 0;
     if (!k && s->top_p >= 1.0f) { /* plain softmax: no sort needed */
-        double r = loom_rng_uniform(rng) * sum, acc = 0;
-        for (int i = 0; i < V; i++) {
-            acc += e[i];
-            if (r < acc) return i;
-        }
-        return best;
+        for (int i = 0; i < V; i++) c[i] = (cand_t){e[i], i};
+        *mass = sum;
+        return V;
     }
-    /* e (V floats) stays; candidates go into a separate buffer of V pairs */
-    cand_t *c = loom_malloc((size_t)V * sizeof *c);
     int n = top_candidates(e, V, k, s->top_p * sum, c);
     if (k && k < n) n = k;
-    double mass = 0;
-    for (int i = 0; i < n; i++) mass += c[i].e;
-    if (s->top_p < 1.0f) { /* smallest prefix with mass >= top_p of the kept */
+    double m = 0;
+    for (int i = 0; i < n; i++) m += c[i].e;
+    /* top_p is a share of the whole distribution after top_k: without
+     * top_k that is every token's mass, not only the candidates' (which
+     * leave out the tokens below the threshold) */
+    double whole = k ? m : sum;
+    if (s->top_p < 1.0f) { /* smallest prefix with mass >= top_p of it */
         double acc = 0;
         int keep = 0;
         while (keep < n) {
             acc += c[keep++].e;
-            if (acc >= s->top_p * mass) break;
+            if (acc >= s->top_p * whole) break;
         }
         n = keep;
-        mass = acc;
+        m = acc;
     }
-    double r = loom_rng_uniform(rng) * mass, acc = 0;
-    int tok = c[n - 1].id;
+    *mass = m;
+    return n;
+}
+
+/* The kept token where r (in [0, mass)) falls, skipping `skip` (-1: none). */
+static int draw(const cand_t *c, int n, double r, int skip) {
+    double acc = 0;
+    int tok = c[n - 1].id == skip && n > 1 ? c[n - 2].id : c[n - 1].id;
     for (int i = 0; i < n; i++) {
+        if (c[i].id == skip) continue;
         acc += c[i].e;
-        if (r < acc) {
-            tok = c[i].id;
-            break;
-        }
+        if (r < acc) return c[i].id;
     }
+    return tok;
+}
+
+static int argmax(const float *logits, int V) {
+    int best = 0;
+    for (int i = 1; i < V; i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng,
+                       float *scratch) {
+    if (s->temperature <= 0) return argmax(logits, V);
+    cand_t *c = loom_malloc((size_t)V * sizeof *c);
+    double mass;
+    int n = kept(logits, V, s, scratch, c, &mass);
+    int tok = draw(c, n, loom_rng_uniform(rng) * mass, -1);
+    free(c);
+    return tok;
+}
+
+int loom_sample_verify(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
+                       int draft) {
+    if (s->temperature <= 0 || draft < 0) return loom_sample_logits(logits, V, s, rng, scratch);
+    cand_t *c = loom_malloc((size_t)V * sizeof *c);
+    double mass, wd = 0;
+    int n = kept(logits, V, s, scratch, c, &mass), tok = draft;
+    for (int i = 0; i < n; i++)
+        if (c[i].id == draft) wd = c[i].e;
+    /* accept with probability p(draft) (the draft's own probability is 1);
+     * else draw from p without the draft, renormalized */
+    if (!(loom_rng_uniform(rng) * mass < wd)) tok = draw(c, n, loom_rng_uniform(rng) * (mass - wd), draft);
     free(c);
     return tok;
 }

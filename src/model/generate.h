@@ -23,6 +23,15 @@ typedef struct {
  * Thread-safe. scratch: 2*V floats. */
 int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng,
                        float *scratch);
+/* Verify a drafted token (speculative decoding): a token drawn so that
+ * it follows exactly the distribution loom_sample_logits draws from. Greedy
+ * (or draft < 0): loom_sample_logits' token. Sampled: the draft with its
+ * probability p(draft) under that distribution (the draft was proposed
+ * with certainty), else a draw from the distribution without the draft,
+ * renormalized (one or two uniforms from rng). The token equals draft iff
+ * the draft is accepted. scratch: V floats. */
+int loom_sample_verify(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
+                       int draft);
 
 /* Generate `n` tokens after `prompt` (np >= 1 ids), calling emit(token, ctx)
  * for each; stops early when emit returns non-zero. Past the model's

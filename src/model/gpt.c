@@ -6,33 +6,93 @@
 
 #include "core/mem.h"
 
-typedef struct {
-    const char *name;
-    int L, C, NH, T;
-} preset_t;
+/* The Llama family's block: RMSNorm, RoPE, SwiGLU (biases are each preset's). */
+#define LLAMA .norm = LOOM_NORM_RMSNORM, .pos = LOOM_POS_ROPE, .mlp = LOOM_MLP_SWIGLU
+#define LLAMA3_SCALING(f) .rope_scaling = {LOOM_ROPE_SCALING_LLAMA3, f, 1.0f, 4.0f, 8192}
 
-static const preset_t presets[] = {
-    {"gpt2-tiny", 4, 256, 4, 256},
-    {"gpt2-small", 12, 768, 12, 1024},
-    {"gpt2-medium", 24, 1024, 16, 1024},
-    {"gpt2-large", 36, 1280, 20, 1024},
-    {"gpt2-xl", 48, 1600, 25, 1024},
+/* Real models' shapes come from their published config.json files
+ * (docs/llama.md cites each); vocab_size is the model's own. */
+static const struct {
+    const char *name;
+    loom_gpt_config_t c;
+} presets[] = {
+    {"gpt2-tiny", {.n_layer = 4, .channels = 256, .n_head = 4, .max_seq_len = 256}},
+    {"gpt2-small", {.n_layer = 12, .channels = 768, .n_head = 12, .max_seq_len = 1024}},
+    {"gpt2-medium", {.n_layer = 24, .channels = 1024, .n_head = 16, .max_seq_len = 1024}},
+    {"gpt2-large", {.n_layer = 36, .channels = 1280, .n_head = 20, .max_seq_len = 1024}},
+    {"gpt2-xl", {.n_layer = 48, .channels = 1600, .n_head = 25, .max_seq_len = 1024}},
+    {"llama-tiny", {.n_layer = 4, .channels = 256, .n_head = 4, .n_kv_heads = 2, .ffn_hidden = 688,
+                    .max_seq_len = 256, LLAMA, .bias = LOOM_BIAS_NONE, .norm_eps = 1e-5f, .rope_theta = 10000.0f}},
+    {"smollm2-135m", {.n_layer = 30, .channels = 576, .n_head = 9, .n_kv_heads = 3, .ffn_hidden = 1536,
+                      .max_seq_len = 8192, .vocab_size = 49152, LLAMA, .bias = LOOM_BIAS_NONE, .norm_eps = 1e-5f, .rope_theta = 100000.0f}},
+    {"llama-3.2-1b", {.n_layer = 16, .channels = 2048, .n_head = 32, .n_kv_heads = 8, .ffn_hidden = 8192,
+                      .max_seq_len = 131072, .vocab_size = 128256, LLAMA, .bias = LOOM_BIAS_NONE, .norm_eps = 1e-5f,
+                      .rope_theta = 500000.0f, LLAMA3_SCALING(32.0f)}},
+    {"llama-3.1-8b", {.n_layer = 32, .channels = 4096, .n_head = 32, .n_kv_heads = 8, .ffn_hidden = 14336,
+                      .max_seq_len = 131072, .vocab_size = 128256, LLAMA, .bias = LOOM_BIAS_NONE, .norm_eps = 1e-5f,
+                      .rope_theta = 500000.0f, LLAMA3_SCALING(8.0f), .untied_head = 1}},
+    {"qwen2.5-0.5b", {.n_layer = 24, .channels = 896, .n_head = 14, .n_kv_heads = 2, .ffn_hidden = 4864,
+                      .max_seq_len = 32768, .vocab_size = 151936, LLAMA, .bias = LOOM_BIAS_QKV,
+                      .norm_eps = 1e-6f, .rope_theta = 1000000.0f}},
+    {"mistral-7b", {.n_layer = 32, .channels = 4096, .n_head = 32, .n_kv_heads = 8, .ffn_hidden = 14336,
+                    .max_seq_len = 32768, .vocab_size = 32768, LLAMA, .bias = LOOM_BIAS_NONE, .norm_eps = 1e-5f,
+                    .rope_theta = 1000000.0f, .untied_head = 1}},
 };
 
-const char *const loom_gpt_preset_names[] = {"gpt2-tiny", "gpt2-small", "gpt2-medium",
-                                             "gpt2-large", "gpt2-xl", NULL};
+const char *const loom_gpt_preset_names[] = {"gpt2-tiny",    "gpt2-small",   "gpt2-medium",  "gpt2-large",
+                                             "gpt2-xl",      "llama-tiny",   "smollm2-135m", "llama-3.2-1b",
+                                             "llama-3.1-8b", "qwen2.5-0.5b", "mistral-7b",   NULL};
 
 loom_status loom_gpt_preset(loom_gpt_config_t *cfg, const char *name) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         if (strcmp(presets[i].name, name) != 0) continue;
-        memset(cfg, 0, sizeof *cfg);
-        cfg->n_layer = presets[i].L;
-        cfg->channels = presets[i].C;
-        cfg->n_head = presets[i].NH;
-        cfg->max_seq_len = presets[i].T;
+        *cfg = presets[i].c;
         return LOOM_OK;
     }
-    return loom_error(LOOM_EINVAL, "--model %s: unknown model; choose gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large or gpt2-xl", name);
+    return loom_error(LOOM_EINVAL, "--model %s: unknown model; choose gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, "
+                      "llama-tiny, smollm2-135m, llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b or mistral-7b", name);
+}
+
+int loom_gpt_head_size(const loom_gpt_config_t *c) { return c->channels / c->n_head; }
+/* Both read 0 (an unfinished config) as its default, so a caller that
+ * fills only the six shape fields gets GPT-2's table. */
+int loom_gpt_qkv_rows(const loom_gpt_config_t *c) {
+    int kv = c->n_kv_heads ? c->n_kv_heads : c->n_head;
+    return c->channels + 2 * kv * (c->channels / c->n_head);
+}
+int loom_gpt_fc_rows(const loom_gpt_config_t *c) {
+    int H = c->ffn_hidden ? c->ffn_hidden : 4 * c->channels;
+    return c->mlp == LOOM_MLP_SWIGLU ? 2 * H : H;
+}
+const char *loom_gpt_family(const loom_gpt_config_t *c) {
+    return c->norm == LOOM_NORM_LAYERNORM && c->pos == LOOM_POS_LEARNED && c->mlp == LOOM_MLP_GELU ? "gpt2" : "llama";
+}
+
+/* The block-variant fields: defaults for 0, then the combinations loom computes. */
+static loom_status finish_variant(loom_gpt_config_t *cfg) {
+    if (cfg->n_kv_heads == 0) cfg->n_kv_heads = cfg->n_head;
+    if (cfg->n_kv_heads < 1 || cfg->n_head % cfg->n_kv_heads != 0)
+        return loom_error(LOOM_EINVAL, "model: %d key/value heads do not divide %d query heads; n_kv_heads must divide n_heads",
+                          cfg->n_kv_heads, cfg->n_head);
+    if (cfg->ffn_hidden == 0) cfg->ffn_hidden = 4 * cfg->channels;
+    if (cfg->ffn_hidden < 1 || cfg->ffn_hidden > 1 << 20)
+        return loom_error(LOOM_EINVAL, "model: MLP hidden size %d; expected 1 to 1048576", cfg->ffn_hidden);
+    if (cfg->norm_eps == 0) cfg->norm_eps = 1e-5f;
+    if (!(cfg->norm_eps > 0 && cfg->norm_eps < 1))
+        return loom_error(LOOM_EINVAL, "model: norm epsilon %g; expected above 0 and below 1", (double)cfg->norm_eps);
+    if (cfg->norm == LOOM_NORM_LAYERNORM && cfg->norm_eps != 1e-5f)
+        return loom_error(LOOM_EUNAVAIL, "model: LayerNorm epsilon %g; loom's LayerNorm uses 1e-5 (RMSNorm takes any)", (double)cfg->norm_eps);
+    if (cfg->pos == LOOM_POS_ROPE && cfg->rope_theta == 0) cfg->rope_theta = 10000.0f;
+    if (cfg->pos == LOOM_POS_ROPE && (!(cfg->rope_theta > 1) || loom_gpt_head_size(cfg) % 2))
+        return loom_error(LOOM_EINVAL, "model: rotary embedding with theta %g and head size %d; theta must be above 1 and the head size even",
+                          (double)cfg->rope_theta, loom_gpt_head_size(cfg));
+    if (cfg->rope_scaling.kind != LOOM_ROPE_SCALING_NONE && !(cfg->rope_scaling.factor >= 1))
+        return loom_error(LOOM_EINVAL, "model: rope_scaling factor %g; expected 1 or more", (double)cfg->rope_scaling.factor);
+    if (cfg->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3 &&
+        (cfg->rope_scaling.original_max_pos < 1 || !(cfg->rope_scaling.high_freq_factor > cfg->rope_scaling.low_freq_factor)))
+        return loom_error(LOOM_EINVAL, "model: llama3 rope_scaling needs original_max_position_embeddings >= 1 and high_freq_factor (%g) above low_freq_factor (%g)",
+                          (double)cfg->rope_scaling.high_freq_factor, (double)cfg->rope_scaling.low_freq_factor);
+    return LOOM_OK;
 }
 
 loom_status loom_gpt_config_finish(loom_gpt_config_t *cfg) {
@@ -44,42 +104,57 @@ loom_status loom_gpt_config_finish(loom_gpt_config_t *cfg) {
         return loom_error(LOOM_EINVAL, "model: sequence length %d; expected 1 to 1048576", cfg->max_seq_len);
     if (cfg->vocab_size < 2 || cfg->vocab_size > 1 << 30)
         return loom_error(LOOM_EINVAL, "model: vocabulary size %d; expected 2 to 2^30", cfg->vocab_size);
+    LOOM_TRY(finish_variant(cfg));
     cfg->padded_vocab_size = (cfg->vocab_size + 63) / 64 * 64;
     return LOOM_OK;
+}
+
+int loom_gpt_has_param(const loom_gpt_config_t *c, int i) {
+    switch (i) {
+    case LOOM_WPE: return c->pos == LOOM_POS_LEARNED;
+    case LOOM_LMHEAD: return c->untied_head;
+    case LOOM_LN1B: case LOOM_LN2B: case LOOM_LNFB: return c->norm == LOOM_NORM_LAYERNORM;
+    case LOOM_QKVB: return c->bias != LOOM_BIAS_NONE;
+    case LOOM_ATTPROJB: case LOOM_FCB: case LOOM_FCPROJB: return c->bias == LOOM_BIAS_ALL;
+    default: return i >= 0 && i < LOOM_NPARAMS;
+    }
 }
 
 void loom_gpt_param_table(const loom_gpt_config_t *cfg, loom_tensor_info_t t[LOOM_NPARAMS],
                           size_t *total) {
     int L = cfg->n_layer, C = cfg->channels, Vp = cfg->padded_vocab_size, maxT = cfg->max_seq_len;
+    int QR = loom_gpt_qkv_rows(cfg), FR = loom_gpt_fc_rows(cfg), H = cfg->ffn_hidden ? cfg->ffn_hidden : 4 * C;
     const struct {
         const char *name;
         int ndim, s0, s1, s2;
     } spec[LOOM_NPARAMS] = {
         [LOOM_WTE] = {"wte", 2, Vp, C, 0},
         [LOOM_WPE] = {"wpe", 2, maxT, C, 0},
-        [LOOM_QKVW] = {"qkvw", 3, L, 3 * C, C},
+        [LOOM_QKVW] = {"qkvw", 3, L, QR, C},
         [LOOM_ATTPROJW] = {"attprojw", 3, L, C, C},
-        [LOOM_FCW] = {"fcw", 3, L, 4 * C, C},
-        [LOOM_FCPROJW] = {"fcprojw", 3, L, C, 4 * C},
+        [LOOM_FCW] = {"fcw", 3, L, FR, C},
+        [LOOM_FCPROJW] = {"fcprojw", 3, L, C, H},
+        [LOOM_LMHEAD] = {"lm_head", 2, Vp, C, 0},
         [LOOM_LN1W] = {"ln1w", 2, L, C, 0},
         [LOOM_LN1B] = {"ln1b", 2, L, C, 0},
-        [LOOM_QKVB] = {"qkvb", 2, L, 3 * C, 0},
+        [LOOM_QKVB] = {"qkvb", 2, L, QR, 0},
         [LOOM_ATTPROJB] = {"attprojb", 2, L, C, 0},
         [LOOM_LN2W] = {"ln2w", 2, L, C, 0},
         [LOOM_LN2B] = {"ln2b", 2, L, C, 0},
-        [LOOM_FCB] = {"fcb", 2, L, 4 * C, 0},
+        [LOOM_FCB] = {"fcb", 2, L, FR, 0},
         [LOOM_FCPROJB] = {"fcprojb", 2, L, C, 0},
         [LOOM_LNFW] = {"lnfw", 1, C, 0, 0},
         [LOOM_LNFB] = {"lnfb", 1, C, 0, 0},
     };
     size_t off = 0;
     for (int i = 0; i < LOOM_NPARAMS; i++) {
+        int has = loom_gpt_has_param(cfg, i);
         t[i].name = spec[i].name;
-        t[i].ndim = spec[i].ndim;
-        t[i].shape[0] = spec[i].s0;
-        t[i].shape[1] = spec[i].s1;
-        t[i].shape[2] = spec[i].s2;
-        t[i].numel = 1;
+        t[i].ndim = has ? spec[i].ndim : 0;
+        t[i].shape[0] = has ? spec[i].s0 : 0;
+        t[i].shape[1] = has ? spec[i].s1 : 0;
+        t[i].shape[2] = has ? spec[i].s2 : 0;
+        t[i].numel = has;
         for (int d = 0; d < t[i].ndim; d++) t[i].numel *= (size_t)t[i].shape[d];
         /* Keep every tensor 64-byte aligned for vector loads. */
         off = (off + 15) / 16 * 16;
@@ -90,15 +165,23 @@ void loom_gpt_param_table(const loom_gpt_config_t *cfg, loom_tensor_info_t t[LOO
 }
 
 size_t loom_gpt_num_params(const loom_gpt_config_t *cfg) {
-    size_t L = cfg->n_layer, C = cfg->channels;
-    return (size_t)cfg->vocab_size * C + (size_t)cfg->max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C;
+    loom_gpt_config_t c = *cfg;
+    if (c.padded_vocab_size == 0 && loom_gpt_config_finish(&c) != LOOM_OK) return 0;
+    loom_tensor_info_t t[LOOM_NPARAMS];
+    size_t total, n = 0;
+    loom_gpt_param_table(&c, t, &total);
+    for (int i = 0; i < LOOM_NPARAMS; i++) /* the vocabulary's padding rows are not parameters */
+        n += i == LOOM_WTE || i == LOOM_LMHEAD ? t[i].numel / c.padded_vocab_size * c.vocab_size : t[i].numel;
+    return n;
 }
 
 double loom_gpt_flops_per_token(const loom_gpt_config_t *cfg, int T) {
     /* 6 flops per parameter per token (forward 2, backward 4), the position
      * embedding excluded as a lookup, plus attention's QK^T and AV: 6*L*C*T
-     * for a full T x T score matrix per token (PaLM's convention). */
-    double n = (double)loom_gpt_num_params(cfg) - (double)cfg->max_seq_len * cfg->channels;
+     * for a full T x T score matrix per token (PaLM's convention; with
+     * grouped-query attention the query side is still C wide). */
+    double wpe = cfg->pos == LOOM_POS_LEARNED ? (double)cfg->max_seq_len * cfg->channels : 0.0;
+    double n = (double)loom_gpt_num_params(cfg) - wpe;
     return 6.0 * n + 6.0 * cfg->n_layer * cfg->channels * (double)T;
 }
 
@@ -117,8 +200,41 @@ static loom_status create(loom_gpt_t **out, const loom_gpt_config_t *cfg, const 
     }
     loom_mem_count(LOOM_MEM_PARAMS, (long long)(m->num_params * sizeof(float)));
     for (int i = 0; i < LOOM_NPARAMS; i++) m->param[i] = m->params + m->ptable[i].offset;
+    if (c.pos == LOOM_POS_ROPE) {
+        int half = loom_gpt_head_size(&c) / 2;
+        float freq[512];
+        if (half > 512) {
+            loom_gpt_free(m);
+            return loom_error(LOOM_EUNAVAIL, "model: head size %d; rotary embedding takes head sizes up to 1024", 2 * half);
+        }
+        loom_gpt_rope_freqs(&c, freq);
+        m->rope_freq = be->alloc((size_t)half * sizeof(float));
+        be->upload(m->rope_freq, freq, (size_t)half * sizeof(float));
+    }
     *out = m;
     return LOOM_OK;
+}
+
+void loom_gpt_rope_freqs(const loom_gpt_config_t *c, float *out) {
+    int hs = loom_gpt_head_size(c);
+    const double pi = 3.14159265358979323846;
+    for (int j = 0; j < hs / 2; j++) {
+        /* float32 as Hugging Face computes it: 1 / theta ** (2j / hs) */
+        float f = 1.0f / powf(c->rope_theta, (float)(2 * j) / (float)hs);
+        if (c->rope_scaling.kind == LOOM_ROPE_SCALING_LINEAR) {
+            f /= c->rope_scaling.factor;
+        } else if (c->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3) {
+            double fac = c->rope_scaling.factor, lo = c->rope_scaling.low_freq_factor, hi = c->rope_scaling.high_freq_factor;
+            double old = c->rope_scaling.original_max_pos, wavelen = 2 * pi / f;
+            if (wavelen > old / lo) { /* low frequency: scaled */
+                f = (float)(f / fac);
+            } else if (wavelen >= old / hi) { /* between: interpolated */
+                double smooth = (old / wavelen - lo) / (hi - lo);
+                f = (float)((1 - smooth) * f / fac + smooth * f);
+            }
+        }
+        out[j] = f;
+    }
 }
 
 loom_status loom_gpt_create(loom_gpt_t **out, const loom_gpt_config_t *cfg, const loom_backend_t *be) {
@@ -127,7 +243,7 @@ loom_status loom_gpt_create(loom_gpt_t **out, const loom_gpt_config_t *cfg, cons
 
 loom_status loom_gpt_init(loom_gpt_t **out, const loom_gpt_config_t *cfg, const loom_backend_t *be,
                           unsigned long long seed) {
-    loom_gpt_t *m;
+    loom_gpt_t *m = NULL;
     LOOM_TRY(create(&m, cfg, be));
     float *host = loom_calloc(m->num_params, sizeof(float));
     loom_rng_t rng;
@@ -136,8 +252,9 @@ loom_status loom_gpt_init(loom_gpt_t **out, const loom_gpt_config_t *cfg, const 
     for (int i = 0; i < LOOM_NPARAMS; i++) {
         const loom_tensor_info_t *t = &m->ptable[i];
         float *p = host + t->offset;
+        if (!t->numel) continue; /* not in this variant */
         switch (i) {
-        case LOOM_WTE: /* padded rows stay zero */
+        case LOOM_WTE: case LOOM_LMHEAD: /* padded rows stay zero */
             loom_rng_fill_normal(&rng, p, (size_t)m->cfg.vocab_size * m->cfg.channels, 0.02f);
             break;
         case LOOM_WPE: case LOOM_QKVW: case LOOM_FCW:
@@ -199,7 +316,7 @@ enum {
     A_LN1,       /* (L,B,T,C) */
     A_LN1_MEAN,  /* (L,B,T) */
     A_LN1_RSTD,  /* (L,B,T) */
-    A_QKV,       /* (L,B,T,3C) */
+    A_QKV,       /* (L,B,T,QR): q, k, v rows (rotated q and k under RoPE) */
     A_ATTY,      /* (L,B,T,C) */
     A_ATT_LSE,   /* (L,B,NH,T) */
     A_ATTPROJ,   /* (L,B,T,C) */
@@ -207,8 +324,8 @@ enum {
     A_LN2,       /* (L,B,T,C) */
     A_LN2_MEAN,  /* (L,B,T) */
     A_LN2_RSTD,  /* (L,B,T) */
-    A_FCH,       /* (L,B,T,4C) */
-    A_FCH_GELU,  /* (L,B,T,4C) */
+    A_FCH,       /* (L,B,T,FR): fc output (SwiGLU: gate then up) */
+    A_FCH_GELU,  /* (L,B,T,H): the MLP's activation, gelu(fch) or silu(gate)*up */
     A_FCPROJ,    /* (L,B,T,C) */
     A_RESIDUAL3, /* (L,B,T,C) */
     A_LNF,       /* (B,T,C) */
@@ -218,8 +335,9 @@ enum {
     A_LOSSES,    /* (B,T) */
     G_RESIDUAL,  /* (B,T,C) gradient along the residual stream */
     G_BTC,       /* (B,T,C) scratch: d ln1, d atty, d ln2, d lnf */
-    G_QKV,       /* (B,T,3C) */
-    G_FCH,       /* (B,T,4C) */
+    G_QKV,       /* (B,T,QR) */
+    G_FCH,       /* (B,T,FR) */
+    G_ACT,       /* (B,T,H) d silu(gate)*up (SwiGLU; empty for GELU, whose backward works in place) */
     A_COUNT
 };
 
@@ -227,23 +345,27 @@ enum {
 static void act_sizes(const loom_gpt_config_t *c, loom_recompute rc, int B, int T, size_t sz[A_COUNT],
                       size_t nl[A_COUNT]) {
     size_t BT = (size_t)B * T, C = c->channels, NH = c->n_head;
+    size_t QR = (size_t)loom_gpt_qkv_rows(c), FR = (size_t)loom_gpt_fc_rows(c);
+    size_t H = (size_t)(c->ffn_hidden ? c->ffn_hidden : 4 * c->channels);
     sz[A_ENCODED] = BT * C;
     sz[A_LN1] = BT * C;
     sz[A_LN1_MEAN] = sz[A_LN1_RSTD] = BT;
-    sz[A_QKV] = BT * 3 * C;
+    sz[A_QKV] = BT * QR;
     sz[A_ATTY] = BT * C;
     sz[A_ATT_LSE] = NH * BT;
     sz[A_ATTPROJ] = sz[A_RESIDUAL2] = sz[A_LN2] = BT * C;
     sz[A_LN2_MEAN] = sz[A_LN2_RSTD] = BT;
-    sz[A_FCH] = sz[A_FCH_GELU] = BT * 4 * C;
+    sz[A_FCH] = BT * FR;
+    sz[A_FCH_GELU] = BT * H;
     sz[A_FCPROJ] = sz[A_RESIDUAL3] = BT * C;
     sz[A_LNF] = BT * C;
     sz[A_LNF_MEAN] = sz[A_LNF_RSTD] = BT;
     sz[A_LOGITS] = BT * c->padded_vocab_size;
     sz[A_LOSSES] = BT;
     sz[G_RESIDUAL] = sz[G_BTC] = BT * C;
-    sz[G_QKV] = BT * 3 * C;
-    sz[G_FCH] = BT * 4 * C;
+    sz[G_QKV] = BT * QR;
+    sz[G_FCH] = BT * FR;
+    sz[G_ACT] = c->mlp == LOOM_MLP_SWIGLU ? BT * H : 0;
     for (int i = 0; i < A_COUNT; i++) {
         int keep = rc == LOOM_RECOMPUTE_NONE || (rc == LOOM_RECOMPUTE_GELU && i != A_FCH_GELU) || i == A_RESIDUAL3;
         nl[i] = i >= A_LN1 && i <= A_RESIDUAL3 && keep ? (size_t)c->n_layer : 1;
@@ -295,7 +417,7 @@ const char *loom_recompute_name(loom_recompute r) { return (unsigned)r < 3 ? rec
 static const char *const act_names[A_COUNT] = {
     "encoded", "ln1", "ln1_mean", "ln1_rstd", "qkv", "atty", "att_lse", "attproj", "residual2", "ln2",
     "ln2_mean", "ln2_rstd", "fch", "fch_gelu", "fcproj", "residual3", "lnf", "lnf_mean", "lnf_rstd",
-    "logits", "losses", "d_residual", "d_btc", "d_qkv", "d_fch"};
+    "logits", "losses", "d_residual", "d_btc", "d_qkv", "d_fch", "d_act"};
 
 size_t loom_gpt_act_table(const loom_gpt_config_t *cfg, loom_recompute rc, int B, int T,
                           loom_act_info_t out[LOOM_ACT_MAX], int *n) {
@@ -325,6 +447,8 @@ static void free_acts(loom_gpt_t *m) {
     m->be->free(m->acts);
     m->be->free(m->tokens);
     m->be->free(m->targets);
+    if (m->pos) m->be->free(m->pos);
+    m->pos = NULL;
     free(m->loss_host);
     m->acts = NULL;
     m->tokens = m->targets = NULL;
@@ -349,7 +473,8 @@ loom_status loom_gpt_alloc_acts(loom_gpt_t *m, int B, int T) {
     m->acts = m->be->alloc(bytes);
     m->tokens = m->be->alloc((size_t)B * T * sizeof(int));
     m->targets = m->be->alloc((size_t)B * T * sizeof(int));
-    if (!m->acts || !m->tokens || !m->targets)
+    if (m->cfg.pos == LOOM_POS_ROPE) m->pos = m->be->alloc((size_t)B * T * sizeof(int));
+    if (!m->acts || !m->tokens || !m->targets || (m->cfg.pos == LOOM_POS_ROPE && !m->pos))
         return loom_error(LOOM_ENOMEM, "cannot allocate %.1f MB of activations for batch %d x %d on %s; lower --batch or --seq",
                           bytes / 1e6, B, T, m->be->name);
     m->num_acts = total;
@@ -373,6 +498,7 @@ void loom_gpt_free(loom_gpt_t *m) {
     }
     loom_gpt_free_moments(m);
     free_acts(m);
+    if (m->rope_freq) be->free(m->rope_freq);
     free(m->file_int8);
     free(m);
 }
@@ -385,6 +511,29 @@ void loom_gpt_residual_layernorm(const loom_backend_t *be, float *res, float *ou
     }
     be->residual_forward(res, a, b_res, (size_t)N * C);
     be->layernorm_forward(out, mean, rstd, res, w, b, N, C);
+}
+
+void loom_gpt_residual_norm(const loom_gpt_config_t *c, const loom_backend_t *be, float *res, float *out, float *mean,
+                            float *rstd, const float *a, const float *b_res, const float *w, const float *b, int N) {
+    if (c->norm == LOOM_NORM_LAYERNORM) {
+        loom_gpt_residual_layernorm(be, res, out, mean, rstd, a, b_res, w, b, N, c->channels);
+        return;
+    }
+    be->residual_forward(res, a, b_res, (size_t)N * c->channels);
+    be->rmsnorm_forward(out, rstd, res, w, N, c->channels, c->norm_eps);
+}
+
+void loom_gpt_norm(const loom_gpt_config_t *c, const loom_backend_t *be, float *out, float *mean, float *rstd,
+                   const float *inp, const float *w, const float *b, int N) {
+    if (c->norm == LOOM_NORM_LAYERNORM) be->layernorm_forward(out, mean, rstd, inp, w, b, N, c->channels);
+    else be->rmsnorm_forward(out, rstd, inp, w, N, c->channels, c->norm_eps);
+}
+
+/* dinp += , dw += , db += : the backward of loom_gpt_norm. */
+static void norm_backward(const loom_gpt_config_t *c, const loom_backend_t *be, float *dinp, float *dw, float *db,
+                          const float *dout, const float *inp, const float *w, const float *mean, const float *rstd, int N) {
+    if (c->norm == LOOM_NORM_LAYERNORM) be->layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, c->channels);
+    else be->rmsnorm_backward(dinp, dw, dout, inp, w, rstd, N, c->channels);
 }
 
 loom_status loom_gpt_set_batch(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T) {
@@ -401,19 +550,40 @@ loom_status loom_gpt_set_batch(loom_gpt_t *m, const int *tokens, const int *targ
     }
     m->be->upload(m->tokens, tokens, N * sizeof(int));
     if (targets) m->be->upload(m->targets, targets, N * sizeof(int));
+    if (m->pos) { /* row b*T + t is at position t */
+        int *pos = loom_malloc(N * sizeof(int));
+        for (size_t i = 0; i < N; i++) pos[i] = (int)(i % (size_t)T);
+        m->be->upload(m->pos, pos, N * sizeof(int));
+        free(pos);
+    }
     return LOOM_OK;
+}
+
+float *loom_gpt_slice(const loom_gpt_t *m, float *const *views, int i, int l) {
+    const loom_tensor_info_t *t = &m->ptable[i];
+    if (!t->numel) return NULL;
+    return t->ndim == 1 || i == LOOM_WTE || i == LOOM_WPE || i == LOOM_LMHEAD ? views[i] : views[i] + (size_t)l * (t->numel / (size_t)t->shape[0]);
+}
+#define P(i, l) loom_gpt_slice(m, m->param, i, l)
+#define G(i, l) loom_gpt_slice(m, m->grad, i, l)
+
+/* The MLP's activation: fch_gelu (N,H) = gelu(fch) or silu(gate) * up. */
+static void mlp_act(const loom_gpt_t *m, float *act, const float *fch, size_t N) {
+    if (m->cfg.mlp == LOOM_MLP_SWIGLU) m->be->swiglu_forward(act, fch, (int)N, m->cfg.ffn_hidden);
+    else m->be->gelu_forward(act, fch, N * (size_t)m->cfg.ffn_hidden);
 }
 
 /* Block l from its input on the residual stream. Forward (recompute = 0)
  * expects ln1 of block l in place and ends with the residual add fused with
- * the next LayerNorm (block l+1's ln1, or lnf). Recompute (in backward)
- * first computes ln1 (unfused, as no fcproj of block l-1 is kept) and stops
- * after the GELU: what block l's backward reads. */
+ * the next norm (block l+1's ln1, or lnf). Recompute (in backward) first
+ * computes ln1 (unfused, as no fcproj of block l-1 is kept) and stops after
+ * the MLP's activation: what block l's backward reads. */
 static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, int recompute) {
     const loom_backend_t *be = m->be;
-    int L = m->cfg.n_layer, C = m->cfg.channels, NH = m->cfg.n_head;
-    size_t N = (size_t)B * T, btc = N * C, lc = (size_t)l * C;
-    float *const *p = m->param;
+    const loom_gpt_config_t *c = &m->cfg;
+    int L = c->n_layer, C = c->channels, NH = c->n_head, KV = c->n_kv_heads, QR = loom_gpt_qkv_rows(c);
+    int FR = loom_gpt_fc_rows(c), H = c->ffn_hidden;
+    size_t N = (size_t)B * T;
     const float *resid = l == 0 ? a->a[A_ENCODED] : lay(a, A_RESIDUAL3, l - 1);
     float *ln1 = lay(a, A_LN1, l);
     float *qkv = lay(a, A_QKV, l), *atty = lay(a, A_ATTY, l);
@@ -423,39 +593,42 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
     float *fch = lay(a, A_FCH, l), *fch_gelu = lay(a, A_FCH_GELU, l);
     float *fcproj = lay(a, A_FCPROJ, l), *res3 = lay(a, A_RESIDUAL3, l);
 
-    if (recompute)
-        be->layernorm_forward(ln1, lay(a, A_LN1_MEAN, l), lay(a, A_LN1_RSTD, l), resid, p[LOOM_LN1W] + lc, p[LOOM_LN1B] + lc, (int)N, C);
-    be->matmul_forward(qkv, ln1, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, (int)N, C, 3 * C);
-    be->attention_forward(atty, lse, qkv, B, T, C, NH);
-    be->matmul_forward(attproj, atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, (int)N, C, C);
-    loom_gpt_residual_layernorm(be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, p[LOOM_LN2W] + lc, p[LOOM_LN2B] + lc, (int)N, C);
-    if (be->matmul_forward_gelu) {
-        be->matmul_forward_gelu(fch_gelu, fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
+    if (recompute) loom_gpt_norm(c, be, ln1, lay(a, A_LN1_MEAN, l), lay(a, A_LN1_RSTD, l), resid, P(LOOM_LN1W, l), P(LOOM_LN1B, l), (int)N);
+    be->matmul_forward(qkv, ln1, P(LOOM_QKVW, l), P(LOOM_QKVB, l), (int)N, C, QR);
+    if (c->pos == LOOM_POS_ROPE) be->rope_forward(qkv, m->pos, m->rope_freq, (int)N, NH, KV, C / NH);
+    be->attention_forward(atty, lse, qkv, B, T, C, NH, KV);
+    be->matmul_forward(attproj, atty, P(LOOM_ATTPROJW, l), P(LOOM_ATTPROJB, l), (int)N, C, C);
+    loom_gpt_residual_norm(c, be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, P(LOOM_LN2W, l), P(LOOM_LN2B, l), (int)N);
+    if (be->matmul_forward_gelu && c->mlp == LOOM_MLP_GELU) {
+        be->matmul_forward_gelu(fch_gelu, fch, ln2, P(LOOM_FCW, l), P(LOOM_FCB, l), (int)N, C, FR);
     } else {
-        be->matmul_forward(fch, ln2, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, (int)N, C, 4 * C);
-        be->gelu_forward(fch_gelu, fch, 4 * btc);
+        be->matmul_forward(fch, ln2, P(LOOM_FCW, l), P(LOOM_FCB, l), (int)N, C, FR);
+        mlp_act(m, fch_gelu, fch, N);
     }
     if (recompute) return;
-    be->matmul_forward(fcproj, fch_gelu, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, (int)N, 4 * C, C);
+    be->matmul_forward(fcproj, fch_gelu, P(LOOM_FCPROJW, l), P(LOOM_FCPROJB, l), (int)N, H, C);
     if (l + 1 < L)
-        loom_gpt_residual_layernorm(be, res3, lay(a, A_LN1, l + 1), lay(a, A_LN1_MEAN, l + 1), lay(a, A_LN1_RSTD, l + 1), res2, fcproj,
-                           p[LOOM_LN1W] + lc + C, p[LOOM_LN1B] + lc + C, (int)N, C);
+        loom_gpt_residual_norm(c, be, res3, lay(a, A_LN1, l + 1), lay(a, A_LN1_MEAN, l + 1), lay(a, A_LN1_RSTD, l + 1), res2, fcproj,
+                               P(LOOM_LN1W, l + 1), P(LOOM_LN1B, l + 1), (int)N);
     else
-        loom_gpt_residual_layernorm(be, res3, a->a[A_LNF], a->a[A_LNF_MEAN], a->a[A_LNF_RSTD], res2, fcproj, p[LOOM_LNFW], p[LOOM_LNFB], (int)N, C);
+        loom_gpt_residual_norm(c, be, res3, a->a[A_LNF], a->a[A_LNF_MEAN], a->a[A_LNF_RSTD], res2, fcproj, P(LOOM_LNFW, 0),
+                               P(LOOM_LNFB, 0), (int)N);
 }
+
+int loom_gpt_head_param(const loom_gpt_config_t *c) { return c->untied_head ? LOOM_LMHEAD : LOOM_WTE; }
+static int head_param(const loom_gpt_t *m) { return loom_gpt_head_param(&m->cfg); }
 
 /* Embeddings, the blocks, the head: logits of the batch in m->tokens. */
 static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T) {
     const loom_backend_t *be = m->be;
     int C = m->cfg.channels, Vp = m->cfg.padded_vocab_size;
     size_t N = (size_t)B * T;
-    float *const *p = m->param;
-    be->encoder_forward(a->a[A_ENCODED], m->tokens, p[LOOM_WTE], p[LOOM_WPE], B, T, C);
+    be->encoder_forward(a->a[A_ENCODED], m->tokens, P(LOOM_WTE, 0), P(LOOM_WPE, 0), B, T, C);
     /* Each residual add is fused with the LayerNorm that reads it (the next
      * block's ln1 or the final lnf) where the backend offers the fusion. */
-    be->layernorm_forward(lay(a, A_LN1, 0), lay(a, A_LN1_MEAN, 0), lay(a, A_LN1_RSTD, 0), a->a[A_ENCODED], p[LOOM_LN1W], p[LOOM_LN1B], (int)N, C);
+    loom_gpt_norm(&m->cfg, be, lay(a, A_LN1, 0), lay(a, A_LN1_MEAN, 0), lay(a, A_LN1_RSTD, 0), a->a[A_ENCODED], P(LOOM_LN1W, 0), P(LOOM_LN1B, 0), (int)N);
     for (int l = 0; l < m->cfg.n_layer; l++) block_forward(m, a, l, B, T, 0);
-    be->matmul_forward(a->a[A_LOGITS], a->a[A_LNF], p[LOOM_WTE], NULL, (int)N, C, Vp);
+    be->matmul_forward(a->a[A_LOGITS], a->a[A_LNF], P(head_param(m), 0), NULL, (int)N, C, Vp);
 }
 
 loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
@@ -490,57 +663,76 @@ float *loom_gpt_losses_dev(const loom_gpt_t *m, int B, int T) {
     return a.a[A_LOSSES];
 }
 
+/* Block l's MLP backward: dres (the gradient of res3) flows into fc_proj,
+ * the activation, fc and norm2, and accumulates into dres. */
+static void mlp_backward(loom_gpt_t *m, const acts_t *a, int l, size_t N) {
+    const loom_backend_t *be = m->be;
+    const loom_gpt_config_t *c = &m->cfg;
+    int C = c->channels, FR = loom_gpt_fc_rows(c), H = c->ffn_hidden;
+    float *dres = a->a[G_RESIDUAL], *dbtc = a->a[G_BTC], *dfch = a->a[G_FCH];
+    float *res2 = lay(a, A_RESIDUAL2, l), *ln2 = lay(a, A_LN2, l);
+    float *fch = lay(a, A_FCH, l), *fch_gelu = lay(a, A_FCH_GELU, l);
+    if (c->mlp == LOOM_MLP_SWIGLU) {
+        float *dact = a->a[G_ACT];
+        be->zero(dact, loom_backend_act_bytes(be, N * H));
+        be->matmul_backward(dact, G(LOOM_FCPROJW, l), G(LOOM_FCPROJB, l), dres, fch_gelu, P(LOOM_FCPROJW, l), (int)N, H, C);
+        be->swiglu_backward(dfch, fch, dact, (int)N, H);
+    } else if (be->matmul_backward_gelu) {
+        be->matmul_backward_gelu(dfch, G(LOOM_FCPROJW, l), G(LOOM_FCPROJB, l), dres, fch_gelu, fch, P(LOOM_FCPROJW, l), (int)N, H, C);
+    } else {
+        be->zero(dfch, loom_backend_act_bytes(be, N * FR));
+        be->matmul_backward(dfch, G(LOOM_FCPROJW, l), G(LOOM_FCPROJB, l), dres, fch_gelu, P(LOOM_FCPROJW, l), (int)N, H, C);
+        be->gelu_backward(dfch, fch, dfch, N * H);
+    }
+    be->zero(dbtc, loom_backend_act_bytes(be, N * C));
+    be->matmul_backward(dbtc, G(LOOM_FCW, l), G(LOOM_FCB, l), dfch, ln2, P(LOOM_FCW, l), (int)N, C, FR);
+    norm_backward(c, be, dres, G(LOOM_LN2W, l), G(LOOM_LN2B, l), dbtc, res2, P(LOOM_LN2W, l), lay(a, A_LN2_MEAN, l),
+                  lay(a, A_LN2_RSTD, l), (int)N);
+}
+
+/* Block l's attention backward: res2 = resid + attproj, dres flows to both. */
+static void attn_backward(loom_gpt_t *m, const acts_t *a, int l, int B, int T) {
+    const loom_backend_t *be = m->be;
+    const loom_gpt_config_t *c = &m->cfg;
+    int C = c->channels, NH = c->n_head, KV = c->n_kv_heads, QR = loom_gpt_qkv_rows(c);
+    size_t N = (size_t)B * T, btc_bytes = loom_backend_act_bytes(be, N * C);
+    float *dres = a->a[G_RESIDUAL], *dbtc = a->a[G_BTC], *dqkv = a->a[G_QKV];
+    const float *resid = l == 0 ? a->a[A_ENCODED] : lay(a, A_RESIDUAL3, l - 1);
+    float *qkv = lay(a, A_QKV, l), *atty = lay(a, A_ATTY, l);
+    be->zero(dbtc, btc_bytes);
+    be->matmul_backward(dbtc, G(LOOM_ATTPROJW, l), G(LOOM_ATTPROJB, l), dres, atty, P(LOOM_ATTPROJW, l), (int)N, C, C);
+    be->attention_backward(dqkv, dbtc, qkv, atty, lay(a, A_ATT_LSE, l), B, T, C, NH, KV);
+    if (c->pos == LOOM_POS_ROPE) be->rope_backward(dqkv, m->pos, m->rope_freq, (int)N, NH, KV, C / NH);
+    be->zero(dbtc, btc_bytes);
+    be->matmul_backward(dbtc, G(LOOM_QKVW, l), G(LOOM_QKVB, l), dqkv, lay(a, A_LN1, l), P(LOOM_QKVW, l), (int)N, C, QR);
+    norm_backward(c, be, dres, G(LOOM_LN1W, l), G(LOOM_LN1B, l), dbtc, resid, P(LOOM_LN1W, l), lay(a, A_LN1_MEAN, l),
+                  lay(a, A_LN1_RSTD, l), (int)N);
+}
+
 void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
     const loom_backend_t *be = m->be;
-    int L = m->cfg.n_layer, C = m->cfg.channels, NH = m->cfg.n_head, Vp = m->cfg.padded_vocab_size;
-    size_t N = (size_t)B * T, btc = N * C, btc_bytes = loom_backend_act_bytes(be, btc);
+    const loom_gpt_config_t *c = &m->cfg;
+    int L = c->n_layer, C = c->channels, Vp = c->padded_vocab_size;
+    size_t N = (size_t)B * T, btc_bytes = loom_backend_act_bytes(be, N * C);
     acts_t a;
     act_views(m, B, T, &a);
-    float *const *p = m->param;
-    float *const *g = m->grad;
-    float *dres = a.a[G_RESIDUAL], *dbtc = a.a[G_BTC], *dqkv = a.a[G_QKV], *dfch = a.a[G_FCH];
+    float *dres = a.a[G_RESIDUAL], *dbtc = a.a[G_BTC];
 
-    /* Head: logits = lnf @ wte^T, the logits buffer now holds their gradient. */
+    /* Head: logits = lnf @ head^T, the logits buffer now holds their gradient. */
     be->zero(dbtc, btc_bytes);
-    be->matmul_backward(dbtc, g[LOOM_WTE], NULL, a.a[A_LOGITS], a.a[A_LNF], p[LOOM_WTE], (int)N, C, Vp);
+    be->matmul_backward(dbtc, G(head_param(m), 0), NULL, a.a[A_LOGITS], a.a[A_LNF], P(head_param(m), 0), (int)N, C, Vp);
     be->zero(dres, btc_bytes);
-    const float *last = lay(&a, A_RESIDUAL3, L - 1);
-    be->layernorm_backward(dres, g[LOOM_LNFW], g[LOOM_LNFB], dbtc, last, p[LOOM_LNFW], a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N, C);
+    norm_backward(c, be, dres, G(LOOM_LNFW, 0), G(LOOM_LNFB, 0), dbtc, lay(&a, A_RESIDUAL3, L - 1), P(LOOM_LNFW, 0),
+                  a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N);
 
     for (int l = L - 1; l >= 0; l--) {
-        const float *resid = l == 0 ? a.a[A_ENCODED] : lay(&a, A_RESIDUAL3, l - 1);
-        float *ln1 = lay(&a, A_LN1, l), *ln1_mean = lay(&a, A_LN1_MEAN, l), *ln1_rstd = lay(&a, A_LN1_RSTD, l);
-        float *qkv = lay(&a, A_QKV, l), *atty = lay(&a, A_ATTY, l);
-        float *lse = lay(&a, A_ATT_LSE, l);
-        float *res2 = lay(&a, A_RESIDUAL2, l), *ln2 = lay(&a, A_LN2, l);
-        float *ln2_mean = lay(&a, A_LN2_MEAN, l), *ln2_rstd = lay(&a, A_LN2_RSTD, l);
-        float *fch = lay(&a, A_FCH, l), *fch_gelu = lay(&a, A_FCH_GELU, l);
-        size_t lc = (size_t)l * C;
-
         if (m->recompute == LOOM_RECOMPUTE_ALL) block_forward(m, &a, l, B, T, 1);
-        else if (m->recompute == LOOM_RECOMPUTE_GELU) be->gelu_forward(fch_gelu, fch, 4 * btc);
-
-        /* res3 = res2 + fcproj: dres flows to both. */
-        if (be->matmul_backward_gelu) {
-            be->matmul_backward_gelu(dfch, g[LOOM_FCPROJW] + lc * 4 * C, g[LOOM_FCPROJB] + lc, dres, fch_gelu, fch, p[LOOM_FCPROJW] + lc * 4 * C, (int)N, 4 * C, C);
-        } else {
-            be->zero(dfch, 4 * btc_bytes);
-            be->matmul_backward(dfch, g[LOOM_FCPROJW] + lc * 4 * C, g[LOOM_FCPROJB] + lc, dres, fch_gelu, p[LOOM_FCPROJW] + lc * 4 * C, (int)N, 4 * C, C);
-            be->gelu_backward(dfch, fch, dfch, 4 * btc);
-        }
-        be->zero(dbtc, btc_bytes);
-        be->matmul_backward(dbtc, g[LOOM_FCW] + lc * 4 * C, g[LOOM_FCB] + 4 * lc, dfch, ln2, p[LOOM_FCW] + lc * 4 * C, (int)N, C, 4 * C);
-        be->layernorm_backward(dres, g[LOOM_LN2W] + lc, g[LOOM_LN2B] + lc, dbtc, res2, p[LOOM_LN2W] + lc, ln2_mean, ln2_rstd, (int)N, C);
-        /* res2 = resid + attproj */
-        be->zero(dbtc, btc_bytes);
-        be->matmul_backward(dbtc, g[LOOM_ATTPROJW] + lc * C, g[LOOM_ATTPROJB] + lc, dres, atty, p[LOOM_ATTPROJW] + lc * C, (int)N, C, C);
-        be->attention_backward(dqkv, dbtc, qkv, atty, lse, B, T, C, NH);
-        be->zero(dbtc, btc_bytes);
-        be->matmul_backward(dbtc, g[LOOM_QKVW] + lc * 3 * C, g[LOOM_QKVB] + 3 * lc, dqkv, ln1, p[LOOM_QKVW] + lc * 3 * C, (int)N, C, 3 * C);
-        be->layernorm_backward(dres, g[LOOM_LN1W] + lc, g[LOOM_LN1B] + lc, dbtc, resid, p[LOOM_LN1W] + lc, ln1_mean, ln1_rstd, (int)N, C);
+        else if (m->recompute == LOOM_RECOMPUTE_GELU) mlp_act(m, lay(&a, A_FCH_GELU, l), lay(&a, A_FCH, l), N);
+        mlp_backward(m, &a, l, N);
+        attn_backward(m, &a, l, B, T);
         if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, l);
     }
-    be->encoder_backward(g[LOOM_WTE], g[LOOM_WPE], dres, m->tokens, B, T, C);
+    be->encoder_backward(G(LOOM_WTE, 0), G(LOOM_WPE, 0), dres, m->tokens, B, T, C);
     if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, -1);
 }
 

@@ -1,13 +1,20 @@
-/* model: the GPT-2 architecture as calls to the backend op table.
+/* model: one decoder-only transformer description, as calls to the backend
+ * op table. GPT-2 and the Llama family (Llama 2/3, Mistral, Qwen2, SmolLM2)
+ * are instances of it: a block is the same sequence of ops with other
+ * choices (loom_gpt_config_t below), never a second forward pass.
  *
- * Token and position embeddings, L pre-LayerNorm blocks of causal
- * multi-head self-attention and a tanh-GELU MLP, a final LayerNorm and an
- * output head tied to the token embedding. The vocabulary is padded to a
- * multiple of 64 (Vp); padded rows of wte stay zero and padded logits are
- * ignored by the loss.
+ *   x = embed(tokens) [+ wpe[pos] when positions are learned]
+ *   per block: x += attn_proj(attention(rope?(qkv(norm1(x)))))
+ *              x += fc_proj(act(fc(norm2(x))))
+ *   logits = normf(x) @ (wte or lm_head)^T
+ *
+ * The vocabulary is padded to a multiple of 64 (Vp); padded rows of wte
+ * (and lm_head) stay zero and padded logits are ignored by the loss.
  *
  * Parameters, gradients, AdamW moments and activations each live in one
- * backend allocation, laid out by walking a {name, shape} table. */
+ * backend allocation, laid out by walking a {name, shape} table built from
+ * the config; a tensor a variant does not have (wpe under RoPE, biases in
+ * Llama, lm_head when tied) has no storage (numel 0). */
 #ifndef LOOM_GPT_H
 #define LOOM_GPT_H
 
@@ -16,14 +23,74 @@
 #include "../backend/backend.h"
 #include "../core/core.h"
 
+/* Every enum's 0 is GPT-2's choice, so a config that sets only the six
+ * shape fields (the presets, the tests, older run folders) is GPT-2. */
+typedef enum {
+    LOOM_NORM_LAYERNORM = 0, /* (x - mean) * rstd * w + b; GPT-2 */
+    LOOM_NORM_RMSNORM,       /* x * rsqrt(mean(x^2) + eps) * w, no bias; Llama */
+} loom_norm_kind;
+
+typedef enum {
+    LOOM_POS_LEARNED = 0, /* wpe (maxT, C) added to the token embedding; GPT-2 */
+    LOOM_POS_ROPE,        /* rotary embedding of q and k in each block, no table; Llama */
+} loom_pos_kind;
+
+typedef enum {
+    LOOM_MLP_GELU = 0, /* fc (H, C) -> tanh GELU -> fc_proj (C, H); GPT-2 */
+    LOOM_MLP_SWIGLU,   /* fc holds gate (H, C) then up (H, C) -> silu(gate) * up -> fc_proj (C, H); Llama */
+} loom_mlp_kind;
+
+/* Which linear layers carry a bias (the norms' biases follow the norm kind). */
+typedef enum {
+    LOOM_BIAS_ALL = 0, /* qkv, attn proj, fc, fc proj; GPT-2 */
+    LOOM_BIAS_NONE,    /* none; Llama, Mistral, SmolLM2 */
+    LOOM_BIAS_QKV,     /* q, k and v only; Qwen2 */
+} loom_bias_kind;
+
+/* Rotary frequency scaling, as Hugging Face's rope_scaling. */
+typedef enum {
+    LOOM_ROPE_SCALING_NONE = 0,
+    LOOM_ROPE_SCALING_LINEAR, /* every frequency divided by factor */
+    LOOM_ROPE_SCALING_LLAMA3, /* Llama 3.1's: low frequencies / factor, high kept, smooth between */
+} loom_rope_scaling_kind;
+
 typedef struct {
+    /* shape */
     int max_seq_len; /* T: positions the model knows */
-    int vocab_size;  /* V */
+    int vocab_size;  /* V: exact, any value; the table pads it */
     int padded_vocab_size; /* Vp = V rounded up to 64; derived by loom_gpt_config_finish */
     int n_layer;     /* L */
-    int n_head;      /* NH */
+    int n_head;      /* NH: query heads; head size hs = C / NH */
     int channels;    /* C */
+    int n_kv_heads;  /* KV: key/value heads, dividing NH (KV = NH: multi-head, 1: multi-query,
+                      * else grouped-query); 0 = NH, filled by loom_gpt_config_finish */
+    int ffn_hidden;  /* H: the MLP's hidden width; 0 = 4C (GPT-2), filled by finish */
+
+    /* block variant */
+    loom_norm_kind norm;
+    float norm_eps;  /* 0 = 1e-5; LayerNorm takes 1e-5 only (the fused kernels assume it) */
+    loom_pos_kind pos;
+    float rope_theta; /* RoPE base; 0 = 10000 */
+    struct {
+        loom_rope_scaling_kind kind;
+        float factor;           /* linear and llama3 */
+        float low_freq_factor;  /* llama3 */
+        float high_freq_factor; /* llama3 */
+        int original_max_pos;   /* llama3: original_max_position_embeddings */
+    } rope_scaling;
+    loom_mlp_kind mlp;
+    loom_bias_kind bias;
+    int untied_head; /* 1: the output head is its own (Vp, C) lm_head; 0: logits use wte (tied) */
 } loom_gpt_config_t;
+
+/* Derived sizes of a finished config. */
+int loom_gpt_head_size(const loom_gpt_config_t *c); /* hs = C / NH */
+/* Rows of one layer's fused qkv weight: NH*hs queries, then KV*hs keys, then KV*hs values. */
+int loom_gpt_qkv_rows(const loom_gpt_config_t *c);
+/* Rows of one layer's fc weight: H (GELU), or gate then up, 2H (SwiGLU). */
+int loom_gpt_fc_rows(const loom_gpt_config_t *c);
+/* The name of the family for messages: "gpt2" or "llama". */
+const char *loom_gpt_family(const loom_gpt_config_t *c);
 
 /* Fill `cfg` from a preset name (gpt2-tiny, gpt2-small, gpt2-medium,
  * gpt2-large, gpt2-xl); vocab_size is left for the caller (the tokenizer's). */
@@ -34,39 +101,46 @@ extern const char *const loom_gpt_preset_names[];
 loom_status loom_gpt_config_finish(loom_gpt_config_t *cfg);
 
 /* The parameter tensors in memory order. Decayed tensors (matrices and
- * embeddings) come first, so AdamW runs as two contiguous calls. */
+ * embeddings) come first, so AdamW runs as two contiguous calls. Shapes
+ * with QR = loom_gpt_qkv_rows (3C for GPT-2), FR = loom_gpt_fc_rows (4C
+ * for GPT-2), H = ffn_hidden; "-" marks when a variant has no storage. */
 enum {
     LOOM_WTE,      /* (Vp, C) */
-    LOOM_WPE,      /* (maxT, C) */
-    LOOM_QKVW,     /* (L, 3C, C) */
+    LOOM_WPE,      /* (maxT, C); - under RoPE */
+    LOOM_QKVW,     /* (L, QR, C): q rows, then k, then v */
     LOOM_ATTPROJW, /* (L, C, C) */
-    LOOM_FCW,      /* (L, 4C, C) */
-    LOOM_FCPROJW,  /* (L, C, 4C) */
+    LOOM_FCW,      /* (L, FR, C): GELU's fc, or SwiGLU's gate then up */
+    LOOM_FCPROJW,  /* (L, C, H) */
+    LOOM_LMHEAD,   /* (Vp, C); - when the head is tied to wte */
     LOOM_LN1W,     /* (L, C) ... no decay from here on */
-    LOOM_LN1B,     /* (L, C) */
-    LOOM_QKVB,     /* (L, 3C) */
-    LOOM_ATTPROJB, /* (L, C) */
+    LOOM_LN1B,     /* (L, C); - under RMSNorm */
+    LOOM_QKVB,     /* (L, QR); - under LOOM_BIAS_NONE */
+    LOOM_ATTPROJB, /* (L, C); - unless LOOM_BIAS_ALL */
     LOOM_LN2W,     /* (L, C) */
-    LOOM_LN2B,     /* (L, C) */
-    LOOM_FCB,      /* (L, 4C) */
-    LOOM_FCPROJB,  /* (L, C) */
+    LOOM_LN2B,     /* (L, C); - under RMSNorm */
+    LOOM_FCB,      /* (L, FR); - unless LOOM_BIAS_ALL */
+    LOOM_FCPROJB,  /* (L, C); - unless LOOM_BIAS_ALL */
     LOOM_LNFW,     /* (C) */
-    LOOM_LNFB,     /* (C) */
+    LOOM_LNFB,     /* (C); - under RMSNorm */
     LOOM_NPARAMS
 };
 #define LOOM_FIRST_NODECAY LOOM_LN1W
 
 typedef struct {
     const char *name; /* loom's own name, e.g. "qkvw" */
-    int ndim;
+    int ndim;         /* 0 (and numel 0) for a tensor this config does not have */
     int shape[3];
     size_t numel;
     size_t offset; /* in floats from the start of the parameter block */
 } loom_tensor_info_t;
 
-/* Parameter table for a config; total float count in *total. */
+/* Parameter table for a config; total float count in *total. A tensor the
+ * config does not have gets ndim 0, numel 0 and no storage (its offset is
+ * the next tensor's), so GPT-2's layout is what it always was. */
 void loom_gpt_param_table(const loom_gpt_config_t *cfg, loom_tensor_info_t table[LOOM_NPARAMS],
                           size_t *total);
+/* 1 when parameter `i` (LOOM_WTE ...) has storage under this config. */
+int loom_gpt_has_param(const loom_gpt_config_t *cfg, int i);
 
 /* Activation recompute, trading backward compute for activation memory:
  * NONE keeps every activation; GELU keeps no per-layer GELU output (one
@@ -99,6 +173,8 @@ struct loom_gpt {
     size_t num_acts;         /* elements in the block (loom_gpt_act_table's total) */
     size_t act_bytes;        /* its bytes: 2 per ACT element at a 16-bit act_dtype */
     int *tokens, *targets;   /* backend memory, (B, T) int32 */
+    int *pos;                /* backend memory, (B, T) int32: each row's position t (RoPE only, else NULL) */
+    float *rope_freq;        /* backend memory, (hs/2): rotary inverse frequencies (RoPE only, else NULL) */
     float *loss_host;        /* (B*T) host copy of per-position losses */
 
     /* Called during backward as gradients become final for this
@@ -118,6 +194,14 @@ struct loom_gpt {
      * model. */
     loom_tensor_t *file_int8;
 };
+
+/* Layer l's slice of tensor i (LOOM_WTE ...) in `views` (m->param,
+ * m->grad, or views laid out like them): the whole tensor for the ones
+ * that are not per layer; NULL when the config has no such tensor (a bias
+ * of the Llama family), which every matmul op takes as "no bias". */
+float *loom_gpt_slice(const loom_gpt_t *m, float *const *views, int i, int l);
+/* The output head's tensor: LOOM_WTE when tied, else LOOM_LMHEAD. */
+int loom_gpt_head_param(const loom_gpt_config_t *c);
 
 /* Allocate a model with parameters initialized GPT-2 style from `seed`
  * (normal 0.02, residual projections scaled by 1/sqrt(2L), LayerNorm 1/0). */
@@ -197,6 +281,17 @@ void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);
 void loom_gpt_residual_layernorm(const loom_backend_t *be, float *res, float *out, float *mean,
                                  float *rstd, const float *a, const float *b_res, const float *w,
                                  const float *b, int N, int C);
+/* The same with the config's norm: LayerNorm as above, or the residual add
+ * then RMSNorm (mean unused). */
+void loom_gpt_residual_norm(const loom_gpt_config_t *c, const loom_backend_t *be, float *res, float *out, float *mean,
+                            float *rstd, const float *a, const float *b_res, const float *w, const float *b, int N);
+/* out, mean, rstd = the config's norm of inp (N, C) with w, b (b NULL under RMSNorm). */
+void loom_gpt_norm(const loom_gpt_config_t *c, const loom_backend_t *be, float *out, float *mean, float *rstd,
+                   const float *inp, const float *w, const float *b, int N);
+/* Rotary inverse frequencies (hs/2 floats) of a RoPE config: Hugging
+ * Face's inv_freq = 1 / theta^(2j/hs), then rope_scaling (linear: / factor;
+ * llama3: low frequencies / factor, high kept, smooth between). */
+void loom_gpt_rope_freqs(const loom_gpt_config_t *c, float *out);
 /* Model FLOPs per token for training (6N plus attention), N excluding the
  * position embedding, for MFU. */
 double loom_gpt_flops_per_token(const loom_gpt_config_t *cfg, int T);

@@ -3,38 +3,61 @@
 #include "quant.h"
 #include "sparse24.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* Without the batch's prefill flags, a sequence with at least this many
+ * rows in a batch is prefilled: its rows go through the backend's packed
+ * GEMM (matmul_forward, the one training uses), which packs the weights
+ * once per call and reaches the CPU's compute rate from a few tens of rows.
+ * Fewer rows (decode, a short tail of a prompt, a few drafted tokens) take
+ * matmul_forward_rows, which streams each weight once per step and
+ * computes every row alone, so decode stays bitwise the same in any batch.
+ * Measured on gpt2-small's fc (768 -> 3072, one thread, AVX-512): the GEMM
+ * takes 1.5x the row kernel's time at 4 rows, 0.8x at 8, 0.3x from 32
+ * (docs/perf.md). */
+#define PREFILL_GEMM_ROWS 8
 
 struct loom_infer {
     loom_gpt_t *m;
     const loom_backend_t *be;
     int max_tokens, max_seqs, max_logits, max_blocks;
-    loom_tensor_t *layers;   /* (L) views into cache: (num_blocks*2*NH, block_size*hs) each */
-    int NH, block_size;
+    loom_tensor_t *layers;   /* (L) views into cache: (num_blocks*2*KV, block_size*hs) each */
+    int NH, KV, block_size;
     void *cache;             /* one backend allocation: per layer K then V */
     /* Activations, backend memory, one buffer each reused by every layer. */
     float *x;      /* (N, C) residual stream */
     float *ln;     /* (N, C) LayerNorm output */
     float *mean, *rstd; /* (N) */
-    float *qkv;    /* (N, 3C) */
+    float *qkv;    /* (N, QR): q, k, v heads (loom_gpt_qkv_rows) */
     float *atty;   /* (N, C) */
     float *proj;   /* (N, C) attproj, then fcproj */
     float *res2;   /* (N, C) residual after attention */
-    float *fch;    /* (N, 4C) gelu(fc) */
+    float *fch;    /* (N, H) the MLP's activation: gelu(fc), or silu(gate) * up */
+    float *fcpre;  /* (N, 2H) gate and up before SwiGLU; (N, H) fc before the GELU (the fused
+                      GEMM's other output, prefill rows) */
     float *rows;   /* (R, C) lnf rows that want logits */
     float *logits; /* (R, Vp) */
     int *d_tokens, *d_pos, *d_seq, *d_slot; /* (N) */
     int *d_tables; /* (S, max_blocks) */
     int *d_rows;   /* (R) */
     int *h_slot;   /* (N) host */
+    int *h_count;  /* (S) host: rows of each sequence in this batch */
+    int *seg_start, *seg_gemm, n_seg; /* (N + 1) host: runs of rows, prefill (GEMM) or not */
     const loom_quant_t *quant; /* int8 linear weights, or NULL */
     const loom_sparse24_t *s24; /* 2:4 compressed linear weights, or NULL */
 };
 
+/* Key/value heads of a config, 0 read as n_head (an unfinished config). */
+static int kv_heads(const loom_gpt_config_t *c) { return c->n_kv_heads ? c->n_kv_heads : c->n_head; }
+
 size_t loom_infer_block_bytes(const loom_gpt_config_t *cfg, int block_size, loom_dtype dtype) {
-    size_t per = (size_t)cfg->n_layer * 2 * (size_t)block_size * cfg->channels * loom_dtype_size(dtype);
-    if (dtype == LOOM_INT8) per += (size_t)cfg->n_layer * 2 * cfg->n_head * sizeof(float); /* row scales */
+    size_t kvc = (size_t)kv_heads(cfg) * (cfg->channels / cfg->n_head); /* a token's K (or V) width */
+    size_t per = (size_t)cfg->n_layer * 2 * (size_t)block_size * kvc * loom_dtype_size(dtype);
+    if (dtype == LOOM_INT8) per += (size_t)cfg->n_layer * 2 * kv_heads(cfg) * sizeof(float); /* row scales */
     return per;
 }
 
@@ -44,12 +67,15 @@ void loom_infer_free(loom_infer_t *inf) {
     if (!inf) return;
     const loom_backend_t *be = inf->be;
     void *bufs[] = {inf->cache, inf->x, inf->ln, inf->mean, inf->rstd, inf->qkv, inf->atty, inf->proj,
-                    inf->res2, inf->fch, inf->rows, inf->logits, inf->d_tokens, inf->d_pos, inf->d_seq,
+                    inf->res2, inf->fch, inf->fcpre, inf->rows, inf->logits, inf->d_tokens, inf->d_pos, inf->d_seq,
                     inf->d_slot, inf->d_tables, inf->d_rows};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) be->free(bufs[i]);
     free(inf->layers);
     free(inf->h_slot);
+    free(inf->h_count);
+    free(inf->seg_start);
+    free(inf->seg_gemm);
     free(inf);
 }
 
@@ -80,12 +106,13 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     inf->max_seqs = max_seqs;
     inf->max_logits = max_logits;
     inf->max_blocks = (c->max_seq_len + block_size - 1) / block_size;
-    int C = c->channels, L = c->n_layer, NH = c->n_head, fail = 0;
+    int C = c->channels, L = c->n_layer, NH = c->n_head, KV = c->n_kv_heads, fail = 0;
     size_t N = (size_t)max_tokens, R = (size_t)max_logits, f = sizeof(float);
-    size_t per_layer = 2 * (size_t)num_blocks * block_size * C; /* elements of K and V per layer */
+    size_t per_layer = 2 * (size_t)num_blocks * block_size * KV * (C / NH); /* elements of K and V per layer */
     inf->NH = NH;
+    inf->KV = KV;
     inf->block_size = block_size;
-    size_t rows = (size_t)num_blocks * 2 * NH, nsc = dtype == LOOM_INT8 ? rows * L : 0; /* int8: a scale per row */
+    size_t rows = (size_t)num_blocks * 2 * KV, nsc = dtype == LOOM_INT8 ? rows * L : 0; /* int8: a scale per row */
     inf->cache = buf(be, per_layer * L * loom_dtype_size(dtype) + nsc * sizeof(float), 1, &fail);
     float *scales = inf->cache ? (float *)((char *)inf->cache + per_layer * L * loom_dtype_size(dtype)) : NULL;
     if (nsc && inf->cache) be->zero(scales, nsc * sizeof(float));
@@ -99,11 +126,12 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     inf->ln = buf(be, N * C, f, &fail);
     inf->mean = buf(be, N, f, &fail);
     inf->rstd = buf(be, N, f, &fail);
-    inf->qkv = buf(be, N * 3 * C, f, &fail);
+    inf->qkv = buf(be, N * loom_gpt_qkv_rows(c), f, &fail);
     inf->atty = buf(be, N * C, f, &fail);
     inf->proj = buf(be, N * C, f, &fail);
     inf->res2 = buf(be, N * C, f, &fail);
-    inf->fch = buf(be, N * 4 * C, f, &fail);
+    inf->fch = buf(be, N * c->ffn_hidden, f, &fail);
+    inf->fcpre = buf(be, N * loom_gpt_fc_rows(c), f, &fail);
     inf->rows = buf(be, R * C, f, &fail);
     inf->logits = buf(be, R * c->padded_vocab_size, f, &fail);
     inf->d_tokens = buf(be, N, sizeof(int), &fail);
@@ -113,6 +141,9 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     inf->d_tables = buf(be, (size_t)max_seqs * inf->max_blocks, sizeof(int), &fail);
     inf->d_rows = buf(be, R, sizeof(int), &fail);
     inf->h_slot = loom_malloc(N * sizeof(int));
+    inf->h_count = loom_malloc((size_t)max_seqs * sizeof(int));
+    inf->seg_start = loom_malloc((N + 1) * sizeof(int));
+    inf->seg_gemm = loom_malloc((N + 1) * sizeof(int));
     if (fail || !inf->cache) {
         loom_infer_free(inf);
         return loom_error(LOOM_ENOMEM, "cannot allocate the KV cache (%d blocks of %zu bytes) and activations for %d tokens on %s",
@@ -125,7 +156,7 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
 /* Check the batch against the model and the cache; fill h_slot. */
 static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
     const loom_gpt_config_t *c = &inf->m->cfg;
-    int bs = inf->block_size, nb = (int)(inf->layers[0].rows / (2 * inf->NH));
+    int bs = inf->block_size, nb = (int)(inf->layers[0].rows / (2 * inf->KV));
     if (b->n_tokens < 1 || b->n_tokens > inf->max_tokens || b->n_seqs < 1 || b->n_seqs > inf->max_seqs ||
         b->n_logits < 0 || b->n_logits > inf->max_logits)
         return loom_error(LOOM_EINVAL, "batch of %d tokens, %d sequences, %d logit rows: this context takes 1..%d, 1..%d, 0..%d",
@@ -149,8 +180,59 @@ static loom_status check_batch(loom_infer_t *inf, const loom_infer_batch_t *b) {
     return LOOM_OK;
 }
 
+/* Split the batch into runs of rows of one kind: GEMM rows (the batch's
+ * prefill flags, else the rows of sequences with at least
+ * PREFILL_GEMM_ROWS rows) and the others (row kernel). */
+static void segment(loom_infer_t *inf, const loom_infer_batch_t *b) {
+    memset(inf->h_count, 0, (size_t)b->n_seqs * sizeof(int));
+    for (int i = 0; i < b->n_tokens; i++) inf->h_count[b->seq[i]]++;
+    inf->n_seg = 0;
+    for (int i = 0; i < b->n_tokens; i++) {
+        int g = b->prefill ? b->prefill[i] != 0 : inf->h_count[b->seq[i]] >= PREFILL_GEMM_ROWS;
+        if (inf->n_seg == 0 || inf->seg_gemm[inf->n_seg - 1] != g) {
+            inf->seg_start[inf->n_seg] = i;
+            inf->seg_gemm[inf->n_seg++] = g;
+        }
+    }
+    inf->seg_start[inf->n_seg] = b->n_tokens;
+}
+
 void loom_infer_set_quant(loom_infer_t *inf, const loom_quant_t *q) { inf->quant = q; }
 void loom_infer_set_sparse24(loom_infer_t *inf, const loom_sparse24_t *s) { inf->s24 = s; }
+
+loom_status loom_infer_weights_create(loom_infer_weights_t *w, const loom_gpt_t *m, const loom_infer_weights_opts_t *o) {
+    *w = (loom_infer_weights_t){0};
+    if (o->quant == LOOM_QUANT_NONE) return loom_sparse24_auto(&w->s24, m, o->sparse);
+    loom_quant_opts_t qo = {.block = o->block, .logits = !o->fp32_logits};
+    return loom_quant_create_opts(&w->quant, m, (loom_quant_mode)o->quant, &qo);
+}
+
+void loom_infer_weights_free(loom_infer_weights_t *w) {
+    loom_quant_free(w->quant);
+    loom_sparse24_free(w->s24);
+    *w = (loom_infer_weights_t){0};
+}
+
+size_t loom_infer_weights_release_fp32(loom_gpt_t *m, const loom_infer_weights_t *w) {
+    if (!w->quant || (m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return 0;
+    static const int lin[4][2] = {{LOOM_QKVW, LOOM_QLIN_QKV}, {LOOM_ATTPROJW, LOOM_QLIN_ATTPROJ},
+                                  {LOOM_FCW, LOOM_QLIN_FC}, {LOOM_FCPROJW, LOOM_QLIN_FCPROJ}};
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    size_t given = 0;
+    for (int i = 0; i < 4; i++) {
+        int every_layer = 1; /* only a matrix whose int8 copy exists in every layer goes */
+        for (int l = 0; l < m->cfg.n_layer; l++) every_layer &= loom_quant_weight(w->quant, lin[i][1], l) != NULL;
+        uintptr_t a = (uintptr_t)m->param[lin[i][0]], b = a + m->ptable[lin[i][0]].numel * sizeof(float);
+        a = (a + page - 1) & ~(page - 1), b &= ~(page - 1); /* whole pages inside the tensor only */
+        if (every_layer && b > a && madvise((void *)a, b - a, MADV_DONTNEED) == 0) given += b - a;
+    }
+    return given;
+}
+
+void loom_infer_set_weights(loom_infer_t *inf, const loom_infer_weights_t *w) {
+    inf->quant = w ? w->quant : NULL;
+    inf->s24 = w ? w->s24 : NULL;
+}
 
 /* out (N, OC) = inp (N, C) @ w^T + bias: on qw (int8) when a quantized
  * copy is set and the backend has the op (W8A8, else W8A32), else fp32
@@ -167,41 +249,72 @@ static void matmul(loom_infer_t *inf, const loom_tensor_t *qw, float *out, const
         be->matmul_forward_rows(out, inp, w, bias, N, C, OC, gelu);
 }
 
-/* Linear layer `which` (LOOM_QLIN_*) of block l: int8 when a quantized
- * copy is set, else compressed 2:4 when a sparse copy is set and the batch
- * has at most LOOM_SPARSE24_MAX_ROWS rows, else fp32. */
+/* The packed GEMM on fp32 w for prefill rows; `pre` (N, OC) takes the
+ * product before the GELU when the fused entry needs it. */
+static void gemm(const loom_backend_t *be, float *out, float *pre, const float *inp, const float *w,
+                 const float *bias, int N, int C, int OC, int gelu) {
+    if (!gelu) be->matmul_forward(out, inp, w, bias, N, C, OC);
+    else if (be->matmul_forward_gelu) be->matmul_forward_gelu(out, pre, inp, w, bias, N, C, OC);
+    else {
+        be->matmul_forward(pre, inp, w, bias, N, C, OC);
+        be->gelu_forward(out, pre, (size_t)N * OC);
+    }
+}
+
+/* Linear layer `which` (LOOM_QLIN_*) of block l, run by runs of rows
+ * (segment): int8 when a quantized copy is set; else compressed 2:4 for a
+ * run of at most LOOM_SPARSE24_MAX_ROWS rows when a sparse copy is set;
+ * else fp32, the packed GEMM for prefill rows, the row kernel otherwise. */
 static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
-                   const float *bias, int N, int C, int OC, int gelu) {
+                   const float *bias, int C, int OC, int gelu) {
+    const loom_backend_t *be = inf->be;
     const loom_tensor_t *qw = inf->quant ? loom_quant_weight(inf->quant, which, l) : NULL;
-    if (!qw && inf->s24 && inf->be->matmul_forward_s24 && N <= LOOM_SPARSE24_MAX_ROWS)
-        inf->be->matmul_forward_s24(out, inp, loom_sparse24_weight(inf->s24, which, l), bias, N, C, OC, gelu);
-    else
-        matmul(inf, qw, out, inp, w, bias, N, C, OC, gelu);
+    for (int k = 0; k < inf->n_seg; k++) {
+        int r0 = inf->seg_start[k], n = inf->seg_start[k + 1] - r0;
+        float *o = out + (size_t)r0 * OC;
+        const float *x = inp + (size_t)r0 * C;
+        if (!qw && inf->s24 && be->matmul_forward_s24 && n <= LOOM_SPARSE24_MAX_ROWS)
+            be->matmul_forward_s24(o, x, loom_sparse24_weight(inf->s24, which, l), bias, n, C, OC, gelu);
+        else if (!qw && inf->seg_gemm[k])
+            gemm(be, o, inf->fcpre + (size_t)r0 * OC, x, w, bias, n, C, OC, gelu);
+        else
+            matmul(inf, qw, o, x, w, bias, n, C, OC, gelu);
+    }
 }
 
 /* Block l on the rows in inf->x, with its ln1 already in inf->ln; leaves
  * the next block's ln1 (or lnf) in inf->ln. */
 static void block(loom_infer_t *inf, int N, int l) {
     const loom_backend_t *be = inf->be;
-    int C = inf->m->cfg.channels, L = inf->m->cfg.n_layer;
-    size_t lc = (size_t)l * C;
-    float *const *p = inf->m->param;
-    linear(inf, LOOM_QLIN_QKV, l, inf->qkv, inf->ln, p[LOOM_QKVW] + lc * 3 * C, p[LOOM_QKVB] + 3 * lc, N, C, 3 * C, 0);
-    be->kv_write(&inf->layers[l], inf->qkv, inf->d_slot, N, inf->NH, inf->block_size);
+    const loom_gpt_t *m = inf->m;
+    const loom_gpt_config_t *c = &m->cfg;
+    int C = c->channels, L = c->n_layer, H = c->ffn_hidden;
+    float *const *p = m->param;
+#define W(i, layer) loom_gpt_slice(m, p, i, layer)
+    linear(inf, LOOM_QLIN_QKV, l, inf->qkv, inf->ln, W(LOOM_QKVW, l), W(LOOM_QKVB, l), C, loom_gpt_qkv_rows(c), 0);
+    if (c->pos == LOOM_POS_ROPE) be->rope_forward(inf->qkv, inf->d_pos, m->rope_freq, N, inf->NH, inf->KV, C / inf->NH);
+    be->kv_write(&inf->layers[l], inf->qkv, inf->d_slot, N, inf->NH, inf->KV, inf->block_size);
     be->paged_attention(inf->atty, inf->qkv, &inf->layers[l], inf->d_pos, inf->d_seq, inf->d_tables,
-                        inf->max_blocks, N, inf->NH, inf->block_size);
-    linear(inf, LOOM_QLIN_ATTPROJ, l, inf->proj, inf->atty, p[LOOM_ATTPROJW] + lc * C, p[LOOM_ATTPROJB] + lc, N, C, C, 0);
-    loom_gpt_residual_layernorm(be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, p[LOOM_LN2W] + lc,
-                  p[LOOM_LN2B] + lc, N, C);
-    linear(inf, LOOM_QLIN_FC, l, inf->fch, inf->ln, p[LOOM_FCW] + lc * 4 * C, p[LOOM_FCB] + 4 * lc, N, C, 4 * C, 1);
-    linear(inf, LOOM_QLIN_FCPROJ, l, inf->proj, inf->fch, p[LOOM_FCPROJW] + lc * 4 * C, p[LOOM_FCPROJB] + lc, N, 4 * C, C, 0);
-    const float *w = l + 1 < L ? p[LOOM_LN1W] + lc + C : p[LOOM_LNFW];
-    const float *bb = l + 1 < L ? p[LOOM_LN1B] + lc + C : p[LOOM_LNFB];
-    loom_gpt_residual_layernorm(be, inf->x, inf->ln, inf->mean, inf->rstd, inf->res2, inf->proj, w, bb, N, C);
+                        inf->max_blocks, N, inf->NH, inf->KV, inf->block_size);
+    linear(inf, LOOM_QLIN_ATTPROJ, l, inf->proj, inf->atty, W(LOOM_ATTPROJW, l), W(LOOM_ATTPROJB, l), C, C, 0);
+    loom_gpt_residual_norm(c, be, inf->res2, inf->ln, inf->mean, inf->rstd, inf->x, inf->proj, W(LOOM_LN2W, l),
+                           W(LOOM_LN2B, l), N);
+    if (c->mlp == LOOM_MLP_SWIGLU) {
+        linear(inf, LOOM_QLIN_FC, l, inf->fcpre, inf->ln, W(LOOM_FCW, l), W(LOOM_FCB, l), C, 2 * H, 0);
+        be->swiglu_forward(inf->fch, inf->fcpre, N, H);
+    } else {
+        linear(inf, LOOM_QLIN_FC, l, inf->fch, inf->ln, W(LOOM_FCW, l), W(LOOM_FCB, l), C, H, 1);
+    }
+    linear(inf, LOOM_QLIN_FCPROJ, l, inf->proj, inf->fch, W(LOOM_FCPROJW, l), W(LOOM_FCPROJB, l), H, C, 0);
+    int last = l + 1 == L;
+    loom_gpt_residual_norm(c, be, inf->x, inf->ln, inf->mean, inf->rstd, inf->res2, inf->proj,
+                           last ? W(LOOM_LNFW, 0) : W(LOOM_LN1W, l + 1), last ? W(LOOM_LNFB, 0) : W(LOOM_LN1B, l + 1), N);
+#undef W
 }
 
 loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, float *logits) {
     LOOM_TRY(check_batch(inf, b));
+    segment(inf, b);
     const loom_backend_t *be = inf->be;
     const loom_gpt_config_t *c = &inf->m->cfg;
     int N = b->n_tokens, C = c->channels, Vp = c->padded_vocab_size;
@@ -212,18 +325,19 @@ loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, f
     be->upload(inf->d_slot, inf->h_slot, ni);
     be->upload(inf->d_tables, b->block_tables, (size_t)b->n_seqs * inf->max_blocks * sizeof(int));
     if (b->n_logits) be->upload(inf->d_rows, b->logit_rows, (size_t)b->n_logits * sizeof(int));
-    float *const *p = inf->m->param;
-    be->embed_positions(inf->x, inf->d_tokens, inf->d_pos, p[LOOM_WTE], p[LOOM_WPE], N, C);
-    be->layernorm_forward(inf->ln, inf->mean, inf->rstd, inf->x, p[LOOM_LN1W], p[LOOM_LN1B], N, C);
+    const loom_gpt_t *m = inf->m;
+    float *const *p = m->param;
+    be->embed_positions(inf->x, inf->d_tokens, inf->d_pos, p[LOOM_WTE], loom_gpt_slice(m, p, LOOM_WPE, 0), N, C);
+    loom_gpt_norm(c, be, inf->ln, inf->mean, inf->rstd, inf->x, p[LOOM_LN1W], loom_gpt_slice(m, p, LOOM_LN1B, 0), N);
     for (int l = 0; l < c->n_layer; l++) block(inf, N, l);
     if (b->n_logits) {
         be->gather_rows(inf->rows, inf->ln, inf->d_rows, b->n_logits, C);
-        matmul(inf, loom_quant_logits(inf->quant), inf->logits, inf->rows, p[LOOM_WTE], NULL, b->n_logits, C, Vp, 0);
+        matmul(inf, loom_quant_logits(inf->quant), inf->logits, inf->rows, p[loom_gpt_head_param(c)], NULL, b->n_logits, C, Vp, 0);
         loom_backend_download_act(be, logits, inf->logits, (size_t)b->n_logits * Vp); /* ACT: bf16 on CUDA at --dtype bf16 */
     }
     return LOOM_OK;
 }
 
 void loom_infer_copy_block(loom_infer_t *inf, int src, int dst) {
-    for (int l = 0; l < inf->m->cfg.n_layer; l++) inf->be->kv_copy_block(&inf->layers[l], src, dst, inf->NH);
+    for (int l = 0; l < inf->m->cfg.n_layer; l++) inf->be->kv_copy_block(&inf->layers[l], src, dst, inf->KV);
 }

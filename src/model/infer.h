@@ -26,6 +26,10 @@ typedef struct {
     const int *block_tables; /* (S, max_blocks) host; max_blocks = loom_infer_max_blocks() */
     int n_logits;            /* R */
     const int *logit_rows;   /* (R) host: rows whose logits are returned, in this order */
+    const unsigned char *prefill; /* (N) host, or NULL: 1 for a row to run through the packed
+                                     GEMM (a prompt row), 0 for the row kernel (a decoded
+                                     token); NULL: the rows of a sequence with at least 8
+                                     rows in the batch take the GEMM */
 } loom_infer_batch_t;
 
 typedef struct loom_infer loom_infer_t;
@@ -62,6 +66,39 @@ struct loom_sparse24;
  * NULL: dense) where no int8 copy is set, for batches of up to
  * LOOM_SPARSE24_MAX_ROWS rows. s must outlive its use here. */
 void loom_infer_set_sparse24(loom_infer_t *inf, const struct loom_sparse24 *s);
+
+/* What the inference forward runs instead of the dense fp32 linear
+ * weights: an int8 copy (quant) or, without one, a 2:4 compressed copy
+ * (s24); both NULL: the fp32 weights. One function decides which, for
+ * every path that opens a model for inference (ckpt/open.h, the benches). */
+typedef struct {
+    int quant;       /* loom_quant_mode (model/quant.h); LOOM_QUANT_NONE: no int8 copy */
+    int block;       /* int8 scales: 0 per output channel, 32 per block (Q8_0) */
+    int fp32_logits; /* 1: the logits product stays fp32 under quant */
+    int sparse;      /* LOOM_SPARSE_AUTO or LOOM_SPARSE_OFF (model/sparse24.h); used without quant */
+} loom_infer_weights_opts_t;
+
+typedef struct {
+    struct loom_quant *quant;  /* int8 linear weights, or NULL */
+    struct loom_sparse24 *s24; /* 2:4 compressed linear weights, or NULL */
+} loom_infer_weights_t;
+
+/* The copies `o` asks for, in m's backend memory (m must outlive them):
+ * int8 when o->quant is not NONE, else 2:4 when o->sparse is AUTO and
+ * every linear weight of m is 2:4 (loom_sparse24_auto says which on
+ * stderr). *w is zeroed on an error. */
+loom_status loom_infer_weights_create(loom_infer_weights_t *w, const loom_gpt_t *m, const loom_infer_weights_opts_t *o);
+void loom_infer_weights_free(loom_infer_weights_t *w);
+/* Give back the memory of m's fp32 linear weights that w's int8 copies
+ * replace (every layer's QKV, projection, fc and fc projection; the
+ * embeddings, norms and biases stay), when m lives in CPU memory: their
+ * pages are returned to the system (madvise), so the resident memory of an
+ * int8 run is what it computes with. Afterwards those weights read as
+ * zeros: only the inference path with w set may run m. Returns the bytes
+ * given back (0 without int8 copies, or on a device). */
+size_t loom_infer_weights_release_fp32(loom_gpt_t *m, const loom_infer_weights_t *w);
+/* loom_infer_set_quant and loom_infer_set_sparse24 with w's copies (NULL: fp32). */
+void loom_infer_set_weights(loom_infer_t *inf, const loom_infer_weights_t *w);
 
 /* Copy cache block src to dst in every layer (copy-on-write of a shared block). */
 void loom_infer_copy_block(loom_infer_t *inf, int src, int dst);

@@ -3,11 +3,13 @@
 #define _GNU_SOURCE
 #include "obs/dashboard.h"
 
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "obs/sbuf.h"
 
@@ -43,8 +45,20 @@ struct loom_dashboard {
 };
 
 const char *loom_dashboard_js_path(void) {
+    static char installed[PATH_MAX + 64];
     const char *p = getenv("LOOM_DYGRAPHS_JS");
-    return p && *p ? p : "/usr/share/javascript/dygraphs/dygraph.min.js";
+    if (p && *p) return p;
+    /* `make install` puts a copy beside the binary's share folder, so an
+     * installed loom (or a container image) finds it wherever it lives. */
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = n > 0 ? (exe[n] = 0, strrchr(exe, '/')) : NULL;
+    if (slash) {
+        *slash = 0;
+        snprintf(installed, sizeof installed, "%s/../share/loom/dygraphs/dygraph.min.js", exe);
+        if (access(installed, R_OK) == 0) return installed;
+    }
+    return "/usr/share/javascript/dygraphs/dygraph.min.js";
 }
 
 /* One line's value now, or NaN. */

@@ -34,7 +34,9 @@ typedef struct {
 typedef struct loom_dashboard loom_dashboard_t;
 
 /* The path of the dygraphs script served at /dygraph.min.js:
- * LOOM_DYGRAPHS_JS or Debian's /usr/share/javascript/dygraphs/dygraph.min.js. */
+ * LOOM_DYGRAPHS_JS, else the copy `make install` puts in
+ * <binary>/../share/loom/dygraphs/, else Debian's
+ * /usr/share/javascript/dygraphs/dygraph.min.js (libjs-dygraphs). */
 const char *loom_dashboard_js_path(void);
 
 /* Start sampling `lines` (copied, at most 32; their strings must outlive

@@ -20,7 +20,27 @@ struct loom_http {
     int port;
     loom_http_route_t routes[MAX_ROUTES];
     int nroutes;
+    loom_metrics_t *reg;
+    char counter[96];
+    void (*error_body)(loom_http_response_t *resp, int status, const char *message);
 };
+
+/* Codes counted from the start, so that rate() and alerts see them at 0
+ * before the first one; others are declared when they first happen. */
+static const int counted_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 503, 504};
+
+static void count_response(loom_http_t *h, int status) {
+    if (!h->reg) return;
+    char code[16];
+    snprintf(code, sizeof code, "%d", status ? status : 200);
+    loom_counter_add(loom_metrics_counter(h->reg, h->counter, "HTTP responses sent, by status code.", "code", code, NULL), 1);
+}
+
+/* An error raised by the server itself, in the caller's shape when given. */
+static void reply_error(loom_http_t *h, loom_http_response_t *resp, int status, const char *message) {
+    if (h->error_body) h->error_body(resp, status, message);
+    else loom_http_reply(resp, status, NULL, message, -1);
+}
 
 /* Per-request state while a body arrives. */
 typedef struct {
@@ -112,7 +132,7 @@ static void dispatch(loom_http_t *h, const loom_http_request_t *req, loom_http_r
         for (int i = 0; i < h->nroutes; i++)
             loom_sbuf_printf(&b, "  %s %s\n", h->routes[i].method ? h->routes[i].method : "*", h->routes[i].path);
     }
-    loom_http_reply(resp, path_known ? 405 : 404, NULL, b.data, (long)b.len);
+    reply_error(h, resp, path_known ? 405 : 404, b.data);
     free(b.data);
 }
 
@@ -128,8 +148,9 @@ static void stream_done(void *cls) {
     free(r);
 }
 
-static enum MHD_Result send_response(struct MHD_Connection *conn, loom_http_response_t *resp) {
+static enum MHD_Result send_response(loom_http_t *h, struct MHD_Connection *conn, loom_http_response_t *resp) {
     struct MHD_Response *mr;
+    count_response(h, resp->status);
     if (resp->stream) {
         loom_http_response_t *keep = loom_malloc(sizeof *keep);
         *keep = *resp;
@@ -164,12 +185,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     }
     loom_http_response_t resp = {0};
     if (up->too_big) {
-        loom_http_reply(&resp, 413, NULL, "request body above 16 MiB\n", -1);
+        reply_error(h, &resp, 413, "request body above 16 MiB: send less");
     } else {
         loom_http_request_t req = {method, url, up->body.data, up->body.len, conn};
         dispatch(h, &req, &resp);
     }
-    return send_response(conn, &resp);
+    return send_response(h, conn, &resp);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -181,12 +202,29 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 }
 
 loom_status loom_http_start(loom_http_t **out, const char *host, int port, const loom_http_route_t *routes, int n) {
+    loom_http_opts_t o = {.host = host, .port = port, .routes = routes, .n = n};
+    return loom_http_start_opts(out, &o);
+}
+
+loom_status loom_http_start_opts(loom_http_t **out, const loom_http_opts_t *o) {
+    const char *host = o->host;
+    int port = o->port, n = o->n;
     *out = NULL;
     if (n > MAX_ROUTES) return loom_error(LOOM_EINTERNAL, "http: %d routes, at most %d", n, MAX_ROUTES);
     if (port < 0 || port > 65535) return loom_error(LOOM_EINVAL, "port %d: use 1..65535, or 0 for any free port", port);
     loom_http_t *h = loom_calloc(1, sizeof *h);
-    memcpy(h->routes, routes, (size_t)n * sizeof *routes);
+    memcpy(h->routes, o->routes, (size_t)n * sizeof *o->routes);
     h->nroutes = n;
+    h->error_body = o->error_body;
+    if (o->reg && o->counter) {
+        h->reg = o->reg;
+        snprintf(h->counter, sizeof h->counter, "%s", o->counter);
+        for (size_t i = 0; i < sizeof counted_codes / sizeof counted_codes[0]; i++) {
+            char code[16];
+            snprintf(code, sizeof code, "%d", counted_codes[i]);
+            loom_metrics_counter(h->reg, h->counter, "HTTP responses sent, by status code.", "code", code, NULL);
+        }
+    }
     int fd = listen_on(host && *host ? host : "127.0.0.1", port, &h->port);
     if (fd < 0) {
         free(h);

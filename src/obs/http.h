@@ -13,6 +13,7 @@
 #include <stddef.h>
 
 #include "core/core.h"
+#include "obs/metrics.h"
 
 typedef struct loom_http loom_http_t;
 
@@ -56,6 +57,21 @@ typedef struct {
  * method 405. Bodies above 16 MiB get 413. Fails with a message naming the
  * address and the reason (in use, not an address of this machine). */
 loom_status loom_http_start(loom_http_t **out, const char *host, int port, const loom_http_route_t *routes, int n);
+/* loom_http_start with more: responses counted by status code, and the
+ * body of the errors the server raises before any handler runs. */
+typedef struct {
+    const char *host;
+    int port;
+    const loom_http_route_t *routes;
+    int n;
+    loom_metrics_t *reg; /* count every response in counter{code="..."} (NULL: no count) */
+    const char *counter; /* the counter's name, e.g. "loom_serve_http_responses_total" */
+    /* Fill resp for an error the server raises itself (404, 405, 413 above
+     * 16 MiB) with this status and message; NULL = plain text. */
+    void (*error_body)(loom_http_response_t *resp, int status, const char *message);
+} loom_http_opts_t;
+loom_status loom_http_start_opts(loom_http_t **out, const loom_http_opts_t *o);
+
 /* The port the server listens on (the chosen one when started with 0). */
 int loom_http_port(const loom_http_t *h);
 /* Stop listening, finish open connections, free. NULL is fine. */

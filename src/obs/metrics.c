@@ -11,7 +11,7 @@
 
 #include "obs/sbuf.h"
 
-#define MAX_LABELS 8
+#define MAX_LABELS 12
 #define MAX_HOOKS 16
 
 typedef struct {

@@ -1,6 +1,7 @@
 #include "obs/metrics_log.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,22 +11,58 @@ struct loom_metrics_log {
     char path[4096];
 };
 
-/* A number after `"key":` within the line [line, end), or NAN. */
+/* A number after `"key":` within the line [line, end), or NAN (absent, null). */
 static double field(const char *line, const char *end, const char *key) {
     const char *p = strstr(line, key);
-    return p && p < end ? strtod(p + strlen(key), NULL) : NAN;
+    if (!p || p >= end) return NAN;
+    char *e;
+    double v = strtod(p + strlen(key), &e);
+    return e == p + strlen(key) ? NAN : v;
 }
 
-loom_status loom_metrics_log_scan(const char *path, void (*row)(void *ctx, long long step, double loss, double val_loss),
-                                  void *ctx) {
+/* One line [line, end) as a row: a number the line lacks is NAN and its
+ * has_ flag 0. */
+static void parse_row(const char *line, const char *end, loom_metrics_row_t *r) {
+    static const struct {
+        const char *key;
+        size_t off;
+        int has; /* offset of the has_ flag + 1; 0: none */
+    } nums[] = {
+        {"\"loss\":", offsetof(loom_metrics_row_t, loss), 0},
+        {"\"val_loss\":", offsetof(loom_metrics_row_t, val_loss), 0},
+        {"\"comm_wait_s\":", offsetof(loom_metrics_row_t, comm_wait_s), offsetof(loom_metrics_row_t, has_comm_wait) + 1},
+        {"\"loss_scale\":", offsetof(loom_metrics_row_t, loss_scale), offsetof(loom_metrics_row_t, has_loss_scale) + 1},
+        {"\"lr\":", offsetof(loom_metrics_row_t, lr), 0},
+        {"\"grad_norm\":", offsetof(loom_metrics_row_t, grad_norm), 0},
+        {"\"tokens_per_s\":", offsetof(loom_metrics_row_t, tokens_per_s), 0},
+        {"\"mfu\":", offsetof(loom_metrics_row_t, mfu), 0},
+        {"\"step_s\":", offsetof(loom_metrics_row_t, step_s), 0},
+        {"\"elapsed_s\":", offsetof(loom_metrics_row_t, elapsed_s), 0},
+        {"\"energy_j_per_token\":", offsetof(loom_metrics_row_t, energy_j_per_token), offsetof(loom_metrics_row_t, has_energy) + 1},
+    };
+    memset(r, 0, sizeof *r);
+    r->step = (long long)field(line, end, "\"step\":");
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        double v = field(line, end, nums[i].key);
+        *(double *)((char *)r + nums[i].off) = v;
+        if (nums[i].has) *(int *)((char *)r + nums[i].has - 1) = !isnan(v);
+    }
+    const char *sk = strstr(line, "\"skipped\":true");
+    r->skipped = sk && sk < end;
+}
+
+loom_status loom_metrics_log_scan(const char *path, void (*row)(void *ctx, const loom_metrics_row_t *r), void *ctx) {
     char *text;
     size_t len;
     if (!loom_path_exists(path) || loom_file_read(path, &text, &len) != LOOM_OK) return LOOM_OK;
     for (char *line = text; *line;) {
         char *end = strchr(line, '\n');
         if (!end) break; /* a torn last line */
-        double step = field(line, end, "\"step\":");
-        if (step >= 1) row(ctx, (long long)step, field(line, end, "\"loss\":"), field(line, end, "\"val_loss\":"));
+        loom_metrics_row_t r;
+        if (field(line, end, "\"step\":") >= 1) {
+            parse_row(line, end, &r);
+            row(ctx, &r);
+        }
         line = end + 1;
     }
     free(text);

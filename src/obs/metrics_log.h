@@ -39,10 +39,10 @@ loom_status loom_metrics_log_open(loom_metrics_log_t **out, const char *path, lo
 loom_status loom_metrics_log_write(loom_metrics_log_t *log, const loom_metrics_row_t *row);
 void loom_metrics_log_close(loom_metrics_log_t *log);
 
-/* Call row(ctx, step, loss, val_loss) for each complete line of the log at
- * `path` (loss NAN when absent, val_loss NAN when not measured). A missing
- * file has no rows. */
-loom_status loom_metrics_log_scan(const char *path, void (*row)(void *ctx, long long step, double loss, double val_loss),
-                                  void *ctx);
+/* The one reader of the log: call row(ctx, r) for each complete line of
+ * the log at `path`, in file order. A number the line lacks is NAN in r
+ * (val_loss when not measured, mfu in an older log) and its has_ flag 0.
+ * A missing file has no rows. */
+loom_status loom_metrics_log_scan(const char *path, void (*row)(void *ctx, const loom_metrics_row_t *r), void *ctx);
 
 #endif

@@ -23,6 +23,20 @@ typedef struct {
     unsigned long long total, free, used;
 } nvml_memory; /* nvmlMemory_t */
 
+typedef struct {
+    char bus_id_legacy[16];
+    unsigned int domain, bus, device, pci_device_id, pci_subsystem_id;
+    char bus_id[32];
+} nvml_pci; /* nvmlPciInfo_t */
+
+typedef void *nvml_event_set; /* nvmlEventSet_t */
+typedef struct {
+    nvml_dev device;
+    unsigned long long type, data; /* eventType; eventData: the XID code */
+    unsigned int gpu_instance, compute_instance;
+} nvml_event; /* nvmlEventData_t */
+#define NVML_EVENT_XID 0x8ULL /* nvmlEventTypeXidCriticalError */
+
 struct loom_nvml {
     void *lib;
     char driver[80];
@@ -45,6 +59,15 @@ struct loom_nvml {
     nvml_ret (*mig_mode)(nvml_dev, unsigned int *, unsigned int *);
     nvml_ret (*is_mig)(nvml_dev, unsigned int *);
     nvml_ret (*mig_parent)(nvml_dev, nvml_dev *);
+    nvml_ret (*gpu_instance_id)(nvml_dev, unsigned int *);
+    /* Labels and XID events: optional too (a reading goes on without them). */
+    nvml_ret (*index)(nvml_dev, unsigned int *);
+    nvml_ret (*pci)(nvml_dev, nvml_pci *);
+    nvml_ret (*event_set_create)(nvml_event_set *);
+    nvml_ret (*register_events)(nvml_dev, unsigned long long, nvml_event_set);
+    nvml_ret (*event_wait)(nvml_event_set, nvml_event *, unsigned int);
+    nvml_ret (*event_set_free)(nvml_event_set);
+    nvml_event_set xid_set; /* NULL until loom_nvml_watch_xid */
 };
 
 static const char *errstr(loom_nvml_t *nv, nvml_ret r) {
@@ -86,6 +109,13 @@ static const char *resolve(loom_nvml_t *nv) {
     *(void **)&nv->mig_mode = sym(nv, "nvmlDeviceGetMigMode", NULL, NULL);
     *(void **)&nv->is_mig = sym(nv, "nvmlDeviceIsMigDeviceHandle", NULL, NULL);
     *(void **)&nv->mig_parent = sym(nv, "nvmlDeviceGetDeviceHandleFromMigDeviceHandle", NULL, NULL);
+    *(void **)&nv->gpu_instance_id = sym(nv, "nvmlDeviceGetGpuInstanceId", NULL, NULL);
+    *(void **)&nv->index = sym(nv, "nvmlDeviceGetIndex", NULL, NULL);
+    *(void **)&nv->pci = sym(nv, "nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2", NULL);
+    *(void **)&nv->event_set_create = sym(nv, "nvmlEventSetCreate", NULL, NULL);
+    *(void **)&nv->register_events = sym(nv, "nvmlDeviceRegisterEvents", NULL, NULL);
+    *(void **)&nv->event_wait = sym(nv, "nvmlEventSetWait_v2", "nvmlEventSetWait", NULL);
+    *(void **)&nv->event_set_free = sym(nv, "nvmlEventSetFree", NULL, NULL);
     return NULL;
 }
 
@@ -123,6 +153,7 @@ loom_status loom_nvml_open(loom_nvml_t **out) {
 
 void loom_nvml_close(loom_nvml_t *nv) {
     if (!nv) return;
+    if (nv->xid_set) nv->event_set_free(nv->xid_set);
     nv->shutdown();
     dlclose(nv->lib);
     free(nv);
@@ -150,6 +181,20 @@ static nvml_dev whole_gpu(loom_nvml_t *nv, nvml_dev dev, int *is_mig) {
     *is_mig = nv->is_mig && nv->is_mig(dev, &m) == NVML_SUCCESS && m;
     if (*is_mig && (!nv->mig_parent || nv->mig_parent(dev, &parent) != NVML_SUCCESS)) parent = NULL;
     return parent;
+}
+
+/* The labels DCGM exporter gives a device: NVML index of the (parent) GPU,
+ * its PCI bus id, and for a MIG instance its GPU instance id and profile. */
+static void read_identity(loom_nvml_t *nv, nvml_dev dev, nvml_dev gpu, loom_nvml_reading_t *o) {
+    unsigned int v;
+    nvml_pci pci;
+    o->index = o->gpu_instance_id = -1;
+    if (gpu && nv->index && nv->index(gpu, &v) == NVML_SUCCESS) o->index = (int)v;
+    if (gpu && nv->pci && nv->pci(gpu, &pci) == NVML_SUCCESS) snprintf(o->pci_bus_id, sizeof o->pci_bus_id, "%.*s", (int)sizeof pci.bus_id, pci.bus_id);
+    if (!o->is_mig) return;
+    if (nv->gpu_instance_id && nv->gpu_instance_id(dev, &v) == NVML_SUCCESS) o->gpu_instance_id = (int)v;
+    const char *mig = strstr(o->name, "MIG ");
+    if (mig) snprintf(o->mig_profile, sizeof o->mig_profile, "%s", mig + 4);
 }
 
 static void read_power(loom_nvml_t *nv, nvml_dev gpu, loom_nvml_reading_t *o) {
@@ -196,8 +241,7 @@ loom_status loom_nvml_read(loom_nvml_t *nv, const char *which, loom_nvml_reading
     if (nv->name(dev, o->name, sizeof o->name) != NVML_SUCCESS) snprintf(o->name, sizeof o->name, "unknown");
     if (nv->uuid(dev, o->uuid, sizeof o->uuid) != NVML_SUCCESS) o->uuid[0] = 0;
     nvml_dev gpu = whole_gpu(nv, dev, &o->is_mig);
-    const char *mig = strstr(o->name, "MIG ");
-    if (o->is_mig && mig) snprintf(o->mig_profile, sizeof o->mig_profile, "%s", mig + 4);
+    read_identity(nv, dev, gpu, o);
     read_power(nv, gpu, o);
     read_rest(nv, dev, gpu, o);
     return LOOM_OK;
@@ -210,6 +254,30 @@ double loom_nvml_energy_j(loom_nvml_t *nv, const char *which) {
     if (!nv || !nv->energy || handle(nv, which, &dev) != LOOM_OK) return NAN;
     nvml_dev gpu = whole_gpu(nv, dev, &is_mig);
     return gpu && nv->energy(gpu, &mj) == NVML_SUCCESS ? mj / 1000.0 : NAN;
+}
+
+loom_status loom_nvml_watch_xid(loom_nvml_t *nv, const char *which) {
+    nvml_dev dev;
+    int is_mig;
+    if (!nv->event_set_create || !nv->register_events || !nv->event_wait || !nv->event_set_free)
+        return loom_error(LOOM_EUNAVAIL, "this NVML has no event API (nvmlEventSetCreate), so no XID errors");
+    LOOM_TRY(handle(nv, which, &dev));
+    nvml_dev gpu = whole_gpu(nv, dev, &is_mig);
+    if (!gpu) return loom_error(LOOM_EUNAVAIL, "the MIG instance's parent GPU is not visible to NVML, so no XID errors");
+    nvml_event_set set = NULL;
+    nvml_ret r = nv->event_set_create(&set);
+    if (r == NVML_SUCCESS && (r = nv->register_events(gpu, NVML_EVENT_XID, set)) != NVML_SUCCESS) nv->event_set_free(set);
+    if (r != NVML_SUCCESS) return loom_error(LOOM_EUNAVAIL, "XID events: %s", errstr(nv, r));
+    nv->xid_set = set;
+    return LOOM_OK;
+}
+
+int loom_nvml_poll_xid(loom_nvml_t *nv, unsigned long long *codes, int cap) {
+    int n = 0;
+    nvml_event ev;
+    while (nv && nv->xid_set && n < cap && nv->event_wait(nv->xid_set, &ev, 0) == NVML_SUCCESS)
+        if (ev.type & NVML_EVENT_XID) codes[n++] = ev.data;
+    return n;
 }
 
 void loom_nvml_select_cuda(int ordinal, char *buf, size_t cap) {

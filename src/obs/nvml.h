@@ -19,6 +19,9 @@ typedef struct {
     char name[96];        /* "NVIDIA A100-SXM4-40GB" or "... MIG 1g.5gb" */
     char uuid[96];        /* "GPU-..." or "MIG-..." */
     char mig_profile[32]; /* "1g.5gb" for a MIG instance, "" for a whole GPU */
+    int index;            /* NVML index of the (parent) GPU, -1 if not reported */
+    int gpu_instance_id;  /* MIG: the GPU instance id (DCGM's GPU_I_ID); -1 for a whole GPU */
+    char pci_bus_id[32];  /* "00000000:07:00.0" of the (parent) GPU, "" if not reported */
     int is_mig;           /* the handle is a MIG instance */
     int mig_mode;         /* MIG mode of the (parent) GPU: 1 on, 0 off, -1 not reported */
     double power_w;       /* power draw, W (the whole GPU for a MIG instance) */
@@ -50,6 +53,12 @@ loom_status loom_nvml_read(loom_nvml_t *nv, const char *which, loom_nvml_reading
 /* Only the energy counter (J) of `which`; NaN when it has none. Cheap
  * enough to call every step. */
 double loom_nvml_energy_j(loom_nvml_t *nv, const char *which);
+
+/* Watch `which`'s GPU (a MIG instance's parent) for critical XID errors
+ * (NVML events). LOOM_EUNAVAIL with the reason when this NVML cannot. */
+loom_status loom_nvml_watch_xid(loom_nvml_t *nv, const char *which);
+/* The XID codes reported since the last call (at most cap; never waits). */
+int loom_nvml_poll_xid(loom_nvml_t *nv, unsigned long long *codes, int cap);
 
 /* The NVML selector of CUDA device `ordinal` as this process sees it:
  * the ordinal-th entry of CUDA_VISIBLE_DEVICES when set (an index or a

@@ -9,36 +9,49 @@
 #include <unistd.h>
 
 #include "obs/nvml.h"
+#include "obs/process.h"
 #include "obs/rapl.h"
 
 #define MIB (1024.0 * 1024.0)
 
 /* The DCGM exporter fields loom fills, in DCGM's units. */
-enum { G_POWER, G_ENERGY, G_UTIL, G_MEM_UTIL, G_FB_USED, G_FB_FREE, G_FB_TOTAL, G_SM_CLOCK, G_TEMP, G_MIG_MODE, G_N };
+enum { G_POWER, G_ENERGY, G_UTIL, G_MEM_UTIL, G_FB_USED, G_FB_FREE, G_FB_TOTAL, G_SM_CLOCK, G_TEMP, G_MIG_MODE, G_XID, G_N };
 
 struct loom_telemetry {
     pthread_mutex_t lock;
     loom_metrics_t *reg;
     loom_nvml_t *nv;
     loom_rapl_t *rapl;
+    loom_process_metrics_t *proc;
     char which[96];   /* NVML selector */
     char status[512];
     double energy0;   /* the energy counter at open (NVML: J since driver load) */
     double reported;  /* energy already added to the counter */
+    int xid;          /* XID events are watched */
     loom_metric_t *gpu[G_N];
-    loom_metric_t *energy_total, *rss, *unsupported_util;
+    loom_metric_t *energy_total, *unsupported_util, *xid_total;
 };
 
-double loom_process_rss_bytes(void) {
-    FILE *f = fopen("/proc/self/statm", "r");
-    long pages = 0, rss = 0;
-    if (!f) return NAN;
-    int ok = fscanf(f, "%ld %ld", &pages, &rss) == 2;
-    fclose(f);
-    return ok ? (double)rss * (double)sysconf(_SC_PAGESIZE) : NAN;
+/* The labels of every GPU series: DCGM exporter's (gpu = NVML index, UUID,
+ * pci_bus_id, device, Hostname, GPU_I_PROFILE, GPU_I_ID) with two changes
+ * (docs/observability.md, "GPU telemetry"): the model is gpu_model, not
+ * DCGM's camelCase modelName that promtool refuses, and loom's rank. */
+typedef struct {
+    char gpu[16], device[24], instance[16], host[256];
+} gpu_labels_t;
+
+static void gpu_labels(gpu_labels_t *l, const loom_nvml_reading_t *rd) {
+    snprintf(l->gpu, sizeof l->gpu, "%d", rd->index >= 0 ? rd->index : 0);
+    snprintf(l->device, sizeof l->device, "nvidia%s", l->gpu);
+    if (rd->gpu_instance_id >= 0) snprintf(l->instance, sizeof l->instance, "%d", rd->gpu_instance_id);
+    if (gethostname(l->host, sizeof l->host - 1) != 0) snprintf(l->host, sizeof l->host, "unknown");
 }
 
-static void declare_gpu(loom_telemetry_t *t, loom_metrics_t *reg, const loom_nvml_reading_t *rd, const char *gpu, const char *rank) {
+#define GPU_LABELS(l, rd, rank)                                                                                        \
+    "gpu", (l).gpu, "UUID", (rd)->uuid, "pci_bus_id", (rd)->pci_bus_id, "device", (l).device, "gpu_model", (rd)->name,  \
+        "Hostname", (l).host, "GPU_I_PROFILE", (rd)->mig_profile, "GPU_I_ID", (l).instance, rank ? "rank" : NULL, rank, NULL
+
+static void declare_gpu(loom_telemetry_t *t, loom_metrics_t *reg, const loom_nvml_reading_t *rd, const char *rank) {
     static const struct {
         const char *name, *help;
     } f[G_N] = {
@@ -52,16 +65,20 @@ static void declare_gpu(loom_telemetry_t *t, loom_metrics_t *reg, const loom_nvm
         [G_SM_CLOCK] = {"DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."},
         [G_TEMP] = {"DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."},
         [G_MIG_MODE] = {"DCGM_FI_DEV_MIG_MODE", "MIG mode of the GPU (1 enabled, 0 disabled)."},
+        [G_XID] = {"DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered (0: none since loom started)."},
     };
-    for (int i = 0; i < G_N; i++) {
-        loom_metric_t *(*decl)(loom_metrics_t *, const char *, const char *, ...) =
-            i == G_ENERGY ? loom_metrics_untyped : loom_metrics_gauge;
-        t->gpu[i] = decl(reg, f[i].name, f[i].help, "gpu", gpu, "UUID", rd->uuid, "modelName", rd->name,
-                         "GPU_I_PROFILE", rd->mig_profile, "rank", rank, NULL);
+    gpu_labels_t l = {0};
+    gpu_labels(&l, rd);
+    for (int i = 0; i < G_N; i++)
+        t->gpu[i] = (i == G_ENERGY ? loom_metrics_untyped : loom_metrics_gauge)(reg, f[i].name, f[i].help, GPU_LABELS(l, rd, rank));
+    if (t->xid) {
+        loom_gauge_set(t->gpu[G_XID], 0);
+        t->xid_total = loom_metrics_counter(reg, "loom_gpu_xid_errors_total", "Critical XID errors NVML reported since loom started.",
+                                            GPU_LABELS(l, rd, rank));
     }
     if (rd->why_util[0])
         t->unsupported_util = loom_metrics_gauge(reg, "loom_gpu_telemetry_unsupported", "1 for a DCGM field this device cannot report, with the reason.",
-                                                 "gpu", gpu, "field", "DCGM_FI_DEV_GPU_UTIL", "reason", rd->why_util, "rank", rank, NULL);
+                                                 "gpu", l.gpu, "field", "DCGM_FI_DEV_GPU_UTIL", "reason", rd->why_util, rank ? "rank" : NULL, rank, NULL);
     loom_gauge_set(t->unsupported_util, 1);
 }
 
@@ -69,14 +86,23 @@ static void set_if(loom_metric_t *m, double v) {
     if (isfinite(v)) loom_gauge_set(m, v);
 }
 
-/* The collect hook: one NVML or RAPL reading into the gauges. */
+/* XID errors since the last collect: the last code into DCGM's gauge. */
+static void collect_xid(loom_telemetry_t *t) {
+    unsigned long long codes[16];
+    int n = loom_nvml_poll_xid(t->nv, codes, 16);
+    if (n == 0) return;
+    loom_gauge_set(t->gpu[G_XID], (double)codes[n - 1]);
+    loom_counter_add(t->xid_total, n);
+}
+
+/* The collect hook: one NVML reading into the gauges, the energy counter. */
 static void collect(void *ctx) {
     loom_telemetry_t *t = ctx;
-    loom_gauge_set(t->rss, loom_process_rss_bytes());
     if (t->nv) {
         loom_nvml_reading_t rd;
         pthread_mutex_lock(&t->lock);
         loom_status s = loom_nvml_read(t->nv, t->which, &rd);
+        if (s == LOOM_OK && t->xid) collect_xid(t);
         pthread_mutex_unlock(&t->lock);
         if (s != LOOM_OK) return;
         set_if(t->gpu[G_POWER], rd.power_w);
@@ -93,44 +119,54 @@ static void collect(void *ctx) {
     loom_telemetry_energy_j(t);
 }
 
-static void open_gpu(loom_telemetry_t *t, loom_metrics_t *reg, int ordinal, const char *rank) {
-    loom_nvml_select_cuda(ordinal, t->which, sizeof t->which);
+/* NVML device `which` (an index or UUID; `what` names it for the log). */
+static void open_gpu(loom_telemetry_t *t, loom_metrics_t *reg, const char *what, const char *rank) {
     if (loom_nvml_open(&t->nv) != LOOM_OK) {
         snprintf(t->status, sizeof t->status, "no GPU telemetry: %s", loom_errmsg());
         return;
     }
     loom_nvml_reading_t rd;
     if (loom_nvml_read(t->nv, t->which, &rd) != LOOM_OK) {
-        snprintf(t->status, sizeof t->status, "no GPU telemetry: %s (%s is CUDA device %d)", loom_errmsg(), t->which, ordinal);
+        snprintf(t->status, sizeof t->status, "no GPU telemetry: %s (%s is %s)", loom_errmsg(), t->which, what);
         loom_nvml_close(t->nv);
         t->nv = NULL;
         return;
     }
-    char gpu[16];
-    snprintf(gpu, sizeof gpu, "%d", ordinal);
-    declare_gpu(t, reg, &rd, gpu, rank);
+    char xid_why[256] = "";
+    t->xid = loom_nvml_watch_xid(t->nv, t->which) == LOOM_OK;
+    if (!t->xid) snprintf(xid_why, sizeof xid_why, "; %s", loom_errmsg());
+    declare_gpu(t, reg, &rd, rank);
     t->energy0 = rd.energy_j;
-    snprintf(t->status, sizeof t->status, "GPU telemetry: NVML (driver %s) on CUDA device %d: %s%s%s%s%s", loom_nvml_driver(t->nv), ordinal, rd.name,
+    snprintf(t->status, sizeof t->status, "GPU telemetry: NVML (driver %s) on %s: %s%s%s%s%s%s", loom_nvml_driver(t->nv), what, rd.name,
              rd.is_mig ? " (MIG instance; power and energy are its whole GPU's)" : "",
-             rd.why_util[0] ? "; utilisation: " : "", rd.why_util, isfinite(rd.energy_j) ? "" : "; no energy counter, so no energy per token");
+             rd.why_util[0] ? "; utilisation: " : "", rd.why_util, isfinite(rd.energy_j) ? "" : "; no energy counter, so no energy per token",
+             xid_why);
     if (isfinite(rd.energy_j))
         t->energy_total = loom_metrics_counter(reg, "loom_energy_joules_total", "Energy used since loom started reading it (GPU: NVML; CPU: RAPL), J.",
-                                               "rank", rank, "source", "nvml", NULL);
+                                               rank ? "rank" : NULL, rank, "source", "nvml", NULL);
 }
 
 loom_telemetry_t *loom_telemetry_open(loom_metrics_t *reg, int gpu, int rank) {
     loom_telemetry_t *t = loom_calloc(1, sizeof *t);
     pthread_mutex_init(&t->lock, NULL);
-    char rs[16];
+    char rs[16], what[160];
     snprintf(rs, sizeof rs, "%d", rank);
-    t->rss = loom_metrics_gauge(reg, "process_resident_memory_bytes", "Resident memory of the loom process, bytes.", "rank", rs, NULL);
-    if (gpu >= 0) {
-        open_gpu(t, reg, gpu, rs);
+    const char *rl = rank >= 0 ? rs : NULL;
+    t->proc = loom_process_metrics_open(reg, rank >= 0 ? "rank" : NULL, rs);
+    const char *forced = getenv("LOOM_NVML_DEVICE");
+    if (forced && *forced) {
+        snprintf(t->which, sizeof t->which, "%s", forced);
+        snprintf(what, sizeof what, "NVML device %s (LOOM_NVML_DEVICE)", forced);
+        open_gpu(t, reg, what, rl);
+    } else if (gpu >= 0) {
+        loom_nvml_select_cuda(gpu, t->which, sizeof t->which);
+        snprintf(what, sizeof what, "CUDA device %d", gpu);
+        open_gpu(t, reg, what, rl);
     } else if (loom_rapl_open(&t->rapl) == LOOM_OK) {
         snprintf(t->status, sizeof t->status, "no GPU telemetry: running on the CPU; CPU energy from RAPL (%d package%s)",
                  loom_rapl_domains(t->rapl), loom_rapl_domains(t->rapl) == 1 ? "" : "s");
         t->energy_total = loom_metrics_counter(reg, "loom_energy_joules_total", "Energy used since loom started reading it (GPU: NVML; CPU: RAPL), J.",
-                                               "rank", rs, "source", "rapl", NULL);
+                                               rl ? "rank" : NULL, rl, "source", "rapl", NULL);
     } else {
         snprintf(t->status, sizeof t->status, "no GPU telemetry: running on the CPU; %s", loom_errmsg());
     }
@@ -159,6 +195,7 @@ loom_metric_t *loom_telemetry_memory_metric(const loom_telemetry_t *t) { return 
 void loom_telemetry_close(loom_telemetry_t *t) {
     if (!t) return;
     loom_metrics_off_collect(t->reg, collect, t);
+    loom_process_metrics_close(t->proc);
     loom_nvml_close(t->nv);
     loom_rapl_close(t->rapl);
     pthread_mutex_destroy(&t->lock);

@@ -15,8 +15,12 @@
 typedef struct loom_telemetry loom_telemetry_t;
 
 /* Telemetry of CUDA device `gpu` (-1: the CPU) for this rank, its
- * metrics declared in `reg` with a rank label (GPU ones also with gpu,
- * UUID, modelName and GPU_I_PROFILE as DCGM exporter labels them). */
+ * metrics declared in `reg` with a rank label (rank < 0: none, as for
+ * `loom serve`); GPU ones also with DCGM exporter's labels (gpu as NVML's
+ * index, UUID, pci_bus_id, device, Hostname, GPU_I_PROFILE, GPU_I_ID) and
+ * gpu_model for DCGM's modelName. The environment's LOOM_NVML_DEVICE (an
+ * NVML index or UUID) names the device to read instead, on any device.
+ * Also the process_* series (process.h). */
 loom_telemetry_t *loom_telemetry_open(loom_metrics_t *reg, int gpu, int rank);
 /* One line saying what is read and from where, or why nothing is. */
 const char *loom_telemetry_status(const loom_telemetry_t *t);
@@ -31,8 +35,5 @@ loom_metric_t *loom_telemetry_power_metric(const loom_telemetry_t *t);
 loom_metric_t *loom_telemetry_memory_metric(const loom_telemetry_t *t);
 /* NULL is fine. */
 void loom_telemetry_close(loom_telemetry_t *t);
-
-/* Resident memory of this process in bytes (from /proc/self/statm). */
-double loom_process_rss_bytes(void);
 
 #endif

@@ -3,6 +3,7 @@
 #include "obs/train_metrics.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,22 +13,36 @@
 /* The training series, in the order they are declared (and exposed). */
 enum {
     M_STEP, M_STEPS, M_LOSS, M_VAL, M_LR, M_GNORM, M_TOKS, M_TOK_TOTAL, M_FLOPS, M_MFU, M_COMPUTE, M_COMM, M_COMM_TOTAL,
-    M_DATA, M_DATA_TOTAL, M_SKIPPED, M_SCALE, M_JPT, M_N
+    M_DATA, M_DATA_TOTAL, M_SKIPPED, M_SCALE, M_JPT, M_PEAK, M_WORLD, M_N
 };
+
+/* loom_train_state's values: one series each, 1 for the current one. */
+static const char *const states[] = {"running", "finished", "stopped", "failed"};
+#define N_STATES 4
 
 struct loom_train_metrics {
     loom_metrics_t *reg;
     loom_telemetry_t *tel;
     loom_dashboard_t *dash;
     loom_http_t *http;
-    loom_metric_t *m[M_N], *step_hist, *ckpt_hist;
+    loom_metric_t *m[M_N], *step_hist, *ckpt_hist, *state[N_STATES];
+    loom_http_route_t metrics_route; /* the registry's /metrics, which scraped() wraps */
+    pthread_mutex_t mu;
+    pthread_cond_t scraped_cv;
+    int ended, scrapes_after_end;
     int world, local_world, cpu_energy;
     double energy0;     /* telemetry energy at start (NaN: no counter) */
     double tokens;      /* this rank's tokens since then */
     char title[512], gpu_why[512], energy_why[600]; /* the dashboard's texts (it keeps pointers) */
 };
 
-static const double step_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300};
+/* Ten buckets per decade (each about 1.26x the last), 1 ms .. 320 s: an
+ * interpolated quantile is off by at most one bucket's width, 26%, and
+ * usually far less; coarser buckets put CPU steps' p90/p99 10-50% high. */
+static const double step_buckets[] = {
+    0.001, 0.00125, 0.0016, 0.002, 0.0025, 0.0032, 0.004, 0.005, 0.0063, 0.008, 0.01, 0.0125, 0.016, 0.02, 0.025, 0.032, 0.04, 0.05, 0.063,
+    0.08,  0.1,     0.125,  0.16,  0.2,    0.25,   0.32,  0.4,   0.5,    0.63,  0.8,  1,      1.25,  1.6,  2,     2.5,   3.2,  4,    5,
+    6.3,   8,       10,     12.5,  16,     20,     25,    32,    40,     50,    63,   80,     100,   125,  160,   200,   250,  320};
 static const double ckpt_buckets[] = {0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1200};
 
 static void declare(loom_train_metrics_t *tm, const char *rank) {
@@ -53,12 +68,17 @@ static void declare(loom_train_metrics_t *tm, const char *rank) {
         [M_SKIPPED] = {1, "loom_train_skipped_steps_total", "Steps skipped for inf/nan gradients under fp16 loss scaling."},
         [M_SCALE] = {0, "loom_train_loss_scale", "fp16 dynamic loss scale (absent without loss scaling)."},
         [M_JPT] = {0, "loom_train_energy_joules_per_token", "Energy per trained token since the first step, J (GPU: NVML; CPU: RAPL)."},
+        [M_PEAK] = {0, "loom_train_peak_flops_per_second", "Peak FLOP/s per rank that MFU is relative to (GPU table, or rank 0's measured GEMM rate on the CPU)."},
+        [M_WORLD] = {0, "loom_train_world_size", "Ranks in the job."},
     };
     for (int i = 0; i < M_N; i++)
         tm->m[i] = d[i].counter ? loom_metrics_counter(tm->reg, d[i].name, d[i].help, "rank", rank, NULL)
                                 : loom_metrics_gauge(tm->reg, d[i].name, d[i].help, "rank", rank, NULL);
     tm->step_hist = loom_metrics_histogram(tm->reg, "loom_train_step_seconds", "Wall time of optimizer steps, s.", step_buckets,
                                            (int)(sizeof step_buckets / sizeof step_buckets[0]), "rank", rank, NULL);
+    for (int i = 0; i < N_STATES; i++)
+        tm->state[i] = loom_metrics_gauge(tm->reg, "loom_train_state", "1 for the run's state: running, finished, stopped (signal) or failed.",
+                                          "rank", rank, "state", states[i], NULL);
     tm->ckpt_hist = loom_metrics_histogram(tm->reg, "loom_train_checkpoint_write_seconds", "Time to write a checkpoint, s (this rank's view).",
                                            ckpt_buckets, (int)(sizeof ckpt_buckets / sizeof ckpt_buckets[0]), "rank", rank, NULL);
 }
@@ -90,9 +110,83 @@ static loom_status start_dashboard(loom_train_metrics_t *tm, const loom_train_me
     return LOOM_OK;
 }
 
+static void set_state(loom_train_metrics_t *tm, const char *state) {
+    for (int i = 0; i < N_STATES; i++) loom_gauge_set(tm->state[i], !strcmp(states[i], state));
+}
+
+/* A scrape of the final state, sent as a stream so that its end (when
+ * libmicrohttpd frees it, the whole body sent) is what the linger waits
+ * for: stopping the server on the handler's return could cut the body. */
+typedef struct {
+    loom_train_metrics_t *tm;
+    char *body;
+    size_t len, pos;
+} final_scrape_t;
+
+static long final_read(void *ctx, char *buf, size_t max) {
+    final_scrape_t *f = ctx;
+    size_t n = f->len - f->pos < max ? f->len - f->pos : max;
+    if (n == 0) return -1;
+    memcpy(buf, f->body + f->pos, n);
+    f->pos += n;
+    return (long)n;
+}
+
+static void final_sent(void *ctx) {
+    final_scrape_t *f = ctx;
+    pthread_mutex_lock(&f->tm->mu);
+    f->tm->scrapes_after_end++;
+    pthread_cond_broadcast(&f->tm->scraped_cv);
+    pthread_mutex_unlock(&f->tm->mu);
+    free(f->body);
+    free(f);
+}
+
+/* GET /metrics; once the run has ended, each scrape ends the linger. */
+static void scraped(const loom_http_request_t *req, loom_http_response_t *resp, void *ctx) {
+    loom_train_metrics_t *tm = ctx;
+    pthread_mutex_lock(&tm->mu);
+    int ended = tm->ended;
+    pthread_mutex_unlock(&tm->mu);
+    tm->metrics_route.fn(req, resp, tm->metrics_route.ctx);
+    if (!ended || resp->stream) return;
+    final_scrape_t *f = loom_calloc(1, sizeof *f);
+    *f = (final_scrape_t){tm, resp->body, resp->body_len, 0};
+    resp->body = NULL, resp->body_len = 0;
+    resp->stream = final_read, resp->stream_free = final_sent, resp->sctx = f;
+}
+
+void loom_train_metrics_end(loom_train_metrics_t *tm, const char *state) {
+    if (!tm) return;
+    set_state(tm, state);
+    pthread_mutex_lock(&tm->mu);
+    tm->ended = 1;
+    pthread_mutex_unlock(&tm->mu);
+}
+
+void loom_train_metrics_linger(loom_train_metrics_t *tm, double linger_s) {
+    if (!tm) return;
+    pthread_mutex_lock(&tm->mu);
+    const char *state = "running";
+    for (int i = 0; i < N_STATES; i++)
+        if (loom_metric_value(tm->state[i]) == 1) state = states[i];
+    if (tm->ended && tm->http && linger_s > 0) {
+        loom_info("loom train: run %s; /metrics stays up until it is scraped once more (at most %g s, --metrics-linger)", state, linger_s);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += (time_t)linger_s;
+        until.tv_nsec += (long)((linger_s - floor(linger_s)) * 1e9);
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        while (tm->scrapes_after_end == 0 && pthread_cond_timedwait(&tm->scraped_cv, &tm->mu, &until) == 0) {
+        }
+    }
+    pthread_mutex_unlock(&tm->mu);
+}
+
 static loom_status start_server(loom_train_metrics_t *tm, const loom_train_metrics_opts_t *o) {
     loom_http_route_t routes[8];
-    routes[0] = loom_dashboard_metrics_route(tm->reg);
+    tm->metrics_route = loom_dashboard_metrics_route(tm->reg);
+    routes[0] = (loom_http_route_t){"GET", "/metrics", scraped, tm};
     int n = 1 + loom_dashboard_routes(tm->dash, routes + 1);
     const char *host = o->host && *o->host ? o->host : "127.0.0.1";
     int port = o->port > 0 ? o->port + o->local_rank : 0;
@@ -111,6 +205,8 @@ loom_status loom_train_metrics_start(loom_train_metrics_t **out, const loom_trai
     *out = NULL;
     loom_train_metrics_t *tm = loom_calloc(1, sizeof *tm);
     tm->reg = loom_metrics_new();
+    pthread_mutex_init(&tm->mu, NULL);
+    pthread_cond_init(&tm->scraped_cv, NULL);
     tm->world = o->world_size > 0 ? o->world_size : 1;
     tm->local_world = o->local_world > 0 ? o->local_world : tm->world;
     char rank[16];
@@ -123,6 +219,8 @@ loom_status loom_train_metrics_start(loom_train_metrics_t **out, const loom_trai
                                       o->dtype ? o->dtype : "", "world_size", world, NULL),
                    1);
     loom_gauge_set(tm->m[M_STEPS], (double)o->steps);
+    loom_gauge_set(tm->m[M_WORLD], tm->world);
+    set_state(tm, "running");
     tm->tel = loom_telemetry_open(tm->reg, o->gpu, o->rank);
     tm->cpu_energy = !loom_telemetry_has_gpu(tm->tel);
     tm->energy0 = loom_telemetry_energy_j(tm->tel); /* call start when the loop starts */
@@ -166,6 +264,7 @@ void loom_train_metrics_step(loom_train_metrics_t *tm, const loom_train_metrics_
     loom_counter_add(m[M_TOK_TOTAL], mine);
     loom_gauge_set(m[M_FLOPS], s->flops_per_s);
     if (s->mfu >= 0) loom_gauge_set(m[M_MFU], s->mfu);
+    if (s->peak_flops > 0) loom_gauge_set(m[M_PEAK], s->peak_flops);
     loom_gauge_set(m[M_COMPUTE], s->step_s - s->comm_wait_s);
     loom_gauge_set(m[M_COMM], s->comm_wait_s);
     loom_counter_add(m[M_COMM_TOTAL], s->comm_wait_s);
@@ -192,5 +291,7 @@ void loom_train_metrics_stop(loom_train_metrics_t *tm) {
     loom_dashboard_stop(tm->dash);
     loom_telemetry_close(tm->tel);
     loom_metrics_free(tm->reg);
+    pthread_mutex_destroy(&tm->mu);
+    pthread_cond_destroy(&tm->scraped_cv);
     free(tm);
 }

@@ -36,6 +36,7 @@ typedef struct {
     double mfu;                 /* 0..1, < 0 when unknown */
     double step_s, comm_wait_s, data_s; /* wall time, of which waiting for peers; batch loading before it */
     double loss_scale;          /* fp16 dynamic loss scale, 0 without */
+    double peak_flops;          /* FLOP/s per rank MFU is relative to, 0 when unknown */
     int skipped;
 } loom_train_metrics_step_t;
 
@@ -52,6 +53,15 @@ loom_telemetry_t *loom_train_metrics_telemetry(loom_train_metrics_t *tm);
 void loom_train_metrics_step(loom_train_metrics_t *tm, const loom_train_metrics_step_t *s);
 void loom_train_metrics_eval(loom_train_metrics_t *tm, double val_loss);
 void loom_train_metrics_checkpoint(loom_train_metrics_t *tm, double write_s);
+
+/* The run is over: set loom_train_state to `state` ("finished",
+ * "stopped" or "failed"). */
+void loom_train_metrics_end(loom_train_metrics_t *tm, const char *state);
+/* After loom_train_metrics_end: keep serving until /metrics has been
+ * scraped once more and that answer sent in full (Prometheus sees the
+ * last step and the state), at most linger_s seconds. Returns at once
+ * without a server. */
+void loom_train_metrics_linger(loom_train_metrics_t *tm, double linger_s);
 
 /* Joules per trained token since start: this rank's GPU energy over this
  * rank's tokens (the job's figure when ranks draw alike), or on the CPU

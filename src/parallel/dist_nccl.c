@@ -7,15 +7,67 @@
  * segments are a group of ncclReduce / ncclBroadcast calls, one per rank.
  * The caller must have finished writing a buffer on the compute stream
  * (backend sync) before handing it over. */
-#ifdef LOOM_HAVE_CUDA
+#if defined(LOOM_HAVE_CUDA) && defined(LOOM_HAVE_NCCL)
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "parallel/dist_impl.h"
+
+/* NCCL is opened with dlopen at the first join (libnccl.so.2 on the
+ * loader's path, or the file LOOM_NCCL names), not linked: a run on one GPU
+ * never needs libnccl, and a machine without it says so when a multi-GPU
+ * run asks. The entry points used, typed by the header: */
+#define NCCL_FUNCS(X)                                                                                   \
+    X(ncclGetErrorString) X(ncclCommGetAsyncError) X(ncclCommAbort) X(ncclAllReduce) X(ncclGroupStart) \
+    X(ncclGroupEnd) X(ncclReduce) X(ncclBroadcast) X(ncclCommDestroy) X(ncclGetUniqueId)               \
+    X(ncclCommInitRankConfig)
+#define NCCL_PTR(f) __typeof__(&f) f;
+static struct {
+    NCCL_FUNCS(NCCL_PTR)
+} nccl_lib;
+static int nccl_state; /* 0 not tried, 1 loaded, -1 not loadable (nccl_why says why) */
+static char nccl_why[400];
+
+static int nccl_load(void) {
+    if (nccl_state) return nccl_state > 0;
+    nccl_state = -1;
+    const char *env = getenv("LOOM_NCCL");
+    const char *path = env && *env ? env : "libnccl.so.2";
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(nccl_why, sizeof nccl_why, "NCCL cannot be loaded: %s (install NCCL, e.g. the nvidia-nccl Python "
+                 "package, and put its lib folder on LD_LIBRARY_PATH, or name the file in LOOM_NCCL)", dlerror());
+        return 0;
+    }
+#define NCCL_SYM(f)                                                                               \
+    if (!(nccl_lib.f = (__typeof__(&f))dlsym(h, #f))) {                                          \
+        snprintf(nccl_why, sizeof nccl_why, "%s has no %s (an NCCL older than 2.14?)", path, #f); \
+        return 0;                                                                                 \
+    }
+    NCCL_FUNCS(NCCL_SYM)
+#undef NCCL_SYM
+    nccl_state = 1;
+    return 1;
+}
+
+/* Every NCCL call below goes through the table. */
+#define ncclGetErrorString nccl_lib.ncclGetErrorString
+#define ncclCommGetAsyncError nccl_lib.ncclCommGetAsyncError
+#define ncclCommAbort nccl_lib.ncclCommAbort
+#define ncclAllReduce nccl_lib.ncclAllReduce
+#define ncclGroupStart nccl_lib.ncclGroupStart
+#define ncclGroupEnd nccl_lib.ncclGroupEnd
+#define ncclReduce nccl_lib.ncclReduce
+#define ncclBroadcast nccl_lib.ncclBroadcast
+#define ncclCommDestroy nccl_lib.ncclCommDestroy
+#define ncclGetUniqueId nccl_lib.ncclGetUniqueId
+#define ncclCommInitRankConfig nccl_lib.ncclCommInitRankConfig
 
 typedef struct {
     int rank, size;
@@ -126,6 +178,7 @@ static loom_status nccl_allgather_bytes(void *vn, const void *in, void *out, siz
 static const dist_transport_t nccl_ops = DIST_TRANSPORT_OPS(nccl);
 
 loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, double timeout_s) {
+    if (!nccl_load()) return loom_error(LOOM_EUNAVAIL, "rank %d: the nccl transport: %s", boot->rank, nccl_why);
     nccl_t *n = loom_calloc(1, sizeof *n);
     n->rank = boot->rank;
     n->size = boot->size;
@@ -162,6 +215,14 @@ loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, 
     *j = (dist_join_t){.rank = n->rank, .size = n->size, .local_rank = boot->local_rank, .impl = n,
                        .ops = &nccl_ops, .name = "nccl"};
     return LOOM_OK;
+}
+#elif defined(LOOM_HAVE_CUDA)
+#include "parallel/dist_impl.h"
+
+loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, double timeout_s) {
+    return loom_error(LOOM_EUNAVAIL, "rank %d: the nccl transport: this loom was built without NCCL's header "
+                      "(nccl.h was not found beside the CUDA toolkit's); rebuild with it, or use --dist tcp",
+                      boot->rank);
 }
 #else
 typedef int loom_dist_nccl_unused; /* ISO C forbids an empty translation unit */

@@ -12,12 +12,22 @@
 #include <time.h>
 
 #include "kv_cache.h"
+#include "step_budget.h"
 #include "model/generate.h"
 #include "model/infer.h"
-#include "model/quant.h"
-#include "model/sparse24.h"
 
 typedef struct request request_t;
+
+/* Speculative decoding by prompt lookup: drafts come from the latest
+ * earlier occurrence of a sequence's last NGRAM_MAX..NGRAM_MIN tokens; only
+ * while at most SPEC_MAX_SEQS sequences decode (beyond, a step is compute
+ * bound and drafts cost more than they save); after a proposal with nothing
+ * accepted a sequence waits 2, 4, .. SPEC_MAX_WAIT steps before the next. */
+#define NGRAM_MAX 4
+#define NGRAM_MIN 2
+#define SPEC_MAX_SEQS 8
+#define SPEC_MAX_DRAFT 16
+#define SPEC_MAX_WAIT 16
 
 typedef struct {
     request_t *req;
@@ -25,12 +35,17 @@ typedef struct {
     int *tokens, len;      /* (prompt + generated) ids, len of them */
     int n_cached;          /* tokens whose K, V are in the cache */
     int *blocks, n_blocks; /* block table (max_blocks wide) */
+    int n_hashed;          /* leading full prompt blocks registered in the prefix cache */
+    uint64_t hash;         /* the hash of the last of them (0: none) */
     loom_rng_t rng;
     int n_gen;
     char *text;            /* generated text; bytes [released, text_len) held back */
     size_t text_len, text_cap, released;
     double t_first;
     int chunk;             /* rows in this step's batch */
+    long long batched;     /* the step that last put it in the batch */
+    int n_draft;           /* drafted tokens in this step's rows (at tokens[len..len+n_draft)) */
+    int spec_wait, spec_fails; /* steps before the next proposal; proposals in a row with none accepted */
 } seq_t;
 
 struct request {
@@ -59,31 +74,43 @@ struct loom_engine {
     const loom_tokenizer_t *tok;
     loom_engine_config_t cfg;
     loom_infer_t *inf;
-    loom_quant_t *quant; /* int8 linear weights (cfg.quant), or NULL */
-    loom_sparse24_t *s24; /* 2:4 compressed linear weights (cfg.sparse), or NULL */
     loom_kv_pool_t *pool;
     int max_blocks, V, Vp, maxT;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    loom_engine_loop_t *loop; /* the loop that steps this engine, or NULL */
     request_t *incoming, *live; /* both under mu; live is read by the step thread freely */
     int n_live;
     uint64_t next_id;
     seq_list_t waiting, running; /* step thread only, ordered by (request id, index) */
     /* this step's batch */
     int *b_tok, *b_pos, *b_seq, *b_rows, *tables;
+    unsigned char *b_prefill; /* (max_batch_tokens) 1: a prompt row (GEMM), 0: a generated token */
     seq_t **b_seqs;
     int N, S, gen_step;
+    long long step_no;
+    loom_step_budget_t budget;
     float *logits, *scratch;
     int top_ids[20];
     float top_lp[20];
     loom_engine_stats_t st; /* counters; under mu */
+    pthread_t stepper;      /* the thread that last stepped, whose team st.threads is */
+    int stepper_threads;    /* the OpenMP count set on it (0 = none yet) */
+};
+
+struct loom_engine_loop {
+    loom_engine_t **e;
+    int n, threads;
+    void (*on_step)(void *ctx, int i);
+    void *ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop, kicked, started;
     pthread_t thread;
-    int thread_on, stop;
 };
 
 void loom_engine_config_default(loom_engine_config_t *c) {
     *c = (loom_engine_config_t){.block_size = 16, .kv_bytes = (size_t)256 << 20, .kv_dtype = LOOM_FP32,
-                                .max_batch_tokens = 512, .max_seqs = 64, .sparse = LOOM_SPARSE_AUTO};
+                                .max_batch_tokens = 512, .max_seqs = 64, .prefix_cache = 1};
 }
 
 const char *loom_finish_name(loom_finish_reason f) {
@@ -162,6 +189,8 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
         return loom_error(LOOM_EINVAL, "--block-size %d: expected 1 to 256 tokens", c->block_size);
     if (c->max_batch_tokens < 1 || c->max_seqs < 1)
         return loom_error(LOOM_EINVAL, "--max-batch-tokens %d, --max-seqs %d: each must be at least 1", c->max_batch_tokens, c->max_seqs);
+    if (c->speculate < 0 || c->speculate > SPEC_MAX_DRAFT)
+        return loom_error(LOOM_EINVAL, "--speculate %d: expected 0 (off) to %d draft tokens", c->speculate, SPEC_MAX_DRAFT);
     size_t per = loom_infer_block_bytes(&m->cfg, c->block_size, c->kv_dtype);
     size_t nb = c->kv_bytes / per;
     int need = (m->cfg.max_seq_len + c->block_size - 1) / c->block_size; /* one full-context sequence */
@@ -174,36 +203,28 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     e->tok = tok;
     e->cfg = *c;
     e->V = m->cfg.vocab_size, e->Vp = m->cfg.padded_vocab_size, e->maxT = m->cfg.max_seq_len;
+    int max_logits = c->max_seqs + SPEC_MAX_SEQS * c->speculate; /* one row per sequence, k more per drafting one */
     loom_status s = loom_infer_create(&e->inf, m, (int)nb, c->block_size, c->kv_dtype, c->max_batch_tokens,
-                                      c->max_seqs, c->max_seqs);
-    if (s == LOOM_OK && c->quant != LOOM_QUANT_NONE) {
-        loom_quant_opts_t qo = {.block = c->quant_block, .logits = !c->quant_fp32_logits};
-        s = loom_quant_create_opts(&e->quant, m, (loom_quant_mode)c->quant, &qo);
-        if (s == LOOM_OK) loom_infer_set_quant(e->inf, e->quant);
-        else loom_infer_free(e->inf);
-    }
-    if (s == LOOM_OK && c->quant == LOOM_QUANT_NONE) {
-        s = loom_sparse24_auto(&e->s24, m, c->sparse);
-        if (s == LOOM_OK) loom_infer_set_sparse24(e->inf, e->s24);
-        else loom_infer_free(e->inf);
-    }
+                                      c->max_seqs, max_logits);
+    if (s == LOOM_OK) loom_infer_set_weights(e->inf, &c->weights);
     if (s != LOOM_OK) {
         free(e);
         return s;
     }
-    e->pool = loom_kv_pool_new((int)nb, c->debug);
+    e->pool = loom_kv_pool_new((int)nb, c->block_size, c->prefix_cache, c->debug);
     e->max_blocks = loom_infer_max_blocks(e->inf);
     pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
     e->next_id = 1;
+    loom_step_budget_init(&e->budget, c->max_batch_tokens);
     size_t T = (size_t)c->max_batch_tokens, S = (size_t)c->max_seqs;
     e->b_tok = loom_malloc(T * sizeof(int));
     e->b_pos = loom_malloc(T * sizeof(int));
     e->b_seq = loom_malloc(T * sizeof(int));
-    e->b_rows = loom_malloc(S * sizeof(int));
+    e->b_prefill = loom_malloc(T);
+    e->b_rows = loom_malloc((size_t)max_logits * sizeof(int));
     e->tables = loom_malloc(S * (size_t)e->max_blocks * sizeof(int));
     e->b_seqs = loom_malloc(S * sizeof(seq_t *));
-    e->logits = loom_malloc(S * (size_t)e->Vp * sizeof(float));
+    e->logits = loom_malloc((size_t)max_logits * (size_t)e->Vp * sizeof(float));
     e->scratch = loom_malloc(2 * (size_t)e->V * sizeof(float));
     e->st.total_blocks = (int)nb;
     e->st.block_size = c->block_size;
@@ -211,8 +232,19 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     return LOOM_OK;
 }
 
+/* Drop s's blocks, the last first: a prompt's first blocks are then the
+ * most recently used of its cached ones, evicted last (a cached block is
+ * of use only while the ones before it are cached too). */
+static void release_blocks(loom_engine_t *e, seq_t *s) {
+    for (int k = s->n_blocks - 1; k >= 0; k--) loom_kv_pool_release(e->pool, s->blocks[k]);
+    s->n_blocks = 0;
+    s->n_cached = 0;
+    s->n_hashed = 0;
+    s->hash = 0;
+}
+
 static void seq_free(loom_engine_t *e, seq_t *s) {
-    for (int k = 0; k < s->n_blocks; k++) loom_kv_pool_release(e->pool, s->blocks[k]);
+    release_blocks(e, s);
     free(s->tokens);
     free(s->blocks);
     free(s->text);
@@ -230,7 +262,6 @@ static void request_free(request_t *r) {
 
 void loom_engine_free(loom_engine_t *e) {
     if (!e) return;
-    loom_engine_stop(e);
     for (int pass = 0; pass < 2; pass++)
         for (request_t *r = pass ? e->live : e->incoming, *nx; r; r = nx) {
             nx = r->next;
@@ -240,18 +271,26 @@ void loom_engine_free(loom_engine_t *e) {
         }
     free(e->waiting.v);
     free(e->running.v);
-    free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_rows), free(e->tables), free(e->b_seqs);
+    free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_prefill), free(e->b_rows), free(e->tables), free(e->b_seqs);
     free(e->logits), free(e->scratch);
     loom_kv_pool_free(e->pool);
     loom_infer_free(e->inf);
-    loom_quant_free(e->quant);
-    loom_sparse24_free(e->s24);
     pthread_mutex_destroy(&e->mu);
-    pthread_cond_destroy(&e->cv);
     free(e);
 }
 
 /* ---- submit / cancel ---- */
+
+/* Tell e's loop (if any) there is work. The flag under the loop's mutex
+ * closes the gap between its last step and its wait. */
+static void loop_wake(loom_engine_t *e) {
+    loom_engine_loop_t *l = e->loop;
+    if (!l) return;
+    pthread_mutex_lock(&l->mu);
+    l->kicked = 1;
+    pthread_cond_signal(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
 
 static loom_status check_request(const loom_engine_t *e, const int *prompt, int np, const loom_request_params_t *p) {
     if (np < 1 || !prompt) return loom_error(LOOM_EINVAL, "empty prompt: a request needs at least one token");
@@ -281,7 +320,7 @@ static seq_t *seq_new(loom_engine_t *e, request_t *r, int index, const int *toke
     seq_t *s = loom_calloc(1, sizeof *s);
     s->req = r;
     s->index = index;
-    s->tokens = loom_malloc(((size_t)len + (size_t)r->p.max_tokens + 1) * sizeof(int));
+    s->tokens = loom_malloc(((size_t)len + (size_t)r->p.max_tokens + 1 + SPEC_MAX_DRAFT) * sizeof(int));
     memcpy(s->tokens, tokens, (size_t)len * sizeof(int));
     s->len = len;
     s->blocks = loom_malloc((size_t)e->max_blocks * sizeof(int));
@@ -317,8 +356,8 @@ loom_status loom_engine_submit(loom_engine_t *e, const int *prompt, int n_prompt
     while (*tail) tail = &(*tail)->next;
     *tail = r;
     e->n_live++;
-    pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
+    loop_wake(e);
     if (id) *id = r->id;
     return LOOM_OK;
 }
@@ -333,8 +372,8 @@ int loom_engine_cancel(loom_engine_t *e, uint64_t id) {
                 found = 0;
                 break;
             }
-    pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
+    loop_wake(e);
     return found;
 }
 
@@ -427,9 +466,8 @@ static void seq_finish(loom_engine_t *e, seq_t *s) {
 }
 
 static void preempt(loom_engine_t *e, seq_t *s) {
-    for (int k = 0; k < s->n_blocks; k++) loom_kv_pool_release(e->pool, s->blocks[k]);
-    s->n_blocks = 0;
-    s->n_cached = 0;
+    release_blocks(e, s);
+    s->n_draft = 0;
     list_remove(&e->running, s);
     list_insert(&e->waiting, s);
     pthread_mutex_lock(&e->mu);
@@ -456,38 +494,131 @@ static int reserve(loom_engine_t *e, seq_t *s, int chunk) {
     return 1;
 }
 
+/* ---- prefix cache ---- */
+
+/* A sequence about to be admitted with no blocks (new, or preempted)
+ * takes the cached blocks its prompt starts with. Only full blocks inside
+ * the prompt are looked up (those are the ones registered: all their rows
+ * went through the prompt kernel, so reusing them gives the same bits as
+ * computing them), and the last prompt token is always left to compute
+ * (its logits start the generation). */
+static void prefix_lookup(loom_engine_t *e, seq_t *s) {
+    int bs = e->cfg.block_size, n_prompt = s->req->n_prompt;
+    int max = (s->len - 1) / bs < n_prompt / bs ? (s->len - 1) / bs : n_prompt / bs;
+    uint64_t h = 0;
+    while (s->n_blocks < max) {
+        const int *t = s->tokens + (size_t)s->n_blocks * bs;
+        uint64_t hk = loom_kv_block_hash(h, t, bs);
+        int b = loom_kv_pool_lookup(e->pool, hk, h, t);
+        if (b < 0) break;
+        s->blocks[s->n_blocks++] = b;
+        h = hk;
+    }
+    s->n_hashed = s->n_blocks;
+    s->n_cached = s->n_blocks * bs;
+    s->hash = h;
+    pthread_mutex_lock(&e->mu);
+    e->st.prefix_queries += s->len;
+    e->st.prefix_hits += s->n_cached;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Register s's full prompt blocks computed so far. */
+static void prefix_register(loom_engine_t *e, seq_t *s) {
+    int bs = e->cfg.block_size, upto = s->n_cached < s->req->n_prompt ? s->n_cached : s->req->n_prompt;
+    for (; (s->n_hashed + 1) * bs <= upto; s->n_hashed++) {
+        const int *t = s->tokens + (size_t)s->n_hashed * bs;
+        uint64_t hk = loom_kv_block_hash(s->hash, t, bs);
+        loom_kv_pool_register(e->pool, s->blocks[s->n_hashed], hk, s->hash, t);
+        s->hash = hk;
+    }
+}
+
 /* Put s's next `chunk` rows into the batch. */
 static void batch_add(loom_engine_t *e, seq_t *s, int chunk) {
     int si = e->S++;
     e->b_seqs[si] = s;
     s->chunk = chunk;
+    s->batched = e->step_no;
     memcpy(e->tables + (size_t)si * e->max_blocks, s->blocks, (size_t)s->n_blocks * sizeof(int));
     for (int k = 0; k < chunk; k++, e->N++) {
         e->b_tok[e->N] = s->tokens[s->n_cached + k];
         e->b_pos[e->N] = s->n_cached + k;
         e->b_seq[e->N] = si;
+        e->b_prefill[e->N] = s->n_cached + k < s->req->n_prompt;
     }
 }
 
 /* ---- the step ---- */
 
-/* Running sequences first, in order; a sequence that cannot get its blocks
- * preempts the newest running one (itself, if it is the newest). */
-static void schedule_running(loom_engine_t *e, int *budget) {
-    for (int i = 0; i < e->running.n && *budget > 0;) {
-        seq_t *s = e->running.v[i];
-        int chunk = s->len - s->n_cached;
-        if (chunk > *budget) chunk = *budget;
-        while (!reserve(e, s, chunk)) {
-            seq_t *victim = e->running.v[e->running.n - 1];
-            preempt(e, victim);
-            if (victim == s) break;
+/* Get s its blocks for `chunk` more rows, preempting the newest running
+ * sequence not yet in this step's batch while the pool is short. 1 when s
+ * got them; 0 when s itself was preempted or nothing is left to preempt. */
+static int reserve_or_preempt(loom_engine_t *e, seq_t *s, int chunk) {
+    while (!reserve(e, s, chunk)) {
+        seq_t *victim = NULL;
+        for (int k = e->running.n - 1; k >= 0 && !victim; k--)
+            if (e->running.v[k]->batched != e->step_no) victim = e->running.v[k];
+        if (!victim) return 0;
+        preempt(e, victim);
+        if (victim == s) return 0;
+    }
+    return 1;
+}
+
+/* Prompt lookup: up to `max` tokens that followed the latest earlier
+ * occurrence of s's last n tokens (n = NGRAM_MAX down to NGRAM_MIN) in its
+ * prompt and output, written after its tokens (tokens[len..]). */
+static int propose(seq_t *s, int max) {
+    int len = s->len, *t = s->tokens;
+    for (int n = NGRAM_MAX; n >= NGRAM_MIN && max > 0; n--)
+        for (int at = len - n - 1; at >= 0; at--) {
+            if (memcmp(t + at, t + len - n, (size_t)n * sizeof(int)) != 0) continue;
+            int d = len - (at + n) < max ? len - (at + n) : max;
+            memcpy(t + len, t + at + n, (size_t)d * sizeof(int)); /* [at+n, at+n+d) ends at len at most */
+            return d;
         }
-        if (i < e->running.n && e->running.v[i] == s) {
+    return 0;
+}
+
+/* Drafts for decoding sequence s this step (0 when off, backing off, or
+ * when a draft could not be used: the request's last token, the context's
+ * end, the step's rows). */
+static int drafts(loom_engine_t *e, seq_t *s, int spec, int budget) {
+    if (!spec) return 0;
+    if (s->spec_wait > 0) {
+        s->spec_wait--;
+        return 0;
+    }
+    int max = e->cfg.speculate, left = s->req->p.max_tokens - s->n_gen - 1;
+    if (left < max) max = left;
+    if (e->maxT - s->len < max) max = e->maxT - s->len;
+    if (budget - 1 < max) max = budget - 1;
+    if (max <= 0) return 0;
+    if (!e->cfg.draft) return propose(s, max);
+    int d = e->cfg.draft(e->cfg.draft_ctx, s->tokens, s->len, s->tokens + s->len, max);
+    return d < 0 ? 0 : d > max ? max : d;
+}
+
+/* Running sequences, oldest first: those with one row left (decode) when
+ * `decode`, else those with a prompt chunk left, each within *budget rows.
+ * A decoding sequence may add drafted tokens when `spec`. */
+static void schedule_running(loom_engine_t *e, int decode, int spec, int *budget) {
+    for (int i = 0; i < e->running.n && *budget > 0; i++) {
+        seq_t *s = e->running.v[i];
+        int left = s->len - s->n_cached, chunk = left < *budget ? left : *budget;
+        if ((left == 1) != decode || s->batched == e->step_no) continue;
+        s->n_draft = decode ? drafts(e, s, spec, *budget) : 0;
+        if (s->n_draft && !reserve(e, s, 1 + s->n_draft)) s->n_draft = 0; /* no room: plain decode */
+        chunk += s->n_draft;
+        int before = e->running.n;
+        if (reserve_or_preempt(e, s, chunk)) {
             batch_add(e, s, chunk);
             *budget -= chunk;
-            i++;
+        } else {
+            s->n_draft = 0;
         }
+        if (e->running.n != before) i = -1; /* preempted: look again from the start (batched ones are skipped) */
     }
 }
 
@@ -498,9 +629,13 @@ static void schedule_waiting(loom_engine_t *e, int *budget) {
         seq_t *s = e->waiting.v[0];
         int slots = s->req->forked ? 1 : s->req->p.n;
         if (e->running.n + slots > e->cfg.max_seqs) break;
+        if (e->cfg.prefix_cache && s->n_blocks == 0) prefix_lookup(e, s);
         int chunk = s->len - s->n_cached;
         if (chunk > *budget) chunk = *budget;
-        if (!reserve(e, s, chunk)) break;
+        if (!reserve(e, s, chunk)) {
+            release_blocks(e, s); /* what the lookup took: cached again, for the next try */
+            break;
+        }
         list_remove(&e->waiting, s);
         list_insert(&e->running, s);
         if (s->req->t_admit == 0) s->req->t_admit = loom_now();
@@ -555,6 +690,8 @@ static void fork_samples(loom_engine_t *e, seq_t *s) {
     for (int i = 1; i < r->p.n; i++) {
         seq_t *c = seq_new(e, r, i, s->tokens, s->len);
         c->n_cached = s->n_cached;
+        c->n_hashed = s->n_hashed;
+        c->hash = s->hash;
         for (int k = 0; k < s->n_blocks; k++) {
             loom_kv_pool_ref(e->pool, s->blocks[k]);
             c->blocks[c->n_blocks++] = s->blocks[k];
@@ -563,11 +700,10 @@ static void fork_samples(loom_engine_t *e, seq_t *s) {
     }
 }
 
-/* Sample s's next token from `row` and send its event. */
-static void sample_next(loom_engine_t *e, seq_t *s, const float *row) {
+/* Append tok (chosen from `row`) to s and send its event; 1 when that
+ * ended s (freed). */
+static int take_token(loom_engine_t *e, seq_t *s, const float *row, int tok) {
     const loom_request_params_t *p = &s->req->p;
-    loom_sampling_t sp = {p->temperature, p->top_k, p->top_p};
-    int tok = loom_sample_logits(row, e->V, &sp, &s->rng, e->scratch);
     int ntop = p->logprobs > 0 ? p->logprobs : 0;
     float lp = p->logprobs >= 0 ? logprobs(e, row, tok, ntop) : 0.0f;
     s->tokens[s->len++] = tok;
@@ -584,6 +720,43 @@ static void sample_next(loom_engine_t *e, seq_t *s, const float *row) {
     emit(e, s, tok, s->text + s->released, rel - s->released, lp, ntop, fin);
     s->released = rel;
     if (fin) seq_finish(e, s);
+    return fin != LOOM_FINISH_NONE;
+}
+
+/* Sample s's next token from `row` and send its event. */
+static void sample_next(loom_engine_t *e, seq_t *s, const float *row) {
+    const loom_request_params_t *p = &s->req->p;
+    loom_sampling_t sp = {p->temperature, p->top_k, p->top_p};
+    take_token(e, s, row, loom_sample_logits(row, e->V, &sp, &s->rng, e->scratch));
+}
+
+/* s ran its last token and d drafts (rows[0..d]): row j verifies draft j
+ * (loom_sample_verify: greedy takes it iff it is the argmax; sampled keeps
+ * the target distribution); tokens are taken until one differs from its
+ * draft, then one more from the row after the last accepted draft. Each
+ * accepted draft's row is a valid cache entry. */
+static void verify_drafts(loom_engine_t *e, seq_t *s, const float *rows) {
+    const loom_request_params_t *p = &s->req->p;
+    loom_sampling_t sp = {p->temperature, p->top_k, p->top_p};
+    int d = s->n_draft, accepted = 0, ended = 0;
+    s->n_draft = 0;
+    for (int j = 0; j <= d && !ended; j++) {
+        const float *row = rows + (size_t)j * e->Vp;
+        int draft = j < d ? s->tokens[s->len] : -1;
+        int tok = loom_sample_verify(row, e->V, &sp, &s->rng, e->scratch, draft);
+        ended = take_token(e, s, row, tok); /* frees s when it ends */
+        if (tok != draft) break;
+        accepted++;
+        if (!ended) s->n_cached++;
+    }
+    if (!ended) {
+        s->spec_fails = accepted ? 0 : s->spec_fails + 1;
+        s->spec_wait = accepted ? 0 : 1 << (s->spec_fails < 4 ? s->spec_fails : 4);
+    }
+    pthread_mutex_lock(&e->mu);
+    e->st.spec_drafted += d;
+    e->st.spec_accepted += accepted;
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* After the forward: advance every sequence of the batch; those that
@@ -594,14 +767,18 @@ static void advance(loom_engine_t *e, int *prompt_rows) {
     for (int i = 0; i < e->S; i++) {
         seq_t *s = e->b_seqs[i];
         if (s->n_cached < s->req->n_prompt) *prompt_rows += s->chunk;
-        s->n_cached += s->chunk;
-        done[i] = s->n_cached == s->len ? s : NULL;
+        s->n_cached += s->n_draft ? 1 : s->chunk; /* drafts' rows count once accepted */
+        if (e->cfg.prefix_cache) prefix_register(e, s);
+        done[i] = s->n_cached == s->len || s->n_draft ? s : NULL;
     }
     for (int i = 0; i < e->S; i++) {
         seq_t *s = done[i];
         if (!s) continue;
-        const float *row = e->logits + (size_t)r++ * e->Vp;
-        if (!s->req->forked) {
+        const float *row = e->logits + (size_t)r * e->Vp;
+        r += 1 + s->n_draft;
+        if (s->n_draft) {
+            verify_drafts(e, s, row);
+        } else if (!s->req->forked) {
             fork_samples(e, s);
             request_t *q = s->req;
             for (int k = 0; k < q->p.n; k++)
@@ -613,21 +790,67 @@ static void advance(loom_engine_t *e, int *prompt_rows) {
     free(done);
 }
 
+/* Threads in a parallel region started here: the team every op gets. */
+static int team_size(void) {
+    int n = 0;
+#pragma omp parallel
+    {
+#pragma omp single
+        n = omp_get_num_threads();
+    }
+    return n;
+}
+
+/* The host threads the model's backend runs its ops on (be->threads); one
+ * where the ops run off the host (the sampling's few loops). */
+static int backend_threads(const loom_engine_t *e) { return e->m->be->threads > 0 ? e->m->be->threads : 1; }
+
+/* OpenMP's thread count belongs to each thread: give the stepping thread
+ * the backend's, and record the team it gets when the thread or the count
+ * changes. */
+static void set_threads(loom_engine_t *e) {
+    int want = backend_threads(e);
+    omp_set_num_threads(want);
+    if (want == e->stepper_threads && pthread_equal(e->stepper, pthread_self())) return;
+    e->stepper = pthread_self();
+    e->stepper_threads = want;
+    int n = team_size();
+    pthread_mutex_lock(&e->mu);
+    e->st.threads = n;
+    pthread_mutex_unlock(&e->mu);
+}
+
 loom_status loom_engine_step(loom_engine_t *e, int *busy) {
+    set_threads(e);
     intake(e);
     e->N = e->S = e->gen_step = 0;
+    e->step_no++;
     int budget = e->cfg.max_batch_tokens, R = 0, prompt_rows = 0;
-    schedule_running(e, &budget);
-    schedule_waiting(e, &budget);
+    int decoding = 0;
+    for (int i = 0; i < e->running.n; i++) decoding += e->running.v[i]->len - e->running.v[i]->n_cached == 1;
+    schedule_running(e, 1, e->cfg.speculate > 0 && decoding <= SPEC_MAX_SEQS, &budget);
+    int decode_rows = e->N, prefill = loom_step_budget_prefill(&e->budget, decode_rows), allowed;
+    if (prefill > budget) prefill = budget;
+    allowed = prefill;
+    schedule_running(e, 0, 0, &prefill);
+    schedule_waiting(e, &prefill);
     for (int i = 0, row = 0; i < e->S; row += e->b_seqs[i++]->chunk) {
         seq_t *s = e->b_seqs[i];
-        if (s->n_cached + s->chunk == s->len) e->b_rows[R++] = row + s->chunk - 1;
+        if (s->n_draft) /* every row: each verifies the draft after it */
+            for (int k = 0; k < s->chunk; k++) e->b_rows[R++] = row + k;
+        else if (s->n_cached + s->chunk == s->len)
+            e->b_rows[R++] = row + s->chunk - 1;
     }
     loom_status st = LOOM_OK;
     if (e->N > 0) {
         loom_infer_batch_t b = {.n_tokens = e->N, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq,
-                                .n_seqs = e->S, .block_tables = e->tables, .n_logits = R, .logit_rows = e->b_rows};
+                                .n_seqs = e->S, .block_tables = e->tables, .n_logits = R, .logit_rows = e->b_rows,
+                                .prefill = e->b_prefill};
+        double t0 = loom_now();
         st = loom_infer_forward(e->inf, &b, e->logits);
+        double dt = e->cfg.step_cost ? e->cfg.step_cost(e->cfg.step_cost_ctx, decode_rows, e->N - decode_rows)
+                                     : loom_now() - t0;
+        loom_step_budget_observe(&e->budget, decode_rows, e->N - decode_rows, dt);
         if (st == LOOM_OK) advance(e, &prompt_rows);
     }
     reap(e);
@@ -638,9 +861,11 @@ loom_status loom_engine_step(loom_engine_t *e, int *busy) {
         e->st.prompt_tokens += prompt_rows;
         e->st.generated_tokens += e->gen_step;
     }
+    e->st.prefill_budget = allowed;
     e->st.waiting = e->waiting.n;
     e->st.running = e->running.n;
     e->st.free_blocks = loom_kv_pool_free_count(e->pool);
+    e->st.cached_blocks = loom_kv_pool_cached_count(e->pool);
     if (busy) *busy = e->N > 0 || e->n_live > 0;
     pthread_mutex_unlock(&e->mu);
     return st;
@@ -654,39 +879,70 @@ loom_status loom_engine_run(loom_engine_t *e) {
     }
 }
 
-static void *step_loop(void *arg) {
-    loom_engine_t *e = arg;
-    /* OpenMP's thread count is per thread: take the backend's (one where
-     * the ops run off the host: the sampling's few loops) */
-    omp_set_num_threads(e->m->be->threads > 0 ? e->m->be->threads : 1);
-    for (;;) {
-        pthread_mutex_lock(&e->mu);
-        while (!e->stop && e->n_live == 0) pthread_cond_wait(&e->cv, &e->mu);
-        int stop = e->stop;
-        pthread_mutex_unlock(&e->mu);
-        if (stop) break;
-        if (loom_engine_step(e, NULL) != LOOM_OK) loom_warn("engine step failed: %s", loom_errmsg());
+static void *loop_main(void *arg) {
+    loom_engine_loop_t *l = arg;
+    omp_set_num_threads(l->n > 0 ? backend_threads(l->e[0]) : 1);
+    int threads = team_size();
+    pthread_mutex_lock(&l->mu);
+    l->threads = threads;
+    l->started = 1;
+    pthread_cond_broadcast(&l->cv);
+    while (!l->stop) {
+        l->kicked = 0;
+        pthread_mutex_unlock(&l->mu);
+        int any = 0;
+        for (int i = 0; i < l->n; i++) {
+            int busy = 0;
+            if (loom_engine_step(l->e[i], &busy) != LOOM_OK) loom_warn("engine step failed: %s", loom_errmsg());
+            if (busy && l->on_step) l->on_step(l->ctx, i);
+            any |= busy;
+        }
+        pthread_mutex_lock(&l->mu);
+        while (!any && !l->stop && !l->kicked) pthread_cond_wait(&l->cv, &l->mu);
     }
+    pthread_mutex_unlock(&l->mu);
     return NULL;
 }
 
-loom_status loom_engine_start(loom_engine_t *e) {
-    if (e->thread_on) return LOOM_OK;
-    e->stop = 0;
-    if (pthread_create(&e->thread, NULL, step_loop, e) != 0)
+loom_status loom_engine_loop_start(loom_engine_loop_t **out, loom_engine_t *const *engines, int n,
+                                   void (*on_step)(void *ctx, int i), void *ctx) {
+    for (int i = 0; i < n; i++)
+        if (engines[i]->loop) return loom_error(LOOM_EINVAL, "engine %d of %d is stepped by another loop already", i, n);
+    loom_engine_loop_t *l = loom_calloc(1, sizeof *l);
+    l->e = loom_malloc(((size_t)n + 1) * sizeof *l->e);
+    memcpy(l->e, engines, (size_t)n * sizeof *l->e);
+    l->n = n;
+    l->on_step = on_step;
+    l->ctx = ctx;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    for (int i = 0; i < n; i++) engines[i]->loop = l;
+    if (pthread_create(&l->thread, NULL, loop_main, l) != 0) {
+        for (int i = 0; i < n; i++) engines[i]->loop = NULL;
+        free(l->e), free(l);
         return loom_error(LOOM_ENOMEM, "cannot start the engine's step thread");
-    e->thread_on = 1;
+    }
+    pthread_mutex_lock(&l->mu);
+    while (!l->started) pthread_cond_wait(&l->cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+    *out = l;
     return LOOM_OK;
 }
 
-void loom_engine_stop(loom_engine_t *e) {
-    if (!e->thread_on) return;
-    pthread_mutex_lock(&e->mu);
-    e->stop = 1;
-    pthread_cond_broadcast(&e->cv);
-    pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
-    e->thread_on = 0;
+int loom_engine_loop_threads(const loom_engine_loop_t *l) { return l->threads; }
+
+void loom_engine_loop_stop(loom_engine_loop_t *l) {
+    if (!l) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = 1;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+    for (int i = 0; i < l->n; i++) l->e[i]->loop = NULL;
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    free(l->e);
+    free(l);
 }
 
 void loom_engine_stats(loom_engine_t *e, loom_engine_stats_t *st) {

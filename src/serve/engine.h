@@ -2,28 +2,33 @@
  * batching over a paged KV cache). docs/serving.md tells the whole story.
  *
  * Requests wait in a queue, first come first served. Each step the
- * scheduler builds one batch: first every running sequence's next rows (one
- * decode token, or the next chunk of a prompt still being prefilled), then
- * waiting requests are admitted while the step's token budget
- * (max_batch_tokens), the sequence cap (max_seqs) and free KV blocks allow;
- * a long prompt is prefilled in chunks so running decodes never stall
- * behind it. The batch runs as one forward (model/infer.h); each sequence
+ * scheduler builds one batch: first every decoding sequence's next token,
+ * then prompt rows within the step's prefill budget (serve/step_budget.h:
+ * what fits beside the decodes in about one decode step's time, learned
+ * from measured steps, at most max_batch_tokens rows in all): the next
+ * chunk of prompts being prefilled, then waiting requests admitted while
+ * the budget, the sequence cap (max_seqs) and free KV blocks allow. A long
+ * prompt is prefilled in chunks over several steps, so running decodes
+ * keep their pace while prompts arrive. The batch runs as one forward (model/infer.h); each sequence
  * whose rows reach its end samples its next token. When a running sequence
  * needs a block and none is free, the newest running sequence is preempted:
  * its blocks are freed and it goes back to the front of the queue to be
  * recomputed (prompt plus the tokens it had made) when blocks free up.
  *
  * Threads: every function here is safe to call from any thread. Either
- * call loom_engine_step yourself (one thread), or loom_engine_start, which
- * runs the step loop on a thread of its own until loom_engine_stop. Events
- * are delivered on the thread that runs the steps, with no engine lock
- * held: a callback may submit or cancel, but must not block for long (it
- * stalls every request). A loom_engine_queue_t turns events into a queue
- * that another thread waits on.
+ * call loom_engine_step yourself (one thread), or start a step loop
+ * (loom_engine_loop_start), which steps one or more engines in turn on a
+ * thread of its own until loom_engine_loop_stop; the server and the tests
+ * use this one loop. Events are delivered on the thread that runs the
+ * steps, with no engine lock held: a callback may submit or cancel, but
+ * must not block for long (it stalls every request). A loom_engine_queue_t
+ * turns events into a queue that another thread waits on.
  *
- * CPU note: the CPU ops run on an OpenMP team from the stepping thread and
- * share the GEMM's packing buffers: do not run other model work in the same
- * process while the engine steps. */
+ * CPU note: the CPU ops run on an OpenMP team from the stepping thread, of
+ * the CPU backend's thread count (--threads; OpenMP's count is per thread,
+ * so each step sets it), and share the GEMM's packing buffers: do not run
+ * other model work in the same process while the engine steps, and step
+ * several engines from one thread (one loop), never from two at once. */
 #ifndef LOOM_ENGINE_H
 #define LOOM_ENGINE_H
 
@@ -33,6 +38,7 @@
 #include "backend/backend.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
+#include "model/infer.h"
 
 typedef struct {
     int block_size;       /* tokens per KV block (default 16) */
@@ -41,10 +47,22 @@ typedef struct {
     int max_batch_tokens; /* rows per step, prefill and decode together (default 512) */
     int max_seqs;         /* running sequences at most (default 64) */
     int debug;            /* 1: check block ownership on every change (tests) */
-    int quant;            /* loom_quant_mode (model/quant.h): 0 fp32 weights (default) */
-    int sparse;           /* LOOM_SPARSE_AUTO (default): 2:4 weights run compressed when quant is 0; LOOM_SPARSE_OFF */
-    int quant_block;      /* int8 scales: 0 per output channel (default), 32 per block (Q8_0) */
-    int quant_fp32_logits; /* 1: keep the logits product fp32 under quant (default 0: int8) */
+    loom_infer_weights_t weights; /* the model's int8 or 2:4 copies to run (model/infer.h; made by
+                                     ckpt/open.h's loom_open), owned by the caller and outliving the
+                                     engine; zero (the default): the fp32 weights */
+    int prefix_cache;     /* 1 (default): reuse cached KV blocks of equal prompt prefixes (serve/kv_cache.h) */
+    int speculate;        /* draft tokens per step (speculative decoding), 0 (default) off, <= 16 */
+    /* Where drafts come from: NULL (default) prompt lookup (n-gram); else
+     * draft(ctx, tokens, len, out, max) writes up to max tokens to follow
+     * tokens[0..len) into out and returns how many (a draft model, or a
+     * test's oracle). Called on the stepping thread. */
+    int (*draft)(void *ctx, const int *tokens, int len, int *out, int max);
+    void *draft_ctx;
+    /* Seconds a step of decode_rows decode and prefill_rows prompt rows
+     * took, for the prefill budget; NULL (default): measured on the wall
+     * clock. Tests set a cost model here, so no result depends on speed. */
+    double (*step_cost)(void *ctx, int decode_rows, int prefill_rows);
+    void *step_cost_ctx;
 } loom_engine_config_t;
 
 /* Defaults for every field (kv_bytes 256 MiB). */
@@ -115,7 +133,8 @@ typedef struct loom_engine loom_engine_t;
  * pool holds kv_bytes / loom_infer_block_bytes blocks. */
 loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_tokenizer_t *tok,
                                const loom_engine_config_t *cfg);
-/* Stops the step thread if running; pending requests are dropped without events. */
+/* Pending requests are dropped without events. Stop the loop that steps
+ * `e` (if any) first. */
 void loom_engine_free(loom_engine_t *e);
 
 /* Queue a request: prompt (n_prompt ids), its settings, and where its
@@ -138,15 +157,31 @@ int loom_engine_cancel(loom_engine_t *e, uint64_t id);
 loom_status loom_engine_step(loom_engine_t *e, int *busy);
 /* Step until no request is left. */
 loom_status loom_engine_run(loom_engine_t *e);
-/* The step loop on its own thread (sleeps while idle), until loom_engine_stop. */
-loom_status loom_engine_start(loom_engine_t *e);
-void loom_engine_stop(loom_engine_t *e);
+/* The step loop: a thread of its own that steps engines[0..n) in turn
+ * while any has work and sleeps while none has (a submit or cancel wakes
+ * it), calling on_step(ctx, i) (may be NULL) on that thread after each
+ * step of engines[i] that had work. An engine belongs to one loop at most.
+ * Returns once the thread runs and has measured its OpenMP team
+ * (loom_engine_loop_threads). */
+typedef struct loom_engine_loop loom_engine_loop_t;
+loom_status loom_engine_loop_start(loom_engine_loop_t **out, loom_engine_t *const *engines, int n,
+                                   void (*on_step)(void *ctx, int i), void *ctx);
+/* Threads in a parallel region on the loop's thread: the team the models run on. */
+int loom_engine_loop_threads(const loom_engine_loop_t *l);
+/* Stop the thread (after the step it is in) and free the loop; NULL is a no-op. */
+void loom_engine_loop_stop(loom_engine_loop_t *l);
 
 typedef struct {
     int waiting, running;      /* sequences now */
     int free_blocks, total_blocks, block_size;
     long long steps, prompt_tokens, generated_tokens, preemptions, requests_done;
     long long batch_rows;      /* rows over all steps (mean batch = batch_rows / steps) */
+    int prefill_budget;        /* prompt rows the last step allowed */
+    long long prefix_queries;  /* prompt tokens looked up in the prefix cache (recomputes included) */
+    long long prefix_hits;     /* of them, tokens found cached (not computed) */
+    int cached_blocks;         /* cached blocks nobody holds (counted in free_blocks) */
+    long long spec_drafted, spec_accepted; /* speculative decoding: tokens drafted, and accepted */
+    int threads;               /* OpenMP team of the thread that last stepped (0 = not stepped yet) */
 } loom_engine_stats_t;
 void loom_engine_stats(loom_engine_t *e, loom_engine_stats_t *st);
 

@@ -18,6 +18,7 @@ typedef struct {
     job_t *job;
     int k;       /* prompt index */
     int started; /* a first event arrived (or never submitted): no longer pending */
+    int n_fin, finish, n_gen; /* samples finished, the request's finish reason, tokens generated (metrics) */
 } sub_t;
 
 typedef struct {
@@ -95,8 +96,12 @@ static void on_event(void *ctx, const loom_engine_event_t *ev) {
         else loom_histogram_observe(m->itl, now - j->last_t[c]);
         j->last_t[c] = now;
     }
+    if (ev->token >= 0) sb->n_gen++;
     if (ev->finish) {
-        loom_counter_add(m->finished[ev->finish], 1);
+        /* A request ends with its last sample; abort outranks length outranks stop. */
+        if (ev->finish == LOOM_FINISH_CANCELLED || (ev->finish == LOOM_FINISH_LENGTH && sb->finish != LOOM_FINISH_CANCELLED) || !sb->finish)
+            sb->finish = ev->finish;
+        if (++sb->n_fin == j->a.p.n) loom_serve_metrics_request(&m->more, j->n_pids[sb->k], sb->n_gen, sb->finish);
         if (++j->fin_cb == j->n_choices) loom_histogram_observe(m->e2e, now - j->t0);
     }
     loom_engine_queue_push(j->q, ev);
@@ -196,7 +201,6 @@ static void cancel_all(job_t *j, int why) {
     __atomic_store_n(&j->why, why, __ATOMIC_RELEASE); /* the stepping thread's test hold reads it */
     for (int k = 0; k < j->n_sub; k++)
         if (j->submitted[k]) loom_engine_cancel(j->m->e, j->eids[k]);
-    loom_srv_kick(j->s);
 }
 
 /* Wait up to timeout_s for one event and fold it in; cancels on the
@@ -433,7 +437,8 @@ static loom_status job_prompts(job_t *j, loom_api_error_t *err) {
         a->text = loom_calloc(1, sizeof *a->text);
         a->ids = loom_calloc(1, sizeof *a->ids);
         a->n_ids = loom_calloc(1, sizeof *a->n_ids);
-        a->text[0] = loom_api_render_chat(a->msgs, a->n_msgs, j->m->chat_template);
+        if (loom_srv_chat_render(j->m, a->msgs, a->n_msgs, &a->text[0]) != LOOM_OK)
+            return loom_api_fail(err, 400, NULL, "messages", NULL, "%s", loom_errmsg());
     }
     j->n_sub = a->n_prompts;
     j->pids = loom_calloc((size_t)j->n_sub, sizeof *j->pids);
@@ -444,7 +449,10 @@ static loom_status job_prompts(job_t *j, loom_api_error_t *err) {
         if (a->text[k]) {
             uint32_t *u = NULL;
             size_t n = 0;
-            if (loom_tokenizer_encode(j->m->tok, a->text[k], strlen(a->text[k]), &u, &n) != LOOM_OK)
+            /* a rendered template holds its own BOS; a plain prompt gets what the tokenizer adds */
+            loom_status (*enc)(const loom_tokenizer_t *, const char *, size_t, uint32_t **, size_t *) =
+                j->m->tmpl && j->kind == LOOM_API_CHAT ? loom_tokenizer_encode : loom_tokenizer_encode_special;
+            if (enc(j->m->tok, a->text[k], strlen(a->text[k]), &u, &n) != LOOM_OK)
                 return loom_api_fail(err, 400, NULL, param, NULL, "cannot tokenize the prompt: %s", loom_errmsg());
             j->pids[k] = loom_malloc((n + 1) * sizeof(int));
             for (size_t i = 0; i < n; i++) j->pids[k][i] = (int)u[i];
@@ -500,11 +508,10 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     j->q = loom_engine_queue_new();
     a->p.stop = (const char *const *)a->stop;
     a->p.n_stop = a->n_stop;
-    int eot = loom_tokenizer_eot(j->m->tok);
-    a->p.stop_ids = eot >= 0 ? &j->m->eot : NULL;
-    a->p.n_stop_ids = eot >= 0 && !a->ignore_eos;
+    a->p.stop_ids = j->m->n_stop ? j->m->stop_ids : NULL;
+    a->p.n_stop_ids = a->ignore_eos ? 0 : j->m->n_stop;
     for (int k = 0; k < j->n_sub; k++) {
-        j->subs[k] = (sub_t){j, k, 0};
+        j->subs[k] = (sub_t){.job = j, .k = k};
         if (loom_engine_submit(j->m->e, j->pids[k], j->n_pids[k], &a->p, on_event, &j->subs[k], &j->eids[k]) != LOOM_OK) {
             j->subs[k].started = 1, atomic_fetch_sub(&j->s->pending, 1);
             for (int r = k + 1; r < j->n_sub; r++) j->subs[r].started = 1, atomic_fetch_sub(&j->s->pending, 1);
@@ -512,7 +519,6 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
         }
         j->submitted[k] = 1;
     }
-    loom_srv_kick(j->s);
     return LOOM_OK;
 }
 

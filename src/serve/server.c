@@ -1,5 +1,5 @@
 /* server: the OpenAI-compatible HTTP server (see server.h). The request
- * path is in serve_req.c; this file holds the models, the stepping thread,
+ * path is in serve_req.c; this file holds the models, the step loop,
  * the metrics and the routes. */
 #define _GNU_SOURCE
 #include "serve/server_int.h"
@@ -27,10 +27,14 @@ static void declare_metrics(loom_server_t *s, srv_model_t *m) {
     m->prompt_tokens = loom_metrics_counter(r, "loom_serve_prompt_tokens_total", "Prompt tokens prefilled (recomputes included).", "model", n, NULL);
     m->gen_tokens = loom_metrics_counter(r, "loom_serve_generation_tokens_total", "Tokens generated.", "model", n, NULL);
     m->preemptions = loom_metrics_counter(r, "loom_serve_preemptions_total", "Sequences preempted for KV blocks.", "model", n, NULL);
-    for (int i = 1; i < LOOM_FINISH_COUNT; i++)
-        m->finished[i] = loom_metrics_counter(r, "loom_serve_request_success_total",
-                                              "Finished samples by finish reason (abort: cancelled, disconnected, timed out).",
-                                              "model", n, "finish_reason", loom_finish_name((loom_finish_reason)i), NULL);
+    m->prefix_queries = loom_metrics_counter(r, "loom_serve_prefix_cache_queries_total",
+                                             "Prompt tokens looked up in the prefix cache (recomputes after preemption included).", "model", n, NULL);
+    m->prefix_hits = loom_metrics_counter(r, "loom_serve_prefix_cache_hits_total",
+                                          "Prompt tokens found in the prefix cache (their KV blocks reused, not computed).", "model", n, NULL);
+    m->spec_drafted = loom_metrics_counter(r, "loom_serve_spec_decode_num_draft_tokens_total",
+                                           "Tokens drafted for speculative decoding (--speculate).", "model", n, NULL);
+    m->spec_accepted = loom_metrics_counter(r, "loom_serve_spec_decode_num_accepted_tokens_total",
+                                            "Drafted tokens the model accepted.", "model", n, NULL);
     m->rejected = loom_metrics_counter(r, "loom_serve_requests_rejected_total", "Requests refused with 429 (waiting queue full).", "model", n, NULL);
     m->ttft = loom_metrics_histogram(r, "loom_serve_time_to_first_token_seconds", "Time from arrival to a sample's first token.",
                                      latency_bounds, NB, "model", n, NULL);
@@ -41,6 +45,7 @@ static void declare_metrics(loom_server_t *s, srv_model_t *m) {
     m->queue = loom_metrics_histogram(r, "loom_serve_request_queue_time_seconds",
                                       "Time from submission to the engine's first admission of the request.", latency_bounds, NB,
                                       "model", n, NULL);
+    loom_serve_metrics_declare(&m->more, r, n, m->e, m->m->be->name);
 }
 
 /* Collect hook: engine stats into gauges, counter deltas into counters. */
@@ -58,43 +63,21 @@ static void collect(void *ctx) {
         loom_counter_add(m->prompt_tokens, (double)(st.prompt_tokens - m->last_prompt));
         loom_counter_add(m->gen_tokens, (double)(st.generated_tokens - m->last_gen));
         loom_counter_add(m->preemptions, (double)(st.preemptions - m->last_preempt));
+        loom_counter_add(m->prefix_queries, (double)(st.prefix_queries - m->last_queries));
+        loom_counter_add(m->prefix_hits, (double)(st.prefix_hits - m->last_hits));
         m->last_prompt = st.prompt_tokens, m->last_gen = st.generated_tokens, m->last_preempt = st.preemptions;
+        loom_counter_add(m->spec_drafted, (double)(st.spec_drafted - m->last_drafted));
+        loom_counter_add(m->spec_accepted, (double)(st.spec_accepted - m->last_accepted));
+        m->last_queries = st.prefix_queries, m->last_hits = st.prefix_hits;
+        m->last_drafted = st.spec_drafted, m->last_accepted = st.spec_accepted;
     }
     pthread_mutex_unlock(&s->mu);
 }
 
-/* The stepping thread: every engine's step in turn; sleeps while idle. */
-static void *step_main(void *arg) {
-    loom_server_t *s = arg;
-    pthread_mutex_lock(&s->mu);
-    while (!s->stop) {
-        pthread_mutex_unlock(&s->mu);
-        int any = 0;
-        for (int i = 0; i < s->n_models; i++) {
-            int busy = 0;
-            if (loom_engine_step(s->models[i].e, &busy) != LOOM_OK)
-                fprintf(stderr, "loom serve: model %s: %s\n", s->models[i].name, loom_errmsg());
-            any |= busy;
-        }
-        pthread_mutex_lock(&s->mu);
-        if (!any && !s->stop && !s->kicked) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += 50 * 1000000L;
-            if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
-            pthread_cond_timedwait(&s->cv, &s->mu, &until);
-        }
-        s->kicked = 0;
-    }
-    pthread_mutex_unlock(&s->mu);
-    return NULL;
-}
-
-void loom_srv_kick(loom_server_t *s) {
-    pthread_mutex_lock(&s->mu);
-    s->kicked = 1;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
+/* After each step of model i that had work, on the loop's thread. */
+static void after_step(void *ctx, int i) {
+    loom_server_t *s = ctx;
+    loom_serve_metrics_step(&s->models[i].more, s->models[i].e);
 }
 
 void loom_srv_reply_error(loom_http_response_t *resp, const loom_api_error_t *err) {
@@ -157,7 +140,6 @@ loom_status loom_server_start(loom_server_t **out, const loom_server_config_t *c
     s->reg = loom_metrics_new();
     s->started = time(NULL);
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
     atomic_store(&s->state, SRV_LOADING);
     loom_metrics_on_collect(s->reg, collect, s);
     loom_http_route_t routes[16] = {
@@ -175,13 +157,26 @@ loom_status loom_server_start(loom_server_t **out, const loom_server_config_t *c
         routes[n++] = (loom_http_route_t){"GET", dash_paths[i], on_dash, &s->proxy[i]};
     }
     *out = s;
-    return loom_http_start(&s->http, c->host, c->port, routes, n);
+    loom_http_opts_t ho = {.host = c->host, .port = c->port, .routes = routes, .n = n, .reg = s->reg,
+                           .counter = LOOM_SERVE_HTTP_COUNTER, .error_body = loom_serve_http_error};
+    return loom_http_start_opts(&s->http, &ho);
+}
+
+/* The "Errors" chart: rates of the error responses worth watching. */
+static int error_lines(loom_server_t *s, loom_dashboard_line_t *lines) {
+    static const char *const codes[4][2] = {{"400", "400 bad request"}, {"413", "413 too large"}, {"429", "429 queue full"},
+                                            {"500", "500 server error"}};
+    for (int i = 0; i < 4; i++)
+        lines[i] = (loom_dashboard_line_t){"Errors (responses/s)", codes[i][1],
+                                           loom_metrics_find(s->reg, LOOM_SERVE_HTTP_COUNTER, "code", codes[i][0], NULL),
+                                           LOOM_LINE_RATE, 0, 0, NULL};
+    return 4;
 }
 
 static void dashboard_lines(loom_server_t *s) {
     loom_dashboard_line_t lines[32];
     int n = 0;
-    for (int i = 0; i < s->n_models && n + 6 <= 32; i++) {
+    for (int i = 0; i < s->n_models && n + 10 <= 32 - 4; i++) {
         srv_model_t *m = &s->models[i];
         snprintf(m->lbl[0], sizeof m->lbl[0], "%s running", m->name);
         snprintf(m->lbl[1], sizeof m->lbl[1], "%s waiting", m->name);
@@ -194,11 +189,25 @@ static void dashboard_lines(loom_server_t *s) {
         lines[n++] = (loom_dashboard_line_t){"Generated tokens/s", m->lbl[2], m->gen_tokens, LOOM_LINE_RATE, 0, 0, NULL};
         lines[n++] = (loom_dashboard_line_t){"Time to first token (ms)", m->lbl[3], m->ttft, LOOM_LINE_QUANTILE, 0.5, 1000, NULL};
         lines[n++] = (loom_dashboard_line_t){"Time to first token (ms)", m->lbl[4], m->ttft, LOOM_LINE_QUANTILE, 0.99, 1000, NULL};
+        lines[n++] = (loom_dashboard_line_t){"Inter-token latency (ms)", m->lbl[3], m->itl, LOOM_LINE_QUANTILE, 0.5, 1000, NULL};
+        lines[n++] = (loom_dashboard_line_t){"Inter-token latency (ms)", m->lbl[4], m->itl, LOOM_LINE_QUANTILE, 0.99, 1000, NULL};
+        lines[n++] = (loom_dashboard_line_t){"End-to-end request latency (ms)", m->lbl[3], m->e2e, LOOM_LINE_QUANTILE, 0.5, 1000, NULL};
+        lines[n++] = (loom_dashboard_line_t){"End-to-end request latency (ms)", m->lbl[4], m->e2e, LOOM_LINE_QUANTILE, 0.99, 1000, NULL};
     }
-    if (loom_dashboard_start(&s->dash, "loom serve", s->reg, lines, n, 1.0) != LOOM_OK) {
+    n += error_lines(s, lines + n);
+    char title[256];
+    snprintf(title, sizeof title, "loom serve: %s%s on %s", s->models[0].name, s->n_models > 1 ? " and more" : "",
+             s->models[0].m->be->name);
+    if (loom_dashboard_start(&s->dash, title, s->reg, lines, n, 1.0) != LOOM_OK) {
         fprintf(stderr, "loom serve: no dashboard: %s\n", loom_errmsg());
         return;
     }
+    for (int i = 0; i < s->n_models; i++) {
+        char note[256];
+        snprintf(note, sizeof note, "model %s on %s", s->models[i].name, s->models[i].m->be->name);
+        loom_dashboard_note(s->dash, note);
+    }
+    loom_dashboard_note(s->dash, loom_telemetry_status(s->tel));
     loom_http_route_t r[4];
     loom_dashboard_routes(s->dash, r);
     s->dash_routes_ready = 1;
@@ -213,13 +222,19 @@ loom_status loom_server_add_model(loom_server_t *s, const char *name, loom_gpt_t
     if (!tok) return loom_error(LOOM_EINVAL, "model %s has no tokenizer.json: the server needs one to read prompts", name);
     srv_model_t *sm = &s->models[s->n_models];
     memset(sm, 0, sizeof *sm);
-    LOOM_TRY(loom_engine_create(&sm->e, m, tok, ec));
-    sm->name = loom_strdup(name);
-    sm->m = m;
     sm->tok = tok;
     sm->eot = loom_tokenizer_eot(tok);
-    sm->chat_template = chat_template ? loom_strdup(chat_template) : NULL;
+    LOOM_TRY(loom_srv_chat_setup(sm, name, chat_template));
+    loom_status st = loom_engine_create(&sm->e, m, tok, ec);
+    if (st != LOOM_OK) loom_srv_chat_free(sm);
+    LOOM_TRY(st);
+    sm->name = loom_strdup(name);
+    sm->m = m;
     declare_metrics(s, sm);
+    if (!s->tel) {
+        s->tel = loom_telemetry_open(s->reg, loom_backend_gpu_ordinal(m->be->name), -1);
+        fprintf(stderr, "loom serve: %s\n", loom_telemetry_status(s->tel));
+    }
     pthread_mutex_lock(&s->mu);
     s->n_models++;
     pthread_mutex_unlock(&s->mu);
@@ -229,8 +244,11 @@ loom_status loom_server_add_model(loom_server_t *s, const char *name, loom_gpt_t
 loom_status loom_server_ready(loom_server_t *s) {
     if (s->n_models == 0) return loom_error(LOOM_EINVAL, "no model to serve: give --run DIR or --run NAME=DIR");
     dashboard_lines(s);
-    if (pthread_create(&s->stepper, NULL, step_main, s) != 0) return loom_error(LOOM_EIO, "cannot start the stepping thread");
-    s->stepping = 1;
+    loom_engine_t *es[SRV_MAX_MODELS];
+    for (int i = 0; i < s->n_models; i++) es[i] = s->models[i].e;
+    LOOM_TRY(loom_engine_loop_start(&s->loop, es, s->n_models, after_step, s));
+    int nt = loom_engine_loop_threads(s->loop);
+    fprintf(stderr, "loom serve: the models run on one stepping thread with %d OpenMP thread%s\n", nt, nt == 1 ? "" : "s");
     atomic_store(&s->state, SRV_READY);
     return LOOM_OK;
 }
@@ -255,22 +273,16 @@ void loom_server_free(loom_server_t *s) {
     if (atomic_load(&s->state) != SRV_CANCELLING) atomic_store(&s->state, SRV_CANCELLING);
     loom_http_stop(s->http);
     loom_dashboard_stop(s->dash);
-    if (s->stepping) {
-        pthread_mutex_lock(&s->mu);
-        s->stop = 1;
-        pthread_cond_signal(&s->cv);
-        pthread_mutex_unlock(&s->mu);
-        pthread_join(s->stepper, NULL);
-    }
+    loom_engine_loop_stop(s->loop);
     loom_metrics_off_collect(s->reg, collect, s);
+    loom_telemetry_close(s->tel);
     for (int i = 0; i < s->n_models; i++) {
         loom_engine_free(s->models[i].e);
         free(s->models[i].name);
-        free(s->models[i].chat_template);
+        loom_srv_chat_free(&s->models[i]);
     }
     loom_metrics_free(s->reg);
     pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
     free(s->api_key);
     free(s);
 }

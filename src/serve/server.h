@@ -2,8 +2,9 @@
  * (docs/serving.md, "HTTP API").
  *
  * One process serves one or more models, each with its own engine; one
- * stepping thread runs every engine's steps in turn (the CPU ops must not
- * run on two threads at once), libmicrohttpd runs a thread per connection.
+ * step loop (loom_engine_loop_start) runs every engine's steps in turn on
+ * one thread with --threads OpenMP threads (the CPU ops must not run on
+ * two threads at once), libmicrohttpd runs a thread per connection.
  * A request is parsed (serve/http_api.h), tokenized, checked against the
  * waiting-queue cap (429), submitted, and answered as one JSON body or as
  * server-sent events. A client that hangs up mid-stream cancels its

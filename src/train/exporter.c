@@ -10,6 +10,7 @@
 typedef struct {
     loom_train_observer_t ob; /* first: the observer's ctx is this struct */
     loom_train_metrics_t *tm;
+    double linger_s;
 } exporter_t;
 
 static loom_status exporter_start(void *ctx, loom_train_run_t *run) {
@@ -39,7 +40,7 @@ static loom_status exporter_after_step(void *ctx, loom_train_run_t *run, const l
         .step = r->step, .loss = r->loss, .grad_norm = r->grad_norm, .lr = r->lr, .tokens = (double)run->tokens_per_step,
         .tokens_per_s = r->tokens_per_s, .flops_per_s = run->flops_per_token * r->tokens_per_s / run->o->world_size,
         .mfu = r->mfu, .step_s = r->step_s, .comm_wait_s = r->comm_wait_s, .data_s = r->data_s,
-        .loss_scale = run->loss_scaling ? r->loss_scale : 0, .skipped = r->skipped};
+        .loss_scale = run->loss_scaling ? r->loss_scale : 0, .peak_flops = r->peak_flops, .skipped = r->skipped};
     loom_train_metrics_step(e->tm, &s);
     run->energy_j_per_token = loom_train_metrics_joules_per_token(e->tm);
     return LOOM_OK;
@@ -50,15 +51,24 @@ static loom_status exporter_checkpoint(void *ctx, loom_train_run_t *run, const l
     return LOOM_OK;
 }
 
+/* The final state; the linger that lets Prometheus see it is in free, after
+ * every observer's report (the done line's time does not include it). */
+static void exporter_end(void *ctx, loom_train_run_t *run, loom_status s) {
+    const char *state = s == LOOM_OK && run->stop_signal ? "stopped" : s == LOOM_OK ? "finished" : "failed";
+    loom_train_metrics_end(((exporter_t *)ctx)->tm, state);
+}
+
 static void exporter_free(void *ctx) {
     exporter_t *e = ctx;
+    loom_train_metrics_linger(e->tm, e->linger_s);
     loom_train_metrics_stop(e->tm);
     free(e);
 }
 
 loom_train_observer_t *loom_train_observer_exporter(const loom_train_opts_t *o) {
     exporter_t *e = loom_calloc(1, sizeof *e);
+    e->linger_s = o->metrics_linger;
     e->ob = (loom_train_observer_t){.name = "metrics exporter", .ctx = e, .on_start = exporter_start, .on_eval = exporter_eval,
-                                    .after_step = exporter_after_step, .on_checkpoint = exporter_checkpoint, .free = exporter_free};
+                                    .after_step = exporter_after_step, .on_checkpoint = exporter_checkpoint, .on_end = exporter_end, .free = exporter_free};
     return &e->ob;
 }

@@ -181,11 +181,11 @@ static void plot_add_val(plot_t *g, long long step, double val) {
 }
 
 /* A resumed run's history, read back from its (trimmed) metrics log. */
-static void plot_row(void *ctx, long long step, double loss, double val) {
+static void plot_row(void *ctx, const loom_metrics_row_t *r) {
     plot_t *g = ctx;
-    if (step < 1 || step > g->nsteps) return;
-    g->loss[step - 1] = loss;
-    if (!isnan(val)) plot_add_val(g, step, val);
+    if (r->step < 1 || r->step > g->nsteps) return;
+    g->loss[r->step - 1] = r->loss;
+    if (!isnan(r->val_loss)) plot_add_val(g, r->step, r->val_loss);
 }
 
 static loom_status plot_start(void *ctx, loom_train_run_t *run) {

@@ -3,6 +3,7 @@
  * precision, the model, data parallelism, the device-resident step, the run
  * folder, the observers -- and the teardown that undoes it. */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,15 +37,25 @@ static loom_status resolve_resume(loom_train_job_t *j) {
     return j->run.lead ? loom_ckpt_clean(o->out) : LOOM_OK;
 }
 
+/* PATH made absolute (realpath), or as given when it cannot be; "" for NULL. */
+static void resolve_path(const char *path, char *out, size_t cap) {
+    char buf[PATH_MAX];
+    snprintf(out, cap, "%s", !path ? "" : realpath(path, buf) ? buf : path);
+}
+
 /* The settings a resume may not change, and the accumulation that keeps
  * the global batch on this world size (ckpt/resume.h). */
 static loom_status check_resume(loom_train_job_t *j, int T) {
     loom_train_opts_t *o = &j->o;
+    char data[4096], init[4096];
+    resolve_path(o->data, data, sizeof data);
+    resolve_path(o->init_from_run, init, sizeof init);
     loom_resume_settings_t now = {.batch = o->batch, .seq = T, .grad_accum = o->grad_accum, .world_size = o->world_size,
                                   .zero = o->zero, .steps = o->steps, .seed = o->seed, .warmup = o->warmup, .lr = o->lr,
                                   .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
                                   .beta1 = o->beta1, .beta2 = o->beta2, .dtype = j->auto_dtype ? NULL : loom_dtype_name(j->dtype),
-                                  .grad_dtype = o->grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32"};
+                                  .grad_dtype = o->grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32", .data_resolved = data,
+                                  .val_fraction = o->val_fraction, .model = o->model_given ? o->model : NULL, .init_from_run = init};
     return loom_resume_check(o->out, &now, &j->rst, j->run.lead, &o->grad_accum);
 }
 
@@ -55,6 +66,19 @@ static loom_status check_steps(const loom_train_opts_t *o) {
     if (mem > 0 && (double)o->steps * per > mem / 4)
         return loom_error(LOOM_EINVAL, "--steps %lld: the per-step loss history would take %.1f GB of this machine's %.1f GB; use at most %.0f steps",
                           o->steps, (double)o->steps * per / 1e9, mem / 1e9, mem / 4 / per);
+    return LOOM_OK;
+}
+
+/* A resume takes the checkpoint's shape: a shape flag that says otherwise
+ * is refused, never ignored. */
+static loom_status check_resume_shape(const loom_train_opts_t *o, const loom_gpt_config_t *r) {
+    const struct { const char *flag; int now, run; } f[] = {
+        {"--layers", o->layers, r->n_layer}, {"--heads", o->heads, r->n_head},
+        {"--channels", o->channels, r->channels}, {"--context", o->context, r->max_seq_len}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].now && f[i].now != f[i].run)
+            return loom_error(LOOM_EINVAL, "--resume: %s %d differs from the run's %d (%s): drop %s (a resume takes the checkpoint's shape), or start a new run",
+                              f[i].flag, f[i].now, f[i].run, o->out, f[i].flag);
     return LOOM_OK;
 }
 
@@ -93,6 +117,7 @@ static loom_status resolve_model(loom_train_job_t *j) {
             loom_info("loom train: %s is complete (step %lld of --steps %lld); nothing to train", o->out, j->rst.step, o->steps);
         else if (j->rst.step >= o->steps)
             return loom_error(LOOM_EINVAL, "--resume: %s is already at step %lld of --steps %lld; raise --steps to train further", o->out, j->rst.step, o->steps);
+        LOOM_TRY(check_resume_shape(o, &rcfg));
         *cfg = rcfg;
     }
     int T = o->seq ? o->seq : cfg->max_seq_len;
@@ -201,6 +226,8 @@ static void fill_run_config(const loom_train_job_t *j, loom_run_config_t *c) {
                              .beta1 = o->beta1, .beta2 = o->beta2, .val_fraction = o->val_fraction};
     snprintf(c->format, sizeof c->format, "%s", LOOM_RUN_FORMAT);
     snprintf(c->data, sizeof c->data, "%s", o->data);
+    resolve_path(o->data, c->data_resolved, sizeof c->data_resolved);
+    resolve_path(o->init_from_run, c->init_from_run, sizeof c->init_from_run);
     snprintf(c->data_description, sizeof c->data_description, "%s", loom_dataset_describe(j->ds));
     snprintf(c->model, sizeof c->model, "%s", o->model);
     snprintf(c->device, sizeof c->device, "%s", be->name);
@@ -297,10 +324,13 @@ static void add_observers(loom_train_job_t *j) {
 loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     const loom_train_opts_t *o = &j->o;
     loom_train_run_t *run = &j->run;
+    j->lock_fd = -1;
     *run = (loom_train_run_t){.o = o, .dist = dist, .lead = o->rank == 0, .multi = o->world_size > 1,
                               .last_loss = NAN, .last_val = -1, .energy_j_per_token = NAN};
     add_observers(j); /* first: teardown frees them, the caller's included, whatever fails below */
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
+    /* One writer per run folder, before anything in it is touched. */
+    if (run->lead) LOOM_TRY(loom_run_lock(o->out, &j->lock_fd));
     step_modes(j);
     LOOM_TRY(loom_dataset_open(&j->ds, o->data, o->val_fraction));
     run->data = j->ds;
@@ -318,6 +348,10 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     run->step = j->rst.step;
     run->data_pos = j->rst.data_pos;
     j->peak = run->be->peak_flops;
+    /* Ranks measure their peak on a shared machine at different moments
+     * and get different figures; MFU is one job's number, so rank 0's
+     * measure is every rank's. */
+    if (run->multi) LOOM_TRY(loom_dist_broadcast(dist, &j->peak, sizeof j->peak, 0));
     j->opt = (loom_optim_t){.beta1 = (float)o->beta1, .beta2 = (float)o->beta2, .eps = 1e-8f,
                             .weight_decay = (float)o->weight_decay, .clip = (float)o->clip};
     size_t per_rank = (size_t)run->B * run->T * o->grad_accum;
@@ -336,4 +370,6 @@ void loom_train_teardown(loom_train_job_t *j) {
     loom_dp_free(j->run.dp);
     loom_gpt_free(j->run.model);
     loom_dataset_free(j->ds);
+    if (j->lock_fd >= 0) close(j->lock_fd);
+    j->lock_fd = -1;
 }

@@ -81,11 +81,29 @@ static void emit_end(loom_train_run_t *run, loom_status s) {
 
 /* ---- one step ---- */
 
-/* A stop asked for on any rank stops every rank at the same step. */
-static loom_status agree_on_stop(loom_train_run_t *run) {
-    double stop = run->stop_signal;
-    if (run->multi) LOOM_TRY(loom_dist_allreduce_f64(run->dist, &stop, 1));
-    if (stop > 0) loom_train_request_stop(run, 0);
+/* MFU's peak rises to a step that beat it (below); with several ranks, to
+ * the ranks' mean best, agreed on before the next step, so that one job
+ * keeps one peak. */
+static void raise_peak(loom_train_job_t *j, double achieved, long long step) {
+    if (j->peak <= 0 || achieved <= j->peak) return;
+    if (!j->peak_raised)
+        loom_warn("step %lld ran at %.1f GFLOP/s per rank, above the measured peak of %.1f; "
+                  "the peak measurement ran on a busy machine, so MFU now uses the best observed rate",
+                  step, achieved / 1e9, j->peak / 1e9);
+    j->peak = achieved;
+    j->peak_raised = 1;
+}
+
+/* A stop asked for on any rank stops every rank at the same step; the
+ * same collective carries each rank's best achieved FLOP/s. */
+static loom_status agree_on_stop(loom_train_job_t *j, long long step) {
+    loom_train_run_t *run = &j->run;
+    double v[2] = {run->stop_signal, j->best_achieved};
+    if (run->multi) {
+        LOOM_TRY(loom_dist_allreduce_f64(run->dist, v, 2));
+        raise_peak(j, v[1] / j->o.world_size, step - 1);
+    }
+    if (v[0] > 0) loom_train_request_stop(run, 0);
     return LOOM_OK;
 }
 
@@ -120,19 +138,14 @@ static loom_status optimizer_step(loom_train_job_t *j, loom_step_record_t *rec) 
 
 /* Model FLOPs utilization of a step. A peak measured while other work
  * loaded the machine is too low; a step that beats it proves more is
- * possible, so the peak rises to what was achieved and MFU never reads
- * above 100%. */
+ * possible, so the peak rises to what was achieved (several ranks: at the
+ * next step, to the ranks' mean best) and MFU never reads above 100%. */
 static double step_mfu(loom_train_job_t *j, const loom_step_record_t *rec) {
     double achieved = j->run.flops_per_token * rec->tokens_per_s / j->o.world_size;
-    if (j->peak > 0 && achieved > j->peak) {
-        if (!j->peak_raised)
-            loom_warn("step %lld ran at %.1f GFLOP/s per rank, above the measured peak of %.1f; "
-                      "the peak measurement ran on a busy machine, so MFU now uses the best observed rate",
-                      rec->step, achieved / 1e9, j->peak / 1e9);
-        j->peak = achieved;
-        j->peak_raised = 1;
-    }
-    return j->peak > 0 ? achieved / j->peak : -1;
+    if (achieved > j->best_achieved) j->best_achieved = achieved;
+    if (!j->run.multi) raise_peak(j, achieved, rec->step);
+    if (j->peak <= 0) return -1;
+    return achieved < j->peak ? achieved / j->peak : 1.0;
 }
 
 static loom_status run_step(loom_train_job_t *j, long long step, loom_step_record_t *rec) {
@@ -150,6 +163,7 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     rec->comm_wait_s = loom_dp_last_wait(run->dp);
     rec->tokens_per_s = run->tokens_per_step / rec->step_s;
     rec->mfu = step_mfu(j, rec);
+    rec->peak_flops = j->peak;
     run->train_time += rec->step_s;
     run->comm_wait += rec->comm_wait_s;
     run->step = step;
@@ -180,7 +194,7 @@ static loom_status train_loop(loom_train_job_t *j) {
     loom_status s = LOOM_OK;
     run->t_start = loom_now();
     for (long long step = run->first_step; step <= j->o.steps; step++) {
-        if ((s = emit_before_step(run, step)) != LOOM_OK || (s = agree_on_stop(run)) != LOOM_OK) break;
+        if ((s = emit_before_step(run, step)) != LOOM_OK || (s = agree_on_stop(j, step)) != LOOM_OK) break;
         if (run->stop_signal) break;
         loom_step_record_t rec;
         if ((s = run_step(j, step, &rec)) != LOOM_OK) break;

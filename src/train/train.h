@@ -61,6 +61,7 @@ typedef struct {
     double ckpt_every_minutes; /* also checkpoint when this much time passed (0 = off) */
     int ckpt_sync;             /* write checkpoints in the loop's thread (default: in the background) */
     const char *init_from; /* Hugging Face GPT-2 folder: architecture and weights (ckpt/hf.h); NULL = a preset */
+    int model_given;           /* --model was on the command line (a resume refuses another preset) */
     const char *init_from_run; /* a loom run folder (e.g. from `loom prune`): architecture and weights of its newest checkpoint */
     long long seed;
     /* Data parallelism. The ranks come from the launch (mpirun, srun, the
@@ -81,6 +82,7 @@ typedef struct {
      * local rank (0 = any free port, < 0 = no server); --metrics-host. */
     int metrics_port;
     const char *metrics_host;
+    double metrics_linger;  /* after the run, keep the server until one more scrape, at most this many seconds */
 } loom_train_opts_t;
 
 /* One optimizer step's numbers, as observers see them. */
@@ -98,6 +100,7 @@ typedef struct {
     float loss_scale;        /* fp16 dynamic loss scale used (1 without scaling) */
     int skipped;             /* the step was skipped (inf/nan gradients under loss scaling) */
     double data_s;           /* time loading this step's batches, before step_s */
+    double peak_flops;       /* FLOP/s per rank MFU is relative to (rank 0's measure, so every rank has the same) */
 } loom_step_record_t;
 
 /* A checkpoint that was just taken. With --ckpt-sync it is on disk;

@@ -24,6 +24,8 @@ typedef struct {
     int *in, *tg;                 /* this rank's micro-batches, (accum, B, T) */
     double peak;                  /* FLOP/s per rank the MFU is relative to */
     int peak_raised;
+    int lock_fd;                  /* the run folder's writer lock (ckpt/run.h), -1 when not held */
+    double best_achieved;         /* this rank's best model FLOP/s per rank so far */
     loom_ckpt_state_t rst;        /* the checkpoint resumed from */
     char rck[4096];               /* its folder */
     loom_train_observer_t *obs[LOOM_TRAIN_MAX_OBS];

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "cpu.h"
 #include "cpu_attention.h"
 #include "cpu_gemm.h"
 #include "cpu_math.h"
@@ -19,22 +20,23 @@
 
 static int cpu_threads = 1;
 
-static void *cpu_alloc(size_t bytes) {
+void *loom_cpu_alloc(size_t bytes) {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
     memset(p, 0, bytes);
     return p;
 }
-static void cpu_free(void *p) { free(p); }
+void loom_cpu_free(void *p) { free(p); }
 /* Below this many elements a forward op runs on the calling thread: waking
  * the team costs more than the work (a decode step of a small model is
  * ~100 such ops on one row each). Per-element results do not depend on it. */
 #define PAR_MIN ((size_t)1 << 15)
 
-static void cpu_copy(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+void loom_cpu_upload(void *dst, const void *src_host, size_t bytes) { memcpy(dst, src_host, bytes); }
+void loom_cpu_download(void *dst_host, const void *src, size_t bytes) { memcpy(dst_host, src, bytes); }
 /* Large buffers (the gradients, 500 MB for GPT-2 small) are zeroed by all
  * threads, a contiguous share each. */
-static void cpu_zero(void *p, size_t bytes) {
+void loom_cpu_zero(void *p, size_t bytes) {
     if (bytes < ((size_t)1 << 20)) {
         memset(p, 0, bytes);
         return;
@@ -46,15 +48,19 @@ static void cpu_zero(void *p, size_t bytes) {
         memset((char *)p + a, 0, b - a);
     }
 }
-static void cpu_sync(void) {}
+void loom_cpu_sync(void) {}
 
-static void encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+void loom_cpu_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
                             int B, int T, int C) {
 #pragma omp parallel for collapse(2) schedule(static) if ((size_t)B * T * C > PAR_MIN)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             float *o = out + ((size_t)b * T + t) * C;
             const float *e = wte + (size_t)tokens[b * T + t] * C;
+            if (!wpe) { /* rotary models: no position table */
+                memcpy(o, e, (size_t)C * sizeof(float));
+                continue;
+            }
             const float *p = wpe + (size_t)t * C;
             for (int i = 0; i < C; i++) o[i] = e[i] + p[i];
         }
@@ -62,7 +68,7 @@ static void encoder_forward(float *out, const int *tokens, const float *wte, con
 
 /* Parallel over channel blocks, so that two positions with the same token
  * never race and the sum order is fixed. */
-static void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+void loom_cpu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
                              int B, int T, int C) {
     const int CB = 16;
     int nblocks = (C + CB - 1) / CB;
@@ -73,10 +79,10 @@ static void encoder_backward(float *dwte, float *dwpe, const float *dout, const 
             for (int t = 0; t < T; t++) {
                 const float *d = dout + ((size_t)b * T + t) * C;
                 float *we = dwte + (size_t)tokens[b * T + t] * C;
-                float *wp = dwpe + (size_t)t * C;
+                float *wp = dwpe ? dwpe + (size_t)t * C : NULL;
                 for (int i = c0; i < c1; i++) {
                     we[i] += d[i];
-                    wp[i] += d[i];
+                    if (wp) wp[i] += d[i];
                 }
             }
     }
@@ -119,14 +125,14 @@ static inline void layernorm_row(float *o, float *mean, float *rstd, const float
     *rstd = s;
 }
 
-static void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+void loom_cpu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                               const float *w, const float *b, int N, int C) {
 #pragma omp parallel for schedule(static) if ((size_t)N * C > PAR_MIN)
     for (int n = 0; n < N; n++)
         layernorm_row(out + (size_t)n * C, mean + n, rstd + n, inp + (size_t)n * C, w, b, C);
 }
 
-static void residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+void loom_cpu_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
                                        const float *a, const float *b_res, const float *w,
                                        const float *b, int N, int C) {
 #pragma omp parallel for schedule(static) if ((size_t)N * C > PAR_MIN)
@@ -142,7 +148,7 @@ static void residual_layernorm_forward(float *res, float *out, float *mean, floa
 /* dinp is per row (parallel over rows); dw and db sum over rows, so each
  * thread sums a fixed contiguous range of rows into its own slot and the
  * slots are added in thread order. */
-static void layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
+void loom_cpu_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
                                const float *inp, const float *w, const float *mean,
                                const float *rstd, int N, int C) {
     int nt = omp_get_max_threads();
@@ -184,12 +190,12 @@ static void layernorm_backward(float *dinp, float *dw, float *db, const float *d
         }
 }
 
-static void gelu_forward(float *out, const float *inp, size_t n) {
+void loom_cpu_gelu_forward(float *out, const float *inp, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) out[i] = loom_gelu(inp[i]);
 }
 
-static void gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+void loom_cpu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) dinp[i] = loom_gelu_grad(inp[i]) * dout[i];
 }
@@ -198,7 +204,7 @@ static void gelu_backward(float *dinp, const float *inp, const float *dout, size
  * default is the backend's own (cpu_gemm.c). */
 static int use_blas;
 
-static void matmul_forward(float *out, const float *inp, const float *w, const float *bias,
+void loom_cpu_matmul_forward(float *out, const float *inp, const float *w, const float *bias,
                            int N, int C, int OC) {
     if (!use_blas) {
         loom_gemm_t g = {.a = inp, .rsa = C, .csa = 1, .b = w, .rsb = 1, .csb = C, .c = out,
@@ -215,11 +221,11 @@ static void matmul_forward(float *out, const float *inp, const float *w, const f
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, w, C, beta, out, OC);
 }
 
-static void matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w,
+void loom_cpu_matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w,
                                 const float *bias, int N, int C, int OC) {
     if (use_blas) {
-        matmul_forward(pre, inp, w, bias, N, C, OC);
-        gelu_forward(out, pre, (size_t)N * OC);
+        loom_cpu_matmul_forward(pre, inp, w, bias, N, C, OC);
+        loom_cpu_gelu_forward(out, pre, (size_t)N * OC);
         return;
     }
     loom_gemm_t g = {.a = inp, .rsa = C, .csa = 1, .b = w, .rsb = 1, .csb = C, .c = pre,
@@ -243,7 +249,7 @@ static void bias_backward(float *dbias, const float *dout, int N, int OC) {
     }
 }
 
-static void matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
+void loom_cpu_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
                             const float *inp, const float *w, int N, int C, int OC) {
     if (use_blas) {
         if (dinp)
@@ -264,27 +270,27 @@ static void matmul_backward(float *dinp, float *dw, float *dbias, const float *d
 
 /* dpre = gelu'(pre) * (dout @ w), overwritten, the derivative applied in
  * the GEMM's epilogue; dw, dbias as matmul_backward. */
-static void matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout,
+void loom_cpu_matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout,
                                  const float *inp, const float *pre, const float *w, int N, int C,
                                  int OC) {
     if (use_blas) {
         memset(dpre, 0, (size_t)N * C * sizeof(float));
-        matmul_backward(dpre, dw, dbias, dout, inp, w, N, C, OC);
-        gelu_backward(dpre, pre, dpre, (size_t)N * C);
+        loom_cpu_matmul_backward(dpre, dw, dbias, dout, inp, w, N, C, OC);
+        loom_cpu_gelu_backward(dpre, pre, dpre, (size_t)N * C);
         return;
     }
     loom_gemm_t gd = {.a = dout, .rsa = OC, .csa = 1, .b = w, .rsb = C, .csb = 1, .c = dpre,
                       .ldc = C, .M = N, .N = C, .K = OC, .dgelu = pre};
     loom_cpu_gemm(&gd);
-    matmul_backward(NULL, dw, dbias, dout, inp, w, N, C, OC);
+    loom_cpu_matmul_backward(NULL, dw, dbias, dout, inp, w, N, C, OC);
 }
 
-static void residual_forward(float *out, const float *a, const float *b, size_t n) {
+void loom_cpu_residual_forward(float *out, const float *a, const float *b, size_t n) {
 #pragma omp parallel for simd schedule(static) if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-static void accumulate(float *dst, const float *src, size_t n) {
+void loom_cpu_accumulate(float *dst, const float *src, size_t n) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
@@ -292,7 +298,7 @@ static void accumulate(float *dst, const float *src, size_t n) {
 /* Per row: the max, then one pass of exp that also keeps exp(z - max) in
  * place when training, then (training) a scaling pass to the gradient:
  * each a vectorized pass over the row, one exp per logit. */
-static void crossentropy(float *losses, float *logits, const int *targets, int N, int V, int Vp,
+void loom_cpu_crossentropy(float *losses, float *logits, const int *targets, int N, int V, int Vp,
                          float dloss) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -324,7 +330,7 @@ static void crossentropy(float *losses, float *logits, const int *targets, int N
     }
 }
 
-static void adamw(float *params, const float *grads, float *m, float *v, size_t n,
+void loom_cpu_adamw(float *params, const float *grads, float *m, float *v, size_t n,
                   const loom_adamw_t *hp) {
     float b1c = 1.0f - powf(hp->beta1, (float)hp->t);
     float b2c = 1.0f - powf(hp->beta2, (float)hp->t);
@@ -344,7 +350,7 @@ static void adamw(float *params, const float *grads, float *m, float *v, size_t 
 
 /* Each thread sums a fixed range; the partial sums are added in thread
  * order (an OpenMP reduction adds them in finishing order, which varies). */
-static double sumsq(const float *x, size_t n) {
+double loom_cpu_sumsq(const float *x, size_t n) {
     double part[256] = {0};
     int nt = omp_get_max_threads() < 256 ? omp_get_max_threads() : 256;
 #pragma omp parallel num_threads(nt)
@@ -361,42 +367,17 @@ static double sumsq(const float *x, size_t n) {
     return s;
 }
 
+/* The table: every entry of ops.h whose kernel loom_cpu_<name> exists
+ * (cpu.h; the optional ones the CPU lacks stay NULL). */
 static loom_backend_t cpu_backend = {
     .name = "cpu",
     .dtype = LOOM_FP32,
     .caps = 0, /* host memory, synchronous ops, no graphs, no device step */
     .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(LOOM_INT8),
     .act_dtype = LOOM_FP32,
-    .alloc = cpu_alloc,
-    .free = cpu_free,
-    .upload = cpu_copy,
-    .download = cpu_copy,
-    .zero = cpu_zero,
-    .sync = cpu_sync,
-    .encoder_forward = encoder_forward,
-    .encoder_backward = encoder_backward,
-    .layernorm_forward = layernorm_forward,
-    .layernorm_backward = layernorm_backward,
-    .matmul_forward = matmul_forward,
-    .matmul_backward = matmul_backward,
-    .attention_forward = loom_cpu_attention_forward,
-    .attention_backward = loom_cpu_attention_backward,
-    .gelu_forward = gelu_forward,
-    .gelu_backward = gelu_backward,
-    .residual_forward = residual_forward,
-    .accumulate = accumulate,
-    .crossentropy = crossentropy,
-    .adamw = adamw,
-    .sumsq = sumsq,
-    .embed_positions = loom_cpu_embed_positions,
-    .matmul_forward_rows = loom_cpu_matmul_forward_rows,
-    .kv_write = loom_cpu_kv_write,
-    .paged_attention = loom_cpu_paged_attention,
-    .gather_rows = loom_cpu_gather_rows,
-    .kv_copy_block = loom_cpu_kv_copy_block,
-    .matmul_forward_w8 = loom_cpu_matmul_forward_w8,
-    .matmul_forward_w8a8 = loom_cpu_matmul_forward_w8a8,
-    .matmul_forward_s24 = loom_cpu_matmul_forward_s24,
+#define CPU_SLOT_(name, ret, kind, fallback, flops, n, args) .name = loom_cpu_##name,
+    LOOM_OPS(CPU_SLOT_)
+#undef CPU_SLOT_
 };
 
 /* Peak: the best of `reps` n^3 SGEMMs on the threads we were given, with
@@ -404,7 +385,7 @@ static loom_backend_t cpu_backend = {
  * spin for a while after each call and would steal the cores from the own
  * GEMM's OpenMP team. */
 static double measure_peak(int n, int reps, char *how, size_t how_size) {
-    float *a = cpu_alloc((size_t)n * n * 4), *b = cpu_alloc((size_t)n * n * 4), *c = cpu_alloc((size_t)n * n * 4);
+    float *a = loom_cpu_alloc((size_t)n * n * 4), *b = loom_cpu_alloc((size_t)n * n * 4), *c = loom_cpu_alloc((size_t)n * n * 4);
     for (size_t i = 0; i < (size_t)n * n; i++) {
         a[i] = (float)(i % 7) * 0.1f;
         b[i] = (float)(i % 5) * 0.1f;
@@ -468,9 +449,6 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
         measured_kernel = loom_cpu_gemm_kernel();
         measured_blas = use_blas;
     }
-    cpu_backend.matmul_forward_gelu = matmul_forward_gelu;
-    cpu_backend.residual_layernorm_forward = residual_layernorm_forward;
-    cpu_backend.matmul_backward_gelu = matmul_backward_gelu;
     LOOM_TRY(loom_backend_check(&cpu_backend));
     *out = &cpu_backend;
     return LOOM_OK;

@@ -6,7 +6,11 @@
  *
  * One thread owns a (batch, head) pair at a time (static schedule), and
  * walks its query blocks in order, so the dK and dV sums over blocks run in
- * a fixed order: results are bitwise reproducible for a thread count. */
+ * a fixed order: results are bitwise reproducible for a thread count.
+ * Grouped-query attention: NKV key/value heads, query head h reading kv
+ * head h / (NH/NKV). Backward hands a thread a (batch, kv head) pair and
+ * walks its group's query heads in order, so dK and dV of a shared head are
+ * summed by one thread, in a fixed order (at NKV = NH: what it always was). */
 #include "cpu_attention.h"
 
 #include <math.h>
@@ -37,7 +41,7 @@ static int scratch_reserve(int threads, int T) {
     return 0;
 }
 
-/* S (rows x keys, row stride ld) = Q_blk K^T. */
+/* S (rows x keys, row stride ld) = Q_blk K^T; C3 is qkv's row stride. */
 static void scores(float *S, int ld, const float *q, const float *k, size_t C3, int rows, int keys,
                    int hs, int tid) {
     loom_gemm_t g = {.a = q, .rsa = (ptrdiff_t)C3, .csa = 1, .b = k, .rsb = 1, .csb = (ptrdiff_t)C3,
@@ -47,8 +51,9 @@ static void scores(float *S, int ld, const float *q, const float *k, size_t C3, 
 
 /* One attention call: shapes, and the tensors of forward or backward. */
 typedef struct {
-    int B, T, C, NH, hs;
-    size_t C3;   /* row stride of qkv: 3C */
+    int B, T, C, NH, NKV, hs;
+    int G;       /* query heads per kv head: NH / NKV */
+    size_t C3;   /* row stride of qkv: C + 2*NKV*hs (3C at NKV = NH) */
     float scale; /* 1/sqrt(hs) */
     const float *qkv;  /* (B, T, 3C) */
     float *out, *lse;  /* forward writes: (B, T, C), (B, NH, T) */
@@ -56,17 +61,24 @@ typedef struct {
     float *dqkv;       /* backward writes: (B, T, 3C) */
 } attn_t;
 
-static attn_t attn_setup(const float *qkv, int B, int T, int C, int NH) {
-    attn_t a = {.B = B, .T = T, .C = C, .NH = NH, .hs = C / NH, .C3 = 3 * (size_t)C, .qkv = qkv};
+static attn_t attn_setup(const float *qkv, int B, int T, int C, int NH, int NKV) {
+    attn_t a = {.B = B, .T = T, .C = C, .NH = NH, .NKV = NKV, .hs = C / NH, .G = NH / NKV, .qkv = qkv};
+    a.C3 = (size_t)C + 2 * (size_t)NKV * a.hs;
     a.scale = 1.0f / sqrtf((float)a.hs);
     return a;
 }
 
-/* Runs head(a, b, h, scratch, tid) for every (batch, head) pair on a team
+/* Offsets in a qkv row of query head h, and of kv head kh's keys and values. */
+static size_t q_off(const attn_t *a, int h) { return (size_t)h * a->hs; }
+static size_t k_off(const attn_t *a, int kh) { return (size_t)a->C + (size_t)kh * a->hs; }
+static size_t v_off(const attn_t *a, int kh) { return (size_t)a->C + ((size_t)a->NKV + kh) * a->hs; }
+
+/* Runs head(a, b, h, scratch, tid) for every (batch, head) pair, h <
+ * `heads`, on a team
  * of no more than the GEMM's threads, each with its own scratch (BR x T
  * twice) reserved for length T; the static schedule keeps a pair on the
  * same thread for a thread count, so sums are reproducible. */
-static void each_head(const attn_t *a, void (*head)(const attn_t *, int, int, float *, int)) {
+static void each_head(const attn_t *a, int heads, void (*head)(const attn_t *, int, int, float *, int)) {
     int nt = omp_get_max_threads();
     if (nt > loom_cpu_gemm_threads()) nt = loom_cpu_gemm_threads();
     if (scratch_reserve(nt, a->T) != 0) loom_panic(__FILE__, __LINE__, "out of memory for attention scratch (T=%d)", a->T);
@@ -76,7 +88,7 @@ static void each_head(const attn_t *a, void (*head)(const attn_t *, int, int, fl
         float *S = scratch + (size_t)tid * scratch_floats;
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < a->B; b++)
-            for (int h = 0; h < a->NH; h++) head(a, b, h, S, tid);
+            for (int h = 0; h < heads; h++) head(a, b, h, S, tid);
     }
 }
 
@@ -85,10 +97,10 @@ static void forward_head(const attn_t *a, int b, int h, float *S, int tid) {
     size_t C3 = a->C3;
     float scale = a->scale;
     const float *base = a->qkv + (size_t)b * T * C3;
-    const float *K = base + C + h * hs, *Vv = base + 2 * C + h * hs;
+    const float *K = base + k_off(a, h / a->G), *Vv = base + v_off(a, h / a->G);
     for (int r0 = 0; r0 < T; r0 += BR) {
         int rows = T - r0 < BR ? T - r0 : BR, keys = r0 + rows;
-        scores(S, keys, base + r0 * C3 + h * hs, K, C3, rows, keys, hs, tid);
+        scores(S, keys, base + r0 * C3 + q_off(a, h), K, C3, rows, keys, hs, tid);
         for (int r = 0; r < rows; r++) {
             float *s = S + (size_t)r * keys;
             int n = r0 + r + 1; /* causal: keys 0..i */
@@ -116,11 +128,11 @@ static void forward_head(const attn_t *a, int b, int h, float *S, int tid) {
 }
 
 void loom_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
-                                int NH) {
-    attn_t a = attn_setup(qkv, B, T, C, NH);
+                                int NH, int NKV) {
+    attn_t a = attn_setup(qkv, B, T, C, NH, NKV);
     a.out = out;
     a.lse = lse;
-    each_head(&a, forward_head);
+    each_head(&a, NH, forward_head);
 }
 
 /* P (rows x keys) from the scores and lse; dP (holding dO V^T) becomes dS. */
@@ -145,21 +157,19 @@ static void backward_probs(const attn_t *a, int b, int h, int r0, int rows, int 
     }
 }
 
-static void backward_head(const attn_t *a, int b, int h, float *P, int tid) {
+/* Query head h's part of backward: its dQ (overwritten), and its share of
+ * dK, dV (accumulated) of the kv head it reads. */
+static void backward_qhead(const attn_t *a, int b, int h, float *P, int tid) {
     int T = a->T, C = a->C, hs = a->hs;
     size_t C3 = a->C3;
     float *dP = P + (size_t)BR * T;
     const float *base = a->qkv + (size_t)b * T * C3;
     float *dbase = a->dqkv + (size_t)b * T * C3;
-    const float *K = base + C + h * hs, *Vv = base + 2 * C + h * hs;
-    float *dK = dbase + C + h * hs, *dV = dbase + 2 * C + h * hs;
-    for (int i = 0; i < T; i++) {
-        memset(dK + i * C3, 0, (size_t)hs * sizeof(float));
-        memset(dV + i * C3, 0, (size_t)hs * sizeof(float));
-    }
+    const float *K = base + k_off(a, h / a->G), *Vv = base + v_off(a, h / a->G);
+    float *dK = dbase + k_off(a, h / a->G), *dV = dbase + v_off(a, h / a->G);
     for (int r0 = 0; r0 < T; r0 += BR) {
         int rows = T - r0 < BR ? T - r0 : BR, keys = r0 + rows;
-        const float *Q = base + r0 * C3 + h * hs;
+        const float *Q = base + r0 * C3 + q_off(a, h);
         const float *dO = a->dout + ((size_t)b * T + r0) * C + h * hs;
         const float *O = a->fout + ((size_t)b * T + r0) * C + h * hs;
         scores(P, keys, Q, K, C3, rows, keys, hs, tid);
@@ -170,7 +180,7 @@ static void backward_head(const attn_t *a, int b, int h, float *P, int tid) {
         backward_probs(a, b, h, r0, rows, keys, P, dP, dO, O);
         /* dQ_blk = dS K (overwrites), dK += dS^T Q_blk, dV += P^T dO_blk */
         loom_gemm_t gq = {.a = dP, .rsa = keys, .csa = 1, .b = K, .rsb = (ptrdiff_t)C3, .csb = 1,
-                          .c = dbase + r0 * C3 + h * hs, .ldc = (ptrdiff_t)C3,
+                          .c = dbase + r0 * C3 + q_off(a, h), .ldc = (ptrdiff_t)C3,
                           .M = rows, .N = hs, .K = keys};
         loom_cpu_gemm_serial(&gq, tid);
         loom_gemm_t gk = {.a = dP, .rsa = 1, .csa = keys, .b = Q, .rsb = (ptrdiff_t)C3, .csb = 1,
@@ -184,12 +194,24 @@ static void backward_head(const attn_t *a, int b, int h, float *P, int tid) {
     }
 }
 
+/* kv head kh of batch b: zero its dK, dV, then its query heads in order. */
+static void backward_kvhead(const attn_t *a, int b, int kh, float *P, int tid) {
+    size_t C3 = a->C3;
+    float *dbase = a->dqkv + (size_t)b * a->T * C3;
+    float *dK = dbase + k_off(a, kh), *dV = dbase + v_off(a, kh);
+    for (int i = 0; i < a->T; i++) {
+        memset(dK + i * C3, 0, (size_t)a->hs * sizeof(float));
+        memset(dV + i * C3, 0, (size_t)a->hs * sizeof(float));
+    }
+    for (int g = 0; g < a->G; g++) backward_qhead(a, b, kh * a->G + g, P, tid);
+}
+
 void loom_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv,
-                                 const float *out, const float *lse, int B, int T, int C, int NH) {
-    attn_t a = attn_setup(qkv, B, T, C, NH);
+                                 const float *out, const float *lse, int B, int T, int C, int NH, int NKV) {
+    attn_t a = attn_setup(qkv, B, T, C, NH, NKV);
     a.dqkv = dqkv;
     a.dout = dout;
     a.fout = out;
     a.flse = lse;
-    each_head(&a, backward_head);
+    each_head(&a, NKV, backward_kvhead);
 }

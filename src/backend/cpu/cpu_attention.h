@@ -6,8 +6,8 @@
 #define LOOM_CPU_ATTENTION_H
 
 void loom_cpu_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
-                                int NH);
+                                int NH, int NKV);
 void loom_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv,
-                                 const float *out, const float *lse, int B, int T, int C, int NH);
+                                 const float *out, const float *lse, int B, int T, int C, int NH, int NKV);
 
 #endif

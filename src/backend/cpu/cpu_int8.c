@@ -419,17 +419,18 @@ static void kv_put(const loom_tensor_t *kv, size_t r, int off, int hs, const flo
     }
 }
 
-void loom_cpu_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slots, int N, int NH, int bs) {
-    int hs = (int)(kv->cols / bs), C = NH * hs;
+void loom_cpu_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slots, int N, int NH, int NKV, int bs) {
+    int hs = (int)(kv->cols / bs), C = NH * hs, KC = NKV * hs;
+    size_t QR = (size_t)C + 2 * (size_t)KC; /* qkv's row: NH query heads, NKV keys, NKV values */
     /* one task per (K or V, head): rows of one block are written in batch
      * order, so a prefill chunk's tokens raise the scale in turn */
 #pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
-    for (int task = 0; task < 2 * NH; task++) {
-        int which = task / NH, h = task % NH;
+    for (int task = 0; task < 2 * NKV; task++) {
+        int which = task / NKV, h = task % NKV;
         for (int i = 0; i < N; i++) {
             int blk = slots[i] / bs, off = slots[i] % bs;
-            size_t r = ((size_t)blk * 2 + which) * NH + h;
-            kv_put(kv, r, off, hs, qkv + (size_t)i * 3 * C + (size_t)(1 + which) * C + h * hs);
+            size_t r = ((size_t)blk * 2 + which) * NKV + h;
+            kv_put(kv, r, off, hs, qkv + (size_t)i * QR + C + (size_t)which * KC + h * hs);
         }
     }
 }

@@ -34,7 +34,7 @@ int loom_cpu_int8_use(const char *name);
  * scale is set by its first token (offset 0) and raised when a later token
  * is larger, the earlier tokens requantized to it. cpu_paged.c calls these
  * for kv->dtype == LOOM_INT8 (and reads the cache in its attention loop). */
-void loom_cpu_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs);
+void loom_cpu_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int NKV, int bs);
 void loom_cpu_kv_copy_block_int8(const loom_tensor_t *kv, int src, int dst, int NH);
 
 #endif

@@ -40,7 +40,12 @@ void loom_cpu_embed_positions(float *out, const int *tokens, const int *pos, con
 #pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
     for (int i = 0; i < N; i++) {
         float *o = out + (size_t)i * C;
-        const float *e = wte + (size_t)tokens[i] * C, *p = wpe + (size_t)pos[i] * C;
+        const float *e = wte + (size_t)tokens[i] * C;
+        if (!wpe) { /* rotary models: positions enter in attention */
+            memcpy(o, e, (size_t)C * sizeof(float));
+            continue;
+        }
+        const float *p = wpe + (size_t)pos[i] * C;
         for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
     }
 }
@@ -230,20 +235,20 @@ static void fp32_only(const loom_tensor_t *kv) {
                    loom_dtype_name(kv->dtype));
 }
 
-void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slots, int N, int NH, int bs) {
+void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slots, int N, int NH, int NKV, int bs) {
     if (kv->dtype == LOOM_INT8) { /* cpu_int8.c */
-        loom_cpu_kv_write_int8(kv, qkv, slots, N, NH, bs);
+        loom_cpu_kv_write_int8(kv, qkv, slots, N, NH, NKV, bs);
         return;
     }
     fp32_only(kv);
-    int hs = (int)(kv->cols / bs), C = NH * hs;
+    int hs = (int)(kv->cols / bs), C = NH * hs, KC = NKV * hs;
 #pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
     for (int i = 0; i < N; i++) {
         int slot = slots[i], blk = slot / bs, off = slot % bs;
-        const float *row = qkv + (size_t)i * 3 * C;
-        for (int h = 0; h < NH; h++) {
-            memcpy(kv_at(kv, NH, bs, blk, 0, h, off), row + C + h * hs, (size_t)hs * sizeof(float));
-            memcpy(kv_at(kv, NH, bs, blk, 1, h, off), row + 2 * C + h * hs, (size_t)hs * sizeof(float));
+        const float *row = qkv + (size_t)i * (C + 2 * KC);
+        for (int h = 0; h < NKV; h++) {
+            memcpy(kv_at(kv, NKV, bs, blk, 0, h, off), row + C + h * hs, (size_t)hs * sizeof(float));
+            memcpy(kv_at(kv, NKV, bs, blk, 1, h, off), row + C + KC + h * hs, (size_t)hs * sizeof(float));
         }
     }
 }
@@ -301,14 +306,16 @@ static void attend_i8(float *o, const float *q, const loom_tensor_t *kv, int NH,
 }
 
 void loom_cpu_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
-                              const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs) {
+                              const int *seq, const int *block_tables, int max_blocks, int N, int NH, int NKV,
+                              int bs) {
     if (kv->dtype != LOOM_INT8) fp32_only(kv);
-    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH, i8 = kv->dtype == LOOM_INT8;
+    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH, i8 = kv->dtype == LOOM_INT8, G = NH / NKV;
+    size_t QR = (size_t)C + 2 * (size_t)NKV * hs;
 #pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * C > 1 << 12)
     for (int task = 0; task < tasks; task++) {
         int i = task / NH, h = task % NH;
-        (i8 ? attend_i8 : attend_f32)(out + (size_t)i * C + h * hs, qkv + (size_t)i * 3 * C + h * hs, kv, NH, bs,
-                                      block_tables + (size_t)seq[i] * max_blocks, pos[i], h);
+        (i8 ? attend_i8 : attend_f32)(out + (size_t)i * C + h * hs, qkv + (size_t)i * QR + h * hs, kv, NKV, bs,
+                                      block_tables + (size_t)seq[i] * max_blocks, pos[i], h / G);
     }
 }
 

@@ -15,9 +15,10 @@ void loom_cpu_matmul_forward_rows(float *out, const float *inp, const float *w, 
  * bits as loom_cpu_matmul_forward_rows on loom_tensor_dequantize(w). */
 void loom_cpu_matmul_forward_rows_i8(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
                                      int N, int C, int OC, int gelu);
-void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs);
+void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int NKV, int bs);
 void loom_cpu_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
-                              const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs);
+                              const int *seq, const int *block_tables, int max_blocks, int N, int NH, int NKV,
+                              int bs);
 void loom_cpu_gather_rows(float *out, const float *inp, const int *rows, int R, int C);
 void loom_cpu_kv_copy_block(const loom_tensor_t *kv, int src, int dst, int NH);
 

@@ -112,7 +112,7 @@ __device__ __forceinline__ void store_row(float *dst, const float (&acc)[DPL], f
 
 /* ---- fused forward ---- */
 
-/* Grid (query tiles, B*NH); 256 threads. DPL = ceil(hs/32) head elements per
+/* Grid (B*NH, query tiles) (flash_grid); 256 threads. DPL = ceil(hs/32) head elements per
  * lane. Shared: Q (BR x hs, pre-scaled), K (BC x hs+1), V (BC x hs). */
 template <int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
@@ -121,8 +121,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     extern __shared__ float sh[];
     int hs = C / NH;
     float *Qs = sh, *Ks = Qs + ATT_BR * hs, *Vs = Ks + ATT_BC * (hs + 1);
-    int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_BR; /* longest rows first */
+    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    int q0 = (gridDim.y - 1 - blockIdx.y) * ATT_BR; /* longest rows first */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     size_t ld = 3 * (size_t)C;
     const float *base = qkv + (size_t)b * T * ld + h * hs;
@@ -186,8 +186,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     int hs = C / NH;
     float *Qs = sh, *dOs = Qs + ATT_BR * hs, *Ks = dOs + ATT_BR * hs,
           *Vs = Ks + ATT_BC * (hs + 1);
-    int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * ATT_BR;
+    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    int q0 = (gridDim.y - 1 - blockIdx.y) * ATT_BR;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     size_t ld = 3 * (size_t)C;
     const float *base = qkv + (size_t)b * T * ld + h * hs;
@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     int hs = C / NH;
     float *Ks = sh, *Vs = Ks + ATT_BR * hs, *Qs = Vs + ATT_BR * hs, *dOs = Qs + ATT_BC * (hs + 1);
     float *Ls = dOs + ATT_BC * (hs + 1), *Ds = Ls + ATT_BC;
-    int bh = blockIdx.y, b = bh / NH, h = bh % NH;
-    int k0 = blockIdx.x * ATT_BR; /* early keys see the most queries: launched first */
+    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    int k0 = blockIdx.y * ATT_BR; /* early keys see the most queries: launched first */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     size_t ld = 3 * (size_t)C;
     const float *base = qkv + (size_t)b * T * ld + h * hs;
@@ -497,6 +497,18 @@ static bool use_cudnn(int C, int NH) {
     return !g_cuda.attention_unfused && !g_cuda.attention_own && cuda_attention_cudnn_takes(C, NH);
 }
 
+/* The fused kernels' grid: (batch x heads, query or key tiles). Batch x
+ * heads goes on x, whose limit is 2^31 - 1 (on y, 65535, B * NH = 4096 x
+ * 16 would already not launch); tiles on y, launched in y order, so the
+ * longest rows (forward, dq) or the earliest keys (dkv) start first. */
+static dim3 flash_grid(int B, int T, int NH) {
+    long long bh = (long long)B * NH, tiles = (T + ATT_BR - 1) / ATT_BR;
+    if (bh > 0x7fffffffLL || tiles > 65535)
+        loom_panic(__FILE__, __LINE__, "attention: B*NH = %lld (at most 2^31 - 1) or T = %d (at most %d) is past the "
+                   "fused kernels' grid; use a smaller batch or sequence", bh, T, 65535 * ATT_BR);
+    return dim3((unsigned)bh, (unsigned)tiles);
+}
+
 /* The own kernels on fp32 tensors. */
 static void attention_forward_f32(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
     if (!use_fused(C, NH)) {
@@ -505,7 +517,7 @@ static void attention_forward_f32(float *out, float *lse, const float *qkv, int 
     }
     int hs = C / NH;
     float scale = 1.f / sqrtf((float)hs);
-    dim3 grid((T + ATT_BR - 1) / ATT_BR, B * NH);
+    dim3 grid = flash_grid(B, T, NH);
     with_dpl(hs, [&](auto dpl) {
         constexpr int DPL = decltype(dpl)::value;
         flash_forward_kernel<DPL><<<grid, ATT_WARPS * 32, fwd_smem(hs), g_cuda.stream>>>(
@@ -524,7 +536,7 @@ static void attention_backward_f32(float *dqkv, const float *dout, const float *
     float scale = 1.f / sqrtf((float)hs);
     float *Dv = (float *)cuda_scratch(SCRATCH_ATTN_D, sizeof(float) * (size_t)B * NH * T);
     attention_rowdot(Dv, dout, out, B, T, C, NH);
-    dim3 grid((T + ATT_BR - 1) / ATT_BR, B * NH);
+    dim3 grid = flash_grid(B, T, NH);
     with_dpl(hs, [&](auto dpl) {
         constexpr int DPL = decltype(dpl)::value;
         flash_backward_dq_kernel<DPL><<<grid, ATT_WARPS * 32, bwd_smem(hs), g_cuda.stream>>>(

@@ -17,9 +17,7 @@ extern "C" {
 
 loom_cuda_state g_cuda;
 
-static loom_backend_t g_backend;
 static char g_name[32];
-static char g_peak_source[320];
 
 /* cuBLASLt's workspace: NVIDIA recommends 32 MiB on Hopper (4 MiB suffices
  * on Ampere); fixed at init so capture never allocates. */
@@ -71,8 +69,6 @@ extern "C" void loom_cuda_mem_stats(size_t *now, size_t *peak) {
 
 /* ---- scratch ---- */
 
-static void cuda_graph_reset(void);
-
 static struct {
     void *p;
     size_t bytes;
@@ -108,7 +104,7 @@ void *cuda_scratch(int slot, size_t bytes) {
 
 /* ---- memory ---- */
 
-static void *cuda_alloc(size_t bytes) {
+void *cuda_alloc(size_t bytes) {
     if (bytes == 0) bytes = 1;
     void *p = dev_malloc(bytes);
     if (!p) return nullptr;
@@ -117,7 +113,7 @@ static void *cuda_alloc(size_t bytes) {
     return p;
 }
 
-static void cuda_free(void *p) {
+void cuda_free(void *p) {
     if (p) dev_free(p);
 }
 
@@ -131,30 +127,25 @@ static void refuse_in_capture(const char *what) {
                    what);
 }
 
-static void cuda_upload(void *dst, const void *src, size_t bytes) {
+void cuda_upload(void *dst, const void *src, size_t bytes) {
     refuse_in_capture("upload");
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, g_cuda.stream));
     CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream)); /* src may be reused at once */
 }
 
-static void cuda_download(void *dst, const void *src, size_t bytes) {
+void cuda_download(void *dst, const void *src, size_t bytes) {
     refuse_in_capture("download");
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, g_cuda.stream));
     CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
 }
 
-static void cuda_zero(void *p, size_t bytes) {
+void cuda_zero(void *p, size_t bytes) {
     CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, g_cuda.stream));
 }
 
-static void cuda_sync(void) {
+void cuda_sync(void) {
     refuse_in_capture("sync");
     CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
-}
-
-static double cuda_sumsq_entry(const float *x, size_t n) {
-    refuse_in_capture("sumsq (use sumsq_dev inside a graph)");
-    return cuda_sumsq(x, n);
 }
 
 /* ---- CUDA graphs ---- */
@@ -174,7 +165,7 @@ void cuda_check_failed(const char *file, int line, const char *call, const char 
     cudaGetLastError(); /* the capture is broken; graph_end reports it */
 }
 
-static loom_status cuda_graph_begin(int key) {
+loom_status cuda_graph_begin(int key) {
     if (g_capture_key >= 0)
         return loom_error(LOOM_EINVAL, "graph_begin(%d): graph %d is still being captured",
                           key, g_capture_key);
@@ -193,7 +184,7 @@ static void graph_drop(int i) {
     g_graphs[i].used = 0;
 }
 
-static loom_status cuda_graph_end(int key) {
+loom_status cuda_graph_end(int key) {
     if (g_capture_key != key)
         return loom_error(LOOM_EINVAL, "graph_end(%d): no capture of graph %d is open", key,
                           key);
@@ -238,7 +229,7 @@ static loom_status cuda_graph_end(int key) {
     return LOOM_OK;
 }
 
-static loom_status cuda_graph_replay(int key) {
+loom_status cuda_graph_replay(int key) {
     for (int i = 0; i < LOOM_CUDA_GRAPHS; i++)
         if (g_graphs[i].used && g_graphs[i].key == key) {
             cudaError_t e = cudaGraphLaunch(g_graphs[i].exec, g_cuda.stream);
@@ -251,7 +242,7 @@ static loom_status cuda_graph_replay(int key) {
                       key);
 }
 
-static void cuda_graph_reset(void) {
+void cuda_graph_reset(void) {
     for (int i = 0; i < LOOM_CUDA_GRAPHS; i++) graph_drop(i);
 }
 
@@ -279,65 +270,33 @@ static loom_status state_init(int index, const cudaDeviceProp *prop) {
     return LOOM_OK;
 }
 
-/* The op table: every entry of ops.h this backend has (all of them) and
- * its capability flags. */
-static void fill_table(loom_backend_t *b, loom_dtype dtype, double peak) {
+/* The op table: every entry of ops.h whose kernel cuda_<name> exists
+ * (cuda_internal.h declares them from the list; all of them today), and
+ * the capability flags. */
+static void fill_table(loom_backend_t *b, loom_dtype dtype, double peak, const char *peak_source) {
     memset(b, 0, sizeof *b);
     b->name = g_name;
     b->dtype = dtype;
     b->peak_flops = peak;
-    b->peak_source = g_peak_source;
+    b->peak_source = peak_source;
     b->caps = LOOM_CAP_DEVICE_MEMORY | LOOM_CAP_DEVICE_STEP | LOOM_CAP_GRAPHS |
               (dtype == LOOM_FP16 ? (unsigned)LOOM_CAP_LOSS_SCALING : 0u);
     b->act_dtype = g_cuda.act;
-    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(g_cuda.act);
-    b->alloc = cuda_alloc;
-    b->free = cuda_free;
-    b->upload = cuda_upload;
-    b->download = cuda_download;
-    b->zero = cuda_zero;
-    b->sync = cuda_sync;
-    b->encoder_forward = cuda_encoder_forward;
-    b->encoder_backward = cuda_encoder_backward;
-    b->layernorm_forward = cuda_layernorm_forward;
-    b->layernorm_backward = cuda_layernorm_backward;
-    b->matmul_forward = cuda_matmul_forward;
-    b->matmul_backward = cuda_matmul_backward;
-    b->attention_forward = cuda_attention_forward;
-    b->attention_backward = cuda_attention_backward;
-    b->gelu_forward = cuda_gelu_forward;
-    b->gelu_backward = cuda_gelu_backward;
-    b->residual_forward = cuda_residual_forward;
-    b->accumulate = cuda_accumulate;
-    b->crossentropy = cuda_crossentropy;
-    b->adamw = cuda_adamw;
-    b->sumsq = cuda_sumsq_entry;
-    /* optional entries */
-    b->graph_begin = cuda_graph_begin;
-    b->graph_end = cuda_graph_end;
-    b->graph_replay = cuda_graph_replay;
-    b->graph_reset = cuda_graph_reset;
-    b->sumsq_dev = cuda_sumsq_dev;
-    b->adamw_dev = cuda_adamw_dev;
-    b->crossentropy_dev = cuda_crossentropy_dev;
-    b->residual_layernorm_forward = cuda_residual_layernorm_forward;
-    b->matmul_forward_gelu = cuda_matmul_forward_gelu;
-    b->matmul_backward_gelu = cuda_matmul_backward_gelu;
-    b->embed_positions = cuda_embed_positions; /* cuda_paged.cu: the inference engine's ops */
-    b->matmul_forward_rows = cuda_matmul_forward_rows;
-    b->kv_write = cuda_kv_write;
-    b->paged_attention = cuda_paged_attention;
-    b->gather_rows = cuda_gather_rows;
-    b->kv_copy_block = cuda_kv_copy_block;
-    b->dtypes |= LOOM_DTYPE_BIT(LOOM_INT8); /* int8 weights and the int8 KV cache (cuda_int8.cu) */
-    /* The inference variants read and write fp32 activations; with 16-bit
-     * ones (bf16/fp16 training) they are left out and the model takes its
-     * fp32 fallback (ops.h). */
-    if (g_cuda.act != LOOM_FP32) return;
-    b->matmul_forward_w8 = cuda_matmul_forward_w8; /* cuda_int8.cu: int8 weights (issue 16) */
-    b->matmul_forward_w8a8 = cuda_matmul_forward_w8a8;
-    b->matmul_forward_s24 = cuda_matmul_forward_s24; /* cuda_sparse24.cu: cuSPARSELt, else dense */
+    /* int8: int8 weights and the int8 KV cache (cuda_int8.cu) */
+    b->dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(g_cuda.act) |
+                LOOM_DTYPE_BIT(LOOM_INT8);
+#define CUDA_SLOT_(name, ret, kind, fallback, flops, n, args) b->name = cuda_##name;
+    LOOM_OPS(CUDA_SLOT_)
+#undef CUDA_SLOT_
 }
+
+/* One table per (dtype, activation type), filled at its first open and
+ * never rewritten, so a caller holding the table of an earlier open keeps
+ * what it was given. The kernels follow the process's current dtype
+ * (g_cuda), which each open sets: one dtype at a time per process (the
+ * GPU tests open fp32, bf16 and fp16 in turn). */
+static loom_backend_t g_tables[LOOM_DTYPE_COUNT][2];
+static char g_peak_sources[LOOM_DTYPE_COUNT][2][320];
 
 extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int index,
                                               loom_dtype dtype) {
@@ -394,19 +353,22 @@ extern "C" loom_status loom_backend_cuda_init(const loom_backend_t **out, int in
     g_cuda.attention_own = att && strcmp(att, "own") == 0;
     cuda_matmul_reset(); /* the cached algorithms depend on the compute type */
 
-    int clock_khz = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, index));
-    loom_cuda_gpu_t gpu;
-    memset(&gpu, 0, sizeof gpu);
-    snprintf(gpu.name, sizeof gpu.name, "%s", prop.name);
-    gpu.cc_major = prop.major;
-    gpu.cc_minor = prop.minor;
-    gpu.sms = prop.multiProcessorCount;
-    gpu.clock_khz = clock_khz;
-    double peak = loom_cuda_peak_flops(&gpu, dtype, g_peak_source, sizeof g_peak_source);
-
     snprintf(g_name, sizeof g_name, "cuda:%d", index);
-    fill_table(&g_backend, dtype, peak);
-    *out = &g_backend;
+    loom_backend_t *b = &g_tables[dtype][g_cuda.act != LOOM_FP32];
+    if (!b->name) {
+        int clock_khz = 0;
+        CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, index));
+        loom_cuda_gpu_t gpu;
+        memset(&gpu, 0, sizeof gpu);
+        snprintf(gpu.name, sizeof gpu.name, "%s", prop.name);
+        gpu.cc_major = prop.major;
+        gpu.cc_minor = prop.minor;
+        gpu.sms = prop.multiProcessorCount;
+        gpu.clock_khz = clock_khz;
+        char *source = g_peak_sources[dtype][g_cuda.act != LOOM_FP32];
+        double peak = loom_cuda_peak_flops(&gpu, dtype, source, sizeof g_peak_sources[0][0]);
+        fill_table(b, dtype, peak, source);
+    }
+    *out = b;
     return LOOM_OK;
 }

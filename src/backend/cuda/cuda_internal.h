@@ -75,12 +75,11 @@ int cuda_capturing(void);
 /* Grid size for a grid-stride loop over n items with `block` threads. */
 int cuda_grid(size_t n, int block);
 
-/* cuda_kernels.cu, used by the matmul and attention code too. ACT
- * arguments (out, dout, inp here) are of type g_cuda.act. */
-void cuda_accumulate(float *dst, const float *src, size_t n); /* fp32 */
+/* cuda_kernels.cu, used by the matmul and attention code too (as are
+ * cuda_accumulate and cuda_gelu_forward, declared below). ACT arguments
+ * (out, dout here) are of type g_cuda.act. */
 void cuda_bias_add(float *out, const float *bias, int N, int OC); /* out (N,OC) += bias */
 void cuda_bias_grad(float *dbias, const float *dout, int N, int OC); /* dbias += colsum */
-void cuda_gelu_forward(float *out, const float *inp, size_t n);
 /* Returns cudaSuccess when this build has a kernel image for the device. */
 cudaError_t cuda_kernels_probe(void);
 void cuda_attention_init(void);
@@ -92,44 +91,14 @@ bool cuda_attention_cudnn_forward(float *out, float *lse, const float *qkv, int 
 bool cuda_attention_cudnn_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                                    const float *lse, int B, int T, int C, int NH);
 
-/* The ops of the table, one function each (see backend.h for contracts). */
-void cuda_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,
-                          int T, int C);
-void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B,
-                           int T, int C);
-void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                            const float *w, const float *b, int N, int C);
-void cuda_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
-                                     const float *a, const float *b_res, const float *w,
-                                     const float *b, int N, int C);
-void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dout,
-                             const float *inp, const float *w, const float *mean,
-                             const float *rstd, int N, int C);
-void cuda_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N,
-                         int C, int OC);
-void cuda_matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w,
-                              const float *bias, int N, int C, int OC);
-void cuda_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout,
-                          const float *inp, const float *w, int N, int C, int OC);
-void cuda_matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout,
-                               const float *inp, const float *pre, const float *w, int N, int C,
-                               int OC);
-void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
-                            int NH);
-void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                             const float *lse, int B, int T, int C, int NH);
-void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
-void cuda_residual_forward(float *out, const float *a, const float *b, size_t n);
-void cuda_crossentropy(float *losses, float *logits, const int *targets, int N, int V, int Vp,
-                       float dloss);
-void cuda_crossentropy_dev(float *losses, float *logits, const int *targets, int N, int V,
-                           int Vp, const float *scalars);
-void cuda_adamw(float *params, const float *grads, float *m, float *v, size_t n,
-                const loom_adamw_t *hp);
-void cuda_adamw_dev(float *params, const float *grads, float *m, float *v, size_t n,
-                    const loom_adamw_t *hp, const float *scalars);
-double cuda_sumsq(const float *x, size_t n);
-void cuda_sumsq_dev(float *acc, const float *x, size_t n);
+/* The kernels of the table, one per entry of ops.h, declared from the
+ * list: the kernel of entry X is cuda_X (weak for the optional kinds;
+ * contracts in backend.h). cuda_backend.cu's fill_table takes the table
+ * from the same list, so a new entry needs its row and its kernel only. */
+#define LOOM_CUDA_KERNEL_(name, ret, kind, fallback, flops, n, args) \
+    LOOM_OP_KERNEL(cuda_##name, ret, kind, n, args)
+LOOM_OPS(LOOM_CUDA_KERNEL_)
+#undef LOOM_CUDA_KERNEL_
 
 /* Matmul cache statistics, for the log: heuristic queries and cache hits. */
 void cuda_matmul_stats(long *queries, long *hits);

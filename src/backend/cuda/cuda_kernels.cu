@@ -628,6 +628,9 @@ static void sumsq_launch(double *out_d, float *acc_f, const float *x, size_t n) 
 }
 
 double cuda_sumsq(const float *x, size_t n) {
+    if (cuda_capturing())
+        loom_panic(__FILE__, __LINE__, "sumsq was called while a CUDA graph was being captured; it returns to the "
+                                       "host, so use sumsq_dev inside a graph");
     double r = 0;
     sumsq_launch(g_cuda.reduce + SUMSQ_BLOCKS, nullptr, x, n);
     CUDA_CHECK(cudaMemcpyAsync(&r, g_cuda.reduce + SUMSQ_BLOCKS, sizeof r,

@@ -93,7 +93,11 @@ static s24_entry *s24_entry_of(const loom_tensor_t *w) {
     if (!e->lt) {
         size_t n = (size_t)w->rows * (size_t)w->cols * sizeof(float);
         CUDA_CHECK(cudaMalloc(&e->dense, n));
-        CUDA_CHECK(cudaMemcpy(e->dense, host, n, cudaMemcpyHostToDevice));
+        /* on the backend's stream, and landed before `host` is freed: a
+         * legacy-stream cudaMemcpy from pageable memory may return before
+         * the copy is done, and the non-blocking stream does not wait for it */
+        CUDA_CHECK(cudaMemcpyAsync(e->dense, host, n, cudaMemcpyHostToDevice, g_cuda.stream));
+        CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
         if (!g_said++)
             loom_warn("2:4 weights run dense on cuda:%d (%s): fp32 weights, no sparse speed-up", g_cuda.device, why);
     }

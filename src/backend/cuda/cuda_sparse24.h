@@ -24,7 +24,8 @@ typedef struct cuda_sparselt_w cuda_sparselt_w;
  * the reason in `why`, when it cannot (no cuSPARSELt in this build or on
  * this machine, an fp32/tf32 run, a shape or GPU it refuses). */
 cuda_sparselt_w *cuda_sparselt_weight(const float *dense_host, int OC, int C, char *why, size_t why_size);
-/* out (N,OC) fp32 = inp (N,C) fp32 @ w^T + bias, then GELU when gelu != 0. */
+/* out (N,OC) = inp (N,C) @ w^T + bias, then GELU when gelu != 0; out and inp
+ * are ACT tensors (g_cuda.act: fp32, or the run's 16-bit dtype). */
 void cuda_sparselt_matmul(cuda_sparselt_w *w, float *out, const float *inp, const float *bias, int N, int C, int OC,
                           int gelu);
 /* Frees what cuda_sparselt_weight made (NULL: nothing). */

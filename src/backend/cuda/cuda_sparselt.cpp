@@ -163,7 +163,10 @@ static bool compress(cuda_sparselt_w *w, const float *dense_host, char *why, siz
     CUDA_CHECK(cudaMalloc(&f32, n * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&lp, n * 2));
     CUDA_CHECK(cudaMalloc(&valid, sizeof(int)));
-    CUDA_CHECK(cudaMemcpy(f32, dense_host, n * sizeof(float), cudaMemcpyHostToDevice));
+    /* on the backend's stream: a legacy-stream cudaMemcpy from pageable memory
+     * may return before the copy lands, and the non-blocking stream does not
+     * wait for the legacy one */
+    CUDA_CHECK(cudaMemcpyAsync(f32, dense_host, n * sizeof(float), cudaMemcpyHostToDevice, g_cuda.stream));
     cuda_to_lp16(lp, f32, n, w->bf16);
     cusparseOperation_t op = CUSPARSE_OPERATION_TRANSPOSE;
     bool ok = SPLT_TRY(L.p_cusparseLtSpMMAPruneCheck2(&g_handle, &w->a, 1, op, lp, valid, g_cuda.stream));
@@ -179,6 +182,7 @@ static bool compress(cuda_sparselt_w *w, const float *dense_host, char *why, siz
         ok = SPLT_TRY(L.p_cusparseLtSpMMACompress2(&g_handle, &w->a, 1, op, lp, w->compressed, buf, g_cuda.stream));
         CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream));
     }
+    CUDA_CHECK(cudaStreamSynchronize(g_cuda.stream)); /* dense_host may be freed after this returns */
     CUDA_CHECK(cudaFree(f32));
     CUDA_CHECK(cudaFree(lp));
     CUDA_CHECK(cudaFree(valid));
@@ -227,7 +231,12 @@ void cuda_sparselt_matmul(cuda_sparselt_w *w, float *out, const float *inp, cons
     /* scratch: x (np,C) 16-bit | y (np,OC) 16-bit | cuSPARSELt's workspace */
     size_t bx = round256((size_t)np * C * 2), by = round256((size_t)np * OC * 2);
     char *s = (char *)cuda_scratch(SCRATCH_QUANT, bx + by + p->ws);
-    cuda_to_lp16(s, inp, (size_t)N * C, w->bf16);
+    /* 16-bit activations are the run's dtype (act == dtype at bf16/fp16),
+     * so they are copied as they are; fp32 ones are rounded */
+    if (cuda_act16())
+        CUDA_CHECK(cudaMemcpyAsync(s, inp, (size_t)N * C * 2, cudaMemcpyDeviceToDevice, g_cuda.stream));
+    else
+        cuda_to_lp16(s, inp, (size_t)N * C, w->bf16);
     if (np > N) CUDA_CHECK(cudaMemsetAsync(s + (size_t)N * C * 2, 0, (size_t)(np - N) * C * 2, g_cuda.stream));
     const float alpha = 1.f, beta = 0.f;
     cudaStream_t st = g_cuda.stream;
@@ -235,7 +244,10 @@ void cuda_sparselt_matmul(cuda_sparselt_w *w, float *out, const float *inp, cons
                                             p->ws ? s + bx + by : nullptr, &st, 1);
     if (e != CUSPARSE_STATUS_SUCCESS)
         cuda_check_failed(__FILE__, __LINE__, "cusparseLtMatmul", L.p_cusparseLtGetErrorString(e));
-    cuda_from_lp16(out, s + bx, (size_t)N * OC, w->bf16); /* the first N rows */
+    if (cuda_act16()) /* the first N rows */
+        CUDA_CHECK(cudaMemcpyAsync(out, s + bx, (size_t)N * OC * 2, cudaMemcpyDeviceToDevice, g_cuda.stream));
+    else
+        cuda_from_lp16(out, s + bx, (size_t)N * OC, w->bf16);
     if (bias) cuda_bias_add(out, bias, N, OC);
     if (gelu) cuda_gelu_forward(out, out, (size_t)N * OC);
 }
