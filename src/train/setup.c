@@ -330,7 +330,9 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     add_observers(j); /* first: teardown frees them, the caller's included, whatever fails below */
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     /* One writer per run folder, before anything in it is touched. */
-    if (run->lead) LOOM_TRY(loom_run_lock(o->out, &j->lock_fd));
+    int explicit_resume = o->resume && !(o->resume_from && !strcmp(o->resume_from, "auto"));
+    if (run->lead && (!explicit_resume || loom_path_is_dir(o->out))) /* a missing --resume folder: resolve_resume says so */
+        LOOM_TRY(loom_run_lock(o->out, &j->lock_fd));
     step_modes(j);
     LOOM_TRY(loom_dataset_open(&j->ds, o->data, o->val_fraction));
     run->data = j->ds;
