@@ -14,7 +14,12 @@
  * - recompute all on the GPU gives the gradients of recompute none.
  * The bounds are set a priori (no GPU has run these yet): bf16 rounds the
  * GEMM inputs to 8 significant bits, so a two-layer model's gradients get
- * 5e-2 normalized error, fp32 1e-4 (a different summation order).
+ * 5e-2 normalized error; fp32 2e-3: a different summation order (1e-5)
+ * plus cuBLASLt's GELU epilogues, whose tanh may be the hardware
+ * approximation (2^-11 relative: up to 5e-4 on a GELU output, 1e-3 on its
+ * derivative, test_cuda_ops), which every gradient below the first MLP
+ * carries, twice for two layers. Graph replay is bitwise: the kernels have
+ * no float atomics (docs/cuda.md, "What must be bitwise, what may drift").
  *
  * CPU cases (run everywhere): the loss-scale policy, and the device-resident
  * step (train/step_graph.c) on a simulated device, the CPU backend plus
@@ -25,6 +30,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "model/gpt.h"
@@ -92,6 +98,7 @@ static double compare_grads(const char *what, const loom_gpt_t *m, const float *
     double worst = 0;
     for (int i = 0; i < LOOM_NPARAMS; i++) {
         const loom_tensor_info_t *t = &m->ptable[i];
+        if (!t->numel) continue; /* not in this variant */
         double e = check_rel_err(got + t->offset, ref + t->offset, t->numel);
         CHECK(e <= tol, "%s: gradient of %s: normalized error %.3g > %.3g", what, t->name, e, tol);
         if (e > worst) worst = e;
@@ -133,7 +140,7 @@ static void model_matches_cpu_at(loom_dtype d, double tol_loss, double tol_grad)
 /* The bounds: bf16 keeps 8 significant bits of every activation and
  * activation gradient (fp16 11), on top of the GEMMs' rounding; the
  * simulated-device cases below measure what storage alone does. */
-static void cuda_model_matches_cpu_fp32(void) { model_matches_cpu_at(LOOM_FP32, 1e-5, 1e-4); }
+static void cuda_model_matches_cpu_fp32(void) { model_matches_cpu_at(LOOM_FP32, 1e-4, 2e-3); }
 static void cuda_model_matches_cpu_bf16(void) { model_matches_cpu_at(LOOM_BF16, 1e-2, 5e-2); }
 static void cuda_model_matches_cpu_fp16(void) { model_matches_cpu_at(LOOM_FP16, 5e-3, 2e-2); }
 
@@ -194,12 +201,13 @@ static void training_tracks_cpu_at(loom_dtype d) {
 static void cuda_training_tracks_cpu(void) { training_tracks_cpu_at(LOOM_BF16); }
 static void cuda_training_tracks_cpu_fp16(void) { training_tracks_cpu_at(LOOM_FP16); }
 
-/* 8 steps with graphs against 8 with plain launches, accum 1 and 2: same
- * kernels either way; only the two atomics-based reductions (encoder dwte,
- * layernorm dw/db) may order fp32 sums differently, which 16-bit storage
- * can turn into a last-bit difference of an activation (hence the looser
- * bound there, set a priori). */
-static void graph_replay_matches_plain_at(loom_dtype d, float tol) {
+/* 8 steps with graphs against 8 with plain launches, accum 1 and 2: the
+ * same kernels in the same order on the same inputs, and none of them
+ * orders a sum by timing (no float atomics: the encoder's dwte sums each
+ * token's rows in row order, layernorm's dw/db sum per warp then in warp
+ * and block order, cuDNN's SDPA backward runs its deterministic
+ * algorithm), so the losses are the same bits at every dtype. */
+static void graph_replay_matches_plain_at(loom_dtype d) {
     const loom_backend_t *gpu = gpu_or_skip(d);
     if (!gpu) return;
     loom_loss_scaler_t ls;
@@ -219,13 +227,13 @@ static void graph_replay_matches_plain_at(loom_dtype d, float tol) {
         if (!ok) return;
         CHECK(rp == 0 && rr == 8 - LOOM_STEP_GRAPH_WARMUP, "accum %d: %d plain and %d graph steps replayed", accum, rp, rr);
         for (int s = 0; s < 8; s++)
-            CHECK(fabsf(lr[s] - lp[s]) <= tol * lp[s], "%s accum %d step %d: graph %.7f vs plain %.7f", loom_dtype_name(d), accum,
-                  s + 1, lr[s], lp[s]);
+            CHECK(lr[s] == lp[s], "%s accum %d step %d: graph %.9g vs plain %.9g (must be the same bits)",
+                  loom_dtype_name(d), accum, s + 1, lr[s], lp[s]);
     }
 }
-static void cuda_graph_replay_matches_plain(void) { graph_replay_matches_plain_at(LOOM_FP32, 1e-5f); }
-static void cuda_graph_replay_matches_plain_bf16(void) { graph_replay_matches_plain_at(LOOM_BF16, 1e-3f); }
-static void cuda_graph_replay_matches_plain_fp16(void) { graph_replay_matches_plain_at(LOOM_FP16, 1e-3f); }
+static void cuda_graph_replay_matches_plain(void) { graph_replay_matches_plain_at(LOOM_FP32); }
+static void cuda_graph_replay_matches_plain_bf16(void) { graph_replay_matches_plain_at(LOOM_BF16); }
+static void cuda_graph_replay_matches_plain_fp16(void) { graph_replay_matches_plain_at(LOOM_FP16); }
 
 static void cuda_fp16_loss_scaling(void) {
     const loom_backend_t *gpu = gpu_or_skip(LOOM_FP16);
@@ -324,6 +332,14 @@ static const loom_backend_t *sim_backend(void) {
  * storage does to the loss and the gradients. ---- */
 
 static loom_backend_t sim16;
+/* The wrapper of entry X is s16_X, declared from ops.h and weak: an entry
+ * with an ACT argument and no wrapper (the inference ops, which the
+ * training step does not call, or an op added to ops.h later) is left out
+ * of the simulated table instead of running fp32 code on 16-bit memory. */
+#define S16_KERNEL_(name, ret, kind, fallback, flops, n, args) \
+    ret s16_##name LOOM_OP_PARAMS(n, args) __attribute__((weak));
+LOOM_OPS(S16_KERNEL_)
+#undef S16_KERNEL_
 typedef struct {
     const void *p;
     float *f;
@@ -354,84 +370,122 @@ static void narrow(void) {
     nshadows = 0;
 }
 
-static void s16_encoder_forward(float *out, const int *tok, const float *wte, const float *wpe, int B, int T, int C) {
+void s16_encoder_forward(float *out, const int *tok, const float *wte, const float *wpe, int B, int T, int C) {
     cpu->encoder_forward(wide(out, (size_t)B * T * C), tok, wte, wpe, B, T, C);
     narrow();
 }
-static void s16_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tok, int B, int T, int C) {
+void s16_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tok, int B, int T, int C) {
     cpu->encoder_backward(dwte, dwpe, wide(dout, (size_t)B * T * C), tok, B, T, C);
     narrow();
 }
-static void s16_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N, int C) {
+void s16_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b, int N, int C) {
     size_t n = (size_t)N * C;
     cpu->layernorm_forward(wide(out, n), mean, rstd, wide(inp, n), w, b, N, C);
     narrow();
 }
-static void s16_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
+void s16_layernorm_backward(float *dinp, float *dw, float *db, const float *dout, const float *inp, const float *w,
                                    const float *mean, const float *rstd, int N, int C) {
     size_t n = (size_t)N * C;
     cpu->layernorm_backward(wide(dinp, n), dw, db, wide(dout, n), wide(inp, n), w, mean, rstd, N, C);
     narrow();
 }
-static void s16_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
+void s16_matmul_forward(float *out, const float *inp, const float *w, const float *bias, int N, int C, int OC) {
     cpu->matmul_forward(wide(out, (size_t)N * OC), wide(inp, (size_t)N * C), w, bias, N, C, OC);
     narrow();
 }
-static void s16_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
+void s16_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout, const float *inp, const float *w,
                                 int N, int C, int OC) {
     cpu->matmul_backward(wide(dinp, (size_t)N * C), dw, dbias, wide(dout, (size_t)N * OC), wide(inp, (size_t)N * C), w, N, C, OC);
     narrow();
 }
-static void s16_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
-    size_t n = (size_t)B * T * C;
-    cpu->attention_forward(wide(out, n), lse, wide(qkv, 3 * n), B, T, C, NH);
+void s16_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int NKV) {
+    size_t n = (size_t)B * T * C, nq = (size_t)B * T * (C + 2 * NKV * (C / NH));
+    cpu->attention_forward(wide(out, n), lse, wide(qkv, nq), B, T, C, NH, NKV);
     narrow();
 }
-static void s16_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                                   int B, int T, int C, int NH) {
-    size_t n = (size_t)B * T * C;
-    cpu->attention_backward(wide(dqkv, 3 * n), wide(dout, n), wide(qkv, 3 * n), wide(out, n), lse, B, T, C, NH);
+void s16_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
+                                   int B, int T, int C, int NH, int NKV) {
+    size_t n = (size_t)B * T * C, nq = (size_t)B * T * (C + 2 * NKV * (C / NH));
+    cpu->attention_backward(wide(dqkv, nq), wide(dout, n), wide(qkv, nq), wide(out, n), lse, B, T, C, NH, NKV);
     narrow();
 }
-static void s16_gelu_forward(float *out, const float *inp, size_t n) {
+void s16_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    size_t n = (size_t)N * C;
+    cpu->rmsnorm_forward(wide(out, n), rstd, wide(inp, n), w, N, C, eps);
+    narrow();
+}
+void s16_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w, const float *rstd,
+                          int N, int C) {
+    size_t n = (size_t)N * C;
+    cpu->rmsnorm_backward(wide(dinp, n), dw, wide(dout, n), wide(inp, n), w, rstd, N, C);
+    narrow();
+}
+void s16_rope_forward(float *qkv, const int *pos, const float *freq, int N, int NH, int NKV, int hs) {
+    cpu->rope_forward(wide(qkv, (size_t)N * (NH + 2 * NKV) * hs), pos, freq, N, NH, NKV, hs);
+    narrow();
+}
+void s16_rope_backward(float *dqkv, const int *pos, const float *freq, int N, int NH, int NKV, int hs) {
+    cpu->rope_backward(wide(dqkv, (size_t)N * (NH + 2 * NKV) * hs), pos, freq, N, NH, NKV, hs);
+    narrow();
+}
+void s16_swiglu_forward(float *out, const float *inp, int N, int H) {
+    cpu->swiglu_forward(wide(out, (size_t)N * H), wide(inp, (size_t)N * 2 * H), N, H);
+    narrow();
+}
+void s16_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int H) {
+    size_t n = (size_t)N * H;
+    cpu->swiglu_backward(wide(dinp, 2 * n), wide(inp, 2 * n), wide(dout, n), N, H);
+    narrow();
+}
+void s16_gelu_forward(float *out, const float *inp, size_t n) {
     cpu->gelu_forward(wide(out, n), wide(inp, n), n);
     narrow();
 }
-static void s16_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+void s16_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     cpu->gelu_backward(wide(dinp, n), wide(inp, n), wide(dout, n), n);
     narrow();
 }
-static void s16_residual_forward(float *out, const float *a, const float *b, size_t n) {
+void s16_residual_forward(float *out, const float *a, const float *b, size_t n) {
     cpu->residual_forward(wide(out, n), wide(a, n), wide(b, n), n);
     narrow();
 }
-static void s16_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
+void s16_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
                                            const float *b_res, const float *w, const float *b, int N, int C) {
     size_t n = (size_t)N * C;
     cpu->residual_layernorm_forward(wide(res, n), wide(out, n), mean, rstd, wide(a, n), wide(b_res, n), w, b, N, C);
     narrow();
 }
-static void s16_matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
+void s16_matmul_forward_gelu(float *out, float *pre, const float *inp, const float *w, const float *bias, int N,
                                     int C, int OC) {
     size_t no = (size_t)N * OC;
     cpu->matmul_forward_gelu(wide(out, no), wide(pre, no), wide(inp, (size_t)N * C), w, bias, N, C, OC);
     narrow();
 }
-static void s16_matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
+void s16_matmul_backward_gelu(float *dpre, float *dw, float *dbias, const float *dout, const float *inp,
                                      const float *pre, const float *w, int N, int C, int OC) {
     size_t ni = (size_t)N * C;
     cpu->matmul_backward_gelu(wide(dpre, ni), dw, dbias, wide(dout, (size_t)N * OC), wide(inp, ni), wide(pre, ni), w, N, C, OC);
     narrow();
 }
-static void s16_crossentropy(float *losses, float *logits, const int *tg, int N, int V, int Vp, float dloss) {
+void s16_crossentropy(float *losses, float *logits, const int *tg, int N, int V, int Vp, float dloss) {
     cpu->crossentropy(losses, wide(logits, (size_t)N * Vp), tg, N, V, Vp, dloss);
     narrow();
 }
-static void s16_crossentropy_dev(float *losses, float *logits, const int *tg, int N, int V, int Vp, const float *sc) {
+void s16_crossentropy_dev(float *losses, float *logits, const int *tg, int N, int V, int Vp, const float *sc) {
     s16_crossentropy(losses, logits, tg, N, V, Vp, sc[5]);
 }
 
-/* The simulated device with ACT tensors of type d (bf16 or fp16). */
+/* 1 when one of op's arguments is tagged ACT in ops.h. */
+static int takes_act(loom_op_id op) {
+    const loom_op_info_t *info = loom_op_info(op);
+    for (int a = 0; a < info->nargs; a++)
+        if (info->arg_tags[a] == LOOM_ARG_ACT) return 1;
+    return 0;
+}
+
+/* The simulated device with ACT tensors of type d (bf16 or fp16): every
+ * entry with an ACT argument runs through its s16_ wrapper (NULL where the
+ * CPU has no kernel or there is no wrapper), the others are sim's. */
 static const loom_backend_t *sim16_backend(loom_dtype d) {
     sim16 = *sim_backend();
     sim16.name = d == LOOM_BF16 ? "cpu-sim-bf16" : "cpu-sim-fp16";
@@ -439,27 +493,10 @@ static const loom_backend_t *sim16_backend(loom_dtype d) {
     sim16.act_dtype = d;
     sim16.dtypes |= LOOM_DTYPE_BIT(d);
     if (d == LOOM_FP16) sim16.caps |= LOOM_CAP_LOSS_SCALING;
-    sim16.encoder_forward = s16_encoder_forward;
-    sim16.encoder_backward = s16_encoder_backward;
-    sim16.layernorm_forward = s16_layernorm_forward;
-    sim16.layernorm_backward = s16_layernorm_backward;
-    sim16.matmul_forward = s16_matmul_forward;
-    sim16.matmul_backward = s16_matmul_backward;
-    sim16.attention_forward = s16_attention_forward;
-    sim16.attention_backward = s16_attention_backward;
-    sim16.gelu_forward = s16_gelu_forward;
-    sim16.gelu_backward = s16_gelu_backward;
-    sim16.residual_forward = s16_residual_forward;
-    sim16.crossentropy = s16_crossentropy;
-    sim16.crossentropy_dev = s16_crossentropy_dev;
-    /* the CPU's fused entries, wrapped the same way (every ACT entry must be) */
-    sim16.residual_layernorm_forward = cpu->residual_layernorm_forward ? s16_residual_layernorm_forward : NULL;
-    sim16.matmul_forward_gelu = cpu->matmul_forward_gelu ? s16_matmul_forward_gelu : NULL;
-    sim16.matmul_backward_gelu = cpu->matmul_backward_gelu ? s16_matmul_backward_gelu : NULL;
-    /* the inference ops are not simulated: the training step does not call them */
-    sim16.embed_positions = NULL, sim16.matmul_forward_rows = NULL, sim16.kv_write = NULL;
-    sim16.paged_attention = NULL, sim16.gather_rows = NULL, sim16.kv_copy_block = NULL;
-    sim16.matmul_forward_w8 = NULL, sim16.matmul_forward_w8a8 = NULL;
+#define S16_SET_(name, ret, kind, fallback, flops, n, args) \
+    if (takes_act(LOOM_OP_##name)) sim16.name = sim16.name ? s16_##name : NULL;
+    LOOM_OPS(S16_SET_)
+#undef S16_SET_
     return &sim16;
 }
 
@@ -744,30 +781,45 @@ static void device_step_overflow_skips(void) {
     loom_gpt_free(m);
 }
 
-int main(void) {
+static const struct {
+    const char *name;
+    void (*fn)(void);
+} cases[] = {
+    {"loss_scaler_policy", loss_scaler_policy},
+    {"device_step_matches_host_step", device_step_matches_host_step},
+    {"device_step_overflow_skips", device_step_overflow_skips},
+    {"sim_graph_replay_matches_plain", sim_graph_replay_matches_plain},
+    {"sim_graph_capture_failure_falls_back", sim_graph_capture_failure_falls_back},
+    {"sim_bf16_model_matches_fp32", sim_bf16_model_matches_fp32},
+    {"sim_fp16_model_matches_fp32", sim_fp16_model_matches_fp32},
+    {"sim_bf16_training_tracks_fp32", sim_bf16_training_tracks_fp32},
+    {"sim_fp16_training_tracks_fp32", sim_fp16_training_tracks_fp32},
+    {"sim_bf16_graph_replay_matches_plain", sim_bf16_graph_replay_matches_plain},
+    {"cuda_model_matches_cpu_fp32", cuda_model_matches_cpu_fp32},
+    {"cuda_model_matches_cpu_bf16", cuda_model_matches_cpu_bf16},
+    {"cuda_model_matches_cpu_fp16", cuda_model_matches_cpu_fp16},
+    {"cuda_training_tracks_cpu", cuda_training_tracks_cpu},
+    {"cuda_training_tracks_cpu_fp16", cuda_training_tracks_cpu_fp16},
+    {"cuda_graph_replay_matches_plain", cuda_graph_replay_matches_plain},
+    {"cuda_graph_replay_matches_plain_bf16", cuda_graph_replay_matches_plain_bf16},
+    {"cuda_graph_replay_matches_plain_fp16", cuda_graph_replay_matches_plain_fp16},
+    {"cuda_fp16_loss_scaling", cuda_fp16_loss_scaling},
+    {"cuda_recompute_all_matches_none", cuda_recompute_all_matches_none},
+};
+static const char *case_name(int i) { return cases[i].name; }
+static void run_case(int i) { check_run(cases[i].name, cases[i].fn); }
+
+/* In each child of check_run_isolated (OpenMP's pool and a CUDA context
+ * do not survive fork, so nothing opens in the parent). */
+static void open_cpu(void) {
     if (loom_backend_cpu_init(&cpu, 2) != LOOM_OK) {
         printf("FAIL cpu backend: %s\n", loom_errmsg());
-        return 1;
+        _exit(1);
     }
-    RUN(loss_scaler_policy);
-    RUN(device_step_matches_host_step);
-    RUN(device_step_overflow_skips);
-    RUN(sim_graph_replay_matches_plain);
-    RUN(sim_graph_capture_failure_falls_back);
-    RUN(sim_bf16_model_matches_fp32);
-    RUN(sim_fp16_model_matches_fp32);
-    RUN(sim_bf16_training_tracks_fp32);
-    RUN(sim_fp16_training_tracks_fp32);
-    RUN(sim_bf16_graph_replay_matches_plain);
-    RUN(cuda_model_matches_cpu_fp32);
-    RUN(cuda_model_matches_cpu_bf16);
-    RUN(cuda_model_matches_cpu_fp16);
-    RUN(cuda_training_tracks_cpu);
-    RUN(cuda_training_tracks_cpu_fp16);
-    RUN(cuda_graph_replay_matches_plain);
-    RUN(cuda_graph_replay_matches_plain_bf16);
-    RUN(cuda_graph_replay_matches_plain_fp16);
-    RUN(cuda_fp16_loss_scaling);
-    RUN(cuda_recompute_all_matches_none);
+}
+
+int main(void) {
+    /* isolated: a case that panics or faults the GPU fails alone */
+    check_run_isolated((int)(sizeof cases / sizeof cases[0]), case_name, open_cpu, run_case);
     return check_main_end();
 }

@@ -355,28 +355,29 @@ __device__ void kv_put_warp(int8_t *row, float *scp, const A *v, int off, int hs
  * (K or V, head) over the whole chunk. */
 template <typename A>
 __global__ void kv_write_int8_kernel(int8_t *kv, float *scales, const A *qkv, const int *slot, int N, int NH,
-                                     int bs, int hs) {
+                                     int NKV, int bs, int hs) {
     int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp >= 2 * NH * N) return;
-    int task = warp / N, i = warp % N, which = task / NH, h = task % NH, C = NH * hs, blk = slot[i] / bs;
+    if (warp >= 2 * NKV * N) return;
+    int task = warp / N, i = warp % N, which = task / NKV, h = task % NKV, C = NH * hs, blk = slot[i] / bs;
+    size_t QR = (size_t)C + 2 * (size_t)NKV * hs; /* qkv's row: NH query heads, NKV keys, NKV values */
     bool earlier = false;
     for (int j = lane; j < i; j += 32) earlier |= slot[j] / bs == blk;
     if (__any_sync(0xffffffffu, earlier)) return;
-    size_t r = ((size_t)blk * 2 + which) * NH + h;
+    size_t r = ((size_t)blk * 2 + which) * NKV + h;
     for (int j = i; j < N; j++) {
         if (slot[j] / bs != blk) continue;
-        kv_put_warp(kv + r * (size_t)bs * hs, scales + r, qkv + (size_t)j * 3 * C + (size_t)(1 + which) * C + h * hs,
+        kv_put_warp(kv + r * (size_t)bs * hs, scales + r, qkv + (size_t)j * QR + C + (size_t)which * NKV * hs + h * hs,
                     slot[j] % bs, hs, lane);
     }
 }
 
-void cuda_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs) {
-    int hs = (int)(kv->cols / bs), warps = 2 * NH * N;
+void cuda_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int NKV, int bs) {
+    int hs = (int)(kv->cols / bs), warps = 2 * NKV * N;
     if (N <= 0) return;
     with_act([&](auto act) {
         ACT_TYPE(act);
         kv_write_int8_kernel<A><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
-            (int8_t *)kv->data, (float *)kv->scales, (const A *)qkv, slot, N, NH, bs, hs);
+            (int8_t *)kv->data, (float *)kv->scales, (const A *)qkv, slot, N, NH, NKV, bs, hs);
     });
     LAUNCH_CHECK();
 }

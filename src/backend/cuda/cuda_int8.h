@@ -29,7 +29,7 @@ void cuda_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t 
  * requantized) when a later token is larger; rows written in batch order.
  * cuda_paged.cu calls these for kv->dtype == LOOM_INT8 (and reads the
  * cache in its attention kernel, templated on the element type). */
-void cuda_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs);
+void cuda_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int NKV, int bs);
 void cuda_kv_copy_block_int8(const loom_tensor_t *kv, int src, int dst, int NH);
 
 #endif
