@@ -34,7 +34,9 @@ static loom_status resolve_resume(loom_train_job_t *j) {
     }
     if (!loom_path_is_dir(o->out))
         return loom_error(LOOM_EINVAL, "--resume: --out %s does not exist, nothing to resume; --resume auto starts a run there when it has none", o->out);
-    return j->run.lead ? loom_ckpt_clean(o->out) : LOOM_OK;
+    if (!j->run.lead) return LOOM_OK;
+    LOOM_TRY(loom_run_lock(o->out, &j->lock_fd)); /* one writer, before the clean-up touches anything */
+    return loom_ckpt_clean(o->out);
 }
 
 /* PATH made absolute (realpath), or as given when it cannot be; "" for NULL. */
@@ -245,6 +247,8 @@ static void fill_run_config(const loom_train_job_t *j, loom_run_config_t *c) {
 static loom_status write_run_folder(loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
     if (!j->run.lead || o->resume) return LOOM_OK;
+    LOOM_TRY(loom_run_check_new(o->out, o->force)); /* a refusal touches nothing, not even the lock file */
+    LOOM_TRY(loom_run_lock(o->out, &j->lock_fd));   /* one writer, before --force removes anything */
     LOOM_TRY(loom_run_prepare(o->out, o->force));
     loom_run_config_t c;
     fill_run_config(j, &c);
@@ -330,9 +334,6 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     add_observers(j); /* first: teardown frees them, the caller's included, whatever fails below */
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     /* One writer per run folder, before anything in it is touched. */
-    int explicit_resume = o->resume && !(o->resume_from && !strcmp(o->resume_from, "auto"));
-    if (run->lead && (!explicit_resume || loom_path_is_dir(o->out))) /* a missing --resume folder: resolve_resume says so */
-        LOOM_TRY(loom_run_lock(o->out, &j->lock_fd));
     step_modes(j);
     LOOM_TRY(loom_dataset_open(&j->ds, o->data, o->val_fraction));
     run->data = j->ds;
