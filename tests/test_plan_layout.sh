@@ -119,3 +119,29 @@ for gpu, domain in (("h100-nvl", 2), ("a100-80gb", 8)):
     ok = (j is None and "NVLink domain" in err) if domain == 2 else (j is not None and j["layouts"][0]["tp"] == 4)
     check(f"plan_nvlink_domain_{gpu}", ok, f"--tp 4 on 8 x {gpu} (domain {domain}): {why}")
 PY
+
+# MIG: a slice's FLOPs are its SMs out of the GPU's (A100: 108 SMs, the 7g
+# slice 98, 1g 14; NVIDIA A100 whitepaper and MIG User Guide), not
+# compute slices / 7; Kubernetes resource names as the device plugin
+# advertises them ('+' becomes '.'); a service on two profiles is two
+# uniquely named workloads.
+$PY - "$LOOM" <<'PY'
+import json, subprocess, sys
+loom = sys.argv[1]
+def check(name, ok, detail):
+    print(f"{'PASS' if ok else 'FAIL'} {name}{'' if ok else ':'} {detail}")
+def serve(*a):
+    r = subprocess.run([loom, "plan", "serve", "--model", "gpt2-small", "--gpu", "a100-80gb", "--json", *a], capture_output=True, text=True)
+    return json.loads(r.stdout)
+whole = serve()
+pre = {p: serve("--mig", p)[f"mig_{p}"]["prefill_s"] for p in ("7g.80gb", "1g.10gb")}
+w = [v for k, v in whole.items() if isinstance(v, dict) and "prefill_s" in v][0]["prefill_s"]
+ok = abs(pre["7g.80gb"] / w - 108 / 98) < 1e-6 and abs(pre["1g.10gb"] / w - 108 / 14) < 1e-6
+check("plan_mig_flops_by_sms", ok, f"prefill floor 7g/whole {pre['7g.80gb']/w:.4f} (108/98 = {108/98:.4f}), 1g/whole {pre['1g.10gb']/w:.4f} (108/14 = {108/14:.4f})")
+r = subprocess.run([loom, "plan", "mig", "--gpu", "a100-80gb", "--need", "chat:1x10gb,chat:1x20gb,x:1g.10gb+me", "--format", "k8s"],
+                   capture_output=True, text=True)
+names = [l.split(":", 1)[1].strip() for l in r.stdout.splitlines() if l.strip().startswith("- name:")]
+res = [l.strip().split(":")[0] for l in r.stdout.splitlines() if "nvidia.com/mig-" in l]
+ok = r.returncode == 0 and len(names) == len(set(names)) and not any("+" in x for x in res) and "nvidia.com/mig-1g.10gb.me" in res
+check("plan_mig_k8s_names", ok, f"names {names}, resources {res}")
+PY
