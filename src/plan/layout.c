@@ -195,6 +195,7 @@ void loom_layout_search(const loom_layout_env_t *e, const loom_layout_fix_t *fix
             }
             for (l.zero = 0; l.zero <= 3; l.zero++) {
                 if (fix->zero >= 0 && l.zero != fix->zero) continue;
+                if (l.dp == 1 && l.zero && fix->zero < 0) continue; /* one dp rank: every stage is ZeRO-0 */
                 for (int rc = 0; rc <= LOOM_RECOMPUTE_ALL; rc++) {
                     if (fix->rc >= 0 && rc != fix->rc) continue;
                     l.rc = (loom_recompute)rc;
