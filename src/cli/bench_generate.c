@@ -16,6 +16,7 @@
 #include "model/sparse24.h"
 #include "model/infer.h"
 #include "backend/cpu/cpu_int8.h"
+#include "backend/qblock.h"
 
 typedef struct {
     loom_engine_t *e;
@@ -239,6 +240,18 @@ static void llama_peer(const bench_flags_t *f, const bench_side_t *sd, int ns, c
     loom_bench_llama_peer(&p);
 }
 
+/* Decode bytes when m runs its GGUF's own block weights (gpt.h file_q):
+ * those matrices at their block bytes instead of `fp32_bytes`' 4 a weight. */
+static size_t file_q_bytes(const loom_gpt_t *m, size_t fp32_bytes) {
+    size_t b = fp32_bytes;
+    for (int i = 0; m->file_q && i < m->cfg.n_layer * LOOM_QLIN_COUNT; i++) {
+        const loom_tensor_t *t = &m->file_q[i];
+        if (!t->data) continue;
+        b += loom_qblock_tensor_bytes(t) - 4 * (size_t)t->rows * (size_t)t->cols;
+    }
+    return b;
+}
+
 /* One engine per side on model m (each with its own cache of --kv-memory). */
 static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_side_t *sd, int ns) {
     for (int i = 0; i < ns; i++) {
@@ -252,9 +265,10 @@ static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_sid
         ec.speculate = f->speculate;
         loom_quant_opts_t qo = {.block = sd[i].block, .logits = !sd[i].fp32_logits};
         sd[i].bytes = loom_quant_decode_bytes(&m->cfg, (loom_quant_mode)sd[i].quant, &qo);
+        if (m->file_q && !sd[i].quant) sd[i].bytes = file_q_bytes(m, sd[i].bytes);
         LOOM_TRY(loom_engine_create(&sd[i].e, m, NULL, &ec));
         printf("%-16s linear weights %s%s, logits %s, KV cache %s (%d blocks of %d tokens), %.0f MB of weights per decode token\n",
-               sd[i].name, sd[i].quant ? loom_quant_name((loom_quant_mode)sd[i].quant) : "fp32",
+               sd[i].name, sd[i].quant ? loom_quant_name((loom_quant_mode)sd[i].quant) : m->file_q ? "the GGUF's own blocks" : "fp32",
                sd[i].block ? " (Q8_0 blocks of 32)" : sd[i].quant ? " (per-channel scales)" : "",
                sd[i].quant && !sd[i].fp32_logits ? "int8" : "fp32", sd[i].kv8 ? "int8" : "fp32",
                (int)(ec.kv_bytes / loom_infer_block_bytes(&m->cfg, ec.block_size, ec.kv_dtype)), ec.block_size,

@@ -502,6 +502,7 @@ void loom_gpt_free(loom_gpt_t *m) {
     free_acts(m);
     if (m->rope_freq) be->free(m->rope_freq);
     free(m->file_int8);
+    free(m->file_q);
     free(m);
 }
 

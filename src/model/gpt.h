@@ -193,6 +193,14 @@ struct loom_gpt {
      * runs these bytes instead of quantizing params again. Freed with the
      * model. */
     loom_tensor_t *file_int8;
+    /* Linear weights in llama.cpp's block formats (backend/qblock.h) as a
+     * GGUF stored them, or NULL: host memory, one malloc, (L, 4) tensors
+     * in LOOM_QLIN_* order then their bytes; a tensor whose file type is
+     * not a block format has data NULL (q8_0 ones are int8, block 32, as
+     * in file_int8). params holds the same values dequantized; the
+     * inference forward runs these on a backend with matmul_forward_kq
+     * (docs/quantization.md). Freed with the model. */
+    loom_tensor_t *file_q;
 };
 
 /* Layer l's slice of tensor i (LOOM_WTE ...) in `views` (m->param,

@@ -14,6 +14,10 @@
  * needs a block and none is free, the newest running sequence is preempted:
  * its blocks are freed and it goes back to the front of the queue to be
  * recomputed (prompt plus the tokens it had made) when blocks free up.
+ * A sequence admitted without blocks first takes the cached blocks of the
+ * prompt prefix it shares with earlier ones (prefix caching,
+ * serve/kv_cache.h); with `speculate`, a decoding sequence may run drafted
+ * tokens after its last one, verified in the same forward.
  *
  * Threads: every function here is safe to call from any thread. Either
  * call loom_engine_step yourself (one thread), or start a step loop

@@ -73,19 +73,7 @@ static int isa_pick(void) {
 
 const char *loom_cpu_int8_isa(void) { return isa_names[isa_pick()]; }
 
-int loom_cpu_int8_use(const char *name) {
-    if (!name) {
-        isa_now = -1;
-        return 1;
-    }
-    for (int i = 0; i < ISA_COUNT; i++)
-        if (!strcmp(name, isa_names[i])) {
-            if (!isa_supported(i)) return 0;
-            isa_now = i;
-            return 1;
-        }
-    return 0;
-}
+int loom_cpu_int8_use(const char *name) { return loom_cpu_isa_use(isa_names, ISA_COUNT, isa_supported, &isa_now, name); }
 
 int loom_cpu_int8_vnni(void) { return isa_pick() >= ISA_AVXVNNI; }
 
