@@ -182,6 +182,14 @@ typedef struct loom_backend {
      * matrix precision (bf16, fp16) when the backend is opened at one,
      * else fp32 (docs/cuda.md, "bf16 activations"). */
     loom_dtype act_dtype;
+    /* Host threads its ops run on: the CPU backend's OpenMP team. OpenMP
+     * counts threads per calling thread, so a thread that runs ops (the
+     * engine's stepping thread) sets its own count from this. 0 where no
+     * op's work runs on the host. */
+    int threads;
+    /* The kernels it chose for this machine, in words, for reports
+     * ("gemm avx512, int8 avx512vnni"); NULL when there is nothing to say. */
+    const char *kernels;
 
     /* One slot per entry of ops.h, in its order; the contract of each: */
 #define LOOM_OP_SLOT_(name, ret, kind, fallback, flops, n, args) ret(*name) LOOM_OP_PARAMS(n, args);
@@ -361,8 +369,6 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads);
 /* The CUDA backend on device `index` (src/backend/cuda/). */
 loom_status loom_backend_cuda_init(const loom_backend_t **out, int index, loom_dtype dtype);
 #endif
-/* Threads the CPU backend uses. */
-int loom_backend_cpu_threads(void);
 /* The CPU's SGEMM rate in FLOP/s: the best of `reps` n^3 products with
  * the GEMM and threads of the open CPU backend; `how` says so in words.
  * Larger n and more reps than the quick measurement at open, for

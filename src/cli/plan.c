@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "ckpt/run.h"
 #include "cli/plan_report.h"
+#include "cli/stats.h"
 #include "obs/metrics_log.h"
 #include "parallel/dist.h"
 #include "plan/layout.h"
@@ -100,16 +101,6 @@ typedef struct {
     char device[64], recompute[16]; /* recompute: what f->recompute points at when the run sets it */
 } measured_t;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 /* Model shape and step settings from RUN/config.json (the one reader,
  * ckpt/run.h), where the flags left them unset. */
 static loom_status read_run_config(const char *run, train_flags_t *f, measured_t *m, loom_gpt_config_t *cfg) {
@@ -163,8 +154,8 @@ static loom_status read_run_metrics(const char *run, const loom_gpt_config_t *cf
     if (t.n == 0) return loom_error(LOOM_EINVAL, "--measured %s: metrics.jsonl has no step_s lines", run);
     int k = t.n > 1 ? 1 : 0;
     m->nsteps = t.n - k;
-    m->step_s = median(t.step_s + k, t.n - k);
-    m->mfu = median(t.mfu + k, t.n - k);
+    m->step_s = loom_median(t.step_s + k, t.n - k);
+    m->mfu = loom_median(t.mfu + k, t.n - k);
     m->flops_per_s = loom_gpt_flops_per_token(cfg, m->T) * (double)m->B * m->T * m->accum / m->step_s;
     m->have = 1;
     free(t.step_s), free(t.mfu);

@@ -768,10 +768,3 @@ void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T) {
     act_views(m, B, T, &a);
     loom_backend_download_act(m->be, out, a.a[A_LOGITS], (size_t)B * T * m->cfg.padded_vocab_size);
 }
-
-void loom_gpt_logits_row(const loom_gpt_t *m, float *out, int B, int T, size_t row) {
-    acts_t a;
-    act_views(m, B, T, &a);
-    size_t Vp = (size_t)m->cfg.padded_vocab_size;
-    loom_backend_download_act(m->be, out, (char *)a.a[A_LOGITS] + loom_backend_act_bytes(m->be, row * Vp), Vp);
-}

@@ -283,8 +283,6 @@ void loom_gpt_adamw_dev(loom_gpt_t *m, const loom_adamw_t *hp, const float *scal
 /* Copy the logits (B,T,Vp) of the last forward to host memory `out`. Only
  * meaningful after a forward with dloss == 0. */
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);
-/* Copy row `row` (0 <= row < B*T) of the last forward's logits (Vp floats). */
-void loom_gpt_logits_row(const loom_gpt_t *m, float *out, int B, int T, size_t row);
 /* res (N,C) = a + b_res, then out, mean, rstd = layernorm(res) with w, b:
  * the backend's fused entry when it has one, else the two ops. Used by
  * the forward here and by the inference path (model/infer.c). */

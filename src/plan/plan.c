@@ -2,7 +2,7 @@
 
 #include <math.h>
 
-#include "train/step.h"
+#include "parallel/shard.h"
 
 void loom_plan_train_memory(const loom_gpt_config_t *cfg, loom_recompute rc, int zero, int world,
                             int B, int T, int accum, double act_bytes, double runtime_bytes, loom_plan_mem_t *o) {

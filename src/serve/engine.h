@@ -100,7 +100,15 @@ typedef enum {
     LOOM_FINISH_LENGTH,    /* max_tokens reached, or the model's context is full */
     LOOM_FINISH_STOP,      /* a stop id or stop string */
     LOOM_FINISH_CANCELLED, /* loom_engine_cancel */
+    LOOM_FINISH_COUNT
 } loom_finish_reason;
+
+/* The one table of reason names, for loom's own outputs (the metrics'
+ * finish_reason label, `loom generate`'s JSON lines): "length", "stop",
+ * "abort" for CANCELLED (the client left, a deadline passed, shutdown:
+ * vLLM's label for it), "" for NONE. The OpenAI API has no "abort":
+ * loom_api_finish_reason (http_api.h) maps the reasons for clients. */
+const char *loom_finish_name(loom_finish_reason f);
 
 /* What an event carries; valid during the callback only. */
 typedef struct {

@@ -35,8 +35,6 @@ static void openblas_set_num_threads(int n) { (void)n; }
 
 static int cpu_threads = 1;
 
-int loom_backend_cpu_threads(void) { return cpu_threads; }
-
 void *loom_cpu_alloc(size_t bytes) {
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
@@ -452,7 +450,11 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
 #endif
     if (loom_cpu_gemm_init(threads) != 0)
         return loom_error(LOOM_ENOMEM, "cannot allocate the GEMM packing buffers for %d threads", threads);
-    cpu_threads = threads;
+    cpu_threads = cpu_backend.threads = threads;
+    static char kernels[96];
+    snprintf(kernels, sizeof kernels, "gemm %s%s, int8 %s", use_blas ? "blas" : loom_cpu_gemm_kernel(), use_blas ? "" : " (own)",
+             loom_cpu_int8_isa());
+    cpu_backend.kernels = kernels;
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
     static int measured_threads = -1;
