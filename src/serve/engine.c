@@ -402,7 +402,7 @@ static int text_add(loom_engine_t *e, seq_t *s, int token, size_t *rel) {
         s->text = realloc(s->text, s->text_cap);
         if (!s->text) loom_panic(__FILE__, __LINE__, "out of memory for generated text");
     }
-    memcpy(s->text + s->text_len, b, n);
+    if (n) memcpy(s->text + s->text_len, b, n);
     s->text_len += n;
     const request_t *r = s->req;
     size_t hold = 0, cut = s->text_len;
