@@ -14,7 +14,12 @@
  * - recompute all on the GPU gives the gradients of recompute none.
  * The bounds are set a priori (no GPU has run these yet): bf16 rounds the
  * GEMM inputs to 8 significant bits, so a two-layer model's gradients get
- * 5e-2 normalized error, fp32 1e-4 (a different summation order).
+ * 5e-2 normalized error; fp32 2e-3: a different summation order (1e-5)
+ * plus cuBLASLt's GELU epilogues, whose tanh may be the hardware
+ * approximation (2^-11 relative: up to 5e-4 on a GELU output, 1e-3 on its
+ * derivative, test_cuda_ops), which every gradient below the first MLP
+ * carries, twice for two layers. Graph replay is bitwise: the kernels have
+ * no float atomics (docs/cuda.md, "What must be bitwise, what may drift").
  *
  * CPU cases (run everywhere): the loss-scale policy, and the device-resident
  * step (train/step_graph.c) on a simulated device, the CPU backend plus
@@ -135,7 +140,7 @@ static void model_matches_cpu_at(loom_dtype d, double tol_loss, double tol_grad)
 /* The bounds: bf16 keeps 8 significant bits of every activation and
  * activation gradient (fp16 11), on top of the GEMMs' rounding; the
  * simulated-device cases below measure what storage alone does. */
-static void cuda_model_matches_cpu_fp32(void) { model_matches_cpu_at(LOOM_FP32, 1e-5, 1e-4); }
+static void cuda_model_matches_cpu_fp32(void) { model_matches_cpu_at(LOOM_FP32, 1e-4, 2e-3); }
 static void cuda_model_matches_cpu_bf16(void) { model_matches_cpu_at(LOOM_BF16, 1e-2, 5e-2); }
 static void cuda_model_matches_cpu_fp16(void) { model_matches_cpu_at(LOOM_FP16, 5e-3, 2e-2); }
 
@@ -196,12 +201,13 @@ static void training_tracks_cpu_at(loom_dtype d) {
 static void cuda_training_tracks_cpu(void) { training_tracks_cpu_at(LOOM_BF16); }
 static void cuda_training_tracks_cpu_fp16(void) { training_tracks_cpu_at(LOOM_FP16); }
 
-/* 8 steps with graphs against 8 with plain launches, accum 1 and 2: same
- * kernels either way; only the two atomics-based reductions (encoder dwte,
- * layernorm dw/db) may order fp32 sums differently, which 16-bit storage
- * can turn into a last-bit difference of an activation (hence the looser
- * bound there, set a priori). */
-static void graph_replay_matches_plain_at(loom_dtype d, float tol) {
+/* 8 steps with graphs against 8 with plain launches, accum 1 and 2: the
+ * same kernels in the same order on the same inputs, and none of them
+ * orders a sum by timing (no float atomics: the encoder's dwte sums each
+ * token's rows in row order, layernorm's dw/db sum per warp then in warp
+ * and block order, cuDNN's SDPA backward runs its deterministic
+ * algorithm), so the losses are the same bits at every dtype. */
+static void graph_replay_matches_plain_at(loom_dtype d) {
     const loom_backend_t *gpu = gpu_or_skip(d);
     if (!gpu) return;
     loom_loss_scaler_t ls;
@@ -221,13 +227,13 @@ static void graph_replay_matches_plain_at(loom_dtype d, float tol) {
         if (!ok) return;
         CHECK(rp == 0 && rr == 8 - LOOM_STEP_GRAPH_WARMUP, "accum %d: %d plain and %d graph steps replayed", accum, rp, rr);
         for (int s = 0; s < 8; s++)
-            CHECK(fabsf(lr[s] - lp[s]) <= tol * lp[s], "%s accum %d step %d: graph %.7f vs plain %.7f", loom_dtype_name(d), accum,
-                  s + 1, lr[s], lp[s]);
+            CHECK(lr[s] == lp[s], "%s accum %d step %d: graph %.9g vs plain %.9g (must be the same bits)",
+                  loom_dtype_name(d), accum, s + 1, lr[s], lp[s]);
     }
 }
-static void cuda_graph_replay_matches_plain(void) { graph_replay_matches_plain_at(LOOM_FP32, 1e-5f); }
-static void cuda_graph_replay_matches_plain_bf16(void) { graph_replay_matches_plain_at(LOOM_BF16, 1e-3f); }
-static void cuda_graph_replay_matches_plain_fp16(void) { graph_replay_matches_plain_at(LOOM_FP16, 1e-3f); }
+static void cuda_graph_replay_matches_plain(void) { graph_replay_matches_plain_at(LOOM_FP32); }
+static void cuda_graph_replay_matches_plain_bf16(void) { graph_replay_matches_plain_at(LOOM_BF16); }
+static void cuda_graph_replay_matches_plain_fp16(void) { graph_replay_matches_plain_at(LOOM_FP16); }
 
 static void cuda_fp16_loss_scaling(void) {
     const loom_backend_t *gpu = gpu_or_skip(LOOM_FP16);

@@ -2,7 +2,9 @@
  * every other backend is tested against. Deterministic for a given thread
  * count: every parallel loop uses a static schedule and every reduction
  * runs in a fixed order. */
+#ifndef LOOM_NO_BLAS
 #include <cblas.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -15,12 +17,23 @@
 #include "cpu_gemm.h"
 #include "cpu_math.h"
 #include "cpu_int8.h"
+#include "cpu_kquant.h"
 #include "cpu_sparse24.h"
 #include "cpu_paged.h"
 
-static int cpu_threads = 1;
+#ifdef LOOM_NO_BLAS
+/* Built without OpenBLAS (make NO_BLAS=1: the GPU bundle, where it would
+ * be 35 of the MiB that can be carried): LOOM_GEMM=blas is refused at
+ * open, so the BLAS paths below are never taken. */
+enum { CblasRowMajor, CblasNoTrans, CblasTrans };
+static void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                        const float *B, int ldb, float beta, float *C, int ldc) {
+    loom_panic(__FILE__, __LINE__, "cblas_sgemm in a loom built without OpenBLAS (NO_BLAS=1)");
+}
+static void openblas_set_num_threads(int n) { (void)n; }
+#endif
 
-int loom_backend_cpu_threads(void) { return cpu_threads; }
+static int cpu_threads = 1;
 
 void *loom_cpu_alloc(size_t bytes) {
     void *p = NULL;
@@ -375,7 +388,9 @@ static loom_backend_t cpu_backend = {
     .name = "cpu",
     .dtype = LOOM_FP32,
     .caps = 0, /* host memory, synchronous ops, no graphs, no device step */
-    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(LOOM_INT8),
+    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(LOOM_INT8) | LOOM_DTYPE_BIT(LOOM_Q4_0) |
+              LOOM_DTYPE_BIT(LOOM_Q4_1) | LOOM_DTYPE_BIT(LOOM_Q5_0) | LOOM_DTYPE_BIT(LOOM_Q5_1) | LOOM_DTYPE_BIT(LOOM_Q4_K) |
+              LOOM_DTYPE_BIT(LOOM_Q5_K) | LOOM_DTYPE_BIT(LOOM_Q6_K),
     .act_dtype = LOOM_FP32,
 #define CPU_SLOT_(name, ret, kind, fallback, flops, n, args) .name = loom_cpu_##name,
     LOOM_OPS(CPU_SLOT_)
@@ -428,9 +443,18 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
     if (gemm && *gemm && strcmp(gemm, "blas") != 0 && strcmp(gemm, "own") != 0)
         return loom_error(LOOM_EINVAL, "LOOM_GEMM=%s: use own or blas", gemm);
     use_blas = gemm && strcmp(gemm, "blas") == 0;
+#ifdef LOOM_NO_BLAS
+    if (use_blas)
+        return loom_error(LOOM_EUNAVAIL, "LOOM_GEMM=blas: this loom was built without OpenBLAS (make NO_BLAS=1); "
+                          "unset LOOM_GEMM to use loom's own GEMM");
+#endif
     if (loom_cpu_gemm_init(threads) != 0)
         return loom_error(LOOM_ENOMEM, "cannot allocate the GEMM packing buffers for %d threads", threads);
-    cpu_threads = threads;
+    cpu_threads = cpu_backend.threads = threads;
+    static char kernels[96];
+    snprintf(kernels, sizeof kernels, "gemm %s%s, int8 %s", use_blas ? "blas" : loom_cpu_gemm_kernel(), use_blas ? "" : " (own)",
+             loom_cpu_int8_isa());
+    cpu_backend.kernels = kernels;
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
     static int measured_threads = -1;
