@@ -102,3 +102,16 @@ if command -v xxhsum > /dev/null; then
 else
     echo "SKIP optimizer_nan_refused: xxhsum not installed (Debian package xxhash)"
 fi
+
+# ---- a model config out of bounds, whichever way it arrives: the CLI's bounds, refused by name ----
+$LOOM train --data "$tmp/bpe" "${A[@]}" --steps 2 --out "$tmp/base" > /dev/null 2>&1 || fail base_setup "train failed"
+ck=$(ls -d "$tmp"/base/checkpoints/step_* | tail -1)
+for c in 131072 536870912; do
+    rm -rf "$tmp/hfc"; mkdir "$tmp/hfc"; cp "$ck/config.json" "$ck/model.safetensors" "$tmp/base/tokenizer.json" "$tmp/hfc/"
+    /usr/bin/python3 -c "
+import json, sys; p = sys.argv[1]; j = json.load(open(p)); j['n_embd'] = int(sys.argv[2]); j['n_head'] = 1; json.dump(j, open(p, 'w'))" "$tmp/hfc/config.json" $c
+    expect_fail "hf_config_n_embd_${c}_refused" "n_embd\|$c channels; expected 1 to 65536" $LOOM sample --run "$tmp/hfc" --tokens 2
+    expect_fail "init_from_n_embd_${c}_refused" "n_embd\|$c channels; expected 1 to 65536" \
+        $LOOM train --data "$tmp/bpe" --init-from "$tmp/hfc" --batch 2 --seq 16 --steps 1 --threads 1 --out "$tmp/ic"
+done
+expect_fail cli_channels_bound "65536" $LOOM train --data "$tmp/bpe" "${A[@]}" --channels 131072 --heads 1 --steps 1 --out "$tmp/cc"

@@ -14,10 +14,14 @@
 static _Thread_local char errmsg[1024];
 
 loom_status loom_error(loom_status code, const char *fmt, ...) {
+    /* formatted apart, then copied: a caller may pass loom_errmsg() itself
+     * to add where the error happened */
+    char buf[sizeof errmsg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(errmsg, sizeof errmsg, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(errmsg, buf, sizeof buf);
     return code;
 }
 
