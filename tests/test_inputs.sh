@@ -115,3 +115,22 @@ import json, sys; p = sys.argv[1]; j = json.load(open(p)); j['n_embd'] = int(sys
         $LOOM train --data "$tmp/bpe" --init-from "$tmp/hfc" --batch 2 --seq 16 --steps 1 --threads 1 --out "$tmp/ic"
 done
 expect_fail cli_channels_bound "65536" $LOOM train --data "$tmp/bpe" "${A[@]}" --channels 131072 --heads 1 --steps 1 --out "$tmp/cc"
+
+# ---- NaN in weights from any loader: refused with the tensor named ----
+$LOOM export --run "$tmp/base" --format gguf --out "$tmp/base.gguf" > /dev/null 2>&1 || fail gguf_setup "export failed"
+PYTHONPATH=.deps/py /usr/bin/python3 -c "
+import sys, shutil, struct
+from gguf import GGUFReader
+shutil.copy(sys.argv[1], sys.argv[2])
+t = [t for t in GGUFReader(sys.argv[2]).tensors if t.name == 'blk.0.attn_qkv.weight'][0]
+f = open(sys.argv[2], 'r+b'); f.seek(int(t.data_offset) + 28); f.write(struct.pack('<f', float('nan')))" "$tmp/base.gguf" "$tmp/nan.gguf" \
+    || fail gguf_nan_setup "the gguf package is missing (.deps/py)"
+expect_fail gguf_nan_weights_refused "blk.0.attn_qkv.weight holds NaN at element 7" $LOOM sample --gguf "$tmp/nan.gguf" --tokens 2
+rm -rf "$tmp/hfn"; mkdir "$tmp/hfn"; cp "$ck/config.json" "$ck/model.safetensors" "$tmp/base/tokenizer.json" "$tmp/hfn/"
+/usr/bin/python3 -c "
+import sys, json, struct
+p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+o = h['h.0.mlp.c_fc.weight']['data_offsets'][0] + 8 + n + 4 * 3; b[o:o + 4] = struct.pack('<f', float('inf')); open(p, 'wb').write(b)" "$tmp/hfn/model.safetensors"
+expect_fail init_from_inf_weights_refused "h.0.mlp.c_fc.weight holds infinity at element 3" \
+    $LOOM train --data "$tmp/bpe" --init-from "$tmp/hfn" --batch 2 --seq 16 --steps 1 --threads 1 --out "$tmp/in"
+expect_fail export_inf_weights_refused "h.0.mlp.c_fc.weight holds infinity" $LOOM export --run "$tmp/hfn" --format gguf --out "$tmp/hfn.gguf"

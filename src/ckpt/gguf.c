@@ -448,7 +448,7 @@ static loom_status read_tensor(void *ctx, const loom_xtensor_t *x, float *out) {
         return loom_error(LOOM_EFORMAT, "%s: tensor %s: its %zu bytes at offset %llu end past the end of the file (%zu bytes); the file is truncated",
                           g->path, x->gguf, bytes, (unsigned long long)(g->data + t->offset), g->size);
     loom_xdecode((loom_xdtype)xt, g->p + g->data + t->offset, x->numel, out);
-    return LOOM_OK;
+    return loom_check_finite(out, x->numel, x->gguf, g->path);
 }
 
 /* Which LOOM_QLIN_* a parameter is, -1 for the others. */

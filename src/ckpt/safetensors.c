@@ -228,15 +228,6 @@ static loom_status match_entry(const cJSON *t, const st_entry_t *x, const char *
     return s;
 }
 
-/* The first non-finite value of a tensor is an error naming it. */
-static loom_status check_finite(const float *p, size_t n, const char *name, const char *path) {
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(p[i]))
-            return loom_error(LOOM_EFORMAT, "%s: tensor %s holds %s at element %zu; the weights are unusable (a diverged run or a corrupt file): use an earlier checkpoint",
-                              path, name, isnan(p[i]) ? "NaN" : "infinity", i);
-    return LOOM_OK;
-}
-
 loom_status loom_safetensors_load_gpt(loom_gpt_t *m, const char *path) {
     char *data;
     size_t size;
@@ -267,7 +258,7 @@ loom_status loom_safetensors_load_gpt(loom_gpt_t *m, const char *path) {
         size_t b0 = (size_t)cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(t, "data_offsets"), 0)->valuedouble;
         float *buf = loom_malloc(e[i].numel * sizeof(float));
         memcpy(buf, body + b0, e[i].numel * sizeof(float));
-        s = check_finite(buf, e[i].numel, e[i].name, path);
+        s = loom_check_finite(buf, e[i].numel, e[i].name, path);
         convert(&e[i], buf, loom_view(m, host, &e[i]), 0);
         free(buf);
     }

@@ -229,6 +229,14 @@ void loom_xdecode(loom_xdtype t, const void *src, size_t n, float *dst) {
     }
 }
 
+loom_status loom_check_finite(const float *p, size_t n, const char *name, const char *path) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(p[i]))
+            return loom_error(LOOM_EFORMAT, "%s: tensor %s holds %s at element %zu; the weights are unusable (a diverged run or a corrupt file): "
+                              "use an earlier checkpoint or another copy", path, name, isnan(p[i]) ? "NaN" : "infinity", i);
+    return LOOM_OK;
+}
+
 /* ---- safetensors view ---------------------------------------------------- */
 
 struct loom_stview {
@@ -305,7 +313,7 @@ loom_status loom_stview_read(const loom_stview_t *v, const char *name, int ndim,
         return loom_error(LOOM_EFORMAT, "%s: tensor %s: data [%.0f, %.0f) does not fit the %zu-byte data section; the file is truncated or corrupt",
                           v->path, name, b0, b1, v->body_len);
     loom_xdecode((loom_xdtype)xt, v->body + (size_t)b0, n, out);
-    return LOOM_OK;
+    return loom_check_finite(out, n, name, v->path);
 }
 
 loom_status loom_xsource_safetensors(void *ctx, const loom_xtensor_t *x, float *out) {
