@@ -134,3 +134,20 @@ o = h['h.0.mlp.c_fc.weight']['data_offsets'][0] + 8 + n + 4 * 3; b[o:o + 4] = st
 expect_fail init_from_inf_weights_refused "h.0.mlp.c_fc.weight holds infinity at element 3" \
     $LOOM train --data "$tmp/bpe" --init-from "$tmp/hfn" --batch 2 --seq 16 --steps 1 --threads 1 --out "$tmp/in"
 expect_fail export_inf_weights_refused "h.0.mlp.c_fc.weight holds infinity" $LOOM export --run "$tmp/hfn" --format gguf --out "$tmp/hfn.gguf"
+
+# ---- export and --init-from read safetensors through the one checked reader ----
+for how in overlap metadata fraction; do
+    rm -rf "$tmp/hfo"; mkdir "$tmp/hfo"; cp "$ck/config.json" "$ck/model.safetensors" "$tmp/base/tokenizer.json" "$tmp/hfo/"
+    /usr/bin/python3 -c "
+import sys, json, struct
+p, how = sys.argv[1], sys.argv[2]; b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+if how == 'overlap': h['h.0.ln_1.bias']['data_offsets'] = h['h.0.ln_1.weight']['data_offsets']
+if how == 'metadata': h['__metadata__'] = {'format': 7}
+if how == 'fraction': h['h.0.ln_1.bias']['data_offsets'][0] += 0.5
+hj = json.dumps(h).encode(); hj += b' ' * (-len(hj) % 8)
+open(p, 'wb').write(struct.pack('<Q', len(hj)) + hj + b[8 + n:])" "$tmp/hfo/model.safetensors" $how
+    pat=$(case $how in overlap) echo "overlap";; metadata) echo "__metadata__.format is not a string";; fraction) echo "whole numbers";; esac)
+    expect_fail "export_safetensors_${how}_refused" "$pat" $LOOM export --run "$tmp/hfo" --format gguf --out "$tmp/hfo.gguf"
+    expect_fail "init_from_safetensors_${how}_refused" "$pat" \
+        $LOOM train --data "$tmp/bpe" --init-from "$tmp/hfo" --batch 2 --seq 16 --steps 1 --threads 1 --out "$tmp/io"
+done
