@@ -151,3 +151,23 @@ open(p, 'wb').write(struct.pack('<Q', len(hj)) + hj + b[8 + n:])" "$tmp/hfo/mode
     expect_fail "init_from_safetensors_${how}_refused" "$pat" \
         $LOOM train --data "$tmp/bpe" --init-from "$tmp/hfo" --batch 2 --seq 16 --steps 1 --threads 1 --out "$tmp/io"
 done
+
+# ---- export enforces the run's tokenizer hash, as sample and serve do ----
+$LOOM tokenize --input "$tmp/text.txt" --vocab 280 --val-fraction 0.1 --out "$tmp/bpe2" --quiet > /dev/null 2>&1
+rm -rf "$tmp/swapped"; cp -r "$tmp/base" "$tmp/swapped"; cp "$tmp/bpe2/tokenizer.json" "$tmp/swapped/"
+expect_fail export_swapped_tokenizer_refused "is not the one the run trained with" \
+    $LOOM export --run "$tmp/swapped" --format gguf --out "$tmp/sw.gguf"
+expect_fail export_checkpoint_swapped_tokenizer_refused "is not the one the run trained with" \
+    $LOOM export --run "$(ls -d "$tmp"/swapped/checkpoints/step_* | tail -1)" --format hf --out "$tmp/sw_hf"
+
+# ---- a checkpoint without manifest.json: refused unless --no-verify; a manifest that omits a file: refused ----
+rm -rf "$tmp/nm"; cp -r "$tmp/base" "$tmp/nm"; rm "$(ls -d "$tmp"/nm/checkpoints/step_* | tail -1)/manifest.json"
+expect_fail no_manifest_refused "no manifest.json.*--no-verify" $LOOM sample --run "$tmp/nm" --tokens 2
+expect_fail no_manifest_resume_refused "no manifest.json" $LOOM train --data "$tmp/bpe" "${A[@]}" --steps 4 --resume auto --out "$tmp/nm"
+out=$($LOOM sample --run "$tmp/nm" --tokens 2 --no-verify 2>&1) && printf '%s' "$out" | grep -q "unverified" \
+    && pass no_manifest_loads_with_no_verify || fail no_manifest_loads_with_no_verify "$(printf '%s' "$out" | tail -1)"
+rm -rf "$tmp/om"; cp -r "$tmp/base" "$tmp/om"
+/usr/bin/python3 -c "
+import json, sys; p = sys.argv[1]; j = json.load(open(p)); j['files'] = [f for f in j['files'] if f['name'] != 'state.json']; json.dump(j, open(p, 'w'))" \
+    "$(ls -d "$tmp"/om/checkpoints/step_* | tail -1)/manifest.json"
+expect_fail manifest_omitting_state_refused "does not list state.json" $LOOM sample --run "$tmp/om" --tokens 2 --no-verify
