@@ -171,3 +171,16 @@ rm -rf "$tmp/om"; cp -r "$tmp/base" "$tmp/om"
 import json, sys; p = sys.argv[1]; j = json.load(open(p)); j['files'] = [f for f in j['files'] if f['name'] != 'state.json']; json.dump(j, open(p, 'w'))" \
     "$(ls -d "$tmp"/om/checkpoints/step_* | tail -1)/manifest.json"
 expect_fail manifest_omitting_state_refused "does not list state.json" $LOOM sample --run "$tmp/om" --tokens 2 --no-verify
+
+# ---- token shards record their tokenizer; train refuses a swapped tokenizer.json ----
+rm -rf "$tmp/bsw"; cp -r "$tmp/bpe" "$tmp/bsw"
+/usr/bin/python3 -c "
+import json, sys; p = sys.argv[1]; t = json.load(open(p)); v = t['model']['vocab']; k = list(v); v[k[260]], v[k[261]] = v[k[261]], v[k[260]]; json.dump(t, open(p, 'w'))" \
+    "$tmp/bsw/tokenizer.json"
+expect_fail shards_other_tokenizer_refused "train shard 0 was made by another tokenizer" \
+    $LOOM train --data "$tmp/bsw" "${A[@]}" --steps 1 --out "$tmp/tsw"
+# a shard of an older loom (no hash recorded): a one-line note, not a refusal
+rm -rf "$tmp/bold"; cp -r "$tmp/bpe" "$tmp/bold"
+for f in "$tmp"/bold/*.bin; do printf '\0\0\0\0\0\0\0\0' | dd of="$f" bs=1 seek=36 conv=notrunc status=none; done
+out=$($LOOM train --data "$tmp/bold" "${A[@]}" --steps 1 --out "$tmp/told" 2>&1) && printf '%s' "$out" | grep -q "do not record their tokenizer" \
+    && pass old_shards_load_with_note || fail old_shards_load_with_note "$(printf '%s' "$out" | tail -1)"
