@@ -184,3 +184,29 @@ rm -rf "$tmp/bold"; cp -r "$tmp/bpe" "$tmp/bold"
 for f in "$tmp"/bold/*.bin; do printf '\0\0\0\0\0\0\0\0' | dd of="$f" bs=1 seek=36 conv=notrunc status=none; done
 out=$($LOOM train --data "$tmp/bold" "${A[@]}" --steps 1 --out "$tmp/told" 2>&1) && printf '%s' "$out" | grep -q "do not record their tokenizer" \
     && pass old_shards_load_with_note || fail old_shards_load_with_note "$(printf '%s' "$out" | tail -1)"
+
+# ---- a write that fails (disk full) exits 74 (EX_IOERR), not 2 (usage) ----
+echo '{"prompt":"in the","max_tokens":2}' > "$tmp/p.jsonl"
+$LOOM generate --run "$tmp/base" --prompts "$tmp/p.jsonl" --out /dev/full > /dev/null 2>&1; rc=$?
+[ $rc = 74 ] && pass disk_full_generate_exits_74 || fail disk_full_generate_exits_74 "exit $rc"
+mkdir -p "$tmp/full"
+if mount -t tmpfs -o size=160k tmpfs "$tmp/full" 2> /dev/null; then
+    out=$($LOOM train --data "$tmp/bpe" "${A[@]}" --steps 2 --out "$tmp/full/run" 2>&1); rc=$?
+    umount "$tmp/full"
+    [ $rc = 74 ] && printf '%s' "$out" | grep -q "No space left" && pass disk_full_checkpoint_exits_74 \
+        || fail disk_full_checkpoint_exits_74 "exit $rc: $(printf '%s' "$out" | tail -1)"
+else
+    echo "SKIP disk_full_checkpoint_exits_74: cannot mount a small tmpfs here (not root)"
+fi
+
+# ---- a rank killed by SIGKILL: the launcher exits 3 (a peer died), as documented ----
+$LOOM train --data "$tmp/bpe" "${A[@]}" --nproc 2 --steps 1000000 --ckpt-every 1 --keep-ckpts 1 --out "$tmp/np" > "$tmp/np.log" 2>&1 &
+launcher=$!; pids+=($launcher)
+for _ in $(seq 1 3000); do [ -e "$tmp/np/latest" ] && break; sleep 0.1; done  # a guard, not a measure
+rank=$(pgrep -P $launcher | tail -1)
+if [ -n "$rank" ]; then
+    kill -KILL "$rank"; wait $launcher; rc=$?
+    [ $rc = 3 ] && pass killed_rank_launcher_exits_3 || fail killed_rank_launcher_exits_3 "exit $rc: $(tail -2 "$tmp/np.log")"
+else
+    fail killed_rank_launcher_exits_3 "no rank process under the launcher: $(tail -2 "$tmp/np.log")"
+fi

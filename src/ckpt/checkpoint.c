@@ -165,7 +165,7 @@ static loom_status remove_ckpt(const char *ckdir, const char *name) {
     snprintf(from, sizeof from, "%s/%s", ckdir, name);
     snprintf(to, sizeof to, "%s/.del-%s", ckdir, name);
     rm_rf(to);
-    if (rename(from, to) != 0) return loom_error(LOOM_EIO, "%s: cannot move aside for removal: %s", from, strerror(errno));
+    if (rename(from, to) != 0) return loom_error(LOOM_EWRITE, "%s: cannot move aside for removal: %s", from, strerror(errno));
     loom_fsync_dir(ckdir);
     loom_ckpt_test_point("ckpt_prune");
     if (rm_rf(to) != 0) return loom_error(LOOM_EIO, "%s: cannot remove: %s", to, strerror(errno));
@@ -201,7 +201,7 @@ loom_status loom_ckpt_commit(const char *run, long long step, int keep) {
         }
         LOOM_TRY(remove_ckpt(ckdir, name));
     }
-    if (rename(tmp, final) != 0) return loom_error(LOOM_EIO, "%s: rename failed: %s", final, strerror(errno));
+    if (rename(tmp, final) != 0) return loom_error(LOOM_EWRITE, "%s: rename failed: %s", final, strerror(errno));
     loom_fsync_dir(ckdir);
     loom_ckpt_test_point("ckpt_renamed");
     char path[4400], line[80];
@@ -390,7 +390,7 @@ loom_status loom_ckpt_supersede(const char *run, long long step) {
         snprintf(from, sizeof from, "%s/%s", ck, names[i]);
         snprintf(to, sizeof to, "%s/.superseded-%s", ck, names[i]);
         if (loom_path_exists(to)) rm_rf(to);
-        if (rename(from, to) != 0) s = loom_error(LOOM_EIO, "%s: cannot move aside: %s", from, strerror(errno));
+        if (rename(from, to) != 0) s = loom_error(LOOM_EWRITE, "%s: cannot move aside: %s", from, strerror(errno));
         else loom_info("loom: resuming from an older checkpoint: %s moved aside to %s", from, to);
     }
     free_names(names, n);

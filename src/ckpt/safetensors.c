@@ -96,7 +96,7 @@ loom_status loom_safetensors_save_gpt_host(const loom_gpt_t *m, const float *hos
     FILE *f = fopen(tmp, "wb");
     loom_status s = LOOM_OK;
     if (!f) {
-        s = loom_error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        s = loom_error(LOOM_EWRITE, "%s: cannot create: %s", tmp, strerror(errno));
         goto done;
     }
     uint64_t hlen = padded;
@@ -119,12 +119,12 @@ loom_status loom_safetensors_save_gpt_host(const loom_gpt_t *m, const float *hos
     if (fclose(f) != 0) ok = 0;
     if (!ok) {
         unlink(tmp);
-        s = loom_error(LOOM_EIO, "%s: write failed: %s (disk full?); the previous %s is untouched", tmp, strerror(err), path);
+        s = loom_error(LOOM_EWRITE, "%s: write failed: %s (disk full?); the previous %s is untouched", tmp, strerror(err), path);
         goto done;
     }
     if (rename(tmp, path) != 0) {
         unlink(tmp);
-        s = loom_error(LOOM_EIO, "%s: rename failed: %s", path, strerror(errno));
+        s = loom_error(LOOM_EWRITE, "%s: rename failed: %s", path, strerror(errno));
     }
 done:
     free(json);

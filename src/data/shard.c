@@ -137,7 +137,7 @@ static loom_status write_all(int fd, const void *p, size_t n, const char *tmp) {
         ssize_t w = write(fd, c, n);
         if (w < 0) {
             if (errno == EINTR) continue;
-            return loom_error(LOOM_EIO, "%s: write failed: %s", tmp, strerror(errno));
+            return loom_error(LOOM_EWRITE, "%s: write failed: %s", tmp, strerror(errno));
         }
         c += w;
         n -= (size_t)w;
@@ -167,7 +167,7 @@ loom_status loom_shard_writer_open(loom_shard_writer_t **out, const char *path, 
     w->buf = loom_malloc(WRITER_BUF);
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (w->fd < 0) {
-        loom_status s = loom_error(LOOM_EIO, "%s: cannot create: %s", w->tmp, strerror(errno));
+        loom_status s = loom_error(LOOM_EWRITE, "%s: cannot create: %s", w->tmp, strerror(errno));
         w->fd = -1;
         loom_shard_writer_abort(w);
         return s;
@@ -226,13 +226,13 @@ loom_status loom_shard_writer_close(loom_shard_writer_t *w) {
     header(h, w->count, w->vocab_size, w->tb, loom_hash64_digest(&w->hash), w->tok_hash);
     if (s == LOOM_OK && pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h)
         s = loom_error(LOOM_EIO, "%s: writing the header failed: %s", w->tmp, strerror(errno));
-    if (s == LOOM_OK && fsync(w->fd) != 0) s = loom_error(LOOM_EIO, "%s: sync failed: %s", w->tmp, strerror(errno));
+    if (s == LOOM_OK && fsync(w->fd) != 0) s = loom_error(LOOM_EWRITE, "%s: sync failed: %s", w->tmp, strerror(errno));
     if (s == LOOM_OK) {
         int fd = w->fd;
         w->fd = -1;
-        if (close(fd) != 0) s = loom_error(LOOM_EIO, "%s: close failed: %s", w->tmp, strerror(errno));
+        if (close(fd) != 0) s = loom_error(LOOM_EWRITE, "%s: close failed: %s", w->tmp, strerror(errno));
     }
-    if (s == LOOM_OK && rename(w->tmp, w->path) != 0) s = loom_error(LOOM_EIO, "%s: rename failed: %s", w->path, strerror(errno));
+    if (s == LOOM_OK && rename(w->tmp, w->path) != 0) s = loom_error(LOOM_EWRITE, "%s: rename failed: %s", w->path, strerror(errno));
     if (s != LOOM_OK) {
         loom_shard_writer_abort(w);
         return s;
