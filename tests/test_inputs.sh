@@ -210,3 +210,9 @@ if [ -n "$rank" ]; then
 else
     fail killed_rank_launcher_exits_3 "no rank process under the launcher: $(tail -2 "$tmp/np.log")"
 fi
+
+# ---- 1 rank x --grad-accum 3 resumed on 2 ranks: the advice names world sizes that work ----
+$LOOM train --data "$tmp/bpe" "${A[@]}" --grad-accum 3 --steps 2 --out "$tmp/ga" > /dev/null 2>&1 || fail grad_accum_setup "train failed"
+expect_fail resume_accum3_on_2_ranks_advice "do not split over 2 ranks; resume with --nproc 1 --grad-accum 3 or --nproc 3 --grad-accum 1" \
+    $LOOM train --data "$tmp/bpe" "${A[@]}" --grad-accum 3 --nproc 2 --steps 4 --resume auto --out "$tmp/ga"
+expect_fail sample_missing_gguf_no_train_advice "missing.gguf: no such file; check the path" $LOOM sample --gguf "$tmp/missing.gguf" --tokens 2
