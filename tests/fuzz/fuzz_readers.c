@@ -45,8 +45,9 @@ static void put(const char *name, const uint8_t *p, size_t n) {
     fclose(f);
 }
 
+static loom_gpt_t *m; /* the safetensors target's model, made once */
+
 static void fuzz_safetensors(const uint8_t *p, size_t n) {
-    static loom_gpt_t *m;
     if (!m) { /* GPT-2 with 1 layer, 8 channels: the reader checks names and shapes against it */
         const loom_backend_t *be;
         loom_gpt_config_t c = {.max_seq_len = 4, .vocab_size = 10, .n_layer = 1, .n_head = 2, .channels = 8};
@@ -138,12 +139,12 @@ static void fuzz_chat_template(const uint8_t *p, size_t n) {
     loom_status s = loom_chat_template_parse(&t, "fuzz", text);
     free(text);
     if (s != LOOM_OK) return;
-    static cJSON *msgs;
-    if (!msgs) msgs = cJSON_Parse("[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"hi\"},"
+    cJSON *msgs = cJSON_Parse("[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"hi\"},"
                                   "{\"role\":\"assistant\",\"content\":\"yo\"},{\"role\":\"user\",\"content\":\"\xc3\xa9\"}]");
     loom_chat_vars_t v = {.messages = msgs, .bos_token = "<s>", .eos_token = "</s>", .add_generation_prompt = 1};
     char *out;
     if (loom_chat_template_render(t, &v, &out) == LOOM_OK) free(out);
+    cJSON_Delete(msgs);
     loom_chat_template_free(t);
 }
 
@@ -276,6 +277,11 @@ int main(int argc, char **argv) {
         size_t len = mutate(buf, slen[s], cap, seed[d], slen[d]);
         readers[r].fn(buf, len);
     }
+    for (int i = 0; i < nseeds; i++) free(seed[i]);
+    free(seed);
+    free(slen);
+    free(buf);
+    loom_gpt_free(m);
     printf("fuzz_readers %s: %lld inputs from seed %s, %d seed file(s): no crash\n", argv[1], count, argv[3], nseeds);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
