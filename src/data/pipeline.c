@@ -70,7 +70,7 @@ static loom_status add_input(files_t *f, const char *path) {
         names[n++] = loom_strdup(e->d_name);
     }
     closedir(d);
-    qsort(names, n, sizeof *names, by_name);
+    if (n) qsort(names, n, sizeof *names, by_name); /* qsort(NULL, 0) is undefined */
     loom_status s = LOOM_OK;
     for (size_t i = 0; i < n; i++) {
         if (s == LOOM_OK) {
