@@ -9,8 +9,10 @@
 #  3. `loom export --format hf`: transformers' loss on the validation
 #     shard equals `loom eval`'s;
 #  4. `loom plan serve --config` reads the folder's config.json (its KV
-#     cache per token is 2 x layers x kv heads x head size x 4 bytes), and
-#     `loom sample` runs on the fine-tuned run.
+#     cache per token is 2 x layers x kv heads x head size x 4 bytes);
+#     `loom sample` runs on the fine-tuned run, on the Hugging Face folder
+#     itself, with int8 weights and activations and an int8 KV cache, and on
+#     a `loom prune --sparsity 2:4` copy.
 set -u
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-build/loom}
@@ -91,3 +93,13 @@ kv=$($LOOM plan serve --config "$tmp/hf/config.json" --gpu a100-80gb --dtype fp3
     || echo "FAIL llama_cli_plan_serve_config: KV cache per token '$kv', expected 512"
 out=$($LOOM sample --run "$tmp/one" --prompt "And God said" --tokens 8 --temperature 0 --threads 2 2>&1)
 [ $? = 0 ] && [ -n "$out" ] && echo "PASS llama_cli_sample" || echo "FAIL llama_cli_sample: $out"
+out=$($LOOM sample --run "$tmp/hf" --prompt "And God said" --tokens 8 --temperature 0 --threads 2 2>&1)
+[ $? = 0 ] && [ -n "$out" ] && echo "PASS llama_cli_sample_hf_folder" || echo "FAIL llama_cli_sample_hf_folder: $out"
+out=$($LOOM sample --run "$tmp/one" --prompt "And God said" --tokens 8 --temperature 0 --quant w8a8 --kv-dtype int8 --threads 2 2>&1)
+[ $? = 0 ] && [ -n "$out" ] && echo "PASS llama_cli_sample_int8" || echo "FAIL llama_cli_sample_int8: $out"
+if $LOOM prune --run "$tmp/one" --sparsity 2:4 --out "$tmp/pruned" > "$tmp/prune.log" 2>&1 &&
+   out=$($LOOM sample --run "$tmp/pruned" --prompt "And God said" --tokens 8 --temperature 0 --threads 2 2>&1); then
+    echo "PASS llama_cli_prune_24_sample ($(head -c 120 "$tmp/prune.log"))"
+else
+    echo "FAIL llama_cli_prune_24_sample: $(tail -2 "$tmp/prune.log") $out"
+fi

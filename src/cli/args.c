@@ -22,7 +22,7 @@ int loom_args_given(const char *name) {
 static const loom_arg_t shared[LOOM_FLAG_COUNT] = {
     [LOOM_FLAG_RUN] = {"run", ARG_STR, NULL, NULL, 0, 0, "the model: a run folder (`loom train --out`), one of its checkpoints/step_N, a Hugging Face folder (save_pretrained, loom export) or a GGUF file (loom export, llama.cpp's converter)"},
     [LOOM_FLAG_DATA] = {"data", ARG_STR, NULL, NULL, 0, 0, "text file, or folder of token shards from `loom tokenize`"},
-    [LOOM_FLAG_MODEL] = {"model", ARG_STR, NULL, "gpt2-tiny", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"},
+    [LOOM_FLAG_MODEL] = {"model", ARG_STR, NULL, "gpt2-tiny", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, llama-tiny, smollm2-135m, llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, mistral-7b"},
     [LOOM_FLAG_BATCH] = {"batch", ARG_INT, NULL, "8", 1, 1 << 20, "sequences per batch (per micro-batch and rank when training)"},
     [LOOM_FLAG_SEQ] = {"seq", ARG_INT, NULL, "0", 0, 1 << 20, "tokens per sequence (0 = the model's context)"},
     [LOOM_FLAG_STEPS] = {"steps", ARG_LONG, NULL, "1000", 1, 1e12, "optimizer steps"},

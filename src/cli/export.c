@@ -38,9 +38,6 @@ static loom_status export_run(const char *run, const char *format, long long ste
         s = loom_error(LOOM_EINVAL, "%s is a GGUF file; loom export reads a run folder, a checkpoint or a Hugging Face folder", run);
     else if (!R.tok)
         s = loom_error(LOOM_EINVAL, "%s: the run has no tokenizer.json; an exported model needs its tokenizer", run);
-    else if (strcmp(format, "hf") && strcmp(loom_gpt_family(&R.cfg), "gpt2"))
-        s = loom_error(LOOM_EUNAVAIL, "--format gguf: loom writes GGUF for GPT-2 only so far; for this %s model export --format hf and "
-                       "convert that folder with llama.cpp's convert_hf_to_gguf.py", loom_gpt_family(&R.cfg));
     loom_stview_t *v = NULL;
     snprintf(path, sizeof path, "%s/model.safetensors", R.weights_path);
     if (s == LOOM_OK) s = loom_stview_open(&v, path);

@@ -49,7 +49,7 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int *keep_sparsity, int
         loom_flag(LOOM_FLAG_MODEL, &o->model),
         {"init-from-run", ARG_STR, &o->init_from_run, NULL, 0, 0, "a loom run folder (e.g. from loom prune) whose newest checkpoint gives the architecture and weights to fine-tune"},
         {"keep-sparsity", ARG_BOOL, keep_sparsity, "0", 0, 0, "hold the zero weights of the linear layers at zero after every AdamW step (fine-tuning a pruned run)"},
-        {"init-from", ARG_STR, &o->init_from, NULL, 0, 0, "Hugging Face GPT-2 folder (config.json, model.safetensors, tokenizer) to fine-tune; --data must use its tokenizer"},
+        {"init-from", ARG_STR, &o->init_from, NULL, 0, 0, "Hugging Face folder (GPT-2, Llama, Mistral, Qwen2: config.json, safetensors weights, tokenizer) to fine-tune; --data must use its tokenizer"},
         {"out", ARG_STR, &o->out, NULL, 0, 0, "run folder to create (config, metrics log, checkpoints, plot)"},
         {"force", ARG_BOOL, &o->force, "0", 0, 0, "replace the run in an existing --out folder"},
         {"resume", ARG_OPTSTR, &o->resume_from, "", 0, 0, "continue the run in --out from its newest verified checkpoint (weights, AdamW state, step, data position), or from step_N; auto: resume when --out holds a checkpoint, else start fresh (one command for first start and restarts). Another --nproc is fine (the global batch is kept)"},

@@ -58,6 +58,19 @@ static const float *lin(const loom_gpt_t *m, int which, int l, int *OC, int *C) 
     return loom_gpt_slice(m, m->param, p, l);
 }
 
+/* The floats of the largest linear weight of a block (*big) and the most
+ * rows of one (*rows); the logits' head counts when `head`. */
+static void lin_largest(const loom_gpt_t *m, int head, size_t *big, size_t *rows) {
+    *big = head ? (size_t)m->cfg.padded_vocab_size * m->cfg.channels : 0;
+    *rows = head ? (size_t)m->cfg.padded_vocab_size : 0;
+    for (int w = 0; w < LOOM_QLIN_COUNT; w++) {
+        int OC, C;
+        lin(m, w, 0, &OC, &C);
+        *big = (size_t)OC * C > *big ? (size_t)OC * C : *big;
+        *rows = (size_t)OC > *rows ? (size_t)OC : *rows;
+    }
+}
+
 /* Slot i of q->w: (which, layer). */
 static void slot_of(const loom_quant_t *q, int i, int *which, int *l) {
     *which = i == q->L * LOOM_QLIN_COUNT ? LOOM_QLIN_COUNT : i % LOOM_QLIN_COUNT;
@@ -100,7 +113,7 @@ loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom
                                    const loom_quant_opts_t *opts) {
     loom_quant_opts_t o = opts ? *opts : loom_quant_opts_default();
     if (m->file_int8) o.block = 32; /* a Q8_0 GGUF: its own blocks (gpt.h), uploaded below */
-    int C0 = m->cfg.channels, Vp = m->cfg.padded_vocab_size;
+    int C0 = m->cfg.channels;
     if (o.block != 0 && o.block != 32)
         return loom_error(LOOM_EINVAL, "int8 weights in blocks of %d: 0 (per output channel) or 32 (Q8_0)", o.block);
     if (o.block && (C0 % o.block || m->cfg.ffn_hidden % o.block))
@@ -118,13 +131,8 @@ loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom
         return loom_error(LOOM_ENOMEM, "cannot allocate %zu bytes of int8 weights on %s", bytes, m->be->name);
     }
     layout(q, o.block, q->mem);
-    size_t big = (size_t)Vp * C0, rows = (size_t)Vp; /* the largest matrix, and the most rows */
-    for (int w = 0; w < LOOM_QLIN_COUNT; w++) {
-        int OC, C;
-        lin(m, w, 0, &OC, &C);
-        big = (size_t)OC * C > big ? (size_t)OC * C : big;
-        rows = (size_t)OC > rows ? (size_t)OC : rows;
-    }
+    size_t big, rows; /* the largest matrix, and the most rows */
+    lin_largest(m, 1, &big, &rows);
     float *hw = loom_malloc(big * sizeof(float)), *hs = loom_malloc((big / 32 + rows) * sizeof(float));
     signed char *hq = loom_malloc(big);
     for (int i = 0; i < n; i++) {
@@ -213,8 +221,9 @@ long long loom_prune24_violations(const float *w, long long rows, long long cols
 /* Call fn on a host copy of every linear weight of m; write it back when
  * `write`. */
 static void each_linear(loom_gpt_t *m, int write, void (*fn)(float *w, int OC, int C, void *ctx), void *ctx) {
-    int C0 = m->cfg.channels;
-    float *host = loom_malloc(4 * (size_t)C0 * C0 * sizeof(float));
+    size_t big, rows;
+    lin_largest(m, 0, &big, &rows);
+    float *host = loom_malloc(big * sizeof(float));
     for (int l = 0; l < m->cfg.n_layer; l++)
         for (int k = 0; k < LOOM_QLIN_COUNT; k++) {
             int OC, C;
@@ -230,8 +239,9 @@ static void each_linear(loom_gpt_t *m, int write, void (*fn)(float *w, int OC, i
 static void prune_fn(float *w, int OC, int C, void *ctx) { loom_prune24_rows(w, OC, C); }
 
 loom_status loom_prune24_model(loom_gpt_t *m) {
-    if (m->cfg.channels % 4)
-        return loom_error(LOOM_EINVAL, "2:4 sparsity needs the model width to be a multiple of 4 (it is %d)", m->cfg.channels);
+    if (m->cfg.channels % 4 || m->cfg.ffn_hidden % 4)
+        return loom_error(LOOM_EINVAL, "2:4 sparsity needs the model width (%d) and MLP width (%d) to be multiples of 4",
+                          m->cfg.channels, m->cfg.ffn_hidden);
     each_linear(m, 1, prune_fn, NULL);
     return LOOM_OK;
 }
@@ -252,7 +262,8 @@ static void take_fn(float *w, int OC, int C, void *ctx) {
 
 loom_sparsity_mask_t *loom_sparsity_mask_take(const loom_gpt_t *m) {
     loom_sparsity_mask_t *k = loom_calloc(1, sizeof *k);
-    k->n = (size_t)m->cfg.n_layer * 12 * (size_t)m->cfg.channels * m->cfg.channels;
+    static const int mats[] = {LOOM_QKVW, LOOM_ATTPROJW, LOOM_FCW, LOOM_FCPROJW};
+    for (int i = 0; i < 4; i++) k->n += m->ptable[mats[i]].numel; /* every linear weight element */
     k->zero = loom_malloc(k->n);
     each_linear((loom_gpt_t *)m, 0, take_fn, k);
     return k;
