@@ -90,7 +90,7 @@ LINK_LIB = -rdynamic -Wl,--whole-archive $(BUILD)/libloom.a -Wl,--no-whole-archi
 LIB_SRCS  := $(filter-out src/cli/main.c $(PLUGIN_C_SRCS),$(shell find src -name '*.c' | sort))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 TEST_SRCS := $(wildcard tests/test_*.c)
-TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+TEST_BINS := $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%) $(BUILD)/tests/fuzz_readers
 
 .PHONY: all loom tests test test-fast demo deps clean bench gpu-bundle install uninstall FORCE
 all: $(BUILD)/loom $(TEST_BINS) $(PLUGIN)
@@ -121,6 +121,10 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/tests/check.o $(BUILD)/libloom.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $(LDFLAGS) -o $@ $< $(BUILD)/tests/check.o $(LINK_LIB) $(LDLIBS)
 
+# The file readers' mutation driver (tests/test_fuzz_readers.sh, bench/fuzz-readers.sh).
+$(BUILD)/tests/fuzz_readers: tests/fuzz/fuzz_readers.c $(BUILD)/libloom.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LINK_LIB) $(LDLIBS)
 $(BUILD)/libloom_cuda.so: $(PLUGIN_OBJS)
 	$(CC) -shared -o $@ $^ $(CUDA_LIBS)
 

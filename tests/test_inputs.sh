@@ -102,3 +102,117 @@ if command -v xxhsum > /dev/null; then
 else
     echo "SKIP optimizer_nan_refused: xxhsum not installed (Debian package xxhash)"
 fi
+
+# ---- a model config out of bounds, whichever way it arrives: the CLI's bounds, refused by name ----
+$LOOM train --data "$tmp/bpe" "${A[@]}" --steps 2 --out "$tmp/base" > /dev/null 2>&1 || fail base_setup "train failed"
+ck=$(ls -d "$tmp"/base/checkpoints/step_* | tail -1)
+for c in 131072 536870912; do
+    rm -rf "$tmp/hfc"; mkdir "$tmp/hfc"; cp "$ck/config.json" "$ck/model.safetensors" "$tmp/base/tokenizer.json" "$tmp/hfc/"
+    /usr/bin/python3 -c "
+import json, sys; p = sys.argv[1]; j = json.load(open(p)); j['n_embd'] = int(sys.argv[2]); j['n_head'] = 1; json.dump(j, open(p, 'w'))" "$tmp/hfc/config.json" $c
+    expect_fail "hf_config_n_embd_${c}_refused" "n_embd\|$c channels; expected 1 to 65536" $LOOM sample --run "$tmp/hfc" --tokens 2
+    expect_fail "init_from_n_embd_${c}_refused" "n_embd\|$c channels; expected 1 to 65536" \
+        $LOOM train --data "$tmp/bpe" --init-from "$tmp/hfc" --batch 2 --seq 16 --steps 1 --threads 1 --out "$tmp/ic"
+done
+expect_fail cli_channels_bound "65536" $LOOM train --data "$tmp/bpe" "${A[@]}" --channels 131072 --heads 1 --steps 1 --out "$tmp/cc"
+
+# ---- NaN in weights from any loader: refused with the tensor named ----
+$LOOM export --run "$tmp/base" --format gguf --out "$tmp/base.gguf" > /dev/null 2>&1 || fail gguf_setup "export failed"
+PYTHONPATH=.deps/py /usr/bin/python3 -c "
+import sys, shutil, struct
+from gguf import GGUFReader
+shutil.copy(sys.argv[1], sys.argv[2])
+t = [t for t in GGUFReader(sys.argv[2]).tensors if t.name == 'blk.0.attn_qkv.weight'][0]
+f = open(sys.argv[2], 'r+b'); f.seek(int(t.data_offset) + 28); f.write(struct.pack('<f', float('nan')))" "$tmp/base.gguf" "$tmp/nan.gguf" \
+    || fail gguf_nan_setup "the gguf package is missing (.deps/py)"
+expect_fail gguf_nan_weights_refused "blk.0.attn_qkv.weight holds NaN at element 7" $LOOM sample --gguf "$tmp/nan.gguf" --tokens 2
+rm -rf "$tmp/hfn"; mkdir "$tmp/hfn"; cp "$ck/config.json" "$ck/model.safetensors" "$tmp/base/tokenizer.json" "$tmp/hfn/"
+/usr/bin/python3 -c "
+import sys, json, struct
+p = sys.argv[1]; b = bytearray(open(p, 'rb').read()); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+o = h['h.0.mlp.c_fc.weight']['data_offsets'][0] + 8 + n + 4 * 3; b[o:o + 4] = struct.pack('<f', float('inf')); open(p, 'wb').write(b)" "$tmp/hfn/model.safetensors"
+expect_fail init_from_inf_weights_refused "h.0.mlp.c_fc.weight holds infinity at element 3" \
+    $LOOM train --data "$tmp/bpe" --init-from "$tmp/hfn" --batch 2 --seq 16 --steps 1 --threads 1 --out "$tmp/in"
+expect_fail export_inf_weights_refused "h.0.mlp.c_fc.weight holds infinity" $LOOM export --run "$tmp/hfn" --format gguf --out "$tmp/hfn.gguf"
+
+# ---- export and --init-from read safetensors through the one checked reader ----
+for how in overlap metadata fraction; do
+    rm -rf "$tmp/hfo"; mkdir "$tmp/hfo"; cp "$ck/config.json" "$ck/model.safetensors" "$tmp/base/tokenizer.json" "$tmp/hfo/"
+    /usr/bin/python3 -c "
+import sys, json, struct
+p, how = sys.argv[1], sys.argv[2]; b = open(p, 'rb').read(); n = struct.unpack('<Q', b[:8])[0]; h = json.loads(b[8:8 + n])
+if how == 'overlap': h['h.0.ln_1.bias']['data_offsets'] = h['h.0.ln_1.weight']['data_offsets']
+if how == 'metadata': h['__metadata__'] = {'format': 7}
+if how == 'fraction': h['h.0.ln_1.bias']['data_offsets'][0] += 0.5
+hj = json.dumps(h).encode(); hj += b' ' * (-len(hj) % 8)
+open(p, 'wb').write(struct.pack('<Q', len(hj)) + hj + b[8 + n:])" "$tmp/hfo/model.safetensors" $how
+    pat=$(case $how in overlap) echo "overlap";; metadata) echo "__metadata__.format is not a string";; fraction) echo "whole numbers";; esac)
+    expect_fail "export_safetensors_${how}_refused" "$pat" $LOOM export --run "$tmp/hfo" --format gguf --out "$tmp/hfo.gguf"
+    expect_fail "init_from_safetensors_${how}_refused" "$pat" \
+        $LOOM train --data "$tmp/bpe" --init-from "$tmp/hfo" --batch 2 --seq 16 --steps 1 --threads 1 --out "$tmp/io"
+done
+
+# ---- export enforces the run's tokenizer hash, as sample and serve do ----
+$LOOM tokenize --input "$tmp/text.txt" --vocab 280 --val-fraction 0.1 --out "$tmp/bpe2" --quiet > /dev/null 2>&1
+rm -rf "$tmp/swapped"; cp -r "$tmp/base" "$tmp/swapped"; cp "$tmp/bpe2/tokenizer.json" "$tmp/swapped/"
+expect_fail export_swapped_tokenizer_refused "is not the one the run trained with" \
+    $LOOM export --run "$tmp/swapped" --format gguf --out "$tmp/sw.gguf"
+expect_fail export_checkpoint_swapped_tokenizer_refused "is not the one the run trained with" \
+    $LOOM export --run "$(ls -d "$tmp"/swapped/checkpoints/step_* | tail -1)" --format hf --out "$tmp/sw_hf"
+
+# ---- a checkpoint without manifest.json: refused unless --no-verify; a manifest that omits a file: refused ----
+rm -rf "$tmp/nm"; cp -r "$tmp/base" "$tmp/nm"; rm "$(ls -d "$tmp"/nm/checkpoints/step_* | tail -1)/manifest.json"
+expect_fail no_manifest_refused "no manifest.json.*--no-verify" $LOOM sample --run "$tmp/nm" --tokens 2
+expect_fail no_manifest_resume_refused "no manifest.json" $LOOM train --data "$tmp/bpe" "${A[@]}" --steps 4 --resume auto --out "$tmp/nm"
+out=$($LOOM sample --run "$tmp/nm" --tokens 2 --no-verify 2>&1) && printf '%s' "$out" | grep -q "unverified" \
+    && pass no_manifest_loads_with_no_verify || fail no_manifest_loads_with_no_verify "$(printf '%s' "$out" | tail -1)"
+rm -rf "$tmp/om"; cp -r "$tmp/base" "$tmp/om"
+/usr/bin/python3 -c "
+import json, sys; p = sys.argv[1]; j = json.load(open(p)); j['files'] = [f for f in j['files'] if f['name'] != 'state.json']; json.dump(j, open(p, 'w'))" \
+    "$(ls -d "$tmp"/om/checkpoints/step_* | tail -1)/manifest.json"
+expect_fail manifest_omitting_state_refused "does not list state.json" $LOOM sample --run "$tmp/om" --tokens 2 --no-verify
+
+# ---- token shards record their tokenizer; train refuses a swapped tokenizer.json ----
+rm -rf "$tmp/bsw"; cp -r "$tmp/bpe" "$tmp/bsw"
+/usr/bin/python3 -c "
+import json, sys; p = sys.argv[1]; t = json.load(open(p)); v = t['model']['vocab']; k = list(v); v[k[260]], v[k[261]] = v[k[261]], v[k[260]]; json.dump(t, open(p, 'w'))" \
+    "$tmp/bsw/tokenizer.json"
+expect_fail shards_other_tokenizer_refused "train shard 0 was made by another tokenizer" \
+    $LOOM train --data "$tmp/bsw" "${A[@]}" --steps 1 --out "$tmp/tsw"
+# a shard of an older loom (no hash recorded): a one-line note, not a refusal
+rm -rf "$tmp/bold"; cp -r "$tmp/bpe" "$tmp/bold"
+for f in "$tmp"/bold/*.bin; do printf '\0\0\0\0\0\0\0\0' | dd of="$f" bs=1 seek=36 conv=notrunc status=none; done
+out=$($LOOM train --data "$tmp/bold" "${A[@]}" --steps 1 --out "$tmp/told" 2>&1) && printf '%s' "$out" | grep -q "do not record their tokenizer" \
+    && pass old_shards_load_with_note || fail old_shards_load_with_note "$(printf '%s' "$out" | tail -1)"
+
+# ---- a write that fails (disk full) exits 74 (EX_IOERR), not 2 (usage) ----
+echo '{"prompt":"in the","max_tokens":2}' > "$tmp/p.jsonl"
+$LOOM generate --run "$tmp/base" --prompts "$tmp/p.jsonl" --out /dev/full > /dev/null 2>&1; rc=$?
+[ $rc = 74 ] && pass disk_full_generate_exits_74 || fail disk_full_generate_exits_74 "exit $rc"
+mkdir -p "$tmp/full"
+if mount -t tmpfs -o size=160k tmpfs "$tmp/full" 2> /dev/null; then
+    out=$($LOOM train --data "$tmp/bpe" "${A[@]}" --steps 2 --out "$tmp/full/run" 2>&1); rc=$?
+    umount "$tmp/full"
+    [ $rc = 74 ] && printf '%s' "$out" | grep -q "No space left" && pass disk_full_checkpoint_exits_74 \
+        || fail disk_full_checkpoint_exits_74 "exit $rc: $(printf '%s' "$out" | tail -1)"
+else
+    echo "SKIP disk_full_checkpoint_exits_74: cannot mount a small tmpfs here (not root)"
+fi
+
+# ---- a rank killed by SIGKILL: the launcher exits 3 (a peer died), as documented ----
+$LOOM train --data "$tmp/bpe" "${A[@]}" --nproc 2 --steps 1000000 --ckpt-every 1 --keep-ckpts 1 --out "$tmp/np" > "$tmp/np.log" 2>&1 &
+launcher=$!; pids+=($launcher)
+for _ in $(seq 1 3000); do [ -e "$tmp/np/latest" ] && break; sleep 0.1; done  # a guard, not a measure
+rank=$(pgrep -P $launcher | tail -1)
+if [ -n "$rank" ]; then
+    kill -KILL "$rank"; wait $launcher; rc=$?
+    [ $rc = 3 ] && pass killed_rank_launcher_exits_3 || fail killed_rank_launcher_exits_3 "exit $rc: $(tail -2 "$tmp/np.log")"
+else
+    fail killed_rank_launcher_exits_3 "no rank process under the launcher: $(tail -2 "$tmp/np.log")"
+fi
+
+# ---- 1 rank x --grad-accum 3 resumed on 2 ranks: the advice names world sizes that work ----
+$LOOM train --data "$tmp/bpe" "${A[@]}" --grad-accum 3 --steps 2 --out "$tmp/ga" > /dev/null 2>&1 || fail grad_accum_setup "train failed"
+expect_fail resume_accum3_on_2_ranks_advice "do not split over 2 ranks; resume with --nproc 1 --grad-accum 3 or --nproc 3 --grad-accum 1" \
+    $LOOM train --data "$tmp/bpe" "${A[@]}" --grad-accum 3 --nproc 2 --steps 4 --resume auto --out "$tmp/ga"
+expect_fail sample_missing_gguf_no_train_advice "missing.gguf: no such file; check the path" $LOOM sample --gguf "$tmp/missing.gguf" --tokens 2

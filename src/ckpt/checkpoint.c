@@ -165,7 +165,7 @@ static loom_status remove_ckpt(const char *ckdir, const char *name) {
     snprintf(from, sizeof from, "%s/%s", ckdir, name);
     snprintf(to, sizeof to, "%s/.del-%s", ckdir, name);
     rm_rf(to);
-    if (rename(from, to) != 0) return loom_error(LOOM_EIO, "%s: cannot move aside for removal: %s", from, strerror(errno));
+    if (rename(from, to) != 0) return loom_error(LOOM_EWRITE, "%s: cannot move aside for removal: %s", from, strerror(errno));
     loom_fsync_dir(ckdir);
     loom_ckpt_test_point("ckpt_prune");
     if (rm_rf(to) != 0) return loom_error(LOOM_EIO, "%s: cannot remove: %s", to, strerror(errno));
@@ -201,7 +201,7 @@ loom_status loom_ckpt_commit(const char *run, long long step, int keep) {
         }
         LOOM_TRY(remove_ckpt(ckdir, name));
     }
-    if (rename(tmp, final) != 0) return loom_error(LOOM_EIO, "%s: rename failed: %s", final, strerror(errno));
+    if (rename(tmp, final) != 0) return loom_error(LOOM_EWRITE, "%s: rename failed: %s", final, strerror(errno));
     loom_fsync_dir(ckdir);
     loom_ckpt_test_point("ckpt_renamed");
     char path[4400], line[80];
@@ -212,12 +212,51 @@ loom_status loom_ckpt_commit(const char *run, long long step, int keep) {
     return prune(run, ckdir, keep < 1 ? 1 : keep);
 }
 
+static int allow_unverified;
+
+void loom_ckpt_allow_unverified(void) {
+    allow_unverified = 1;
+    setenv("LOOM_NO_VERIFY", "1", 1);
+}
+
+/* A file every loader reads: the manifest must list it when it is there. */
+static int loader_reads(const char *name) {
+    return !strcmp(name, "config.json") || !strcmp(name, "model.safetensors") || !strcmp(name, "state.json") ||
+           !strncmp(name, "optim-", 6);
+}
+
+/* Every file of `dir` that a loader reads is among the manifest's `files`. */
+static loom_status manifest_covers(const char *dir, const cJSON *files, const char *mpath) {
+    char **names;
+    int n = list_prefixed(dir, "", &names);
+    loom_status s = LOOM_OK;
+    for (int i = 0; i < n && s == LOOM_OK; i++) {
+        if (!loader_reads(names[i])) continue;
+        int listed = 0;
+        const cJSON *f;
+        cJSON_ArrayForEach(f, files) {
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+            listed |= cJSON_IsString(nm) && !strcmp(nm->valuestring, names[i]);
+        }
+        if (!listed)
+            s = loom_error(LOOM_EFORMAT, "%s: does not list %s, which the loader reads; the manifest was edited or the file added later: "
+                           "restore the checkpoint or use an earlier one", mpath, names[i]);
+    }
+    free_names(names, n);
+    return s;
+}
+
 loom_status loom_ckpt_verify(const char *ckpt_dir, int *verified) {
     char path[4400], *text;
     size_t len;
     *verified = 0;
     snprintf(path, sizeof path, "%s/%s", ckpt_dir, MANIFEST);
-    if (!loom_path_exists(path)) return LOOM_OK;
+    if (!loom_path_exists(path)) {
+        const char *env = getenv("LOOM_NO_VERIFY");
+        if (allow_unverified || (env && !strcmp(env, "1"))) return LOOM_OK;
+        return loom_error(LOOM_EFORMAT, "%s: no %s, so its files cannot be verified (written by a loom before manifests, or the manifest was "
+                          "deleted); pass --no-verify to load it unverified", ckpt_dir, MANIFEST);
+    }
     LOOM_TRY(loom_file_read(path, &text, &len));
     cJSON *j = cJSON_Parse(text);
     free(text);
@@ -254,6 +293,8 @@ loom_status loom_ckpt_verify(const char *ckpt_dir, int *verified) {
             break;
         }
     }
+    snprintf(path, sizeof path, "%s/%s", ckpt_dir, MANIFEST);
+    if (s == LOOM_OK) s = manifest_covers(ckpt_dir, files, path);
     cJSON_Delete(j);
     if (s == LOOM_OK) *verified = 1;
     return s;
@@ -295,7 +336,7 @@ static void previous_good(const char *ck, char **names, int below, const char *l
 static loom_status verify_or_offer(const char *ck, char **names, int i, const char *latest, const char *dir) {
     int v;
     if (loom_ckpt_verify(dir, &v) == LOOM_OK) {
-        if (!v) loom_info("loom: %s has no manifest (written by an older loom): its files are not verified", dir);
+        if (!v) loom_info("loom: %s has no manifest: loading it unverified (--no-verify)", dir);
         return LOOM_OK;
     }
     char why[1024], prev[256];
@@ -349,7 +390,7 @@ loom_status loom_ckpt_supersede(const char *run, long long step) {
         snprintf(from, sizeof from, "%s/%s", ck, names[i]);
         snprintf(to, sizeof to, "%s/.superseded-%s", ck, names[i]);
         if (loom_path_exists(to)) rm_rf(to);
-        if (rename(from, to) != 0) s = loom_error(LOOM_EIO, "%s: cannot move aside: %s", from, strerror(errno));
+        if (rename(from, to) != 0) s = loom_error(LOOM_EWRITE, "%s: cannot move aside: %s", from, strerror(errno));
         else loom_info("loom: resuming from an older checkpoint: %s moved aside to %s", from, to);
     }
     free_names(names, n);

@@ -36,9 +36,15 @@ loom_status loom_ckpt_begin(const char *run, long long step, char *tmp, size_t c
  * existing copy is kept and the new one dropped. */
 loom_status loom_ckpt_commit(const char *run, long long step, int keep);
 /* Check every file of a checkpoint folder against its manifest (size and
- * XXH64). A folder without a manifest (written by an older loom) passes
- * with *verified = 0. */
+ * XXH64); the manifest must list every file a loader reads (config.json,
+ * model.safetensors, state.json, optim-*). A folder without a manifest
+ * (written by an older loom, or the manifest was deleted) is refused
+ * unless loading unverified was asked for (loom --no-verify), when it
+ * passes with *verified = 0. */
 loom_status loom_ckpt_verify(const char *ckpt_dir, int *verified);
+/* Asked for by `--no-verify` on any command line (cli/main.c), which also
+ * sets LOOM_NO_VERIFY=1 so a launcher's ranks inherit it. */
+void loom_ckpt_allow_unverified(void);
 /* The checkpoint to resume `run` from. `which` NULL, "" or "latest": the
  * newest complete one (a committed folder that `latest` does not name yet
  * counts); "step_N" or "N": that one. A checkpoint failing verification is

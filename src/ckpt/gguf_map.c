@@ -223,7 +223,8 @@ loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t 
         size_t w = map[i].cols ? map[i].cols : 1;
         float *tmp = loom_malloc(t->numel * sizeof(float)), *dst = host + loom_gguf_param_at(&map[i], c, ptable);
         loom_gguf_values(t, tmp);
-        for (size_t r = 0; r < map[i].rows; r++) memcpy(dst + r * w, tmp + loom_gguf_file_row(&map[i], r) * w, w * sizeof(float));
+        s = loom_check_finite(tmp, (size_t)t->numel, map[i].gguf, loom_gguf_path(g)); /* NaN/Inf never reach the math */
+        for (size_t r = 0; s == LOOM_OK && r < map[i].rows; r++) memcpy(dst + r * w, tmp + loom_gguf_file_row(&map[i], r) * w, w * sizeof(float));
         free(tmp);
     }
     free(map);

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "backend/backend.h"
 #include "ckpt/gguf.h"
@@ -37,6 +38,9 @@ static int gguf_magic(const char *path) {
 
 loom_status loom_open_detect(const char *path, loom_source_kind *kind) {
     if (!path || !*path) return loom_error(LOOM_EINVAL, "no --run; pass the folder of a `loom train --out` (or a checkpoint, a Hugging Face folder or a GGUF file)");
+    size_t n = strlen(path);
+    if (!loom_path_exists(path) && n > 5 && !strcasecmp(path + n - 5, ".gguf")) /* a file name: no run to train */
+        return loom_error(LOOM_EINVAL, "%s: no such file; check the path, or write one with `loom export --run RUN --format gguf --out %s`", path, path);
     if (!loom_path_exists(path))
         return loom_error(LOOM_EINVAL, "%s: no such folder or file; train a run with `loom train --out %s`, or pass a checkpoint, a Hugging Face folder or a GGUF file", path, path);
     int dir = loom_path_is_dir(path);

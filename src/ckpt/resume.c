@@ -46,6 +46,16 @@ static int saved_int(const cJSON *cfg, const char *key, int from_state) {
     return cJSON_IsNumber(v) ? v->valueint : 0;
 }
 
+/* "--nproc 1 --grad-accum 3 or --nproc 3 --grad-accum 1": the world sizes
+ * (up to 1024, the first few) that split `global` micro-batches evenly. */
+static void worlds_dividing(long long global, char *out, size_t cap) {
+    size_t used = 0;
+    int shown = 0;
+    for (long long r = 1; r <= global && r <= 1024 && shown < 6 && used < cap; r++)
+        if (global % r == 0)
+            used += (size_t)snprintf(out + used, cap - used, "%s--nproc %lld --grad-accum %lld", shown++ ? " or " : "", r, global / r);
+}
+
 /* The global batch: keep it, adjusting accumulation to the world size. */
 static loom_status check_batch(const cJSON *cfg, const loom_resume_settings_t *n, const loom_ckpt_state_t *st,
                                int *accum, char *changes, size_t cap) {
@@ -62,11 +72,15 @@ static loom_status check_batch(const cJSON *cfg, const loom_resume_settings_t *n
     if (!a || !w) return LOOM_OK; /* an older run: nothing recorded */
     long long global = (long long)a * w, now = (long long)n->grad_accum * n->world_size;
     if (now != global) {
-        if (n->grad_accum != a || global % n->world_size)
+        if (global % n->world_size) {
+            char ways[256] = "";
+            worlds_dividing(global, ways, sizeof ways);
+            return loom_error(LOOM_EINVAL, "--resume: the run's %lld micro-batches per step (%d rank(s) x --grad-accum %d) do not split over %d ranks; "
+                              "resume with %s", global, w, a, n->world_size, ways);
+        }
+        if (n->grad_accum != a)
             return loom_error(LOOM_EINVAL, "--resume: %d rank(s) x --grad-accum %d make %lld micro-batches per step; the run used %d x %d = %lld. "
-                              "Pass --grad-accum %lld%s", n->world_size, n->grad_accum, now, w, a, global,
-                              global % n->world_size ? 1LL : global / n->world_size,
-                              global % n->world_size ? " with a world size that divides it" : "");
+                              "Pass --grad-accum %lld", n->world_size, n->grad_accum, now, w, a, global, global / n->world_size);
         *accum = (int)(global / n->world_size);
     }
     if (w != n->world_size)

@@ -91,7 +91,7 @@ loom_status loom_run_lock(const char *dir, int *fd_out) {
     char p[4200];
     snprintf(p, sizeof p, "%s/%s", dir, LOOM_RUN_LOCK);
     int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (fd < 0) return loom_error(LOOM_EIO, "%s: cannot create the run's lock file: %s", p, strerror(errno));
+    if (fd < 0) return loom_error(LOOM_EWRITE, "%s: cannot create the run's lock file: %s", p, strerror(errno));
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         long pid = lock_holder(fd);
         close(fd);

@@ -96,7 +96,7 @@ loom_status loom_safetensors_save_gpt_host(const loom_gpt_t *m, const float *hos
     FILE *f = fopen(tmp, "wb");
     loom_status s = LOOM_OK;
     if (!f) {
-        s = loom_error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        s = loom_error(LOOM_EWRITE, "%s: cannot create: %s", tmp, strerror(errno));
         goto done;
     }
     uint64_t hlen = padded;
@@ -119,12 +119,12 @@ loom_status loom_safetensors_save_gpt_host(const loom_gpt_t *m, const float *hos
     if (fclose(f) != 0) ok = 0;
     if (!ok) {
         unlink(tmp);
-        s = loom_error(LOOM_EIO, "%s: write failed: %s (disk full?); the previous %s is untouched", tmp, strerror(err), path);
+        s = loom_error(LOOM_EWRITE, "%s: write failed: %s (disk full?); the previous %s is untouched", tmp, strerror(err), path);
         goto done;
     }
     if (rename(tmp, path) != 0) {
         unlink(tmp);
-        s = loom_error(LOOM_EIO, "%s: rename failed: %s", path, strerror(errno));
+        s = loom_error(LOOM_EWRITE, "%s: rename failed: %s", path, strerror(errno));
     }
 done:
     free(json);
@@ -132,149 +132,12 @@ done:
     return s;
 }
 
-/* Bytes per element of a safetensors dtype name; 0 for an unknown one. */
-static size_t dtype_bytes(const char *d) {
-    static const struct { const char *name; size_t bytes; } t[] = {
-        {"F64", 8}, {"I64", 8}, {"U64", 8}, {"F32", 4}, {"I32", 4}, {"U32", 4}, {"F16", 2}, {"BF16", 2},
-        {"I16", 2}, {"U16", 2}, {"I8", 1}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (!strcmp(d, t[i].name)) return t[i].bytes;
-    return 0;
-}
-
-/* A JSON number that is a whole number in [0, 2^53]. */
-static int whole(const cJSON *v, double *out) {
-    if (!cJSON_IsNumber(v)) return 0;
-    double x = v->valuedouble;
-    if (!(x >= 0 && x <= 9007199254740992.0) || x != (double)(long long)x) return 0;
-    *out = x;
-    return 1;
-}
-
-typedef struct { double lo, hi; const char *name; } span_t;
-
-static int span_cmp(const void *a, const void *b) {
-    double x = ((const span_t *)a)->lo, y = ((const span_t *)b)->lo;
-    return x < y ? -1 : x > y;
-}
-
-/* One header entry: dtype known, shape whole numbers, exactly two data
- * offsets inside the data section whose span fits dtype x shape. */
-static loom_status check_entry(const cJSON *t, const char *path, size_t body_len, span_t *sp) {
-    const char *nm = t->string;
-    cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype"), *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
-    cJSON *offs = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
-    if (!cJSON_IsObject(t) || !cJSON_IsString(dt) || !dtype_bytes(dt->valuestring))
-        return loom_error(LOOM_EFORMAT, "%s: tensor %s: no known \"dtype\"", path, nm);
-    if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > 8)
-        return loom_error(LOOM_EFORMAT, "%s: tensor %s: \"shape\" is not a list of at most 8 sizes", path, nm);
-    double numel = 1, d, b0, b1;
-    cJSON *x;
-    cJSON_ArrayForEach(x, shape) {
-        if (!whole(x, &d)) return loom_error(LOOM_EFORMAT, "%s: tensor %s: a \"shape\" entry is not a whole number", path, nm);
-        numel *= d;
-    }
-    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !whole(cJSON_GetArrayItem(offs, 0), &b0) ||
-        !whole(cJSON_GetArrayItem(offs, 1), &b1))
-        return loom_error(LOOM_EFORMAT, "%s: tensor %s: \"data_offsets\" must be two whole numbers [begin, end]", path, nm);
-    if (b0 > b1 || b1 > (double)body_len)
-        return loom_error(LOOM_EFORMAT, "%s: tensor %s: data offsets [%.0f, %.0f] lie outside the %zu-byte data section; the file is truncated or corrupt",
-                          path, nm, b0, b1, body_len);
-    if (b1 - b0 != numel * (double)dtype_bytes(dt->valuestring))
-        return loom_error(LOOM_EFORMAT, "%s: tensor %s: %.0f bytes of data for %.0f elements of %s", path, nm, b1 - b0, numel, dt->valuestring);
-    *sp = (span_t){b0, b1, nm};
-    return LOOM_OK;
-}
-
-/* Every entry of a parsed header, then that no two tensors overlap. */
-static loom_status check_header(const cJSON *hdr, const char *path, size_t body_len) {
-    if (!cJSON_IsObject(hdr)) return loom_error(LOOM_EFORMAT, "%s: safetensors header is not a JSON object", path);
-    int n = cJSON_GetArraySize(hdr), k = 0;
-    span_t *sp = loom_calloc((size_t)n + 1, sizeof *sp);
-    loom_status s = LOOM_OK;
-    const cJSON *t;
-    cJSON_ArrayForEach(t, hdr) {
-        if (!strcmp(t->string, "__metadata__")) {
-            const cJSON *v;
-            if (!cJSON_IsObject(t)) s = loom_error(LOOM_EFORMAT, "%s: __metadata__ is not an object", path);
-            else cJSON_ArrayForEach(v, t) if (!cJSON_IsString(v)) s = loom_error(LOOM_EFORMAT, "%s: __metadata__.%s is not a string", path, v->string);
-        } else {
-            s = check_entry(t, path, body_len, &sp[k++]);
-        }
-        if (s != LOOM_OK) break;
-    }
-    if (s == LOOM_OK) {
-        qsort(sp, (size_t)k, sizeof *sp, span_cmp);
-        for (int i = 1; i < k && s == LOOM_OK; i++)
-            if (sp[i].lo < sp[i - 1].hi)
-                s = loom_error(LOOM_EFORMAT, "%s: tensors %s and %s overlap in the data section; the file is corrupt", path, sp[i - 1].name, sp[i].name);
-    }
-    free(sp);
-    return s;
-}
-
-/* Entry `x` of a checked header against the model: dtype and shape. */
-static loom_status match_entry(const cJSON *t, const st_entry_t *x, const char *path) {
-    cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype"), *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
-    if (strcmp(dt->valuestring, "F32") != 0)
-        return loom_error(LOOM_EFORMAT, "%s: tensor %s has dtype %s; loom reads F32", path, x->name, dt->valuestring);
-    int ok = cJSON_GetArraySize(shape) == x->ndim;
-    for (int d = 0; ok && d < x->ndim; d++) ok = (size_t)cJSON_GetArrayItem(shape, d)->valuedouble == x->shape[d];
-    if (ok) return LOOM_OK;
-    char *got = cJSON_PrintUnformatted(shape);
-    loom_status s = loom_error(LOOM_EFORMAT, "%s: tensor %s has shape %s, the model expects [%zu%s%.0zu]; the checkpoint's config does not match",
-                               path, x->name, got ? got : "?", x->shape[0], x->ndim == 2 ? "," : "", x->ndim == 2 ? x->shape[1] : 0);
-    free(got);
-    return s;
-}
-
-/* The first non-finite value of a tensor is an error naming it. */
-static loom_status check_finite(const float *p, size_t n, const char *name, const char *path) {
-    for (size_t i = 0; i < n; i++)
-        if (!isfinite(p[i]))
-            return loom_error(LOOM_EFORMAT, "%s: tensor %s holds %s at element %zu; the weights are unusable (a diverged run or a corrupt file): use an earlier checkpoint",
-                              path, name, isnan(p[i]) ? "NaN" : "infinity", i);
-    return LOOM_OK;
-}
-
 loom_status loom_safetensors_load_gpt(loom_gpt_t *m, const char *path) {
-    char *data;
-    size_t size;
-    LOOM_TRY(loom_file_read(path, &data, &size));
-    uint64_t hlen = 0;
-    if (size >= 8) memcpy(&hlen, data, 8);
-    if (size < 8 || hlen < 2 || hlen > size - 8) {
-        free(data);
-        return loom_error(LOOM_EFORMAT, "%s: not a safetensors file (header length %llu, file %zu bytes)", path, (unsigned long long)hlen, size);
-    }
-    cJSON *hdr = cJSON_ParseWithLength(data + 8, (size_t)hlen);
-    const char *body = data + 8 + hlen;
-    size_t body_len = size - 8 - hlen;
-    loom_status s = hdr ? check_header(hdr, path, body_len) : loom_error(LOOM_EFORMAT, "%s: safetensors header is not valid JSON", path);
-    st_entry_t *e;
-    int n = build_entries(&m->cfg, &e);
-    float *host = loom_calloc(m->num_params, sizeof(float));
-    for (int i = 0; i < n && s == LOOM_OK; i++) {
-        char alt[80];
-        snprintf(alt, sizeof alt, "transformer.%s", e[i].name);
-        cJSON *t = cJSON_GetObjectItemCaseSensitive(hdr, e[i].name);
-        if (!t) t = cJSON_GetObjectItemCaseSensitive(hdr, alt);
-        if (!t) {
-            s = loom_error(LOOM_EFORMAT, "%s: tensor %s is missing; is this a checkpoint of a model with the same config?", path, e[i].name);
-            break;
-        }
-        if ((s = match_entry(t, &e[i], path)) != LOOM_OK) break;
-        size_t b0 = (size_t)cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(t, "data_offsets"), 0)->valuedouble;
-        float *buf = loom_malloc(e[i].numel * sizeof(float));
-        memcpy(buf, body + b0, e[i].numel * sizeof(float));
-        s = check_finite(buf, e[i].numel, e[i].name, path);
-        convert(&e[i], buf, loom_view(m, host, &e[i]), 0);
-        free(buf);
-    }
-    if (s == LOOM_OK) m->be->upload(m->params, host, m->num_params * sizeof(float));
-    free(host);
-    free(e);
-    cJSON_Delete(hdr);
-    free(data);
+    /* the one checked reader (tensormap.c's view): header, offsets, dtype,
+     * shape and finiteness, as for Hugging Face folders and export */
+    loom_stview_t *v;
+    LOOM_TRY(loom_stview_open(&v, path));
+    loom_status s = loom_xload(m, loom_xsource_safetensors, v);
+    loom_stview_close(v);
     return s;
 }

@@ -229,7 +229,97 @@ void loom_xdecode(loom_xdtype t, const void *src, size_t n, float *dst) {
     }
 }
 
+loom_status loom_check_finite(const float *p, size_t n, const char *name, const char *path) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(p[i]))
+            return loom_error(LOOM_EFORMAT, "%s: tensor %s holds %s at element %zu; the weights are unusable (a diverged run or a corrupt file): "
+                              "use an earlier checkpoint or another copy", path, name, isnan(p[i]) ? "NaN" : "infinity", i);
+    return LOOM_OK;
+}
+
 /* ---- safetensors view ---------------------------------------------------- */
+
+/* Bytes per element of a safetensors dtype name; 0 for an unknown one. */
+static size_t dtype_bytes(const char *d) {
+    static const struct { const char *name; size_t bytes; } t[] = {
+        {"F64", 8}, {"I64", 8}, {"U64", 8}, {"F32", 4}, {"I32", 4}, {"U32", 4}, {"F16", 2}, {"BF16", 2},
+        {"I16", 2}, {"U16", 2}, {"I8", 1}, {"U8", 1}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(d, t[i].name)) return t[i].bytes;
+    return 0;
+}
+
+/* A JSON number that is a whole number in [0, 2^53]. */
+static int whole(const cJSON *v, double *out) {
+    if (!cJSON_IsNumber(v)) return 0;
+    double x = v->valuedouble;
+    if (!(x >= 0 && x <= 9007199254740992.0) || x != (double)(long long)x) return 0;
+    *out = x;
+    return 1;
+}
+
+typedef struct { double lo, hi; const char *name; } span_t;
+
+static int span_cmp(const void *a, const void *b) {
+    double x = ((const span_t *)a)->lo, y = ((const span_t *)b)->lo;
+    return x < y ? -1 : x > y;
+}
+
+/* One header entry: dtype known, shape whole numbers, exactly two data
+ * offsets inside the data section whose span fits dtype x shape. */
+static loom_status check_entry(const cJSON *t, const char *path, size_t body_len, span_t *sp) {
+    const char *nm = t->string;
+    cJSON *dt = cJSON_GetObjectItemCaseSensitive(t, "dtype"), *shape = cJSON_GetObjectItemCaseSensitive(t, "shape");
+    cJSON *offs = cJSON_GetObjectItemCaseSensitive(t, "data_offsets");
+    if (!cJSON_IsObject(t) || !cJSON_IsString(dt) || !dtype_bytes(dt->valuestring))
+        return loom_error(LOOM_EFORMAT, "%s: tensor %s: no known \"dtype\"", path, nm);
+    if (!cJSON_IsArray(shape) || cJSON_GetArraySize(shape) > 8)
+        return loom_error(LOOM_EFORMAT, "%s: tensor %s: \"shape\" is not a list of at most 8 sizes", path, nm);
+    double numel = 1, d, b0, b1;
+    cJSON *x;
+    cJSON_ArrayForEach(x, shape) {
+        if (!whole(x, &d)) return loom_error(LOOM_EFORMAT, "%s: tensor %s: a \"shape\" entry is not a whole number", path, nm);
+        numel *= d;
+    }
+    if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !whole(cJSON_GetArrayItem(offs, 0), &b0) ||
+        !whole(cJSON_GetArrayItem(offs, 1), &b1))
+        return loom_error(LOOM_EFORMAT, "%s: tensor %s: \"data_offsets\" must be two whole numbers [begin, end]", path, nm);
+    if (b0 > b1 || b1 > (double)body_len)
+        return loom_error(LOOM_EFORMAT, "%s: tensor %s: data offsets [%.0f, %.0f] lie outside the %zu-byte data section; the file is truncated or corrupt",
+                          path, nm, b0, b1, body_len);
+    if (b1 - b0 != numel * (double)dtype_bytes(dt->valuestring))
+        return loom_error(LOOM_EFORMAT, "%s: tensor %s: %.0f bytes of data for %.0f elements of %s", path, nm, b1 - b0, numel, dt->valuestring);
+    *sp = (span_t){b0, b1, nm};
+    return LOOM_OK;
+}
+
+/* Every entry of a parsed header, then that no two tensors overlap. */
+static loom_status check_header(const cJSON *hdr, const char *path, size_t body_len) {
+    if (!cJSON_IsObject(hdr)) return loom_error(LOOM_EFORMAT, "%s: safetensors header is not a JSON object", path);
+    int n = cJSON_GetArraySize(hdr), k = 0;
+    span_t *sp = loom_calloc((size_t)n + 1, sizeof *sp);
+    loom_status s = LOOM_OK;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, hdr) {
+        if (!strcmp(t->string, "__metadata__")) {
+            const cJSON *v;
+            if (!cJSON_IsObject(t)) s = loom_error(LOOM_EFORMAT, "%s: __metadata__ is not an object", path);
+            else cJSON_ArrayForEach(v, t) if (!cJSON_IsString(v)) s = loom_error(LOOM_EFORMAT, "%s: __metadata__.%s is not a string", path, v->string);
+        } else {
+            s = check_entry(t, path, body_len, &sp[k++]);
+        }
+        if (s != LOOM_OK) break;
+    }
+    if (s == LOOM_OK) {
+        qsort(sp, (size_t)k, sizeof *sp, span_cmp);
+        for (int i = 1; i < k && s == LOOM_OK; i++)
+            if (sp[i].lo < sp[i - 1].hi)
+                s = loom_error(LOOM_EFORMAT, "%s: tensors %s and %s overlap in the data section; the file is corrupt", path, sp[i - 1].name, sp[i].name);
+    }
+    free(sp);
+    return s;
+}
+
 
 struct loom_stview {
     char *path;
@@ -255,6 +345,12 @@ loom_status loom_stview_open(loom_stview_t **out, const char *path) {
         munmap(map, size);
         return loom_error(LOOM_EFORMAT, "%s: not a safetensors file (header of %llu bytes in a %zu-byte file is not JSON)", path,
                           (unsigned long long)hlen, size);
+    }
+    loom_status s = check_header(hdr, path, size - 8 - hlen);
+    if (s != LOOM_OK) {
+        cJSON_Delete(hdr);
+        munmap(map, size);
+        return s;
     }
     loom_stview_t *v = loom_calloc(1, sizeof *v);
     v->path = loom_strdup(path);
@@ -305,7 +401,7 @@ loom_status loom_stview_read(const loom_stview_t *v, const char *name, int ndim,
         return loom_error(LOOM_EFORMAT, "%s: tensor %s: data [%.0f, %.0f) does not fit the %zu-byte data section; the file is truncated or corrupt",
                           v->path, name, b0, b1, v->body_len);
     loom_xdecode((loom_xdtype)xt, v->body + (size_t)b0, n, out);
-    return LOOM_OK;
+    return loom_check_finite(out, n, name, v->path);
 }
 
 loom_status loom_xsource_safetensors(void *ctx, const loom_xtensor_t *x, float *out) {

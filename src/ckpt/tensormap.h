@@ -83,6 +83,10 @@ size_t loom_xdtype_bytes(loom_xdtype t, size_t n);
 /* Encode n floats into dst / decode n values into floats. */
 void loom_xencode(loom_xdtype t, const float *src, size_t n, void *dst);
 void loom_xdecode(loom_xdtype t, const void *src, size_t n, float *dst);
+/* The first NaN or infinity of a tensor read from `path` is an error naming
+ * the tensor and the element: every weight loader (safetensors checkpoints,
+ * Hugging Face folders, GGUF, export) refuses such weights before any math. */
+loom_status loom_check_finite(const float *p, size_t n, const char *name, const char *path);
 uint16_t loom_f32_to_f16(float f);
 float loom_f16_to_f32(uint16_t h);
 

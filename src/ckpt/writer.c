@@ -175,7 +175,7 @@ loom_status loom_ckpt_writer_agreed(loom_ckpt_writer_t *w, const double sums[2])
         if (sums[1] > 0) {
             w->state = W_IDLE;
             s = w->status != LOOM_OK ? take_status(w)
-                                     : loom_error(LOOM_EIO, "checkpoint of step %lld: %.0f rank(s) could not write their part; it is not committed",
+                                     : loom_error(LOOM_EWRITE, "checkpoint of step %lld: %.0f rank(s) could not write their part; it is not committed",
                                                   w->st.step, sums[1]);
         } else if (w->o.rank == 0) {
             start_job(w, W_COMMIT);

@@ -285,6 +285,7 @@ int loom_exit_code(int status) {
     case LOOM_OK: return 0;
     case LOOM_EINVAL: case LOOM_EFORMAT: case LOOM_EIO: case LOOM_EUNAVAIL: return 2;
     case LOOM_ESTOPPED: return 75; /* EX_TEMPFAIL: preempted, resume with the same command */
+    case LOOM_EWRITE: return 74;   /* EX_IOERR: the storage failed, not the input */
     default: return 1;
     }
 }

@@ -146,7 +146,7 @@ static void progress(gen_state_t *g, int final) {
 
 static loom_status write_out(const gen_state_t *g, const char *path) {
     FILE *f = fopen(path, "w");
-    if (!f) return loom_error(LOOM_EIO, "%s: cannot write", path);
+    if (!f) return loom_error(LOOM_EWRITE, "%s: cannot write", path);
     for (int i = 0; i < g->total; i++) {
         const req_out_t *r = &g->reqs[i];
         cJSON *j = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(j, "samples");
@@ -165,7 +165,7 @@ static loom_status write_out(const gen_state_t *g, const char *path) {
         free(txt);
         cJSON_Delete(j);
     }
-    return fclose(f) == 0 ? LOOM_OK : loom_error(LOOM_EIO, "%s: write failed", path);
+    return fclose(f) == 0 ? LOOM_OK : loom_error(LOOM_EWRITE, "%s: write failed", path);
 }
 
 loom_open_opts_t loom_cli_open_opts(const char *device, int threads, int quant, int kv_dtype, int sparse) {

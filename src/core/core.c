@@ -14,10 +14,14 @@
 static _Thread_local char errmsg[1024];
 
 loom_status loom_error(loom_status code, const char *fmt, ...) {
+    /* formatted apart, then copied: a caller may pass loom_errmsg() itself
+     * to add where the error happened */
+    char buf[sizeof errmsg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(errmsg, sizeof errmsg, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(errmsg, buf, sizeof buf);
     return code;
 }
 
@@ -33,6 +37,7 @@ const char *loom_status_name(loom_status s) {
     case LOOM_EUNAVAIL: return "unavailable";
     case LOOM_EINTERNAL: return "internal error";
     case LOOM_ESTOPPED: return "stopped (resumable)";
+    case LOOM_EWRITE: return "write error";
     }
     return "unknown status";
 }
@@ -224,24 +229,24 @@ loom_status loom_file_write_atomic_parts(const char *path, int n, const void *co
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return loom_error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    if (fd < 0) return loom_error(LOOM_EWRITE, "%s: cannot create: %s", tmp, strerror(errno));
     for (int i = 0; i < n; i++) {
         int e = write_all(fd, data[i], size[i]);
         if (e) {
             close(fd);
             unlink(tmp);
-            return loom_error(LOOM_EIO, "%s: write failed: %s; %s is unchanged", tmp, strerror(e), path);
+            return loom_error(LOOM_EWRITE, "%s: write failed: %s; %s is unchanged", tmp, strerror(e), path);
         }
     }
     if (fsync(fd) != 0 || close(fd) != 0) {
         int e = errno;
         unlink(tmp);
-        return loom_error(LOOM_EIO, "%s: sync failed: %s; %s is unchanged", tmp, strerror(e), path);
+        return loom_error(LOOM_EWRITE, "%s: sync failed: %s; %s is unchanged", tmp, strerror(e), path);
     }
     if (rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return loom_error(LOOM_EIO, "%s: rename failed: %s", path, strerror(e));
+        return loom_error(LOOM_EWRITE, "%s: rename failed: %s", path, strerror(e));
     }
     char dir[4096];
     dir_of(path, dir, sizeof dir);
@@ -266,11 +271,11 @@ loom_status loom_mkdir_p(const char *path) {
         if (*p != '/') continue;
         *p = 0;
         if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return loom_error(LOOM_EIO, "%s: cannot create folder: %s", buf, strerror(errno));
+            return loom_error(LOOM_EWRITE, "%s: cannot create folder: %s", buf, strerror(errno));
         *p = '/';
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return loom_error(LOOM_EIO, "%s: cannot create folder: %s", buf, strerror(errno));
+        return loom_error(LOOM_EWRITE, "%s: cannot create folder: %s", buf, strerror(errno));
     if (!loom_path_is_dir(buf)) return loom_error(LOOM_EIO, "%s: exists and is not a folder", buf);
     return LOOM_OK;
 }

@@ -12,12 +12,13 @@
 typedef enum {
     LOOM_OK = 0,
     LOOM_EINVAL,   /* a bad argument, flag or config: the user can fix it */
-    LOOM_EIO,      /* a file could not be read or written */
+    LOOM_EIO,      /* a file could not be read */
     LOOM_EFORMAT,  /* a file's contents are not what they claim */
     LOOM_ENOMEM,   /* an allocation failed */
     LOOM_EUNAVAIL, /* a feature whose part is missing on this machine */
     LOOM_EINTERNAL, /* a bug: an invariant did not hold */
-    LOOM_ESTOPPED  /* stopped on request (a signal) after a checkpoint: resumable */
+    LOOM_ESTOPPED, /* stopped on request (a signal) after a checkpoint: resumable */
+    LOOM_EWRITE,   /* a file could not be written (disk full, read-only, no permission): exit 74 */
 } loom_status;
 
 /* Record a formatted message for `code` and return `code`, so that

@@ -94,6 +94,25 @@ static loom_status open_shards(split_t *s, const char *dir, const char *prefix) 
     return st;
 }
 
+/* Every shard that records its tokenizer's hash was made by `tok` (the
+ * folder's tokenizer.json); shards of an older loom record none: a note. */
+static loom_status check_shard_tokenizer(const loom_dataset_t *ds, const char *dir) {
+    uint64_t want = loom_tokenizer_hash(ds->tok);
+    int unrecorded = 0;
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < ds->split[k].nshards; i++) {
+            uint64_t h = ds->split[k].shards[i].tokenizer_hash;
+            unrecorded += h == 0;
+            if (h && h != want)
+                return loom_error(LOOM_EFORMAT, "%s: %s shard %d was made by another tokenizer (hash %016llx) than %s/tokenizer.json (%016llx); "
+                                  "restore the tokenizer.json that made the shards, or re-run `loom tokenize` with this one",
+                                  dir, k ? "val" : "train", i, (unsigned long long)h, dir, (unsigned long long)want);
+        }
+    if (unrecorded)
+        loom_info("%s: %d shard(s) do not record their tokenizer (made by an older loom); tokenizer.json is trusted to be theirs", dir, unrecorded);
+    return LOOM_OK;
+}
+
 static loom_status open_folder(loom_dataset_t *ds, const char *dir) {
     LOOM_TRY(open_shards(&ds->split[0], dir, "train"));
     LOOM_TRY(open_shards(&ds->split[1], dir, "val"));
@@ -109,6 +128,7 @@ static loom_status open_folder(loom_dataset_t *ds, const char *dir) {
         ds->vocab_size = loom_tokenizer_vocab_size(ds->tok);
         if (shard_vocab && shard_vocab != ds->vocab_size)
             return loom_error(LOOM_EFORMAT, "%s: shards were written for a vocabulary of %d but tokenizer.json has %d; re-run `loom tokenize`", dir, shard_vocab, ds->vocab_size);
+        LOOM_TRY(check_shard_tokenizer(ds, dir));
     } else {
         /* llm.c's shards say nothing of their vocabulary: theirs is GPT-2's. */
         ds->vocab_size = shard_vocab ? shard_vocab : 50257;

@@ -70,7 +70,7 @@ static loom_status add_input(files_t *f, const char *path) {
         names[n++] = loom_strdup(e->d_name);
     }
     closedir(d);
-    qsort(names, n, sizeof *names, by_name);
+    if (n) qsort(names, n, sizeof *names, by_name); /* qsort(NULL, 0) is undefined */
     loom_status s = LOOM_OK;
     for (size_t i = 0; i < n; i++) {
         if (s == LOOM_OK) {
@@ -235,6 +235,7 @@ static loom_status train(loom_tokenizer_t **out, const files_t *in, const loom_p
 typedef struct {
     const char *dir, *name; /* OUT, "train" or "val" */
     int vocab;
+    uint64_t tok_hash; /* recorded in every shard's header */
     size_t shard_tokens;
     int index;
     loom_shard_writer_t *w;
@@ -247,6 +248,7 @@ static loom_status split_append(split_t *sp, const uint32_t *ids, size_t n) {
             char path[4096];
             snprintf(path, sizeof path, "%s/%s_%06d.bin", sp->dir, sp->name, sp->index);
             LOOM_TRY(loom_shard_writer_open(&sp->w, path, sp->vocab));
+            loom_shard_writer_set_tokenizer(sp->w, sp->tok_hash);
         }
         size_t room = sp->shard_tokens - loom_shard_writer_count(sp->w), k = n < room ? n : room;
         loom_status s = loom_shard_writer_append(sp->w, ids, k);
@@ -358,8 +360,8 @@ static loom_status encode_corpus(const loom_tokenizer_t *tok, const files_t *in,
     /* each document starts with <|endoftext|>, or with the BOS of a tokenizer without it (Llama's) */
     int sep = loom_tokenizer_eot(tok) >= 0 ? loom_tokenizer_eot(tok) : loom_tokenizer_bos(tok);
     *e = (encode_t){.o = o, .total = in->total, .eot = sep,
-                    .train = {.dir = o->out, .name = "train", .vocab = V, .shard_tokens = o->shard_tokens},
-                    .val = {.dir = o->out, .name = "val", .vocab = V, .shard_tokens = o->shard_tokens}};
+                    .train = {.dir = o->out, .name = "train", .vocab = V, .tok_hash = loom_tokenizer_hash(tok), .shard_tokens = o->shard_tokens},
+                    .val = {.dir = o->out, .name = "val", .vocab = V, .tok_hash = loom_tokenizer_hash(tok), .shard_tokens = o->shard_tokens}};
     encoders_init(&e->E, tok, o->threads);
     e->val_bytes = o->val_fraction > 0 ? (size_t)(o->val_fraction * (double)in->total) : 0;
     if (o->val_fraction > 0 && e->val_bytes == 0) e->val_bytes = 1;

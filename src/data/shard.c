@@ -22,7 +22,7 @@ loom_status loom_shard_open(loom_shard_t *s, const char *path) {
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED) return loom_error(LOOM_EIO, "%s: mmap failed: %s", path, strerror(errno));
-    int32_t h[9]; /* a copy, so messages can use it after munmap */
+    int32_t h[11]; /* a copy, so messages can use it after munmap */
     memcpy(h, map, sizeof h);
     size_t count, hdr = 1024;
     int tb, vocab;
@@ -76,6 +76,7 @@ loom_status loom_shard_open(loom_shard_t *s, const char *path) {
     s->ntokens = count;
     s->token_bytes = tb;
     s->vocab_size = vocab;
+    s->tokenizer_hash = h[0] == LOOM_SHARD_MAGIC && hdr >= 44 ? (uint64_t)(uint32_t)h[9] | ((uint64_t)(uint32_t)h[10] << 32) : 0;
     return LOOM_OK;
 }
 
@@ -116,15 +117,17 @@ struct loom_shard_writer {
     unsigned char *buf; /* WRITER_BUF bytes */
     size_t fill, skip;  /* skip: header bytes at the front of buf, not hashed */
     loom_hash64_t hash; /* of the token bytes */
+    uint64_t tok_hash;  /* of the tokenizer, 0 = not recorded */
 };
 
 /* Write out the buffer, hashing its token bytes on the way. */
 static loom_status writer_flush(loom_shard_writer_t *w);
 
-static void header(int32_t h[9], size_t n, int vocab_size, int tb, uint64_t hash) {
-    int32_t v[9] = {LOOM_SHARD_MAGIC, LOOM_SHARD_VERSION, 1024, vocab_size,
-                    (int32_t)(uint32_t)(n & 0xffffffffu), (int32_t)(uint32_t)((uint64_t)n >> 32), tb,
-                    (int32_t)(uint32_t)(hash & 0xffffffffu), (int32_t)(uint32_t)(hash >> 32)};
+static void header(int32_t h[11], size_t n, int vocab_size, int tb, uint64_t hash, uint64_t tok_hash) {
+    int32_t v[11] = {LOOM_SHARD_MAGIC, LOOM_SHARD_VERSION, 1024, vocab_size,
+                     (int32_t)(uint32_t)(n & 0xffffffffu), (int32_t)(uint32_t)((uint64_t)n >> 32), tb,
+                     (int32_t)(uint32_t)(hash & 0xffffffffu), (int32_t)(uint32_t)(hash >> 32),
+                     (int32_t)(uint32_t)(tok_hash & 0xffffffffu), (int32_t)(uint32_t)(tok_hash >> 32)};
     memcpy(h, v, sizeof v);
 }
 
@@ -134,7 +137,7 @@ static loom_status write_all(int fd, const void *p, size_t n, const char *tmp) {
         ssize_t w = write(fd, c, n);
         if (w < 0) {
             if (errno == EINTR) continue;
-            return loom_error(LOOM_EIO, "%s: write failed: %s", tmp, strerror(errno));
+            return loom_error(LOOM_EWRITE, "%s: write failed: %s", tmp, strerror(errno));
         }
         c += w;
         n -= (size_t)w;
@@ -164,15 +167,15 @@ loom_status loom_shard_writer_open(loom_shard_writer_t **out, const char *path, 
     w->buf = loom_malloc(WRITER_BUF);
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (w->fd < 0) {
-        loom_status s = loom_error(LOOM_EIO, "%s: cannot create: %s", w->tmp, strerror(errno));
+        loom_status s = loom_error(LOOM_EWRITE, "%s: cannot create: %s", w->tmp, strerror(errno));
         w->fd = -1;
         loom_shard_writer_abort(w);
         return s;
     }
     /* The header is written with a zero count and filled in by close(). */
     memset(w->buf, 0, 1024);
-    int32_t h[9];
-    header(h, 0, vocab_size, w->tb, 0);
+    int32_t h[11];
+    header(h, 0, vocab_size, w->tb, 0, 0);
     memcpy(w->buf, h, sizeof h);
     w->fill = w->skip = 1024;
     loom_hash64_init(&w->hash, 0);
@@ -181,6 +184,7 @@ loom_status loom_shard_writer_open(loom_shard_writer_t **out, const char *path, 
 }
 
 size_t loom_shard_writer_count(const loom_shard_writer_t *w) { return w->count; }
+void loom_shard_writer_set_tokenizer(loom_shard_writer_t *w, uint64_t hash) { w->tok_hash = hash; }
 
 loom_status loom_shard_writer_append(loom_shard_writer_t *w, const uint32_t *tokens, size_t n) {
     for (size_t i = 0; i < n; i++) {
@@ -218,17 +222,17 @@ static loom_status writer_flush(loom_shard_writer_t *w) {
 
 loom_status loom_shard_writer_close(loom_shard_writer_t *w) {
     loom_status s = writer_flush(w);
-    int32_t h[9];
-    header(h, w->count, w->vocab_size, w->tb, loom_hash64_digest(&w->hash));
+    int32_t h[11];
+    header(h, w->count, w->vocab_size, w->tb, loom_hash64_digest(&w->hash), w->tok_hash);
     if (s == LOOM_OK && pwrite(w->fd, h, sizeof h, 0) != (ssize_t)sizeof h)
         s = loom_error(LOOM_EIO, "%s: writing the header failed: %s", w->tmp, strerror(errno));
-    if (s == LOOM_OK && fsync(w->fd) != 0) s = loom_error(LOOM_EIO, "%s: sync failed: %s", w->tmp, strerror(errno));
+    if (s == LOOM_OK && fsync(w->fd) != 0) s = loom_error(LOOM_EWRITE, "%s: sync failed: %s", w->tmp, strerror(errno));
     if (s == LOOM_OK) {
         int fd = w->fd;
         w->fd = -1;
-        if (close(fd) != 0) s = loom_error(LOOM_EIO, "%s: close failed: %s", w->tmp, strerror(errno));
+        if (close(fd) != 0) s = loom_error(LOOM_EWRITE, "%s: close failed: %s", w->tmp, strerror(errno));
     }
-    if (s == LOOM_OK && rename(w->tmp, w->path) != 0) s = loom_error(LOOM_EIO, "%s: rename failed: %s", w->path, strerror(errno));
+    if (s == LOOM_OK && rename(w->tmp, w->path) != 0) s = loom_error(LOOM_EWRITE, "%s: rename failed: %s", w->path, strerror(errno));
     if (s != LOOM_OK) {
         loom_shard_writer_abort(w);
         return s;

@@ -7,7 +7,10 @@
  *   header[4], header[5] = token count (low, high 32 bits),
  *   header[6] = bytes per token (2 or 4),
  *   header[7], header[8] = XXH64 (core/hash.h) of the token bytes (low,
- *   high 32 bits; version 2), checked when the shard is opened.
+ *   high 32 bits; version 2), checked when the shard is opened,
+ *   header[9], header[10] = loom_tokenizer_hash of the tokenizer that made
+ *   the tokens (low, high; 0 = not recorded: shards of a loom before it),
+ *   checked by `loom train` against the data folder's tokenizer.json.
  * Version 1 shards (no checksum) still load, with a note that their
  * tokens are not verified. llm.c's shards (magic 20240520, version 1: uint16 tokens; header[2] =
  * token count) load unchanged; their vocabulary size is reported as 0. */
@@ -28,6 +31,7 @@ typedef struct {
     size_t ntokens;
     int token_bytes;             /* 2 or 4 */
     int vocab_size;              /* 0 when the file does not say */
+    uint64_t tokenizer_hash;     /* of the tokenizer that made it; 0 = not recorded */
     void *map;
     size_t map_len;
 } loom_shard_t;
@@ -55,6 +59,8 @@ loom_status loom_shard_writer_open(loom_shard_writer_t **w, const char *path, in
 /* Append tokens; one beyond the vocabulary is an error naming its position
  * in the shard (the writer is aborted then). */
 loom_status loom_shard_writer_append(loom_shard_writer_t *w, const uint32_t *tokens, size_t n);
+/* Record the hash of the tokenizer that made the tokens (loom_tokenizer_hash). */
+void loom_shard_writer_set_tokenizer(loom_shard_writer_t *w, uint64_t hash);
 /* Tokens appended so far. */
 size_t loom_shard_writer_count(const loom_shard_writer_t *w);
 /* Finish: header, fsync, rename; frees the writer whatever happens. */

@@ -75,8 +75,8 @@ static loom_status finish_variant(loom_gpt_config_t *cfg) {
         return loom_error(LOOM_EINVAL, "model: %d key/value heads do not divide %d query heads; n_kv_heads must divide n_heads",
                           cfg->n_kv_heads, cfg->n_head);
     if (cfg->ffn_hidden == 0) cfg->ffn_hidden = 4 * cfg->channels;
-    if (cfg->ffn_hidden < 1 || cfg->ffn_hidden > 1 << 20)
-        return loom_error(LOOM_EINVAL, "model: MLP hidden size %d; expected 1 to 1048576", cfg->ffn_hidden);
+    if (cfg->ffn_hidden < 1 || cfg->ffn_hidden > LOOM_GPT_MAX_FFN)
+        return loom_error(LOOM_EINVAL, "model: MLP hidden size %d; expected 1 to %d", cfg->ffn_hidden, LOOM_GPT_MAX_FFN);
     if (cfg->norm_eps == 0) cfg->norm_eps = 1e-5f;
     if (!(cfg->norm_eps > 0 && cfg->norm_eps < 1))
         return loom_error(LOOM_EINVAL, "model: norm epsilon %g; expected above 0 and below 1", (double)cfg->norm_eps);
@@ -96,13 +96,17 @@ static loom_status finish_variant(loom_gpt_config_t *cfg) {
 }
 
 loom_status loom_gpt_config_finish(loom_gpt_config_t *cfg) {
-    if (cfg->n_layer < 1 || cfg->n_layer > 1024)
-        return loom_error(LOOM_EINVAL, "model: %d layers; expected 1 to 1024", cfg->n_layer);
-    if (cfg->n_head < 1 || cfg->channels < 1 || cfg->channels % cfg->n_head != 0)
+    if (cfg->n_layer < 1 || cfg->n_layer > LOOM_GPT_MAX_LAYERS)
+        return loom_error(LOOM_EINVAL, "model: %d layers; expected 1 to %d", cfg->n_layer, LOOM_GPT_MAX_LAYERS);
+    if (cfg->n_head < 1 || cfg->n_head > LOOM_GPT_MAX_HEADS)
+        return loom_error(LOOM_EINVAL, "model: %d heads; expected 1 to %d", cfg->n_head, LOOM_GPT_MAX_HEADS);
+    if (cfg->channels < 1 || cfg->channels > LOOM_GPT_MAX_CHANNELS)
+        return loom_error(LOOM_EINVAL, "model: %d channels; expected 1 to %d", cfg->channels, LOOM_GPT_MAX_CHANNELS);
+    if (cfg->channels % cfg->n_head != 0)
         return loom_error(LOOM_EINVAL, "model: %d channels do not split into %d heads; channels must be a multiple of heads", cfg->channels, cfg->n_head);
-    if (cfg->max_seq_len < 1 || cfg->max_seq_len > 1 << 20)
-        return loom_error(LOOM_EINVAL, "model: sequence length %d; expected 1 to 1048576", cfg->max_seq_len);
-    if (cfg->vocab_size < 2 || cfg->vocab_size > 1 << 30)
+    if (cfg->max_seq_len < 1 || cfg->max_seq_len > LOOM_GPT_MAX_CONTEXT)
+        return loom_error(LOOM_EINVAL, "model: sequence length %d; expected 1 to %d", cfg->max_seq_len, LOOM_GPT_MAX_CONTEXT);
+    if (cfg->vocab_size < 2 || cfg->vocab_size > LOOM_GPT_MAX_VOCAB)
         return loom_error(LOOM_EINVAL, "model: vocabulary size %d; expected 2 to 2^30", cfg->vocab_size);
     LOOM_TRY(finish_variant(cfg));
     cfg->padded_vocab_size = (cfg->vocab_size + 63) / 64 * 64;

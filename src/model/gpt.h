@@ -97,7 +97,19 @@ const char *loom_gpt_family(const loom_gpt_config_t *c);
 loom_status loom_gpt_preset(loom_gpt_config_t *cfg, const char *name);
 /* The preset names, NULL-terminated, for help text. */
 extern const char *const loom_gpt_preset_names[];
-/* Check a config and derive padded_vocab_size. */
+/* The bounds every config is held to, whichever way it arrives (the CLI's
+ * flags, a run's or checkpoint's config.json, a Hugging Face folder, a
+ * GGUF): within them every size loom derives (3C, 4C, QR * C, L * QR * C)
+ * fits its type, and tensor element counts are computed in size_t. */
+enum {
+    LOOM_GPT_MAX_LAYERS = 1024,
+    LOOM_GPT_MAX_HEADS = 1024,
+    LOOM_GPT_MAX_CHANNELS = 65536,
+    LOOM_GPT_MAX_CONTEXT = 1 << 20,
+    LOOM_GPT_MAX_FFN = 1 << 20,
+    LOOM_GPT_MAX_VOCAB = 1 << 30,
+};
+/* Check a config against those bounds and derive padded_vocab_size. */
 loom_status loom_gpt_config_finish(loom_gpt_config_t *cfg);
 
 /* The parameter tensors in memory order. Decayed tensors (matrices and

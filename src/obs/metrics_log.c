@@ -96,7 +96,7 @@ static loom_status trim(const char *path, long long upto) {
 loom_status loom_metrics_log_open(loom_metrics_log_t **out, const char *path, long long keep_upto) {
     if (keep_upto >= 0) LOOM_TRY(trim(path, keep_upto));
     FILE *f = fopen(path, keep_upto >= 0 ? "a" : "w");
-    if (!f) return loom_error(LOOM_EIO, "%s: cannot create the metrics log", path);
+    if (!f) return loom_error(LOOM_EWRITE, "%s: cannot create the metrics log", path);
     loom_metrics_log_t *l = loom_malloc(sizeof *l);
     l->f = f;
     snprintf(l->path, sizeof l->path, "%s", path);
@@ -116,7 +116,7 @@ loom_status loom_metrics_log_write(loom_metrics_log_t *l, const loom_metrics_row
     if (r->has_energy) fprintf(f, "\"energy_j_per_token\":%.6g,", r->energy_j_per_token);
     fprintf(f, "\"tokens_per_s\":%.1f,\"mfu\":%.4f,\"step_s\":%.4f,\"elapsed_s\":%.2f}\n", r->tokens_per_s, r->mfu,
             r->step_s, r->elapsed_s);
-    if (fflush(f) != 0 || ferror(f)) return loom_error(LOOM_EIO, "%s: cannot write the metrics log", l->path);
+    if (fflush(f) != 0 || ferror(f)) return loom_error(LOOM_EWRITE, "%s: cannot write the metrics log", l->path);
     return LOOM_OK;
 }
 

@@ -57,7 +57,9 @@ static void rank_ended(launch_state_t *st, pid_t p, int status) {
     if (r == st->l->nproc) return;
     st->pids[r] = 0;
     st->left--;
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    /* a rank killed by a signal (SIGKILL, the OOM killer) is a dead peer:
+     * exit 3 as documented (docs/fault-tolerance.md), not the shell's 128+N */
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
     if (code == 0) return;
     if (st->first_bad < 0) {
         st->first_bad = r;
