@@ -2,8 +2,10 @@
 HTTP): tests/test_serve.sh and tests/test_serve_san.sh run it.
 
 usage: serve_client.py LOOM RUN PART...   PART: openai concurrency load
-       quantmem overload disconnect badinput sigterm chattemplate. Prints PASS/FAIL lines."""
+       quantmem overload disconnect badinput sigterm chattemplate cors. Prints PASS/FAIL lines."""
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
+
+import openai_check, serve_conformance
 
 LOOM, RUN = sys.argv[1], sys.argv[2]
 PARTS = sys.argv[3:]
@@ -69,6 +71,7 @@ def request(srv, method, path, body=None, headers=None, timeout=120):
     r = c.getresponse()
     data = r.read()
     c.close()
+    openai_check.check(path, r.status, r.getheader("Content-Type"), data)
     return r.status, dict(r.getheaders()), data
 
 
@@ -98,11 +101,12 @@ def part_openai():
     import openai
     srv = Server("--api-key", "sekret", runs=[RUN, "second=" + RUN])
     try:
-        cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="sekret", max_retries=0)
+        cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="sekret", max_retries=0, http_client=openai_check.transport())
         openai_completions(srv, cl)
         openai_chat(srv, cl)
         openai_sampling(srv, cl)
         openai_errors(srv, cl, openai)
+        serve_conformance.run(srv, cl, openai, report, request)
         st, _, text = request(srv, "GET", "/metrics")
         names = set(re.findall(r"^(loom_serve_\w+?)(?:_bucket|_sum|_count)?\{model=", text.decode(), re.M))
         want = {"loom_serve_requests_running", "loom_serve_requests_waiting", "loom_serve_kv_cache_usage_ratio",
@@ -220,6 +224,21 @@ def openai_errors(srv, cl, openai):
         report("serve_prompt_too_long", False, "accepted")
     except openai.BadRequestError as e:
         report("serve_prompt_too_long", e.body.get("code") == "context_length_exceeded", e)
+
+
+def part_cors():
+    """--cors-origin: every answer names the origin; a browser's preflight gets 204."""
+    srv = Server("--cors-origin", "http://localhost:3000")
+    try:
+        st, h, _ = request(srv, "OPTIONS", "/v1/chat/completions", None,
+                           {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"})
+        report("serve_cors_preflight", st == 204 and h.get("Access-Control-Allow-Origin") == "http://localhost:3000"
+               and "POST" in h.get("Access-Control-Allow-Methods", "")
+               and "Authorization" in h.get("Access-Control-Allow-Headers", ""), (st, h))
+        st, h, _ = post(srv, {"prompt": "the", "max_tokens": 2})
+        report("serve_cors_answer", st == 200 and h.get("Access-Control-Allow-Origin") == "http://localhost:3000", (st, h))
+    finally:
+        srv.stop()
 
 
 # --- load -------------------------------------------------------------------
@@ -551,8 +570,10 @@ def stream_one(srv, body, first_event):
     c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = c.getresponse()
     text, fin, done = "", None, False
+    seen = []
     for line in r:
         line = line.decode().strip()
+        seen.append(line)
         if not line.startswith("data: "):
             continue
         first_event.set()
@@ -563,6 +584,7 @@ def stream_one(srv, body, first_event):
         text += ch["text"]
         fin = ch["finish_reason"] or fin
     c.close()
+    openai_check.check("/v1/completions", r.status, r.getheader("Content-Type"), "\n".join(seen))
     return text, fin, done
 
 
@@ -689,3 +711,5 @@ for part in PARTS:
         import traceback
         traceback.print_exc()
         report("serve_" + part, False, repr(e))
+if openai_check.checked["objects"] + openai_check.checked["chunks"]:
+    openai_check.report(report)

@@ -26,6 +26,7 @@ typedef struct {
     size_t sent;      /* bytes of text already streamed */
     int finish, n_gen;
     cJSON *lp;        /* chat-style logprob entries, when asked */
+    int lp_off;       /* streamed completions: text_offset of the next token */
 } choice_t;
 
 struct job {
@@ -142,19 +143,42 @@ static cJSON *token_string(const loom_tokenizer_t *tok, int id) {
     return clean_string(t ? (const char *)t : "", t ? n : 0);
 }
 
-/* One token's logprobs, chat style: {token, logprob, top_logprobs: [{token, logprob}]}. */
+/* {token, logprob, bytes}: bytes are the token's raw UTF-8 bytes (token may
+ * show U+FFFD where a token holds part of a character). */
+static cJSON *token_logprob(const loom_tokenizer_t *tok, int id, float logprob) {
+    cJSON *e = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
+    size_t n = 0;
+    const unsigned char *t = loom_tokenizer_token(tok, (uint32_t)id, &n);
+    cJSON_AddItemToObject(e, "token", token_string(tok, id));
+    cJSON_AddNumberToObject(e, "logprob", logprob);
+    for (size_t i = 0; t && i < n; i++) cJSON_AddItemToArray(bytes, cJSON_CreateNumber(t[i]));
+    cJSON_AddItemToObject(e, "bytes", bytes);
+    return e;
+}
+
+/* One token's logprobs, chat style: {token, logprob, bytes, top_logprobs:
+ * [{token, logprob, bytes}]}. The sampled token is always among its own
+ * alternatives (appended last when it is not in the top n), as OpenAI's
+ * completions promise ("up to logprobs+1 elements"); chat with
+ * top_logprobs 0 keeps an empty list. */
 static cJSON *lp_entry(const job_t *j, const loom_engine_event_t *ev) {
-    cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
-    cJSON_AddItemToObject(e, "token", token_string(j->m->tok, ev->token));
-    cJSON_AddNumberToObject(e, "logprob", ev->logprob);
+    cJSON *e = token_logprob(j->m->tok, ev->token, ev->logprob), *top = cJSON_CreateArray();
+    int seen = 0;
     for (int i = 0; i < ev->n_top; i++) {
-        cJSON *t = cJSON_CreateObject();
-        cJSON_AddItemToObject(t, "token", token_string(j->m->tok, ev->top_ids[i]));
-        cJSON_AddNumberToObject(t, "logprob", ev->top_logprobs[i]);
-        cJSON_AddItemToArray(top, t);
+        cJSON_AddItemToArray(top, token_logprob(j->m->tok, ev->top_ids[i], ev->top_logprobs[i]));
+        seen |= ev->top_ids[i] == ev->token;
     }
+    if (!seen && (ev->n_top > 0 || j->kind == LOOM_API_COMPLETION))
+        cJSON_AddItemToArray(top, token_logprob(j->m->tok, ev->token, ev->logprob));
     cJSON_AddItemToObject(e, "top_logprobs", top);
     return e;
+}
+
+/* A chat choice's logprobs object: {content: entries (taken), refusal: null}. */
+static void add_chat_logprobs(cJSON *x, cJSON *entries) {
+    cJSON *o = cJSON_AddObjectToObject(x, "logprobs");
+    cJSON_AddItemToObject(o, "content", entries);
+    cJSON_AddNullToObject(o, "refusal");
 }
 
 /* Chat-style entries as a completion's logprobs object (text_offset from `off`). */
@@ -294,12 +318,13 @@ static char *render_full(job_t *j) {
             cJSON *msg = cJSON_AddObjectToObject(x, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
             cJSON_AddStringToObject(msg, "content", t.data);
+            cJSON_AddNullToObject(msg, "refusal");
         } else {
             cJSON_AddStringToObject(x, "text", t.data);
         }
         free(t.data);
         if (j->a.p.logprobs < 0) cJSON_AddNullToObject(x, "logprobs");
-        else if (chat) cJSON_AddItemToObject(cJSON_AddObjectToObject(x, "logprobs"), "content", cJSON_Duplicate(ch->lp, 1));
+        else if (chat) add_chat_logprobs(x, cJSON_Duplicate(ch->lp, 1));
         else cJSON_AddItemToObject(x, "logprobs", lp_completion(ch->lp, (int)strlen(pt)));
         add_finish(x, ch->finish);
         cJSON_AddItemToArray(arr, x);
@@ -336,11 +361,12 @@ static void put_chunk(job_t *j, int c, const char *text, size_t len, cJSON *lp, 
     else if (chat) {
         cJSON *a = cJSON_CreateArray();
         cJSON_AddItemToArray(a, lp);
-        cJSON_AddItemToObject(cJSON_AddObjectToObject(x, "logprobs"), "content", a);
+        add_chat_logprobs(x, a);
     } else {
         cJSON *a = cJSON_CreateArray();
         cJSON_AddItemToArray(a, lp);
-        cJSON_AddItemToObject(x, "logprobs", lp_completion(a, 0));
+        cJSON_AddItemToObject(x, "logprobs", lp_completion(a, j->ch[c].lp_off));
+        j->ch[c].lp_off += (int)strlen(cJSON_GetObjectItem(lp, "token")->valuestring);
         cJSON_Delete(a);
     }
     add_finish(x, finish);
@@ -372,7 +398,10 @@ static long stream_fn(void *ctx, char *buf, size_t max) {
         if (j->phase == 0) {
             for (int c = 0; c < j->n_choices; c++) {
                 const char *pt = j->a.echo ? j->ptext[c / j->a.p.n] : "";
-                if (j->kind == LOOM_API_CHAT || *pt) put_chunk(j, c, pt, strlen(pt), NULL, 0, j->kind == LOOM_API_CHAT);
+                j->ch[c].lp_off = (int)strlen(pt);
+                /* finish is already set when nothing is generated (max_tokens 0 with echo) */
+                if (j->kind == LOOM_API_CHAT || *pt || j->ch[c].finish)
+                    put_chunk(j, c, pt, strlen(pt), NULL, j->ch[c].finish, j->kind == LOOM_API_CHAT);
             }
             j->phase = 1;
         } else if (j->n_done == j->n_choices) {
@@ -479,6 +508,12 @@ static loom_status job_prompts(job_t *j, loom_api_error_t *err) {
             return loom_api_fail(err, 400, NULL, param, "context_length_exceeded",
                                  "the prompt has %d tokens; this model's context is %d, so at most %d fit with one new token",
                                  j->n_pids[k], ctx, ctx - 1);
+        /* OpenAI refuses what does not fit rather than cutting it short; an unset max_tokens is cut with "length" */
+        if (a->max_tokens_set && (long)j->n_pids[k] + a->p.max_tokens > ctx)
+            return loom_api_fail(err, 400, NULL, "max_tokens", "context_length_exceeded",
+                                 "this model's context is %d tokens, but the prompt has %d and max_tokens asks for %d more (%ld in "
+                                 "all): shorten the prompt or ask for at most %d tokens",
+                                 ctx, j->n_pids[k], a->p.max_tokens, (long)j->n_pids[k] + a->p.max_tokens, ctx - j->n_pids[k]);
     }
     return LOOM_OK;
 }
@@ -509,6 +544,13 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     a->p.n_stop = a->n_stop;
     a->p.stop_ids = j->m->n_stop ? j->m->stop_ids : NULL;
     a->p.n_stop_ids = a->ignore_eos ? 0 : j->m->n_stop;
+    if (a->p.max_tokens == 0) { /* echo only: nothing for the engine to do */
+        for (int k = 0; k < j->n_sub; k++) j->subs[k] = (sub_t){.job = j, .k = k, .started = 1};
+        atomic_fetch_sub(&j->s->pending, j->n_sub);
+        for (int c = 0; c < j->n_choices; c++) j->ch[c].finish = LOOM_FINISH_LENGTH;
+        j->n_done = j->n_choices;
+        return LOOM_OK;
+    }
     for (int k = 0; k < j->n_sub; k++) {
         j->subs[k] = (sub_t){.job = j, .k = k};
         if (loom_engine_submit(j->m->e, j->pids[k], j->n_pids[k], &a->p, on_event, &j->subs[k], &j->eids[k]) != LOOM_OK) {
