@@ -79,9 +79,9 @@ def chat_inputs(cl, openai, report, post):
     st, _, j = post(dict(greedy, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
                     "/v1/chat/completions")
     report("serve_chat_image_part_refused", st == 400 and "image_url" in j["error"]["message"], (st, j))
-    st, _, j = post(dict(greedy, messages=[{"role": "user", "content": "hi"}], response_format={"type": "json_object"}),
+    st, _, j = post(dict(greedy, messages=[{"role": "user", "content": "hi"}], response_format={"type": "xml"}),
                     "/v1/chat/completions")
-    report("serve_response_format_not_ignored", st == 400 and j["error"]["param"] == "response_format", (st, j))
+    report("serve_response_format_unknown", st == 400 and j["error"]["param"] == "response_format.type", (st, j))
 
 
 def limits(srv, cl, report, post, request, key):

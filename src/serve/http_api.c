@@ -122,16 +122,31 @@ static loom_status refuse_unsupported(const cJSON *o, loom_api_error_t *err) {
     v = field(o, "best_of");
     if (v && (!cJSON_IsNumber(v) || v->valuedouble != 1))
         return loom_api_fail(err, 400, NULL, "best_of", NULL, "'best_of' other than 1 is not supported by this server");
-    v = field(o, "response_format");
-    if (v && (!cJSON_IsObject(v) || !cJSON_IsString(field(v, "type"))))
-        return loom_api_fail(err, 400, NULL, "response_format", "invalid_type", "'response_format' must be an object with a string 'type'");
-    if (v && strcmp(field(v, "type")->valuestring, "text"))
-        return loom_api_fail(err, 400, NULL, "response_format", "invalid_value",
-                             "'response_format' type '%.32s' is not supported by this server yet (only 'text'): "
-                             "loom does not constrain outputs to JSON, and will not pretend to",
-                             field(v, "type")->valuestring);
     v = field(o, "tools");
     if (v) return loom_api_fail(err, 400, NULL, "tools", NULL, "'tools' is not supported by this server");
+    return LOOM_OK;
+}
+
+/* response_format: text (nothing), json_object (any object), or
+ * json_schema {name, schema, strict} (the schema kept as text; it is
+ * compiled, and refused if loom cannot enforce it, when the model is known). */
+static loom_status parse_response_format(const cJSON *o, loom_api_request_t *r, loom_api_error_t *err) {
+    const cJSON *v = field(o, "response_format");
+    if (!v) return LOOM_OK;
+    const cJSON *type = cJSON_IsObject(v) ? field(v, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return loom_api_fail(err, 400, NULL, "response_format", "invalid_type", "'response_format' must be an object with a string 'type'");
+    if (!strcmp(type->valuestring, "text")) return LOOM_OK;
+    if (!strcmp(type->valuestring, "json_object")) return r->json_mode = 1, LOOM_OK;
+    if (strcmp(type->valuestring, "json_schema"))
+        return loom_api_fail(err, 400, NULL, "response_format.type", "invalid_value",
+                             "'response_format' type '%.32s' is not one of text, json_object, json_schema", type->valuestring);
+    const cJSON *js = field(v, "json_schema"), *schema = cJSON_IsObject(js) ? field(js, "schema") : NULL;
+    if (!cJSON_IsObject(js) || !cJSON_IsString(field(js, "name")))
+        return loom_api_fail(err, 400, NULL, "response_format.json_schema", "missing_required_parameter",
+                             "'response_format' json_schema needs an object 'json_schema' with a 'name'");
+    r->json_mode = 2;
+    r->json_schema = schema ? cJSON_PrintUnformatted(schema) : NULL; /* no schema: any object */
     return LOOM_OK;
 }
 
@@ -304,6 +319,7 @@ static loom_status parse_settings(const cJSON *o, loom_api_kind kind, loom_api_r
     const cJSON *m = field(o, "model");
     if (m && !cJSON_IsString(m)) return loom_api_fail(err, 400, NULL, "model", NULL, "'model' must be a string");
     if (m) r->model = loom_strdup(m->valuestring);
+    LOOM_TRY(parse_response_format(o, r, err));
     return parse_stop(o, r, err);
 }
 
@@ -342,6 +358,7 @@ void loom_api_request_free(loom_api_request_t *r) {
     free(r->msgs);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->model);
+    free(r->json_schema);
     memset(r, 0, sizeof *r);
 }
 

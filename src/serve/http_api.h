@@ -38,7 +38,9 @@ typedef struct {
     int n_stop;
     int stream, include_usage, echo;
     int max_tokens_set; /* max_tokens (or max_completion_tokens) was given: the prompt plus it must fit the context */
-    int ignore_eos; /* "ignore_eos": true (vLLM's and llama.cpp's extension): do not stop at end-of-text */
+    int ignore_eos;
+    int json_mode;     /* response_format: 0 text, 1 json_object, 2 json_schema */
+    char *json_schema; /* json_schema's schema as JSON text (NULL: any object) */ /* "ignore_eos": true (vLLM's and llama.cpp's extension): do not stop at end-of-text */
 } loom_api_request_t;
 
 /* An error in the OpenAI shape: {"error": {"message", "type", "param", "code"}}. */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "serve/json_schema.h"
 #include "serve/server_int.h"
 
 enum { WHY_NONE, WHY_TIMEOUT, WHY_SHUTDOWN, WHY_CLIENT };
@@ -48,6 +49,8 @@ struct job {
     long created;
     loom_sbuf_t out;
     size_t out_pos;
+    loom_json_schema_t *schema;  /* response_format json_object / json_schema, compiled (NULL: none) */
+    loom_token_filter_t *filter; /* ... as the engine's token filter */
 };
 
 static int hold_k = -1;          /* LOOM_TEST_SERVE_HOLD's K; -1: no hold */
@@ -252,6 +255,8 @@ static void job_free(job_t *j) {
     free(j->subs), free(j->eids), free(j->submitted), free(j->pids), free(j->n_pids), free(j->ptext);
     free(j->ch), free(j->last_t), free(j->out.data);
     if (j->counted) atomic_fetch_sub(&j->s->active, 1);
+    loom_json_filter_free(j->filter);
+    loom_json_schema_free(j->schema);
     loom_api_request_free(&j->a);
     free(j);
 }
@@ -529,6 +534,16 @@ static job_t *job_new(loom_server_t *s, srv_model_t *m, loom_api_kind kind, loom
     return j;
 }
 
+/* response_format as a token filter (400 naming what loom cannot enforce). */
+static loom_status job_format(job_t *j, loom_api_error_t *err) {
+    if (!j->a.json_mode) return LOOM_OK;
+    if (loom_json_schema_compile(j->a.json_schema, &j->schema) != LOOM_OK)
+        return loom_api_fail(err, 400, NULL, "response_format", "invalid_value", "%s", loom_errmsg());
+    LOOM_TRY(loom_json_filter_new(j->schema, j->m->tok, j->m->m->cfg.vocab_size, &j->filter));
+    j->a.p.filter = j->filter;
+    return LOOM_OK;
+}
+
 /* Submit every prompt; the first refusal cancels the rest (400). */
 static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     loom_api_request_t *a = &j->a;
@@ -595,7 +610,7 @@ static void handle(const loom_http_request_t *req, loom_http_response_t *resp, l
     job_t *j = job_new(s, m, kind, &a);
     atomic_fetch_add(&s->active, 1);
     j->counted = 1;
-    if (job_prompts(j, &err) != LOOM_OK) {
+    if (job_prompts(j, &err) != LOOM_OK || job_format(j, &err) != LOOM_OK) {
         job_free(j);
         return loom_srv_reply_error(resp, &err);
     }

@@ -1,0 +1,164 @@
+/* The structured-output matcher (serve/json_schema.h) on its own: known
+ * documents accepted and refused byte by byte, random walks through what
+ * it allows (every walk ends in a document cJSON parses and that meets
+ * its schema, checked here by hand), and the constructs it refuses named. */
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "serve/json_schema.h"
+
+static const char *PERSON =
+    "{\"type\":\"object\",\"properties\":{"
+    "\"name\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":8},"
+    "\"age\":{\"type\":\"integer\"},"
+    "\"score\":{\"type\":\"number\"},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"enum\":[\"a\",\"bc\",7,null]},\"minItems\":1,\"maxItems\":3},"
+    "\"nick\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":4},{\"type\":\"null\"}]},"
+    "\"ok\":{\"type\":\"boolean\"},"
+    "\"home\":{\"$ref\":\"#/$defs/place\"}},"
+    "\"required\":[\"name\",\"age\",\"tags\",\"home\"],\"additionalProperties\":false,"
+    "\"$defs\":{\"place\":{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":5},"
+    "\"next\":{\"anyOf\":[{\"$ref\":\"#/$defs/place\"},{\"type\":\"null\"}]}},\"required\":[\"city\",\"next\"]}}}";
+
+static int accepts(const loom_json_schema_t *s, const char *doc) {
+    loom_json_match_t m;
+    loom_json_match_init(&m, s);
+    return loom_json_match_bytes(&m, (const unsigned char *)doc, strlen(doc)) && loom_json_match_done(&m);
+}
+
+static void test_known_documents(void) {
+    loom_json_schema_t *s = NULL;
+    CHECK(loom_json_schema_compile(PERSON, &s) == LOOM_OK, "%s", loom_errmsg());
+    if (!s) return;
+    const char *good[] = {
+        "{\"name\":\"x\",\"age\":-12,\"tags\":[\"a\",7],\"home\":{\"city\":\"rome\",\"next\":null}}",
+        "{\"name\":\"\\u00e9\\n\",\"age\":0,\"score\":1.5e-3,\"tags\":[null],\"nick\":null,\"ok\":true,"
+        "\"home\":{\"city\":\"\",\"next\":{\"city\":\"b\",\"next\":null}}}",
+        "{\"name\":\"caf\xc3\xa9\",\"age\":3,\"tags\":[\"bc\",\"bc\",\"a\"],\"nick\":\"abcd\",\"home\":{\"city\":\"a\",\"next\":null}}",
+    };
+    const char *bad[] = {
+        "{\"age\":1,\"name\":\"x\",\"tags\":[\"a\"],\"home\":{\"city\":\"a\",\"next\":null}}", /* order */
+        "{\"name\":\"\",\"age\":1,\"tags\":[\"a\"],\"home\":{\"city\":\"a\",\"next\":null}}",  /* minLength */
+        "{\"name\":\"123456789\",\"age\":1,\"tags\":[\"a\"],\"home\":{\"city\":\"a\",\"next\":null}}",
+        "{\"name\":\"x\",\"age\":1.5,\"tags\":[\"a\"],\"home\":{\"city\":\"a\",\"next\":null}}", /* integer */
+        "{\"name\":\"x\",\"age\":01,\"tags\":[\"a\"],\"home\":{\"city\":\"a\",\"next\":null}}",
+        "{\"name\":\"x\",\"age\":1,\"tags\":[],\"home\":{\"city\":\"a\",\"next\":null}}",       /* minItems */
+        "{\"name\":\"x\",\"age\":1,\"tags\":[\"a\",\"a\",\"a\",\"a\"],\"home\":{\"city\":\"a\",\"next\":null}}",
+        "{\"name\":\"x\",\"age\":1,\"tags\":[\"b\"],\"home\":{\"city\":\"a\",\"next\":null}}",     /* enum */
+        "{\"name\":\"x\",\"age\":1,\"tags\":[\"a\"]}",                                            /* required */
+        "{\"name\":\"x\",\"age\":1,\"tags\":[\"a\"],\"home\":{\"city\":\"a\",\"next\":null},\"zz\":1}",
+        "{\"name\":\"x\",\"age\":1,\"tags\":[\"a\"],\"home\":{\"city\":\"a\",\"next\":null}} ",     /* after the end */
+        "{\"name\":\"a\x01\",\"age\":1,\"tags\":[\"a\"],\"home\":{\"city\":\"a\",\"next\":null}}",  /* control byte */
+        "{\"name\":\"\xff\",\"age\":1,\"tags\":[\"a\"],\"home\":{\"city\":\"a\",\"next\":null}}",   /* not UTF-8 */
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) CHECK(accepts(s, good[i]), "refused %s", good[i]);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) CHECK(!accepts(s, bad[i]), "accepted %s", bad[i]);
+    loom_json_schema_free(s);
+    CHECK(loom_json_schema_compile(NULL, &s) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(accepts(s, "{\"a\":[1,{\"b\":null},\"x\",true,-0.5E+2],\"c\":{}}"), "json_object refused a document");
+    CHECK(!accepts(s, "[1]") && !accepts(s, "{\"a\":tru}") && !accepts(s, "{\"a\":1,}"), "json_object accepted a bad one");
+    loom_json_schema_free(s);
+}
+
+/* A walk choosing among the bytes the matcher allows; structural bytes
+ * are favoured so that walks end. Returns the document (malloc'd) or NULL. */
+static char *walk(const loom_json_schema_t *s, unsigned *rng) {
+    loom_json_match_t m;
+    loom_json_match_init(&m, s);
+    char *out = malloc(4096);
+    int n = 0;
+    while (!loom_json_match_done(&m) && n < 4000) {
+        unsigned char ok[256];
+        int k = 0, structural = 0;
+        for (int b = 1; b < 256; b++) {
+            loom_json_match_t t = m;
+            if (!loom_json_match_byte(&t, (unsigned char)b)) continue;
+            ok[k++] = (unsigned char)b;
+            structural += strchr("\"]},:", b) != NULL;
+        }
+        if (k == 0) break;
+        *rng = *rng * 1103515245u + 12345u;
+        unsigned char c = ok[(*rng >> 8) % (unsigned)k];
+        if (structural && (*rng >> 4) % 3 == 0)
+            for (int i = 0; i < k; i++)
+                if (strchr("\"]},", ok[i])) c = ok[i];
+        CHECK(loom_json_match_byte(&m, c), "an allowed byte %d was refused", c);
+        out[n++] = (char)c;
+    }
+    out[n] = 0;
+    if (!loom_json_match_done(&m)) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* The PERSON schema checked by hand on a parsed document. */
+static int person_ok(const cJSON *d) {
+    const cJSON *name = cJSON_GetObjectItem(d, "name"), *age = cJSON_GetObjectItem(d, "age"), *tags = cJSON_GetObjectItem(d, "tags");
+    const cJSON *home = cJSON_GetObjectItem(d, "home");
+    if (!cJSON_IsString(name) || !cJSON_IsNumber(age) || age->valuedouble != (double)(long long)age->valuedouble) return 0;
+    if (!cJSON_IsArray(tags) || cJSON_GetArraySize(tags) < 1 || cJSON_GetArraySize(tags) > 3 || !cJSON_IsObject(home)) return 0;
+    for (const cJSON *t = tags->child; t; t = t->next)
+        if (!(cJSON_IsNull(t) || (cJSON_IsNumber(t) && t->valuedouble == 7) ||
+              (cJSON_IsString(t) && (!strcmp(t->valuestring, "a") || !strcmp(t->valuestring, "bc")))))
+            return 0;
+    for (const cJSON *p = home; p && !cJSON_IsNull(p); p = cJSON_GetObjectItem(p, "next"))
+        if (!cJSON_IsObject(p) || !cJSON_IsString(cJSON_GetObjectItem(p, "city"))) return 0;
+    return 1;
+}
+
+static void test_random_walks(void) {
+    loom_json_schema_t *s = NULL, *any = NULL;
+    CHECK(loom_json_schema_compile(PERSON, &s) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(loom_json_schema_compile(NULL, &any) == LOOM_OK, "%s", loom_errmsg());
+    if (!s || !any) return;
+    unsigned rng = 7;
+    int ended = 0, valid = 0;
+    for (int i = 0; i < 300; i++) {
+        const loom_json_schema_t *which = i % 2 ? s : any;
+        char *doc = walk(which, &rng);
+        if (!doc) continue;
+        ended++;
+        cJSON *d = cJSON_Parse(doc);
+        int ok = d && cJSON_IsObject(d) && (which == any || person_ok(d));
+        valid += ok;
+        if (!ok) printf("  invalid output: %s\n", doc);
+        cJSON_Delete(d);
+        free(doc);
+    }
+    CHECK(valid == ended && ended >= 250, "%d of %d walks ended, %d valid", ended, 300, valid);
+    loom_json_schema_free(s);
+    loom_json_schema_free(any);
+}
+
+static void test_refusals(void) {
+    const char *cases[][2] = {
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"^x$\"}}}", "'pattern' is not supported by this server's constrained decoding (it would be ignored, so it is refused) at a"},
+        {"{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"format\":\"date\"}}}", "'format'"},
+        {"{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":0}}}", "'minimum' is not supported by this server's constrained decoding (it would be ignored, so it is refused) at n"},
+        {"{\"type\":\"object\",\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\"}]}}}", "start alike"},
+        {"{\"type\":\"object\",\"properties\":{\"u\":{\"type\":[\"integer\",\"number\"]}}}", "start alike"},
+        {"{\"type\":\"object\",\"properties\":{\"r\":{\"$ref\":\"#/$defs/none\"}}}", "$ref"},
+        {"{\"type\":\"object\",\"properties\":{\"e\":{\"enum\":[1,12]}}}", "prefix"},
+        {"{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}", "additionalProperties"},
+        {"{\"type\":\"array\"}", "top level must be an object"},
+        {"{\"type\":\"object\",\"allOf\":[]}", "'allOf'"},
+        {"{\"type\":\"object\",\"required\":[\"q\"]}", "'q'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        loom_json_schema_t *s = NULL;
+        loom_status st = loom_json_schema_compile(cases[i][0], &s);
+        CHECK(st == LOOM_EINVAL && strstr(loom_errmsg(), cases[i][1]), "%s: status %d, '%s'", cases[i][0], st, loom_errmsg());
+        loom_json_schema_free(s);
+    }
+}
+
+int main(void) {
+    RUN(test_known_documents);
+    RUN(test_random_walks);
+    RUN(test_refusals);
+    return check_main_end();
+}
