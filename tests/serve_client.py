@@ -2,10 +2,10 @@
 HTTP): tests/test_serve.sh and tests/test_serve_san.sh run it.
 
 usage: serve_client.py LOOM RUN PART...   PART: openai concurrency load
-       quantmem overload disconnect badinput sigterm chattemplate cors. Prints PASS/FAIL lines."""
+       quantmem overload disconnect badinput sigterm chattemplate cors structured. Prints PASS/FAIL lines."""
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
 
-import openai_check, serve_conformance
+import openai_check, serve_conformance, serve_structured
 
 LOOM, RUN = sys.argv[1], sys.argv[2]
 PARTS = sys.argv[3:]
@@ -224,6 +224,20 @@ def openai_errors(srv, cl, openai):
         report("serve_prompt_too_long", False, "accepted")
     except openai.BadRequestError as e:
         report("serve_prompt_too_long", e.body.get("code") == "context_length_exceeded", e)
+
+
+def part_structured():
+    """response_format by constrained decoding (tests/serve_structured.py)."""
+    import openai
+    srv = Server()
+    try:
+        cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="none", max_retries=0, http_client=openai_check.transport())
+        serve_structured.run(srv, cl, openai, report, lambda body, path: post(srv, body, path))
+    except Exception:
+        print("".join(srv.log[-20:]))
+        raise
+    finally:
+        srv.stop()
 
 
 def part_cors():

@@ -47,6 +47,8 @@ typedef struct {
     int n_draft;           /* drafted tokens in this step's rows (at tokens[len..len+n_draft)) */
     int spec_wait, spec_fails; /* steps before the next proposal; proposals in a row with none accepted */
     void *fst;             /* the request's token filter's state (NULL: none, or not begun) */
+    void (*fend)(void *);  /* ... and what frees it: kept here, since the filter itself may be
+                              gone once the sample's last event is out (its owner frees it then) */
     int f_done;            /* the filter says the output is complete: end with "stop" */
 } seq_t;
 
@@ -246,7 +248,7 @@ static void seq_free(loom_engine_t *e, seq_t *s) {
     free(s->tokens);
     free(s->blocks);
     free(s->text);
-    if (s->fst) s->req->p.filter->end(s->fst);
+    if (s->fst) s->fend(s->fst);
     free(s);
 }
 
@@ -731,7 +733,7 @@ static int take_token(loom_engine_t *e, seq_t *s, const float *row, int tok) {
  * tokens on the second path. */
 static int filtered_pick(loom_engine_t *e, seq_t *s, const float *row, const loom_sampling_t *sp) {
     const loom_request_params_t *p = &s->req->p;
-    if (!s->fst) s->fst = p->filter->begin(p->filter);
+    if (!s->fst) s->fst = p->filter->begin(p->filter), s->fend = p->filter->end;
     int tok = loom_sample_logits(row, e->V, sp, &s->rng, e->scratch), stop = 0;
     for (int i = 0; i < p->n_stop_ids; i++) stop |= tok == p->stop_ids[i];
     if (stop || !p->filter->allowed(s->fst, tok)) {

@@ -380,6 +380,10 @@ static int string_step(const node_t *nd, loom_json_frame_t *f, unsigned char c) 
         if (c < 0x80) return TAKEN;
         if (c < 0xC2 || c > 0xF4) return REJECT;
         f->pos = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : 1;
+        /* the first continuation's range: no overlong forms, no surrogates, nothing above U+10FFFF
+         * (the server would replace such bytes with U+FFFD, changing the string) */
+        f->mask = c == 0xE0 ? 0xA0 | 0xBF << 8 : c == 0xED ? 0x80 | 0x9F << 8 : c == 0xF0 ? 0x90 | 0xBF << 8
+                : c == 0xF4 ? 0x80 | 0x8F << 8 : 0x80 | 0xBF << 8;
         return f->phase = 4, TAKEN;
     case 2:
         if (c == 'u') return f->phase = 3, f->pos = 4, TAKEN;
@@ -389,7 +393,8 @@ static int string_step(const node_t *nd, loom_json_frame_t *f, unsigned char c) 
         if (--f->pos == 0) f->phase = 1;
         return TAKEN;
     default:
-        if (c < 0x80 || c > 0xBF) return REJECT;
+        if (c < (f->mask & 0xFF) || c > (f->mask >> 8 & 0xFF)) return REJECT;
+        f->mask = 0x80 | 0xBF << 8;
         if (--f->pos == 0) f->phase = 1;
         return TAKEN;
     }
@@ -399,7 +404,8 @@ static int string_step(const node_t *nd, loom_json_frame_t *f, unsigned char c) 
  * 0, 4 after '.', 5 fraction digits, 6 after 'e', 7 after the exponent's
  * sign, 8 exponent digits. Ends (POPPED) on a byte it cannot take. */
 static int number_step(const node_t *nd, loom_json_frame_t *f, unsigned char c) {
-    int digit = c >= '0' && c <= '9', real = nd->kind != N_INTEGER;
+    /* '.' and 'e' need a digit after them: only while one is left (no dead end) */
+    int digit = c >= '0' && c <= '9', real = nd->kind != N_INTEGER && f->count < MAX_DIGITS;
     if (digit && ++f->count > MAX_DIGITS) return REJECT;
     switch (f->phase) {
     case 0: if (c == '-') return f->phase = 1, TAKEN; /* fall through */
@@ -412,7 +418,7 @@ static int number_step(const node_t *nd, loom_json_frame_t *f, unsigned char c) 
     case 4: return digit ? (f->phase = 5, TAKEN) : REJECT;
     case 5:
         if (digit) return TAKEN;
-        return c == 'e' || c == 'E' ? (f->phase = 6, TAKEN) : POPPED;
+        return real && (c == 'e' || c == 'E') ? (f->phase = 6, TAKEN) : POPPED;
     case 6: if (c == '+' || c == '-') return f->phase = 7, TAKEN; /* fall through */
     case 7: return digit ? (f->phase = 8, TAKEN) : REJECT;
     default: return digit ? TAKEN : POPPED;
