@@ -3,36 +3,42 @@
 # GPU machine (CUDA driver, nvcc, PyTorch and NVIDIA's CUDA libraries as
 # Python packages; no Debian packages, no network). It holds:
 #
-#   .gpu/build/loom, .gpu/build/libloom_cuda.so, .gpu/build/tests/test_*
-#       built here without MPI (Open MPI is not on that machine, and a loom
-#       linked to it would not start), for x86-64-v3 (not -march=native: the
-#       GPU machine's CPU is another one; the GEMM picks AVX-512 at run time),
-#       CUDA for sm_90 (+PTX): the H200. Debug info stripped.
+#   .gpu/build/loom, .gpu/build/libloom_cuda.so, and the GPU tests the check
+#       runs (.gpu/build/tests/: test_cuda_ops, test_cuda_attention,
+#       test_cuda_model, test_engine_cuda), built here without MPI (Open MPI
+#       is not on that machine, and a loom linked to it would not start) and
+#       without OpenBLAS (NO_BLAS=1: 35 MiB that a GPU run does not use; the
+#       CPU reference runs loom's own GEMM), for x86-64-v3 (not -march=native:
+#       the GPU machine's CPU is another one; the GEMM picks AVX-512 at run
+#       time), CUDA for sm_90 (+PTX): the H200. Stripped (the dynamic symbol
+#       table stays: -rdynamic, backtraces).
 #   .gpu/lib/       every shared library those need that is neither glibc nor
-#                   CUDA's own (OpenBLAS, its Fortran runtime, OpenMP, cJSON,
-#                   libmicrohttpd and what it pulls in, ...)
+#                   CUDA's own (OpenMP, cJSON, libmicrohttpd and the TLS
+#                   libraries it pulls in, ...)
 #   .gpu/lib/compat/ libstdc++ and libgcc_s: used there only when the system
 #                   has none (a newer system copy must win)
-#   .gpu/include/   the headers of those libraries (cJSON, cblas, and the
+#   .gpu/include/   the headers of those libraries (cJSON, microhttpd, and the
 #                   cudnn-frontend headers when present), so that the check
 #                   can rebuild there with nvcc when the carried binaries
 #                   cannot start
-#   .gpu/data/kjv.txt  1 MB of the King James Bible (Debian's bible-kjv)
+#   .gpu/data/kjv.txt.gz  1 MB of the King James Bible (Debian's bible-kjv), gzipped
 #   .gpu/MANIFEST   what is inside: file, bytes, sha256, where it came from,
 #                   the build's flags, the newest glibc symbol version used
 #
 # Usage: bench/gpu-bundle.sh [--out DIR] [--jobs N] [--from BUILD]   (make gpu-bundle)
 #   --from BUILD  take the binaries from an existing build folder instead of
 #                 building (the test suite does this with build/)
-#   --max-mb N    the size limit (default 60; the suite's bundle of build/,
-#                 with MPI and debug info, is larger)
-# Fails (exit 1) when the bundle would be over 60 MiB or a library the
-# binaries need cannot be found here.
+#   --max-mb N    the size limit (default 40; the suite's bundle of build/,
+#                 with MPI and OpenBLAS, is larger)
+# Prints what each part weighs and the headroom. Fails (exit 1) when the
+# bundle would be over the limit or a library the binaries need cannot be
+# found here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUTB=.gpu
 JOBS=2
-LIMIT_MB=60
+LIMIT_MB=40
+GPU_TESTS="test_cuda_ops test_cuda_attention test_cuda_model test_engine_cuda"
 FROM=
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -51,14 +57,15 @@ if [ -z "$NVCC" ] && [ -z "$FROM" ]; then
     exit 1
 fi
 ARCHS='-gencode arch=compute_90,code=[sm_90,compute_90]'
-MAKEARGS=(BUILD="$BUILD" NO_MPI=1 ARCH=-march=x86-64-v3 "CUDA_ARCHS=$ARCHS")
+MAKEARGS=(BUILD="$BUILD" NO_MPI=1 NO_BLAS=1 ARCH=-march=x86-64-v3 "CUDA_ARCHS=$ARCHS")
 
 if [ -n "$FROM" ]; then
     BUILD=$FROM
     MAKEARGS=("(taken from $FROM, not built by gpu-bundle)")
 else
-    echo "gpu-bundle: building into $BUILD/ (no MPI, x86-64-v3, sm_90+PTX)"
-    make --no-print-directory -j"$JOBS" "${MAKEARGS[@]}" all
+    echo "gpu-bundle: building into $BUILD/ (no MPI, no OpenBLAS, x86-64-v3, sm_90+PTX)"
+    make --no-print-directory -j"$JOBS" "${MAKEARGS[@]}" "$BUILD/loom" "$BUILD/libloom_cuda.so" \
+        $(for t in $GPU_TESTS; do echo "$BUILD/tests/$t"; done)
 fi
 for f in "$BUILD/loom" "$BUILD/libloom_cuda.so"; do
     [ -f "$f" ] || { echo "gpu-bundle: $f was not built" >&2; exit 1; }
@@ -67,12 +74,15 @@ done
 rm -rf "$OUTB"
 mkdir -p "$OUTB/build/tests" "$OUTB/lib/compat" "$OUTB/include" "$OUTB/data"
 cp "$BUILD/loom" "$BUILD/libloom_cuda.so" "$OUTB/build/"
-# the tests the check runs: the CUDA ones
-for t in "$BUILD"/tests/test_cuda_*; do
-    [ -x "$t" ] && [ -f "$t" ] && cp "$t" "$OUTB/build/tests/"
+# the tests the check runs, and only those
+for t in $GPU_TESTS; do
+    [ -x "$BUILD/tests/$t" ] || { echo "gpu-bundle: $BUILD/tests/$t was not built" >&2; exit 1; }
+    cp "$BUILD/tests/$t" "$OUTB/build/tests/"
 done
-# debug info is most of the size; symbols stay (backtraces, -rdynamic)
-find "$OUTB/build" -type f -exec strip --strip-debug {} +
+# debug info and the static symbol table are most of the size; the dynamic
+# symbol table stays (-rdynamic: the plugin resolves loom's functions, and
+# backtraces name them)
+find "$OUTB/build" -type f -exec strip --strip-all {} +
 
 . bench/gpu-common.sh
 declare -A SOURCE
@@ -105,7 +115,7 @@ done
 
 # headers for the rebuild there: every header the CPU side includes from
 # outside src/ and the C library, taken from the packages that own them
-for h in cjson/cJSON.h cblas.h openblas_config.h microhttpd.h; do
+for h in cjson/cJSON.h microhttpd.h; do
     for dir in /usr/include /usr/include/x86_64-linux-gnu /usr/include/x86_64-linux-gnu/openblas-pthread; do
         if [ -f "$dir/$h" ]; then
             mkdir -p "$OUTB/include/$(dirname "$h")"
@@ -119,13 +129,14 @@ if [ -f .deps/cudnn-fe/include/cudnn_frontend.h ]; then
     cp -rL .deps/cudnn-fe/include/. "$OUTB/include/cudnn-fe/"
 fi
 
-# the corpus: 1 MB of the King James Bible
+# the corpus: 1 MB of the King James Bible, gzipped (gpu-check unpacks it)
 if [ -s data/kjv.txt ]; then
     head -c 1000000 data/kjv.txt >"$OUTB/data/kjv.txt"
 elif command -v bible >/dev/null; then
     bible Gen1:1-Rev22:21 </dev/null | head -c 1000000 >"$OUTB/data/kjv.txt" || true
 fi
 [ -s "$OUTB/data/kjv.txt" ] || { echo "gpu-bundle: no corpus: install bible-kjv (make deps)" >&2; exit 1; }
+gzip -9n "$OUTB/data/kjv.txt"
 
 glibc=$(for b in "$OUTB"/build/loom "$OUTB"/build/libloom_cuda.so "$OUTB"/build/tests/test_* "$OUTB"/lib/*.so.*; do
     objdump -T "$b" 2>/dev/null | grep -o 'GLIBC_[0-9.]*'
@@ -143,11 +154,20 @@ done | sort -t. -k2,2n -k3,3n -u | tail -n 1)
     done)
 } >"$OUTB/MANIFEST"
 # headers and the corpus come from known places; say so once instead of per file
-sed -i -E 's#^(include/[^ ]+ [0-9]+ [0-9a-f]+) loom$#\1 header#; s#^(data/kjv.txt [0-9]+ [0-9a-f]+) loom$#\1 bible-kjv (first 1000000 bytes)#' "$OUTB/MANIFEST"
+sed -i -E 's#^(include/[^ ]+ [0-9]+ [0-9a-f]+) loom$#\1 header#; s#^(data/kjv.txt.gz [0-9]+ [0-9a-f]+) loom$#\1 bible-kjv (first 1000000 bytes, gzipped)#' "$OUTB/MANIFEST"
 
 bytes=$(du -sb "$OUTB" | cut -f1)
 mb=$(( (bytes + 1048575) / 1048576 ))
 echo "gpu-bundle: $OUTB: $mb MiB, $(find "$OUTB" -type f | wc -l) files; newest glibc symbol ${glibc:-none}; manifest $OUTB/MANIFEST"
+# what each part weighs, and the headroom under the limit
+part() { printf '  %-34s %7.2f MiB\n' "$1" "$(echo "$2" | awk '{ printf "%.2f", $1 / 1048576 }')"; }
+part "build/loom + plugin" "$(cat "$OUTB/build/loom" "$OUTB/build/libloom_cuda.so" | wc -c)"
+part "build/tests ($(ls "$OUTB/build/tests" | wc -l) GPU tests)" "$(du -sb "$OUTB/build/tests" | cut -f1)"
+part "lib/ (non-CUDA libraries)" "$(du -sb "$OUTB/lib" | cut -f1)"
+for f in $(ls -S "$OUTB/lib" | head -n 4); do [ -f "$OUTB/lib/$f" ] && part "  lib/$f" "$(stat -c %s "$OUTB/lib/$f")"; done
+part "include/ (for a rebuild there)" "$(du -sb "$OUTB/include" | cut -f1)"
+part "data/ (corpus)" "$(du -sb "$OUTB/data" | cut -f1)"
+echo "gpu-bundle: $mb of $LIMIT_MB MiB, headroom $((LIMIT_MB - mb)) MiB (the working tree travels too: 64 MiB in all)"
 if [ "$mb" -gt "$LIMIT_MB" ]; then
     echo "gpu-bundle: $OUTB is $mb MiB, over the $LIMIT_MB MiB limit (the working tree and the carried folder travel together, 64 MiB at most)" >&2
     exit 1

@@ -97,6 +97,21 @@ def optim_step(ckpt, step):
     remanifest(ckpt)
 
 
+def optim_nan(ckpt):
+    """NaN as AdamW's first m value, with the shard's own FNV-1a checksum
+    (u64 at byte 64) and the manifest recomputed: only the values are wrong."""
+    path = os.path.join(ckpt, "optim-rank00000-of-00001.bin")
+    data = bytearray(open(path, "rb").read())
+    hb = struct.unpack("<I", data[12:16])[0]
+    data[hb:hb + 4] = struct.pack("<f", float("nan"))
+    h = 1469598103934665603
+    for b in data[hb:]:
+        h = ((h ^ b) * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    data[64:72] = struct.pack("<Q", h)
+    open(path, "wb").write(bytes(data))
+    remanifest(ckpt)
+
+
 def shard_version(path, v):
     data = bytearray(open(path, "rb").read())
     data[4:8] = struct.pack("<i", int(v))
@@ -106,6 +121,6 @@ def shard_version(path, v):
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     r = {"remanifest": remanifest, "check_manifest": check_manifest, "st": st_edit, "state": state_edit,
-         "flip": flip, "shard_version": shard_version, "optim_step": optim_step}[cmd](*args)
+         "flip": flip, "shard_version": shard_version, "optim_step": optim_step, "optim_nan": optim_nan}[cmd](*args)
     if r is not None:
         print(r)

@@ -11,6 +11,10 @@ models (PYTHONPATH=.deps/hf44, transformers 4.44 on Debian's torch 1.13).
                       grad/NAME.f64 d loss / d tensor NAME, float64
                       prompt.i32    (P) a prompt; gen.i32 (50) greedy tokens
                                     of generate() in float32
+                    and two copies in other encodings, each with tokens.i32 and
+                    logits.f64 of its own rounded weights: DIR/llama3_f16 (fp16,
+                    sharded: model.safetensors.index.json and several files)
+                    and DIR/qwen2_bf16 (bf16, one file).
   logits DIR OUT... load each DIR with AutoModelForCausalLM (a folder loom
                     exported), write its float64 logits of DIR/../tokens.i32
                     to OUT.
@@ -104,6 +108,23 @@ def make(root):
         write(f"{d}/prompt.i32", prompt, np.int32)
         write(f"{d}/gen.i32", out[0, P:].numpy(), np.int32)
         print(f"ok {name}: {cls.__name__}, loss {loss.item():.4f}, {sum(p.numel() for p in model.parameters())} parameters")
+        if name in ("llama3", "qwen2"):
+            copy(model, m64, cls, cfg, tokens, f"{root}/llama3_f16" if name == "llama3" else f"{root}/qwen2_bf16",
+                 torch.float16 if name == "llama3" else torch.bfloat16)
+
+
+def copy(model, m64, cls, cfg, tokens, d, dtype):
+    """The model saved in a 16-bit type (sharded at fp16), and the float64
+    logits of exactly those rounded weights."""
+    low = cls(cfg).to(dtype)
+    low.load_state_dict({n: p.to(dtype) for n, p in model.state_dict().items()})
+    low.save_pretrained(d, safe_serialization=True, max_shard_size="100KB" if dtype == torch.float16 else "1GB")
+    m64.load_state_dict({n: p.double() for n, p in low.state_dict().items()})
+    write(f"{d}/tokens.i32", tokens, np.int32)
+    with torch.no_grad():
+        write(f"{d}/logits.f64", m64(torch.tensor(tokens)).logits.numpy(), np.float64)
+    files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    print(f"ok {os.path.basename(d)}: {dtype} in {len(files)} file(s)")
 
 
 def logits_of(folder, out):

@@ -79,14 +79,14 @@ static void one_shape(loom_dtype dt, const int *s) {
     check_fill(qkv, nqkv, 1.5f, seed++);
     check_fill(dout, nout, 1.0f, seed++);
     float *d_qkv = dev_act(qkv, nqkv), *d_dout = dev_act(dout, nout), *d_out = dev_nan(nout, 1), *d_lse = dev_nan(nl, 0);
-    cpu->attention_forward(out, lse, qkv, B, T, C, NH);
-    gpu->attention_forward(d_out, d_lse, d_qkv, B, T, C, NH);
+    cpu->attention_forward(out, lse, qkv, B, T, C, NH, NH);
+    gpu->attention_forward(d_out, d_lse, d_qkv, B, T, C, NH, NH);
     double e_out = err_act(d_out, out, nout), e_lse = err_vs(d_lse, lse, nl);
     /* backward from the CPU's forward results (out as the GPU stores it),
      * so it is tested alone */
     float *d_oref = dev_act(out, nout), *d_lref = dev_copy(lse, nl), *d_dqkv = dev_nan(nqkv, 1);
-    cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
-    gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_oref, d_lref, B, T, C, NH);
+    cpu->attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NH);
+    gpu->attention_backward(d_dqkv, d_dout, d_qkv, d_oref, d_lref, B, T, C, NH, NH);
     double e_d = err_act(d_dqkv, dqkv, nqkv);
     gpu->sync();
 

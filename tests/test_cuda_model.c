@@ -14,7 +14,12 @@
  * - recompute all on the GPU gives the gradients of recompute none.
  * The bounds are set a priori (no GPU has run these yet): bf16 rounds the
  * GEMM inputs to 8 significant bits, so a two-layer model's gradients get
- * 5e-2 normalized error, fp32 1e-4 (a different summation order).
+ * 5e-2 normalized error; fp32 2e-3: a different summation order (1e-5)
+ * plus cuBLASLt's GELU epilogues, whose tanh may be the hardware
+ * approximation (2^-11 relative: up to 5e-4 on a GELU output, 1e-3 on its
+ * derivative, test_cuda_ops), which every gradient below the first MLP
+ * carries, twice for two layers. Graph replay is bitwise: the kernels have
+ * no float atomics (docs/cuda.md, "What must be bitwise, what may drift").
  *
  * CPU cases (run everywhere): the loss-scale policy, and the device-resident
  * step (train/step_graph.c) on a simulated device, the CPU backend plus
@@ -135,7 +140,7 @@ static void model_matches_cpu_at(loom_dtype d, double tol_loss, double tol_grad)
 /* The bounds: bf16 keeps 8 significant bits of every activation and
  * activation gradient (fp16 11), on top of the GEMMs' rounding; the
  * simulated-device cases below measure what storage alone does. */
-static void cuda_model_matches_cpu_fp32(void) { model_matches_cpu_at(LOOM_FP32, 1e-5, 1e-4); }
+static void cuda_model_matches_cpu_fp32(void) { model_matches_cpu_at(LOOM_FP32, 1e-4, 2e-3); }
 static void cuda_model_matches_cpu_bf16(void) { model_matches_cpu_at(LOOM_BF16, 1e-2, 5e-2); }
 static void cuda_model_matches_cpu_fp16(void) { model_matches_cpu_at(LOOM_FP16, 5e-3, 2e-2); }
 
@@ -196,12 +201,13 @@ static void training_tracks_cpu_at(loom_dtype d) {
 static void cuda_training_tracks_cpu(void) { training_tracks_cpu_at(LOOM_BF16); }
 static void cuda_training_tracks_cpu_fp16(void) { training_tracks_cpu_at(LOOM_FP16); }
 
-/* 8 steps with graphs against 8 with plain launches, accum 1 and 2: same
- * kernels either way; only the two atomics-based reductions (encoder dwte,
- * layernorm dw/db) may order fp32 sums differently, which 16-bit storage
- * can turn into a last-bit difference of an activation (hence the looser
- * bound there, set a priori). */
-static void graph_replay_matches_plain_at(loom_dtype d, float tol) {
+/* 8 steps with graphs against 8 with plain launches, accum 1 and 2: the
+ * same kernels in the same order on the same inputs, and none of them
+ * orders a sum by timing (no float atomics: the encoder's dwte sums each
+ * token's rows in row order, layernorm's dw/db sum per warp then in warp
+ * and block order, cuDNN's SDPA backward runs its deterministic
+ * algorithm), so the losses are the same bits at every dtype. */
+static void graph_replay_matches_plain_at(loom_dtype d) {
     const loom_backend_t *gpu = gpu_or_skip(d);
     if (!gpu) return;
     loom_loss_scaler_t ls;
@@ -221,13 +227,13 @@ static void graph_replay_matches_plain_at(loom_dtype d, float tol) {
         if (!ok) return;
         CHECK(rp == 0 && rr == 8 - LOOM_STEP_GRAPH_WARMUP, "accum %d: %d plain and %d graph steps replayed", accum, rp, rr);
         for (int s = 0; s < 8; s++)
-            CHECK(fabsf(lr[s] - lp[s]) <= tol * lp[s], "%s accum %d step %d: graph %.7f vs plain %.7f", loom_dtype_name(d), accum,
-                  s + 1, lr[s], lp[s]);
+            CHECK(lr[s] == lp[s], "%s accum %d step %d: graph %.9g vs plain %.9g (must be the same bits)",
+                  loom_dtype_name(d), accum, s + 1, lr[s], lp[s]);
     }
 }
-static void cuda_graph_replay_matches_plain(void) { graph_replay_matches_plain_at(LOOM_FP32, 1e-5f); }
-static void cuda_graph_replay_matches_plain_bf16(void) { graph_replay_matches_plain_at(LOOM_BF16, 1e-3f); }
-static void cuda_graph_replay_matches_plain_fp16(void) { graph_replay_matches_plain_at(LOOM_FP16, 1e-3f); }
+static void cuda_graph_replay_matches_plain(void) { graph_replay_matches_plain_at(LOOM_FP32); }
+static void cuda_graph_replay_matches_plain_bf16(void) { graph_replay_matches_plain_at(LOOM_BF16); }
+static void cuda_graph_replay_matches_plain_fp16(void) { graph_replay_matches_plain_at(LOOM_FP16); }
 
 static void cuda_fp16_loss_scaling(void) {
     const loom_backend_t *gpu = gpu_or_skip(LOOM_FP16);
@@ -392,15 +398,43 @@ void s16_matmul_backward(float *dinp, float *dw, float *dbias, const float *dout
     cpu->matmul_backward(wide(dinp, (size_t)N * C), dw, dbias, wide(dout, (size_t)N * OC), wide(inp, (size_t)N * C), w, N, C, OC);
     narrow();
 }
-void s16_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
-    size_t n = (size_t)B * T * C;
-    cpu->attention_forward(wide(out, n), lse, wide(qkv, 3 * n), B, T, C, NH);
+void s16_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int NKV) {
+    size_t n = (size_t)B * T * C, nq = (size_t)B * T * (C + 2 * NKV * (C / NH));
+    cpu->attention_forward(wide(out, n), lse, wide(qkv, nq), B, T, C, NH, NKV);
     narrow();
 }
 void s16_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out, const float *lse,
-                                   int B, int T, int C, int NH) {
-    size_t n = (size_t)B * T * C;
-    cpu->attention_backward(wide(dqkv, 3 * n), wide(dout, n), wide(qkv, 3 * n), wide(out, n), lse, B, T, C, NH);
+                                   int B, int T, int C, int NH, int NKV) {
+    size_t n = (size_t)B * T * C, nq = (size_t)B * T * (C + 2 * NKV * (C / NH));
+    cpu->attention_backward(wide(dqkv, nq), wide(dout, n), wide(qkv, nq), wide(out, n), lse, B, T, C, NH, NKV);
+    narrow();
+}
+void s16_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *w, int N, int C, float eps) {
+    size_t n = (size_t)N * C;
+    cpu->rmsnorm_forward(wide(out, n), rstd, wide(inp, n), w, N, C, eps);
+    narrow();
+}
+void s16_rmsnorm_backward(float *dinp, float *dw, const float *dout, const float *inp, const float *w, const float *rstd,
+                          int N, int C) {
+    size_t n = (size_t)N * C;
+    cpu->rmsnorm_backward(wide(dinp, n), dw, wide(dout, n), wide(inp, n), w, rstd, N, C);
+    narrow();
+}
+void s16_rope_forward(float *qkv, const int *pos, const float *freq, int N, int NH, int NKV, int hs) {
+    cpu->rope_forward(wide(qkv, (size_t)N * (NH + 2 * NKV) * hs), pos, freq, N, NH, NKV, hs);
+    narrow();
+}
+void s16_rope_backward(float *dqkv, const int *pos, const float *freq, int N, int NH, int NKV, int hs) {
+    cpu->rope_backward(wide(dqkv, (size_t)N * (NH + 2 * NKV) * hs), pos, freq, N, NH, NKV, hs);
+    narrow();
+}
+void s16_swiglu_forward(float *out, const float *inp, int N, int H) {
+    cpu->swiglu_forward(wide(out, (size_t)N * H), wide(inp, (size_t)N * 2 * H), N, H);
+    narrow();
+}
+void s16_swiglu_backward(float *dinp, const float *inp, const float *dout, int N, int H) {
+    size_t n = (size_t)N * H;
+    cpu->swiglu_backward(wide(dinp, 2 * n), wide(inp, 2 * n), wide(dout, n), N, H);
     narrow();
 }
 void s16_gelu_forward(float *out, const float *inp, size_t n) {

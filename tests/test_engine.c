@@ -416,10 +416,11 @@ static void threads_and_queues(void) {
 
 /* Steady decode while a prompt arrives: four requests decode, then a
  * 60-token prompt comes. Under the cost model a prompt row costs 0.6 ms
- * beside a 10 ms decode step, so the budget lets about 17 prompt rows in
- * per step (at least min_rows 16): the prompt is spread over 4 steps (it
- * took one step of 60 rows before the budget), every one of them carries
- * all four decodes, and every answer equals the full forward's. */
+ * beside a 10 ms decode step, so the budget lets 11 (first estimate, from
+ * the prefill-only step) to 17 prompt rows in per step (at least min_rows
+ * 8): the prompt is spread over 4 to 6 steps (it took one step of 60 rows
+ * before the budget), every one of them carries all four decodes, and
+ * every answer equals the full forward's. */
 static void prompt_spread_over_steps(void) {
     cost_log_t log = {0};
     loom_engine_t *e = engine_logged(block_bytes() * 200, 512, &log);
@@ -444,11 +445,12 @@ static void prompt_spread_over_steps(void) {
     for (int k = first; k < log.n && rows < 60; k++) {
         CHECK(log.decode[k] == 4, "step %d: %d decode rows beside %d prompt rows, want all 4 decodes", k,
               log.decode[k], log.prefill[k]);
-        CHECK(log.prefill[k] >= 12 && log.prefill[k] <= 20, "step %d: %d prompt rows, want the budget's 16-17 (or the rest)", k, log.prefill[k]);
+        CHECK(log.prefill[k] <= 20 && (log.prefill[k] >= 8 || rows + log.prefill[k] == 60),
+              "step %d: %d prompt rows, want the budget's 8-20 (or the rest)", k, log.prefill[k]);
         rows += log.prefill[k];
         spread++;
     }
-    CHECK(rows == 60 && spread == 4, "the 60-token prompt took %d steps (%d rows), want 4", spread, rows);
+    CHECK(rows == 60 && spread >= 4 && spread <= 6, "the 60-token prompt took %d steps (%d rows), want 4 to 6", spread, rows);
     for (int i = 0; i < 5; i++) {
         int want[MAXGEN];
         float lp[MAXGEN];

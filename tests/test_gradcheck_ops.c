@@ -122,38 +122,137 @@ static void test_matmul(void) {
 /* ---- attention ---- */
 
 typedef struct {
-    int B, T, C, NH;
+    int B, T, C, NH, NKV;
     float *qkv, *r, *out, *lse;
 } att_ctx;
 
 static double att_loss(void *p) {
     att_ctx *c = p;
-    be->attention_forward(c->out, c->lse, c->qkv, c->B, c->T, c->C, c->NH);
+    be->attention_forward(c->out, c->lse, c->qkv, c->B, c->T, c->C, c->NH, c->NKV);
     return dot_loss(c->r, c->out, (size_t)c->B * c->T * c->C);
 }
 
-static void test_attention(void) {
-    const int B = 2, T = 6, C = 12, NH = 3;
-    size_t NC = (size_t)B * T * C, N3 = 3 * NC;
-    att_ctx c = {B, T, C, NH, check_rand(N3, 1.5f, 21), check_rand(NC, 1, 22), fnew(NC), fnew((size_t)B * NH * T)};
-    float *dqkv = fnew(N3);
+/* Multi-head (NKV = NH), grouped-query and multi-query: qkv rows are NH
+ * query heads, then NKV key and NKV value heads (QR = C + 2*NKV*hs). */
+static void attention_case(int NH, int NKV) {
+    const int B = 2, T = 6, hs = 4, C = NH * hs, KC = NKV * hs, QR = C + 2 * KC;
+    size_t NC = (size_t)B * T * C, NQ = (size_t)B * T * QR;
+    att_ctx c = {B, T, C, NH, NKV, check_rand(NQ, 1.5f, 21), check_rand(NC, 1, 22), fnew(NC), fnew((size_t)B * NH * T)};
+    float *dqkv = fnew(NQ);
     att_loss(&c);
-    be->attention_backward(dqkv, c.r, c.qkv, c.out, c.lse, B, T, C, NH);
-    double *g = dnew(N3);
-    fd_grad(att_loss, &c, c.qkv, N3, g);
+    be->attention_backward(dqkv, c.r, c.qkv, c.out, c.lse, B, T, C, NH, NKV);
+    double *g = dnew(NQ);
+    fd_grad(att_loss, &c, c.qkv, NQ, g);
     /* q, k and v separately, so that a small part cannot hide behind a large one */
     static const char *const names[3] = {"attention dq", "attention dk", "attention dv"};
+    const int off[3] = {0, C, C + KC}, width[3] = {C, KC, KC};
     float *gp = fnew(NC);
     double *fp = dnew(NC);
+    char shape[64];
+    snprintf(shape, sizeof shape, "B=2 T=6 hs=4 NH=%d NKV=%d", NH, NKV);
     for (int part = 0; part < 3; part++) {
+        size_t k = 0;
         for (int n = 0; n < B * T; n++)
-            for (int i = 0; i < C; i++) {
-                gp[(size_t)n * C + i] = dqkv[(size_t)n * 3 * C + (size_t)part * C + i];
-                fp[(size_t)n * C + i] = g[(size_t)n * 3 * C + (size_t)part * C + i];
+            for (int i = 0; i < width[part]; i++, k++) {
+                gp[k] = dqkv[(size_t)n * QR + off[part] + i];
+                fp[k] = g[(size_t)n * QR + off[part] + i];
             }
-        EXPECT_GRAD(names[part], gp, fp, NC, "B=2 T=6 C=12 NH=3");
+        EXPECT_GRAD(names[part], gp, fp, k, shape);
     }
     free(c.qkv), free(c.r), free(c.out), free(c.lse), free(dqkv), free(g), free(gp), free(fp);
+}
+
+static void test_attention(void) {
+    attention_case(3, 3);
+    attention_case(4, 2);
+    attention_case(4, 1);
+}
+
+/* ---- RMSNorm ---- */
+
+typedef struct {
+    int N, C;
+    float *x, *w, *r, *out, *rstd;
+} rms_ctx;
+
+static double rms_loss(void *p) {
+    rms_ctx *c = p;
+    be->rmsnorm_forward(c->out, c->rstd, c->x, c->w, c->N, c->C, 1e-5f);
+    return dot_loss(c->r, c->out, (size_t)c->N * c->C);
+}
+
+static void test_rmsnorm(void) {
+    const int N = 5, C = 9;
+    size_t NC = (size_t)N * C;
+    rms_ctx c = {N, C, check_rand(NC, 2, 41), check_rand(C, 1, 42), check_rand(NC, 1, 43), fnew(NC), fnew(N)};
+    float *dx = fnew(NC), *dw = fnew(C);
+    rms_loss(&c);
+    be->rmsnorm_backward(dx, dw, c.r, c.x, c.w, c.rstd, N, C);
+    double *gx = dnew(NC), *gw = dnew(C);
+    fd_grad(rms_loss, &c, c.x, NC, gx);
+    fd_grad(rms_loss, &c, c.w, C, gw);
+    EXPECT_GRAD("rmsnorm dinp", dx, gx, NC, "N=5 C=9");
+    EXPECT_GRAD("rmsnorm dw", dw, gw, C, "N=5 C=9");
+    free(c.x), free(c.w), free(c.r), free(c.out), free(c.rstd), free(dx), free(dw), free(gx), free(gw);
+}
+
+/* ---- rotary embedding ---- */
+
+typedef struct {
+    int N, NH, NKV, hs;
+    const int *pos;
+    const float *freq;
+    float *x, *r, *y;
+} rope_ctx;
+
+static double rope_loss(void *p) {
+    rope_ctx *c = p;
+    size_t n = (size_t)c->N * (c->NH + 2 * c->NKV) * c->hs;
+    memcpy(c->y, c->x, n * sizeof(float));
+    be->rope_forward(c->y, c->pos, c->freq, c->N, c->NH, c->NKV, c->hs);
+    return dot_loss(c->r, c->y, n);
+}
+
+/* Rotation is linear: its backward is the transpose, checked here on q, k
+ * and the untouched v together. */
+static void test_rope(void) {
+    const int N = 4, NH = 4, NKV = 2, hs = 6;
+    const int pos[4] = {0, 3, 17, 250};
+    const float freq[3] = {1.0f, 0.1f, 0.003f};
+    size_t n = (size_t)N * (NH + 2 * NKV) * hs;
+    rope_ctx c = {N, NH, NKV, hs, pos, freq, check_rand(n, 1, 51), check_rand(n, 1, 52), fnew(n)};
+    float *d = fnew(n);
+    memcpy(d, c.r, n * sizeof(float));
+    be->rope_backward(d, pos, freq, N, NH, NKV, hs);
+    double *g = dnew(n);
+    fd_grad(rope_loss, &c, c.x, n, g);
+    EXPECT_GRAD("rope dqkv", d, g, n, "N=4 NH=4 NKV=2 hs=6");
+    free(c.x), free(c.r), free(c.y), free(d), free(g);
+}
+
+/* ---- SwiGLU ---- */
+
+typedef struct {
+    int N, H;
+    float *x, *r, *out;
+} swiglu_ctx;
+
+static double swiglu_loss(void *p) {
+    swiglu_ctx *c = p;
+    be->swiglu_forward(c->out, c->x, c->N, c->H);
+    return dot_loss(c->r, c->out, (size_t)c->N * c->H);
+}
+
+static void test_swiglu(void) {
+    const int N = 3, H = 11;
+    size_t n2 = 2 * (size_t)N * H;
+    swiglu_ctx c = {N, H, check_rand(n2, 4, 61), check_rand((size_t)N * H, 1, 62), fnew((size_t)N * H)};
+    float *dx = fnew(n2);
+    be->swiglu_backward(dx, c.x, c.r, N, H);
+    double *g = dnew(n2);
+    fd_grad(swiglu_loss, &c, c.x, n2, g);
+    EXPECT_GRAD("swiglu dinp", dx, g, n2, "N=3 H=11");
+    free(c.x), free(c.r), free(c.out), free(dx), free(g);
 }
 
 /* ---- GELU ---- */
@@ -251,6 +350,9 @@ int main(void) {
     RUN(test_layernorm);
     RUN(test_matmul);
     RUN(test_attention);
+    RUN(test_rmsnorm);
+    RUN(test_rope);
+    RUN(test_swiglu);
     RUN(test_gelu);
     RUN(test_encoder);
     RUN(test_crossentropy);

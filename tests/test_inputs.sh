@@ -83,3 +83,22 @@ out=$($LOOM train --data "$tmp/bpe" "${A[@]}" --steps 4 --resume auto --out "$tm
 rel=$(cd "$tmp" && mkdir -p w && cd w && $LOOM train --data ../bpe "${A[@]}" --steps 2 --out ../rel > /dev/null 2>&1; echo $?)
 out=$(cd / && $LOOM eval --run "$tmp/rel" 2>&1) && printf '%s' "$out" | grep -q val_loss \
     && pass eval_from_another_folder_finds_relative_data || fail eval_from_another_folder_finds_relative_data "train $rel: $(printf '%s' "$out" | tail -1)"
+
+# ---- a tokenizer.json with a sparse, huge id: refused, not a multi-GB table ----
+/usr/bin/python3 -c "
+import json, sys; t = json.load(open(sys.argv[1])); v = t['model']['vocab']; v[list(v)[5]] = 2**30; json.dump(t, open(sys.argv[2], 'w'))" \
+    "$tmp/bpe/tokenizer.json" "$tmp/sparse.json"
+expect_fail tokenizer_sparse_huge_id_refused "far above the file's" \
+    $LOOM tokenize --input "$tmp/text.txt" --tokenizer "$tmp/sparse.json" --out "$tmp/t6" --quiet
+
+# ---- NaN in the optimizer state (checksums valid): the resume is refused, no NaN checkpoint is committed ----
+if command -v xxhsum > /dev/null; then
+    $LOOM train --data "$tmp/bpe" "${A[@]}" --steps 2 --out "$tmp/on" > /dev/null 2>&1
+    /usr/bin/python3 tests/ft_tamper.py optim_nan "$tmp/on/checkpoints/step_00000002"
+    expect_fail optimizer_nan_refused "AdamW m\[0\] is nan" \
+        $LOOM train --data "$tmp/bpe" "${A[@]}" --steps 4 --resume auto --out "$tmp/on"
+    [ ! -d "$tmp/on/checkpoints/step_00000004" ] && pass optimizer_nan_no_checkpoint_committed \
+        || fail optimizer_nan_no_checkpoint_committed "step 4 was written"
+else
+    echo "SKIP optimizer_nan_refused: xxhsum not installed (Debian package xxhash)"
+fi

@@ -32,6 +32,14 @@ if command -v strace > /dev/null; then
     else
         echo "SKIP install_dygraphs_beside_binary: libjs-dygraphs is not installed here, so make install had none to copy"
     fi
+    # The CUDA plugin, when this build has one: `loom devices` loads it from beside the binary.
+    if [ -f "$tmp/dest/opt/loom/lib/loom/libloom_cuda.so" ]; then
+        (cd "$tmp" && strace -f -e trace=openat -o "$tmp/dev.trace" "$bin" devices > /dev/null 2>&1)
+        grep -q "\"$tmp/dest/opt/loom/bin/../lib/loom/libloom_cuda.so\", O_RDONLY|O_CLOEXEC) = [0-9]" "$tmp/dev.trace" \
+            && echo "PASS install_cuda_plugin_beside_binary" || echo "FAIL install_cuda_plugin_beside_binary: $(grep libloom_cuda "$tmp/dev.trace" | head -3)"
+    elif [ -f build/libloom_cuda.so ] && [ -z "${NO_CUDA:-}" ]; then
+        echo "FAIL install_cuda_plugin_beside_binary: build/libloom_cuda.so was built but not installed"
+    fi
 else
     echo "SKIP install_files_beside_binary: strace not installed (Debian package strace)"
 fi

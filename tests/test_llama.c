@@ -21,6 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "check.h"
 #include "ckpt/hf.h"
 #include "model/generate.h"
@@ -87,7 +89,8 @@ static void *load(const char *v, const char *file, size_t n, size_t size) {
     return buf;
 }
 
-static loom_gpt_t *open_model(const char *v) {
+/* Folder root/v through loom's loader: config, model, weights. */
+static loom_status load_folder(const char *v, loom_gpt_t **out) {
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/%s", root, v);
     loom_gpt_config_t cfg;
@@ -95,11 +98,15 @@ static loom_gpt_t *open_model(const char *v) {
     loom_status s = loom_hf_read_config(dir, &cfg);
     if (s == LOOM_OK) s = loom_gpt_create(&m, &cfg, be);
     if (s == LOOM_OK) s = loom_hf_load_weights(m, dir);
-    CHECK(s == LOOM_OK, "%s: %s", dir, loom_errmsg());
-    if (s != LOOM_OK) {
-        loom_gpt_free(m);
-        return NULL;
-    }
+    if (s != LOOM_OK) loom_gpt_free(m), m = NULL;
+    *out = m;
+    return s;
+}
+
+static loom_gpt_t *open_model(const char *v) {
+    loom_gpt_t *m;
+    loom_status s = load_folder(v, &m);
+    CHECK(s == LOOM_OK, "%s/%s: %s", root, v, loom_errmsg());
     return m;
 }
 
@@ -271,6 +278,88 @@ static void export_loads_in_transformers(void) {
     }
 }
 
+/* Sharded fp16 and single-file bf16 folders against the float64 logits of
+ * their own rounded weights. */
+static void encodings_and_shards(void) {
+    if (!ready()) return;
+    static const char *const copies[] = {"llama3_f16", "qwen2_bf16"};
+    for (int k = 0; k < 2; k++) {
+        loom_gpt_t *m = open_model(copies[k]);
+        if (!m) continue;
+        double e = logits_error(m, copies[k], "logits.f64");
+        printf("  %-10s logits normalized error %.2e\n", copies[k], e);
+        CHECK(e < 1e-5, "%s: logits normalized error %.3g", copies[k], e);
+        loom_gpt_free(m);
+    }
+}
+
+/* A copy of folder `from` as `to`, config.json edited by `edit` (NULL: as is). */
+static void copy_folder(const char *from, const char *to, void (*edit)(cJSON *)) {
+    char cmd[3000], path[1100];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/%s' && cp -r '%s/%s' '%s/%s'", root, to, root, from, root, to);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    if (!edit) return;
+    snprintf(path, sizeof path, "%s/%s/config.json", root, to);
+    char *text;
+    size_t len;
+    LOOM_ASSERT(loom_file_read(path, &text, &len) == LOOM_OK);
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    free(text);
+    edit(j);
+    char *out = cJSON_Print(j);
+    LOOM_ASSERT(loom_file_write_atomic(path, out, strlen(out)) == LOOM_OK);
+    free(out);
+    cJSON_Delete(j);
+}
+
+static void set_arch(cJSON *j) {
+    cJSON_ReplaceItemInObject(j, "architectures", cJSON_CreateStringArray((const char *[]){"FalconForCausalLM"}, 1));
+}
+static void set_kv3(cJSON *j) { cJSON_ReplaceItemInObject(j, "num_key_value_heads", cJSON_CreateNumber(3)); }
+static void set_mlp101(cJSON *j) { cJSON_ReplaceItemInObject(j, "intermediate_size", cJSON_CreateNumber(101)); }
+static void set_yarn(cJSON *j) {
+    cJSON *rs = cJSON_GetObjectItem(j, "rope_scaling");
+    cJSON_ReplaceItemInObject(rs, "rope_type", cJSON_CreateString("yarn"));
+}
+
+/* What loading `dir` says: the status, and the message in msg. */
+static loom_status try_load(const char *dir, char *msg, size_t cap) {
+    loom_gpt_t *m;
+    loom_status s = load_folder(dir, &m);
+    snprintf(msg, cap, "%s", s == LOOM_OK ? "" : loom_errmsg());
+    loom_gpt_free(m);
+    return s;
+}
+
+/* Each refusal names the file and the field (or tensor, or shard). */
+static void bad_folders_are_refused(void) {
+    if (!ready()) return;
+    char msg[1024];
+    copy_folder("llama3", "bad_arch", set_arch);
+    CHECK(try_load("bad_arch", msg, sizeof msg) == LOOM_EUNAVAIL && strstr(msg, "bad_arch/config.json") &&
+              strstr(msg, "architectures FalconForCausalLM"), "unknown architecture: %s", msg);
+    printf("  %s\n", msg);
+    copy_folder("llama3", "bad_kv", set_kv3);
+    CHECK(try_load("bad_kv", msg, sizeof msg) != LOOM_OK && strstr(msg, "bad_kv/config.json") &&
+              strstr(msg, "num_key_value_heads 3 does not divide num_attention_heads 4"), "kv heads: %s", msg);
+    printf("  %s\n", msg);
+    copy_folder("llama3", "bad_rope", set_yarn);
+    CHECK(try_load("bad_rope", msg, sizeof msg) == LOOM_EUNAVAIL && strstr(msg, "bad_rope/config.json") &&
+              strstr(msg, "rope_scaling.rope_type \"yarn\""), "yarn: %s", msg);
+    printf("  %s\n", msg);
+    copy_folder("llama3", "bad_shape", set_mlp101);
+    CHECK(try_load("bad_shape", msg, sizeof msg) == LOOM_EFORMAT && strstr(msg, "bad_shape/model.safetensors") &&
+              strstr(msg, "model.layers.0.mlp.gate_proj.weight has shape [100,64]"), "wrong shape: %s", msg);
+    printf("  %s\n", msg);
+    copy_folder("llama3_f16", "bad_shard", NULL);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm '%s/bad_shard/model-00002-of-'*.safetensors", root);
+    CHECK(system(cmd) == 0, "%s", cmd);
+    CHECK(try_load("bad_shard", msg, sizeof msg) == LOOM_EINVAL && strstr(msg, "bad_shard/model.safetensors.index.json") &&
+              strstr(msg, "shard model-00002-of-") && strstr(msg, "is missing"), "missing shard: %s", msg);
+    printf("  %s\n", msg);
+}
+
 int main(void) {
     LOOM_ASSERT(loom_backend_cpu_init(&be, 2) == LOOM_OK);
     RUN(logits_equal_transformers);
@@ -278,5 +367,7 @@ int main(void) {
     RUN(greedy_equals_generate);
     RUN(training_step_equals_pytorch);
     RUN(export_loads_in_transformers);
+    RUN(encodings_and_shards);
+    RUN(bad_folders_are_refused);
     return check_main_end();
 }

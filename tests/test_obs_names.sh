@@ -251,7 +251,9 @@ bad = []
 for qq in (0.5, 0.9):
     est = q('histogram_quantile(%g, max_over_time(loom_train_step_seconds_bucket{job="loom-train"}[10m]))' % qq)
     exact = steps[min(len(steps) - 1, int(math.ceil(qq * len(steps))) - 1)]
-    if not est or abs(est[0] - exact) > 0.26 * exact + 1e-4:  # one bucket's width (metrics.jsonl rounds to 0.1 ms)
+    # Both lie in the bucket holding the ceil(q n)-th step: apart by at most its
+    # width, 28% of its lower bound at most (0.25..0.32); metrics.jsonl rounds to 0.1 ms.
+    if not est or abs(est[0] - exact) > 0.28 * exact + 2e-4:
         bad.append((qq, est, exact))
 report("obs_prometheus_step_quantiles_within_a_bucket", not bad, str(bad))
 # The alert rules evaluated, and none fires on these healthy runs.

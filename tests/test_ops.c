@@ -360,8 +360,8 @@ static void attention_case(int B, int T, int C, int NH, float qk_scale) {
         out[r] = check_rand(NC, 100, 33); /* all three overwritten */
         lse[r] = check_rand(NL, 100, 34);
         dqkv[r] = check_rand(N3, 100, 35);
-        be->attention_forward(out[r], lse[r], qkv, B, T, C, NH);
-        be->attention_backward(dqkv[r], dout, qkv, fout, flse, B, T, C, NH);
+        be->attention_forward(out[r], lse[r], qkv, B, T, C, NH, NH);
+        be->attention_backward(dqkv[r], dout, qkv, fout, flse, B, T, C, NH, NH);
     }
     EXPECT_CLOSE("attention_forward out", out[0], ref, NC, TOL);
     EXPECT_CLOSE("attention_forward lse", lse[0], rlse, NL, TOL);

@@ -238,7 +238,7 @@ static void kv_int8_ops(void) {
     for (int i = 0; i < 3 * C; i++) qkv[3 * C + i] *= 2.0f; /* token 1: twice token 0 */
     int slot[N] = {8, 9, 10, 11, 12, 13}, pos[N] = {0, 1, 2, 3, 4, 5}, seq[N] = {0}, table[2] = {1, 0};
     loom_tensor_t k8 = {.data = q8, .dtype = LOOM_INT8, .rows = (long long)rows, .cols = (long long)cols, .scales = sc};
-    be->kv_write(&k8, qkv, slot, N, NH, bs);
+    be->kv_write(&k8, qkv, slot, N, NH, NH, bs);
     CHECK(loom_tensor_check(&k8, "cache") == LOOM_OK, "%s", loom_errmsg());
     loom_tensor_dequantize(&k8, deq);
     double worst = 0;
@@ -253,8 +253,8 @@ static void kv_int8_ops(void) {
             }
     CHECK(worst <= 1.0 + 1e-4, "int8 cache: error %.4f steps (bound 1)", worst);
     loom_tensor_t k32 = {.data = deq, .dtype = LOOM_FP32, .rows = (long long)rows, .cols = (long long)cols};
-    be->paged_attention(o8, qkv, &k8, pos, seq, table, 2, N, NH, bs);
-    be->paged_attention(o32, qkv, &k32, pos, seq, table, 2, N, NH, bs);
+    be->paged_attention(o8, qkv, &k8, pos, seq, table, 2, N, NH, NH, bs);
+    be->paged_attention(o32, qkv, &k32, pos, seq, table, 2, N, NH, NH, bs);
     double e = check_rel_err(o8, o32, (size_t)N * C);
     CHECK(e < 1e-5, "int8 attention vs fp32 attention on the dequantized cache: normalized error %.3g", e);
     printf("  int8 cache worst error %.3f steps; attention vs dequantized fp32 %.2g\n", worst, e);

@@ -173,10 +173,20 @@ static loom_status parse_llama(const cJSON *j, const char *path, int arch, loom_
     return llama_refusals(j, path, arch, cfg);
 }
 
+/* architectures and model_type, when both are there, must name the same model. */
+static loom_status check_model_type(const cJSON *j, const char *path, int arch) {
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    const char *want = arch == ARCH_GPT2 ? "gpt2" : llama_archs[arch].type;
+    if (!cJSON_IsString(t) || !strcmp(t->valuestring, want)) return LOOM_OK;
+    return loom_error(LOOM_EFORMAT, "%s: model_type %s does not match architectures %s (model_type \"%s\"); fix config.json", path,
+                      t->valuestring, arch == ARCH_GPT2 ? "GPT2LMHeadModel" : llama_archs[arch].arch, want);
+}
+
 loom_status loom_hf_config_parse(const cJSON *j, const char *path, loom_gpt_config_t *cfg) {
     memset(cfg, 0, sizeof *cfg);
     const char *name;
     int arch = config_arch(j, &name);
+    if (arch != ARCH_NONE) LOOM_TRY(check_model_type(j, path, arch));
     if (arch == ARCH_NONE)
         return loom_error(LOOM_EUNAVAIL, "%s: architectures %s is not supported; loom reads GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM and "
                           "Qwen2ForCausalLM (docs/llama.md)", path, name ? name : "(missing)");
@@ -186,37 +196,42 @@ loom_status loom_hf_config_parse(const cJSON *j, const char *path, loom_gpt_conf
     return LOOM_OK;
 }
 
-/* A float as the shortest decimal that reads back as it (1e-05, not 9.99999974737875e-06). */
-static double tidy(float f) {
-    char b[32];
+/* j[key] = f as a JSON float: the shortest decimal that reads back as it
+ * (1e-05, not 9.99999974737875e-06), with a point (4.0, not 4: transformers
+ * checks rope_scaling's factors are floats). */
+static void add_float(cJSON *j, const char *key, float f) {
+    char b[40];
     snprintf(b, sizeof b, "%.7g", (double)f);
-    return strtod(b, NULL);
+    if (!strpbrk(b, ".en")) strcat(b, ".0");
+    cJSON_AddRawToObject(j, key, b);
+}
+
+/* j[keys[i]] = vals[i], integers. */
+static void add_ints(cJSON *j, const char *const *keys, const int *vals, int n) {
+    for (int i = 0; i < n; i++) cJSON_AddNumberToObject(j, keys[i], vals[i]);
 }
 
 static void llama_config_json(cJSON *j, const loom_gpt_config_t *c) {
     int qwen = c->bias == LOOM_BIAS_QKV;
     cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "architectures"), cJSON_CreateString(qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
     cJSON_AddStringToObject(j, "model_type", qwen ? "qwen2" : "llama");
-    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
-    cJSON_AddNumberToObject(j, "hidden_size", c->channels);
-    cJSON_AddNumberToObject(j, "intermediate_size", c->ffn_hidden);
-    cJSON_AddNumberToObject(j, "num_hidden_layers", c->n_layer);
-    cJSON_AddNumberToObject(j, "num_attention_heads", c->n_head);
-    cJSON_AddNumberToObject(j, "num_key_value_heads", c->n_kv_heads);
-    cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_seq_len);
+    static const char *const keys[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                       "num_attention_heads", "num_key_value_heads", "max_position_embeddings"};
+    const int vals[] = {c->vocab_size, c->channels, c->ffn_hidden, c->n_layer, c->n_head, c->n_kv_heads, c->max_seq_len};
+    add_ints(j, keys, vals, 7);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
-    cJSON_AddNumberToObject(j, "rms_norm_eps", tidy(c->norm_eps));
-    cJSON_AddNumberToObject(j, "rope_theta", tidy(c->rope_theta));
+    add_float(j, "rms_norm_eps", c->norm_eps);
+    add_float(j, "rope_theta", c->rope_theta);
     if (c->rope_scaling.kind == LOOM_ROPE_SCALING_NONE) {
         cJSON_AddNullToObject(j, "rope_scaling");
     } else {
         cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
         int l3 = c->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3;
         cJSON_AddStringToObject(rs, "rope_type", l3 ? "llama3" : "linear");
-        cJSON_AddNumberToObject(rs, "factor", tidy(c->rope_scaling.factor));
+        add_float(rs, "factor", c->rope_scaling.factor);
         if (l3) {
-            cJSON_AddNumberToObject(rs, "low_freq_factor", tidy(c->rope_scaling.low_freq_factor));
-            cJSON_AddNumberToObject(rs, "high_freq_factor", tidy(c->rope_scaling.high_freq_factor));
+            add_float(rs, "low_freq_factor", c->rope_scaling.low_freq_factor);
+            add_float(rs, "high_freq_factor", c->rope_scaling.high_freq_factor);
             cJSON_AddNumberToObject(rs, "original_max_position_embeddings", c->rope_scaling.original_max_pos);
         }
     }
@@ -237,12 +252,9 @@ cJSON *loom_hf_config_json(const loom_gpt_config_t *c) {
     }
     cJSON_AddItemToArray(cJSON_AddArrayToObject(j, "architectures"), cJSON_CreateString("GPT2LMHeadModel"));
     cJSON_AddStringToObject(j, "model_type", "gpt2");
-    cJSON_AddNumberToObject(j, "n_layer", c->n_layer);
-    cJSON_AddNumberToObject(j, "n_head", c->n_head);
-    cJSON_AddNumberToObject(j, "n_embd", c->channels);
-    cJSON_AddNumberToObject(j, "n_positions", c->max_seq_len);
-    cJSON_AddNumberToObject(j, "vocab_size", c->vocab_size);
-    cJSON_AddNumberToObject(j, "n_ctx", c->max_seq_len);
+    static const char *const keys[] = {"n_layer", "n_head", "n_embd", "n_positions", "vocab_size", "n_ctx"};
+    const int vals[] = {c->n_layer, c->n_head, c->channels, c->max_seq_len, c->vocab_size, c->max_seq_len};
+    add_ints(j, keys, vals, 6);
     cJSON_AddNullToObject(j, "n_inner");
     cJSON_AddStringToObject(j, "activation_function", "gelu_new");
     cJSON_AddNumberToObject(j, "layer_norm_epsilon", 1e-5);

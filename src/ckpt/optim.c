@@ -1,5 +1,6 @@
 #include "optim.h"
 
+#include <math.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -96,6 +97,12 @@ loom_status loom_optim_shard_load(const char *path, const loom_optim_shard_t *wa
         s = loom_error(LOOM_EFORMAT, "%s: checksum mismatch: the file is corrupt", path);
         goto out;
     }
+    for (size_t i = 0; i < 2 * n; i++) /* AdamW's v is a mean of squares: never negative */
+        if (!isfinite(p[i]) || (i >= n && p[i] < 0)) {
+            s = loom_error(LOOM_EFORMAT, "%s: AdamW %s[%zu] is %g; the optimizer state is damaged: resume from an older checkpoint "
+                           "(--resume step_N) or fine-tune from the weights alone (--init-from-run)", path, i < n ? "m" : "v", i % (n ? n : 1), p[i]);
+            goto out;
+        }
     if (n) {
         be->upload(m, p, n * sizeof(float));
         be->upload(v, p + n, n * sizeof(float));

@@ -21,6 +21,9 @@ static loom_status export_run(const char *run, const char *format, long long ste
         s = loom_error(LOOM_EINVAL, "%s is a GGUF file; loom export reads a run folder, a checkpoint or a Hugging Face folder", run);
     else if (!R.tok)
         s = loom_error(LOOM_EINVAL, "%s: the run has no tokenizer.json; an exported model needs its tokenizer", run);
+    else if (strcmp(format, "hf") && strcmp(loom_gpt_family(&R.cfg), "gpt2"))
+        s = loom_error(LOOM_EUNAVAIL, "--format gguf: loom writes GGUF for GPT-2 only so far; for this %s model export --format hf and "
+                       "convert that folder with llama.cpp's convert_hf_to_gguf.py", loom_gpt_family(&R.cfg));
     loom_stview_t *v = NULL;
     snprintf(path, sizeof path, "%s/model.safetensors", R.weights_path);
     if (s == LOOM_OK) s = loom_stview_open(&v, path);
@@ -40,7 +43,10 @@ static loom_status export_run(const char *run, const char *format, long long ste
         snprintf(path, sizeof path, "%s%s", out, strcmp(format, "hf") ? "" : "/model.safetensors");
         double mb = stat(path, &sb) == 0 ? (double)sb.st_size / 1e6 : 0;
         printf("%s: %s %s (%.1f MB of weights) from %s: %d layers, %d heads, %d channels, context %d, vocabulary %d\n", out,
-               strcmp(format, "hf") ? "GGUF v3 (llama.cpp gpt2)" : "Hugging Face GPT-2 folder", loom_xdtype_name(dt), mb,
+               strcmp(format, "hf")                  ? "GGUF v3 (llama.cpp gpt2)"
+               : strcmp(loom_gpt_family(cfg), "gpt2") ? "Hugging Face Llama-family folder"
+                                                      : "Hugging Face GPT-2 folder",
+               loom_xdtype_name(dt), mb,
                R.weights_path, cfg->n_layer, cfg->n_head, cfg->channels, cfg->max_seq_len, cfg->vocab_size);
     }
     loom_stview_close(v);

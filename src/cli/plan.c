@@ -3,6 +3,7 @@
  * measured from a run, or the GPU table's default), communication, GPUs
  * for a deadline, on-demand and spot cost. `loom plan serve` and `loom
  * plan mig` live in plan_serve.c. */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include "cli/args.h"
+#include "ckpt/hf.h"
 #include "cli/commands.h"
 #include "ckpt/run.h"
 #include "cli/plan_report.h"
@@ -18,13 +20,29 @@
 #include "parallel/dist.h"
 #include "plan/plan.h"
 
+/* --config: a Hugging Face config.json, or the folder holding one. */
+static loom_status hf_config_file(const char *path, loom_gpt_config_t *cfg) {
+    if (loom_path_is_dir(path)) return loom_hf_read_config(path, cfg);
+    char *text;
+    size_t len;
+    if (loom_file_read(path, &text, &len) != LOOM_OK)
+        return loom_error(LOOM_EINVAL, "--config %s: cannot read it; name a Hugging Face config.json or its folder", path);
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    free(text);
+    loom_status s = j ? loom_hf_config_parse(j, path, cfg) : loom_error(LOOM_EFORMAT, "--config %s: not valid JSON", path);
+    cJSON_Delete(j);
+    return s;
+}
+
 loom_status plan_model_config(const plan_model_flags_t *f, loom_gpt_config_t *cfg) {
-    LOOM_TRY(loom_gpt_preset(cfg, f->model));
+    if (f->config && f->config[0]) LOOM_TRY(hf_config_file(f->config, cfg));
+    else LOOM_TRY(loom_gpt_preset(cfg, f->model));
     if (f->layers) cfg->n_layer = f->layers;
-    if (f->heads) cfg->n_head = f->heads;
-    if (f->channels) cfg->channels = f->channels;
+    if (f->heads) cfg->n_head = f->heads, cfg->n_kv_heads = 0;
+    if (f->channels) cfg->channels = f->channels, cfg->ffn_hidden = 0;
     if (f->context) cfg->max_seq_len = f->context;
-    cfg->vocab_size = f->vocab;
+    if (!cfg->vocab_size || loom_args_given("vocab")) cfg->vocab_size = f->vocab;
+    cfg->padded_vocab_size = 0;
     return loom_gpt_config_finish(cfg);
 }
 
@@ -458,7 +476,8 @@ static loom_status plan_train(void *flags) {
     if (s == LOOM_OK) s = pick_batch(&c, f, &t);
     if (s == LOOM_OK) c.accum = accum_for(f, c.B, c.T, f->gpus);
     if (s == LOOM_OK) s = pick_rate(&c, f, &m, &r);
-    double tokens = f->tokens ? plan_parse_count(f->tokens) : 20.0 * (double)loom_gpt_num_params(&c.cfg);
+    /* only with a model: loom_gpt_num_params of an empty config sets an error of its own */
+    double tokens = s != LOOM_OK ? 0 : f->tokens ? plan_parse_count(f->tokens) : 20.0 * (double)loom_gpt_num_params(&c.cfg);
     if (s == LOOM_OK && tokens <= 0) s = loom_error(LOOM_EINVAL, "--tokens %s: a token count like 30B or 2.5e9", f->tokens);
     if (s != LOOM_OK) {
         plan_report_discard(&r);

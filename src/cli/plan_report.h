@@ -37,17 +37,19 @@ const char *plan_duration(double s, char *buf, int cap);
 
 /* Model flags: a preset and overrides (0 = the preset's). */
 typedef struct {
-    const char *model;
+    const char *model, *config;
     int layers, heads, channels, context, vocab;
 } plan_model_flags_t;
 /* Their rows of a loom_arg_t table (cli/args.h). */
 #define PLAN_MODEL_ARGS(mf)                                                                                           \
-    {"model", ARG_STR, &(mf).model, "gpt2-small", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl"}, \
+    {"model", ARG_STR, &(mf).model, "gpt2-small", 0, 0, "preset: gpt2-tiny, gpt2-small, gpt2-medium, gpt2-large, gpt2-xl, " \
+     "llama-tiny, smollm2-135m, llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b, mistral-7b"},                                 \
+    {"config", ARG_STR, &(mf).config, "", 0, 0, "a Hugging Face config.json (or its folder) instead of --model"},       \
     {"layers", ARG_INT, &(mf).layers, "0", 0, 1024, "override the preset's layer count"},                              \
     {"heads", ARG_INT, &(mf).heads, "0", 0, 1024, "override the preset's head count"},                                 \
     {"channels", ARG_INT, &(mf).channels, "0", 0, 65536, "override the preset's width"},                               \
     {"context", ARG_INT, &(mf).context, "0", 0, 1 << 20, "override the preset's context length"},                      \
-    {"vocab", ARG_INT, &(mf).vocab, "50257", 2, 1 << 30, "vocabulary size (the tokenizer's)"}
+    {"vocab", ARG_INT, &(mf).vocab, "50257", 2, 1 << 30, "vocabulary size (the tokenizer's; default: the preset's, else 50257)"}
 /* The rows every `loom plan` subcommand takes: --gpu, --gpu-table and --json. */
 #define PLAN_GPU_ARGS(gpu, table, json)                                                                               \
     {"gpu", ARG_STR, &(gpu), "a100-80gb", 0, 0, "GPU id from the GPU table (plan train also takes cpu)"},             \

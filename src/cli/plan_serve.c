@@ -33,7 +33,7 @@ static void serve_rows(plan_report_t *r, const char *key, const char *title, con
     char b[4][32];
     plan_report_section(r, key, title);
     plan_report_num(r, "weights", p->weight_bytes, "weights", "%s", plan_bytes(p->weight_bytes, b[0], 32));
-    plan_report_num(r, "kv_per_token", p->kv_per_token, "KV cache per token", "%s (2 x L x C x bytes)", plan_bytes(p->kv_per_token, b[1], 32));
+    plan_report_num(r, "kv_per_token", p->kv_per_token, "KV cache per token", "%s (2 x L x kv heads x head size x bytes)", plan_bytes(p->kv_per_token, b[1], 32));
     plan_report_num(r, "kv_per_seq", p->kv_per_seq, "KV cache per sequence", "%s", plan_bytes(p->kv_per_seq, b[2], 32));
     plan_report_num(r, "max_seqs", p->max_seqs, "sequences that fit", "%d", p->max_seqs);
     plan_report_num(r, "decode_step_s", p->decode_step_s, "decode step floor (memory bandwidth)", "%s at %d sequences", plan_duration(p->decode_step_s, b[3], 32), p->seqs);

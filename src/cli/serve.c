@@ -90,6 +90,9 @@ static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_
         if (given) snprintf(gave, sizeof gave, "; %.0f MiB of fp32 linear weights given back to the system", (double)given / (1 << 20));
         fprintf(stderr, "loom serve: model %s from %s (%.0f MiB of KV cache%s)\n", name, dir, (double)ec.kv_bytes / (1 << 20), gave);
     }
+    double kv = (double)ec.kv_bytes * f->runs.n / (1 << 20); /* allocated zeroed: resident from the start */
+    fprintf(stderr, "loom serve: resident memory %.0f MiB, of which about %.0f MiB KV cache (process_resident_memory_bytes)\n",
+            loom_process_rss_bytes() / (1 << 20), kv);
     return LOOM_OK;
 }
 
@@ -111,8 +114,6 @@ static int serve_run(const serve_flags_t *f) {
     if (s == LOOM_OK) s = load_models(srv, f, opened);
     if (s == LOOM_OK) s = loom_server_ready(srv);
     if (s == LOOM_OK) {
-        fprintf(stderr, "loom serve: resident memory %.0f MiB (process_resident_memory_bytes; KV cache pages count once used)\n",
-                loom_process_rss_bytes() / (1 << 20));
         fprintf(stderr, "loom serve: ready on http://%s:%d\n", f->host, loom_server_port(srv));
         while (!stop_signal) usleep(50000);
         fprintf(stderr, "loom serve: %s: no new requests; in-flight ones have %g s to finish\n",

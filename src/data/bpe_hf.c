@@ -447,7 +447,12 @@ static loom_status vocab_from_json(vocab_t *v, const char *path, const cJSON *vo
         LOOM_TRY(added_flags(path, x, c->valuestring, &f));
         if (id > maxid) maxid = id;
     }
-    if (maxid + 1 > 0x7fffffff) return loom_error(LOOM_EFORMAT, "%s: token id %ld is too large", path, maxid);
+    /* The table is sized by the largest id: ids far beyond the entry count
+     * (a sparse or hostile file) would allocate gigabytes for nothing. */
+    long entries = cJSON_GetArraySize(vocab) + cJSON_GetArraySize(added);
+    if (maxid + 1 > 0x7fffffff || maxid >= 2 * entries + 1024)
+        return loom_error(LOOM_EFORMAT, "%s: token id %ld is far above the file's %ld tokens; a tokenizer's ids run 0..N-1 "
+                          "(this file is damaged or not a tokenizer.json)", path, maxid, entries);
     vocab_alloc(v, (int)(maxid + 1));
     cJSON_ArrayForEach(x, added) {
         json_id(cJSON_GetObjectItemCaseSensitive(x, "id"), &id);

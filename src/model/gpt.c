@@ -58,7 +58,7 @@ int loom_gpt_head_size(const loom_gpt_config_t *c) { return c->channels / c->n_h
  * fills only the six shape fields gets GPT-2's table. */
 int loom_gpt_qkv_rows(const loom_gpt_config_t *c) {
     int kv = c->n_kv_heads ? c->n_kv_heads : c->n_head;
-    return c->channels + 2 * kv * (c->channels / c->n_head);
+    return c->channels + 2 * kv * (c->n_head ? c->channels / c->n_head : 0);
 }
 int loom_gpt_fc_rows(const loom_gpt_config_t *c) {
     int H = c->ffn_hidden ? c->ffn_hidden : 4 * c->channels;
@@ -165,13 +165,15 @@ void loom_gpt_param_table(const loom_gpt_config_t *cfg, loom_tensor_info_t t[LOO
 }
 
 size_t loom_gpt_num_params(const loom_gpt_config_t *cfg) {
-    loom_gpt_config_t c = *cfg;
-    if (c.padded_vocab_size == 0 && loom_gpt_config_finish(&c) != LOOM_OK) return 0;
+    /* from the table, which reads an unfinished config's zeros as their
+     * defaults (no loom_gpt_config_finish here: its error would replace the
+     * message a caller is about to report) */
     loom_tensor_info_t t[LOOM_NPARAMS];
     size_t total, n = 0;
-    loom_gpt_param_table(&c, t, &total);
+    loom_gpt_param_table(cfg, t, &total);
     for (int i = 0; i < LOOM_NPARAMS; i++) /* the vocabulary's padding rows are not parameters */
-        n += i == LOOM_WTE || i == LOOM_LMHEAD ? t[i].numel / c.padded_vocab_size * c.vocab_size : t[i].numel;
+        n += i == LOOM_WTE || i == LOOM_LMHEAD ? (loom_gpt_has_param(cfg, i) ? (size_t)cfg->vocab_size * cfg->channels : 0)
+                                               : t[i].numel;
     return n;
 }
 

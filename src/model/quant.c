@@ -51,19 +51,18 @@ void loom_quant_rows_q8_0(const float *w, long long rows, long long cols, signed
 
 loom_quant_opts_t loom_quant_opts_default(void) { return (loom_quant_opts_t){.block = 0, .logits = 1}; }
 
-/* Layer l's weight `which` (LOOM_QLIN_COUNT: the logits' wte): its fp32
- * view, OC and C. */
+/* Layer l's weight `which` (LOOM_QLIN_COUNT: the logits' head, wte or an
+ * untied lm_head): its fp32 view, OC and C, as the parameter table says
+ * (qkv rows C + 2*KV*hs, fc rows H or 2H for SwiGLU's gate and up). */
 static const float *lin(const loom_gpt_t *m, int which, int l, int *OC, int *C) {
-    int c = m->cfg.channels;
     if (which == LOOM_QLIN_COUNT) {
-        *OC = m->cfg.padded_vocab_size, *C = c;
-        return m->param[LOOM_WTE];
+        *OC = m->cfg.padded_vocab_size, *C = m->cfg.channels;
+        return m->param[loom_gpt_head_param(&m->cfg)];
     }
-    *C = which == LOOM_QLIN_FCPROJ ? 4 * c : c;
-    *OC = which == LOOM_QLIN_QKV ? 3 * c : which == LOOM_QLIN_FC ? 4 * c : c;
     int p = which == LOOM_QLIN_QKV ? LOOM_QKVW : which == LOOM_QLIN_ATTPROJ ? LOOM_ATTPROJW
           : which == LOOM_QLIN_FC ? LOOM_FCW : LOOM_FCPROJW;
-    return m->param[p] + (size_t)l * *OC * *C;
+    *OC = m->ptable[p].shape[1], *C = m->ptable[p].shape[2];
+    return loom_gpt_slice(m, m->param, p, l);
 }
 
 /* Slot i of q->w: (which, layer). */
@@ -111,9 +110,9 @@ loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom
     int C0 = m->cfg.channels, Vp = m->cfg.padded_vocab_size;
     if (o.block != 0 && o.block != 32)
         return loom_error(LOOM_EINVAL, "int8 weights in blocks of %d: 0 (per output channel) or 32 (Q8_0)", o.block);
-    if (o.block && C0 % o.block)
-        return loom_error(LOOM_EINVAL, "int8 weights in blocks of %d need the model width (%d) to be a multiple of it; use per-channel scales",
-                          o.block, C0);
+    if (o.block && (C0 % o.block || m->cfg.ffn_hidden % o.block))
+        return loom_error(LOOM_EINVAL, "int8 weights in blocks of %d need the model width (%d) and MLP width (%d) to be multiples of it; "
+                          "use per-channel scales", o.block, C0, m->cfg.ffn_hidden);
     loom_quant_t *q = loom_calloc(1, sizeof *q);
     q->m = m, q->mode = mode, q->L = m->cfg.n_layer, q->logits = o.logits != 0;
     int n = q->L * LOOM_QLIN_COUNT + q->logits;
@@ -126,7 +125,13 @@ loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom
         return loom_error(LOOM_ENOMEM, "cannot allocate %zu bytes of int8 weights on %s", bytes, m->be->name);
     }
     layout(q, o.block, q->mem);
-    size_t rows = (size_t)(Vp > 4 * C0 ? Vp : 4 * C0), big = rows * C0; /* the largest matrix */
+    size_t big = (size_t)Vp * C0, rows = (size_t)Vp; /* the largest matrix, and the most rows */
+    for (int w = 0; w < LOOM_QLIN_COUNT; w++) {
+        int OC, C;
+        lin(m, w, 0, &OC, &C);
+        big = (size_t)OC * C > big ? (size_t)OC * C : big;
+        rows = (size_t)OC > rows ? (size_t)OC : rows;
+    }
     float *hw = loom_malloc(big * sizeof(float)), *hs = loom_malloc((big / 32 + rows) * sizeof(float));
     signed char *hq = loom_malloc(big);
     for (int i = 0; i < n; i++) {
@@ -176,19 +181,31 @@ size_t loom_quant_bytes(const loom_quant_t *q) { return q->bytes; }
 
 size_t loom_quant_decode_bytes(const loom_gpt_config_t *c, loom_quant_mode mode, const loom_quant_opts_t *o) {
     loom_quant_opts_t d = o ? *o : loom_quant_opts_default();
-    size_t C = (size_t)c->channels, L = (size_t)c->n_layer, lin = 12 * C * C * L, wte = (size_t)c->vocab_size * C;
-    size_t rest = loom_gpt_num_params(c) - (size_t)c->max_seq_len * C - lin - wte; /* LayerNorms, biases */
-    if (mode == LOOM_QUANT_NONE) return 4 * (rest + lin + wte);
-    size_t lin_sc = d.block ? lin / d.block : 9 * C * L, wte_sc = d.block ? wte / d.block : (size_t)c->vocab_size;
-    size_t logits = d.logits ? wte + 4 * wte_sc : 4 * wte;
+    loom_tensor_info_t t[LOOM_NPARAMS];
+    size_t total, lin = 0, lin_rows = 0, C = (size_t)c->channels;
+    loom_gpt_param_table(c, t, &total);
+    static const int mats[] = {LOOM_QKVW, LOOM_ATTPROJW, LOOM_FCW, LOOM_FCPROJW};
+    for (int i = 0; i < 4; i++) lin += t[mats[i]].numel, lin_rows += (size_t)t[mats[i]].shape[0] * t[mats[i]].shape[1];
+    size_t head = (size_t)c->vocab_size * C, wpe = loom_gpt_has_param(c, LOOM_WPE) ? (size_t)c->max_seq_len * C : 0;
+    /* norms and biases; an untied model's embedding table is read a row per token, like wpe */
+    size_t rest = loom_gpt_num_params(c) - wpe - lin - head * (c->untied_head ? 2 : 1);
+    if (mode == LOOM_QUANT_NONE) return 4 * (rest + lin + head);
+    size_t lin_sc = d.block ? lin / d.block : lin_rows, head_sc = d.block ? head / d.block : (size_t)c->vocab_size;
+    size_t logits = d.logits ? head + 4 * head_sc : 4 * head;
     return 4 * rest + lin + 4 * lin_sc + logits;
 }
 
 void loom_quant_fake(loom_gpt_t *m) {
-    int C0 = m->cfg.channels;
-    float *host = loom_malloc(4 * (size_t)C0 * C0 * sizeof(float));
-    signed char *hq = loom_malloc(4 * (size_t)C0 * C0);
-    float *hs = loom_malloc(4 * (size_t)C0 * sizeof(float));
+    size_t big = 0, rows = 0; /* the largest linear matrix, and the most rows */
+    for (int k = 0; k < LOOM_QLIN_COUNT; k++) {
+        int OC, C;
+        lin(m, k, 0, &OC, &C);
+        big = (size_t)OC * C > big ? (size_t)OC * C : big;
+        rows = (size_t)OC > rows ? (size_t)OC : rows;
+    }
+    float *host = loom_malloc(big * sizeof(float));
+    signed char *hq = loom_malloc(big);
+    float *hs = loom_malloc(rows * sizeof(float));
     for (int l = 0; l < m->cfg.n_layer; l++)
         for (int k = 0; k < LOOM_QLIN_COUNT; k++) {
             int OC, C;

@@ -13,22 +13,35 @@ struct loom_sparse24 {
     size_t bytes;
 };
 
-/* The linear weights of a block: parameter, OC and C in units of the width. */
+/* The linear weights of a block: parameter, and its name in messages
+ * (GPT-2's Hugging Face module; the Llama family's q/k/v and gate/up are
+ * fused in loom, so loom's tensor name there). */
 static const struct {
-    int param, oc, c;
-    const char *name;
+    int param;
+    const char *gpt2, *llama;
 } lin_table[LOOM_QLIN_COUNT] = {
-    [LOOM_QLIN_QKV] = {LOOM_QKVW, 3, 1, "attn.c_attn"},
-    [LOOM_QLIN_ATTPROJ] = {LOOM_ATTPROJW, 1, 1, "attn.c_proj"},
-    [LOOM_QLIN_FC] = {LOOM_FCW, 4, 1, "mlp.c_fc"},
-    [LOOM_QLIN_FCPROJ] = {LOOM_FCPROJW, 1, 4, "mlp.c_proj"},
+    [LOOM_QLIN_QKV] = {LOOM_QKVW, "attn.c_attn", "self_attn.qkv (q_proj, k_proj, v_proj)"},
+    [LOOM_QLIN_ATTPROJ] = {LOOM_ATTPROJW, "attn.c_proj", "self_attn.o_proj"},
+    [LOOM_QLIN_FC] = {LOOM_FCW, "mlp.c_fc", "mlp.gate_up (gate_proj, up_proj)"},
+    [LOOM_QLIN_FCPROJ] = {LOOM_FCPROJW, "mlp.c_proj", "mlp.down_proj"},
 };
 
-/* Layer l's weight `which` in m's memory, (OC, C). */
+/* Layer l's weight `which` in m's memory, (OC, C) as the parameter table says. */
 static const float *weight_at(const loom_gpt_t *m, int which, int l, int *OC, int *C) {
-    *OC = lin_table[which].oc * m->cfg.channels;
-    *C = lin_table[which].c * m->cfg.channels;
-    return m->param[lin_table[which].param] + (size_t)l * *OC * *C;
+    const loom_tensor_info_t *t = &m->ptable[lin_table[which].param];
+    *OC = t->shape[1], *C = t->shape[2];
+    return loom_gpt_slice(m, m->param, lin_table[which].param, l);
+}
+
+/* Floats of the largest linear weight of a block. */
+static size_t largest(const loom_gpt_t *m) {
+    size_t big = 0;
+    for (int k = 0; k < LOOM_QLIN_COUNT; k++) {
+        int OC, C;
+        weight_at(m, k, 0, &OC, &C);
+        big = (size_t)OC * C > big ? (size_t)OC * C : big;
+    }
+    return big;
 }
 
 void loom_sparse24_compress(const float *w, long long rows, long long cols, float *values, unsigned char *meta) {
@@ -53,10 +66,12 @@ void loom_sparse24_compress(const float *w, long long rows, long long cols, floa
 }
 
 /* LOOM_OK when every linear weight of m is 2:4 (host copies in `host`,
- * 4 C^2 floats); else LOOM_EINVAL naming the first that is not. */
+ * largest(m) floats); else LOOM_EINVAL naming the first that is not. */
 static loom_status check_24(const loom_gpt_t *m, float *host) {
-    if (m->cfg.channels % 4)
-        return loom_error(LOOM_EINVAL, "2:4 sparsity needs the model width to be a multiple of 4 (it is %d)", m->cfg.channels);
+    if (m->cfg.channels % 4 || m->cfg.ffn_hidden % 4)
+        return loom_error(LOOM_EINVAL, "2:4 sparsity needs the model width (%d) and MLP width (%d) to be multiples of 4",
+                          m->cfg.channels, m->cfg.ffn_hidden);
+    int gpt2 = !strcmp(loom_gpt_family(&m->cfg), "gpt2");
     for (int l = 0; l < m->cfg.n_layer; l++)
         for (int k = 0; k < LOOM_QLIN_COUNT; k++) {
             int OC, C;
@@ -64,8 +79,8 @@ static loom_status check_24(const loom_gpt_t *m, float *host) {
             m->be->download(host, w, (size_t)OC * C * sizeof(float));
             long long bad = loom_prune24_violations(host, OC, C);
             if (bad)
-                return loom_error(LOOM_EINVAL, "h.%d.%s.weight: %lld of %d groups of 4 have more than 2 non-zero weights, so it is not 2:4 sparse (loom prune --sparsity 2:4 makes it so)",
-                                  l, lin_table[k].name, bad, OC * C / 4);
+                return loom_error(LOOM_EINVAL, "%s.%d.%s.weight: %lld of %d groups of 4 have more than 2 non-zero weights, so it is not 2:4 sparse (loom prune --sparsity 2:4 makes it so)",
+                                  gpt2 ? "h" : "model.layers", l, gpt2 ? lin_table[k].gpt2 : lin_table[k].llama, bad, OC * C / 4);
         }
     return LOOM_OK;
 }
@@ -93,16 +108,21 @@ static void fill(loom_sparse24_t *s, float *host, float *hv, unsigned char *hm, 
 
 loom_status loom_sparse24_create(loom_sparse24_t **out, const loom_gpt_t *m) {
     const loom_backend_t *be = m->be;
-    int L = m->cfg.n_layer, c = m->cfg.channels;
-    float *host = loom_malloc(4 * (size_t)c * c * sizeof(float));
+    int L = m->cfg.n_layer;
+    size_t big = largest(m), value_bytes = 0, meta_bytes = 0, meta_most = 0;
+    float *host = loom_malloc(big * sizeof(float));
     loom_status st = check_24(m, host);
     if (st != LOOM_OK) {
         free(host);
         return st;
     }
-    size_t mb = (size_t)(c + 7) / 8, mb4 = (size_t)(4 * c + 7) / 8;
-    size_t value_bytes = (size_t)L * 6 * c * c * sizeof(float);
-    size_t meta_bytes = (size_t)L * ((3 + 1 + 4) * (size_t)c * mb + (size_t)c * mb4);
+    for (int k = 0; k < LOOM_QLIN_COUNT; k++) { /* half the values, and a byte per 8 columns of positions */
+        int OC, C;
+        weight_at(m, k, 0, &OC, &C);
+        value_bytes += (size_t)L * OC * (C / 2) * sizeof(float);
+        meta_bytes += (size_t)L * OC * ((C + 7) / 8);
+        meta_most = (size_t)OC * ((C + 7) / 8) > meta_most ? (size_t)OC * ((C + 7) / 8) : meta_most;
+    }
     loom_sparse24_t *s = loom_calloc(1, sizeof *s);
     s->m = m, s->L = L, s->bytes = value_bytes + meta_bytes;
     s->w = loom_calloc((size_t)L * LOOM_QLIN_COUNT, sizeof *s->w);
@@ -112,8 +132,8 @@ loom_status loom_sparse24_create(loom_sparse24_t **out, const loom_gpt_t *m) {
         loom_sparse24_free(s);
         return loom_error(LOOM_ENOMEM, "cannot allocate %zu bytes of compressed 2:4 weights on %s", value_bytes + meta_bytes, be->name);
     }
-    float *hv = loom_malloc(2 * (size_t)c * c * sizeof(float));
-    unsigned char *hm = loom_malloc(4 * (size_t)c * mb4);
+    float *hv = loom_malloc(big / 2 * sizeof(float));
+    unsigned char *hm = loom_malloc(meta_most);
     fill(s, host, hv, hm, value_bytes);
     free(host), free(hv), free(hm);
     *out = s;
@@ -123,7 +143,7 @@ loom_status loom_sparse24_create(loom_sparse24_t **out, const loom_gpt_t *m) {
 loom_status loom_sparse24_auto(loom_sparse24_t **out, const loom_gpt_t *m, int mode) {
     *out = NULL;
     if (mode == LOOM_SPARSE_OFF) return LOOM_OK;
-    float *host = loom_malloc(4 * (size_t)m->cfg.channels * m->cfg.channels * sizeof(float));
+    float *host = loom_malloc(largest(m) * sizeof(float));
     loom_status st = check_24(m, host);
     free(host);
     if (st != LOOM_OK) return LOOM_OK; /* dense weights: nothing to compress */
@@ -133,7 +153,8 @@ loom_status loom_sparse24_auto(loom_sparse24_t **out, const loom_gpt_t *m, int m
         return LOOM_OK;
     }
     LOOM_TRY(loom_sparse24_create(out, m));
-    double dense = 12.0 * m->cfg.channels * m->cfg.channels * m->cfg.n_layer * sizeof(float);
+    double dense = 0;
+    for (int k = 0; k < LOOM_QLIN_COUNT; k++) dense += (double)m->ptable[lin_table[k].param].numel * sizeof(float);
     loom_info("2:4 sparse linear weights run compressed: %.1f MB of values and positions instead of %.1f MB (--sparse off runs them dense)",
               (*out)->bytes / 1e6, dense / 1e6);
     return LOOM_OK;

@@ -37,7 +37,7 @@ struct loom_train_metrics {
 };
 
 /* Ten buckets per decade (each about 1.26x the last), 1 ms .. 320 s: an
- * interpolated quantile is off by at most one bucket's width, 26%, and
+ * interpolated quantile is off by at most one bucket's width (28% at most), and
  * usually far less; coarser buckets put CPU steps' p90/p99 10-50% high. */
 static const double step_buckets[] = {
     0.001, 0.00125, 0.0016, 0.002, 0.0025, 0.0032, 0.004, 0.005, 0.0063, 0.008, 0.01, 0.0125, 0.016, 0.02, 0.025, 0.032, 0.04, 0.05, 0.063,

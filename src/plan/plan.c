@@ -95,7 +95,8 @@ loom_status loom_plan_serve(const loom_gpt_config_t *cfg, double wbytes, double 
     *o = (loom_plan_serve_t){0};
     int L = cfg->n_layer, C = cfg->channels, S = prompt + output;
     o->weight_bytes = wbytes * (double)P;
-    o->kv_per_token = 2.0 * L * C * kvbytes;
+    int KV = cfg->n_kv_heads ? cfg->n_kv_heads : cfg->n_head; /* grouped-query: the cache holds KV heads */
+    o->kv_per_token = 2.0 * L * KV * (C / cfg->n_head) * kvbytes;
     o->kv_per_seq = o->kv_per_token * S;
     double free_b = mem_gb * 1e9 - o->weight_bytes - reserve_bytes;
     o->max_seqs = free_b > 0 ? (int)floor(free_b / o->kv_per_seq) : 0;
@@ -107,7 +108,7 @@ loom_status loom_plan_serve(const loom_gpt_config_t *cfg, double wbytes, double 
      * cache, on average half way through its output. */
     double kv_read = o->seqs * o->kv_per_token * (prompt + output / 2.0);
     o->decode_step_s = (o->weight_bytes + kv_read) / (hbm_gbs * 1e9);
-    double n = (double)loom_gpt_num_params(cfg) - (double)cfg->max_seq_len * C;
+    double n = (double)loom_gpt_num_params(cfg) - (cfg->pos == LOOM_POS_LEARNED ? (double)cfg->max_seq_len * C : 0.0);
     o->prefill_s = (2.0 * n * prompt + 2.0 * L * C * (double)prompt * prompt) / peak_flops;
     o->tokens_per_s = o->seqs / o->decode_step_s;
     o->latency_s = o->prefill_s + output * o->decode_step_s;

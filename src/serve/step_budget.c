@@ -6,7 +6,7 @@
 #define EMA 0.25
 
 void loom_step_budget_init(loom_step_budget_t *b, int max_rows) {
-    *b = (loom_step_budget_t){.max_rows = max_rows, .min_rows = max_rows < 16 ? max_rows : 16, .ratio = 1.0};
+    *b = (loom_step_budget_t){.max_rows = max_rows, .min_rows = max_rows < 8 ? max_rows : 8, .ratio = 1.0};
 }
 
 static void ema(double *avg, double x) { *avg = *avg > 0 ? (1 - EMA) * *avg + EMA * x : x; }

@@ -9,7 +9,7 @@
  * time, so a step with prompt work takes at most about (1 + ratio) times a
  * decode-only step and the inter-token latency stays steady. A long prompt
  * is thereby spread over several steps. It always allows min_rows (a
- * prompt makes progress, and at a size the GEMM runs well), and the whole
+ * prompt makes progress, at the GEMM's crossover size), and the whole
  * step cap when nothing is decoding (nobody to keep waiting).
  *
  * Time comes in as numbers (observe's `seconds`), never read here: the
@@ -19,13 +19,13 @@
 
 typedef struct {
     int max_rows;     /* rows per step at most (the engine's max_batch_tokens) */
-    int min_rows;     /* prefill rows a step may always take (default 16) */
+    int min_rows;     /* prefill rows a step may always take (default 8) */
     double ratio;     /* prefill time per step in decode-only steps (default 1) */
     double t_decode;  /* seconds of a decode-only step (moving average; 0 = none seen) */
     double c_prefill; /* seconds one prefill row adds to a step (moving average; 0 = none seen) */
 } loom_step_budget_t;
 
-/* Defaults: min_rows 16 (at most max_rows), ratio 1, nothing learned. */
+/* Defaults: min_rows 8 (at most max_rows), ratio 1, nothing learned. */
 void loom_step_budget_init(loom_step_budget_t *b, int max_rows);
 /* A step of decode_rows single-row sequences and prefill_rows prompt rows
  * took `seconds`. */

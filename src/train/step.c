@@ -65,6 +65,8 @@ static void on_layer_done(void *ctx, int layer) {
     } else {
         if (dp->gpu) m->be->sync();
         s = reduce_range(dp, 0, m->ptable[LOOM_QKVW].offset); /* wte, wpe */
+        if (s == LOOM_OK) /* an untied lm_head (empty for GPT-2) */
+            s = reduce_range(dp, m->ptable[LOOM_LMHEAD].offset, m->ptable[LOOM_LMHEAD].offset + m->ptable[LOOM_LMHEAD].numel);
         if (s == LOOM_OK) s = reduce_range(dp, m->ptable[LOOM_LNFW].offset, m->num_params);
     }
     dp->hook_err = s;

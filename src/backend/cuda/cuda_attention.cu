@@ -22,7 +22,15 @@
  * Unfused (LOOM_CUDA_ATTENTION=unfused, the reference and fallback): heads
  * are split out to (B, NH, T, hs), scores and products are strided batched
  * GEMMs in cuBLAS at the run's compute type, and a softmax kernel between
- * them; it stores B*NH*T*T scores in scratch. */
+ * them; it stores B*NH*T*T scores in scratch.
+ *
+ * Grouped-query attention (NKV key/value heads, NKV dividing NH): qkv rows
+ * are NH query heads, then NKV key heads, then NKV value heads (ld = C +
+ * 2*NKV*hs); query head h reads kv head h / (NH/NKV). The dk/dv kernel
+ * runs per kv head and walks its group's query heads in order, so each
+ * dk, dv element is still written by one warp. The unfused path repeats
+ * each kv head for its group and sums the group's dk, dv when it merges.
+ * cuDNN's SDPA is used at NKV = NH only. */
 #include <math.h>
 
 #include "cuda_internal.h"
@@ -116,16 +124,17 @@ __device__ __forceinline__ void store_row(float *dst, const float (&acc)[DPL], f
  * lane. Shared: Q (BR x hs, pre-scaled), K (BC x hs+1), V (BC x hs). */
 template <int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
-    flash_forward_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH,
+    flash_forward_kernel(float *out, float *lse, const float *qkv, int T, int C, int NH, int NKV,
                          float scale) {
     extern __shared__ float sh[];
     int hs = C / NH;
     float *Qs = sh, *Ks = Qs + ATT_BR * hs, *Vs = Ks + ATT_BC * (hs + 1);
-    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    int bh = blockIdx.x, b = bh / NH, h = bh % NH, kh = h / (NH / NKV);
     int q0 = (gridDim.y - 1 - blockIdx.y) * ATT_BR; /* longest rows first */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    size_t ld = 3 * (size_t)C;
+    size_t ld = (size_t)C + 2 * (size_t)NKV * hs;
     const float *base = qkv + (size_t)b * T * ld + h * hs;
+    const float *kbase = qkv + (size_t)b * T * ld + C + kh * hs, *vbase = kbase + (size_t)NKV * hs;
 
     tile_load(Qs, hs, base + (size_t)q0 * ld, ld, ATT_BR, min(ATT_BR, T - q0), hs, scale);
 
@@ -141,8 +150,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     for (int k0 = 0; k0 < kend; k0 += ATT_BC) {
         __syncthreads(); /* previous tile fully used (and Q loaded) */
         int kvalid = min(ATT_BC, T - k0);
-        tile_load(Ks, hs + 1, base + (size_t)k0 * ld + C, ld, ATT_BC, kvalid, hs, 1.f);
-        tile_load(Vs, hs, base + (size_t)k0 * ld + 2 * C, ld, ATT_BC, kvalid, hs, 1.f);
+        tile_load(Ks, hs + 1, kbase + (size_t)k0 * ld, ld, ATT_BC, kvalid, hs, 1.f);
+        tile_load(Vs, hs, vbase + (size_t)k0 * ld, ld, ATT_BC, kvalid, hs, 1.f);
         __syncthreads();
 #pragma unroll
         for (int r = 0; r < ATT_ROWS; r++) {
@@ -181,16 +190,17 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 template <int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     flash_backward_dq_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
-                             const float *Dv, int T, int C, int NH, float scale) {
+                             const float *Dv, int T, int C, int NH, int NKV, float scale) {
     extern __shared__ float sh[];
     int hs = C / NH;
     float *Qs = sh, *dOs = Qs + ATT_BR * hs, *Ks = dOs + ATT_BR * hs,
           *Vs = Ks + ATT_BC * (hs + 1);
-    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    int bh = blockIdx.x, b = bh / NH, h = bh % NH, kh = h / (NH / NKV);
     int q0 = (gridDim.y - 1 - blockIdx.y) * ATT_BR;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    size_t ld = 3 * (size_t)C;
+    size_t ld = (size_t)C + 2 * (size_t)NKV * hs;
     const float *base = qkv + (size_t)b * T * ld + h * hs;
+    const float *kbase = qkv + (size_t)b * T * ld + C + kh * hs, *vbase = kbase + (size_t)NKV * hs;
     int qvalid = min(ATT_BR, T - q0);
     tile_load(Qs, hs, base + (size_t)q0 * ld, ld, ATT_BR, qvalid, hs, scale);
     tile_load(dOs, hs, dout + ((size_t)b * T + q0) * C + h * hs, C, ATT_BR, qvalid, hs, 1.f);
@@ -208,8 +218,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     for (int k0 = 0; k0 < kend; k0 += ATT_BC) {
         __syncthreads();
         int kvalid = min(ATT_BC, T - k0);
-        tile_load(Ks, hs + 1, base + (size_t)k0 * ld + C, ld, ATT_BC, kvalid, hs, 1.f);
-        tile_load(Vs, hs + 1, base + (size_t)k0 * ld + 2 * C, ld, ATT_BC, kvalid, hs, 1.f);
+        tile_load(Ks, hs + 1, kbase + (size_t)k0 * ld, ld, ATT_BC, kvalid, hs, 1.f);
+        tile_load(Vs, hs + 1, vbase + (size_t)k0 * ld, ld, ATT_BC, kvalid, hs, 1.f);
         __syncthreads();
 #pragma unroll
         for (int r = 0; r < ATT_ROWS; r++) {
@@ -241,19 +251,19 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 template <int DPL>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     flash_backward_dkv_kernel(float *dqkv, const float *dout, const float *qkv, const float *lse,
-                              const float *Dv, int T, int C, int NH, float scale) {
+                              const float *Dv, int T, int C, int NH, int NKV, float scale) {
     extern __shared__ float sh[];
-    int hs = C / NH;
+    int hs = C / NH, G = NH / NKV;
     float *Ks = sh, *Vs = Ks + ATT_BR * hs, *Qs = Vs + ATT_BR * hs, *dOs = Qs + ATT_BC * (hs + 1);
     float *Ls = dOs + ATT_BC * (hs + 1), *Ds = Ls + ATT_BC;
-    int bh = blockIdx.x, b = bh / NH, h = bh % NH;
+    int bk = blockIdx.x, b = bk / NKV, kh = bk % NKV; /* a kv head; its G query heads in order */
     int k0 = blockIdx.y * ATT_BR; /* early keys see the most queries: launched first */
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    size_t ld = 3 * (size_t)C;
-    const float *base = qkv + (size_t)b * T * ld + h * hs;
+    size_t ld = (size_t)C + 2 * (size_t)NKV * hs;
+    const float *kbase = qkv + (size_t)b * T * ld + C + kh * hs, *vbase = kbase + (size_t)NKV * hs;
     int kvalid = min(ATT_BR, T - k0);
-    tile_load(Ks, hs, base + (size_t)k0 * ld + C, ld, ATT_BR, kvalid, hs, scale);
-    tile_load(Vs, hs, base + (size_t)k0 * ld + 2 * C, ld, ATT_BR, kvalid, hs, 1.f);
+    tile_load(Ks, hs, kbase + (size_t)k0 * ld, ld, ATT_BR, kvalid, hs, scale);
+    tile_load(Vs, hs, vbase + (size_t)k0 * ld, ld, ATT_BR, kvalid, hs, 1.f);
 
     float dk[ATT_ROWS][DPL], dv[ATT_ROWS][DPL];
 #pragma unroll
@@ -261,7 +271,12 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 #pragma unroll
         for (int e = 0; e < DPL; e++) dk[r][e] = dv[r][e] = 0.f;
 
-    for (int i0 = k0; i0 < T; i0 += ATT_BC) { /* queries before k0 see none of these keys */
+    /* the group's query heads in order, each over its query tiles from k0
+     * (queries before k0 see none of these keys) */
+    int ntiles = (T - k0 + ATT_BC - 1) / ATT_BC;
+    for (int gt = 0; gt < G * ntiles; gt++) {
+        int i0 = k0 + (gt % ntiles) * ATT_BC, h = kh * G + gt / ntiles, bh = b * NH + h;
+        const float *base = qkv + (size_t)b * T * ld + h * hs;
         __syncthreads();
         int qvalid = min(ATT_BC, T - i0);
         tile_load(Qs, hs + 1, base + (size_t)i0 * ld, ld, ATT_BC, qvalid, hs, 1.f);
@@ -303,9 +318,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     for (int r = 0; r < ATT_ROWS; r++) {
         int j = k0 + warp * ATT_ROWS + r;
         if (j >= T) continue;
-        float *o = dqkv + ((size_t)b * T + j) * ld + h * hs;
-        store_row<DPL>(o + C, dk[r], scale, hs, lane);
-        store_row<DPL>(o + 2 * C, dv[r], 1.f, hs, lane);
+        float *o = dqkv + ((size_t)b * T + j) * ld + C + kh * hs;
+        store_row<DPL>(o, dk[r], scale, hs, lane);
+        store_row<DPL>(o + (size_t)NKV * hs, dv[r], 1.f, hs, lane);
     }
 }
 
@@ -345,42 +360,47 @@ void cuda_attention_init(void) {
 
 /* ---- unfused reference path ---- */
 
-/* (B, T, *) rows with stride ld, head h at column off + h*hs  <->  (B, NH, T, hs). */
+/* (B, T, *) rows with stride ld, head h at column off + h*hs  <->  (B, NH, T, hs).
+ * With G > 1 the row holds NH/G heads, each repeated for its G query heads
+ * (split) and the G heads' values summed into it (merge: dk, dv of GQA). */
 static __global__ void split_heads_kernel(float *dst, const float *src, size_t ld, int off, int B,
-                                          int T, int NH, int hs) {
+                                          int T, int NH, int G, int hs) {
     size_t n = (size_t)B * NH * T * hs;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         int d = (int)(i % hs);
         size_t r = i / hs;
         int t = (int)(r % T), h = (int)((r / T) % NH), b = (int)(r / ((size_t)T * NH));
-        dst[i] = src[((size_t)b * T + t) * ld + off + h * hs + d];
+        dst[i] = src[((size_t)b * T + t) * ld + off + (h / G) * hs + d];
     }
 }
 static __global__ void merge_heads_kernel(float *dst, size_t ld, int off, const float *src, int B,
-                                          int T, int NH, int hs) {
-    size_t n = (size_t)B * NH * T * hs;
+                                          int T, int NH, int G, int hs) {
+    int ND = NH / G; /* heads in dst */
+    size_t n = (size_t)B * ND * T * hs;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         int d = (int)(i % hs);
         size_t r = i / hs;
-        int t = (int)(r % T), h = (int)((r / T) % NH), b = (int)(r / ((size_t)T * NH));
-        dst[((size_t)b * T + t) * ld + off + h * hs + d] = src[i];
+        int t = (int)(r % T), hd = (int)((r / T) % ND), b = (int)(r / ((size_t)T * ND));
+        float s = 0.f;
+        for (int g = 0; g < G; g++) s += src[(((size_t)b * NH + hd * G + g) * T + t) * hs + d];
+        dst[((size_t)b * T + t) * ld + off + hd * hs + d] = s;
     }
 }
 
 static void split_heads(float *dst, const float *src, size_t ld, int off, int B, int T, int NH,
-                        int hs) {
+                        int G, int hs) {
     size_t n = (size_t)B * NH * T * hs;
     split_heads_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dst, src, ld, off, B, T, NH,
-                                                                     hs);
+                                                                     G, hs);
     LAUNCH_CHECK();
 }
 static void merge_heads(float *dst, size_t ld, int off, const float *src, int B, int T, int NH,
-                        int hs) {
-    size_t n = (size_t)B * NH * T * hs;
+                        int G, int hs) {
+    size_t n = (size_t)B * (NH / G) * T * hs;
     merge_heads_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dst, ld, off, src, B, T, NH,
-                                                                     hs);
+                                                                     G, hs);
     LAUNCH_CHECK();
 }
 
@@ -434,14 +454,14 @@ static void rm_bgemm(bool ta, bool tb, int M, int N, int K, float alpha, const f
 }
 
 static void unfused_forward(float *out, float *lse, const float *qkv, int B, int T, int C,
-                            int NH) {
-    int hs = C / NH, BH = B * NH;
-    size_t x = (size_t)B * T * C, tt = (size_t)T * T, th = (size_t)T * hs;
+                            int NH, int NKV) {
+    int hs = C / NH, BH = B * NH, G = NH / NKV, KC = NKV * hs;
+    size_t x = (size_t)B * T * C, tt = (size_t)T * T, th = (size_t)T * hs, ld = (size_t)C + 2 * (size_t)KC;
     float *q = (float *)cuda_scratch(SCRATCH_ATTN, sizeof(float) * (4 * x + BH * tt));
     float *k = q + x, *v = k + x, *y = v + x, *att = y + x;
-    split_heads(q, qkv, 3 * (size_t)C, 0, B, T, NH, hs);
-    split_heads(k, qkv, 3 * (size_t)C, C, B, T, NH, hs);
-    split_heads(v, qkv, 3 * (size_t)C, 2 * C, B, T, NH, hs);
+    split_heads(q, qkv, ld, 0, B, T, NH, 1, hs);
+    split_heads(k, qkv, ld, C, B, T, NH, G, hs);
+    split_heads(v, qkv, ld, C + KC, B, T, NH, G, hs);
     float scale = 1.f / sqrtf((float)hs);
     /* att (T, T) = scale * q (T, hs) k^T */
     rm_bgemm(false, true, T, T, hs, scale, q, hs, th, k, hs, th, 0.f, att, T, tt, BH);
@@ -451,21 +471,21 @@ static void unfused_forward(float *out, float *lse, const float *qkv, int B, int
     LAUNCH_CHECK();
     /* y (T, hs) = att (T, T) v (T, hs) */
     rm_bgemm(false, false, T, hs, T, 1.f, att, T, tt, v, hs, th, 0.f, y, hs, th, BH);
-    merge_heads(out, C, 0, y, B, T, NH, hs);
+    merge_heads(out, C, 0, y, B, T, NH, 1, hs);
 }
 
 static void unfused_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                             const float *lse, int B, int T, int C, int NH) {
-    int hs = C / NH, BH = B * NH;
-    size_t x = (size_t)B * T * C, tt = (size_t)T * T, th = (size_t)T * hs;
+                             const float *lse, int B, int T, int C, int NH, int NKV) {
+    int hs = C / NH, BH = B * NH, G = NH / NKV, KC = NKV * hs;
+    size_t x = (size_t)B * T * C, tt = (size_t)T * T, th = (size_t)T * hs, ld = (size_t)C + 2 * (size_t)KC;
     float *q = (float *)cuda_scratch(SCRATCH_ATTN, sizeof(float) * (7 * x + 2 * BH * tt));
     float *k = q + x, *v = k + x, *go = v + x, *dq = go + x, *dk = dq + x, *dv = dk + x;
     float *P = dv + x, *dP = P + BH * tt;
     float *Dv = (float *)cuda_scratch(SCRATCH_ATTN_D, sizeof(float) * BH * T);
-    split_heads(q, qkv, 3 * (size_t)C, 0, B, T, NH, hs);
-    split_heads(k, qkv, 3 * (size_t)C, C, B, T, NH, hs);
-    split_heads(v, qkv, 3 * (size_t)C, 2 * C, B, T, NH, hs);
-    split_heads(go, dout, C, 0, B, T, NH, hs);
+    split_heads(q, qkv, ld, 0, B, T, NH, 1, hs);
+    split_heads(k, qkv, ld, C, B, T, NH, G, hs);
+    split_heads(v, qkv, ld, C + KC, B, T, NH, G, hs);
+    split_heads(go, dout, C, 0, B, T, NH, 1, hs);
     attention_rowdot(Dv, dout, out, B, T, C, NH);
     float scale = 1.f / sqrtf((float)hs);
     rm_bgemm(false, true, T, T, hs, scale, q, hs, th, k, hs, th, 0.f, P, T, tt, BH);
@@ -482,9 +502,9 @@ static void unfused_backward(float *dqkv, const float *dout, const float *qkv, c
     /* dq = scale dS k; dk = scale dS^T q */
     rm_bgemm(false, false, T, hs, T, scale, dP, T, tt, k, hs, th, 0.f, dq, hs, th, BH);
     rm_bgemm(true, false, T, hs, T, scale, dP, T, tt, q, hs, th, 0.f, dk, hs, th, BH);
-    merge_heads(dqkv, 3 * (size_t)C, 0, dq, B, T, NH, hs);
-    merge_heads(dqkv, 3 * (size_t)C, C, dk, B, T, NH, hs);
-    merge_heads(dqkv, 3 * (size_t)C, 2 * C, dv, B, T, NH, hs);
+    merge_heads(dqkv, ld, 0, dq, B, T, NH, 1, hs);
+    merge_heads(dqkv, ld, C, dk, B, T, NH, G, hs);
+    merge_heads(dqkv, ld, C + KC, dv, B, T, NH, G, hs);
 }
 
 /* ---- entries ---- */
@@ -492,9 +512,9 @@ static void unfused_backward(float *dqkv, const float *dout, const float *qkv, c
 static bool use_fused(int C, int NH) {
     return !g_cuda.attention_unfused && C / NH <= ATT_MAX_HS;
 }
-/* cuDNN's tensor-core SDPA first, where it serves (bf16/fp16, hs % 8 == 0, hs <= 128). */
-static bool use_cudnn(int C, int NH) {
-    return !g_cuda.attention_unfused && !g_cuda.attention_own && cuda_attention_cudnn_takes(C, NH);
+/* cuDNN's tensor-core SDPA first, where it serves (bf16/fp16, hs % 8 == 0, hs <= 128; multi-head). */
+static bool use_cudnn(int C, int NH, int NKV) {
+    return !g_cuda.attention_unfused && !g_cuda.attention_own && NKV == NH && cuda_attention_cudnn_takes(C, NH);
 }
 
 /* The fused kernels' grid: (batch x heads, query or key tiles). Batch x
@@ -510,9 +530,9 @@ static dim3 flash_grid(int B, int T, int NH) {
 }
 
 /* The own kernels on fp32 tensors. */
-static void attention_forward_f32(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+static void attention_forward_f32(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int NKV) {
     if (!use_fused(C, NH)) {
-        unfused_forward(out, lse, qkv, B, T, C, NH);
+        unfused_forward(out, lse, qkv, B, T, C, NH, NKV);
         return;
     }
     int hs = C / NH;
@@ -521,29 +541,29 @@ static void attention_forward_f32(float *out, float *lse, const float *qkv, int 
     with_dpl(hs, [&](auto dpl) {
         constexpr int DPL = decltype(dpl)::value;
         flash_forward_kernel<DPL><<<grid, ATT_WARPS * 32, fwd_smem(hs), g_cuda.stream>>>(
-            out, lse, qkv, T, C, NH, scale);
+            out, lse, qkv, T, C, NH, NKV, scale);
     });
     LAUNCH_CHECK();
 }
 
 static void attention_backward_f32(float *dqkv, const float *dout, const float *qkv, const float *out,
-                                   const float *lse, int B, int T, int C, int NH) {
+                                   const float *lse, int B, int T, int C, int NH, int NKV) {
     if (!use_fused(C, NH)) {
-        unfused_backward(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        unfused_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV);
         return;
     }
     int hs = C / NH;
     float scale = 1.f / sqrtf((float)hs);
     float *Dv = (float *)cuda_scratch(SCRATCH_ATTN_D, sizeof(float) * (size_t)B * NH * T);
     attention_rowdot(Dv, dout, out, B, T, C, NH);
-    dim3 grid = flash_grid(B, T, NH);
+    dim3 grid = flash_grid(B, T, NH), kvgrid = flash_grid(B, T, NKV); /* dk, dv: a block per kv head */
     with_dpl(hs, [&](auto dpl) {
         constexpr int DPL = decltype(dpl)::value;
         flash_backward_dq_kernel<DPL><<<grid, ATT_WARPS * 32, bwd_smem(hs), g_cuda.stream>>>(
-            dqkv, dout, qkv, lse, Dv, T, C, NH, scale);
+            dqkv, dout, qkv, lse, Dv, T, C, NH, NKV, scale);
         LAUNCH_CHECK();
-        flash_backward_dkv_kernel<DPL><<<grid, ATT_WARPS * 32, bwd_smem(hs), g_cuda.stream>>>(
-            dqkv, dout, qkv, lse, Dv, T, C, NH, scale);
+        flash_backward_dkv_kernel<DPL><<<kvgrid, ATT_WARPS * 32, bwd_smem(hs), g_cuda.stream>>>(
+            dqkv, dout, qkv, lse, Dv, T, C, NH, NKV, scale);
         LAUNCH_CHECK();
     });
 }
@@ -551,34 +571,34 @@ static void attention_backward_f32(float *dqkv, const float *dout, const float *
 /* With 16-bit activations, the fp32 kernels (head sizes or dtypes cuDNN
  * does not serve, LOOM_CUDA_ATTENTION=own|unfused) run on fp32 copies in
  * scratch: correct, not fast (docs/cuda.md). */
-void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+void cuda_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int NKV) {
     if (B <= 0 || T <= 0) return;
-    if (use_cudnn(C, NH) && cuda_attention_cudnn_forward(out, lse, qkv, B, T, C, NH)) return;
+    if (use_cudnn(C, NH, NKV) && cuda_attention_cudnn_forward(out, lse, qkv, B, T, C, NH)) return;
     if (!cuda_act16()) {
-        attention_forward_f32(out, lse, qkv, B, T, C, NH);
+        attention_forward_f32(out, lse, qkv, B, T, C, NH, NKV);
         return;
     }
-    size_t BT = (size_t)B * T;
-    float *q32 = (float *)cuda_scratch(SCRATCH_ATTN_F32, BT * 4 * C * sizeof(float)), *o32 = q32 + BT * 3 * C;
-    cuda_act_to_f32(q32, qkv, BT * 3 * C);
-    attention_forward_f32(o32, lse, q32, B, T, C, NH);
+    size_t BT = (size_t)B * T, QR = (size_t)C + 2 * (size_t)NKV * (C / NH);
+    float *q32 = (float *)cuda_scratch(SCRATCH_ATTN_F32, BT * (QR + C) * sizeof(float)), *o32 = q32 + BT * QR;
+    cuda_act_to_f32(q32, qkv, BT * QR);
+    attention_forward_f32(o32, lse, q32, B, T, C, NH, NKV);
     cuda_act_from_f32(out, o32, BT * C);
 }
 
 void cuda_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                             const float *lse, int B, int T, int C, int NH) {
+                             const float *lse, int B, int T, int C, int NH, int NKV) {
     if (B <= 0 || T <= 0) return;
-    if (use_cudnn(C, NH) && cuda_attention_cudnn_backward(dqkv, dout, qkv, out, lse, B, T, C, NH)) return;
+    if (use_cudnn(C, NH, NKV) && cuda_attention_cudnn_backward(dqkv, dout, qkv, out, lse, B, T, C, NH)) return;
     if (!cuda_act16()) {
-        attention_backward_f32(dqkv, dout, qkv, out, lse, B, T, C, NH);
+        attention_backward_f32(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV);
         return;
     }
-    size_t BT = (size_t)B * T;
-    float *q32 = (float *)cuda_scratch(SCRATCH_ATTN_F32, BT * 8 * C * sizeof(float));
-    float *o32 = q32 + BT * 3 * C, *g32 = o32 + BT * C, *d32 = g32 + BT * C; /* qkv, out, dout, dqkv */
-    cuda_act_to_f32(q32, qkv, BT * 3 * C);
+    size_t BT = (size_t)B * T, QR = (size_t)C + 2 * (size_t)NKV * (C / NH);
+    float *q32 = (float *)cuda_scratch(SCRATCH_ATTN_F32, BT * (2 * QR + 2 * C) * sizeof(float));
+    float *o32 = q32 + BT * QR, *g32 = o32 + BT * C, *d32 = g32 + BT * C; /* qkv, out, dout, dqkv */
+    cuda_act_to_f32(q32, qkv, BT * QR);
     cuda_act_to_f32(o32, out, BT * C);
     cuda_act_to_f32(g32, dout, BT * C);
-    attention_backward_f32(d32, g32, q32, o32, lse, B, T, C, NH);
-    cuda_act_from_f32(dqkv, d32, BT * 3 * C);
+    attention_backward_f32(d32, g32, q32, o32, lse, B, T, C, NH, NKV);
+    cuda_act_from_f32(dqkv, d32, BT * QR);
 }

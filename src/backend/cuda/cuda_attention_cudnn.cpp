@@ -97,8 +97,10 @@ static fe::graph::Graph *get_graph(int B, int T, int NH, int hs, bool backward) 
                                    .set_dim(sdim)
                                    .set_stride(sstride)
                                    .set_data_type(fe::DataType_t::FLOAT));
+        /* deterministic: the same dQ bits on every run (docs/cuda.md, "What
+         * must be bitwise"); the default accumulates dQ with atomics */
         auto opt = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward")
-                       .set_attn_scale(scale).set_causal_mask(true);
+                       .set_attn_scale(scale).set_causal_mask(true).set_deterministic_algorithm(true);
         auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, stats, opt);
         std::vector<int64_t> d = {B, NH, T, hs}, s = {(int64_t)T * 3 * C, hs, 3 * C, 1};
         dQ->set_output(true).set_uid(UID_DQ).set_dim(d).set_stride(s);

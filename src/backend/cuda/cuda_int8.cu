@@ -357,28 +357,29 @@ __device__ void kv_put_warp(int8_t *row, float *scp, const A *v, int off, int hs
  * (K or V, head) over the whole chunk. */
 template <typename A>
 __global__ void kv_write_int8_kernel(int8_t *kv, float *scales, const A *qkv, const int *slot, int N, int NH,
-                                     int bs, int hs) {
+                                     int NKV, int bs, int hs) {
     int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp >= 2 * NH * N) return;
-    int task = warp / N, i = warp % N, which = task / NH, h = task % NH, C = NH * hs, blk = slot[i] / bs;
+    if (warp >= 2 * NKV * N) return;
+    int task = warp / N, i = warp % N, which = task / NKV, h = task % NKV, C = NH * hs, blk = slot[i] / bs;
+    size_t QR = (size_t)C + 2 * (size_t)NKV * hs; /* qkv's row: NH query heads, NKV keys, NKV values */
     bool earlier = false;
     for (int j = lane; j < i; j += 32) earlier |= slot[j] / bs == blk;
     if (__any_sync(0xffffffffu, earlier)) return;
-    size_t r = ((size_t)blk * 2 + which) * NH + h;
+    size_t r = ((size_t)blk * 2 + which) * NKV + h;
     for (int j = i; j < N; j++) {
         if (slot[j] / bs != blk) continue;
-        kv_put_warp(kv + r * (size_t)bs * hs, scales + r, qkv + (size_t)j * 3 * C + (size_t)(1 + which) * C + h * hs,
+        kv_put_warp(kv + r * (size_t)bs * hs, scales + r, qkv + (size_t)j * QR + C + (size_t)which * NKV * hs + h * hs,
                     slot[j] % bs, hs, lane);
     }
 }
 
-void cuda_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs) {
-    int hs = (int)(kv->cols / bs), warps = 2 * NH * N;
+void cuda_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int NKV, int bs) {
+    int hs = (int)(kv->cols / bs), warps = 2 * NKV * N;
     if (N <= 0) return;
     with_act([&](auto act) {
         ACT_TYPE(act);
         kv_write_int8_kernel<A><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
-            (int8_t *)kv->data, (float *)kv->scales, (const A *)qkv, slot, N, NH, bs, hs);
+            (int8_t *)kv->data, (float *)kv->scales, (const A *)qkv, slot, N, NH, NKV, bs, hs);
     });
     LAUNCH_CHECK();
 }
@@ -390,11 +391,11 @@ void cuda_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *sl
 template <typename A>
 __global__ void paged_attention_int8_kernel(A *out, const A *qkv, const int8_t *kv, const float *scales,
                                             const int *pos, const int *seq, const int *tables, int max_blocks,
-                                            int N, int NH, int bs, int hs) {
+                                            int N, int NH, int NKV, int bs, int hs) {
     int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= N * NH) return;
-    int r = warp / NH, h = warp % NH, C = NH * hs, per = (hs + 31) / 32;
-    const A *q = qkv + (size_t)r * 3 * C + h * hs;
+    int r = warp / NH, h = warp % NH, C = NH * hs, per = (hs + 31) / 32, kh = h / (NH / NKV);
+    const A *q = qkv + (size_t)r * (C + 2 * NKV * hs) + h * hs;
     const int *table = tables + (size_t)seq[r] * max_blocks;
     float ql[MAX_HS_PER_LANE], o[MAX_HS_PER_LANE], mx = -INFINITY, sum = 0.f, scale = rsqrtf((float)hs);
     for (int k = 0; k < per; k++) {
@@ -402,7 +403,7 @@ __global__ void paged_attention_int8_kernel(A *out, const A *qkv, const int8_t *
         o[k] = 0.f;
     }
     for (int t = 0; t <= pos[r]; t++) {
-        size_t rk = ((size_t)table[t / bs] * 2) * NH + h, rv = rk + NH;
+        size_t rk = ((size_t)table[t / bs] * 2) * NKV + kh, rv = rk + NKV;
         const int8_t *K = kv + rk * (size_t)bs * hs + (size_t)(t % bs) * hs;
         const int8_t *V = kv + rv * (size_t)bs * hs + (size_t)(t % bs) * hs;
         float d = 0.f;
@@ -420,7 +421,8 @@ __global__ void paged_attention_int8_kernel(A *out, const A *qkv, const int8_t *
 }
 
 void cuda_paged_attention_int8(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
-                               const int *seq, const int *block_tables, int max_blocks, int N, int NH, int bs) {
+                               const int *seq, const int *block_tables, int max_blocks, int N, int NH, int NKV,
+                               int bs) {
     int hs = (int)(kv->cols / bs), warps = N * NH;
     if (hs > 32 * MAX_HS_PER_LANE)
         loom_panic(__FILE__, __LINE__, "paged attention: head size %d is above %d", hs, 32 * MAX_HS_PER_LANE);
@@ -428,7 +430,7 @@ void cuda_paged_attention_int8(float *out, const float *qkv, const loom_tensor_t
         ACT_TYPE(act);
         paged_attention_int8_kernel<A><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
             (A *)out, (const A *)qkv, (const int8_t *)kv->data, kv->scales, pos, seq, block_tables, max_blocks, N,
-            NH, bs, hs);
+            NH, NKV, bs, hs);
     });
     LAUNCH_CHECK();
 }

@@ -62,6 +62,8 @@ enum {
     SCRATCH_LN, SCRATCH_BIAS, SCRATCH_ATTN, SCRATCH_ATTN_D, SCRATCH_ATTN_LP, SCRATCH_CUDNN_WS, SCRATCH_QUANT,
     SCRATCH_WLP,      /* a weight (and its bias) rounded to the 16-bit activation type, per matmul call */
     SCRATCH_ATTN_F32, /* fp32 copies of 16-bit activations for the fp32 attention kernels */
+    SCRATCH_ENC,      /* encoder backward: the rows sorted by token */
+    SCRATCH_BIAS_PART,/* bias gradient: per-chunk column sums */
     SCRATCH_COUNT
 };
 /* Whether ACT tensors are 16-bit (bf16 or fp16) in this process. */

@@ -14,6 +14,8 @@
 
 #include <type_traits>
 
+#include <cub/device/device_radix_sort.cuh>
+
 #include "cuda_internal.h"
 
 /* ---- vector access: VEC = 4 loads 4 elements at once (float4 for fp32,
@@ -73,9 +75,11 @@ static __global__ void encoder_forward_kernel(A *out, const int *tokens, const f
         int t = (int)(row % T);
         int tok = tokens[row];
         fvec<VEC> a = vload<VEC>(wte + (size_t)tok * C + c);
-        fvec<VEC> b = vload<VEC>(wpe + (size_t)t * C + c);
+        if (wpe) { /* NULL: rotary models, no position table */
+            fvec<VEC> b = vload<VEC>(wpe + (size_t)t * C + c);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) a.v[k] += b.v[k];
+            for (int k = 0; k < VEC; k++) a.v[k] += b.v[k];
+        }
         vstore<VEC>(out + row * C + c, a);
     }
 }
@@ -86,7 +90,7 @@ void cuda_encoder_forward(float *out, const int *tokens, const float *wte, const
     with_act([&](auto a) {
         typedef ACT_T(a) A;
         A *o = (A *)out;
-        if (C % 4 == 0 && aligned16(wte, wpe) && vec4_ok<A>(o))
+        if (C % 4 == 0 && aligned16(wte, wpe ? wpe : wte) && vec4_ok<A>(o))
             encoder_forward_kernel<4, A><<<cuda_grid(n / 4, 256), 256, 0, g_cuda.stream>>>(o, tokens, wte, wpe, T, C, n / 4);
         else
             encoder_forward_kernel<1, A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(o, tokens, wte, wpe, T, C, n);
@@ -94,15 +98,24 @@ void cuda_encoder_forward(float *out, const int *tokens, const float *wte, const
     LAUNCH_CHECK();
 }
 
-/* dwte: one thread per (row, channel), atomics because tokens repeat. */
+/* dwte, without atomics: the rows sorted by token (stable, so each token's
+ * rows stay in row order), then one thread per (row, channel) where a
+ * token's run of rows starts, summing the run in order. The same bits on
+ * every run, graphs or not (docs/cuda.md, "What must be bitwise"). */
+static __global__ void iota_kernel(int *x, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = i;
+}
 template <typename T>
-static __global__ void encoder_backward_wte_kernel(float *dwte, const T *dout, const int *tokens,
-                                            int C, size_t n) {
+static __global__ void encoder_backward_wte_kernel(float *dwte, const T *dout, const int *stok, const int *srow,
+                                                   int N, int C) {
+    size_t n = (size_t)N * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        size_t row = i / C;
-        int c = (int)(i % C);
-        atomicAdd(dwte + (size_t)tokens[row] * C + c, to_f(dout[i]));
+        int j = (int)(i / C), c = (int)(i % C), tok = stok[j];
+        if (j > 0 && stok[j - 1] == tok) continue;
+        float s = 0.f;
+        for (int k = j; k < N && stok[k] == tok; k++) s += to_f(dout[(size_t)srow[k] * C + c]);
+        dwte[(size_t)tok * C + c] += s;
     }
 }
 /* dwpe: one thread per (t, channel) summing over the batch in order. */
@@ -119,13 +132,26 @@ static __global__ void encoder_backward_wpe_kernel(float *dwpe, const A *dout, i
 
 void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B,
                            int T, int C) {
-    size_t n = (size_t)B * T * C;
+    int N = B * T;
+    size_t n = (size_t)N * C, sort_bytes = 0, bn = ((size_t)N * sizeof(int) + 255) & ~(size_t)255;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, (const int *)nullptr, (int *)nullptr,
+                                               (const int *)nullptr, (int *)nullptr, N, 0, 32, g_cuda.stream));
+    /* scratch: rows 0..N-1 | tokens sorted | their rows | the sort's own */
+    char *sc = (char *)cuda_scratch(SCRATCH_ENC, 3 * bn + sort_bytes);
+    int *rows = (int *)sc, *stok = (int *)(sc + bn), *srow = (int *)(sc + 2 * bn);
+    iota_kernel<<<cuda_grid((size_t)N, 256), 256, 0, g_cuda.stream>>>(rows, N);
+    LAUNCH_CHECK();
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sc + 3 * bn, sort_bytes, tokens, stok, rows, srow, N, 0, 32,
+                                               g_cuda.stream));
     with_act([&](auto a) {
         typedef ACT_T(a) A;
-        encoder_backward_wte_kernel<A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dwte, (const A *)dout, tokens, C, n);
+        encoder_backward_wte_kernel<A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dwte, (const A *)dout, stok, srow,
+                                                                                     N, C);
         LAUNCH_CHECK();
-        encoder_backward_wpe_kernel<A><<<cuda_grid((size_t)T * C, 256), 256, 0, g_cuda.stream>>>(dwpe, (const A *)dout, B, T, C);
-        LAUNCH_CHECK();
+        if (dwpe) {
+            encoder_backward_wpe_kernel<A><<<cuda_grid((size_t)T * C, 256), 256, 0, g_cuda.stream>>>(dwpe, (const A *)dout, B, T, C);
+            LAUNCH_CHECK();
+        }
     });
 }
 
@@ -201,19 +227,23 @@ void cuda_layernorm_forward(float *out, float *mean, float *rstd, const float *i
     cuda_residual_layernorm_forward(nullptr, out, mean, rstd, inp, nullptr, w, b, N, C);
 }
 
-/* Warp per row, grid-stride over rows. dinp is accumulated directly; dw and
- * db are summed per block in shared memory and written as per-block partials
- * (part: gridDim.x x 2C), which layernorm_reduce_kernel adds in block order. */
+/* Warp per row, grid-stride over rows. dinp is accumulated directly. dw
+ * and db: each warp sums its rows into its own slice of shared memory
+ * (every lane owns fixed columns, so no atomics), then the warps' slices
+ * are added in warp order and written as the block's partial (part:
+ * gridDim.x x 2C), which layernorm_reduce_kernel adds in block order: the
+ * result is the same bits on every run (docs/cuda.md, "What must be
+ * bitwise"). */
 template <int VEC, typename T>
 static __global__ void layernorm_backward_kernel(T *dinp, float *part, const T *dout,
                                           const T *inp, const float *w, const float *mean,
                                           const float *rstd, int N, int C) {
-    extern __shared__ float sh[]; /* dw (C), db (C) */
-    float *dw_s = sh, *db_s = sh + C;
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) sh[c] = 0.f;
-    __syncthreads();
-    int warps = blockDim.x / 32, lane = threadIdx.x % 32;
-    for (int row = blockIdx.x * warps + threadIdx.x / 32; row < N; row += gridDim.x * warps) {
+    extern __shared__ float sh[]; /* per warp: dw (C), db (C) */
+    int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *dw_s = sh + (size_t)warp * 2 * C, *db_s = dw_s + C;
+    for (int c = lane; c < 2 * C; c += 32) dw_s[c] = 0.f;
+    __syncwarp();
+    for (int row = blockIdx.x * warps + warp; row < N; row += gridDim.x * warps) {
         const T *g = dout + (size_t)row * C, *x = inp + (size_t)row * C;
         float m = mean[row], rs = rstd[row];
         float s1 = 0.f, s2 = 0.f;
@@ -234,8 +264,8 @@ static __global__ void layernorm_backward_kernel(T *dinp, float *part, const T *
 #pragma unroll
             for (int k = 0; k < VEC; k++) {
                 float norm = (xv.v[k] - m) * rs;
-                atomicAdd(&db_s[c + k], gv.v[k]);
-                atomicAdd(&dw_s[c + k], gv.v[k] * norm);
+                db_s[c + k] += gv.v[k];
+                dw_s[c + k] += gv.v[k] * norm;
                 dv.v[k] += (wv.v[k] * gv.v[k] - dmean - norm * dnorm_mean) * rs;
             }
             vstore<VEC>(di + c, dv);
@@ -243,7 +273,11 @@ static __global__ void layernorm_backward_kernel(T *dinp, float *part, const T *
     }
     __syncthreads();
     float *p = part + (size_t)blockIdx.x * 2 * C;
-    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) p[c] = sh[c];
+    for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+        float v = 0.f;
+        for (int k = 0; k < warps; k++) v += sh[(size_t)k * 2 * C + c];
+        p[c] = v;
+    }
 }
 
 static __global__ void layernorm_reduce_kernel(float *dw, float *db, const float *part, int nblocks,
@@ -263,11 +297,15 @@ void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dou
                              const float *inp, const float *w, const float *mean,
                              const float *rstd, int N, int C) {
     if (N <= 0) return;
-    const int block = 256, warps = block / 32;
+    /* 8 warps per block while their slices fit in 96 KiB (C <= 1536), fewer
+     * for wider rows; at least one (C <= 12288 fits 96 KiB) */
+    int warps = (int)((96u << 10) / (2 * (size_t)C * sizeof(float)));
+    warps = warps > 8 ? 8 : warps < 1 ? 1 : warps;
+    const int block = 32 * warps;
     int grid = (N + warps - 1) / warps;
     if (grid > 2 * g_cuda.num_sms) grid = 2 * g_cuda.num_sms;
-    size_t shmem = 2 * (size_t)C * sizeof(float);
-    float *part = (float *)cuda_scratch(SCRATCH_LN, (size_t)grid * shmem);
+    size_t shmem = (size_t)warps * 2 * C * sizeof(float);
+    float *part = (float *)cuda_scratch(SCRATCH_LN, (size_t)grid * 2 * C * sizeof(float));
     with_act([&](auto act) {
         typedef ACT_T(act) A;
         /* vector loads when every row is aligned for them, else scalar */
@@ -405,27 +443,49 @@ void cuda_bias_add(float *out, const float *bias, int N, int OC) {
     LAUNCH_CHECK();
 }
 
-/* dbias[c] += sum over rows of dout[., c]: a (32 columns x 8 row-lanes) block
- * per 32 columns, rows strided by 8, then a fixed-order shared reduction. */
-template <typename T> static __global__ void bias_grad_kernel(float *dbias, const T *dout, int N, int OC) {
+/* dbias[c] += sum over rows of dout[., c], in two deterministic steps:
+ * blocks of (32 columns x 8 row-lanes) over chunks of rows, each writing
+ * its chunk's column sums to part (chunks x OC), then the chunks added in
+ * order. Enough chunks that the grid fills the GPU (4 blocks per SM):
+ * with one chunk a GPT-2 layer had 24 to 96 blocks for 132 SMs. */
+template <typename T>
+static __global__ void bias_grad_kernel(float *part, const T *dout, int N, int OC, int rows_per_chunk) {
     __shared__ float sh[8][33];
-    int c = blockIdx.x * 32 + threadIdx.x;
+    int c = blockIdx.x * 32 + threadIdx.x, r0 = blockIdx.y * rows_per_chunk;
+    int r1 = min(N, r0 + rows_per_chunk);
     float s = 0.f;
     if (c < OC)
-        for (int r = threadIdx.y; r < N; r += 8) s += to_f(dout[(size_t)r * OC + c]);
+        for (int r = r0 + threadIdx.y; r < r1; r += 8) s += to_f(dout[(size_t)r * OC + c]);
     sh[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
     if (threadIdx.y == 0 && c < OC) {
         for (int k = 1; k < 8; k++) s += sh[k][threadIdx.x];
-        dbias[c] += s;
+        part[(size_t)blockIdx.y * OC + c] = s;
     }
+}
+static __global__ void bias_grad_sum_kernel(float *dbias, const float *part, int chunks, int OC) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= OC) return;
+    float s = 0.f;
+    for (int k = 0; k < chunks; k++) s += part[(size_t)k * OC + c];
+    dbias[c] += s;
 }
 
 void cuda_bias_grad(float *dbias, const float *dout, int N, int OC) {
+    if (N <= 0 || OC <= 0) return;
+    int cols = (OC + 31) / 32, want = 4 * g_cuda.num_sms;
+    int chunks = (want + cols - 1) / cols, most = (N + 63) / 64; /* at least 64 rows a chunk */
+    chunks = chunks > most ? most : chunks < 1 ? 1 : chunks;
+    int rows_per_chunk = (N + chunks - 1) / chunks;
+    chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+    float *part = (float *)cuda_scratch(SCRATCH_BIAS_PART, (size_t)chunks * OC * sizeof(float));
     with_act([&](auto act) {
         typedef ACT_T(act) A;
-        bias_grad_kernel<A><<<(OC + 31) / 32, dim3(32, 8), 0, g_cuda.stream>>>(dbias, (const A *)dout, N, OC);
+        bias_grad_kernel<A><<<dim3(cols, chunks), dim3(32, 8), 0, g_cuda.stream>>>(part, (const A *)dout, N, OC,
+                                                                                 rows_per_chunk);
     });
+    LAUNCH_CHECK();
+    bias_grad_sum_kernel<<<(OC + 255) / 256, 256, 0, g_cuda.stream>>>(dbias, part, chunks, OC);
     LAUNCH_CHECK();
 }
 
@@ -449,19 +509,25 @@ __device__ __forceinline__ msum msum_add(msum a, float x) {
 
 /* One block per row. Pass 1 finds the row's log-sum-exp over the first V
  * columns; pass 2 (when dloss != 0) overwrites the row with its gradient.
- * Nothing but the loss and the gradient is ever written. */
-template <int VEC, typename T>
+ * Nothing but the loss and the gradient is ever written. ROW_IN_SHARED:
+ * pass 1 also keeps the row in shared memory (Vp elements of T: 100 KB of
+ * bf16 for GPT-2's 50304) and pass 2 reads it from there, so the logits
+ * cross the memory bus once each way instead of twice in and once out. */
+template <int VEC, typename T, bool ROW_IN_SHARED>
 static __global__ void crossentropy_kernel(float *losses, T *logits, const int *targets, int V,
                                     int Vp, float dloss_arg, const float *dloss_dev) {
     __shared__ msum warp_part[32];
     __shared__ float row_lse;
+    extern __shared__ __align__(16) unsigned char ce_row_raw[];
+    T *row_s = (T *)ce_row_raw;
     int row = blockIdx.x;
     T *x = logits + (size_t)row * Vp;
     int target = targets[row];
     float x_target = threadIdx.x == 0 ? to_f(x[target]) : 0.f; /* read before pass 2 writes */
     msum acc = {-INFINITY, 0.f};
-    for (int j = threadIdx.x * VEC; j < V; j += blockDim.x * VEC) {
+    for (int j = threadIdx.x * VEC; j < (ROW_IN_SHARED ? Vp : V); j += blockDim.x * VEC) {
         fvec<VEC> v = vload<VEC>(x + j);
+        if (ROW_IN_SHARED) vstore<VEC>(row_s + j, v); /* exact: v was read from T */
 #pragma unroll
         for (int k = 0; k < VEC; k++)
             if (j + k < V) acc = msum_add(acc, v.v[k]);
@@ -484,8 +550,9 @@ static __global__ void crossentropy_kernel(float *losses, T *logits, const int *
     float dloss = dloss_dev ? *dloss_dev : dloss_arg;
     if (dloss == 0.f) return;
     float lse = row_lse;
+    const T *src = ROW_IN_SHARED ? row_s : x;
     for (int j = threadIdx.x * VEC; j < Vp; j += blockDim.x * VEC) {
-        fvec<VEC> v = vload<VEC>(x + j);
+        fvec<VEC> v = vload<VEC>(src + j);
 #pragma unroll
         for (int k = 0; k < VEC; k++) {
             int col = j + k;
@@ -495,17 +562,43 @@ static __global__ void crossentropy_kernel(float *losses, T *logits, const int *
     }
 }
 
+/* Shared memory a block may opt in to on this device (0 until asked). */
+static int ce_smem_max(void) {
+    static int dev = -1, most = 0;
+    if (dev != g_cuda.device) {
+        CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, g_cuda.device));
+        dev = g_cuda.device;
+    }
+    return most;
+}
+
+template <int VEC, typename A>
+static void crossentropy_row_launch(float *losses, A *x, const int *targets, int N, int V, int Vp, float dloss,
+                                    const float *dloss_dev) {
+    const int block = 512;
+    /* the one-pass kernel when the row fits in shared memory, with 4 KiB
+     * left for the block's own (warp partials) */
+    size_t row_bytes = ((size_t)Vp * sizeof(A) + 15) & ~(size_t)15;
+    if (row_bytes + 4096 <= (size_t)ce_smem_max()) {
+        CUDA_CHECK(cudaFuncSetAttribute(crossentropy_kernel<VEC, A, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)row_bytes));
+        crossentropy_kernel<VEC, A, true><<<N, block, row_bytes, g_cuda.stream>>>(losses, x, targets, V, Vp, dloss,
+                                                                                 dloss_dev);
+    } else {
+        crossentropy_kernel<VEC, A, false><<<N, block, 0, g_cuda.stream>>>(losses, x, targets, V, Vp, dloss, dloss_dev);
+    }
+}
+
 static void crossentropy_launch(float *losses, float *logits, const int *targets, int N, int V,
                                 int Vp, float dloss, const float *dloss_dev) {
     if (N <= 0) return;
-    const int block = 512;
     with_act([&](auto act) {
         typedef ACT_T(act) A;
         A *x = (A *)logits;
         if (Vp % 4 == 0 && vec4_ok<A>(x))
-            crossentropy_kernel<4, A><<<N, block, 0, g_cuda.stream>>>(losses, x, targets, V, Vp, dloss, dloss_dev);
+            crossentropy_row_launch<4, A>(losses, x, targets, N, V, Vp, dloss, dloss_dev);
         else
-            crossentropy_kernel<1, A><<<N, block, 0, g_cuda.stream>>>(losses, x, targets, V, Vp, dloss, dloss_dev);
+            crossentropy_row_launch<1, A>(losses, x, targets, N, V, Vp, dloss, dloss_dev);
     });
     LAUNCH_CHECK();
 }

@@ -31,17 +31,39 @@ typedef struct {
     int align_bias, align_aux; /* 0 when absent: an algorithm picked for aligned epilogue pointers may need them */
 } lt_key;
 
+/* The descriptors of one problem: made once and kept with its algorithm
+ * (a decode step makes ~50 GEMM calls; creating and destroying four
+ * descriptors per call was host time on every token). Only the epilogue's
+ * bias and aux pointers change between calls of one key: they are set on
+ * the kept descriptor before each call. */
 typedef struct {
-    int used, found;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+} lt_desc;
+
+typedef struct {
+    int used, found, has_desc;
     lt_key key;
     cublasLtMatmulAlgo_t algo;
+    lt_desc desc;
 } lt_entry;
 
 #define LT_CACHE 512
 static lt_entry g_cache[LT_CACHE];
 static long g_queries, g_hits;
 
-void cuda_matmul_reset(void) { memset(g_cache, 0, sizeof g_cache); }
+static void desc_free(lt_desc *d) {
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d->la));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d->lb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d->ld));
+    CUBLAS_CHECK(cublasLtMatmulDescDestroy(d->op));
+}
+
+void cuda_matmul_reset(void) {
+    for (int i = 0; i < LT_CACHE; i++)
+        if (g_cache[i].has_desc) desc_free(&g_cache[i].desc);
+    memset(g_cache, 0, sizeof g_cache);
+}
 
 void cuda_matmul_stats(long *queries, long *hits) {
     *queries = g_queries;
@@ -76,25 +98,22 @@ static uint64_t key_hash(const lt_key *k) {
     return h;
 }
 
-/* The algorithm for `key` (described by op and the layouts): from the
- * cache, else asked of the heuristic once and cached. False when cuBLASLt
- * has none. */
-static bool lt_algo(const lt_key *key, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
-                    cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld,
-                    cublasLtMatmulAlgo_t *algo) {
-    lt_entry *slot = nullptr;
+/* The cache slot of `key`: its own, or a free one (NULL when the 16 probed
+ * slots are all taken by other keys: then nothing is kept). */
+static lt_entry *lt_slot(const lt_key *key) {
     uint64_t h = key_hash(key);
     for (int probe = 0; probe < 16; probe++) {
         lt_entry *e = &g_cache[(h + probe) % LT_CACHE];
-        if (!e->used) {
-            slot = e;
-            break;
-        }
-        if (memcmp(&e->key, key, sizeof *key) == 0) {
-            slot = e;
-            break;
-        }
+        if (!e->used || memcmp(&e->key, key, sizeof *key) == 0) return e;
     }
+    return nullptr;
+}
+
+/* The algorithm for `key` (described by op and the layouts): from its
+ * slot, else asked of the heuristic once and kept there. False when
+ * cuBLASLt has none. */
+static bool lt_algo(lt_entry *slot, const lt_key *key, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                    cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, cublasLtMatmulAlgo_t *algo) {
     bool found;
     if (slot && slot->used) {
         g_hits++;
@@ -162,22 +181,26 @@ static void gemm_key(const gemm_t *g, cublasComputeType_t ct, lt_key *key) {
     key->align_aux = g->aux ? ptr_align(g->aux) : 0;
 }
 
-static cublasLtMatmulDesc_t gemm_desc(const gemm_t *g, cublasComputeType_t ct) {
-    cublasLtMatmulDesc_t op;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, ct, CUDA_R_32F));
+/* The descriptors of g's problem (everything in its key; not the
+ * epilogue's pointers, which lt_matmul sets per call). */
+static lt_desc gemm_desc(const gemm_t *g, cublasComputeType_t ct) {
+    lt_desc d;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, ct, CUDA_R_32F));
     cublasOperation_t ta = g->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasOperation_t tb = g->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi, sizeof g->epi));
-    if (g->bias)
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &g->epi, sizeof g->epi));
     if (g->aux) {
         int64_t ld = g->ld_aux;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
     }
-    return op;
+    /* Stored shapes: op(A) is (m, k), op(B) is (k, n). */
+    int m = g->m, n = g->n, k = g->k;
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.la, g->ta, g->transa ? k : m, g->transa ? m : k, g->lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.lb, g->tb, g->transb ? n : k, g->transb ? k : n, g->ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.ld, g->td, m, n, g->ldd));
+    return d;
 }
 
 /* Runs g. Returns false when cuBLASLt has no algorithm for it (the caller
@@ -187,24 +210,33 @@ static bool lt_matmul(const gemm_t *g) {
     cublasComputeType_t ct = compute_type(g->ta);
     lt_key key;
     gemm_key(g, ct, &key);
-    cublasLtMatmulDesc_t op = gemm_desc(g, ct);
-    /* Stored shapes: op(A) is (m, k), op(B) is (k, n). */
-    int m = g->m, n = g->n, k = g->k;
-    cublasLtMatrixLayout_t la, lb, ld;
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, g->ta, g->transa ? k : m, g->transa ? m : k, g->lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, g->tb, g->transb ? n : k, g->transb ? k : n, g->ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, g->td, m, n, g->ldd));
+    lt_entry *slot = lt_slot(&key);
+    lt_desc d;
+    if (slot && slot->used && slot->has_desc) {
+        d = slot->desc;
+    } else {
+        d = gemm_desc(g, ct);
+    }
+    /* the key says whether there is a bias and an aux (by their alignment),
+     * not where they are: set per call */
+    if (g->bias)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
+    if (g->aux)
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+                                                    sizeof g->aux));
     cublasLtMatmulAlgo_t algo;
-    bool found = lt_algo(&key, op, la, lb, ld, &algo);
+    bool found = lt_algo(slot, &key, d.op, d.la, d.lb, d.ld, &algo);
     if (found) {
         const float alpha = 1.f, beta = g->accumulate ? 1.f : 0.f;
-        CUBLAS_CHECK(cublasLtMatmul(g_cuda.lt, op, &alpha, g->a, la, g->b, lb, &beta, g->d, ld, g->d, ld, &algo,
-                                    g_cuda.workspace, g_cuda.workspace_bytes, g_cuda.stream));
+        CUBLAS_CHECK(cublasLtMatmul(g_cuda.lt, d.op, &alpha, g->a, d.la, g->b, d.lb, &beta, g->d, d.ld, g->d, d.ld,
+                                    &algo, g_cuda.workspace, g_cuda.workspace_bytes, g_cuda.stream));
     }
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(la));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(lb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(ld));
-    CUBLAS_CHECK(cublasLtMatmulDescDestroy(op));
+    if (slot && !slot->has_desc) { /* lt_algo has claimed the slot for this key: keep them there */
+        slot->desc = d;
+        slot->has_desc = 1;
+    } else if (!slot) {
+        desc_free(&d);
+    }
     return found;
 }
 

@@ -27,7 +27,7 @@ __global__ void paged_embed_kernel(A *out, const int *tokens, const int *pos, co
     size_t n = (size_t)N * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / C, c = i % C;
-        out[i] = from_f<A>(wte[(size_t)tokens[r] * C + c] + wpe[(size_t)pos[r] * C + c]);
+        out[i] = from_f<A>(wte[(size_t)tokens[r] * C + c] + (wpe ? wpe[(size_t)pos[r] * C + c] : 0.0f)); /* NULL: rotary */
     }
 }
 
@@ -57,40 +57,44 @@ static void fp32_only(const loom_tensor_t *kv) {
         loom_panic(__FILE__, __LINE__, "KV cache of %s: the CUDA paged ops take fp32", loom_dtype_name(kv->dtype));
 }
 
-/* One thread per (row, element of C): K and V parts of qkv into the cache. */
+/* One thread per (row, element of a token's K): the K and V parts of qkv
+ * (rows of NH query heads, then NKV key heads, then NKV value heads) into
+ * the cache of NKV heads. */
 template <typename A>
-__global__ void kv_write_kernel(float *kv, const A *qkv, const int *slot, int N, int NH, int bs, int hs) {
-    int C = NH * hs;
-    size_t n = (size_t)N * C;
+__global__ void kv_write_kernel(float *kv, const A *qkv, const int *slot, int N, int NH, int NKV, int bs, int hs) {
+    int C = NH * hs, KC = NKV * hs;
+    size_t n = (size_t)N * KC;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int r = (int)(i / C), c = (int)(i % C), h = c / hs, e = c % hs;
+        int r = (int)(i / KC), c = (int)(i % KC), h = c / hs, e = c % hs;
         int s = slot[r], blk = s / bs, off = s % bs;
-        const A *row = qkv + (size_t)r * 3 * C;
-        kv_slot(kv, NH, bs, hs, blk, 0, h, off)[e] = to_f(row[C + c]);
-        kv_slot(kv, NH, bs, hs, blk, 1, h, off)[e] = to_f(row[2 * C + c]);
+        const A *row = qkv + (size_t)r * (C + 2 * KC);
+        kv_slot(kv, NKV, bs, hs, blk, 0, h, off)[e] = to_f(row[C + c]);
+        kv_slot(kv, NKV, bs, hs, blk, 1, h, off)[e] = to_f(row[C + KC + c]);
     }
 }
 
-void cuda_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs) {
-    if (kv->dtype == LOOM_INT8) return cuda_kv_write_int8(kv, qkv, slot, N, NH, bs); /* cuda_int8.cu */
+void cuda_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int NKV, int bs) {
+    if (kv->dtype == LOOM_INT8) return cuda_kv_write_int8(kv, qkv, slot, N, NH, NKV, bs); /* cuda_int8.cu */
     fp32_only(kv);
     int hs = (int)(kv->cols / bs);
-    size_t n = (size_t)N * NH * hs;
+    size_t n = (size_t)N * NKV * hs;
     with_act([&](auto act) {
         typedef std::decay_t<decltype(act)> A;
-        kv_write_kernel<A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((float *)kv->data, (const A *)qkv, slot, N, NH, bs, hs);
+        kv_write_kernel<A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((float *)kv->data, (const A *)qkv, slot, N, NH, NKV,
+                                                                         bs, hs);
     });
     LAUNCH_CHECK();
 }
 
-/* One warp per (row, head), 4 warps per block. */
+/* One warp per (row, query head), 4 warps per block; query head h reads
+ * cache head h / (NH / NKV). */
 template <typename A>
 __global__ void paged_attention_kernel(A *out, const A *qkv, float *kv, const int *pos, const int *seq,
-                                       const int *tables, int max_blocks, int N, int NH, int bs, int hs) {
+                                       const int *tables, int max_blocks, int N, int NH, int NKV, int bs, int hs) {
     int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= N * NH) return;
-    int r = warp / NH, h = warp % NH, C = NH * hs, per = (hs + 31) / 32;
-    const A *q = qkv + (size_t)r * 3 * C + h * hs;
+    int r = warp / NH, h = warp % NH, C = NH * hs, per = (hs + 31) / 32, kh = h / (NH / NKV);
+    const A *q = qkv + (size_t)r * (C + 2 * NKV * hs) + h * hs;
     const int *table = tables + (size_t)seq[r] * max_blocks;
     float ql[MAX_HS_PER_LANE], o[MAX_HS_PER_LANE], mx = -INFINITY, sum = 0.0f, scale = rsqrtf((float)hs);
     for (int k = 0; k < per; k++) {
@@ -100,7 +104,7 @@ __global__ void paged_attention_kernel(A *out, const A *qkv, float *kv, const in
     }
     for (int t = 0; t <= pos[r]; t++) {
         int blk = table[t / bs], off = t % bs;
-        const float *K = kv_slot(kv, NH, bs, hs, blk, 0, h, off), *V = kv_slot(kv, NH, bs, hs, blk, 1, h, off);
+        const float *K = kv_slot(kv, NKV, bs, hs, blk, 0, kh, off), *V = kv_slot(kv, NKV, bs, hs, blk, 1, kh, off);
         float d = 0.0f;
         for (int k = 0; k < per; k++) {
             int e = lane + 32 * k;
@@ -122,9 +126,9 @@ __global__ void paged_attention_kernel(A *out, const A *qkv, float *kv, const in
 }
 
 void cuda_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos, const int *seq,
-                          const int *block_tables, int max_blocks, int N, int NH, int bs) {
+                          const int *block_tables, int max_blocks, int N, int NH, int NKV, int bs) {
     if (kv->dtype == LOOM_INT8) /* cuda_int8.cu */
-        return cuda_paged_attention_int8(out, qkv, kv, pos, seq, block_tables, max_blocks, N, NH, bs);
+        return cuda_paged_attention_int8(out, qkv, kv, pos, seq, block_tables, max_blocks, N, NH, NKV, bs);
     fp32_only(kv);
     int hs = (int)(kv->cols / bs), warps = N * NH;
     if (hs > 32 * MAX_HS_PER_LANE)
@@ -132,7 +136,7 @@ void cuda_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv,
     with_act([&](auto act) {
         typedef std::decay_t<decltype(act)> A;
         paged_attention_kernel<A><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
-            (A *)out, (const A *)qkv, (float *)kv->data, pos, seq, block_tables, max_blocks, N, NH, bs, hs);
+            (A *)out, (const A *)qkv, (float *)kv->data, pos, seq, block_tables, max_blocks, N, NH, NKV, bs, hs);
     });
     LAUNCH_CHECK();
 }

@@ -10,9 +10,9 @@ void cuda_embed_positions(float *out, const int *tokens, const int *pos, const f
                           int N, int C);
 void cuda_matmul_forward_rows(float *out, const float *inp, const float *w, const float *bias, int N, int C,
                               int OC, int gelu);
-void cuda_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int bs);
+void cuda_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int NKV, int bs);
 void cuda_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos, const int *seq,
-                          const int *block_tables, int max_blocks, int N, int NH, int bs);
+                          const int *block_tables, int max_blocks, int N, int NH, int NKV, int bs);
 void cuda_gather_rows(float *out, const float *inp, const int *rows, int R, int C);
 void cuda_kv_copy_block(const loom_tensor_t *kv, int src, int dst, int NH);
 

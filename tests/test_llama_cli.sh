@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# A Llama-family Hugging Face folder through the CLI, as a user runs it:
+#  1. transformers (4.44 under .deps/hf44) makes a random LlamaForCausalLM
+#     (2 kv heads for 4 query heads, untied head, llama3 rope scaling) whose
+#     tokenizer.json is one loom trained, and saves it;
+#  2. `loom train --init-from` it: the fine-tune lowers the loss; the same
+#     run on 2 ranks (--nproc 2 --zero 1, half the batch each) gives the
+#     losses of one rank with the whole batch;
+#  3. `loom export --format hf`: transformers' loss on the validation
+#     shard equals `loom eval`'s;
+#  4. `loom plan serve --config` reads the folder's config.json (its KV
+#     cache per token is 2 x layers x kv heads x head size x 4 bytes), and
+#     `loom sample` runs on the fine-tuned run.
+set -u
+cd "$(dirname "$0")/.."
+LOOM=${LOOM:-build/loom}
+PY="env PYTHONPATH=.deps/hf44 /usr/bin/python3"
+if ! $PY -c 'import transformers, torch' 2>/dev/null; then
+    echo "SKIP llama_cli: transformers is not importable from .deps/hf44 (scripts/deps.sh installs it)"; exit 0
+fi
+if ! command -v bible >/dev/null; then echo "SKIP llama_cli: the bible-kjv package is not installed"; exit 0; fi
+tmp=$(mktemp -d /tmp/loom-llama-cli-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+bible Gen1:1-Gen20:18 </dev/null | head -c 60000 > "$tmp/text.txt"
+$LOOM tokenize --input "$tmp/text.txt" --vocab 300 --out "$tmp/data" --quiet --threads 2 > /dev/null || { echo "FAIL llama_cli_setup: loom tokenize"; exit 1; }
+
+# 1. The folder, made by transformers.
+$PY - "$tmp/hf" "$tmp/data/tokenizer.json" <<'PY' || { echo "FAIL llama_cli_setup: transformers could not make the model"; exit 1; }
+import json, shutil, sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+out, tj = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+V = len(json.load(open(tj))["model"]["vocab"])
+cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False,
+                  rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                    original_max_position_embeddings=32))
+model = LlamaForCausalLM(cfg)
+with torch.no_grad():  # wider than the default init, so the loss is not ln(V)
+    for n, p in model.named_parameters():
+        if p.dim() == 2:
+            p.mul_(4.0)
+model.save_pretrained(out, safe_serialization=True)
+shutil.copy(tj, out + "/tokenizer.json")
+PY
+
+# 2. Fine-tune, one rank and two.
+A=(--init-from "$tmp/hf" --data "$tmp/data" --steps 10 --seq 32 --lr 3e-3 --warmup 1 --eval-every 0 --sample-tokens 0
+   --ckpt-every 100 --log-every 1 --seed 7)
+if ! $LOOM train "${A[@]}" --batch 4 --threads 1 --out "$tmp/one" > "$tmp/one.log" 2>&1; then
+    echo "FAIL llama_cli_finetune: $(tail -3 "$tmp/one.log")"; exit 1
+fi
+python3 - "$tmp/one/metrics.jsonl" <<'PY' && echo "PASS llama_cli_finetune_lowers_loss" || echo "FAIL llama_cli_finetune_lowers_loss"
+import json, sys
+l = [json.loads(x)["loss"] for x in open(sys.argv[1]) if '"loss"' in x]
+print(f"  losses {l[0]:.4f} -> {l[-1]:.4f} over {len(l)} steps")
+sys.exit(0 if len(l) == 10 and l[-1] < l[0] - 0.05 else 1)
+PY
+$LOOM train "${A[@]}" --batch 2 --nproc 2 --zero 1 --out "$tmp/two" > "$tmp/two.log" 2>&1 || echo "FAIL llama_cli_nproc2: $(tail -3 "$tmp/two.log")"
+python3 - "$tmp/one/metrics.jsonl" "$tmp/two/metrics.jsonl" <<'PY' && echo "PASS llama_cli_nproc2_zero1_vs_1rank" || { echo "FAIL llama_cli_nproc2_zero1_vs_1rank"; tail -3 "$tmp/two.log"; }
+import json, sys
+a, b = ([json.loads(x)["loss"] for x in open(f) if '"loss"' in x] for f in sys.argv[1:3])
+d = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) == 10 else 1
+print(f"  2 ranks vs 1: worst relative loss difference {d:.1e}")
+sys.exit(0 if d < 1e-5 else 1)
+PY
+
+# 3. Back to transformers.
+$LOOM export --run "$tmp/one" --format hf --out "$tmp/export" > /dev/null || echo "FAIL llama_cli_export: loom export failed"
+ev=$($LOOM eval --run "$tmp/one" --data "$tmp/data" --batch 1 --seq 32 --batches 1 --threads 2 | awk '{print $2}')
+hv=$($PY - "$tmp/export" "$tmp/data/val_000000.bin" <<'PY'
+import struct, sys, numpy as np, torch
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float64).eval()
+hdr = np.fromfile(sys.argv[2], dtype=np.int32, count=256)  # the shard header (data/shard.h): 1 KiB
+toks = np.fromfile(sys.argv[2], dtype=np.uint16 if hdr[6] == 2 else np.uint32, offset=1024)
+x = torch.tensor(toks[:33].astype(np.int64))[None]
+with torch.no_grad():
+    logits = m(x[:, :32]).logits
+print(f"{torch.nn.functional.cross_entropy(logits[0], x[0, 1:33]).item():.9f}")
+PY
+)
+awk -v a="$ev" -v b="$hv" 'BEGIN{d=a-b; if(d<0)d=-d; exit !(d <= 6e-5)}' \
+    && echo "PASS llama_cli_export_hf_val_loss (loom eval $ev, transformers $hv)" \
+    || echo "FAIL llama_cli_export_hf_val_loss: loom eval $ev, transformers $hv"
+
+# 4. Plan from the config, and sample.
+kv=$($LOOM plan serve --config "$tmp/hf/config.json" --gpu a100-80gb --dtype fp32 --prompt 16 --output 16 --json |
+     python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["gpu"]["kv_per_token"])' 2>/dev/null)
+[ "$kv" = "512" ] && echo "PASS llama_cli_plan_serve_config (KV cache per token $kv bytes = 2 x 2 layers x 2 kv heads x 16 x 4)" \
+    || echo "FAIL llama_cli_plan_serve_config: KV cache per token '$kv', expected 512"
+out=$($LOOM sample --run "$tmp/one" --prompt "And God said" --tokens 8 --temperature 0 --threads 2 2>&1)
+[ $? = 0 ] && [ -n "$out" ] && echo "PASS llama_cli_sample" || echo "FAIL llama_cli_sample: $out"
