@@ -303,7 +303,9 @@ static cJSON *head_json(const job_t *j, const char *object) {
 }
 
 static void add_finish(cJSON *c, int finish) {
-    if (finish) cJSON_AddStringToObject(c, "finish_reason", loom_srv_finish_names[finish]);
+    /* OpenAI has no "abort" (LiteLLM drops a stream that ends with it): a sample cut short by the
+     * deadline or shutdown ended before it was complete, which "length" tells a client */
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish == LOOM_FINISH_CANCELLED ? "length" : loom_srv_finish_names[finish]);
     else cJSON_AddNullToObject(c, "finish_reason");
 }
 
