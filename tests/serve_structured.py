@@ -6,7 +6,7 @@ schemas loom cannot enforce refused by name. The test model is a barely
 trained byte-level model: left alone it writes no JSON at all, so every
 valid output is the constrained decoder's doing. The tests/serve_client.py
 part "structured" runs it."""
-import json
+import json, os, subprocess, sys
 
 import jsonschema
 
@@ -60,6 +60,7 @@ def run(srv, cl, openai, report, post):
     stream(cl, report, msgs, room)
     json_object(cl, report, msgs, room)
     pydantic_parse(cl, report, msgs, room)
+    langchain(srv, report)
     refusals(report, post)
 
 
@@ -115,6 +116,16 @@ def pydantic_parse(cl, report, msgs, room):
         report("serve_structured_pydantic_parse", all(isinstance(p, Owner) for p in got), got)
     except Exception as e:  # a refusal or a parse error: say which
         report("serve_structured_pydantic_parse", False, repr(e)[:400])
+
+
+def langchain(srv, report):
+    lc = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".deps", "lc")
+    if not os.path.isdir(os.path.join(lc, "langchain_openai")):
+        print("SKIP serve_structured_langchain: langchain-openai (scripts/deps.sh installs it into .deps/lc) is missing")
+        return
+    p = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_langchain.py"),
+                        srv.url("/v1")], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=lc), timeout=600)
+    report("serve_structured_langchain", p.returncode == 0 and p.stdout.startswith("OK"), (p.stdout + p.stderr)[-600:])
 
 
 def refusals(report, post):
