@@ -3,8 +3,11 @@
  * it allows (every walk ends in a document cJSON parses and that meets
  * its schema, checked here by hand), and the constructs it refuses named. */
 #include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "serve/http_api.h"
@@ -160,8 +163,99 @@ static void test_refusals(void) {
     }
 }
 
+/* A byte-level vocabulary (GPT-2's byte-to-unicode names) and some longer tokens, as files. */
+static loom_tokenizer_t *small_tokenizer(void) {
+    const char *longer[] = {"{\"", "\":", "ab", "a\"", "\"}", "\",\"", "12", "1.", "e+", "true", "nul", "abcdefghij", "]}", "[\"", "\\u00"};
+    char vocab[96], merges[96];
+    snprintf(vocab, sizeof vocab, "/tmp/loom_test_json_schema_%d_vocab.json", (int)getpid());
+    snprintf(merges, sizeof merges, "/tmp/loom_test_json_schema_%d_merges.txt", (int)getpid());
+    FILE *f = fopen(vocab, "w");
+    if (!f) return NULL;
+    fputc('{', f);
+    int id = 0;
+    for (int b = 0; b < 256; b++) { /* GPT-2's map: printable bytes name themselves, the rest 256 + k */
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+        static int k = 0;
+        int cp = printable ? b : 256 + k++;
+        cJSON *str = NULL;
+        char u[8] = {0};
+        if (cp < 0x80) u[0] = (char)cp;
+        else u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 0x3F));
+        str = cJSON_CreateString(u);
+        char *t = cJSON_PrintUnformatted(str);
+        fprintf(f, "%s%s:%d", id ? "," : "", t, id);
+        id++;
+        free(t), cJSON_Delete(str);
+    }
+    for (size_t i = 0; i < sizeof longer / sizeof *longer; i++) {
+        cJSON *str = cJSON_CreateString(longer[i]);
+        char *t = cJSON_PrintUnformatted(str);
+        fprintf(f, ",%s:%d", t, id++);
+        free(t), cJSON_Delete(str);
+    }
+    fputc('}', f);
+    fclose(f);
+    f = fopen(merges, "w");
+    if (!f) return NULL;
+    fputs("#version: 0.2\n", f);
+    fclose(f);
+    loom_tokenizer_t *tok = NULL;
+    loom_status st = loom_tokenizer_load_gpt2(&tok, vocab, merges);
+    remove(vocab), remove(merges);
+    CHECK(st == LOOM_OK, "%s", loom_errmsg());
+    return st == LOOM_OK ? tok : NULL;
+}
+
+/* The filter's mask (first-byte groups, the plain-string shortcut) equals
+ * feeding each token's bytes to a copy of the matcher, along walks. */
+static void test_filter_mask(void) {
+    loom_tokenizer_t *tok = small_tokenizer();
+    loom_json_schema_t *s = NULL;
+    CHECK(loom_json_schema_compile(PERSON, &s) == LOOM_OK, "%s", loom_errmsg());
+    if (!tok || !s) return;
+    int V = 256 + 15 + 4; /* padded past the vocabulary: those ids are never allowed */
+    loom_token_filter_t *f = NULL;
+    CHECK(loom_json_filter_new(s, tok, V, &f) == LOOM_OK, "%s", loom_errmsg());
+    float *row = malloc((size_t)V * sizeof *row);
+    unsigned rng = 11;
+    int differ = 0, steps = 0;
+    for (int w = 0; w < 20; w++) {
+        void *st = f->begin(f);
+        loom_json_match_t m;
+        loom_json_match_init(&m, s);
+        for (int n = 0; n < 300 && !loom_json_match_done(&m); n++, steps++) {
+            for (int t = 0; t < V; t++) row[t] = 0;
+            int left = f->mask(st, row, V), count = 0, ok[300], k = 0;
+            for (int t = 0; t < V; t++) {
+                size_t len = 0;
+                const unsigned char *b = t < 256 + 15 ? loom_tokenizer_token(tok, (uint32_t)t, &len) : NULL;
+                loom_json_match_t c = m;
+                int want = b && len && loom_json_match_bytes(&c, b, len);
+                differ += want != (row[t] > -INFINITY) || want != f->allowed(st, t);
+                count += want;
+                if (want) ok[k++] = t;
+            }
+            differ += count != left;
+            if (k == 0) break;
+            rng = rng * 1103515245u + 12345u;
+            int t = ok[(rng >> 8) % (unsigned)k];
+            size_t len = 0;
+            const unsigned char *b = loom_tokenizer_token(tok, (uint32_t)t, &len);
+            loom_json_match_bytes(&m, b, len);
+            CHECK(f->accept(st, t) == loom_json_match_done(&m), "accept and the matcher disagree on the end");
+        }
+        f->end(st);
+    }
+    CHECK(differ == 0 && steps > 100, "%d disagreements in %d steps", differ, steps);
+    free(row);
+    loom_json_filter_free(f);
+    loom_json_schema_free(s);
+    loom_tokenizer_free(tok);
+}
+
 int main(void) {
     RUN(test_known_documents);
+    RUN(test_filter_mask);
     RUN(test_random_walks);
     RUN(test_refusals);
     return check_main_end();

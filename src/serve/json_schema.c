@@ -557,6 +557,7 @@ typedef struct {
     const unsigned char **bytes; /* (V) each token's bytes (NULL: never allowed) */
     size_t *len;                 /* (V) */
     int *by_first;               /* token ids grouped by first byte: group b is [start[b], start[b+1]) */
+    unsigned char *plain;        /* (V) 1: every byte is printable ASCII other than '"' and '\\' (plain string text) */
     int start[257];
 } json_filter_t;
 
@@ -587,9 +588,18 @@ static int filter_allowed(void *st, int tok) {
     return loom_json_match_bytes(&m, jf->bytes[tok], jf->len[tok]);
 }
 
+/* Inside a string (not in an escape or a character) with room for k more
+ * characters: how many, else -1. A plain token then fits iff it is not longer. */
+static int string_room(const loom_json_match_t *m) {
+    if (m->depth == 0 || m->done) return -1;
+    const loom_json_frame_t *f = &m->f[m->depth - 1];
+    const node_t *nd = &m->s->nodes[f->node];
+    return nd->kind == N_STRING && f->phase == 1 ? nd->max - f->count : -1;
+}
+
 static int filter_mask(void *st, float *logits, int V) {
     const json_filter_t *jf = filter_of(st);
-    int left = 0;
+    int left = 0, room = string_room(st);
     for (int t = jf->V; t < V; t++) logits[t] = -INFINITY;
     for (int b = 0; b < 256; b++) {
         loom_json_match_t first;
@@ -597,6 +607,11 @@ static int filter_mask(void *st, float *logits, int V) {
         int ok = loom_json_match_byte(&first, (unsigned char)b);
         for (int i = jf->start[b]; i < jf->start[b + 1]; i++) {
             int t = jf->by_first[i];
+            if (room >= 0 && jf->plain[t]) { /* most tokens inside a string: no walk needed */
+                if ((size_t)room >= jf->len[t]) left++;
+                else logits[t] = -INFINITY;
+                continue;
+            }
             loom_json_match_t m;
             if (ok) match_copy(&m, &first);
             if (ok && loom_json_match_bytes(&m, jf->bytes[t] + 1, jf->len[t] - 1) | (jf->len[t] == 1)) left++;
@@ -623,6 +638,7 @@ loom_status loom_json_filter_new(const loom_json_schema_t *s, const loom_tokeniz
     jf->bytes = loom_calloc((size_t)V, sizeof *jf->bytes);
     jf->len = loom_calloc((size_t)V, sizeof *jf->len);
     jf->by_first = loom_calloc((size_t)V, sizeof *jf->by_first);
+    jf->plain = loom_calloc((size_t)V, 1);
     int count[257] = {0};
     char *special = loom_calloc((size_t)V, 1); /* specials are control, not text the output may hold */
     for (int i = 0; i < loom_tokenizer_nspecial(tok); i++) {
@@ -636,6 +652,8 @@ loom_status loom_json_filter_new(const loom_json_schema_t *s, const loom_tokeniz
         const unsigned char *b = loom_tokenizer_token(tok, (uint32_t)t, &n);
         if (!b || n == 0 || special[t] || loom_tokenizer_is_control(tok, (uint32_t)t)) continue;
         jf->bytes[t] = b, jf->len[t] = n;
+        jf->plain[t] = 1;
+        for (size_t i = 0; i < n; i++) jf->plain[t] &= b[i] >= 0x20 && b[i] < 0x7F && b[i] != '"' && b[i] != '\\';
         count[b[0] + 1]++;
     }
     for (int b = 0; b < 256; b++) jf->start[b + 1] = jf->start[b] + count[b + 1];
@@ -651,6 +669,6 @@ loom_status loom_json_filter_new(const loom_json_schema_t *s, const loom_tokeniz
 void loom_json_filter_free(loom_token_filter_t *f) {
     json_filter_t *jf = (json_filter_t *)f;
     if (!jf) return;
-    free(jf->bytes), free(jf->len), free(jf->by_first);
+    free(jf->bytes), free(jf->len), free(jf->by_first), free(jf->plain);
     free(jf);
 }
