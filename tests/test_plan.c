@@ -129,7 +129,7 @@ static void memory_matches_allocations(void) {
         loom_gpt_set_recompute(m, (loom_recompute)rc);
         CHECK(loom_gpt_alloc_train(m) == LOOM_OK && loom_gpt_alloc_acts(m, 3, 32) == LOOM_OK, "alloc");
         loom_plan_mem_t p;
-        loom_plan_train_memory(&cfg, (loom_recompute)rc, 0, 1, 3, 32, 1, 0, &p);
+        loom_plan_train_memory(&cfg, (loom_recompute)rc, 0, 1, 3, 32, 1, 4, 0, &p);
         double got[LOOM_MEM_KINDS], want[LOOM_MEM_KINDS] = {p.params, p.grads, p.optim, p.acts, p.batch};
         for (int k = 0; k < LOOM_MEM_KINDS; k++) {
             got[k] = (double)(loom_mem_current((loom_mem_kind)k) - before[k]);

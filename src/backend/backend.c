@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const dtype_names[LOOM_DTYPE_COUNT] = {"fp32", "tf32", "bf16", "fp16", "int8", "int32"};
-static const unsigned char dtype_sizes[LOOM_DTYPE_COUNT] = {4, 4, 2, 2, 1, 4};
+static const char *const dtype_names[LOOM_DTYPE_COUNT] = {"fp32", "tf32", "bf16", "fp16", "int8", "int32",
+                                                               "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K"};
+static const unsigned char dtype_sizes[LOOM_DTYPE_COUNT] = {4, 4, 2, 2, 1, 4, 0, 0, 0, 0, 0, 0, 0};
 
 int loom_dtype_parse(const char *s) {
     for (int i = 0; i <= LOOM_FP16; i++)

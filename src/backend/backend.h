@@ -36,6 +36,8 @@
 typedef enum {
     LOOM_FP32 = 0, LOOM_TF32, LOOM_BF16, LOOM_FP16, /* matrix precisions */
     LOOM_INT8, LOOM_INT32,                          /* storage only */
+    /* llama.cpp's block formats (qblock.h): weights as a GGUF stores them */
+    LOOM_Q4_0, LOOM_Q4_1, LOOM_Q5_0, LOOM_Q5_1, LOOM_Q4_K, LOOM_Q5_K, LOOM_Q6_K,
     LOOM_DTYPE_COUNT
 } loom_dtype;
 /* Parse a matrix precision: "fp32", "tf32", "bf16", "fp16"; -1 if unknown
@@ -43,7 +45,8 @@ typedef enum {
 int loom_dtype_parse(const char *s);
 /* "fp32", ..., "int8", "int32"; "?" out of range. */
 const char *loom_dtype_name(loom_dtype d);
-/* Bytes per element (tf32 is stored as fp32); 0 out of range. */
+/* Bytes per element (tf32 is stored as fp32); 0 out of range and for the
+ * block formats (loom_qblock_row_bytes sizes those). */
 size_t loom_dtype_size(loom_dtype d);
 
 /* How a typed tensor's elements are laid out. */
@@ -65,7 +68,9 @@ typedef enum {
  * scales[r] when block == 0 (one per row: per output channel for a
  * weight (OC, C)) and scales[r * (cols / block) + c / block] when
  * block > 0 (per block of `block` consecutive elements, 32 in the
- * quantization issue). fp32/bf16/fp16 tensors have no scales. */
+ * quantization issue). fp32/bf16/fp16 tensors have no scales. A block
+ * format (LOOM_Q4_0 ... LOOM_Q6_K, qblock.h) holds rows x cols / block
+ * blocks, row-major, each with its own scales: scales NULL, block 0. */
 typedef struct {
     void *data;          /* in the backend's memory */
     loom_dtype dtype;    /* element type of data */
@@ -177,6 +182,14 @@ typedef struct loom_backend {
      * matrix precision (bf16, fp16) when the backend is opened at one,
      * else fp32 (docs/cuda.md, "bf16 activations"). */
     loom_dtype act_dtype;
+    /* Host threads its ops run on: the CPU backend's OpenMP team. OpenMP
+     * counts threads per calling thread, so a thread that runs ops (the
+     * engine's stepping thread) sets its own count from this. 0 where no
+     * op's work runs on the host. */
+    int threads;
+    /* The kernels it chose for this machine, in words, for reports
+     * ("gemm avx512, int8 avx512vnni"); NULL when there is nothing to say. */
+    const char *kernels;
 
     /* One slot per entry of ops.h, in its order; the contract of each: */
 #define LOOM_OP_SLOT_(name, ret, kind, fallback, flops, n, args) ret(*name) LOOM_OP_PARAMS(n, args);
@@ -356,8 +369,6 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads);
 /* The CUDA backend on device `index` (src/backend/cuda/). */
 loom_status loom_backend_cuda_init(const loom_backend_t **out, int index, loom_dtype dtype);
 #endif
-/* Threads the CPU backend uses. */
-int loom_backend_cpu_threads(void);
 /* The CPU's SGEMM rate in FLOP/s: the best of `reps` n^3 products with
  * the GEMM and threads of the open CPU backend; `how` says so in words.
  * Larger n and more reps than the quick measurement at open, for

@@ -18,7 +18,7 @@
  *     VARIANT optional op for another element type (quantized weights,
  *             sparse weights, bf16 activations); `fallback` names the
  *             fp32 path (matmul_forward_w8, matmul_forward_w8a8,
- *             matmul_forward_s24).
+ *             matmul_forward_s24, matmul_forward_kq).
  *   fallback  text: what happens without an optional entry ("" if required)
  *   flops     FLOPs of one call as an expression of the arguments (0 when
  *             memory-bound), for `loom bench ops`
@@ -141,6 +141,11 @@
       ((ACT, float *, out), (ACT, const float *, inp), (QT, const loom_tensor_t *, w), (F32, const float *, bias), \
        (VAL, int, N), (VAL, int, C), (VAL, int, OC), (VAL, int, gelu))) \
     X(matmul_forward_s24, void, VARIANT, "matmul_forward_rows on the model's dense (pruned) fp32 weights", \
+      2.0 * N * C * OC, 8, \
+      ((ACT, float *, out), (ACT, const float *, inp), (QT, const loom_tensor_t *, w), (F32, const float *, bias), \
+       (VAL, int, N), (VAL, int, C), (VAL, int, OC), (VAL, int, gelu))) \
+    X(matmul_forward_kq, void, VARIANT, \
+      "dequantize w (a llama.cpp block format, qblock.h) to fp32 at load, then matmul_forward_rows", \
       2.0 * N * C * OC, 8, \
       ((ACT, float *, out), (ACT, const float *, inp), (QT, const loom_tensor_t *, w), (F32, const float *, bias), \
        (VAL, int, N), (VAL, int, C), (VAL, int, OC), (VAL, int, gelu))) \

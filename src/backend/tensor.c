@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "qblock.h"
 
 loom_status loom_tensor_check(const loom_tensor_t *t, const char *what) {
     if (!t || !t->data) return loom_error(LOOM_EINVAL, "%s: no data", what);
@@ -12,6 +13,11 @@ loom_status loom_tensor_check(const loom_tensor_t *t, const char *what) {
         return loom_error(LOOM_EINVAL, "%s: element type %s cannot be a typed tensor (use fp32, bf16, fp16 or int8)",
                           what, loom_dtype_name(t->dtype));
     if (t->rows < 1 || t->cols < 1) return loom_error(LOOM_EINVAL, "%s: shape %lld x %lld", what, t->rows, t->cols);
+    const loom_qblock_info_t *qb = loom_qblock_info(t->dtype);
+    if (qb && (t->cols % qb->block || t->scales || t->block || t->layout != LOOM_LAYOUT_DENSE))
+        return loom_error(LOOM_EINVAL, "%s: %s needs rows of whole %d-value blocks (%lld columns), dense, its scales inside the blocks",
+                          what, qb->name, qb->block, t->cols);
+    if (qb) return LOOM_OK;
     if (t->dtype == LOOM_INT8) {
         if (!t->scales) return loom_error(LOOM_EINVAL, "%s: int8 without scales", what);
         if (t->block < 0 || (t->block > 0 && t->cols % t->block))
@@ -55,6 +61,10 @@ static float scale_at(const loom_tensor_t *t, long long r, long long c) {
 }
 
 void loom_tensor_dequantize(const loom_tensor_t *t, float *out) {
+    if (loom_qblock_info(t->dtype)) {
+        loom_qblock_dequantize(t->dtype, t->data, (size_t)(t->rows * t->cols), out);
+        return;
+    }
     for (long long r = 0; r < t->rows; r++) {
         float *o = out + r * t->cols;
         if (t->layout == LOOM_LAYOUT_DENSE) {

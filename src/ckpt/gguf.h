@@ -38,15 +38,25 @@
 
 typedef struct {
     const loom_gpt_config_t *cfg;
-    const loom_tokenizer_t *tok; /* embedded; its vocabulary <= cfg->vocab_size */
+    const loom_tokenizer_t *tok; /* embedded; its vocabulary <= cfg->vocab_size; NULL: none (token ids only) */
     loom_xdtype dtype;           /* matrices: f32, f16, bf16 or q8_0 */
     const char *name;            /* general.name */
-    loom_xsource_fn src;         /* the weights, one tensor at a time */
+    loom_xsource_fn src;         /* the weights, one tensor at a time (GPT-2's table) */
     void *src_ctx;
+    const float *params;         /* or, when set: the model's host parameter block (loom_gpt_param_table's
+                                  * layout); required for the Llama family */
 } loom_gguf_write_opts_t;
 
 /* Write a GGUF file to PATH.tmp, one tensor in memory at a time, then fsync
- * and rename it to `path`. */
+ * and rename it to `path`. The architecture follows the config: gpt2, llama
+ * (RMSNorm, RoPE, SwiGLU, no biases; q and k rows in llama.cpp's rotary
+ * order, gguf_map.h) or qwen2 (with q, k, v biases); the llama.* keys are
+ * what convert_hf_to_gguf.py writes for LlamaForCausalLM (block_count,
+ * context_length, embedding_length, feed_forward_length,
+ * attention.head_count, attention.head_count_kv,
+ * attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count,
+ * vocab_size, and rope.scaling.* when linear). Llama 3's RoPE scaling is
+ * refused (llama.cpp wants a rope_freqs tensor; not written yet). */
 loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o);
 
 /* Load a GPT-2 GGUF file: a new model on `be` (weights dequantized to
@@ -55,5 +65,10 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o);
  * with a scale per block of 32 (model->file_int8), so that `--quant`
  * runs the file's own int8 weights rather than quantizing again. */
 loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok);
+
+/* The string metadata `key` of the GGUF at `path` (e.g.
+ * "tokenizer.chat_template"): *out malloc'd, or NULL when the file has no
+ * such string. Errors are the file's (gguf_file.h). */
+loom_status loom_gguf_read_str(const char *path, const char *key, char **out);
 
 #endif

@@ -107,18 +107,28 @@ loom_status loom_run_lock(const char *dir, int *fd_out) {
     return LOOM_OK;
 }
 
-loom_status loom_run_prepare(const char *dir, int force) {
-    if (loom_path_exists(dir) && !loom_path_is_dir(dir))
-        return loom_error(LOOM_EINVAL, "--out %s: exists and is not a folder; choose another --out", dir);
+/* 1 when a new run may replace what `dir` holds without --force: a run
+ * that ended before its first checkpoint has nothing to keep. */
+static int replaceable(const char *dir) {
     char cfg[4200];
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
-    if (!force && loom_path_exists(cfg) && !loom_ckpt_any(dir)) {
-        /* A run that ended before its first checkpoint: nothing to keep. */
+    return loom_path_exists(cfg) && !loom_ckpt_any(dir);
+}
+
+loom_status loom_run_check_new(const char *dir, int force) {
+    if (loom_path_exists(dir) && !loom_path_is_dir(dir))
+        return loom_error(LOOM_EINVAL, "--out %s: exists and is not a folder; choose another --out", dir);
+    if (loom_path_is_dir(dir) && !force && !replaceable(dir) && !holds_nothing(dir))
+        return loom_error(LOOM_EINVAL, "--out %s: the folder already exists and is not empty; pass --force to replace its run, or choose another --out", dir);
+    return LOOM_OK;
+}
+
+loom_status loom_run_prepare(const char *dir, int force) {
+    LOOM_TRY(loom_run_check_new(dir, force));
+    if (!force && replaceable(dir)) {
         loom_info("loom: %s holds a run without a checkpoint (it stopped before the first one); replacing it", dir);
         force = 1;
     }
-    if (loom_path_is_dir(dir) && !force && !holds_nothing(dir))
-        return loom_error(LOOM_EINVAL, "--out %s: the folder already exists and is not empty; pass --force to replace its run, or choose another --out", dir);
     if (loom_path_is_dir(dir)) LOOM_TRY(remove_run_files(dir));
     char ck[4200];
     snprintf(ck, sizeof ck, "%s/checkpoints", dir);

@@ -57,6 +57,9 @@ loom_status loom_run_config_read(const char *dir, loom_run_config_t *c);
  * in the folder is touched (resume's clean-up, --force). Readers take no
  * lock. The descriptor stays open for the life of the process. */
 #define LOOM_RUN_LOCK ".lock"
+/* The refusals of loom_run_prepare alone (read-only): a file where the
+ * folder goes, or a non-empty folder without `force`. */
+loom_status loom_run_check_new(const char *dir, int force);
 loom_status loom_run_lock(const char *dir, int *fd);
 
 /* Prepare `dir` for a new run. An existing non-empty folder is refused

@@ -220,8 +220,6 @@ loom_status loom_ckpt_writer_wait(loom_ckpt_writer_t *w) {
     return s;
 }
 
-long long loom_ckpt_writer_last_step(const loom_ckpt_writer_t *w) { return w->last_step; }
-
 void loom_ckpt_writer_times(const loom_ckpt_writer_t *w, double *blocked_s, double *write_s) {
     *blocked_s = w->blocked_s;
     *write_s = w->write_s;

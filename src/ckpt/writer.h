@@ -52,8 +52,6 @@ loom_status loom_ckpt_writer_settle(loom_ckpt_writer_t *w, loom_ckpt_agree_fn ag
 /* Wait until this rank's files (and, on rank 0 of one, the commit) are
  * done; the error of the background write, if any. No collective. */
 loom_status loom_ckpt_writer_wait(loom_ckpt_writer_t *w);
-/* The step of the newest checkpoint submitted (0: none yet). */
-long long loom_ckpt_writer_last_step(const loom_ckpt_writer_t *w);
 /* Seconds the caller spent in submit (snapshot plus waiting for the
  * previous write) and the background spent writing, since open. */
 void loom_ckpt_writer_times(const loom_ckpt_writer_t *w, double *blocked_s, double *write_s);

@@ -18,9 +18,10 @@
 #include <unistd.h>
 
 #include "backend/backend.h"
-#include "backend/plugin.h"
+#include "backend/devices.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/stats.h"
 #include "model/gpt.h"
 #include "train/step.h"
 #include "train/step_graph.h"
@@ -146,15 +147,6 @@ static loom_status bench_step(loom_gpt_t *m, loom_step_graph_t *sg, const int *t
     return LOOM_OK;
 }
 
-/* Peak bytes loom allocated on the GPU (the CUDA plugin counts them), 0 if unknown. */
-static long long device_peak_bytes(void) {
-    char why[256];
-    void (*stats)(size_t *, size_t *) = (void (*)(size_t *, size_t *))loom_cuda_symbol("loom_cuda_mem_stats", why, sizeof why);
-    size_t now = 0, peak = 0;
-    if (stats) stats(&now, &peak);
-    return (long long)peak;
-}
-
 static void loom_child(FILE *in, FILE *out, void *arg) {
     const loom_side_t *s = arg;
     const loom_backend_t *be;
@@ -205,7 +197,7 @@ static void loom_child(FILE *in, FILE *out, void *arg) {
             }
             fprintf(out, "\n");
         } else if (strncmp(line, "mem", 3) == 0) {
-            fprintf(out, "maxrss %lld\n", (be->caps & LOOM_CAP_DEVICE_MEMORY) ? device_peak_bytes() : maxrss_bytes());
+            fprintf(out, "maxrss %lld\n", (be->caps & LOOM_CAP_DEVICE_MEMORY) ? (long long)loom_gpu_peak_bytes() : maxrss_bytes());
         } else if (strncmp(line, "quit", 4) == 0) {
             break;
         }
@@ -232,17 +224,10 @@ typedef struct {
     char peak_source[192];
 } side_t;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(const double *v, int n) {
-    if (n == 0) return 0;
     double tmp[MAX_TIMES];
     memcpy(tmp, v, (size_t)n * sizeof(double));
-    qsort(tmp, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+    return loom_median(tmp, n);
 }
 
 static double fastest(const double *v, int n) {

@@ -13,9 +13,10 @@
 #include "cli/commands.h"
 #include "cli/generate.h"
 #include "model/quant.h"
+#include "cli/stats.h"
 #include "model/sparse24.h"
 #include "model/infer.h"
-#include "backend/cpu/cpu_int8.h"
+#include "backend/qblock.h"
 
 typedef struct {
     loom_engine_t *e;
@@ -49,11 +50,6 @@ static void bench_event(void *ctx, const loom_engine_event_t *ev) {
     }
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* One concurrency level: `total` requests, `conc` in flight. Returns
  * output tokens/s; median TTFT into *ttft_ms; with conc 1, the decode rate
  * (tokens after the first over the time from first to last, the rate
@@ -68,7 +64,7 @@ static double run_level(loom_engine_t *e, const int *prompt, int plen, int gen, 
     for (int i = 0; i < conc; i++) submit_next(&L);
     if (loom_engine_run(e) != LOOM_OK) loom_panic(__FILE__, __LINE__, "engine: %s", loom_errmsg());
     double dt = loom_now() - t0;
-    qsort(L.ttft, (size_t)total, sizeof(double), cmp_double);
+    loom_sort_doubles(L.ttft, total);
     *ttft_ms = 1e3 * L.ttft[total / 2];
     *decode = conc == 1 && L.decode_time > 0 ? (double)L.decode_tokens / L.decode_time : 0;
     free(L.ttft);
@@ -175,7 +171,7 @@ static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const in
                 fprintf(stderr, "  %s, concurrency %d, round %d: %.1f tokens/s, TTFT %.0f ms\n", sd[s].name, c, r + 1, tps[i], ttft[i]);
             }
     }
-    qsort(bw, (size_t)R, sizeof(double), cmp_double);
+    loom_sort_doubles(bw, R);
     printf("memory read bandwidth %.1f GB/s (median of %d rounds, %.1f-%.1f; 1 GiB summed, best of 5 each)\n", bw[R / 2] / 1e9,
            R, bw[0] / 1e9, bw[R - 1] / 1e9);
     printf("%-16s %-26s %10s %17s %9s %9s %22s\n", "loom", "", "out tok/s", "(min-max)", "TTFT ms", "vs first",
@@ -184,9 +180,9 @@ static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const in
     for (int s = 0; s < ns; s++)
         for (int l = 0; l < nl; l++) {
             double *t = tps + (s * nl + l) * R, *q = ttft + (s * nl + l) * R, *d = dec + (s * nl + l) * R;
-            qsort(t, (size_t)R, sizeof(double), cmp_double);
-            qsort(q, (size_t)R, sizeof(double), cmp_double);
-            qsort(d, (size_t)R, sizeof(double), cmp_double);
+            loom_sort_doubles(t, R);
+            loom_sort_doubles(q, R);
+            loom_sort_doubles(d, R);
             double med = t[R / 2], floor = bw[R / 2] / (double)sd[s].bytes;
             int c = f->conc[l];
             if (s == 0 && l == 0) first = med;
@@ -225,18 +221,30 @@ static loom_status bench_model(const bench_flags_t *f, loom_opened_t *R, loom_gp
  * (else the first side): decode against llama-bench's generation, and the
  * 16-client level (else the largest) against llama-batched-bench,
  * bench_llama.h. */
-static void llama_peer(const bench_flags_t *f, const bench_side_t *sd, int ns, const double *med, const double *dec1) {
+static void llama_peer(const bench_flags_t *f, int threads, const bench_side_t *sd, int ns, const double *med, const double *dec1) {
     int s = 0, nl = f->nconc;
     for (int i = 0; i < ns; i++)
         if (sd[i].quant && (!sd[s].quant || dec1[i] > dec1[s])) s = i;
     char label[64];
     snprintf(label, sizeof label, "loom %s", sd[s].name);
     loom_bench_llama_t p = {.bin = f->llama_bin, .gguf = f->gguf, .run = f->run, .quant = sd[s].quant, .label = label,
-                            .plen = f->plen, .gen = f->gen, .threads = loom_backend_cpu_threads(), .repeat = f->repeat,
+                            .plen = f->plen, .gen = f->gen, .threads = threads, .repeat = f->repeat,
                             .loom_one = dec1[s]};
     for (int l = 1; l < nl; l++)
         if (p.clients != 16) p.clients = f->conc[l], p.loom_many = med[s * nl + l];
     loom_bench_llama_peer(&p);
+}
+
+/* Decode bytes when m runs its GGUF's own block weights (gpt.h file_q):
+ * those matrices at their block bytes instead of `fp32_bytes`' 4 a weight. */
+static size_t file_q_bytes(const loom_gpt_t *m, size_t fp32_bytes) {
+    size_t b = fp32_bytes;
+    for (int i = 0; m->file_q && i < m->cfg.n_layer * LOOM_QLIN_COUNT; i++) {
+        const loom_tensor_t *t = &m->file_q[i];
+        if (!t->data) continue;
+        b += loom_qblock_tensor_bytes(t) - 4 * (size_t)t->rows * (size_t)t->cols;
+    }
+    return b;
 }
 
 /* One engine per side on model m (each with its own cache of --kv-memory). */
@@ -252,9 +260,10 @@ static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_sid
         ec.speculate = f->speculate;
         loom_quant_opts_t qo = {.block = sd[i].block, .logits = !sd[i].fp32_logits};
         sd[i].bytes = loom_quant_decode_bytes(&m->cfg, (loom_quant_mode)sd[i].quant, &qo);
+        if (m->file_q && !sd[i].quant) sd[i].bytes = file_q_bytes(m, sd[i].bytes);
         LOOM_TRY(loom_engine_create(&sd[i].e, m, NULL, &ec));
         printf("%-16s linear weights %s%s, logits %s, KV cache %s (%d blocks of %d tokens), %.0f MB of weights per decode token\n",
-               sd[i].name, sd[i].quant ? loom_quant_name((loom_quant_mode)sd[i].quant) : "fp32",
+               sd[i].name, sd[i].quant ? loom_quant_name((loom_quant_mode)sd[i].quant) : m->file_q ? "the GGUF's own blocks" : "fp32",
                sd[i].block ? " (Q8_0 blocks of 32)" : sd[i].quant ? " (per-channel scales)" : "",
                sd[i].quant && !sd[i].fp32_logits ? "int8" : "fp32", sd[i].kv8 ? "int8" : "fp32",
                (int)(ec.kv_bytes / loom_infer_block_bytes(&m->cfg, ec.block_size, ec.kv_dtype)), ec.block_size,
@@ -274,9 +283,9 @@ static int bench_generate(const bench_flags_t *f) {
         s = loom_error(LOOM_EINVAL, "--prompt-len %d + --gen %d is above the model's context (%d)", f->plen, f->gen, m->cfg.max_seq_len);
     if (s == LOOM_OK) {
         const loom_gpt_config_t *cfg = &m->cfg;
-        printf("model %s (%.1fM parameters, vocabulary %d, %s, fp32), %d CPU threads, int8 kernels %s, prompts %d + %d new tokens\n",
+        printf("model %s (%.1fM parameters, vocabulary %d, %s, fp32), %d CPU threads, kernels %s, prompts %d + %d new tokens\n",
                f->run ? f->run : f->model, loom_gpt_num_params(cfg) / 1e6, cfg->vocab_size, f->run ? "checkpoint" : "random weights",
-               loom_backend_cpu_threads(), loom_cpu_int8_isa(), f->plen, f->gen);
+               m->be->threads, m->be->kernels ? m->be->kernels : "-", f->plen, f->gen);
         s = make_engines(f, m, sd, ns);
     }
     if (s == LOOM_OK) {
@@ -291,7 +300,7 @@ static int bench_generate(const bench_flags_t *f) {
             printf("engine %s: %lld steps, mean batch %.1f rows, %lld preemptions\n", sd[i].name, st.steps,
                    (double)st.batch_rows / (double)(st.steps ? st.steps : 1), st.preemptions);
         }
-        llama_peer(f, sd, ns, med, dec1);
+        llama_peer(f, m->be->threads, sd, ns, med, dec1);
     } else {
         fprintf(stderr, "loom bench generate: %s\n", loom_errmsg());
     }

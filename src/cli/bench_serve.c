@@ -23,6 +23,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
+#include "cli/stats.h"
 #include "obs/sbuf.h"
 #include "serve/server.h"
 
@@ -111,14 +112,9 @@ static void *client_main(void *arg) {
     }
 }
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double pct(double *v, int n, double q) {
     if (n == 0) return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    loom_sort_doubles(v, n);
     double k = q * (n - 1);
     int lo = (int)k;
     return lo + 1 < n ? v[lo] + (k - lo) * (v[lo + 1] - v[lo]) : v[lo];

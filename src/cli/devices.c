@@ -8,15 +8,12 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "backend/plugin.h"
+#include "backend/devices.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/core.h"
 #include "obs/nvml.h"
 #include "obs/rapl.h"
-#ifdef LOOM_HAVE_CUDA
-#include "backend/cuda/cuda_devices.h"
-#endif
 
 static void json_text(const char *s) {
     putchar('"');
@@ -117,29 +114,26 @@ static void print_version(const char *what, int v) {
 }
 
 /* Device i: a JSON object (after ", " unless the first) or its table rows. */
-static void print_device(int i, const loom_cuda_device_t *d, int json) {
-    char src[320];
-    loom_dtype dt = d->gpu.cc_major >= 8 ? LOOM_BF16 : LOOM_FP16;
-    double peak = loom_cuda_peak_flops(&d->gpu, dt, src, sizeof src);
+static void print_device(int i, const loom_gpu_t *d, int json) {
     double gib = (double)d->memory_bytes / (1024.0 * 1024.0 * 1024.0);
     if (json) {
         printf("%s{\"index\": %d, \"name\": \"%s\", \"compute_capability\": \"%d.%d\", "
                "\"sms\": %d, \"memory_bytes\": %zu, \"clock_khz\": %d, \"mig\": %s, "
                "\"uuid\": \"%s\", \"pci\": \"%04x:%02x:%02x.0\", \"peak_dtype\": \"%s\", "
                "\"peak_flops\": %.6g}",
-               i ? ", " : "", i, d->gpu.name, d->gpu.cc_major, d->gpu.cc_minor, d->gpu.sms,
-               d->memory_bytes, d->gpu.clock_khz, d->is_mig ? "true" : "false", d->uuid,
-               d->pci_domain, d->pci_bus, d->pci_device, loom_dtype_name(dt), peak);
+               i ? ", " : "", i, d->name, d->cc_major, d->cc_minor, d->sms,
+               d->memory_bytes, d->clock_khz, d->is_mig ? "true" : "false", d->uuid,
+               d->pci_domain, d->pci_bus, d->pci_device, loom_dtype_name(d->peak_dtype), d->peak_flops);
         return;
     }
-    printf("  cuda:%d  %s\n", i, d->gpu.name);
+    printf("  cuda:%d  %s\n", i, d->name);
     printf("          compute capability %d.%d (sm_%d%d), %d SMs at %.2f GHz, "
            "%.1f GiB, %s\n",
-           d->gpu.cc_major, d->gpu.cc_minor, d->gpu.cc_major, d->gpu.cc_minor, d->gpu.sms,
-           d->gpu.clock_khz / 1e6, gib, d->is_mig ? "MIG instance" : "whole GPU (not MIG)");
+           d->cc_major, d->cc_minor, d->cc_major, d->cc_minor, d->sms,
+           d->clock_khz / 1e6, gib, d->is_mig ? "MIG instance" : "whole GPU (not MIG)");
     printf("          PCI %04x:%02x:%02x.0, %s\n", d->pci_domain, d->pci_bus, d->pci_device, d->uuid);
-    printf("          peak %s %.1f TFLOP/s (%s)\n", loom_dtype_name(dt), peak / 1e12, src);
-    if (d->gpu.cc_major < 8)
+    printf("          peak %s %.1f TFLOP/s (%s)\n", loom_dtype_name(d->peak_dtype), d->peak_flops / 1e12, d->peak_source);
+    if (d->cc_major < 8)
         printf("          note: loom's kernels are built for sm_80 and sm_90; this "
                "GPU needs a rebuild with its own CUDA_ARCHS\n");
 }
@@ -147,16 +141,8 @@ static void print_device(int i, const loom_cuda_device_t *d, int json) {
 static int list_devices(int json) {
     int driver = 0, runtime = 0;
     char why[1200] = "";
-    /* The CUDA runtime lives in the plugin (src/backend/plugin.h). */
-    void (*versions)(int *, int *) = (void (*)(int *, int *))loom_cuda_symbol("loom_cuda_versions", why, sizeof why);
-    int (*device_count)(char *, size_t) = (int (*)(char *, size_t))loom_cuda_symbol("loom_cuda_device_count", why, sizeof why);
-    int (*device_get)(int, loom_cuda_device_t *, char *, size_t) =
-        (int (*)(int, loom_cuda_device_t *, char *, size_t))loom_cuda_symbol("loom_cuda_device_get", why, sizeof why);
-    int n = -1;
-    if (versions && device_count && device_get) {
-        versions(&driver, &runtime);
-        n = device_count(why, sizeof why);
-    }
+    loom_gpu_versions(&driver, &runtime);
+    int n = loom_gpu_count(why, sizeof why);
     if (json) {
         printf("{\"cuda_build\": true, \"driver_version\": %d, \"runtime_version\": %d, "
                "\"devices\": [", driver, runtime);
@@ -182,8 +168,8 @@ static int list_devices(int json) {
     char migs[16][48];
     const char *mig_ptrs[16];
     for (int i = 0; i < n; i++) {
-        loom_cuda_device_t d;
-        if (device_get(i, &d, why, sizeof why) != 0) {
+        loom_gpu_t d;
+        if (loom_gpu_get(i, &d, why, sizeof why) != 0) {
             if (!json) printf("  cuda:%d  unreadable: %s\n", i, why);
             bad++;
             continue;

@@ -10,6 +10,23 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 
+/* A Llama-family GGUF is written from the model's parameters (GPT-2's
+ * table streams each tensor from the checkpoint by name): the run loaded
+ * whole on the CPU, then written. */
+static loom_status write_from_model(const char *run, long long step, const char *out, loom_gguf_write_opts_t *o) {
+    loom_opened_t M;
+    loom_open_opts_t oo = loom_open_opts_default();
+    oo.step = step;
+    LOOM_TRY(loom_open(run, &oo, &M));
+    float *host = loom_malloc(M.model->num_params * sizeof(float));
+    M.model->be->download(host, M.model->params, M.model->num_params * sizeof(float));
+    o->params = host;
+    loom_status s = loom_gguf_write(out, o);
+    free(host);
+    loom_open_close(&M);
+    return s;
+}
+
 static loom_status export_run(const char *run, const char *format, long long step, loom_xdtype dt, const char *out, int force) {
     char path[4200];
     loom_opened_t R;
@@ -31,9 +48,11 @@ static loom_status export_run(const char *run, const char *format, long long ste
         s = loom_hf_write(out, force, &R.cfg, R.tok, dt, loom_xsource_safetensors, v);
     } else if (s == LOOM_OK) {
         const char *name = strrchr(run, '/') && strrchr(run, '/')[1] ? strrchr(run, '/') + 1 : run;
-        loom_gguf_write_opts_t o = {&R.cfg, R.tok, dt, name, loom_xsource_safetensors, v};
+        loom_gguf_write_opts_t o = {&R.cfg, R.tok, dt, name, loom_xsource_safetensors, v, NULL};
         if (loom_path_exists(out) && !force)
             s = loom_error(LOOM_EINVAL, "--out %s already exists; pass --force to replace it, or choose another --out", out);
+        else if (strcmp(loom_gpt_family(&R.cfg), "gpt2"))
+            s = write_from_model(run, step, out, &o);
         else
             s = loom_gguf_write(out, &o);
     }
@@ -43,7 +62,7 @@ static loom_status export_run(const char *run, const char *format, long long ste
         snprintf(path, sizeof path, "%s%s", out, strcmp(format, "hf") ? "" : "/model.safetensors");
         double mb = stat(path, &sb) == 0 ? (double)sb.st_size / 1e6 : 0;
         printf("%s: %s %s (%.1f MB of weights) from %s: %d layers, %d heads, %d channels, context %d, vocabulary %d\n", out,
-               strcmp(format, "hf")                  ? "GGUF v3 (llama.cpp gpt2)"
+               strcmp(format, "hf")                  ? (strcmp(loom_gpt_family(cfg), "gpt2") ? "GGUF v3 (llama.cpp llama)" : "GGUF v3 (llama.cpp gpt2)")
                : strcmp(loom_gpt_family(cfg), "gpt2") ? "Hugging Face Llama-family folder"
                                                       : "Hugging Face GPT-2 folder",
                loom_xdtype_name(dt), mb,

@@ -37,8 +37,6 @@ typedef struct {
     int index;
 } req_ctx_t;
 
-static const char *const finish_names[] = {"", "length", "stop", "cancelled"};
-
 static void on_event(void *vctx, const loom_engine_event_t *ev) {
     req_ctx_t *c = vctx;
     req_out_t *r = &c->g->reqs[c->index];
@@ -159,7 +157,7 @@ static loom_status write_out(const gen_state_t *g, const char *path) {
             cJSON *s = cJSON_CreateObject();
             cJSON_AddStringToObject(s, "text", r->s[k].text ? r->s[k].text : "");
             cJSON_AddItemToObject(s, "token_ids", cJSON_CreateIntArray(r->s[k].ids, r->s[k].n));
-            cJSON_AddStringToObject(s, "finish_reason", finish_names[r->s[k].finish]);
+            cJSON_AddStringToObject(s, "finish_reason", loom_finish_name((loom_finish_reason)r->s[k].finish));
             cJSON_AddItemToArray(arr, s);
         }
         char *txt = cJSON_PrintUnformatted(j);

@@ -16,8 +16,10 @@
 #include "cli/commands.h"
 #include "ckpt/run.h"
 #include "cli/plan_report.h"
+#include "cli/stats.h"
 #include "obs/metrics_log.h"
 #include "parallel/dist.h"
+#include "plan/layout.h"
 #include "plan/plan.h"
 
 /* --config: a Hugging Face config.json, or the folder holding one. */
@@ -87,6 +89,7 @@ typedef struct {
     plan_model_flags_t mf;
     const char *gpu, *dtype, *recompute, *tokens, *global_batch, *measured, *preempt, *link, *table;
     int gpus, zero, batch, seq, accum, json, grad_dtype; /* grad_dtype: a loom_dist_dtype */
+    int tp, pp; /* 0: searched */
     double mfu, price, spot_price, ckpt_s, restart_s, ckpt_gbs, deadline_h, link_eff;
 } train_flags_t;
 
@@ -97,16 +100,6 @@ typedef struct {
     int nsteps, world, B, T, accum;
     char device[64], recompute[16]; /* recompute: what f->recompute points at when the run sets it */
 } measured_t;
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* Model shape and step settings from RUN/config.json (the one reader,
  * ckpt/run.h), where the flags left them unset. */
@@ -161,8 +154,8 @@ static loom_status read_run_metrics(const char *run, const loom_gpt_config_t *cf
     if (t.n == 0) return loom_error(LOOM_EINVAL, "--measured %s: metrics.jsonl has no step_s lines", run);
     int k = t.n > 1 ? 1 : 0;
     m->nsteps = t.n - k;
-    m->step_s = median(t.step_s + k, t.n - k);
-    m->mfu = median(t.mfu + k, t.n - k);
+    m->step_s = loom_median(t.step_s + k, t.n - k);
+    m->mfu = loom_median(t.mfu + k, t.n - k);
     m->flops_per_s = loom_gpt_flops_per_token(cfg, m->T) * (double)m->B * m->T * m->accum / m->step_s;
     m->have = 1;
     free(t.step_s), free(t.mfu);
@@ -186,7 +179,8 @@ typedef struct {
 } train_ctx_t;
 
 static double mem_need(const train_ctx_t *c, const train_flags_t *f, int B, loom_plan_mem_t *m) {
-    loom_plan_train_memory(&c->cfg, (loom_recompute)c->rc, f->zero, f->gpus, B, c->T, c->accum > 0 ? c->accum : 1, c->runtime, m);
+    loom_plan_train_memory(&c->cfg, (loom_recompute)c->rc, f->zero, f->gpus, B, c->T, c->accum > 0 ? c->accum : 1,
+                           plan_act_bytes(c->gpu != NULL, c->dt), c->runtime, m);
     return c->gpu ? m->device : m->host_peak;
 }
 
@@ -282,7 +276,7 @@ static loom_status pick_rate(train_ctx_t *c, const train_flags_t *f, const measu
 static double link_gbs(const train_ctx_t *c, const train_flags_t *f, int world, plan_report_t *r) {
     if (!c->gpu || world <= 1) return 0;
     const char *l = f->link;
-    if (!strcmp(l, "auto")) l = world <= c->gpu->gpus_per_node ? "nvlink" : "ib";
+    if (!strcmp(l, "auto")) l = world <= c->gpu->nvlink_domain ? "nvlink" : world <= c->gpu->gpus_per_node ? "pcie" : "ib";
     double bw = !strcmp(l, "nvlink") ? c->gpu->nvlink_gbs : !strcmp(l, "pcie") ? c->gpu->pcie_gbs : c->gpu->ib_gbs;
     if (r) {
         char v[96];
@@ -305,7 +299,9 @@ static void step_for(const train_ctx_t *c, const train_flags_t *f, int world, in
     loom_plan_mem_t m;
     mem_need(c, f, c->B, &m);
     double gb = f->grad_dtype == LOOM_DIST_BF16 ? 2 : 4;
-    loom_plan_step_time(loom_gpt_flops_per_token(&c->cfg, c->T), (double)c->B * c->T * accum, accum, world, f->zero,
+    /* Full recompute runs each forward twice: 8ND, not 6ND. */
+    double full = c->rc == LOOM_RECOMPUTE_ALL ? 8.0 / 6.0 : 1;
+    loom_plan_step_time(loom_gpt_flops_per_token(&c->cfg, c->T) * full, (double)c->B * c->T * accum, accum, world, f->zero,
                         m.num_params, gb, c->rate, link_gbs(c, f, world, NULL), 10e-6, s);
 }
 
@@ -358,6 +354,7 @@ static void report_time(plan_report_t *r, const train_ctx_t *c, const train_flag
     plan_report_section(r, "batch", "batch");
     plan_report_num(r, "micro_batch", c->B, "micro-batch per GPU", "%d x %d tokens%s", c->B, c->T, f->batch > 0 ? "" : " (the largest that fits)");
     plan_report_num(r, "accum", accum, "gradient accumulation", "%d (global batch %.4g tokens)", accum, per_step);
+    plan_batch_overshoot(r, per_step, plan_parse_count(f->global_batch), f->gpus, (double)c->B * c->T);
     plan_report_section(r, "time", "time");
     print_flops_row(r, &c->cfg, c->T);
     if (c->gpu) plan_report_num(r, "mfu", c->rate / (c->gpu->peak_tflops[c->dt] * 1e12), "MFU", "%.3f", c->rate / (c->gpu->peak_tflops[c->dt] * 1e12));
@@ -430,7 +427,8 @@ static loom_status train_setup(train_flags_t *f, loom_gpu_table_t *t, train_ctx_
     if (f->measured) LOOM_TRY(read_run_config(f->measured, f, m, &c->cfg));
     else LOOM_TRY(plan_model_config(&f->mf, &c->cfg));
     if (f->gpus < 1) return loom_error(LOOM_EINVAL, "--gpus %d: plan at least one GPU", f->gpus);
-    if (f->zero < 0 || f->zero > 2) return loom_error(LOOM_EINVAL, "--zero %d: use 0, 1 or 2", f->zero);
+    if (f->zero < 0 || f->zero > 3) return loom_error(LOOM_EINVAL, "--zero %d: use 0, 1, 2 or 3", f->zero);
+    if ((f->tp > 1 || f->pp > 1) && !c->gpu) return loom_error(LOOM_EINVAL, "--tp/--pp: the layout search plans GPUs; pass --gpu");
     if (!f->dtype) f->dtype = c->gpu ? "bf16" : "fp32";
     c->dt = plan_dtype_column(f->dtype);
     if (c->dt < 0 || c->dt == LOOM_PEAK_INT8 || (!c->gpu && c->dt != LOOM_PEAK_FP32))
@@ -463,6 +461,52 @@ static loom_status train_setup(train_flags_t *f, loom_gpu_table_t *t, train_ctx_
     return LOOM_OK;
 }
 
+/* The layout search's inputs from the resolved plan (GPU plans only). */
+static void layout_env(const train_ctx_t *c, const train_flags_t *f, loom_layout_env_t *e, loom_layout_fix_t *fix) {
+    *e = (loom_layout_env_t){.cfg = &c->cfg, .T = c->T, .gpus = f->gpus, .global_tokens = plan_parse_count(f->global_batch),
+                             .rate = c->rate, .act_bytes = plan_act_bytes(1, c->dt), .grad_bytes = f->grad_dtype == LOOM_DIST_BF16 ? 2 : 4,
+                             .capacity = c->capacity, .runtime = c->runtime, .nvlink_gbs = c->gpu->nvlink_gbs, .ib_gbs = c->gpu->ib_gbs,
+                             .nvlink_domain = c->gpu->nvlink_domain, .link_eff = f->link_eff, .latency_s = 10e-6};
+    *fix = (loom_layout_fix_t){.tp = f->tp, .pp = f->pp, .zero = loom_args_given("zero") ? f->zero : -1,
+                               .micro = f->batch, .rc = loom_args_given("recompute") ? c->rc : -1};
+}
+
+/* No layout fits: the search's reasons, and for data parallel alone what
+ * would fit instead (a smaller batch, more ZeRO, recompute, a bigger GPU). */
+static loom_status no_layout(train_ctx_t *c, const train_flags_t *f, const loom_gpu_table_t *t, const loom_layout_search_t *ls,
+                             const loom_layout_env_t *e) {
+    char why[2048];
+    plan_layouts_none(ls, e);
+    snprintf(why, sizeof why, "%s", loom_errmsg());
+    if (f->tp > 1 || f->pp > 1 || f->zero == 3 || pick_batch(c, f, t) == LOOM_OK) return loom_error(LOOM_EINVAL, "%s", why);
+    char dp[1024];
+    snprintf(dp, sizeof dp, "%s", loom_errmsg());
+    return loom_error(LOOM_EINVAL, "%s. Data parallel alone %s", why, dp);
+}
+
+/* The data-parallel detail (memory by tensor table, ZeRO stages, time):
+ * when the layout is data parallel with ZeRO 0-2 and it fits. */
+static loom_status dp_detail(train_ctx_t *c, const train_flags_t *f, const loom_gpu_table_t *t, int searched, int *detail) {
+    *detail = 0;
+    if (f->tp > 1 || f->pp > 1 || f->zero == 3) return LOOM_OK;
+    loom_status s = pick_batch(c, f, t);
+    if (s != LOOM_OK && searched) return LOOM_OK; /* the layouts above say what fits */
+    *detail = s == LOOM_OK;
+    return s;
+}
+
+static void report_setup(plan_report_t *r, const train_ctx_t *c, const train_flags_t *f, double tokens) {
+    if (!f->tokens) plan_report_assume(r, "tokens", "20 x parameters", "compute-optimal ratio, Hoffmann et al. 2022 (Chinchilla); set with --tokens");
+    char gname[96];
+    snprintf(gname, sizeof gname, "%d x %s", f->gpus, c->gpu ? c->gpu->label : "CPU process");
+    double n = (double)loom_gpt_num_params(&c->cfg);
+    plan_report_section(r, "setup", "plan");
+    plan_report_str(r, "hardware", gname, "hardware");
+    plan_report_num(r, "parameters", n, "model parameters", "%.4gM (%d layers, %d heads, %d channels, context %d, vocabulary %d)",
+                    n / 1e6, c->cfg.n_layer, c->cfg.n_head, c->cfg.channels, c->cfg.max_seq_len, c->cfg.vocab_size);
+    plan_report_num(r, "tokens_per_param", tokens / n, "tokens per parameter", "%.1f (compute-optimal is about 20)", tokens / n);
+}
+
 /* loom plan train's report; `flags` is a train_flags_t (plan_command's callback). */
 static loom_status plan_train(void *flags) {
     train_flags_t *f = flags;
@@ -470,40 +514,47 @@ static loom_status plan_train(void *flags) {
     train_ctx_t c = {0};
     measured_t m = {0};
     plan_report_t r;
+    loom_layout_search_t ls = {0};
     plan_report_begin(&r, f->json, "train");
     loom_status s = train_setup(f, &t, &c, &m, &r);
     if (s == LOOM_OK && f->measured) s = read_run_metrics(f->measured, &c.cfg, &m);
-    if (s == LOOM_OK) s = pick_batch(&c, f, &t);
-    if (s == LOOM_OK) c.accum = accum_for(f, c.B, c.T, f->gpus);
     if (s == LOOM_OK) s = pick_rate(&c, f, &m, &r);
-    /* only with a model: loom_gpt_num_params of an empty config sets an error of its own */
-    double tokens = s != LOOM_OK ? 0 : f->tokens ? plan_parse_count(f->tokens) : 20.0 * (double)loom_gpt_num_params(&c.cfg);
+    double tokens = f->tokens ? plan_parse_count(f->tokens) : 20.0 * (double)loom_gpt_num_params(&c.cfg);
     if (s == LOOM_OK && tokens <= 0) s = loom_error(LOOM_EINVAL, "--tokens %s: a token count like 30B or 2.5e9", f->tokens);
+    loom_layout_env_t env;
+    loom_layout_fix_t fix;
+    if (s == LOOM_OK && c.gpu) {
+        layout_env(&c, f, &env, &fix);
+        loom_layout_search(&env, &fix, &ls);
+        if (!ls.ntop) s = no_layout(&c, f, &t, &ls, &env);
+    }
+    int detail = 0;
+    if (s == LOOM_OK) s = dp_detail(&c, f, &t, c.gpu != NULL, &detail);
+    if (detail) c.accum = accum_for(f, c.B, c.T, f->gpus);
     if (s != LOOM_OK) {
         plan_report_discard(&r);
         loom_gpu_table_free(&t);
         return s;
     }
-    if (!f->tokens) plan_report_assume(&r, "tokens", "20 x parameters", "compute-optimal ratio, Hoffmann et al. 2022 (Chinchilla); set with --tokens");
-    char gname[96];
-    snprintf(gname, sizeof gname, "%d x %s", f->gpus, c.gpu ? c.gpu->label : "CPU process");
-    plan_report_section(&r, "setup", "plan");
-    plan_report_str(&r, "hardware", gname, "hardware");
-    plan_report_num(&r, "parameters", (double)loom_gpt_num_params(&c.cfg), "model parameters", "%.4gM (%d layers, %d heads, %d channels, context %d, vocabulary %d)",
-                    loom_gpt_num_params(&c.cfg) / 1e6, c.cfg.n_layer, c.cfg.n_head, c.cfg.channels, c.cfg.max_seq_len, c.cfg.vocab_size);
-    plan_report_num(&r, "tokens_per_param", tokens / loom_gpt_num_params(&c.cfg), "tokens per parameter", "%.1f (compute-optimal is about 20)",
-                    tokens / loom_gpt_num_params(&c.cfg));
-    link_gbs(&c, f, f->gpus, &r);
-    report_memory(&r, &c, f);
-    report_stages(&r, &c, f, &t);
-    double total_s;
-    report_time(&r, &c, f, tokens, &total_s);
-    loom_plan_mem_t mem;
-    mem_need(&c, f, c.B, &mem);
-    double ckpt_s = f->ckpt_s > 0 ? f->ckpt_s : (4.0 * mem.num_params + 8.0 * mem.shard) / (f->ckpt_gbs * 1e9);
+    report_setup(&r, &c, f, tokens);
+    if (c.gpu) plan_report_layouts(&r, &ls, &env, f->dtype);
+    double total_s, shard = 0;
+    if (detail) {
+        link_gbs(&c, f, f->gpus, &r);
+        report_memory(&r, &c, f);
+        report_stages(&r, &c, f, &t);
+        report_time(&r, &c, f, tokens, &total_s);
+        loom_plan_mem_t mem;
+        mem_need(&c, f, c.B, &mem);
+        shard = 8.0 * mem.shard + 4.0 * mem.num_params;
+    } else {
+        total_s = plan_layout_time(&r, &ls.top[0], tokens, f->gpus);
+        shard = ls.top[0].c.params + ls.top[0].c.optim;
+    }
+    double ckpt_s = f->ckpt_s > 0 ? f->ckpt_s : shard / (f->ckpt_gbs * 1e9);
     char v[96];
     snprintf(v, sizeof v, "%.3g s", ckpt_s);
-    plan_report_assume(&r, "checkpoint time C", v, f->ckpt_s > 0 ? "--ckpt-s" : "weights 4P + this rank's AdamW shard 8S at --ckpt-gbs (assumption: 1 GB/s to storage)");
+    plan_report_assume(&r, "checkpoint time C", v, f->ckpt_s > 0 ? "--ckpt-s" : "this rank's weights and AdamW state at --ckpt-gbs (assumption: 1 GB/s to storage)");
     snprintf(v, sizeof v, "%.3g s", f->restart_s);
     plan_report_assume(&r, "restart time R", v, "--restart-s (assumption: 300 s to get a node back and load the checkpoint)");
     s = report_cost(&r, &c, f, total_s, ckpt_s);
@@ -520,7 +571,9 @@ static int cmd_plan_train(int argc, char **argv) {
         {"tokens", ARG_STR, &f.tokens, "", 0, 0, "tokens to train on, e.g. 30B (default: 20 per parameter)"},
         {"gpus", ARG_INT, &f.gpus, "1", -1e9, 1e9, "GPUs (data-parallel ranks)"},
         {"dtype", ARG_STR, &f.dtype, "", 0, 0, "matrix precision: fp32, tf32, bf16, fp16 (default bf16 on a GPU, fp32 on the CPU)"},
-        loom_flag(LOOM_FLAG_ZERO, &f.zero),
+        {"zero", ARG_INT, &f.zero, "0", 0, 3, "ZeRO stage of the data-parallel plan; given, it also fixes the layout search's"},
+        {"tp", ARG_INT, &f.tp, "0", 0, 1 << 20, "tensor-parallel size for the layout search (0 = search)"},
+        {"pp", ARG_INT, &f.pp, "0", 0, 1 << 20, "pipeline stages for the layout search (0 = search)"},
         {"recompute", ARG_STR, &f.recompute, "none", 0, 0, "activation recompute: none, gelu, all"},
         {"batch", ARG_INT, &f.batch, "0", 0, 1 << 20, "micro-batch per GPU (0 = the largest that fits)"},
         loom_flag(LOOM_FLAG_SEQ, &f.seq),

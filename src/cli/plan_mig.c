@@ -30,17 +30,45 @@ static void print_mig_parted(const loom_gpu_t *g, const loom_mig_layout_t *l) {
     }
 }
 
-/* One entry per (service, profile): a pod of that service asks for one slice. */
+/* The device plugin's resource name for a profile: it advertises
+ * "1g.10gb+me" as mig-1g.10gb.me ('+' is not allowed in a resource name). */
+static void k8s_resource(const char *profile, char *out, size_t cap) {
+    snprintf(out, cap, "%s", profile);
+    for (char *c = out; *c; c++)
+        if (*c == '+') *c = '.';
+}
+
+/* Instance i belongs to the service named like request r's (a name may
+ * come in several requests). */
+static int same_service(const loom_mig_layout_t *l, const loom_mig_request_t *req, int i, int r) {
+    return !strcmp(req[l->owner[i]].service, req[r].service);
+}
+
+/* Instances of request r's service on profile p. */
+static int service_count(const loom_mig_layout_t *l, const loom_mig_request_t *req, int r, int p) {
+    int n = 0;
+    for (int i = 0; i < l->n; i++) n += same_service(l, req, i, r) && l->profile[i] == p;
+    return n;
+}
+
+/* One entry per (service, profile): a pod asks for one slice, so a service
+ * on two profiles is two workloads, named service-profile; each name once. */
 static void print_k8s(const loom_gpu_t *g, const loom_mig_layout_t *l, const loom_mig_request_t *req, int nreq) {
     printf("# loom plan mig: Kubernetes resource requests on %s, NVIDIA device plugin MIG strategy \"mixed\"\nservices:\n", g->label);
-    for (int r = 0; r < nreq; r++)
+    for (int r = 0; r < nreq; r++) {
+        int seen = 0, profiles = 0;
+        for (int q = 0; q < r; q++) seen |= !strcmp(req[q].service, req[r].service);
+        if (seen) continue;
+        for (int p = 0; p < g->nprofiles; p++) profiles += service_count(l, req, r, p) > 0;
         for (int p = 0; p < g->nprofiles; p++) {
-            int n = 0;
-            for (int i = 0; i < l->n; i++) n += l->owner[i] == r && l->profile[i] == p;
+            int n = service_count(l, req, r, p);
             if (!n) continue;
-            printf("  - name: %s\n    replicas: %d\n    resources:\n      limits:\n        nvidia.com/mig-%s: 1\n",
-                   req[r].service, n, g->profiles[p].name);
+            char res[64], name[160];
+            k8s_resource(g->profiles[p].name, res, sizeof res);
+            snprintf(name, sizeof name, profiles > 1 ? "%s-%s" : "%s", req[r].service, res);
+            printf("  - name: %s\n    replicas: %d\n    resources:\n      limits:\n        nvidia.com/mig-%s: 1\n", name, n, res);
         }
+    }
 }
 
 static void print_table(const loom_gpu_t *g, const loom_mig_layout_t *l, const loom_mig_request_t *req, int json) {

@@ -70,3 +70,18 @@ int plan_command(const char *cmd, const char *usage, const loom_arg_t *args, int
                  loom_status (*run)(void *flags), void *flags);
 int cmd_plan_serve(int argc, char **argv);
 int cmd_plan_mig(int argc, char **argv);
+
+/* ---- the layout search's report (src/cli/plan_layout.c) ---- */
+#include "plan/layout.h"
+/* Bytes of an ACT tensor: 2 on a GPU at bf16/fp16 (the CUDA backend's
+ * activation width), 4 otherwise. dt: a peak-table column. */
+double plan_act_bytes(int gpu, int dt);
+/* A warning row when a step's tokens overshoot --global-batch by more than
+ * 25% (even one micro-batch per rank is more than the target). */
+void plan_batch_overshoot(plan_report_t *r, double tokens, double target, int gpus, double micro_tokens);
+/* The error when no layout fits, naming why each kind was set aside. */
+loom_status plan_layouts_none(const loom_layout_search_t *s, const loom_layout_env_t *e);
+/* The "layouts" section: the fastest few and why the others were set aside. */
+void plan_report_layouts(plan_report_t *r, const loom_layout_search_t *s, const loom_layout_env_t *e, const char *dtype);
+/* Steps and total time of the best layout for `tokens`; returns seconds. */
+double plan_layout_time(plan_report_t *r, const loom_layout_row_t *best, double tokens, int gpus);

@@ -53,9 +53,12 @@ static void serve_mig(plan_report_t *r, const serve_flags_t *f, const loom_gpt_c
         loom_plan_serve_t s;
         char key[64], title[128];
         snprintf(key, sizeof key, "mig_%s", p->name);
-        snprintf(title, sizeof title, "per MIG slice %s (%d/8 of the bandwidth, %d/7 of the FLOPs)", p->name, p->memory_slices, p->compute_slices);
+        /* FLOPs scale with the slice's SMs out of the whole GPU's (a 7g
+         * A100 slice has 98 of 108), not with compute slices / 7. */
+        double share = g->sms > 0 && p->sms > 0 ? (double)p->sms / g->sms : p->compute_slices / 7.0;
+        snprintf(title, sizeof title, "per MIG slice %s (%d/8 of the bandwidth, %d of %d SMs of the FLOPs)", p->name, p->memory_slices, p->sms, g->sms);
         if (loom_plan_serve(cfg, wb, kvb, p->memory_gb, g->runtime_mb * 1e6, g->hbm_gbs * p->memory_slices / 8,
-                            g->peak_tflops[col] * 1e12 * p->compute_slices / 7, f->clients, f->prompt, f->output, &s) != LOOM_OK) {
+                            g->peak_tflops[col] * 1e12 * share, f->clients, f->prompt, f->output, &s) != LOOM_OK) {
             plan_report_section(r, key, title);
             plan_report_str(r, "fits", loom_errmsg(), "does not fit");
             continue;
@@ -102,7 +105,7 @@ static loom_status plan_serve(void *flags) {
     plan_report_assume(&r, "floors", "bounds, not predictions", "decode reads every weight and the batch's KV cache once per step at full bandwidth; prefill runs at peak FLOP/s");
     if (!f->mig) serve_rows(&r, "gpu", g->label, &whole, f->clients);
     if (g->nprofiles) {
-        plan_report_assume(&r, "MIG slices", "bandwidth x memory slices / 8, FLOPs x compute slices / 7", loom_gpu_source(g, "mig"));
+        plan_report_assume(&r, "MIG slices", "bandwidth x memory slices / 8, FLOPs x the slice's SMs / the GPU's SMs", loom_gpu_source(g, "mig"));
         serve_mig(&r, f, &cfg, g, wb, kvb, col);
     }
     plan_report_end(&r);

@@ -502,6 +502,7 @@ void loom_gpt_free(loom_gpt_t *m) {
     free_acts(m);
     if (m->rope_freq) be->free(m->rope_freq);
     free(m->file_int8);
+    free(m->file_q);
     free(m);
 }
 
@@ -766,11 +767,4 @@ void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T) {
     acts_t a;
     act_views(m, B, T, &a);
     loom_backend_download_act(m->be, out, a.a[A_LOGITS], (size_t)B * T * m->cfg.padded_vocab_size);
-}
-
-void loom_gpt_logits_row(const loom_gpt_t *m, float *out, int B, int T, size_t row) {
-    acts_t a;
-    act_views(m, B, T, &a);
-    size_t Vp = (size_t)m->cfg.padded_vocab_size;
-    loom_backend_download_act(m->be, out, (char *)a.a[A_LOGITS] + loom_backend_act_bytes(m->be, row * Vp), Vp);
 }

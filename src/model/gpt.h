@@ -193,6 +193,14 @@ struct loom_gpt {
      * runs these bytes instead of quantizing params again. Freed with the
      * model. */
     loom_tensor_t *file_int8;
+    /* Linear weights in llama.cpp's block formats (backend/qblock.h) as a
+     * GGUF stored them, or NULL: host memory, one malloc, (L, 4) tensors
+     * in LOOM_QLIN_* order then their bytes; a tensor whose file type is
+     * not a block format has data NULL (q8_0 ones are int8, block 32, as
+     * in file_int8). params holds the same values dequantized; the
+     * inference forward runs these on a backend with matmul_forward_kq
+     * (docs/quantization.md). Freed with the model. */
+    loom_tensor_t *file_q;
 };
 
 /* Layer l's slice of tensor i (LOOM_WTE ...) in `views` (m->param,
@@ -275,8 +283,6 @@ void loom_gpt_adamw_dev(loom_gpt_t *m, const loom_adamw_t *hp, const float *scal
 /* Copy the logits (B,T,Vp) of the last forward to host memory `out`. Only
  * meaningful after a forward with dloss == 0. */
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);
-/* Copy row `row` (0 <= row < B*T) of the last forward's logits (Vp floats). */
-void loom_gpt_logits_row(const loom_gpt_t *m, float *out, int B, int T, size_t row);
 /* res (N,C) = a + b_res, then out, mean, rstd = layernorm(res) with w, b:
  * the backend's fused entry when it has one, else the two ops. Used by
  * the forward here and by the inference path (model/infer.c). */

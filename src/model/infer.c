@@ -249,6 +249,14 @@ static void matmul(loom_infer_t *inf, const loom_tensor_t *qw, float *out, const
         be->matmul_forward_rows(out, inp, w, bias, N, C, OC, gelu);
 }
 
+int loom_infer_file_weight(const loom_backend_t *be, const loom_tensor_t *w, float *out, const float *inp,
+                           const float *bias, int N, int C, int OC, int gelu) {
+    if (w->dtype == LOOM_INT8 && be->matmul_forward_w8a8) be->matmul_forward_w8a8(out, inp, w, bias, N, C, OC, gelu);
+    else if (w->dtype != LOOM_INT8 && be->matmul_forward_kq) be->matmul_forward_kq(out, inp, w, bias, N, C, OC, gelu);
+    else return 0;
+    return 1;
+}
+
 /* The packed GEMM on fp32 w for prefill rows; `pre` (N, OC) takes the
  * product before the GELU when the fused entry needs it. */
 static void gemm(const loom_backend_t *be, float *out, float *pre, const float *inp, const float *w,
@@ -261,13 +269,16 @@ static void gemm(const loom_backend_t *be, float *out, float *pre, const float *
     }
 }
 
-/* Linear layer `which` (LOOM_QLIN_*) of block l, run by runs of rows
- * (segment): int8 when a quantized copy is set; else compressed 2:4 for a
+/* Linear layer `which` (LOOM_QLIN_*) of block l: the file's own blocks
+ * for all rows at once when the model has them (gpt.h file_q) and the
+ * backend their op; else by runs of rows (segment): int8 when a quantized copy is set; else compressed 2:4 for a
  * run of at most LOOM_SPARSE24_MAX_ROWS rows when a sparse copy is set;
  * else fp32, the packed GEMM for prefill rows, the row kernel otherwise. */
 static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
                    const float *bias, int C, int OC, int gelu) {
     const loom_backend_t *be = inf->be;
+    const loom_tensor_t *fq = inf->m->file_q ? &inf->m->file_q[(size_t)l * LOOM_QLIN_COUNT + which] : NULL;
+    if (fq && fq->data && loom_infer_file_weight(be, fq, out, inp, bias, inf->seg_start[inf->n_seg], C, OC, gelu)) return;
     const loom_tensor_t *qw = inf->quant ? loom_quant_weight(inf->quant, which, l) : NULL;
     for (int k = 0; k < inf->n_seg; k++) {
         int r0 = inf->seg_start[k], n = inf->seg_start[k + 1] - r0;

@@ -67,6 +67,13 @@ struct loom_sparse24;
  * LOOM_SPARSE24_MAX_ROWS rows. s must outlive its use here. */
 void loom_infer_set_sparse24(loom_infer_t *inf, const struct loom_sparse24 *s);
 
+/* out (N, OC) = inp (N, C) @ w^T + bias (GELU when gelu) on a weight
+ * as a file stored it (gpt.h file_q: a block format, or int8 from q8_0)
+ * with the backend's op for its type: 1, or 0 (nothing run) when the
+ * backend has none (then the caller runs the dequantized fp32 weight). */
+int loom_infer_file_weight(const loom_backend_t *be, const loom_tensor_t *w, float *out, const float *inp,
+                           const float *bias, int N, int C, int OC, int gelu);
+
 /* What the inference forward runs instead of the dense fp32 linear
  * weights: an int8 copy (quant) or, without one, a 2:4 compressed copy
  * (s24); both NULL: the fp32 weights. One function decides which, for

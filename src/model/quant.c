@@ -13,13 +13,6 @@ struct loom_quant {
     size_t bytes;
 };
 
-int loom_quant_parse(const char *s) {
-    if (!strcmp(s, "none") || !strcmp(s, "fp32")) return LOOM_QUANT_NONE;
-    if (!strcmp(s, "w8a32") || !strcmp(s, "w8a16")) return LOOM_QUANT_W8A32;
-    if (!strcmp(s, "int8") || !strcmp(s, "w8a8")) return LOOM_QUANT_W8A8;
-    return -1;
-}
-
 const char *loom_quant_name(loom_quant_mode q) {
     return q == LOOM_QUANT_W8A32 ? "w8a32" : q == LOOM_QUANT_W8A8 ? "w8a8" : "none";
 }
@@ -177,8 +170,6 @@ const loom_tensor_t *loom_quant_logits(const loom_quant_t *q) {
     return q && q->logits ? &q->w[q->L * LOOM_QLIN_COUNT] : NULL;
 }
 
-size_t loom_quant_bytes(const loom_quant_t *q) { return q->bytes; }
-
 size_t loom_quant_decode_bytes(const loom_gpt_config_t *c, loom_quant_mode mode, const loom_quant_opts_t *o) {
     loom_quant_opts_t d = o ? *o : loom_quant_opts_default();
     loom_tensor_info_t t[LOOM_NPARAMS];
@@ -193,30 +184,6 @@ size_t loom_quant_decode_bytes(const loom_gpt_config_t *c, loom_quant_mode mode,
     size_t lin_sc = d.block ? lin / d.block : lin_rows, head_sc = d.block ? head / d.block : (size_t)c->vocab_size;
     size_t logits = d.logits ? head + 4 * head_sc : 4 * head;
     return 4 * rest + lin + 4 * lin_sc + logits;
-}
-
-void loom_quant_fake(loom_gpt_t *m) {
-    size_t big = 0, rows = 0; /* the largest linear matrix, and the most rows */
-    for (int k = 0; k < LOOM_QLIN_COUNT; k++) {
-        int OC, C;
-        lin(m, k, 0, &OC, &C);
-        big = (size_t)OC * C > big ? (size_t)OC * C : big;
-        rows = (size_t)OC > rows ? (size_t)OC : rows;
-    }
-    float *host = loom_malloc(big * sizeof(float));
-    signed char *hq = loom_malloc(big);
-    float *hs = loom_malloc(rows * sizeof(float));
-    for (int l = 0; l < m->cfg.n_layer; l++)
-        for (int k = 0; k < LOOM_QLIN_COUNT; k++) {
-            int OC, C;
-            float *w = (float *)lin(m, k, l, &OC, &C);
-            size_t n = (size_t)OC * C;
-            m->be->download(host, w, n * sizeof(float));
-            loom_quant_rows(host, OC, C, hq, hs);
-            for (size_t i = 0; i < n; i++) host[i] = (float)hq[i] * hs[i / (size_t)C];
-            m->be->upload(w, host, n * sizeof(float));
-        }
-    free(host), free(hq), free(hs);
 }
 
 /* ---- 2:4 structured sparsity ---- */

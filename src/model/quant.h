@@ -21,8 +21,6 @@ enum { LOOM_QLIN_QKV, LOOM_QLIN_ATTPROJ, LOOM_QLIN_FC, LOOM_QLIN_FCPROJ, LOOM_QL
 
 typedef struct loom_quant loom_quant_t;
 
-/* "none", "int8" (= w8a8), "w8a32" (also "w8a16"), "w8a8"; -1 if unknown. */
-int loom_quant_parse(const char *s);
 /* "none", "w8a32", "w8a8". */
 const char *loom_quant_name(loom_quant_mode q);
 
@@ -67,19 +65,12 @@ loom_quant_mode loom_quant_mode_of(const loom_quant_t *q);
 const loom_tensor_t *loom_quant_weight(const loom_quant_t *q, int which, int l);
 /* The logits weight: int8 (Vp, C), or NULL when the logits stay fp32. */
 const loom_tensor_t *loom_quant_logits(const loom_quant_t *q);
-/* Bytes of the int8 weights and their scales (the logits' included). */
-size_t loom_quant_bytes(const loom_quant_t *q);
-
 /* Bytes of weights a decode step reads per token for a model of config c:
  * every matrix once (wte for the logits), int8 plus scales where `mode`
  * (not NONE) quantizes with options o (NULL: defaults), fp32 elsewhere;
  * the position table and the one embedding row are left out. */
 size_t loom_quant_decode_bytes(const loom_gpt_config_t *c, loom_quant_mode mode, const loom_quant_opts_t *o);
 
-/* Replace m's linear weights by their int8 round trip in place (fp32
- * storage, the values W8A32 computes with): for the training-path forward
- * (`loom eval --quant`). */
-void loom_quant_fake(loom_gpt_t *m);
 
 
 /* ---- 2:4 structured sparsity ---- */

@@ -237,8 +237,6 @@ loom_status loom_train_metrics_start(loom_train_metrics_t **out, const loom_trai
 
 loom_metrics_t *loom_train_metrics_registry(loom_train_metrics_t *tm) { return tm ? tm->reg : NULL; }
 loom_telemetry_t *loom_train_metrics_telemetry(loom_train_metrics_t *tm) { return tm ? tm->tel : NULL; }
-int loom_train_metrics_port(const loom_train_metrics_t *tm) { return tm ? loom_http_port(tm->http) : 0; }
-
 double loom_train_metrics_energy_j(loom_train_metrics_t *tm) {
     if (!tm) return NAN;
     double e = loom_telemetry_energy_j(tm->tel);

@@ -4,7 +4,7 @@
  * carries a rank label; docs/observability.md lists them with their units.
  *
  * The trainer calls loom_train_metrics_step after each optimizer step
- * (the training observer in train_observer.c does); the HTTP server and
+ * (the metrics exporter observer in src/train/exporter.c does); the HTTP server and
  * the dashboard's sampler read the registry from their own threads. */
 #ifndef LOOM_TRAIN_METRICS_H
 #define LOOM_TRAIN_METRICS_H
@@ -48,8 +48,6 @@ loom_status loom_train_metrics_start(loom_train_metrics_t **out, const loom_trai
 /* The registry (to add metrics) and the telemetry in use. */
 loom_metrics_t *loom_train_metrics_registry(loom_train_metrics_t *tm);
 loom_telemetry_t *loom_train_metrics_telemetry(loom_train_metrics_t *tm);
-/* The port the server listens on (0 without a server). */
-int loom_train_metrics_port(const loom_train_metrics_t *tm);
 
 /* Record a step, a validation loss, a checkpoint write. Lock-free. */
 void loom_train_metrics_step(loom_train_metrics_t *tm, const loom_train_metrics_step_t *s);

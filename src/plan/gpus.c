@@ -56,6 +56,9 @@ static loom_status parse_gpu(loom_gpu_t *g, const cJSON *o, const char *path) {
     g->pcie_gbs = num(o, "pcie_gbs", 0);
     g->ib_gbs = num(o, "ib_gbs", 0);
     g->gpus_per_node = (int)num(o, "gpus_per_node", 8);
+    g->nvlink_domain = (int)num(o, "nvlink_domain", g->gpus_per_node);
+    g->sms = (int)num(o, "sms", 0);
+    if (g->nvlink_domain < 1 || g->nvlink_domain > g->gpus_per_node) g->nvlink_domain = g->gpus_per_node;
     g->default_mfu = num(o, "default_mfu", 0.4);
     g->runtime_mb = num(o, "runtime_mb", 0);
     g->price = num(o, "price_per_hour", -1);

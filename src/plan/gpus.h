@@ -35,6 +35,8 @@ typedef struct {
     double peak_tflops[LOOM_PEAK_N];
     double nvlink_gbs, pcie_gbs, ib_gbs; /* per direction per GPU */
     int gpus_per_node;
+    int sms;           /* streaming multiprocessors of the whole GPU (the peak's); 0: not listed */
+    int nvlink_domain; /* GPUs joined by one NVLink fabric: 8 on HGX boards, 2 for H100 NVL's bridged pairs */
     double default_mfu, runtime_mb;
     double price, spot_price; /* USD per GPU-hour; < 0 = not listed */
     int nprofiles;

@@ -2,10 +2,10 @@
 
 #include <math.h>
 
-#include "train/step.h"
+#include "parallel/shard.h"
 
 void loom_plan_train_memory(const loom_gpt_config_t *cfg, loom_recompute rc, int zero, int world,
-                            int B, int T, int accum, double runtime_bytes, loom_plan_mem_t *o) {
+                            int B, int T, int accum, double act_bytes, double runtime_bytes, loom_plan_mem_t *o) {
     loom_tensor_info_t t[LOOM_NPARAMS];
     size_t P, lo, hi;
     loom_gpt_param_table(cfg, t, &P);
@@ -14,10 +14,15 @@ void loom_plan_train_memory(const loom_gpt_config_t *cfg, loom_recompute rc, int
     size_t shard = zero >= 1 ? (hi - lo ? hi - lo : 1) : P;
     loom_act_info_t a[LOOM_ACT_MAX];
     int na;
-    size_t acts = loom_gpt_act_table(cfg, rc, B, T, a, &na);
-    double per_layer = 0;
-    for (int i = 0; i < na; i++)
-        if (a[i].slices > 1) per_layer += (double)a[i].slice_floats * 4;
+    loom_gpt_act_table(cfg, rc, B, T, a, &na);
+    /* ACT tensors at the backend's width (2 bytes at bf16/fp16 on CUDA),
+     * statistics and losses at 4. */
+    double per_layer = 0, acts = 0;
+    for (int i = 0; i < na; i++) {
+        double w = a[i].f32 ? 4 : act_bytes;
+        acts += (double)a[i].floats * w;
+        if (a[i].slices > 1) per_layer += (double)a[i].slice_floats * w;
+    }
     size_t BT = (size_t)B * T;
     *o = (loom_plan_mem_t){0};
     o->num_params = P;
@@ -25,7 +30,7 @@ void loom_plan_train_memory(const loom_gpt_config_t *cfg, loom_recompute rc, int
     o->params = 4.0 * P;
     o->grads = 4.0 * P;
     o->optim = 8.0 * shard;
-    o->acts = 4.0 * acts;
+    o->acts = acts;
     o->acts_per_layer = per_layer;
     o->batch = 3.0 * 4 * BT;
     o->runtime = runtime_bytes;

@@ -16,7 +16,7 @@ typedef struct {
     double grads;      /* the fp32 gradient block, whole at every ZeRO stage (backward writes it) */
     double optim;      /* AdamW m and v: whole (ZeRO 0) or this rank's shard */
     double master;     /* a separate master copy: 0, the parameters are the masters */
-    double acts;       /* the activation block, loom_gpt_act_table */
+    double acts;       /* the activation block, loom_gpt_act_table, at its widths */
     double acts_per_layer; /* of which one block keeps (times L in acts) */
     double batch;      /* token and target ids (device) and per-position losses (host) */
     double comm;       /* separate communication buffers: 0, gradients reduce in place */
@@ -29,9 +29,11 @@ typedef struct {
     size_t shard;      /* floats of this rank's AdamW shard */
 } loom_plan_mem_t;
 
-/* Memory of rank 0 for a config (cfg finished: padded vocab set). */
+/* Memory of rank 0 for a config (cfg finished: padded vocab set);
+ * act_bytes: the width of ACT tensors, 4 on the CPU and at fp32/tf32, 2
+ * at bf16/fp16 on CUDA. */
 void loom_plan_train_memory(const loom_gpt_config_t *cfg, loom_recompute rc, int zero, int world,
-                            int B, int T, int accum, double runtime_bytes, loom_plan_mem_t *out);
+                            int B, int T, int accum, double act_bytes, double runtime_bytes, loom_plan_mem_t *out);
 
 /* Spot training under exponential preemptions with mean time between
  * preemptions M, checkpoint write time C and restart time R, for `work_s`

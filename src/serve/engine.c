@@ -118,6 +118,11 @@ void loom_engine_config_default(loom_engine_config_t *c) {
                                 .max_batch_tokens = 512, .max_seqs = 64, .prefix_cache = 1};
 }
 
+const char *loom_finish_name(loom_finish_reason f) {
+    static const char *const names[LOOM_FINISH_COUNT] = {"", "length", "stop", "abort"};
+    return f >= 0 && f < LOOM_FINISH_COUNT ? names[f] : "";
+}
+
 void loom_request_params_default(loom_request_params_t *p) {
     *p = (loom_request_params_t){.max_tokens = 16, .temperature = 0, .top_k = 0, .top_p = 1, .n = 1, .logprobs = -1};
 }
@@ -403,7 +408,7 @@ static int text_add(loom_engine_t *e, seq_t *s, int token, size_t *rel) {
         s->text = realloc(s->text, s->text_cap);
         if (!s->text) loom_panic(__FILE__, __LINE__, "out of memory for generated text");
     }
-    memcpy(s->text + s->text_len, b, n);
+    if (n) memcpy(s->text + s->text_len, b, n);
     s->text_len += n;
     const request_t *r = s->req;
     size_t hold = 0, cut = s->text_len;
@@ -826,11 +831,15 @@ static int team_size(void) {
     return n;
 }
 
+/* The host threads the model's backend runs its ops on (be->threads); one
+ * where the ops run off the host (the sampling's few loops). */
+static int backend_threads(const loom_engine_t *e) { return e->m->be->threads > 0 ? e->m->be->threads : 1; }
+
 /* OpenMP's thread count belongs to each thread: give the stepping thread
  * the backend's, and record the team it gets when the thread or the count
  * changes. */
 static void set_threads(loom_engine_t *e) {
-    int want = loom_backend_cpu_threads();
+    int want = backend_threads(e);
     omp_set_num_threads(want);
     if (want == e->stepper_threads && pthread_equal(e->stepper, pthread_self())) return;
     e->stepper = pthread_self();
@@ -902,7 +911,7 @@ loom_status loom_engine_run(loom_engine_t *e) {
 
 static void *loop_main(void *arg) {
     loom_engine_loop_t *l = arg;
-    omp_set_num_threads(loom_backend_cpu_threads());
+    omp_set_num_threads(l->n > 0 ? backend_threads(l->e[0]) : 1);
     int threads = team_size();
     pthread_mutex_lock(&l->mu);
     l->threads = threads;

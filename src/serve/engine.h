@@ -14,6 +14,10 @@
  * needs a block and none is free, the newest running sequence is preempted:
  * its blocks are freed and it goes back to the front of the queue to be
  * recomputed (prompt plus the tokens it had made) when blocks free up.
+ * A sequence admitted without blocks first takes the cached blocks of the
+ * prompt prefix it shares with earlier ones (prefix caching,
+ * serve/kv_cache.h); with `speculate`, a decoding sequence may run drafted
+ * tokens after its last one, verified in the same forward.
  *
  * Threads: every function here is safe to call from any thread. Either
  * call loom_engine_step yourself (one thread), or start a step loop
@@ -113,7 +117,15 @@ typedef enum {
     LOOM_FINISH_LENGTH,    /* max_tokens reached, or the model's context is full */
     LOOM_FINISH_STOP,      /* a stop id or stop string */
     LOOM_FINISH_CANCELLED, /* loom_engine_cancel */
+    LOOM_FINISH_COUNT
 } loom_finish_reason;
+
+/* The one table of reason names, for loom's own outputs (the metrics'
+ * finish_reason label, `loom generate`'s JSON lines): "length", "stop",
+ * "abort" for CANCELLED (the client left, a deadline passed, shutdown:
+ * vLLM's label for it), "" for NONE. The OpenAI API has no "abort":
+ * loom_api_finish_reason (http_api.h) maps the reasons for clients. */
+const char *loom_finish_name(loom_finish_reason f);
 
 /* What an event carries; valid during the callback only. */
 typedef struct {

@@ -381,3 +381,7 @@ char *loom_api_render_chat(const loom_api_message_t *m, int n, const char *tmpl)
     *w = 0;
     return out;
 }
+
+const char *loom_api_finish_reason(loom_finish_reason f) {
+    return f == LOOM_FINISH_STOP ? "stop" : f == LOOM_FINISH_NONE ? NULL : "length";
+}

@@ -75,6 +75,12 @@ char *loom_api_render_chat(const loom_api_message_t *m, int n, const char *tmpl)
 /* 1 when s[0..n) is valid UTF-8 (no overlongs, no surrogates). */
 int loom_api_utf8_valid(const char *s, size_t n);
 
+/* finish_reason as the OpenAI API defines it (stop, length, tool_calls,
+ * content_filter, function_call): a sample cut short (CANCELLED: its
+ * deadline passed, the server shut down) is "length", an output that
+ * ended before it was complete, never loom's own "abort"; NULL for NONE. */
+const char *loom_api_finish_reason(loom_finish_reason f);
+
 /* Compare two strings in time that depends only on their lengths. */
 int loom_api_secret_equal(const char *a, const char *b);
 

@@ -151,7 +151,6 @@ void loom_kv_pool_release(loom_kv_pool_t *p, int block) {
 
 int loom_kv_pool_refs(const loom_kv_pool_t *p, int block) { return p->refs[block]; }
 int loom_kv_pool_free_count(const loom_kv_pool_t *p) { return p->nfree + p->ncached; }
-int loom_kv_pool_total(const loom_kv_pool_t *p) { return p->total; }
 int loom_kv_pool_cached_count(const loom_kv_pool_t *p) { return p->ncached; }
 
 /* ---- audit ---- */

@@ -46,9 +46,8 @@ void loom_kv_pool_ref(loom_kv_pool_t *p, int block);
 void loom_kv_pool_release(loom_kv_pool_t *p, int block);
 /* References a block has (0 = free or cached). */
 int loom_kv_pool_refs(const loom_kv_pool_t *p, int block);
-/* Blocks an allocation can get now (free plus cached unused), and the pool's size. */
+/* Blocks an allocation can get now (free plus cached unused). */
 int loom_kv_pool_free_count(const loom_kv_pool_t *p);
-int loom_kv_pool_total(const loom_kv_pool_t *p);
 /* Cached blocks nobody holds (part of the free count). */
 int loom_kv_pool_cached_count(const loom_kv_pool_t *p);
 

@@ -13,8 +13,6 @@ static const double token_bounds[] = {1,    2,    5,    10,    20,    50,    100
                                       2000, 5000, 10000, 20000, 50000, 100000, 200000, 500000, 1000000};
 #define NT (int)(sizeof token_bounds / sizeof token_bounds[0])
 
-static const char *const finish_names[4] = {"", "length", "stop", "abort"};
-
 void loom_serve_metrics_declare(loom_serve_metrics_t *sm, loom_metrics_t *r, const char *n, loom_engine_t *e,
                                 const char *device) {
     memset(sm, 0, sizeof *sm);
@@ -25,11 +23,11 @@ void loom_serve_metrics_declare(loom_serve_metrics_t *sm, loom_metrics_t *r, con
                                           "model", n, NULL);
     sm->step_tokens = loom_metrics_histogram(r, "loom_serve_iteration_tokens", "Tokens (prefill and decode) computed per engine step.",
                                              token_bounds, NT, "model", n, NULL);
-    for (int i = 1; i < 4; i++)
+    for (int i = 1; i < LOOM_FINISH_COUNT; i++)
         sm->done[i] = loom_metrics_counter(r, "loom_serve_request_success_total",
                                            "Finished requests (a prompt with its n samples) by finish reason: length, stop, or "
                                            "abort (cancelled, disconnected, timed out).",
-                                           "model", n, "finish_reason", finish_names[i], NULL);
+                                           "model", n, "finish_reason", loom_finish_name((loom_finish_reason)i), NULL);
     loom_engine_stats_t st;
     loom_engine_stats(e, &st);
     char bs[16], nb[16];
@@ -57,7 +55,7 @@ void loom_serve_metrics_step(loom_serve_metrics_t *sm, loom_engine_t *e) {
 void loom_serve_metrics_request(loom_serve_metrics_t *sm, int prompt_tokens, int generated_tokens, int finish) {
     loom_histogram_observe(sm->prompt_hist, prompt_tokens);
     loom_histogram_observe(sm->gen_hist, generated_tokens);
-    if (finish > 0 && finish < 4) loom_counter_add(sm->done[finish], 1);
+    if (finish > 0 && finish < LOOM_FINISH_COUNT) loom_counter_add(sm->done[finish], 1);
 }
 
 void loom_serve_http_error(loom_http_response_t *resp, int status, const char *message) {

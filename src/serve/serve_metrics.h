@@ -15,7 +15,7 @@
 #define LOOM_SERVE_HTTP_COUNTER "loom_serve_http_responses_total"
 
 typedef struct {
-    loom_metric_t *prompt_hist, *gen_hist, *step_tokens, *done[4];
+    loom_metric_t *prompt_hist, *gen_hist, *step_tokens, *done[LOOM_FINISH_COUNT];
     long long last_step_tokens; /* prompt + generated tokens at the last step */
 } loom_serve_metrics_t;
 

@@ -103,7 +103,8 @@ static void on_event(void *ctx, const loom_engine_event_t *ev) {
     if (ev->token >= 0) sb->n_gen++;
     if (ev->finish) {
         /* A request ends with its last sample; abort outranks length outranks stop. */
-        if (ev->finish == 3 || (ev->finish == 1 && sb->finish != 3) || !sb->finish) sb->finish = ev->finish;
+        if (ev->finish == LOOM_FINISH_CANCELLED || (ev->finish == LOOM_FINISH_LENGTH && sb->finish != LOOM_FINISH_CANCELLED) || !sb->finish)
+            sb->finish = ev->finish;
         if (++sb->n_fin == j->a.p.n) loom_serve_metrics_request(&m->more, j->n_pids[sb->k], sb->n_gen, sb->finish);
         if (++j->fin_cb == j->n_choices) loom_histogram_observe(m->e2e, now - j->t0);
     }
@@ -303,9 +304,7 @@ static cJSON *head_json(const job_t *j, const char *object) {
 }
 
 static void add_finish(cJSON *c, int finish) {
-    /* OpenAI has no "abort" (LiteLLM drops a stream that ends with it): a sample cut short by the
-     * deadline or shutdown ended before it was complete, which "length" tells a client */
-    if (finish) cJSON_AddStringToObject(c, "finish_reason", finish == LOOM_FINISH_CANCELLED ? "length" : loom_srv_finish_names[finish]);
+    if (finish) cJSON_AddStringToObject(c, "finish_reason", loom_api_finish_reason((loom_finish_reason)finish));
     else cJSON_AddNullToObject(c, "finish_reason");
 }
 

@@ -16,8 +16,6 @@ static const double latency_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.
                                         0.75,  1.0,   2.5,  5.0,  7.5,  10,   20,   40,  80,  160};
 #define NB (int)(sizeof latency_bounds / sizeof latency_bounds[0])
 
-const char *const loom_srv_finish_names[4] = {"", "length", "stop", "abort"};
-
 /* Declare one model's series, every one labelled model=NAME. */
 static void declare_metrics(loom_server_t *s, srv_model_t *m) {
     loom_metrics_t *r = s->reg;

@@ -61,8 +61,6 @@ struct loom_server {
     loom_telemetry_t *tel; /* GPU telemetry (or CPU energy) and process_* series, from the first model's device */
 };
 
-extern const char *const loom_srv_finish_names[4];
-
 /* Answer with an error in the OpenAI shape. */
 void loom_srv_reply_error(loom_http_response_t *resp, const loom_api_error_t *err);
 /* The checks every /v1 request passes first: state (503) and API key

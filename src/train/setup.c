@@ -34,7 +34,9 @@ static loom_status resolve_resume(loom_train_job_t *j) {
     }
     if (!loom_path_is_dir(o->out))
         return loom_error(LOOM_EINVAL, "--resume: --out %s does not exist, nothing to resume; --resume auto starts a run there when it has none", o->out);
-    return j->run.lead ? loom_ckpt_clean(o->out) : LOOM_OK;
+    if (!j->run.lead) return LOOM_OK;
+    LOOM_TRY(loom_run_lock(o->out, &j->lock_fd)); /* one writer, before the clean-up touches anything */
+    return loom_ckpt_clean(o->out);
 }
 
 /* PATH made absolute (realpath), or as given when it cannot be; "" for NULL. */
@@ -219,7 +221,7 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
 static void fill_run_config(const loom_train_job_t *j, loom_run_config_t *c) {
     const loom_train_opts_t *o = &j->o;
     const loom_backend_t *be = j->run.be;
-    *c = (loom_run_config_t){.model_cfg = j->run.model->cfg, .cuda_graphs = j->graphs, .threads = loom_backend_cpu_threads(),
+    *c = (loom_run_config_t){.model_cfg = j->run.model->cfg, .cuda_graphs = j->graphs, .threads = be->threads,
                              .batch = o->batch, .seq = o->seq, .grad_accum = o->grad_accum, .world_size = o->world_size,
                              .zero = o->zero, .warmup = o->warmup, .steps = o->steps, .seed = o->seed, .lr = o->lr,
                              .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
@@ -245,6 +247,8 @@ static void fill_run_config(const loom_train_job_t *j, loom_run_config_t *c) {
 static loom_status write_run_folder(loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
     if (!j->run.lead || o->resume) return LOOM_OK;
+    LOOM_TRY(loom_run_check_new(o->out, o->force)); /* a refusal touches nothing, not even the lock file */
+    LOOM_TRY(loom_run_lock(o->out, &j->lock_fd));   /* one writer, before --force removes anything */
     LOOM_TRY(loom_run_prepare(o->out, o->force));
     loom_run_config_t c;
     fill_run_config(j, &c);
@@ -284,13 +288,14 @@ static void report_setup(const loom_train_job_t *j) {
     const loom_train_run_t *run = &j->run;
     const loom_gpt_config_t *c = &run->model->cfg;
     const loom_backend_t *be = run->be;
-    int threads = loom_backend_cpu_threads();
+    char threads[32] = ""; /* the host threads, where ops run on the host */
+    if (be->threads > 0) snprintf(threads, sizeof threads, ", %d thread%s", be->threads, be->threads == 1 ? "" : "s");
     size_t per_rank = (size_t)run->B * run->T * o->grad_accum;
     loom_info("loom train: %s", loom_dataset_describe(j->ds));
     loom_info("loom train: model %s: %d layers, %d heads, %d channels, context %d, vocabulary %d (padded %d), %.2fM parameters",
               o->model, c->n_layer, c->n_head, c->channels, c->max_seq_len, c->vocab_size, c->padded_vocab_size, loom_gpt_num_params(c) / 1e6);
-    loom_info("loom train: %s (%s), %d thread%s; batch %d x seq %d x accum %d = %zu tokens/step, %lld steps; peak %s",
-              be->name, loom_dtype_name(be->dtype), threads, threads == 1 ? "" : "s", run->B, run->T, o->grad_accum, per_rank, o->steps,
+    loom_info("loom train: %s (%s)%s; batch %d x seq %d x accum %d = %zu tokens/step, %lld steps; peak %s",
+              be->name, loom_dtype_name(be->dtype), threads, run->B, run->T, o->grad_accum, per_rank, o->steps,
               be->peak_source ? be->peak_source : "unknown");
     if (j->sg || j->recompute != LOOM_RECOMPUTE_NONE)
         loom_info("loom train: %s step%s%s; recompute %s (%.1f MB of activations)", j->device_step ? "device-resident" : "host",
@@ -329,9 +334,6 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     add_observers(j); /* first: teardown frees them, the caller's included, whatever fails below */
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     /* One writer per run folder, before anything in it is touched. */
-    int explicit_resume = o->resume && !(o->resume_from && !strcmp(o->resume_from, "auto"));
-    if (run->lead && (!explicit_resume || loom_path_is_dir(o->out))) /* a missing --resume folder: resolve_resume says so */
-        LOOM_TRY(loom_run_lock(o->out, &j->lock_fd));
     step_modes(j);
     LOOM_TRY(loom_dataset_open(&j->ds, o->data, o->val_fraction));
     run->data = j->ds;

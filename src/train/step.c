@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/mem.h"
+#include "parallel/shard.h"
 
 struct loom_dp {
     loom_gpt_t *m;
@@ -126,15 +127,6 @@ void loom_dp_free(loom_dp_t *dp) {
     }
     free(dp->lo);
     free(dp);
-}
-
-void loom_dp_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi) {
-    /* Shards of equal size, rounded to 16 floats (64 bytes); the last may be shorter. */
-    size_t S = (n + (size_t)world - 1) / (size_t)world;
-    S = (S + 15) / 16 * 16;
-    size_t a = (size_t)rank * S, b = a + S;
-    *lo = a < n ? a : n;
-    *hi = rank == world - 1 || b > n ? n : b;
 }
 
 void loom_dp_shard(const loom_dp_t *dp, size_t *lo, size_t *hi, float **adam_m, float **adam_v) {

@@ -52,10 +52,6 @@ typedef struct loom_dp loom_dp_t;
 loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const loom_dp_opts_t *o);
 void loom_dp_free(loom_dp_t *dp);
 
-/* Rank `rank`'s ZeRO shard [*lo, *hi) of a block of n floats over `world`
- * ranks, as loom_dp_init lays them out (the planner uses the same). */
-void loom_dp_shard_range(size_t n, int world, int rank, size_t *lo, size_t *hi);
-
 /* This rank's shard of the parameter block, [*lo, *hi) in floats (the whole
  * block for ZeRO 0), and its AdamW moments (host or device memory, hi-lo
  * floats each; for ZeRO 0 the model's own m->m, m->v from offset 0). */

@@ -17,6 +17,7 @@
 #include "cpu_gemm.h"
 #include "cpu_math.h"
 #include "cpu_int8.h"
+#include "cpu_kquant.h"
 #include "cpu_sparse24.h"
 #include "cpu_paged.h"
 
@@ -33,8 +34,6 @@ static void openblas_set_num_threads(int n) { (void)n; }
 #endif
 
 static int cpu_threads = 1;
-
-int loom_backend_cpu_threads(void) { return cpu_threads; }
 
 void *loom_cpu_alloc(size_t bytes) {
     void *p = NULL;
@@ -389,7 +388,9 @@ static loom_backend_t cpu_backend = {
     .name = "cpu",
     .dtype = LOOM_FP32,
     .caps = 0, /* host memory, synchronous ops, no graphs, no device step */
-    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(LOOM_INT8),
+    .dtypes = LOOM_DTYPE_BIT(LOOM_FP32) | LOOM_DTYPE_BIT(LOOM_INT32) | LOOM_DTYPE_BIT(LOOM_INT8) | LOOM_DTYPE_BIT(LOOM_Q4_0) |
+              LOOM_DTYPE_BIT(LOOM_Q4_1) | LOOM_DTYPE_BIT(LOOM_Q5_0) | LOOM_DTYPE_BIT(LOOM_Q5_1) | LOOM_DTYPE_BIT(LOOM_Q4_K) |
+              LOOM_DTYPE_BIT(LOOM_Q5_K) | LOOM_DTYPE_BIT(LOOM_Q6_K),
     .act_dtype = LOOM_FP32,
 #define CPU_SLOT_(name, ret, kind, fallback, flops, n, args) .name = loom_cpu_##name,
     LOOM_OPS(CPU_SLOT_)
@@ -449,7 +450,11 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
 #endif
     if (loom_cpu_gemm_init(threads) != 0)
         return loom_error(LOOM_ENOMEM, "cannot allocate the GEMM packing buffers for %d threads", threads);
-    cpu_threads = threads;
+    cpu_threads = cpu_backend.threads = threads;
+    static char kernels[96];
+    snprintf(kernels, sizeof kernels, "gemm %s%s, int8 %s", use_blas ? "blas" : loom_cpu_gemm_kernel(), use_blas ? "" : " (own)",
+             loom_cpu_int8_isa());
+    cpu_backend.kernels = kernels;
     omp_set_num_threads(threads);
     openblas_set_num_threads(threads);
     static int measured_threads = -1;

@@ -41,8 +41,6 @@ static int scratch_reserve(int threads, int T) {
     return 0;
 }
 
-int loom_cpu_attention_reserve(int threads, int T) { return scratch_reserve(threads, T); }
-
 /* S (rows x keys, row stride ld) = Q_blk K^T; C3 is qkv's row stride. */
 static void scores(float *S, int ld, const float *q, const float *k, size_t C3, int rows, int keys,
                    int hs, int tid) {

@@ -9,7 +9,5 @@ void loom_cpu_attention_forward(float *out, float *lse, const float *qkv, int B,
                                 int NH, int NKV);
 void loom_cpu_attention_backward(float *dqkv, const float *dout, const float *qkv,
                                  const float *out, const float *lse, int B, int T, int C, int NH, int NKV);
-/* Size the per-thread score scratch for sequences up to T; 0 or -1. */
-int loom_cpu_attention_reserve(int threads, int T);
 
 #endif

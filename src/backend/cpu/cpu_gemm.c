@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "cpu_math.h"
+#include "cpu_isa.h"
 
 #define KC 384     /* depth of a packed slice */
 #define NCB 480    /* columns of B packed at once (KC x NCB floats ~ 720 KB, in L2) */
@@ -126,9 +127,8 @@ static const kernel_t kernels[] = {
 static const kernel_t *kern = &kernels[2];
 
 static int cpu_has(const char *name) {
-    __builtin_cpu_init();
-    if (strcmp(name, "avx512") == 0) return __builtin_cpu_supports("avx512f");
-    if (strcmp(name, "avx2") == 0) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (strcmp(name, "avx512") == 0) return loom_cpu_has(LOOM_ISA_AVX512);
+    if (strcmp(name, "avx2") == 0) return loom_cpu_has(LOOM_ISA_AVX2);
     return 1;
 }
 

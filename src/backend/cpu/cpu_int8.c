@@ -33,6 +33,7 @@
 
 #include "cpu_math.h"
 #include "cpu_paged.h"
+#include "cpu_isa.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -45,17 +46,8 @@ enum { ISA_PORTABLE, ISA_AVX2, ISA_AVXVNNI, ISA_AVX512VNNI, ISA_COUNT };
 static const char *const isa_names[ISA_COUNT] = {"portable", "avx2", "avxvnni", "avx512vnni"};
 
 static int isa_supported(int isa) {
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    switch (isa) {
-    case ISA_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case ISA_AVXVNNI: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                             __builtin_cpu_supports("avxvnni");
-    case ISA_AVX512VNNI: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                                __builtin_cpu_supports("avx512vnni");
-    }
-#endif
-    return isa == ISA_PORTABLE;
+    static const unsigned need[ISA_COUNT] = {0, LOOM_ISA_AVX2, LOOM_ISA_AVXVNNI, LOOM_ISA_AVX512VNNI};
+    return loom_cpu_has(need[isa]);
 }
 
 static int isa_now = -1;
@@ -73,21 +65,7 @@ static int isa_pick(void) {
 
 const char *loom_cpu_int8_isa(void) { return isa_names[isa_pick()]; }
 
-int loom_cpu_int8_use(const char *name) {
-    if (!name) {
-        isa_now = -1;
-        return 1;
-    }
-    for (int i = 0; i < ISA_COUNT; i++)
-        if (!strcmp(name, isa_names[i])) {
-            if (!isa_supported(i)) return 0;
-            isa_now = i;
-            return 1;
-        }
-    return 0;
-}
-
-int loom_cpu_int8_vnni(void) { return isa_pick() >= ISA_AVXVNNI; }
+int loom_cpu_int8_use(const char *name) { return loom_cpu_isa_use(isa_names, ISA_COUNT, isa_supported, &isa_now, name); }
 
 /* One row: its scale, then q = round(x / s), ties away from zero (as
  * roundf), clamped to +-127. */
@@ -192,19 +170,12 @@ static void tile_portable(const i8args_t *a, int mr, int jr, i8out_t *t) {
 }
 
 #if defined(__x86_64__)
-/* Fixed-order sums of the lanes. */
+/* Fixed-order sum of the int32 lanes (the fp32 lanes: loom_hsum8, cpu_math.h). */
 __attribute__((target("avx2"))) static inline int32_t hsum_i32x8(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     return _mm_cvtsi128_si32(s);
-}
-
-__attribute__((target("avx2"))) static inline float hsum_f32x8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* The int32 sums of x[m] . w[j] for the k columns a step left over
@@ -248,7 +219,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
         }
     }
     for (int m = 0; m < mr; m++)
-        for (int j = 0; j < jr; j++) t->i[m][j] = hsum_i32x8(acc[m][j]), t->f[m][j] = hsum_f32x8(facc[m][j]);
+        for (int j = 0; j < jr; j++) t->i[m][j] = hsum_i32x8(acc[m][j]), t->f[m][j] = loom_hsum8(facc[m][j]);
     if (!blk) tail_i32(a, k, mr, jr, t);
 }
 
@@ -286,7 +257,7 @@ tile_avxvnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
     }
     for (int m = 0; m < mr; m++)
         for (int j = 0; j < jr; j++)
-            t->i[m][j] = hsum_i32x8(acc[m][j]) - hsum_i32x8(corr[j]), t->f[m][j] = hsum_f32x8(facc[m][j]);
+            t->i[m][j] = hsum_i32x8(acc[m][j]) - hsum_i32x8(corr[j]), t->f[m][j] = loom_hsum8(facc[m][j]);
     if (!blk) tail_i32(a, k, mr, jr, t);
 }
 

@@ -28,8 +28,6 @@ const char *loom_cpu_int8_isa(void);
  * CPU lacks it (nothing changes); NULL: back to the best one. For tests
  * and benchmarks. */
 int loom_cpu_int8_use(const char *name);
-/* 1 when the kernels use a VNNI instruction set on this CPU. */
-int loom_cpu_int8_vnni(void);
 
 /* The paged-cache ops (backend.h) on an int8 cache: kv's int8 rows with one
  * scale per row (block, K or V, head; kv->scales, written here). A row's

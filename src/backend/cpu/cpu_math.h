@@ -48,6 +48,24 @@ static inline float loom_gelu_grad(float x) {
     return 0.5f * (1.0f + th) + 0.5f * x * sech2 * LOOM_GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+/* An instruction-set switch for kernels that dispatch on cpuid (cpu_int8.c,
+ * cpu_kquant.c): names[0..n) the sets, supported(i) whether this CPU has
+ * set i, *now the one in use (-1: the caller picks the best on next use).
+ * Name NULL: back to the best (1); else 1 and *now = that set, or 0 when
+ * the name is unknown or the CPU lacks it (nothing changes). */
+static inline int loom_cpu_isa_use(const char *const *names, int n, int (*supported)(int), int *now, const char *name) {
+    if (!name) {
+        *now = -1;
+        return 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (!strcmp(name, names[i]) && supported(i)) {
+            *now = i;
+            return 1;
+        }
+    return 0;
+}
+
 #if defined(__x86_64__)
 /* Fixed-order sum of the 8 lanes: the order the fp32 matrix-vector kernels
  * (cpu_paged.c, cpu_sparse24.c) share, so that their results agree bitwise. */

@@ -29,6 +29,7 @@
 #include "cpu_paged.h"
 
 #include "cpu_int8.h"
+#include "cpu_isa.h"
 
 #define ROWS_PER_PASS 64 /* input rows per pass over the weights (L2-resident) */
 #define TILE_J 4
@@ -134,14 +135,7 @@ static void tile_scalar(const float *x, int K, const float *w, int mr, int jr, f
         }
 }
 
-static int have_avx2(void) {
-    static int v = -1;
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return v;
-}
+static int have_avx2(void) { return loom_cpu_has(LOOM_ISA_AVX2); }
 
 /* Rows j0..j0+jr-1 of an int8 W as fp32 (jr, K) into d: for many input
  * rows, widening once beats widening in every tile. */

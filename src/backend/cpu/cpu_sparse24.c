@@ -25,6 +25,7 @@
 #include "core/core.h"
 #include "cpu_gemm.h"
 #include "cpu_math.h"
+#include "cpu_isa.h"
 
 #define ROWS_PER_PASS 64 /* input rows per pass over the weights (L2-resident) */
 #define TILE_J 4
@@ -53,16 +54,7 @@ static inline void group_expand(const float *v, const uint8_t *m, int g, float w
 }
 
 int loom_cpu_s24_avx2(void) {
-#if defined(__x86_64__)
-    static int v = -1;
-    if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return v && strcmp(loom_cpu_gemm_kernel(), "scalar") != 0;
-#else
-    return 0;
-#endif
+    return loom_cpu_has(LOOM_ISA_AVX2) && strcmp(loom_cpu_gemm_kernel(), "scalar") != 0;
 }
 
 #if defined(__x86_64__)

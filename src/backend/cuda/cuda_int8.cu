@@ -322,8 +322,6 @@ void cuda_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t 
 
 /* ---- int8 paged KV cache ---- */
 
-#define MAX_HS_PER_LANE 8 /* head size up to 256, as the fp32 kernel */
-
 /* Token `off` of one cache row (int8, scale *scp) gets v (hs), by one warp:
  * kv_put of cpu_int8.c, op for op. A row's scale is set by its token at
  * offset 0 and can only rise; a rise requantizes the tokens already there. */
@@ -380,57 +378,6 @@ void cuda_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *sl
         ACT_TYPE(act);
         kv_write_int8_kernel<A><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
             (int8_t *)kv->data, (float *)kv->scales, (const A *)qkv, slot, N, NH, NKV, bs, hs);
-    });
-    LAUNCH_CHECK();
-}
-
-/* One warp per (row, head), as the fp32 kernel of cuda_paged.cu: each lane
- * holds hs/32 of q and of the output; keys one at a time with an online
- * softmax. The int8 rows are widened in registers and their row scales
- * applied to the score (K) and to the weight p (V). */
-template <typename A>
-__global__ void paged_attention_int8_kernel(A *out, const A *qkv, const int8_t *kv, const float *scales,
-                                            const int *pos, const int *seq, const int *tables, int max_blocks,
-                                            int N, int NH, int NKV, int bs, int hs) {
-    int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp >= N * NH) return;
-    int r = warp / NH, h = warp % NH, C = NH * hs, per = (hs + 31) / 32, kh = h / (NH / NKV);
-    const A *q = qkv + (size_t)r * (C + 2 * NKV * hs) + h * hs;
-    const int *table = tables + (size_t)seq[r] * max_blocks;
-    float ql[MAX_HS_PER_LANE], o[MAX_HS_PER_LANE], mx = -INFINITY, sum = 0.f, scale = rsqrtf((float)hs);
-    for (int k = 0; k < per; k++) {
-        ql[k] = lane + 32 * k < hs ? to_f(q[lane + 32 * k]) : 0.f;
-        o[k] = 0.f;
-    }
-    for (int t = 0; t <= pos[r]; t++) {
-        size_t rk = ((size_t)table[t / bs] * 2) * NKV + kh, rv = rk + NKV;
-        const int8_t *K = kv + rk * (size_t)bs * hs + (size_t)(t % bs) * hs;
-        const int8_t *V = kv + rv * (size_t)bs * hs + (size_t)(t % bs) * hs;
-        float d = 0.f;
-        for (int k = 0; k < per; k++)
-            if (lane + 32 * k < hs) d += ql[k] * (float)K[lane + 32 * k];
-        float s = warp_sum(d) * (scales[rk] * scale), nm = fmaxf(mx, s), corr = __expf(mx - nm), p = __expf(s - nm);
-        float pv = p * scales[rv];
-        sum = sum * corr + p;
-        for (int k = 0; k < per; k++) o[k] = o[k] * corr + (lane + 32 * k < hs ? pv * (float)V[lane + 32 * k] : 0.f);
-        mx = nm;
-    }
-    A *dst = out + (size_t)r * C + h * hs;
-    for (int k = 0; k < per; k++)
-        if (lane + 32 * k < hs) dst[lane + 32 * k] = from_f<A>(o[k] / sum);
-}
-
-void cuda_paged_attention_int8(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
-                               const int *seq, const int *block_tables, int max_blocks, int N, int NH, int NKV,
-                               int bs) {
-    int hs = (int)(kv->cols / bs), warps = N * NH;
-    if (hs > 32 * MAX_HS_PER_LANE)
-        loom_panic(__FILE__, __LINE__, "paged attention: head size %d is above %d", hs, 32 * MAX_HS_PER_LANE);
-    with_act([&](auto act) {
-        ACT_TYPE(act);
-        paged_attention_int8_kernel<A><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
-            (A *)out, (const A *)qkv, (const int8_t *)kv->data, kv->scales, pos, seq, block_tables, max_blocks, N,
-            NH, NKV, bs, hs);
     });
     LAUNCH_CHECK();
 }

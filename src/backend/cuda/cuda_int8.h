@@ -27,11 +27,9 @@ void cuda_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t 
  * one scale per row: block, K or V, head), bit for bit the CPU's rules:
  * a row's scale is set by its token at offset 0 and raised (earlier tokens
  * requantized) when a later token is larger; rows written in batch order.
- * cuda_paged.cu calls these for kv->dtype == LOOM_INT8. */
+ * cuda_paged.cu calls these for kv->dtype == LOOM_INT8 (and reads the
+ * cache in its attention kernel, templated on the element type). */
 void cuda_kv_write_int8(const loom_tensor_t *kv, const float *qkv, const int *slot, int N, int NH, int NKV, int bs);
-void cuda_paged_attention_int8(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
-                               const int *seq, const int *block_tables, int max_blocks, int N, int NH, int NKV,
-                               int bs);
 void cuda_kv_copy_block_int8(const loom_tensor_t *kv, int src, int dst, int NH);
 
 #endif

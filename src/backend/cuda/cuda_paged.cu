@@ -12,7 +12,8 @@
  *
  * Activations (out, qkv, inp) are of the backend's ACT type (bf16 when a
  * training run at --dtype bf16 samples text), read into fp32; the cache is
- * fp32. */
+ * fp32 or int8 (cuda_int8.cu writes and copies an int8 one; the attention
+ * kernel here reads both, templated on the element type). */
 #include <type_traits>
 
 #include "cuda_internal.h"
@@ -87,10 +88,15 @@ void cuda_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, i
 }
 
 /* One warp per (row, query head), 4 warps per block; query head h reads
- * cache head h / (NH / NKV). */
-template <typename A>
-__global__ void paged_attention_kernel(A *out, const A *qkv, float *kv, const int *pos, const int *seq,
-                                       const int *tables, int max_blocks, int N, int NH, int NKV, int bs, int hs) {
+ * cache head h / (NH / NKV). One kernel for a cache of element type E:
+ * float, or int8_t with one scale per row (block, K or V, head) applied to
+ * the score (K) and to the weight p (V) -- the only difference, as `attend`
+ * in cpu_paged.c has it. With E = float there are no scales and the
+ * factors are exactly 1, so the fp32 arithmetic is what it was. */
+template <typename A, typename E>
+__global__ void paged_attention_kernel(A *out, const A *qkv, const E *kv, const float *scales, const int *pos,
+                                       const int *seq, const int *tables, int max_blocks, int N, int NH, int NKV,
+                                       int bs, int hs) {
     int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (warp >= N * NH) return;
     int r = warp / NH, h = warp % NH, C = NH * hs, per = (hs + 31) / 32, kh = h / (NH / NKV);
@@ -103,18 +109,20 @@ __global__ void paged_attention_kernel(A *out, const A *qkv, float *kv, const in
         o[k] = 0.0f;
     }
     for (int t = 0; t <= pos[r]; t++) {
-        int blk = table[t / bs], off = t % bs;
-        const float *K = kv_slot(kv, NKV, bs, hs, blk, 0, kh, off), *V = kv_slot(kv, NKV, bs, hs, blk, 1, kh, off);
+        size_t rk = ((size_t)table[t / bs] * 2) * NKV + kh, rv = rk + NKV; /* cache rows (backend.h) */
+        const E *K = kv + (rk * bs + t % bs) * hs, *V = kv + (rv * bs + t % bs) * hs;
+        float sk = scales ? scales[rk] : 1.0f, sv = scales ? scales[rv] : 1.0f;
         float d = 0.0f;
         for (int k = 0; k < per; k++) {
             int e = lane + 32 * k;
-            if (e < hs) d += ql[k] * K[e];
+            if (e < hs) d += ql[k] * (float)K[e];
         }
-        float s = warp_sum(d) * scale, nm = fmaxf(mx, s), corr = __expf(mx - nm), p = __expf(s - nm);
+        float s = warp_sum(d) * (sk * scale), nm = fmaxf(mx, s), corr = __expf(mx - nm), p = __expf(s - nm);
+        float pv = p * sv;
         sum = sum * corr + p;
         for (int k = 0; k < per; k++) {
             int e = lane + 32 * k;
-            o[k] = o[k] * corr + (e < hs ? p * V[e] : 0.0f);
+            o[k] = o[k] * corr + (e < hs ? pv * (float)V[e] : 0.0f);
         }
         mx = nm;
     }
@@ -127,16 +135,20 @@ __global__ void paged_attention_kernel(A *out, const A *qkv, float *kv, const in
 
 void cuda_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos, const int *seq,
                           const int *block_tables, int max_blocks, int N, int NH, int NKV, int bs) {
-    if (kv->dtype == LOOM_INT8) /* cuda_int8.cu */
-        return cuda_paged_attention_int8(out, qkv, kv, pos, seq, block_tables, max_blocks, N, NH, NKV, bs);
-    fp32_only(kv);
+    if (kv->dtype != LOOM_INT8) fp32_only(kv);
     int hs = (int)(kv->cols / bs), warps = N * NH;
     if (hs > 32 * MAX_HS_PER_LANE)
         loom_panic(__FILE__, __LINE__, "paged attention: head size %d is above %d", hs, 32 * MAX_HS_PER_LANE);
     with_act([&](auto act) {
         typedef std::decay_t<decltype(act)> A;
-        paged_attention_kernel<A><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
-            (A *)out, (const A *)qkv, (float *)kv->data, pos, seq, block_tables, max_blocks, N, NH, NKV, bs, hs);
+        if (kv->dtype == LOOM_INT8)
+            paged_attention_kernel<A, int8_t><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
+                (A *)out, (const A *)qkv, (const int8_t *)kv->data, kv->scales, pos, seq, block_tables, max_blocks, N,
+                NH, NKV, bs, hs);
+        else
+            paged_attention_kernel<A, float><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
+                (A *)out, (const A *)qkv, (const float *)kv->data, (const float *)NULL, pos, seq, block_tables,
+                max_blocks, N, NH, NKV, bs, hs);
     });
     LAUNCH_CHECK();
 }

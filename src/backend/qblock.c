@@ -1,0 +1,123 @@
+/* qblock: the block formats' sizes, their reference dequantization and
+ * their expansion into the kernels' form (qblock.h). */
+#include "qblock.h"
+#include "qblock_impl.h"
+
+#include <string.h>
+
+/* Fused multiply-adds would round once where gguf-py rounds twice. */
+#pragma GCC optimize("fp-contract=off")
+
+static const loom_qblock_info_t infos[] = {
+    [LOOM_Q4_0 - LOOM_Q4_0] = {"q4_0", 2, 32, 18},   [LOOM_Q4_1 - LOOM_Q4_0] = {"q4_1", 3, 32, 20},
+    [LOOM_Q5_0 - LOOM_Q4_0] = {"q5_0", 6, 32, 22},   [LOOM_Q5_1 - LOOM_Q4_0] = {"q5_1", 7, 32, 24},
+    [LOOM_Q4_K - LOOM_Q4_0] = {"q4_K", 12, 256, 144}, [LOOM_Q5_K - LOOM_Q4_0] = {"q5_K", 13, 256, 176},
+    [LOOM_Q6_K - LOOM_Q4_0] = {"q6_K", 14, 256, 210},
+};
+
+const loom_qblock_info_t *loom_qblock_info(loom_dtype d) {
+    return d >= LOOM_Q4_0 && d <= LOOM_Q6_K ? &infos[d - LOOM_Q4_0] : NULL;
+}
+
+int loom_qblock_of_ggml(uint32_t ggml) {
+    for (int d = LOOM_Q4_0; d <= LOOM_Q6_K; d++)
+        if (infos[d - LOOM_Q4_0].ggml == ggml) return d;
+    return -1;
+}
+
+size_t loom_qblock_row_bytes(loom_dtype d, long long cols) {
+    const loom_qblock_info_t *q = loom_qblock_info(d);
+    return q ? (size_t)(cols / q->block) * (size_t)q->bytes : 0;
+}
+
+/* Value j of a 32-block's nibbles qs[16] (and fifth bits qh, or none). */
+static int nib32(const uint8_t *qs, uint32_t qh, int j) {
+    int lo = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+    return lo | (int)((qh >> j) & 1) << 4;
+}
+
+void loom_qblock_values(loom_dtype d, const void *blk, uint8_t *u) {
+    const uint8_t *b = blk;
+    uint32_t qh = 0;
+    switch (d) {
+    case LOOM_Q4_0: for (int j = 0; j < 32; j++) u[j] = (uint8_t)nib32(b + 2, 0, j); break;
+    case LOOM_Q4_1: for (int j = 0; j < 32; j++) u[j] = (uint8_t)nib32(b + 4, 0, j); break;
+    case LOOM_Q5_0: memcpy(&qh, b + 2, 4); for (int j = 0; j < 32; j++) u[j] = (uint8_t)nib32(b + 6, qh, j); break;
+    case LOOM_Q5_1: memcpy(&qh, b + 4, 4); for (int j = 0; j < 32; j++) u[j] = (uint8_t)nib32(b + 8, qh, j); break;
+    case LOOM_Q4_K:
+    case LOOM_Q5_K: {
+        const uint8_t *h = b + 16, *qs = d == LOOM_Q4_K ? b + 16 : b + 48;
+        for (int j = 0; j < 256; j++) {
+            int c = j / 64, l = j % 32, hi = (j / 32) & 1;
+            int v = hi ? qs[32 * c + l] >> 4 : qs[32 * c + l] & 0xF;
+            if (d == LOOM_Q5_K) v |= ((h[l] >> (j / 32)) & 1) << 4;
+            u[j] = (uint8_t)v;
+        }
+        break;
+    }
+    case LOOM_Q6_K:
+        for (int j = 0; j < 256; j++) {
+            int half = j / 128, k = (j % 128) / 32, l = j % 32;
+            const uint8_t *ql = b + 64 * half, *qh6 = b + 128 + 32 * half;
+            int lo = k & 1 ? ql[l + 32] : ql[l];
+            lo = k >= 2 ? lo >> 4 : lo & 0xF;
+            u[j] = (uint8_t)(lo | ((qh6[l] >> (2 * k)) & 3) << 4);
+        }
+        break;
+    default: break;
+    }
+}
+
+void loom_qblock_scales(loom_dtype d, const void *blk, loom_qblock_scales_t *s) { loom_qblock_scales_inline(d, blk, s); }
+
+size_t loom_qblock_tensor_bytes(const loom_tensor_t *t) {
+    size_t n = (size_t)t->rows * (size_t)t->cols;
+    if (loom_qblock_info(t->dtype)) return loom_qblock_row_bytes(t->dtype, t->cols) * (size_t)t->rows;
+    if (t->dtype == LOOM_INT8) return n + 4 * (t->block ? n / (size_t)t->block : (size_t)t->rows);
+    return n * loom_dtype_size(t->dtype);
+}
+
+/* One block as gguf-py computes it: its float operations in its order. */
+static void dequantize_block(loom_dtype d, const uint8_t *b, float *out) {
+    uint8_t u[256];
+    loom_qblock_values(d, b, u);
+    switch (d) {
+    case LOOM_Q4_0: case LOOM_Q5_0: {
+        float s = qblock_f16(b);
+        int off = d == LOOM_Q4_0 ? 8 : 16;
+        for (int j = 0; j < 32; j++) out[j] = s * (float)(u[j] - off);
+        break;
+    }
+    case LOOM_Q4_1: case LOOM_Q5_1: {
+        float s = qblock_f16(b), m = qblock_f16(b + 2);
+        for (int j = 0; j < 32; j++) out[j] = s * (float)u[j] + m;
+        break;
+    }
+    case LOOM_Q4_K: case LOOM_Q5_K: {
+        float s = qblock_f16(b), smin = qblock_f16(b + 2);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            qblock_scale_min_k4(j, b + 4, &sc, &m);
+            float dl = s * (float)sc, ml = smin * (float)m;
+            for (int l = 0; l < 32; l++) out[32 * j + l] = dl * (float)u[32 * j + l] - ml;
+        }
+        break;
+    }
+    case LOOM_Q6_K: {
+        float s = qblock_f16(b + 208);
+        for (int g = 0; g < 16; g++) {
+            float dl = s * (float)(int8_t)b[192 + g];
+            for (int l = 0; l < 16; l++) out[16 * g + l] = dl * (float)(u[16 * g + l] - 32);
+        }
+        break;
+    }
+    default: break;
+    }
+}
+
+void loom_qblock_dequantize(loom_dtype d, const void *src, size_t n, float *out) {
+    const loom_qblock_info_t *q = loom_qblock_info(d);
+    if (!q) return;
+    for (size_t b = 0; b < n / (size_t)q->block; b++)
+        dequantize_block(d, (const uint8_t *)src + b * (size_t)q->bytes, out + b * (size_t)q->block);
+}

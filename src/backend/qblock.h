@@ -1,0 +1,75 @@
+/* qblock: llama.cpp's (ggml's) block-quantized weight formats, as a GGUF
+ * file stores them and as loom computes with them (never re-quantized).
+ *
+ * A row of `cols` values is cols / block consecutive blocks (all fields
+ * little-endian; fp16 scales are IEEE half):
+ *
+ *   type  ggml  values bytes  layout                               value i
+ *   q4_0    2     32    18    d, qs[16]                            d * (q - 8)
+ *   q4_1    3     32    20    d, m, qs[16]                         d * q + m
+ *   q5_0    6     32    22    d, qh (uint32), qs[16]               d * (q - 16)
+ *   q5_1    7     32    24    d, m, qh, qs[16]                     d * q + m
+ *   q4_K   12    256   144    d, dmin, scales[12], qs[128]         d * sc_j * q - dmin * m_j
+ *   q5_K   13    256   176    d, dmin, scales[12], qh[32], qs[128] d * sc_j * q - dmin * m_j
+ *   q6_K   14    256   210    ql[128], qh[64], scales[16] (int8), d  d * sc_k * (q - 32)
+ *
+ * 4-bit values: in a 32-block, value j < 16 is the low nibble of qs[j],
+ * value j >= 16 the high nibble of qs[j - 16]; in a k-quant, each 64-value
+ * chunk c uses qs[32c .. 32c + 31], low nibbles then high nibbles. q5
+ * types add bit j of qh (q5_K: bit j/32 of qh[j % 32]) as the fifth bit.
+ * q4_K/q5_K have 8 sub-blocks of 32 values with 6-bit scale sc_j and min
+ * m_j packed in 12 bytes; q6_K has 16 sub-blocks of 16 with int8 scales,
+ * values from 4 low bits (ql) and 2 high bits (qh) per 128-value half.
+ * docs/quantization.md has the byte-level detail and the memory costs.
+ *
+ * The dequantized values are those of the gguf Python package
+ * (gguf.quants.dequantize), bit for bit: the same float operations in the
+ * same order, without fused multiply-adds. */
+#ifndef LOOM_QBLOCK_H
+#define LOOM_QBLOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+typedef struct {
+    const char *name; /* ggml's name: "q4_K" */
+    uint32_t ggml;    /* the GGUF tensor type */
+    int block;        /* values per block */
+    int bytes;        /* bytes per block */
+} loom_qblock_info_t;
+
+/* The format of block type `d` (LOOM_Q4_0 ... LOOM_Q6_K), or NULL when d is
+ * not a block type. */
+const loom_qblock_info_t *loom_qblock_info(loom_dtype d);
+/* The loom dtype of GGUF tensor type `ggml`, or -1 when it is not one of
+ * the block types above. */
+int loom_qblock_of_ggml(uint32_t ggml);
+/* Bytes of a row of `cols` values (cols a multiple of the block). */
+size_t loom_qblock_row_bytes(loom_dtype d, long long cols);
+/* Bytes of typed tensor t's data and scales: whole blocks for a block
+ * format, values plus fp32 scales for int8, values for the rest. */
+size_t loom_qblock_tensor_bytes(const loom_tensor_t *t);
+/* n values (a multiple of the block) from src into out, as
+ * gguf.quants.dequantize computes them. */
+void loom_qblock_dequantize(loom_dtype d, const void *src, size_t n, float *out);
+
+/* One block in the form every kernel computes with: value i of the block
+ * is d * sc[i / 16] * u[i] - dmin * mn[i / 16] (real arithmetic), with
+ * u in 0..63, integer scales and mins per 16 values. A 32-value block
+ * (q4_0 ... q5_1) fills n = 32 and two groups; q4_0 is d * u - d * 8,
+ * q4_1 d * u - (-m) * 1, q6_K d * sc * u - d * (32 * sc). */
+typedef struct {
+    int n;             /* values: 32 or 256 */
+    float d, dmin;
+    int16_t sc[16];    /* per 16 values: |sc| <= 127 */
+    int16_t mn[16];    /* per 16 values: |mn| <= 4096 */
+} loom_qblock_scales_t;
+
+/* The scales and mins of block `blk`. */
+void loom_qblock_scales(loom_dtype d, const void *blk, loom_qblock_scales_t *s);
+/* The unsigned values u[0 .. block) of block `blk` (portable C). */
+void loom_qblock_values(loom_dtype d, const void *blk, uint8_t *u);
+
+#endif

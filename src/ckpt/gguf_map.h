@@ -1,0 +1,63 @@
+/* gguf_map: where each tensor of a GGUF model goes in loom's parameters,
+ * for general.architecture gpt2 and the Llama family (llama, qwen2).
+ *
+ * GPT-2 is tensormap.h's table. The Llama family splits what loom fuses:
+ *
+ *   GGUF (llama, qwen2)            loom                       rows
+ *   token_embd.weight              wte                        V
+ *   output.weight (absent: tied)   lm_head                    V
+ *   output_norm.weight             lnfw                       C
+ *   blk.N.attn_norm.weight         ln1w                       C
+ *   blk.N.attn_q/k/v.weight        qkvw: q, then k, then v    NH*hs, KV*hs, KV*hs
+ *   blk.N.attn_q/k/v.bias (qwen2)  qkvb, the same order
+ *   blk.N.attn_output.weight       attprojw                   C
+ *   blk.N.ffn_norm.weight          ln2w                       C
+ *   blk.N.ffn_gate/up.weight       fcw: gate, then up         H, H
+ *   blk.N.ffn_down.weight          fcprojw                    C (H columns)
+ *
+ * llama.cpp's converter reorders the rows of attn_q and attn_k for the
+ * `llama` architecture (its RoPE rotates adjacent pairs, Hugging Face's
+ * the two halves of each head): within each head of hs rows, Hugging
+ * Face's row a * hs/2 + i is the file's row 2i + a. Reading undoes it,
+ * writing does it (qwen2 files keep Hugging Face's order). A row of a
+ * block format holds its own scales, so reordering rows never touches a
+ * value. */
+#ifndef LOOM_GGUF_MAP_H
+#define LOOM_GGUF_MAP_H
+
+#include "ckpt/gguf_file.h"
+#include "model/gpt.h"
+
+typedef struct {
+    char gguf[64];
+    int param, layer;        /* loom parameter and layer (-1: not per layer) */
+    size_t row0, rows, cols; /* rows row0 .. row0+rows-1 of that (R, cols) matrix; cols 0: a vector */
+    int rope_heads;          /* > 0: the file holds the rows in llama.cpp's rotary order for this many heads */
+    int qlin;                /* LOOM_QLIN_* of a linear weight, else -1 */
+} loom_gguf_map_t;
+
+/* The config from the file's metadata (gpt2.*, llama.*, qwen2.*) and its
+ * tensors' shapes; another architecture, or a feature loom's model does
+ * not have (partial rotary, YaRN scaling), is refused naming the key. */
+loom_status loom_gguf_config(const loom_gguf_t *g, loom_gpt_config_t *c);
+/* The tensors of config c for architecture `arch` ("gpt2", "llama",
+ * "qwen2"), malloc'd into *out; returns the count. */
+int loom_gguf_map(const loom_gpt_config_t *c, const char *arch, loom_gguf_map_t **out);
+/* The file's row that holds loom's row r of entry m (rotary order undone). */
+size_t loom_gguf_file_row(const loom_gguf_map_t *m, size_t r);
+/* Where entry m's first row lives in a parameter block laid out by ptable
+ * (in floats). */
+size_t loom_gguf_param_at(const loom_gguf_map_t *m, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable);
+/* Every mapped tensor, dequantized, into host (the parameter block laid
+ * out by ptable, zeroed by the caller); a missing or misshapen tensor is
+ * an error naming it. */
+loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable,
+                                  float *host);
+/* The file's linear weights as stored (gpt.h): with block 0, every one
+ * q8_0 (m->file_int8), else NULL; with block 1, those in the block
+ * formats (m->file_q; q8_0 among them as int8), else NULL. A fused weight
+ * (qkv, gate + up) whose parts differ in type is left out (data NULL) and
+ * counted in *mixed. */
+loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int block, int *mixed);
+
+#endif

@@ -1,0 +1,238 @@
+"""Oracle files for tests/test_gguf_blocks.c, written by the gguf package.
+
+usage: gguf_blocks.py OUT_DIR [gpt2|llama]
+
+OUT_DIR/blocks.gguf: one 2-D tensor per block format loom reads, named by
+the format ("q4_K"), in shapes (rows, cols) of several blocks per row; q4_0,
+q4_1, q5_0, q5_1 and q8_0 are quantized by gguf.quants from random floats,
+the k-quants are random bytes whose fp16 scale fields are set to finite
+values (any such bytes are a valid block). Also f32, f16 and bf16.
+OUT_DIR/ref.gguf: the same names in f32, as gguf.quants.dequantize reads
+them: the values loom's dequantization must equal bit for bit.
+With `gpt2`, OUT_DIR/gpt2.gguf: a small GPT-2 (C 256, 2 layers) whose
+linear weights are in one block format each (k-quants, 32-value formats
+and q8_0 mixed, as a Q4_K_M file mixes them), the rest f32, no tokenizer.
+With `llama`, OUT_DIR/llama.gguf: a small Llama (C 256, 4 heads, 2 kv
+heads, H 512, untied head) as llama.cpp's convert_hf_to_gguf.py lays it
+out (attn_q and attn_k rows permuted by its `permute`), layer 0 in f32,
+layer 1 in block formats; OUT_DIR/llama_expect.gguf: loom's fused
+parameters (qkvw.N = q, k, v in Hugging Face's row order; fcw.N = gate,
+up; ...) as numpy computes them from the same values.
+"""
+import sys
+
+import numpy as np
+
+import gguf
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+out = sys.argv[1]
+rng = np.random.default_rng(1234)
+
+
+def kquant_bytes(qtype, rows, cols, scale=0.02):
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    b = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
+    # the fp16 fields: d (and dmin) first for q4_K/q5_K, d last for q6_K
+    fields = [0, 2] if qtype in (T.Q4_K, T.Q5_K) else [size - 2]
+    for f in fields:
+        d = rng.uniform(-scale, scale, size=b.shape[0]).astype(np.float16)
+        b[:, f:f + 2] = d.view(np.uint8).reshape(-1, 2)
+    return b.reshape(rows, cols // block * size)
+
+
+def block_tensor(qtype, rows, cols, std):
+    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):  # values d * sc * q: sc, q < 64
+        return kquant_bytes(qtype, rows, cols, std / 400)
+    return quantize(rng.standard_normal((rows, cols)).astype(np.float32) * std, qtype)
+
+
+def gpt2_file(path):
+    C, L, V, T_ = 256, 2, 300, 64
+    w = gguf.GGUFWriter(path, "gpt2")
+    for k, v in (("block_count", L), ("context_length", T_), ("embedding_length", C),
+                 ("feed_forward_length", 4 * C), ("attention.head_count", 4)):
+        w.add_uint32(f"gpt2.{k}", v)
+    w.add_float32("gpt2.attention.layer_norm_epsilon", 1e-5)
+    f32 = lambda *shape, std=0.02: (rng.standard_normal(shape) * std).astype(np.float32)
+    w.add_tensor("token_embd.weight", f32(V, C))
+    w.add_tensor("position_embd.weight", f32(T_, C, std=0.01))
+    types = [(T.Q4_K, T.Q6_K, T.Q5_K, T.Q4_K), (T.Q5_0, T.Q8_0, T.Q4_1, T.Q5_1)]
+    for l in range(L):
+        for name, rows, cols, qt in (("attn_qkv", 3 * C, C, types[l][0]), ("attn_output", C, C, types[l][1]),
+                                     ("ffn_up", 4 * C, C, types[l][2]), ("ffn_down", C, 4 * C, types[l][3])):
+            w.add_tensor(f"blk.{l}.{name}.weight", block_tensor(qt, rows, cols, 0.02), raw_dtype=qt)
+            w.add_tensor(f"blk.{l}.{name}.bias", f32(rows, std=0.01))
+        for name in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{l}.{name}.weight", 1 + f32(C, std=0.1))
+            w.add_tensor(f"blk.{l}.{name}.bias", f32(C, std=0.1))
+    w.add_tensor("output_norm.weight", 1 + f32(C, std=0.1))
+    w.add_tensor("output_norm.bias", f32(C, std=0.1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def permute(w, n_head):  # convert_hf_to_gguf.py LlamaModel.permute
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w, n_head):
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama_file(path, expect_path):
+    C, L, V, H, NH, KV = 256, 2, 300, 512, 4, 2
+    hs = C // NH
+    w = gguf.GGUFWriter(path, "llama")
+    for k, v in (("block_count", L), ("context_length", 128), ("embedding_length", C), ("feed_forward_length", H),
+                 ("attention.head_count", NH), ("attention.head_count_kv", KV), ("rope.dimension_count", hs)):
+        w.add_uint32(f"llama.{k}", v)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32("llama.rope.freq_base", 500000.0)
+    ex = gguf.GGUFWriter(expect_path, "llama")
+    f32 = lambda *shape, std=0.02: (rng.standard_normal(shape) * std).astype(np.float32)
+    top = {"token_embd.weight": ("wte", f32(V, C)), "output.weight": ("lm_head", f32(V, C)),
+           "output_norm.weight": ("lnfw", 1 + f32(C, std=0.1))}
+    hfw = {}  # the weights in Hugging Face's layout, for llama_logits
+    for name, (loom, x) in top.items():
+        w.add_tensor(name, x)
+        ex.add_tensor(loom, x)
+        hfw[loom] = x
+    kinds = [dict(q=T.F32, k=T.F32, v=T.F32, o=T.F32, gate=T.F32, up=T.F32, down=T.F32),
+             dict(q=T.Q4_K, k=T.Q4_K, v=T.Q4_K, o=T.Q6_K, gate=T.Q5_K, up=T.Q4_K, down=T.Q8_0)]
+    for l in range(L):
+        parts = {}
+        for key, name, rows, cols, heads in (("q", "attn_q", NH * hs, C, NH), ("k", "attn_k", KV * hs, C, KV),
+                                             ("v", "attn_v", KV * hs, C, 0), ("o", "attn_output", C, C, 0),
+                                             ("gate", "ffn_gate", H, C, 0), ("up", "ffn_up", H, C, 0), ("down", "ffn_down", C, H, 0)):
+            qt = kinds[l][key]
+            hf = f32(rows, cols)
+            stored = permute(hf, heads) if heads else hf
+            if qt == T.F32:
+                w.add_tensor(f"blk.{l}.{name}.weight", np.ascontiguousarray(stored))
+                vals = stored
+            else:
+                data = block_tensor(qt, rows, cols, 0.02) if qt != T.Q8_0 else quantize(stored, qt)
+                w.add_tensor(f"blk.{l}.{name}.weight", data, raw_dtype=qt)
+                vals = dequantize(data, qt).reshape(rows, cols)
+            parts[key] = unpermute(vals, heads) if heads else vals
+            if qt == T.F32 and heads:
+                assert np.array_equal(parts[key], hf)
+        norms = []
+        for name, loom in (("attn_norm", "ln1w"), ("ffn_norm", "ln2w")):
+            x = 1 + f32(C, std=0.1)
+            w.add_tensor(f"blk.{l}.{name}.weight", x)
+            ex.add_tensor(f"{loom}.{l}", x)
+            norms.append(x)
+        ex.add_tensor(f"qkvw.{l}", np.ascontiguousarray(np.concatenate([parts["q"], parts["k"], parts["v"]])))
+        ex.add_tensor(f"attprojw.{l}", np.ascontiguousarray(parts["o"]))
+        ex.add_tensor(f"fcw.{l}", np.ascontiguousarray(np.concatenate([parts["gate"], parts["up"]])))
+        ex.add_tensor(f"fcprojw.{l}", np.ascontiguousarray(parts["down"]))
+        for key, x in parts.items():
+            hfw[f"{l}.{key}"] = np.asarray(x, dtype=np.float32)
+        hfw[f"{l}.ln1"], hfw[f"{l}.ln2"] = norms
+    for f in (w, ex):
+        f.write_header_to_file()
+        f.write_kv_data_to_file()
+        f.write_tensors_to_file()
+        f.close()
+    np.savez(expect_path.replace(".gguf", ".npz"), **hfw)
+
+
+def llama_logits(npz, out_path, T=40):
+    """transformers' LlamaForCausalLM (float64) on the Hugging Face-order
+    weights: logits (T, V) of tokens (i * 37 + 5) % V, raw float64."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    hf = np.load(npz)
+    V, C = hf["wte"].shape
+    cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=hf["0.gate"].shape[0], num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rms_norm_eps=1e-6,
+                      rope_theta=500000.0, tie_word_embeddings=False)
+    m = LlamaForCausalLM(cfg).double().eval()
+    sd = {"model.embed_tokens.weight": hf["wte"], "lm_head.weight": hf["lm_head"], "model.norm.weight": hf["lnfw"]}
+    for l in range(2):
+        p = f"model.layers.{l}."
+        for k, name in (("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"), ("v", "self_attn.v_proj"),
+                        ("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"), ("down", "mlp.down_proj")):
+            sd[p + name + ".weight"] = hf[f"{l}.{k}"]
+        sd[p + "input_layernorm.weight"], sd[p + "post_attention_layernorm.weight"] = hf[f"{l}.ln1"], hf[f"{l}.ln2"]
+    m.load_state_dict({k: torch.tensor(np.asarray(v, dtype=np.float64)) for k, v in sd.items()}, strict=False)
+    ids = torch.tensor([[(i * 37 + 5) % V for i in range(T)]])
+    with torch.no_grad():
+        logits = m(ids).logits[0].numpy().astype(np.float64)
+    logits.tofile(out_path)
+
+
+if len(sys.argv) > 3 and sys.argv[2] == "llama_logits":
+    llama_logits(f"{out}/llama_expect.npz", sys.argv[3])
+    print("ok llama_logits")
+    sys.exit(0)
+
+
+def compare(loom_path, orig_path):
+    """loom's f32 export of the llama file against the file itself."""
+    a, b = gguf.GGUFReader(loom_path), gguf.GGUFReader(orig_path)
+    assert a.fields["general.architecture"].contents() == "llama"
+    for k in b.fields:
+        if k.startswith("llama."):
+            assert k in a.fields and a.fields[k].contents() == b.fields[k].contents(), k
+    ta = {t.name: t for t in a.tensors}
+    for t in b.tensors:
+        assert t.name in ta, t.name
+        got = ta[t.name]
+        assert got.tensor_type == T.F32 and list(got.shape) == list(t.shape), t.name
+        want = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).ravel()
+        assert np.array_equal(np.asarray(got.data).ravel().view(np.uint32), want.view(np.uint32)), t.name
+    assert len(a.tensors) == len(b.tensors)
+
+
+if len(sys.argv) > 3 and sys.argv[2] == "compare":
+    compare(sys.argv[3], f"{out}/llama.gguf")
+    print("ok compare")
+    sys.exit(0)
+
+if len(sys.argv) > 2 and sys.argv[2] == "llama":
+    llama_file(f"{out}/llama.gguf", f"{out}/llama_expect.gguf")
+    print("ok llama")
+    sys.exit(0)
+
+if len(sys.argv) > 2 and sys.argv[2] == "gpt2":
+    gpt2_file(f"{out}/gpt2.gguf")
+    print("ok gpt2")
+    sys.exit(0)
+
+# (type, rows, cols): 32-value formats with a width that is not a multiple
+# of 64 too (the AVX-512 path's step), k-quants with 2 super-blocks a row.
+cases = [
+    (T.F32, 3, 64), (T.F16, 3, 64), (T.BF16, 3, 64), (T.Q8_0, 5, 96),
+    (T.Q4_0, 5, 96), (T.Q4_1, 5, 96), (T.Q5_0, 5, 96), (T.Q5_1, 5, 96),
+    (T.Q4_0, 7, 512), (T.Q5_1, 7, 512),
+    (T.Q4_K, 7, 512), (T.Q5_K, 7, 512), (T.Q6_K, 7, 512),
+]
+w = gguf.GGUFWriter(f"{out}/blocks.gguf", "llama")
+ref = gguf.GGUFWriter(f"{out}/ref.gguf", "llama")
+for qtype, rows, cols in cases:
+    name = f"{qtype.name.lower()}.{cols}"
+    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+        data = kquant_bytes(qtype, rows, cols)
+    else:
+        x = rng.standard_normal((rows, cols)).astype(np.float32) * 0.05
+        data = quantize(x, qtype) if qtype != T.BF16 else gguf.quants.quantize(x, T.BF16)
+    if qtype in (T.F32, T.F16):
+        w.add_tensor(name, data)
+        vals = dequantize(data, qtype)
+    else:
+        w.add_tensor(name, data, raw_dtype=qtype)
+        vals = dequantize(data, qtype)
+    assert np.all(np.isfinite(vals)), name
+    ref.add_tensor(name, np.ascontiguousarray(vals.astype(np.float32).reshape(rows, cols)))
+for f in (w, ref):
+    f.write_header_to_file()
+    f.write_kv_data_to_file()
+    f.write_tensors_to_file()
+    f.close()
+print("ok", len(cases))
