@@ -49,6 +49,12 @@ pip_target() {
 pip_target .deps/py openai openai
 pip_target .deps/py gguf gguf "numpy<2"
 pip_target .deps/py kubernetes_validate kubernetes-validate
+# jsonschema: every answer of the serve tests checked against tests/openai_schemas/
+# and the structured outputs validated (kubernetes-validate brings it too).
+pip_target .deps/py jsonschema jsonschema
+# LangChain's OpenAI client (with_structured_output against loom serve,
+# tests/serve_langchain.py), in its own folder: it brings its own openai.
+pip_target .deps/lc langchain_openai langchain-openai
 # Hugging Face transformers, the oracle of the interop and engine tests
 # (PYTHONPATH=.deps/hf), pinned to versions that run on Debian's torch 1.13;
 # kept apart so the tokenizer tests keep Debian python's own `tokenizers`.

@@ -2,8 +2,10 @@
 HTTP): tests/test_serve.sh and tests/test_serve_san.sh run it.
 
 usage: serve_client.py LOOM RUN PART...   PART: openai concurrency load
-       quantmem overload disconnect badinput sigterm chattemplate. Prints PASS/FAIL lines."""
+       quantmem overload disconnect badinput sigterm chattemplate cors structured. Prints PASS/FAIL lines."""
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
+
+import openai_check, serve_conformance, serve_structured
 
 LOOM, RUN = sys.argv[1], sys.argv[2]
 PARTS = sys.argv[3:]
@@ -69,6 +71,7 @@ def request(srv, method, path, body=None, headers=None, timeout=120):
     r = c.getresponse()
     data = r.read()
     c.close()
+    openai_check.check(path, r.status, r.getheader("Content-Type"), data)
     return r.status, dict(r.getheaders()), data
 
 
@@ -98,11 +101,12 @@ def part_openai():
     import openai
     srv = Server("--api-key", "sekret", runs=[RUN, "second=" + RUN])
     try:
-        cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="sekret", max_retries=0)
+        cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="sekret", max_retries=0, http_client=openai_check.transport())
         openai_completions(srv, cl)
         openai_chat(srv, cl)
         openai_sampling(srv, cl)
         openai_errors(srv, cl, openai)
+        serve_conformance.run(srv, cl, openai, report, request)
         st, _, text = request(srv, "GET", "/metrics")
         names = set(re.findall(r"^(loom_serve_\w+?)(?:_bucket|_sum|_count)?\{model=", text.decode(), re.M))
         want = {"loom_serve_requests_running", "loom_serve_requests_waiting", "loom_serve_kv_cache_usage_ratio",
@@ -220,6 +224,35 @@ def openai_errors(srv, cl, openai):
         report("serve_prompt_too_long", False, "accepted")
     except openai.BadRequestError as e:
         report("serve_prompt_too_long", e.body.get("code") == "context_length_exceeded", e)
+
+
+def part_structured():
+    """response_format by constrained decoding (tests/serve_structured.py)."""
+    import openai
+    srv = Server()
+    try:
+        cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="none", max_retries=0, http_client=openai_check.transport())
+        serve_structured.run(srv, cl, openai, report, lambda body, path: post(srv, body, path))
+    except Exception:
+        print("".join(srv.log[-20:]))
+        raise
+    finally:
+        srv.stop()
+
+
+def part_cors():
+    """--cors-origin: every answer names the origin; a browser's preflight gets 204."""
+    srv = Server("--cors-origin", "http://localhost:3000")
+    try:
+        st, h, _ = request(srv, "OPTIONS", "/v1/chat/completions", None,
+                           {"Origin": "http://localhost:3000", "Access-Control-Request-Method": "POST"})
+        report("serve_cors_preflight", st == 204 and h.get("Access-Control-Allow-Origin") == "http://localhost:3000"
+               and "POST" in h.get("Access-Control-Allow-Methods", "")
+               and "Authorization" in h.get("Access-Control-Allow-Headers", ""), (st, h))
+        st, h, _ = post(srv, {"prompt": "the", "max_tokens": 2})
+        report("serve_cors_answer", st == 200 and h.get("Access-Control-Allow-Origin") == "http://localhost:3000", (st, h))
+    finally:
+        srv.stop()
 
 
 # --- load -------------------------------------------------------------------
@@ -410,13 +443,14 @@ def part_overload():
 def part_disconnect():
     # LOOM_TEST_SERVE_HOLD=3: no sample gets past its 3rd token until its
     # client has gone, so every one of the 20 is cut mid-stream on a machine
-    # of any speed (a fast one could otherwise finish 200 tokens first).
+    # of any speed (a fast one could otherwise finish 120 tokens first; the
+    # longest prompt, 114 tokens, plus 120 fits the context of 256).
     release = "/tmp/loom-serve-release-%d" % os.getpid()
     srv = Server("--max-seqs", "32", env={"LOOM_TEST_SERVE_HOLD": "3:" + release})
     try:
         def one(i):
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=60 * SLOW)
-            body = json.dumps({"prompt": PROMPTS[i % 6], "max_tokens": 200, "temperature": 0, "stream": True})
+            body = json.dumps({"prompt": PROMPTS[i % 6], "max_tokens": 120, "temperature": 0, "stream": True})
             s.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
             got = b""
@@ -551,8 +585,10 @@ def stream_one(srv, body, first_event):
     c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = c.getresponse()
     text, fin, done = "", None, False
+    seen = []
     for line in r:
         line = line.decode().strip()
+        seen.append(line)
         if not line.startswith("data: "):
             continue
         first_event.set()
@@ -563,6 +599,7 @@ def stream_one(srv, body, first_event):
         text += ch["text"]
         fin = ch["finish_reason"] or fin
     c.close()
+    openai_check.check("/v1/completions", r.status, r.getheader("Content-Type"), "\n".join(seen))
     return text, fin, done
 
 
@@ -690,3 +727,5 @@ for part in PARTS:
         import traceback
         traceback.print_exc()
         report("serve_" + part, False, repr(e))
+if openai_check.checked["objects"] + openai_check.checked["chunks"]:
+    openai_check.report(report)

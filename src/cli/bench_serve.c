@@ -289,7 +289,7 @@ static loom_status bench_loom(const bench_flags_t *f, load_t *L, loom_opened_t *
     loom_engine_config_t ec;
     LOOM_TRY(loom_cli_engine_config(f->kv_memory, 16, 512, f->max_seqs, &ec));
     loom_cli_engine_config_model(&ec, R);
-    loom_server_config_t sc = {"127.0.0.1", 0, 0, NULL, 0};
+    loom_server_config_t sc = {.host = "127.0.0.1"};
     loom_server_t *srv = NULL;
     loom_status s = loom_server_start(&srv, &sc);
     if (s == LOOM_OK) s = loom_server_add_model(srv, "bench", R->model, R->tok, &ec, NULL);

@@ -38,7 +38,7 @@ static void split_run(const char *spec, char *name, size_t cap, const char **dir
 
 typedef struct {
     loom_arg_list_t runs;
-    const char *host, *api_key, *chat_template;
+    const char *host, *api_key, *chat_template, *cors_origin;
     int port, threads, max_queue;
     loom_cli_engine_flags_t engine;
     double timeout, grace;
@@ -106,7 +106,7 @@ static int serve_run(const serve_flags_t *f) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    loom_server_config_t c = {f->host, f->port, f->max_queue, f->api_key, f->timeout};
+    loom_server_config_t c = {f->host, f->port, f->max_queue, f->api_key, f->timeout, f->cors_origin && f->cors_origin[0] ? f->cors_origin : NULL};
     loom_server_t *srv = NULL;
     loom_opened_t *opened = loom_calloc((size_t)f->runs.n, sizeof *opened);
     loom_status s = loom_server_start(&srv, &c);
@@ -148,6 +148,7 @@ int cmd_serve(int argc, char **argv) {
         {"max-queue", ARG_INT, &f.max_queue, "256", 0, 1 << 20, "prompts waiting for their first token at most; above: 429 with Retry-After (0 = no cap)"},
         {"api-key", ARG_STR, &f.api_key, "", 0, 0, "ask clients for 'Authorization: Bearer KEY' on /v1 routes (none: open)"},
         {"request-timeout", ARG_FLOAT, &f.timeout, "600", 0, 1e9, "seconds a request may take from arrival to its last token (0 = none)"},
+        {"cors-origin", ARG_STR, &f.cors_origin, "", 0, 0, "let browser pages from this origin call the API (e.g. http://localhost:3000, or *); none: no CORS headers"},
         {"grace", ARG_FLOAT, &f.grace, "30", 0, 1e6, "seconds in-flight requests get to finish after SIGTERM"},
         {"chat-template", ARG_STR, &f.chat_template, "", 0, 0, "chat template file for every run (Jinja, as tokenizer_config.json holds it, or {role}/{content}); overrides the run's own"},
     };

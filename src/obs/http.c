@@ -23,6 +23,7 @@ struct loom_http {
     loom_metrics_t *reg;
     char counter[96];
     void (*error_body)(loom_http_response_t *resp, int status, const char *message);
+    char cors_origin[256]; /* "" = no CORS headers */
 };
 
 /* Codes counted from the start, so that rate() and alerts see them at 0
@@ -161,6 +162,10 @@ static enum MHD_Result send_response(loom_http_t *h, struct MHD_Connection *conn
     }
     if (!mr) return MHD_NO;
     MHD_add_response_header(mr, "Content-Type", resp->content_type ? resp->content_type : "text/plain; charset=utf-8");
+    if (h->cors_origin[0]) {
+        MHD_add_response_header(mr, "Access-Control-Allow-Origin", h->cors_origin);
+        MHD_add_response_header(mr, "Vary", "Origin");
+    }
     for (int i = 0; i < LOOM_HTTP_MAX_HEADERS && resp->headers[i][0]; i++)
         MHD_add_response_header(mr, resp->headers[i][0], resp->headers[i][1]);
     enum MHD_Result ok = MHD_queue_response(conn, (unsigned)(resp->status ? resp->status : 200), mr);
@@ -184,7 +189,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     loom_http_response_t resp = {0};
-    if (up->too_big) {
+    if (h->cors_origin[0] && !strcmp(method, "OPTIONS")) { /* a browser's preflight: say what it may send */
+        resp.status = 204;
+        resp.headers[0][0] = "Access-Control-Allow-Methods", resp.headers[0][1] = "GET, POST, OPTIONS";
+        resp.headers[1][0] = "Access-Control-Allow-Headers", resp.headers[1][1] = "Authorization, Content-Type";
+        resp.headers[2][0] = "Access-Control-Max-Age", resp.headers[2][1] = "600";
+    } else if (up->too_big) {
         reply_error(h, &resp, 413, "request body above 16 MiB: send less");
     } else {
         loom_http_request_t req = {method, url, up->body.data, up->body.len, conn};
@@ -216,6 +226,11 @@ loom_status loom_http_start_opts(loom_http_t **out, const loom_http_opts_t *o) {
     memcpy(h->routes, o->routes, (size_t)n * sizeof *o->routes);
     h->nroutes = n;
     h->error_body = o->error_body;
+    if (o->cors_origin && strlen(o->cors_origin) >= sizeof h->cors_origin) {
+        free(h);
+        return loom_error(LOOM_EINVAL, "--cors-origin: %zu bytes, at most %zu", strlen(o->cors_origin), sizeof h->cors_origin - 1);
+    }
+    snprintf(h->cors_origin, sizeof h->cors_origin, "%s", o->cors_origin ? o->cors_origin : "");
     if (o->reg && o->counter) {
         h->reg = o->reg;
         snprintf(h->counter, sizeof h->counter, "%s", o->counter);

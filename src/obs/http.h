@@ -69,6 +69,10 @@ typedef struct {
     /* Fill resp for an error the server raises itself (404, 405, 413 above
      * 16 MiB) with this status and message; NULL = plain text. */
     void (*error_body)(loom_http_response_t *resp, int status, const char *message);
+    /* Browsers' CORS: every response says Access-Control-Allow-Origin: this,
+     * and OPTIONS (a preflight) gets 204 with the methods and headers
+     * allowed. NULL = no CORS headers, OPTIONS is an unknown method. */
+    const char *cors_origin;
 } loom_http_opts_t;
 loom_status loom_http_start_opts(loom_http_t **out, const loom_http_opts_t *o);
 

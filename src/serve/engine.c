@@ -46,6 +46,10 @@ typedef struct {
     long long batched;     /* the step that last put it in the batch */
     int n_draft;           /* drafted tokens in this step's rows (at tokens[len..len+n_draft)) */
     int spec_wait, spec_fails; /* steps before the next proposal; proposals in a row with none accepted */
+    void *fst;             /* the request's token filter's state (NULL: none, or not begun) */
+    void (*fend)(void *);  /* ... and what frees it: kept here, since the filter itself may be
+                              gone once the sample's last event is out (its owner frees it then) */
+    int f_done;            /* the filter says the output is complete: end with "stop" */
 } seq_t;
 
 struct request {
@@ -90,6 +94,7 @@ struct loom_engine {
     long long step_no;
     loom_step_budget_t budget;
     float *logits, *scratch;
+    float *masked;         /* (V) a row with a token filter's mask applied (NULL until needed) */
     int top_ids[20];
     float top_lp[20];
     loom_engine_stats_t st; /* counters; under mu */
@@ -248,6 +253,7 @@ static void seq_free(loom_engine_t *e, seq_t *s) {
     free(s->tokens);
     free(s->blocks);
     free(s->text);
+    if (s->fst) s->fend(s->fst);
     free(s);
 }
 
@@ -272,7 +278,7 @@ void loom_engine_free(loom_engine_t *e) {
     free(e->waiting.v);
     free(e->running.v);
     free(e->b_tok), free(e->b_pos), free(e->b_seq), free(e->b_prefill), free(e->b_rows), free(e->tables), free(e->b_seqs);
-    free(e->logits), free(e->scratch);
+    free(e->logits), free(e->scratch), free(e->masked);
     loom_kv_pool_free(e->pool);
     loom_infer_free(e->inf);
     pthread_mutex_destroy(&e->mu);
@@ -585,7 +591,7 @@ static int propose(seq_t *s, int max) {
  * when a draft could not be used: the request's last token, the context's
  * end, the step's rows). */
 static int drafts(loom_engine_t *e, seq_t *s, int spec, int budget) {
-    if (!spec) return 0;
+    if (!spec || s->req->p.filter) return 0;
     if (s->spec_wait > 0) {
         s->spec_wait--;
         return 0;
@@ -715,6 +721,7 @@ static int take_token(loom_engine_t *e, seq_t *s, const float *row, int tok) {
     for (int i = 0; i < p->n_stop_ids; i++)
         if (tok == p->stop_ids[i]) fin = LOOM_FINISH_STOP;
     if (!fin && text_add(e, s, tok, &rel)) fin = LOOM_FINISH_STOP;
+    if (!fin && s->f_done) fin = LOOM_FINISH_STOP, rel = s->text_len; /* the constrained output is complete */
     if (!fin && (s->n_gen >= p->max_tokens || s->len > e->maxT)) fin = LOOM_FINISH_LENGTH;
     if (fin == LOOM_FINISH_LENGTH) rel = s->text_len;
     emit(e, s, tok, s->text + s->released, rel - s->released, lp, ntop, fin);
@@ -723,11 +730,34 @@ static int take_token(loom_engine_t *e, seq_t *s, const float *row, int tok) {
     return fin != LOOM_FINISH_NONE;
 }
 
+/* A token the request's filter allows: the token sampled from the whole
+ * row when the filter allows it (the common case, one check), else one
+ * sampled from the row with every disallowed token and stop id masked.
+ * Both give the distribution restricted to the allowed tokens (a rejected
+ * draw is redrawn from the rest), with top_k/top_p taken over the allowed
+ * tokens on the second path. */
+static int filtered_pick(loom_engine_t *e, seq_t *s, const float *row, const loom_sampling_t *sp) {
+    const loom_request_params_t *p = &s->req->p;
+    if (!s->fst) s->fst = p->filter->begin(p->filter), s->fend = p->filter->end;
+    int tok = loom_sample_logits(row, e->V, sp, &s->rng, e->scratch), stop = 0;
+    for (int i = 0; i < p->n_stop_ids; i++) stop |= tok == p->stop_ids[i];
+    if (stop || !p->filter->allowed(s->fst, tok)) {
+        if (!e->masked) e->masked = loom_malloc((size_t)e->V * sizeof(float));
+        memcpy(e->masked, row, (size_t)e->V * sizeof(float));
+        int left = p->filter->mask(s->fst, e->masked, e->V);
+        for (int i = 0; i < p->n_stop_ids; i++) left -= e->masked[p->stop_ids[i]] > -INFINITY, e->masked[p->stop_ids[i]] = -INFINITY;
+        if (left <= 0) return s->f_done = 1, tok; /* no token fits (a vocabulary without some byte): end here */
+        tok = loom_sample_logits(e->masked, e->V, sp, &s->rng, e->scratch);
+    }
+    s->f_done = p->filter->accept(s->fst, tok);
+    return tok;
+}
+
 /* Sample s's next token from `row` and send its event. */
 static void sample_next(loom_engine_t *e, seq_t *s, const float *row) {
     const loom_request_params_t *p = &s->req->p;
     loom_sampling_t sp = {p->temperature, p->top_k, p->top_p};
-    take_token(e, s, row, loom_sample_logits(row, e->V, &sp, &s->rng, e->scratch));
+    take_token(e, s, row, p->filter ? filtered_pick(e, s, row, &sp) : loom_sample_logits(row, e->V, &sp, &s->rng, e->scratch));
 }
 
 /* s ran its last token and d drafts (rows[0..d]): row j verifies draft j

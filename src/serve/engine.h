@@ -75,6 +75,21 @@ void loom_engine_config_default(loom_engine_config_t *c);
  * or a share of the memory free now, a number in (0, 1] ("0.25"). */
 loom_status loom_engine_parse_kv_memory(const char *s, size_t *bytes);
 
+/* Constrained decoding (structured outputs, serve/json_schema.h): which
+ * tokens may come next for one sample. begin makes a sample's state (at its
+ * first token); allowed says whether tok keeps the output valid; mask sets
+ * every disallowed logit of a row to -inf and returns how many are left;
+ * accept advances past the chosen token and returns 1 when the output is
+ * complete (the sample then ends with "stop"); end frees the state. Called
+ * on the stepping thread only. */
+typedef struct loom_token_filter {
+    void *(*begin)(const struct loom_token_filter *f);
+    int (*allowed)(void *st, int tok);
+    int (*mask)(void *st, float *logits, int V);
+    int (*accept)(void *st, int tok);
+    void (*end)(void *st);
+} loom_token_filter_t;
+
 /* One request's settings. */
 typedef struct {
     int max_tokens;      /* new tokens at most (>= 1) */
@@ -90,6 +105,8 @@ typedef struct {
     int n_stop;
     int logprobs;        /* -1 off; else return the chosen token's log-probability
                             and this many top alternatives (<= 20) */
+    const loom_token_filter_t *filter; /* NULL: any token; else only the tokens it allows (no
+                                          speculation; must outlive the request's last event) */
 } loom_request_params_t;
 
 /* Defaults: max_tokens 16, greedy, n 1, no stops, no logprobs. */

@@ -74,10 +74,10 @@ static loom_status get_int(const cJSON *o, const char *name, double lo, double h
     const cJSON *v = field(o, name);
     if (!v) return LOOM_OK;
     if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble))
-        return loom_api_fail(err, 400, NULL, name, NULL, "'%s' must be an integer", name);
+        return loom_api_fail(err, 400, NULL, name, "invalid_type", "'%s' must be an integer", name);
     if (v->valuedouble < lo || v->valuedouble > hi)
-        return loom_api_fail(err, 400, NULL, name, NULL, "'%s' must be between %.0f and %.0f, not %g", name, lo, hi,
-                             v->valuedouble);
+        return loom_api_fail(err, 400, NULL, name, v->valuedouble < lo ? "integer_below_min_value" : "integer_above_max_value",
+                             "'%s' must be between %.0f and %.0f, not %g", name, lo, hi, v->valuedouble);
     *out = (int)v->valuedouble;
     return LOOM_OK;
 }
@@ -87,10 +87,10 @@ static loom_status get_num(const cJSON *o, const char *name, double lo, double h
     const cJSON *v = field(o, name);
     if (!v) return LOOM_OK;
     if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
-        return loom_api_fail(err, 400, NULL, name, NULL, "'%s' must be a number", name);
+        return loom_api_fail(err, 400, NULL, name, "invalid_type", "'%s' must be a number", name);
     double x = v->valuedouble;
     if (x > hi || x < lo || (open_lo && x == lo))
-        return loom_api_fail(err, 400, NULL, name, NULL, "'%s' must be in %s%g, %g], not %g", name, open_lo ? "(" : "[",
+        return loom_api_fail(err, 400, NULL, name, x > hi ? "decimal_above_max_value" : "decimal_below_min_value", "'%s' must be in %s%g, %g], not %g", name, open_lo ? "(" : "[",
                              lo, hi, x);
     *out = x;
     return LOOM_OK;
@@ -99,7 +99,7 @@ static loom_status get_num(const cJSON *o, const char *name, double lo, double h
 static loom_status get_bool(const cJSON *o, const char *name, int *out, loom_api_error_t *err) {
     const cJSON *v = field(o, name);
     if (!v) return LOOM_OK;
-    if (!cJSON_IsBool(v)) return loom_api_fail(err, 400, NULL, name, NULL, "'%s' must be true or false", name);
+    if (!cJSON_IsBool(v)) return loom_api_fail(err, 400, NULL, name, "invalid_type", "'%s' must be true or false", name);
     *out = cJSON_IsTrue(v);
     return LOOM_OK;
 }
@@ -124,6 +124,29 @@ static loom_status refuse_unsupported(const cJSON *o, loom_api_error_t *err) {
         return loom_api_fail(err, 400, NULL, "best_of", NULL, "'best_of' other than 1 is not supported by this server");
     v = field(o, "tools");
     if (v) return loom_api_fail(err, 400, NULL, "tools", NULL, "'tools' is not supported by this server");
+    return LOOM_OK;
+}
+
+/* response_format: text (nothing), json_object (any object), or
+ * json_schema {name, schema, strict} (the schema kept as text; it is
+ * compiled, and refused if loom cannot enforce it, when the model is known). */
+static loom_status parse_response_format(const cJSON *o, loom_api_request_t *r, loom_api_error_t *err) {
+    const cJSON *v = field(o, "response_format");
+    if (!v) return LOOM_OK;
+    const cJSON *type = cJSON_IsObject(v) ? field(v, "type") : NULL;
+    if (!cJSON_IsString(type))
+        return loom_api_fail(err, 400, NULL, "response_format", "invalid_type", "'response_format' must be an object with a string 'type'");
+    if (!strcmp(type->valuestring, "text")) return LOOM_OK;
+    if (!strcmp(type->valuestring, "json_object")) return r->json_mode = 1, LOOM_OK;
+    if (strcmp(type->valuestring, "json_schema"))
+        return loom_api_fail(err, 400, NULL, "response_format.type", "invalid_value",
+                             "'response_format' type '%.32s' is not one of text, json_object, json_schema", type->valuestring);
+    const cJSON *js = field(v, "json_schema"), *schema = cJSON_IsObject(js) ? field(js, "schema") : NULL;
+    if (!cJSON_IsObject(js) || !cJSON_IsString(field(js, "name")))
+        return loom_api_fail(err, 400, NULL, "response_format.json_schema", "missing_required_parameter",
+                             "'response_format' json_schema needs an object 'json_schema' with a 'name'");
+    r->json_mode = 2;
+    r->json_schema = schema ? cJSON_PrintUnformatted(schema) : NULL; /* no schema: any object */
     return LOOM_OK;
 }
 
@@ -168,7 +191,7 @@ static void alloc_prompts(loom_api_request_t *r, int n) {
 /* "prompt": a string, a list of strings, a list of ids, a list of lists of ids. */
 static loom_status parse_prompt(const cJSON *o, loom_api_request_t *r, loom_api_error_t *err) {
     const cJSON *v = field(o, "prompt");
-    if (!v) return loom_api_fail(err, 400, NULL, "prompt", NULL, "'prompt' is required");
+    if (!v) return loom_api_fail(err, 400, NULL, "prompt", "missing_required_parameter", "'prompt' is required");
     if (cJSON_IsString(v)) {
         if (!v->valuestring[0]) return loom_api_fail(err, 400, NULL, "prompt", NULL, "'prompt' is empty");
         alloc_prompts(r, 1);
@@ -194,21 +217,64 @@ static loom_status parse_prompt(const cJSON *o, loom_api_request_t *r, loom_api_
     return LOOM_OK;
 }
 
+/* A message's content as one string: a string, or a list of text parts
+ * ({"type": "text", "text": ...}) joined; null only for an assistant
+ * message that carries tool_calls (its calls are not replayed to the model:
+ * loom has no tool calling). Malloc'd in *out. */
+static loom_status message_content(const cJSON *m, const char *role, int k, char **out, loom_api_error_t *err) {
+    const cJSON *c = field(m, "content");
+    if (cJSON_IsString(c)) return *out = loom_strdup(c->valuestring), LOOM_OK;
+    if (!c && !strcmp(role, "assistant") && (field(m, "tool_calls") || field(m, "function_call")))
+        return *out = loom_strdup(""), LOOM_OK;
+    if (!c)
+        return loom_api_fail(err, 400, NULL, "messages", "missing_required_parameter", "'messages' item %d has no 'content'", k);
+    if (!cJSON_IsArray(c))
+        return loom_api_fail(err, 400, NULL, "messages", "invalid_type",
+                             "'messages' item %d: 'content' must be a string or a list of content parts", k);
+    size_t n = 1;
+    for (const cJSON *p = c->child; p; p = p->next) {
+        const cJSON *type = cJSON_IsObject(p) ? field(p, "type") : NULL, *text = cJSON_IsObject(p) ? field(p, "text") : NULL;
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
+            return loom_api_fail(err, 400, NULL, "messages", "invalid_value",
+                                 "'messages' item %d: content part type '%.32s' is not supported here (only {\"type\": \"text\", "
+                                 "\"text\": ...}: this server serves text-only models)",
+                                 k, cJSON_IsString(type) ? type->valuestring : "?");
+        n += strlen(text->valuestring);
+    }
+    char *s = loom_malloc(n), *w = s;
+    for (const cJSON *p = c->child; p; p = p->next) {
+        size_t len = strlen(field(p, "text")->valuestring);
+        memcpy(w, field(p, "text")->valuestring, len);
+        w += len;
+    }
+    *w = 0;
+    *out = s;
+    return LOOM_OK;
+}
+
 static loom_status parse_messages(const cJSON *o, loom_api_request_t *r, loom_api_error_t *err) {
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
     const cJSON *v = field(o, "messages");
-    if (!v) return loom_api_fail(err, 400, NULL, "messages", NULL, "'messages' is required");
+    if (!v) return loom_api_fail(err, 400, NULL, "messages", "missing_required_parameter", "'messages' is required");
     if (!cJSON_IsArray(v) || !v->child)
         return loom_api_fail(err, 400, NULL, "messages", NULL, "'messages' must be a non-empty list of {role, content}");
     int n = cJSON_GetArraySize(v), k = 0;
     if (n > 4096) return loom_api_fail(err, 400, NULL, "messages", NULL, "'messages' has at most 4096 messages");
     r->msgs = loom_calloc((size_t)n, sizeof *r->msgs);
     for (const cJSON *m = v->child; m; m = m->next, k++) {
-        const cJSON *role = cJSON_IsObject(m) ? field(m, "role") : NULL, *c = cJSON_IsObject(m) ? field(m, "content") : NULL;
-        if (!cJSON_IsString(role) || !cJSON_IsString(c))
-            return loom_api_fail(err, 400, NULL, "messages", NULL,
-                                 "'messages' item %d needs a string 'role' and a string 'content'", k);
+        const cJSON *role = cJSON_IsObject(m) ? field(m, "role") : NULL;
+        if (!cJSON_IsString(role))
+            return loom_api_fail(err, 400, NULL, "messages", NULL, "'messages' item %d needs a string 'role' and a 'content'", k);
+        int known = 0;
+        for (size_t i = 0; i < sizeof roles / sizeof *roles; i++) known |= !strcmp(role->valuestring, roles[i]);
+        if (!known)
+            return loom_api_fail(err, 400, NULL, "messages", "invalid_value",
+                                 "'messages' item %d: role '%.32s' is not one of system, developer, user, assistant, tool", k,
+                                 role->valuestring);
+        char *content = NULL;
+        LOOM_TRY(message_content(m, role->valuestring, k, &content, err));
         r->msgs[k].role = loom_strdup(role->valuestring);
-        r->msgs[k].content = loom_strdup(c->valuestring);
+        r->msgs[k].content = content;
         r->n_msgs = k + 1;
     }
     return LOOM_OK;
@@ -218,7 +284,8 @@ static loom_status parse_messages(const cJSON *o, loom_api_request_t *r, loom_ap
 static loom_status parse_settings(const cJSON *o, loom_api_kind kind, loom_api_request_t *r, loom_api_error_t *err) {
     double temperature = 1.0, top_p = 1.0, seed = 0;
     int top_k = 0;
-    LOOM_TRY(get_int(o, "max_tokens", 1, LOOM_API_MAX_TOKENS, &r->p.max_tokens, err));
+    /* 0 with echo scores a prompt without generating (the spec allows it) */
+    LOOM_TRY(get_int(o, "max_tokens", kind == LOOM_API_COMPLETION ? 0 : 1, LOOM_API_MAX_TOKENS, &r->p.max_tokens, err));
     if (kind == LOOM_API_CHAT) LOOM_TRY(get_int(o, "max_completion_tokens", 1, LOOM_API_MAX_TOKENS, &r->p.max_tokens, err));
     LOOM_TRY(get_num(o, "temperature", 0, 100, 0, &temperature, err));
     LOOM_TRY(get_num(o, "top_p", 0, 1, 1, &top_p, err));
@@ -236,8 +303,12 @@ static loom_status parse_settings(const cJSON *o, loom_api_kind kind, loom_api_r
     const cJSON *so = field(o, "stream_options");
     if (so && !cJSON_IsObject(so)) return loom_api_fail(err, 400, NULL, "stream_options", NULL, "'stream_options' must be an object");
     if (so) LOOM_TRY(get_bool(so, "include_usage", &r->include_usage, err));
+    r->max_tokens_set = field(o, "max_tokens") || (kind == LOOM_API_CHAT && field(o, "max_completion_tokens"));
     if (kind == LOOM_API_COMPLETION) {
         LOOM_TRY(get_bool(o, "echo", &r->echo, err));
+        if (r->p.max_tokens == 0 && !r->echo)
+            return loom_api_fail(err, 400, NULL, "max_tokens", "integer_below_min_value",
+                                 "'max_tokens' 0 generates nothing: it is allowed only with 'echo': true (to score a prompt)");
         LOOM_TRY(get_int(o, "logprobs", 0, 20, &r->p.logprobs, err));
     } else {
         int want = 0, top = 0;
@@ -248,6 +319,7 @@ static loom_status parse_settings(const cJSON *o, loom_api_kind kind, loom_api_r
     const cJSON *m = field(o, "model");
     if (m && !cJSON_IsString(m)) return loom_api_fail(err, 400, NULL, "model", NULL, "'model' must be a string");
     if (m) r->model = loom_strdup(m->valuestring);
+    LOOM_TRY(parse_response_format(o, r, err));
     return parse_stop(o, r, err);
 }
 
@@ -286,6 +358,7 @@ void loom_api_request_free(loom_api_request_t *r) {
     free(r->msgs);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->model);
+    free(r->json_schema);
     memset(r, 0, sizeof *r);
 }
 

@@ -18,7 +18,8 @@ typedef enum { LOOM_API_COMPLETION, LOOM_API_CHAT } loom_api_kind;
 #define LOOM_API_MAX_TOKENS (1 << 20) /* max_tokens at most */
 #define LOOM_API_MAX_STOP 4           /* stop strings */
 
-/* One chat message, as sent. */
+/* One chat message: its role (system, developer, user, assistant, tool)
+ * and its content as one string (text parts joined). */
 typedef struct {
     char *role, *content;
 } loom_api_message_t;
@@ -36,7 +37,10 @@ typedef struct {
     char *stop[LOOM_API_MAX_STOP];
     int n_stop;
     int stream, include_usage, echo;
-    int ignore_eos; /* "ignore_eos": true (vLLM's and llama.cpp's extension): do not stop at end-of-text */
+    int max_tokens_set; /* max_tokens (or max_completion_tokens) was given: the prompt plus it must fit the context */
+    int ignore_eos;
+    int json_mode;     /* response_format: 0 text, 1 json_object, 2 json_schema */
+    char *json_schema; /* json_schema's schema as JSON text (NULL: any object) */ /* "ignore_eos": true (vLLM's and llama.cpp's extension): do not stop at end-of-text */
 } loom_api_request_t;
 
 /* An error in the OpenAI shape: {"error": {"message", "type", "param", "code"}}. */

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "serve/json_schema.h"
 #include "serve/server_int.h"
 
 enum { WHY_NONE, WHY_TIMEOUT, WHY_SHUTDOWN, WHY_CLIENT };
@@ -26,6 +27,7 @@ typedef struct {
     size_t sent;      /* bytes of text already streamed */
     int finish, n_gen;
     cJSON *lp;        /* chat-style logprob entries, when asked */
+    int lp_off;       /* streamed completions: text_offset of the next token */
 } choice_t;
 
 struct job {
@@ -47,6 +49,8 @@ struct job {
     long created;
     loom_sbuf_t out;
     size_t out_pos;
+    loom_json_schema_t *schema;  /* response_format json_object / json_schema, compiled (NULL: none) */
+    loom_token_filter_t *filter; /* ... as the engine's token filter */
 };
 
 static int hold_k = -1;          /* LOOM_TEST_SERVE_HOLD's K; -1: no hold */
@@ -143,19 +147,42 @@ static cJSON *token_string(const loom_tokenizer_t *tok, int id) {
     return clean_string(t ? (const char *)t : "", t ? n : 0);
 }
 
-/* One token's logprobs, chat style: {token, logprob, top_logprobs: [{token, logprob}]}. */
+/* {token, logprob, bytes}: bytes are the token's raw UTF-8 bytes (token may
+ * show U+FFFD where a token holds part of a character). */
+static cJSON *token_logprob(const loom_tokenizer_t *tok, int id, float logprob) {
+    cJSON *e = cJSON_CreateObject(), *bytes = cJSON_CreateArray();
+    size_t n = 0;
+    const unsigned char *t = loom_tokenizer_token(tok, (uint32_t)id, &n);
+    cJSON_AddItemToObject(e, "token", token_string(tok, id));
+    cJSON_AddNumberToObject(e, "logprob", logprob);
+    for (size_t i = 0; t && i < n; i++) cJSON_AddItemToArray(bytes, cJSON_CreateNumber(t[i]));
+    cJSON_AddItemToObject(e, "bytes", bytes);
+    return e;
+}
+
+/* One token's logprobs, chat style: {token, logprob, bytes, top_logprobs:
+ * [{token, logprob, bytes}]}. The sampled token is always among its own
+ * alternatives (appended last when it is not in the top n), as OpenAI's
+ * completions promise ("up to logprobs+1 elements"); chat with
+ * top_logprobs 0 keeps an empty list. */
 static cJSON *lp_entry(const job_t *j, const loom_engine_event_t *ev) {
-    cJSON *e = cJSON_CreateObject(), *top = cJSON_CreateArray();
-    cJSON_AddItemToObject(e, "token", token_string(j->m->tok, ev->token));
-    cJSON_AddNumberToObject(e, "logprob", ev->logprob);
+    cJSON *e = token_logprob(j->m->tok, ev->token, ev->logprob), *top = cJSON_CreateArray();
+    int seen = 0;
     for (int i = 0; i < ev->n_top; i++) {
-        cJSON *t = cJSON_CreateObject();
-        cJSON_AddItemToObject(t, "token", token_string(j->m->tok, ev->top_ids[i]));
-        cJSON_AddNumberToObject(t, "logprob", ev->top_logprobs[i]);
-        cJSON_AddItemToArray(top, t);
+        cJSON_AddItemToArray(top, token_logprob(j->m->tok, ev->top_ids[i], ev->top_logprobs[i]));
+        seen |= ev->top_ids[i] == ev->token;
     }
+    if (!seen && (ev->n_top > 0 || j->kind == LOOM_API_COMPLETION))
+        cJSON_AddItemToArray(top, token_logprob(j->m->tok, ev->token, ev->logprob));
     cJSON_AddItemToObject(e, "top_logprobs", top);
     return e;
+}
+
+/* A chat choice's logprobs object: {content: entries (taken), refusal: null}. */
+static void add_chat_logprobs(cJSON *x, cJSON *entries) {
+    cJSON *o = cJSON_AddObjectToObject(x, "logprobs");
+    cJSON_AddItemToObject(o, "content", entries);
+    cJSON_AddNullToObject(o, "refusal");
 }
 
 /* Chat-style entries as a completion's logprobs object (text_offset from `off`). */
@@ -229,6 +256,8 @@ static void job_free(job_t *j) {
     free(j->subs), free(j->eids), free(j->submitted), free(j->pids), free(j->n_pids), free(j->ptext);
     free(j->ch), free(j->last_t), free(j->out.data);
     if (j->counted) atomic_fetch_sub(&j->s->active, 1);
+    loom_json_filter_free(j->filter);
+    loom_json_schema_free(j->schema);
     loom_api_request_free(&j->a);
     free(j);
 }
@@ -295,12 +324,13 @@ static char *render_full(job_t *j) {
             cJSON *msg = cJSON_AddObjectToObject(x, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
             cJSON_AddStringToObject(msg, "content", t.data);
+            cJSON_AddNullToObject(msg, "refusal");
         } else {
             cJSON_AddStringToObject(x, "text", t.data);
         }
         free(t.data);
         if (j->a.p.logprobs < 0) cJSON_AddNullToObject(x, "logprobs");
-        else if (chat) cJSON_AddItemToObject(cJSON_AddObjectToObject(x, "logprobs"), "content", cJSON_Duplicate(ch->lp, 1));
+        else if (chat) add_chat_logprobs(x, cJSON_Duplicate(ch->lp, 1));
         else cJSON_AddItemToObject(x, "logprobs", lp_completion(ch->lp, (int)strlen(pt)));
         add_finish(x, ch->finish);
         cJSON_AddItemToArray(arr, x);
@@ -337,11 +367,12 @@ static void put_chunk(job_t *j, int c, const char *text, size_t len, cJSON *lp, 
     else if (chat) {
         cJSON *a = cJSON_CreateArray();
         cJSON_AddItemToArray(a, lp);
-        cJSON_AddItemToObject(cJSON_AddObjectToObject(x, "logprobs"), "content", a);
+        add_chat_logprobs(x, a);
     } else {
         cJSON *a = cJSON_CreateArray();
         cJSON_AddItemToArray(a, lp);
-        cJSON_AddItemToObject(x, "logprobs", lp_completion(a, 0));
+        cJSON_AddItemToObject(x, "logprobs", lp_completion(a, j->ch[c].lp_off));
+        j->ch[c].lp_off += (int)strlen(cJSON_GetObjectItem(lp, "token")->valuestring);
         cJSON_Delete(a);
     }
     add_finish(x, finish);
@@ -373,7 +404,10 @@ static long stream_fn(void *ctx, char *buf, size_t max) {
         if (j->phase == 0) {
             for (int c = 0; c < j->n_choices; c++) {
                 const char *pt = j->a.echo ? j->ptext[c / j->a.p.n] : "";
-                if (j->kind == LOOM_API_CHAT || *pt) put_chunk(j, c, pt, strlen(pt), NULL, 0, j->kind == LOOM_API_CHAT);
+                j->ch[c].lp_off = (int)strlen(pt);
+                /* finish is already set when nothing is generated (max_tokens 0 with echo) */
+                if (j->kind == LOOM_API_CHAT || *pt || j->ch[c].finish)
+                    put_chunk(j, c, pt, strlen(pt), NULL, j->ch[c].finish, j->kind == LOOM_API_CHAT);
             }
             j->phase = 1;
         } else if (j->n_done == j->n_choices) {
@@ -480,6 +514,12 @@ static loom_status job_prompts(job_t *j, loom_api_error_t *err) {
             return loom_api_fail(err, 400, NULL, param, "context_length_exceeded",
                                  "the prompt has %d tokens; this model's context is %d, so at most %d fit with one new token",
                                  j->n_pids[k], ctx, ctx - 1);
+        /* OpenAI refuses what does not fit rather than cutting it short; an unset max_tokens is cut with "length" */
+        if (a->max_tokens_set && (long)j->n_pids[k] + a->p.max_tokens > ctx)
+            return loom_api_fail(err, 400, NULL, "max_tokens", "context_length_exceeded",
+                                 "this model's context is %d tokens, but the prompt has %d and max_tokens asks for %d more (%ld in "
+                                 "all): shorten the prompt or ask for at most %d tokens",
+                                 ctx, j->n_pids[k], a->p.max_tokens, (long)j->n_pids[k] + a->p.max_tokens, ctx - j->n_pids[k]);
     }
     return LOOM_OK;
 }
@@ -493,6 +533,16 @@ static job_t *job_new(loom_server_t *s, srv_model_t *m, loom_api_kind kind, loom
     snprintf(j->id, sizeof j->id, "%s-%llx", kind == LOOM_API_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)atomic_fetch_add(&s->next_id, 1) + 1);
     return j;
+}
+
+/* response_format as a token filter (400 naming what loom cannot enforce). */
+static loom_status job_format(job_t *j, loom_api_error_t *err) {
+    if (!j->a.json_mode) return LOOM_OK;
+    if (loom_json_schema_compile(j->a.json_schema, &j->schema) != LOOM_OK)
+        return loom_api_fail(err, 400, NULL, "response_format", "invalid_value", "%s", loom_errmsg());
+    LOOM_TRY(loom_json_filter_new(j->schema, j->m->tok, j->m->m->cfg.vocab_size, &j->filter));
+    j->a.p.filter = j->filter;
+    return LOOM_OK;
 }
 
 /* Submit every prompt; the first refusal cancels the rest (400). */
@@ -510,6 +560,13 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     a->p.n_stop = a->n_stop;
     a->p.stop_ids = j->m->n_stop ? j->m->stop_ids : NULL;
     a->p.n_stop_ids = a->ignore_eos ? 0 : j->m->n_stop;
+    if (a->p.max_tokens == 0) { /* echo only: nothing for the engine to do */
+        for (int k = 0; k < j->n_sub; k++) j->subs[k] = (sub_t){.job = j, .k = k, .started = 1};
+        atomic_fetch_sub(&j->s->pending, j->n_sub);
+        for (int c = 0; c < j->n_choices; c++) j->ch[c].finish = LOOM_FINISH_LENGTH;
+        j->n_done = j->n_choices;
+        return LOOM_OK;
+    }
     for (int k = 0; k < j->n_sub; k++) {
         j->subs[k] = (sub_t){.job = j, .k = k};
         if (loom_engine_submit(j->m->e, j->pids[k], j->n_pids[k], &a->p, on_event, &j->subs[k], &j->eids[k]) != LOOM_OK) {
@@ -554,7 +611,7 @@ static void handle(const loom_http_request_t *req, loom_http_response_t *resp, l
     job_t *j = job_new(s, m, kind, &a);
     atomic_fetch_add(&s->active, 1);
     j->counted = 1;
-    if (job_prompts(j, &err) != LOOM_OK) {
+    if (job_prompts(j, &err) != LOOM_OK || job_format(j, &err) != LOOM_OK) {
         job_free(j);
         return loom_srv_reply_error(resp, &err);
     }

@@ -109,6 +109,25 @@ static void on_models(const loom_http_request_t *req, loom_http_response_t *resp
     free(b.data);
 }
 
+/* GET /v1/models/{id}: one model (404 model_not_found for another id). */
+static void on_model(const loom_http_request_t *req, loom_http_response_t *resp, void *ctx) {
+    loom_server_t *s = ctx;
+    loom_api_error_t err;
+    if (loom_srv_admit(s, req, resp, &err) != LOOM_OK) return;
+    const char *id = req->path + strlen("/v1/models/");
+    for (int i = 0; i < s->n_models; i++) {
+        if (strcmp(s->models[i].name, id)) continue;
+        loom_sbuf_t b = {0};
+        loom_sbuf_printf(&b, "{\"id\":\"%s\",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"loom\",\"max_model_len\":%d}",
+                         s->models[i].name, (long)s->started, s->models[i].m->cfg.max_seq_len);
+        loom_http_reply(resp, 200, "application/json", b.data, (long)b.len);
+        free(b.data);
+        return;
+    }
+    loom_api_fail(&err, 404, "invalid_request_error", "model", "model_not_found", "model '%.64s' is not served here; GET /v1/models lists them", id);
+    loom_srv_reply_error(resp, &err);
+}
+
 static void on_unknown_v1(const loom_http_request_t *req, loom_http_response_t *resp, void *ctx) {
     loom_api_error_t err;
     if (!strcmp(req->path, "/v1/completions") || !strcmp(req->path, "/v1/chat/completions") || !strcmp(req->path, "/v1/models")) {
@@ -145,20 +164,22 @@ loom_status loom_server_start(loom_server_t **out, const loom_server_config_t *c
     loom_http_route_t routes[16] = {
         {"GET", "/health", on_health, s},
         {"GET", "/v1/models", on_models, s},
+        {"GET", "/v1/models/*", on_model, s},
         {"POST", "/v1/completions", loom_srv_on_completions, s},
         {"POST", "/v1/chat/completions", loom_srv_on_chat, s},
         {NULL, "/v1/*", on_unknown_v1, s},
         loom_dashboard_metrics_route(s->reg),
     };
     static const char *const dash_paths[4] = {"/", "/dashboard.json", "/dygraph.min.js", "/dygraph.css"};
-    int n = 6;
+    int n = 7;
     for (int i = 0; i < 4; i++) {
         s->proxy[i] = (srv_proxy_t){s, i};
         routes[n++] = (loom_http_route_t){"GET", dash_paths[i], on_dash, &s->proxy[i]};
     }
     *out = s;
     loom_http_opts_t ho = {.host = c->host, .port = c->port, .routes = routes, .n = n, .reg = s->reg,
-                           .counter = LOOM_SERVE_HTTP_COUNTER, .error_body = loom_serve_http_error};
+                           .counter = LOOM_SERVE_HTTP_COUNTER, .error_body = loom_serve_http_error,
+                           .cors_origin = c->cors_origin};
     return loom_http_start_opts(&s->http, &ho);
 }
 

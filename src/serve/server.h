@@ -24,6 +24,7 @@ typedef struct {
     int max_queue;          /* prompts waiting for their first token at most (429 above) */
     const char *api_key;    /* NULL = no key asked */
     double request_timeout; /* seconds from arrival to the last token (<= 0: none) */
+    const char *cors_origin; /* Access-Control-Allow-Origin for browser clients (NULL = no CORS) */
 } loom_server_config_t;
 
 typedef struct loom_server loom_server_t;
