@@ -357,14 +357,17 @@ loom_status loom_engine_submit(loom_engine_t *e, const int *prompt, int n_prompt
     r->t_submit = loom_now();
     seq_new(e, r, 0, prompt, n_prompt);
     pthread_mutex_lock(&e->mu);
-    r->id = e->next_id++;
+    uint64_t rid = r->id = e->next_id++;
     request_t **tail = &e->incoming;
     while (*tail) tail = &(*tail)->next;
     *tail = r;
     e->n_live++;
     pthread_mutex_unlock(&e->mu);
+    /* From here the stepping thread may finish and free r: the id is the
+     * copy taken under the lock (reading r->id here lost short requests'
+     * events, their handler waiting forever). */
+    if (id) *id = rid;
     loop_wake(e);
-    if (id) *id = r->id;
     return LOOM_OK;
 }
 
