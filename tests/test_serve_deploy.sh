@@ -40,8 +40,9 @@ for path in sys.argv[2:4]:
                 slice_gb = float(re.search(r"\.(\d+)gb", mig[0]).group(1))
                 kv = args[args.index("--kv-memory") + 1]
                 kv_ok.append((mig[0], kv, kv.endswith("G") and float(kv[:-1]) < slice_gb))
-used |= set(re.findall(r"serve .*?(--[a-z-]+)", open(sys.argv[4]).read())) and \
-    {f[2:] for f in re.findall(r"(--[a-z-]+)", open(sys.argv[4]).read().split("exec", 1)[1])}
+# the flags given to `loom serve` on the line that runs it (not srun's --container-* before it)
+used |= {f for line in open(sys.argv[4]) if re.search(r'\$\{?LOOM\}?"? serve ', line)
+         for f in re.findall(r"--([a-z-]+)", line.split(" serve ", 1)[1])}
 missing = used - help_flags
 print("PASS serve_deploy_flags_known" if used and not missing else "FAIL serve_deploy_flags_known: %s" % missing)
 print("PASS serve_mig_kv_fits_slice" if kv_ok and all(k[2] for k in kv_ok) else "FAIL serve_mig_kv_fits_slice: %s" % kv_ok)
