@@ -136,7 +136,7 @@ if ! nvidia-smi >/dev/null 2>&1; then
         fail gpu_check_fails_without_gpu "exit $rc, want 1: $(tail -n 5 "$tmp/run.log")"
     elif ! grep -qE '^devices +(FAIL|TIMEOUT)' "$tmp/run.log" || ! grep -qE '^test_cuda_ops +(FAIL|TIMEOUT|NOT RUN)' "$tmp/run.log"; then
         fail gpu_check_fails_without_gpu "devices or test_cuda_ops not failed in the table: $(grep -A30 '^row ' "$tmp/run.log" | head -n 12)"
-    elif ! grep -qE '^test_cuda_ops +FAIL +[0-9]+ passed, [0-9]+ failed.*: cuda_encoder/fp32' "$tmp/run.log" ||
+    elif ! grep -qE '^test_cuda_ops +FAIL +[0-9]+ passed, [0-9]+ failed.*[:,] cuda_encoder/fp32' "$tmp/run.log" ||
         ! grep -q '^test_cuda_ops: FAIL cuda_encoder/fp32: LOOM_REQUIRE_GPU=1' "$tmp/outdir/gpu-check-failures.txt"; then
         fail gpu_check_fails_without_gpu "the failing cases are not named in the table or the failures file: $(grep -m1 '^test_cuda_ops ' "$tmp/run.log"; head -n 2 "$tmp/outdir/gpu-check-failures.txt")"
     elif grep -qE '^rebuild ' "$tmp/run.log"; then
