@@ -116,6 +116,17 @@ static inline int char_at(const unsigned char *s, size_t len, size_t i, int *cls
     return n;
 }
 
+/* End of the run of class `cls` characters from s[j]. */
+static size_t run_end(const unsigned char *s, size_t len, size_t j, int cls) {
+    while (j < len) {
+        int c;
+        int n = char_at(s, len, j, &c);
+        if (c != cls) break;
+        j += (size_t)n;
+    }
+    return j;
+}
+
 size_t loom_pretok_next(const unsigned char *s, size_t len, size_t i) {
     if (s[i] == '\'' && i + 1 < len) {
         unsigned char a = s[i + 1];
@@ -145,24 +156,7 @@ size_t loom_pretok_next(const unsigned char *s, size_t len, size_t i) {
         }
         return len;
     }
-    while (j < len) {
-        int c;
-        int n = char_at(s, len, j, &c);
-        if (c != cls) break;
-        j += (size_t)n;
-    }
-    return j;
-}
-
-/* End of the run of class `cls` characters from s[j]. */
-static size_t run_end(const unsigned char *s, size_t len, size_t j, int cls) {
-    while (j < len) {
-        int c;
-        int n = char_at(s, len, j, &c);
-        if (c != cls) break;
-        j += (size_t)n;
-    }
-    return j;
+    return run_end(s, len, j, cls);
 }
 
 static inline int crlf(unsigned char c) { return c == '\r' || c == '\n'; }
