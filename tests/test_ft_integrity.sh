@@ -17,16 +17,7 @@ if ! command -v xxhsum > /dev/null; then echo "SKIP ft_integrity: xxhsum not ins
 $LOOM tokenize --input "$tmp/text.txt" --vocab 300 --val-fraction 0.1 --out "$tmp/bpe" --quiet > /dev/null 2>&1
 $LOOM tokenize --input "$tmp/text.txt" --vocab 280 --val-fraction 0.1 --out "$tmp/bpe2" --quiet > /dev/null 2>&1
 A=(--layers 1 --channels 32 --heads 2 --context 32 --batch 2 --seq 16 --warmup 2 --lr 3e-3 --eval-every 0 --sample-tokens 0 --threads 1)
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
-# expect_fail NAME PATTERN CMD...: CMD must exit 1..125 (no crash) with PATTERN in its output.
-expect_fail() {
-    local name=$1 pat=$2; shift 2
-    local out rc
-    out=$("$@" 2>&1); rc=$?
-    if [ $rc -ge 1 ] && [ $rc -le 125 ] && printf '%s' "$out" | grep -q -- "$pat"; then pass "$name"
-    else fail "$name" "exit $rc: $(printf '%s' "$out" | tail -2)"; fi
-}
+. tests/lib_expect.sh
 $LOOM train --data "$tmp/bpe" "${A[@]}" --steps 10 --ckpt-every 5 --keep-ckpts 3 --out "$tmp/a" > "$tmp/a.log" 2>&1 ||
     { echo "FAIL ft_integrity_setup: $(tail -3 "$tmp/a.log")"; exit 1; }
 $LOOM train --data "$tmp/bpe2" "${A[@]}" --steps 2 --out "$tmp/d" > "$tmp/d.log" 2>&1 ||

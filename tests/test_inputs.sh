@@ -14,16 +14,7 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; r
 /usr/bin/python3 -c "import random; random.seed(3); print(' '.join(random.choice(['in','the','beginning','God','created','heaven','and','earth.','light']) for _ in range(20000)))" > "$tmp/text.txt"
 $LOOM tokenize --input "$tmp/text.txt" --vocab 300 --val-fraction 0.1 --out "$tmp/bpe" --quiet > /dev/null 2>&1
 A=(--layers 1 --channels 32 --heads 2 --context 32 --batch 2 --seq 16 --warmup 2 --eval-every 0 --sample-tokens 0 --threads 1)
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1: $2"; }
-# expect_fail NAME PATTERN CMD...: CMD must exit 1..125 (no crash) with PATTERN in its output.
-expect_fail() {
-    local name=$1 pat=$2; shift 2
-    local out rc
-    out=$("$@" 2>&1); rc=$?
-    if [ $rc -ge 1 ] && [ $rc -le 125 ] && printf '%s' "$out" | grep -q -- "$pat"; then pass "$name"
-    else fail "$name" "exit $rc: $(printf '%s' "$out" | tail -2)"; fi
-}
+. tests/lib_expect.sh
 mkdir -p "$tmp/adir" "$tmp/empty"
 
 # ---- a folder where a file is expected ----
