@@ -158,7 +158,9 @@ static void sampler_end(void *ctx, loom_train_run_t *run, loom_status s) {
 }
 
 loom_train_observer_t *loom_train_observer_sampler(const loom_train_opts_t *o) {
-    if (o->rank != 0) return NULL;
+    /* ZeRO-3: no rank holds the weights to sample from alone (a forward on
+     * one rank would wait for the others' gathers); setup says so. */
+    if (o->rank != 0 || o->zero == 3) return NULL;
     return observer_alloc(sizeof(loom_train_observer_t), &(loom_train_observer_t){.name = "sampler", .after_step = sampler_after_step,
                                                                                  .on_end = sampler_end, .free = free});
 }
