@@ -97,6 +97,15 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
     size_t per = 0;
     for (int i = 0; i < NLT; i++) per += m->ptable[layer_tensors[i]].numel / (size_t)m->cfg.n_layer;
     dp->per_layer = per;
+    /* ZeRO-3 first: the whole parameter block is released before the
+     * moments' shard is allocated, so setup's peak stays below training's. */
+    if (o->zero == 3) {
+        loom_status s = loom_zero3_init(&dp->z3, m, d, dp->lo, o->grad_dtype, o->overlap);
+        if (s != LOOM_OK) {
+            loom_dp_free(dp);
+            return s;
+        }
+    }
     if (o->zero >= 1) {
         size_t n = dp->hi[dp->rank] - dp->lo[dp->rank], bytes = (n ? n : 1) * sizeof(float);
         dp->am = m->be->alloc(bytes);
@@ -108,13 +117,7 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
         loom_mem_count(LOOM_MEM_OPTIM, 2 * (long long)bytes);
         loom_gpt_free_moments(m);
     }
-    if (o->zero == 3) {
-        loom_status s = loom_zero3_init(&dp->z3, m, d, dp->lo, o->grad_dtype, o->overlap);
-        if (s != LOOM_OK) {
-            loom_dp_free(dp);
-            return s;
-        }
-    } else if (o->overlap && dp->world > 1) {
+    if (o->zero < 3 && o->overlap && dp->world > 1) {
         m->grad_hook = on_layer_done;
         m->grad_hook_ctx = dp;
     }

@@ -193,7 +193,14 @@ loom_status loom_zero3_init(loom_zero3_t **out, loom_gpt_t *m, loom_dist_t *d, c
     z->hi = bounds[z->rank + 1];
     lay_out_units(z);
     size_t n = z->hi - z->lo, lu = z->unit_floats[0], nu = z->unit_floats[1];
+    /* The shard first and the whole block released, then the rest: the
+     * block and the buffers are never held at once. */
     z->p = zalloc(z, n, LOOM_MEM_PARAMS);
+    loom_status s = z->p ? loom_zero3_adopt(z) : LOOM_OK;
+    if (s != LOOM_OK) {
+        loom_zero3_free(z);
+        return s;
+    }
     z->g = zalloc(z, n, LOOM_MEM_GRADS);
     z->pn.buf = zalloc(z, nu, LOOM_MEM_PARAMS);
     z->gn.buf = zalloc(z, nu, LOOM_MEM_GRADS);
@@ -207,11 +214,6 @@ loom_status loom_zero3_init(loom_zero3_t **out, loom_gpt_t *m, loom_dist_t *d, c
         loom_zero3_free(z);
         return loom_error(LOOM_ENOMEM, "--zero 3: cannot allocate this rank's shards (%.1f MB) and gather buffers (%.1f MB); use more ranks or a smaller model",
                           8.0 * (double)n / 1e6, 8.0 * (double)(2 * lu + nu) / 1e6);
-    }
-    loom_status s = loom_zero3_adopt(z);
-    if (s != LOOM_OK) {
-        loom_zero3_free(z);
-        return s;
     }
     m->view = view;
     m->layer_hook = layer_hook;
