@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/mem.h"
 #include "model/generate.h"
 #include "obs/metrics_log.h"
 #include "obs/plot.h"
@@ -114,7 +115,8 @@ static loom_status mlog_after_step(void *ctx, loom_train_run_t *run, const loom_
                               .comm_wait_s = r->comm_wait_s, .has_loss_scale = run->loss_scaling, .loss_scale = r->loss_scale,
                               .skipped = r->skipped, .lr = r->lr, .grad_norm = r->grad_norm, .tokens_per_s = r->tokens_per_s,
                               .mfu = r->mfu, .step_s = r->step_s, .elapsed_s = r->elapsed_s,
-                              .has_energy = isfinite(run->energy_j_per_token), .energy_j_per_token = run->energy_j_per_token};
+                              .has_energy = isfinite(run->energy_j_per_token), .energy_j_per_token = run->energy_j_per_token,
+                              .peak_rss_mb = loom_mem_peak_rss() / 1e6};
     return loom_metrics_log_write(g->log, &row);
 }
 

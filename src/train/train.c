@@ -215,6 +215,7 @@ static loom_status train_finish(loom_train_job_t *j, loom_status s) {
         run->last_val_step != run->step)
         s = run_eval(j, run->step, NULL);
     s = emit_stop(run, s);
+    if (s == LOOM_OK) loom_train_report_memory(j);
     emit_end(run, s);
     if (s == LOOM_OK && run->stop_signal && run->step == 0)
         s = loom_error(LOOM_ESTOPPED, "stopped by signal %d before the first step; nothing to save", run->stop_signal);
