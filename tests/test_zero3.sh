@@ -50,6 +50,14 @@ done
 train gpt2_x2_noov "${GPT[@]}" --batch 2 --nproc 2 --zero 3 --no-overlap &&
     check zero3_no_prefetch_same_steps "$tmp/gpt2_x2" "$tmp/gpt2_x2_noov" --exact
 
+# Validation under ZeRO-3 runs on every rank (each forward gathers from
+# all of them) and reports what ZeRO-1 reports.
+E=(--eval-every 5 --eval-batches 2)
+if train ev3 "${GPT[@]}" --batch 2 --nproc 2 --zero 3 "${E[@]}" && train ev1 "${GPT[@]}" --batch 2 --nproc 2 --zero 1 "${E[@]}"; then
+    v3=$(grep -o '"val_loss":[0-9.]*' "$tmp/ev3/metrics.jsonl" | tr '\n' ' '); v1=$(grep -o '"val_loss":[0-9.]*' "$tmp/ev1/metrics.jsonl" | tr '\n' ' ')
+    [ -n "$v3" ] && [ "$v3" = "$v1" ] && pass "zero3_validation_on_every_rank ($v3)" || fail zero3_validation_on_every_rank "'$v3' vs ZeRO-1 '$v1'"
+fi
+
 # 2. Reshard: ZeRO-3 on 4 ranks checkpoints at step 5; ZeRO-1 on 2 ranks
 # (2 micro-batches each: the same 4 sequences per step) resumes it.
 if train r4 "${GPT[@]}" --batch 1 --nproc 4 --zero 3 --ckpt-every 5 --keep-ckpts 3; then

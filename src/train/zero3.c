@@ -215,11 +215,8 @@ loom_status loom_zero3_init(loom_zero3_t **out, loom_gpt_t *m, loom_dist_t *d, c
         return loom_error(LOOM_ENOMEM, "--zero 3: cannot allocate this rank's shards (%.1f MB) and gather buffers (%.1f MB); use more ranks or a smaller model",
                           8.0 * (double)n / 1e6, 8.0 * (double)(2 * lu + nu) / 1e6);
     }
-    m->view = view;
-    m->layer_hook = layer_hook;
-    m->view_ctx = z;
-    m->grad_hook = grad_done;
-    m->grad_hook_ctx = z;
+    m->view = view, m->layer_hook = layer_hook, m->view_ctx = z; /* the model reads its weights through the gathers */
+    m->grad_hook = grad_done, m->grad_hook_ctx = z;                /* and hands each block's gradients over */
     *out = z;
     return LOOM_OK;
 }
