@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/hash.h"
 #include "serve/json_schema.h"
 #include "serve/server_int.h"
 
@@ -28,6 +29,7 @@ typedef struct {
     int finish, n_gen;
     cJSON *lp;        /* chat-style logprob entries, when asked */
     int lp_off;       /* streamed completions: text_offset of the next token */
+    loom_tools_stream_t ts; /* tool calls: what of them a stream has sent (serve/tools.h) */
 } choice_t;
 
 struct job {
@@ -51,6 +53,7 @@ struct job {
     size_t out_pos;
     loom_json_schema_t *schema;  /* response_format json_object / json_schema, compiled (NULL: none) */
     loom_token_filter_t *filter; /* ... as the engine's token filter */
+    int tools_on, forced;        /* the output is read for tool calls; decoded under the call grammar */
 };
 
 static int hold_k = -1;          /* LOOM_TEST_SERVE_HOLD's K; -1: no hold */
@@ -113,33 +116,12 @@ static void on_event(void *ctx, const loom_engine_event_t *ev) {
 
 /* Bytes s[0..n) with invalid UTF-8 replaced by U+FFFD. */
 static void put_clean(loom_sbuf_t *b, const char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned c = (unsigned char)s[i];
-        size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        if (i + k <= n && loom_api_utf8_valid(s + i, k)) loom_sbuf_put(b, s + i, k), i += k;
-        else loom_sbuf_puts(b, "\xEF\xBF\xBD"), i++;
-    }
-    if (!b->data) loom_sbuf_puts(b, "");
+    cJSON *j = loom_api_clean_string(s, n);
+    loom_sbuf_puts(b, j->valuestring);
+    cJSON_Delete(j);
 }
 
-/* Length of s[0..n) without a trailing multi-byte character still incomplete. */
-static size_t complete_prefix(const char *s, size_t n) {
-    for (size_t back = 1; back <= 3 && back <= n; back++) {
-        unsigned c = (unsigned char)s[n - back];
-        if ((c & 0xC0) == 0x80) continue;
-        size_t k = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return k > back ? n - back : n;
-    }
-    return n;
-}
-
-static cJSON *clean_string(const char *s, size_t n) {
-    loom_sbuf_t b = {0};
-    put_clean(&b, s, n);
-    cJSON *j = cJSON_CreateString(b.data);
-    free(b.data);
-    return j;
-}
+static cJSON *clean_string(const char *s, size_t n) { return loom_api_clean_string(s, n); }
 
 static cJSON *token_string(const loom_tokenizer_t *tok, int id) {
     size_t n = 0;
@@ -303,8 +285,10 @@ static cJSON *head_json(const job_t *j, const char *object) {
     return o;
 }
 
-static void add_finish(cJSON *c, int finish) {
-    if (finish) cJSON_AddStringToObject(c, "finish_reason", loom_api_finish_reason((loom_finish_reason)finish));
+/* finish_reason; a sample that ended (not cut short) with tool calls: "tool_calls". */
+static void add_finish(cJSON *c, int finish, int calls) {
+    if (finish == LOOM_FINISH_STOP && calls) cJSON_AddStringToObject(c, "finish_reason", "tool_calls");
+    else if (finish) cJSON_AddStringToObject(c, "finish_reason", loom_api_finish_reason((loom_finish_reason)finish));
     else cJSON_AddNullToObject(c, "finish_reason");
 }
 
@@ -320,10 +304,19 @@ static char *render_full(job_t *j) {
         const char *pt = j->a.echo ? j->ptext[c / j->a.p.n] : "";
         loom_sbuf_puts(&t, pt);
         put_clean(&t, ch->text.data ? ch->text.data : "", ch->text.len);
+        int calls = 0;
         if (chat) {
             cJSON *msg = cJSON_AddObjectToObject(x, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddStringToObject(msg, "content", t.data);
+            if (j->tools_on) { /* the stream's deltas at once: both answers agree */
+                loom_tools_stream_t ts = {.seed = ch->ts.seed};
+                cJSON *d = loom_tools_delta(j->m->tools, j->forced, j->a.parallel_tool_calls, ch->text.data ? ch->text.data : "",
+                                            ch->text.len, 1, &ts);
+                calls = loom_tools_message_out(d, msg);
+                cJSON_Delete(d);
+            } else {
+                cJSON_AddStringToObject(msg, "content", t.data);
+            }
             cJSON_AddNullToObject(msg, "refusal");
         } else {
             cJSON_AddStringToObject(x, "text", t.data);
@@ -332,7 +325,7 @@ static char *render_full(job_t *j) {
         if (j->a.p.logprobs < 0) cJSON_AddNullToObject(x, "logprobs");
         else if (chat) add_chat_logprobs(x, cJSON_Duplicate(ch->lp, 1));
         else cJSON_AddItemToObject(x, "logprobs", lp_completion(ch->lp, (int)strlen(pt)));
-        add_finish(x, ch->finish);
+        add_finish(x, ch->finish, calls);
         cJSON_AddItemToArray(arr, x);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(j));
@@ -348,14 +341,18 @@ static void put_event(job_t *j, cJSON *o) {
     cJSON_Delete(o);
 }
 
-/* One streamed chunk for choice c: text (clean UTF-8), logprob entry (taken), finish. */
-static void put_chunk(job_t *j, int c, const char *text, size_t len, cJSON *lp, int finish, int role) {
+/* One streamed chunk for choice c: text (clean UTF-8), or a chat delta
+ * (taken; tool calls), logprob entry (taken), finish. */
+static void put_chunk(job_t *j, int c, const char *text, size_t len, cJSON *lp, int finish, int role, cJSON *delta) {
     int chat = j->kind == LOOM_API_CHAT;
     cJSON *o = head_json(j, chat ? "chat.completion.chunk" : "text_completion"), *arr = cJSON_AddArrayToObject(o, "choices");
     cJSON *x = cJSON_CreateObject();
     cJSON_AddNumberToObject(x, "index", c);
     cJSON *str = clean_string(text, len);
-    if (chat) {
+    if (delta) {
+        cJSON_AddItemToObject(x, "delta", delta);
+        cJSON_Delete(str);
+    } else if (chat) {
         cJSON *d = cJSON_AddObjectToObject(x, "delta");
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
         if (len || role) cJSON_AddItemToObject(d, "content", str);
@@ -375,7 +372,7 @@ static void put_chunk(job_t *j, int c, const char *text, size_t len, cJSON *lp, 
         j->ch[c].lp_off += (int)strlen(cJSON_GetObjectItem(lp, "token")->valuestring);
         cJSON_Delete(a);
     }
-    add_finish(x, finish);
+    add_finish(x, finish, j->ch[c].ts.heads);
     cJSON_AddItemToArray(arr, x);
     put_event(j, o);
 }
@@ -387,11 +384,17 @@ static void stream_event(job_t *j, const loom_engine_event_t *ev) {
     if (k == j->n_sub) return;
     int c = k * j->a.p.n + ev->index;
     choice_t *ch = &j->ch[c];
-    size_t end = ch->finish ? ch->text.len : complete_prefix(ch->text.data ? ch->text.data : "", ch->text.len);
+    size_t end = ch->finish ? ch->text.len : loom_api_utf8_complete(ch->text.data ? ch->text.data : "", ch->text.len);
     cJSON *lp = NULL;
     if (ev->token >= 0 && j->a.p.logprobs >= 0) lp = cJSON_Duplicate(cJSON_GetArrayItem(ch->lp, cJSON_GetArraySize(ch->lp) - 1), 1);
+    if (j->tools_on) { /* content and tool-call deltas as the calls take shape */
+        cJSON *d = loom_tools_delta(j->m->tools, j->forced, j->a.parallel_tool_calls, ch->text.data ? ch->text.data : "",
+                                    ch->text.len, ch->finish != 0, &ch->ts);
+        if (d || ch->finish || lp) put_chunk(j, c, "", 0, lp, ch->finish, 0, d ? d : cJSON_CreateObject());
+        return;
+    }
     if (end == ch->sent && !ch->finish && !lp) return;
-    put_chunk(j, c, ch->text.data ? ch->text.data + ch->sent : "", end - ch->sent, lp, ch->finish, 0);
+    put_chunk(j, c, ch->text.data ? ch->text.data + ch->sent : "", end - ch->sent, lp, ch->finish, 0, NULL);
     ch->sent = end;
 }
 
@@ -407,7 +410,7 @@ static long stream_fn(void *ctx, char *buf, size_t max) {
                 j->ch[c].lp_off = (int)strlen(pt);
                 /* finish is already set when nothing is generated (max_tokens 0 with echo) */
                 if (j->kind == LOOM_API_CHAT || *pt || j->ch[c].finish)
-                    put_chunk(j, c, pt, strlen(pt), NULL, j->ch[c].finish, j->kind == LOOM_API_CHAT);
+                    put_chunk(j, c, pt, strlen(pt), NULL, j->ch[c].finish, j->kind == LOOM_API_CHAT, NULL);
             }
             j->phase = 1;
         } else if (j->n_done == j->n_choices) {
@@ -471,7 +474,7 @@ static loom_status job_prompts(job_t *j, loom_api_error_t *err) {
         a->text = loom_calloc(1, sizeof *a->text);
         a->ids = loom_calloc(1, sizeof *a->ids);
         a->n_ids = loom_calloc(1, sizeof *a->n_ids);
-        if (loom_srv_chat_render(j->m, a->msgs, a->n_msgs, &a->text[0]) != LOOM_OK)
+        if (loom_srv_chat_render(j->m, a, &a->text[0]) != LOOM_OK)
             return loom_api_fail(err, 400, NULL, "messages", NULL, "%s", loom_errmsg());
     }
     j->n_sub = a->n_prompts;
@@ -535,12 +538,20 @@ static job_t *job_new(loom_server_t *s, srv_model_t *m, loom_api_kind kind, loom
     return j;
 }
 
-/* response_format as a token filter (400 naming what loom cannot enforce). */
+/* response_format, or a forced tool call, as a token filter (400 naming
+ * what loom cannot enforce; every function's parameters are checked). */
 static loom_status job_format(job_t *j, loom_api_error_t *err) {
-    if (!j->a.json_mode) return LOOM_OK;
-    if (loom_json_schema_compile(j->a.json_schema, &j->schema) != LOOM_OK)
-        return loom_api_fail(err, 400, NULL, "response_format", "invalid_value", "%s", loom_errmsg());
+    if (j->a.tools) {
+        j->tools_on = j->a.tool_choice != LOOM_TOOL_NONE;
+        j->forced = j->a.tool_choice == LOOM_TOOL_REQUIRED || j->a.tool_choice == LOOM_TOOL_NAMED;
+        LOOM_TRY(loom_tools_grammar(&j->a, j->m->tools, j->forced ? &j->schema : NULL, err));
+    } else if (j->a.json_mode) {
+        if (loom_json_schema_compile(j->a.json_schema, &j->schema) != LOOM_OK)
+            return loom_api_fail(err, 400, NULL, "response_format", "invalid_value", "%s", loom_errmsg());
+    }
+    if (!j->schema) return LOOM_OK;
     LOOM_TRY(loom_json_filter_new(j->schema, j->m->tok, j->m->m->cfg.vocab_size, &j->filter));
+    for (int i = 0; j->forced && loom_tools_markers[i]; i++) loom_json_filter_allow(j->filter, j->m->tok, loom_tools_markers[i]);
     j->a.p.filter = j->filter;
     return LOOM_OK;
 }
@@ -551,7 +562,10 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     j->n_choices = j->n_sub * a->p.n;
     j->ch = loom_calloc((size_t)j->n_choices, sizeof *j->ch);
     j->last_t = loom_calloc((size_t)j->n_choices, sizeof *j->last_t);
-    for (int c = 0; c < j->n_choices; c++) j->ch[c].lp = a->p.logprobs >= 0 ? cJSON_CreateArray() : NULL;
+    for (int c = 0; c < j->n_choices; c++) {
+        j->ch[c].lp = a->p.logprobs >= 0 ? cJSON_CreateArray() : NULL;
+        j->ch[c].ts.seed = loom_hash64(j->id, strlen(j->id), (uint64_t)c);
+    }
     j->subs = loom_calloc((size_t)j->n_sub, sizeof *j->subs);
     j->eids = loom_calloc((size_t)j->n_sub, sizeof *j->eids);
     j->submitted = loom_calloc((size_t)j->n_sub, sizeof *j->submitted);
