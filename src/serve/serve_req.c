@@ -390,7 +390,18 @@ static void stream_event(job_t *j, const loom_engine_event_t *ev) {
     if (j->tools_on) { /* content and tool-call deltas as the calls take shape */
         cJSON *d = loom_tools_delta(j->m->tools, j->forced, j->a.parallel_tool_calls, ch->text.data ? ch->text.data : "",
                                     ch->text.len, ch->finish != 0, &ch->ts);
-        if (d || ch->finish || lp) put_chunk(j, c, "", 0, lp, ch->finish, 0, d ? d : cJSON_CreateObject());
+        cJSON *calls = d ? cJSON_DetachItemFromObjectCaseSensitive(d, "tool_calls") : NULL;
+        if ((d && d->child) || (!calls && (ch->finish || lp)))
+            put_chunk(j, c, "", 0, lp, calls ? 0 : ch->finish, 0, d ? d : cJSON_CreateObject()), lp = NULL;
+        else
+            cJSON_Delete(d);
+        for (cJSON *x = calls ? calls->child : NULL; x; x = calls->child) { /* one call item a chunk, as OpenAI sends them */
+            cJSON *one = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(one, "tool_calls");
+            cJSON_AddItemToArray(arr, cJSON_DetachItemViaPointer(calls, x));
+            put_chunk(j, c, "", 0, lp, calls->child ? 0 : ch->finish, 0, one);
+            lp = NULL;
+        }
+        cJSON_Delete(calls);
         return;
     }
     if (end == ch->sent && !ch->finish && !lp) return;

@@ -471,11 +471,14 @@ static void add_content(cJSON *d, const char *t, size_t from, size_t to, size_t 
     *sent = end;
 }
 
-/* Call k's delta: its head (the first time) and the arguments not yet sent. */
+/* Call k's delta: its head (the first time) and the arguments not yet sent (nothing new: none). */
 static void add_call(cJSON *calls, const char *t, const span_t *c, int k, int final, loom_tools_stream_t *s) {
+    int head = k == s->heads;
+    size_t from = head ? 0 : s->args_sent[k], to = c->args_off ? c->args_len : 0;
+    size_t end = final || c->complete ? to : from + loom_api_utf8_complete(t + c->args_off + from, to - from);
+    if (!head && end <= from) return;
     cJSON *o = cJSON_CreateObject(), *f = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "index", k);
-    int head = k == s->heads;
     if (head) {
         char id[10];
         call_id(s->seed, k, id);
@@ -485,14 +488,10 @@ static void add_call(cJSON *calls, const char *t, const span_t *c, int k, int fi
         cJSON_AddStringToObject(f, "name", cJSON_IsString(name) ? name->valuestring : "");
         cJSON_Delete(name);
         s->heads++;
-        s->args_sent[k] = 0;
     }
-    size_t from = s->args_sent[k], to = c->args_off ? c->args_len : 0;
-    size_t end = final || c->complete ? to : from + loom_api_utf8_complete(t + c->args_off + from, to - from);
-    if (end > from || head) {
-        cJSON_AddItemToObject(f, "arguments", loom_api_clean_string(t + c->args_off + from, end - from));
-        s->args_sent[k] = end;
-    }
+    /* OpenAI's first delta of a call carries empty arguments; the text follows in later deltas */
+    cJSON_AddItemToObject(f, "arguments", loom_api_clean_string(t + c->args_off + from, head ? 0 : end - from));
+    s->args_sent[k] = head ? 0 : end;
     cJSON_AddItemToObject(o, "function", f);
     cJSON_AddItemToArray(calls, o);
 }
@@ -511,7 +510,8 @@ cJSON *loom_tools_delta(loom_tools_style_t st, int forced, int parallel, const c
     add_content(d, t, s->content_sent, x.content_end, &s->content_sent, final);
     for (int k = 0; k < ready; k++) {
         const span_t *c = &x.c[k];
-        if (k >= s->heads || s->args_sent[k] < c->args_len) add_call(calls, t, c, k, final, s);
+        if (k >= s->heads) add_call(calls, t, c, k, final, s); /* the head, then (below) its arguments so far */
+        if (s->args_sent[k] < c->args_len) add_call(calls, t, c, k, final, s);
     }
     /* the tail is content once it cannot become a call: malformed, or the output ended */
     if ((final || x.state == S_BAD) && tail < n && !(ready && blank(t, tail, n)))
@@ -524,10 +524,25 @@ cJSON *loom_tools_delta(loom_tools_style_t st, int forced, int parallel, const c
 
 int loom_tools_message_out(cJSON *delta, cJSON *msg) {
     cJSON *content = delta ? cJSON_DetachItemFromObjectCaseSensitive(delta, "content") : NULL;
-    cJSON *calls = delta ? cJSON_DetachItemFromObjectCaseSensitive(delta, "tool_calls") : NULL;
+    cJSON *calls = delta ? cJSON_GetObjectItemCaseSensitive(delta, "tool_calls") : NULL;
     cJSON_AddItemToObject(msg, "content", content ? content : cJSON_CreateNull());
     if (!calls) return 0;
-    for (cJSON *c = calls->child; c; c = c->next) cJSON_DeleteItemFromObjectCaseSensitive(c, "index");
-    cJSON_AddItemToObject(msg, "tool_calls", calls);
-    return cJSON_GetArraySize(calls);
+    cJSON *out = cJSON_AddArrayToObject(msg, "tool_calls");
+    for (cJSON *c = calls->child; c; c = c->next) { /* a call's head, then its arguments: one call */
+        cJSON *f = cJSON_GetObjectItemCaseSensitive(c, "function");
+        const char *args = cJSON_GetObjectItemCaseSensitive(f, "arguments")->valuestring;
+        if (cJSON_GetObjectItemCaseSensitive(c, "id")) {
+            cJSON *o = cJSON_Duplicate(c, 1);
+            cJSON_DeleteItemFromObjectCaseSensitive(o, "index");
+            cJSON_AddItemToArray(out, o);
+            continue;
+        }
+        cJSON *into = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(out, cJSON_GetArraySize(out) - 1), "function");
+        loom_sbuf_t b = {0};
+        loom_sbuf_puts(&b, cJSON_GetObjectItemCaseSensitive(into, "arguments")->valuestring);
+        loom_sbuf_puts(&b, args);
+        cJSON_ReplaceItemInObjectCaseSensitive(into, "arguments", cJSON_CreateString(b.data));
+        free(b.data);
+    }
+    return cJSON_GetArraySize(out);
 }
