@@ -2,10 +2,12 @@
 HTTP): tests/test_serve.sh and tests/test_serve_san.sh run it.
 
 usage: serve_client.py LOOM RUN PART...   PART: openai concurrency load
-       quantmem overload disconnect badinput sigterm chattemplate cors structured. Prints PASS/FAIL lines."""
+       quantmem overload disconnect badinput sigterm chattemplate cors structured
+       tools (needs LOOM_TOOLS_RUN: a model with a 4096-token context) promptlogprobs.
+       Prints PASS/FAIL lines."""
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
 
-import openai_check, serve_conformance, serve_structured
+import openai_check, serve_conformance, serve_structured, serve_tools
 
 LOOM, RUN = sys.argv[1], sys.argv[2]
 PARTS = sys.argv[3:]
@@ -238,6 +240,29 @@ def part_structured():
         raise
     finally:
         srv.stop()
+
+
+def part_tools():
+    """Tool calling (tests/serve_tools.py) on a model whose context holds a prompt with tools."""
+    import openai, tempfile
+    run = os.environ.get("LOOM_TOOLS_RUN")
+    if not run:
+        print("SKIP serve_tools: LOOM_TOOLS_RUN (a run with a 4096-token context, tests/test_serve.sh trains one) is not set")
+        return
+    d = tempfile.mkdtemp(prefix="loom-tools-")
+
+    def write_template(tag, text):
+        p = os.path.join(d, tag + ".jinja")
+        with open(p, "w") as f:
+            f.write(text)
+        return p
+
+    def make_server(template):
+        return Server(*(["--chat-template", template] if template else []), runs=["run=" + run])
+
+    serve_tools.run(make_server, lambda srv: openai.OpenAI(base_url=srv.url("/v1"), api_key="none", max_retries=0,
+                                                            http_client=openai_check.transport()),
+                    report, lambda srv: (lambda body, path: post(srv, body, path)), write_template)
 
 
 def part_cors():

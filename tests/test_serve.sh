@@ -29,4 +29,10 @@ if ! $LOOM train --data "$tmp/corpus.txt" --model gpt2-tiny --steps 2 --batch 2 
       --sample-tokens 0 --seed 3 --out "$tmp/run" > "$tmp/train.log" 2>&1; then
     echo "FAIL serve_train: loom train failed:"; tail -5 "$tmp/train.log"; exit 1
 fi
-$PY tests/serve_client.py "$LOOM" "$tmp/run" ${SERVE_PARTS:-openai concurrency load quantmem overload disconnect badinput sigterm chattemplate cors structured}
+# tool calling needs a context that holds a published template's tool prompt (~2000 byte tokens: Llama 3.1 indents its tools)
+if ! $LOOM train --data "$tmp/corpus.txt" --model gpt2-tiny --context 4096 --steps 2 --batch 2 --seq 32 --eval-every 0 --threads 2 \
+      --sample-tokens 0 --seed 3 --out "$tmp/run4k" > "$tmp/train4k.log" 2>&1; then
+    echo "FAIL serve_train_4k: loom train failed:"; tail -5 "$tmp/train4k.log"; exit 1
+fi
+LOOM_TOOLS_RUN="$tmp/run4k" $PY tests/serve_client.py "$LOOM" "$tmp/run" \
+    ${SERVE_PARTS:-openai concurrency load quantmem overload disconnect badinput sigterm chattemplate cors structured tools}
