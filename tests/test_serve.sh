@@ -35,4 +35,4 @@ if ! $LOOM train --data "$tmp/corpus.txt" --model gpt2-tiny --context 4096 --ste
     echo "FAIL serve_train_4k: loom train failed:"; tail -5 "$tmp/train4k.log"; exit 1
 fi
 LOOM_TOOLS_RUN="$tmp/run4k" $PY tests/serve_client.py "$LOOM" "$tmp/run" \
-    ${SERVE_PARTS:-openai concurrency load quantmem overload disconnect badinput sigterm chattemplate cors structured tools}
+    ${SERVE_PARTS:-openai concurrency load quantmem overload disconnect badinput sigterm chattemplate cors structured tools promptlogprobs}

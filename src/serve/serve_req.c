@@ -29,6 +29,7 @@ typedef struct {
     int finish, n_gen;
     cJSON *lp;        /* chat-style logprob entries, when asked */
     int lp_off;       /* streamed completions: text_offset of the next token */
+    int lp_sent, fin_sent; /* streams: logprob entries sent; the finish sent */
     loom_tools_stream_t ts; /* tool calls: what of them a stream has sent (serve/tools.h) */
 } choice_t;
 
@@ -42,6 +43,7 @@ struct job {
     uint64_t *eids;
     int *submitted, **pids, *n_pids;
     char **ptext;      /* prompt text, for echo */
+    cJSON **plp;       /* echo with logprobs: each prompt's token entries (the first one's logprob null) */
     int n_sub, n_choices, n_done, fin_cb, why, counted, phase;
     choice_t *ch;
     double *last_t;    /* per choice, stepping thread only */
@@ -98,6 +100,7 @@ static void on_event(void *ctx, const loom_engine_event_t *ev) {
         if (ev->queue_time > 0) loom_histogram_observe(m->queue, ev->queue_time);
     }
     int c = sb->k * j->a.p.n + ev->index;
+    if (ev->prompt) return loom_engine_queue_push(j->q, ev); /* a prompt token's logprob: no latency to record */
     if (ev->token >= 0) {
         if (ev->n_generated == 1) loom_histogram_observe(m->ttft, now - j->t0);
         else loom_histogram_observe(m->itl, now - j->last_t[c]);
@@ -175,6 +178,13 @@ static cJSON *lp_completion(const cJSON *entries, int off) {
     for (const cJSON *e = entries ? entries->child : NULL; e; e = e->next) {
         const char *t = cJSON_GetObjectItem(e, "token")->valuestring;
         cJSON_AddItemToArray(toks, cJSON_CreateString(t));
+        if (cJSON_IsNull(cJSON_GetObjectItem(e, "logprob"))) { /* a prompt's first token: nothing before it */
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber(off));
+            off += (int)strlen(t);
+            continue;
+        }
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(cJSON_GetObjectItem(e, "logprob")->valuedouble));
         cJSON *m = cJSON_CreateObject();
         for (const cJSON *a = cJSON_GetObjectItem(e, "top_logprobs")->child; a; a = a->next)
@@ -193,6 +203,10 @@ static void apply(job_t *j, const loom_engine_event_t *ev) {
     int k = 0;
     while (k < j->n_sub && j->eids[k] != ev->request) k++;
     if (k == j->n_sub) return;
+    if (ev->prompt) {
+        cJSON_AddItemToArray(j->plp[k], lp_entry(j, ev));
+        return;
+    }
     choice_t *ch = &j->ch[k * j->a.p.n + ev->index];
     loom_sbuf_put(&ch->text, ev->text ? ev->text : "", ev->text_len);
     if (ev->token >= 0) {
@@ -232,10 +246,11 @@ static void job_free(job_t *j) {
         if (j->subs && !j->subs[k].started) atomic_fetch_sub(&j->s->pending, 1);
         if (j->pids) free(j->pids[k]);
         if (j->ptext) free(j->ptext[k]);
+        if (j->plp) cJSON_Delete(j->plp[k]);
     }
     for (int c = 0; c < j->n_choices; c++) free(j->ch[c].text.data), cJSON_Delete(j->ch[c].lp);
     if (j->q) loom_engine_queue_free(j->q);
-    free(j->subs), free(j->eids), free(j->submitted), free(j->pids), free(j->n_pids), free(j->ptext);
+    free(j->subs), free(j->eids), free(j->submitted), free(j->pids), free(j->n_pids), free(j->ptext), free(j->plp);
     free(j->ch), free(j->last_t), free(j->out.data);
     if (j->counted) atomic_fetch_sub(&j->s->active, 1);
     loom_json_filter_free(j->filter);
@@ -292,6 +307,13 @@ static void add_finish(cJSON *c, int finish, int calls) {
     else cJSON_AddNullToObject(c, "finish_reason");
 }
 
+/* Choice c's prompt entries, then `gen`'s (a new array, owned by the caller's object). */
+static cJSON *echo_entries(const job_t *j, int c, const cJSON *gen) {
+    cJSON *a = cJSON_Duplicate(j->plp[c / j->a.p.n], 1);
+    for (const cJSON *e = gen ? gen->child : NULL; e; e = e->next) cJSON_AddItemToArray(a, cJSON_Duplicate(e, 1));
+    return a;
+}
+
 /* The whole answer of a request that did not stream. */
 static char *render_full(job_t *j) {
     int chat = j->kind == LOOM_API_CHAT;
@@ -324,6 +346,11 @@ static char *render_full(job_t *j) {
         free(t.data);
         if (j->a.p.logprobs < 0) cJSON_AddNullToObject(x, "logprobs");
         else if (chat) add_chat_logprobs(x, cJSON_Duplicate(ch->lp, 1));
+        else if (j->plp) {
+            cJSON *all = echo_entries(j, c, ch->lp);
+            cJSON_AddItemToObject(x, "logprobs", lp_completion(all, 0));
+            cJSON_Delete(all);
+        }
         else cJSON_AddItemToObject(x, "logprobs", lp_completion(ch->lp, (int)strlen(pt)));
         add_finish(x, ch->finish, calls);
         cJSON_AddItemToArray(arr, x);
@@ -342,7 +369,7 @@ static void put_event(job_t *j, cJSON *o) {
 }
 
 /* One streamed chunk for choice c: text (clean UTF-8), or a chat delta
- * (taken; tool calls), logprob entry (taken), finish. */
+ * (taken; tool calls), logprob entries (an array, taken), finish. */
 static void put_chunk(job_t *j, int c, const char *text, size_t len, cJSON *lp, int finish, int role, cJSON *delta) {
     int chat = j->kind == LOOM_API_CHAT;
     cJSON *o = head_json(j, chat ? "chat.completion.chunk" : "text_completion"), *arr = cJSON_AddArrayToObject(o, "choices");
@@ -362,31 +389,29 @@ static void put_chunk(job_t *j, int c, const char *text, size_t len, cJSON *lp, 
     }
     if (!lp) cJSON_AddNullToObject(x, "logprobs");
     else if (chat) {
-        cJSON *a = cJSON_CreateArray();
-        cJSON_AddItemToArray(a, lp);
-        add_chat_logprobs(x, a);
+        add_chat_logprobs(x, lp);
     } else {
-        cJSON *a = cJSON_CreateArray();
-        cJSON_AddItemToArray(a, lp);
-        cJSON_AddItemToObject(x, "logprobs", lp_completion(a, j->ch[c].lp_off));
-        j->ch[c].lp_off += (int)strlen(cJSON_GetObjectItem(lp, "token")->valuestring);
-        cJSON_Delete(a);
+        cJSON_AddItemToObject(x, "logprobs", lp_completion(lp, j->ch[c].lp_off));
+        for (const cJSON *e = lp->child; e; e = e->next) j->ch[c].lp_off += (int)strlen(cJSON_GetObjectItem(e, "token")->valuestring);
+        cJSON_Delete(lp);
     }
     add_finish(x, finish, j->ch[c].ts.heads);
+    j->ch[c].fin_sent |= finish != 0;
     cJSON_AddItemToArray(arr, x);
     put_event(j, o);
 }
 
-/* The chunk(s) one event releases. */
-static void stream_event(job_t *j, const loom_engine_event_t *ev) {
-    int k = 0;
-    while (k < j->n_sub && j->eids[k] != ev->request) k++;
-    if (k == j->n_sub) return;
-    int c = k * j->a.p.n + ev->index;
+/* The chunk(s) choice c has ready: text, logprob entries and finish not yet sent. */
+static void stream_choice(job_t *j, int c) {
     choice_t *ch = &j->ch[c];
+    if (ch->fin_sent) return;
     size_t end = ch->finish ? ch->text.len : loom_api_utf8_complete(ch->text.data ? ch->text.data : "", ch->text.len);
     cJSON *lp = NULL;
-    if (ev->token >= 0 && j->a.p.logprobs >= 0) lp = cJSON_Duplicate(cJSON_GetArrayItem(ch->lp, cJSON_GetArraySize(ch->lp) - 1), 1);
+    if (ch->lp && cJSON_GetArraySize(ch->lp) > ch->lp_sent) {
+        lp = cJSON_CreateArray();
+        for (const cJSON *e = cJSON_GetArrayItem(ch->lp, ch->lp_sent); e; e = e->next, ch->lp_sent++)
+            cJSON_AddItemToArray(lp, cJSON_Duplicate(e, 1));
+    }
     if (j->tools_on) { /* content and tool-call deltas as the calls take shape */
         cJSON *d = loom_tools_delta(j->m->tools, j->forced, j->a.parallel_tool_calls, ch->text.data ? ch->text.data : "",
                                     ch->text.len, ch->finish != 0, &ch->ts);
@@ -409,21 +434,47 @@ static void stream_event(job_t *j, const loom_engine_event_t *ev) {
     ch->sent = end;
 }
 
+/* The chunk(s) one event releases (a prompt token's logprob: none; the echo chunk carries them). */
+static void stream_event(job_t *j, const loom_engine_event_t *ev) {
+    int k = 0;
+    while (k < j->n_sub && j->eids[k] != ev->request) k++;
+    if (k < j->n_sub && !ev->prompt) stream_choice(j, k * j->a.p.n + ev->index);
+}
+
+/* Echo with logprobs: every prompt's token entries are in (or its samples ended early). */
+static int prompts_scored(const job_t *j) {
+    for (int k = 0; j->plp && k < j->n_sub; k++) {
+        int ended = 1;
+        for (int i = 0; i < j->a.p.n; i++) ended &= j->ch[k * j->a.p.n + i].finish != 0;
+        if (cJSON_GetArraySize(j->plp[k]) < j->n_pids[k] && !ended) return 0;
+    }
+    return 1;
+}
+
+/* The stream's first chunks: the role (chat), or the echoed prompt with its logprobs. */
+static void stream_start(job_t *j) {
+    for (int c = 0; c < j->n_choices; c++) {
+        const char *pt = j->a.echo ? j->ptext[c / j->a.p.n] : "";
+        j->ch[c].lp_off = j->plp ? 0 : (int)strlen(pt);
+        /* finish is set already when the engine had nothing to do (max_tokens 0 with echo) */
+        int fin = j->plp ? 0 : j->ch[c].finish;
+        if (j->kind == LOOM_API_CHAT || *pt || fin)
+            put_chunk(j, c, pt, strlen(pt), j->plp ? echo_entries(j, c, NULL) : NULL, fin, j->kind == LOOM_API_CHAT, NULL);
+        stream_choice(j, c); /* what came while the prompt was scored */
+    }
+    j->phase = 1;
+}
+
 /* Server-sent events: the libmicrohttpd reader; blocks until it has bytes. */
 static long stream_fn(void *ctx, char *buf, size_t max) {
     job_t *j = ctx;
     while (j->out.len == j->out_pos) {
         j->out.len = j->out_pos = 0;
         if (j->phase == 2) return -1;
-        if (j->phase == 0) {
-            for (int c = 0; c < j->n_choices; c++) {
-                const char *pt = j->a.echo ? j->ptext[c / j->a.p.n] : "";
-                j->ch[c].lp_off = (int)strlen(pt);
-                /* finish is already set when nothing is generated (max_tokens 0 with echo) */
-                if (j->kind == LOOM_API_CHAT || *pt || j->ch[c].finish)
-                    put_chunk(j, c, pt, strlen(pt), NULL, j->ch[c].finish, j->kind == LOOM_API_CHAT, NULL);
-            }
-            j->phase = 1;
+        if (j->phase == 0 && !prompts_scored(j)) {
+            if (!wait_one(j, 1.0, NULL)) loom_sbuf_puts(&j->out, ": keep-alive\n\n");
+        } else if (j->phase == 0) {
+            stream_start(j);
         } else if (j->n_done == j->n_choices) {
             if (j->a.include_usage) {
                 cJSON *o = head_json(j, j->kind == LOOM_API_CHAT ? "chat.completion.chunk" : "text_completion");
@@ -585,7 +636,17 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     a->p.n_stop = a->n_stop;
     a->p.stop_ids = j->m->n_stop ? j->m->stop_ids : NULL;
     a->p.n_stop_ids = a->ignore_eos ? 0 : j->m->n_stop;
-    if (a->p.max_tokens == 0) { /* echo only: nothing for the engine to do */
+    a->p.prompt_logprobs = j->kind == LOOM_API_COMPLETION && a->echo && a->p.logprobs >= 0;
+    if (a->p.prompt_logprobs) { /* each prompt's first token has no logprob: nothing comes before it */
+        j->plp = loom_calloc((size_t)j->n_sub, sizeof *j->plp);
+        for (int k = 0; k < j->n_sub; k++) {
+            cJSON *e = token_logprob(j->m->tok, j->pids[k][0], 0);
+            cJSON_ReplaceItemInObject(e, "logprob", cJSON_CreateNull());
+            cJSON_AddNullToObject(e, "top_logprobs");
+            cJSON_AddItemToArray(j->plp[k] = cJSON_CreateArray(), e);
+        }
+    }
+    if (a->p.max_tokens == 0 && !a->p.prompt_logprobs) { /* echo only: nothing for the engine to do */
         for (int k = 0; k < j->n_sub; k++) j->subs[k] = (sub_t){.job = j, .k = k, .started = 1};
         atomic_fetch_sub(&j->s->pending, j->n_sub);
         for (int c = 0; c < j->n_choices; c++) j->ch[c].finish = LOOM_FINISH_LENGTH;
