@@ -107,6 +107,10 @@ typedef struct {
                             and this many top alternatives (<= 20) */
     const loom_token_filter_t *filter; /* NULL: any token; else only the tokens it allows (no
                                           speculation; must outlive the request's last event) */
+    int prompt_logprobs; /* 1: also each prompt token's log-probability given the ones before it
+                            (with `logprobs` alternatives), as events with `prompt` set, tokens 1 ..
+                            n_prompt-1 in order before the first generated one; the prompt is then
+                            computed, not taken from the prefix cache. max_tokens may then be 0 */
 } loom_request_params_t;
 
 /* Defaults: max_tokens 16, greedy, n 1, no stops, no logprobs. */
@@ -143,6 +147,7 @@ typedef struct {
     int n_prompt, n_generated; /* token counts so far */
     double ttft;           /* seconds from submit to this sample's first token */
     double queue_time;     /* seconds from submit to the request's first admission (0 = not admitted) */
+    int prompt;            /* 1: token is a prompt token (prompt_logprobs), not a generated one */
 } loom_engine_event_t;
 
 typedef void (*loom_engine_cb)(void *ctx, const loom_engine_event_t *ev);
