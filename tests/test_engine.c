@@ -567,6 +567,17 @@ static void prefix_cache_evicts_lru(void) {
               "request %d: other tokens or log-probability bits with the prefix cache", i);
 }
 
+/* Requests 0..5 with drafts (res[1]) gave plain decoding's (res[0]) tokens,
+ * finish reasons and log-probability bits. */
+static void same_as_plain(result_t res[2][6]) {
+    for (int i = 0; i < 6; i++)
+        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
+              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
+              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
+              "request %d: %d tokens (finish %d) with drafts, %d (finish %d) without, or other bits", i, res[1][i].n[0],
+              res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+}
+
 /* Speculative decoding by prompt lookup (4 drafts) gives the greedy tokens
  * and log-probability bits of plain decoding: prompts that repeat a
  * pattern (drafts proposed; this random model rarely follows them) and
@@ -599,12 +610,7 @@ static void speculative_greedy_equals_plain(void) {
     printf("  speculative: %lld drafted, %lld accepted\n", st[1].spec_drafted, st[1].spec_accepted);
     CHECK(st[0].spec_drafted == 0 && st[1].spec_drafted > 0, "drafts: %lld off, %lld on", st[0].spec_drafted,
           st[1].spec_drafted);
-    for (int i = 0; i < 6; i++)
-        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
-              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
-              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
-              "request %d: %d tokens (finish %d) with drafts, %d (finish %d) without, or other bits", i, res[1][i].n[0],
-              res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+    same_as_plain(res);
 }
 
 /* Drafts from the answers plain decoding gave (an oracle: every draft is
@@ -666,12 +672,7 @@ static void speculative_oracle_drafts(void) {
     printf("  oracle drafts: %lld drafted, %lld accepted in %lld steps\n", st.spec_drafted, st.spec_accepted, st.steps);
     CHECK(st.spec_accepted > st.spec_drafted / 2 && st.spec_accepted < st.spec_drafted && st.steps < 16,
           "%lld of %lld drafts accepted in %lld steps", st.spec_accepted, st.spec_drafted, st.steps);
-    for (int i = 0; i < 6; i++)
-        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
-              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
-              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
-              "request %d: %d tokens (finish %d) with drafts, %d (finish %d) without, or other bits", i, res[1][i].n[0],
-              res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+    same_as_plain(res);
 }
 
 /* Sampled with drafts: the first two tokens (t1, t2) of 2000 requests with
@@ -833,12 +834,7 @@ static void greedy_with_draft_model(loom_gpt_t *dm, int self) {
            st.spec_accepted, st.steps);
     CHECK(st.spec_drafted > 0 && (!self || st.spec_accepted == st.spec_drafted), "%lld of %lld drafts accepted",
           st.spec_accepted, st.spec_drafted);
-    for (int i = 0; i < 6; i++)
-        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
-              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
-              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
-              "request %d: %d tokens (finish %d) with the draft model, %d (finish %d) without, or other bits", i,
-              res[1][i].n[0], res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+    same_as_plain(res);
     loom_draft_free(d);
 }
 

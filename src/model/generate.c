@@ -101,13 +101,7 @@ static int argmax(const float *logits, int V) {
 
 int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng,
                        float *scratch) {
-    if (s->temperature <= 0) return argmax(logits, V);
-    cand_t *c = loom_malloc((size_t)V * sizeof *c);
-    double mass;
-    int n = kept(logits, V, s, scratch, c, &mass);
-    int tok = draw(c, n, loom_rng_uniform(rng) * mass, -1);
-    free(c);
-    return tok;
+    return loom_sample_probs(logits, V, s, rng, scratch, NULL);
 }
 
 int loom_sample_verify(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
@@ -132,8 +126,8 @@ int loom_sample_probs(const float *logits, int V, const loom_sampling_t *s, loom
     double mass;
     int n = kept(logits, V, s, scratch, c, &mass);
     int tok = draw(c, n, loom_rng_uniform(rng) * mass, -1);
-    memset(q, 0, (size_t)V * sizeof *q);
-    for (int i = 0; i < n; i++) q[c[i].id] = (float)(c[i].e / mass);
+    if (q) memset(q, 0, (size_t)V * sizeof *q);
+    for (int i = 0; q && i < n; i++) q[c[i].id] = (float)(c[i].e / mass);
     free(c);
     return tok;
 }

@@ -33,8 +33,9 @@ int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loo
 int loom_sample_verify(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
                        int draft);
 
-/* loom_sample_logits' token, and (sampled only) the distribution it was
- * drawn from into q (V probabilities, 0 for tokens top_k / top_p drop):
+/* loom_sample_logits' token, and (sampled only, q not NULL) the
+ * distribution it was drawn from into q (V probabilities, 0 for tokens
+ * top_k / top_p drop):
  * what a draft model proposes with (speculative decoding). scratch: 2*V
  * floats. */
 int loom_sample_probs(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
