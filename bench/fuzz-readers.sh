@@ -11,7 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 COUNT=${1:-1000000} JOBS=${2:-2}; shift 2 2> /dev/null || shift $#
-READERS=${*:-safetensors gguf tokenizer config state manifest shard chat_template}
+READERS=${*:-safetensors gguf tokenizer config state manifest shard chat_template request}
 make SANITIZE=address,undefined NO_CUDA=1 -j2 build-san/tests/fuzz_readers build/loom > /dev/null || exit 2
 seeds=$(mktemp -d /tmp/loom-fuzzseeds-XXXXXX); trap 'rm -rf "$seeds"' EXIT
 tests/fuzz/seeds.sh "$seeds" build/loom || exit 2

@@ -1,9 +1,9 @@
 /* Fuzz targets for loom's file readers (issue 28): safetensors, GGUF,
  * tokenizer.json, config.json, state.json, manifest.json, a token shard's
- * header and a chat template. Each target writes the input where the
+ * header and a chat template; and the HTTP request parser of `loom serve`
+ * (fuzz_request.c, linked in as "request"). Each file target writes the input where the
  * reader expects its file and calls the reader as loom does; any result is
- * fine but a crash, a sanitizer report or a hang. (The HTTP request parser
- * has its own target, fuzz_request.c.)
+ * fine but a crash, a sanitizer report or a hang.
  *
  * Cost per input (what a profile of the first version showed): the inputs
  * are files, and rewriting a file on ext4 flushes it to the disk when it
@@ -164,12 +164,15 @@ static void fuzz_chat_template(const uint8_t *p, size_t n) {
     loom_chat_template_free(t);
 }
 
+void loom_fuzz_request(const uint8_t *p, size_t n); /* fuzz_request.c */
+
 static const struct {
     const char *name;
     void (*fn)(const uint8_t *, size_t);
 } readers[] = {
     {"safetensors", fuzz_safetensors}, {"gguf", fuzz_gguf},       {"tokenizer", fuzz_tokenizer}, {"config", fuzz_config},
     {"state", fuzz_state},             {"manifest", fuzz_manifest}, {"shard", fuzz_shard},       {"chat_template", fuzz_chat_template},
+    {"request", loom_fuzz_request},
 };
 #define NREADERS (int)(sizeof readers / sizeof readers[0])
 
