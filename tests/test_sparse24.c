@@ -1,5 +1,5 @@
 /* 2:4 sparse weights run compressed (model/sparse24.h,
- * backend/cpu/cpu_sparse24.c):
+ * backend/cpu/cpu_paged.c):
  * - compression round-trips: the compressed tensor dequantizes to the
  *   pruned dense weight exactly, groups with 3 or 4 zeros included;
  * - the kernel (AVX2 and portable) equals a double-precision dense product
@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_gemm.h"
-#include "backend/cpu/cpu_sparse24.h"
+#include "backend/cpu/cpu_paged.h"
 #include "check.h"
 #include "model/generate.h"
 #include "model/infer.h"
