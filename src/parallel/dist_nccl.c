@@ -168,7 +168,7 @@ static loom_status nccl_allgather_bytes(void *vn, const void *in, void *out, siz
     return b->ops->allgather_bytes(b->impl, in, out, bytes);
 }
 
-static const dist_transport_t nccl_ops = DIST_TRANSPORT_OPS(nccl);
+static const dist_transport_t nccl_ops = DIST_TRANSPORT_OPS(nccl, NULL);
 
 loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, double timeout_s) {
     if (!nccl_load()) return loom_error(LOOM_EUNAVAIL, "rank %d: the nccl transport: %s", boot->rank, nccl_why);
