@@ -5,7 +5,7 @@
  *    "tokens_per_s":1234.5,"mfu":0.1234,"step_s":0.2,"elapsed_s":2.5}
  *
  * val_loss only on steps that measured it, comm_wait_s only with more than
- * one rank, loss_scale and skipped only under fp16 loss scaling,
+ * one rank, comm_tp_s only under --tp, loss_scale and skipped only under fp16 loss scaling,
  * energy_j_per_token (J per trained token since the loop started) only
  * where an energy counter is read (docs/observability.md); grad_norm
  * is null for a skipped step (JSON has no inf). Every line is flushed as it
@@ -20,6 +20,8 @@ typedef struct {
     double loss, val_loss;    /* val_loss < 0: not measured */
     int has_comm_wait;        /* write comm_wait_s */
     double comm_wait_s;
+    int has_comm_tp;          /* write comm_tp_s (tensor parallel: of comm_wait_s, the tp group's) */
+    double comm_tp_s;
     int has_loss_scale;       /* write loss_scale and skipped */
     double loss_scale;
     int skipped;

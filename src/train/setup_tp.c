@@ -64,9 +64,9 @@ loom_status loom_train_setup_tp(loom_train_job_t *j, loom_dist_t *dist) {
     loom_gpt_set_recompute(m, (loom_recompute)j->recompute);
     LOOM_TRY(loom_gpt_alloc_acts(m, run->B, run->T));
     const loom_gpt_config_t *f = loom_tp_full_config(run->tp), *c = &m->cfg;
-    loom_info("loom train: tensor parallel: %d groups of %d ranks over %s (tp innermost), %d data-parallel replica(s); a shard holds %d of %d heads, "
+    loom_info("loom train: tensor parallel: %d group(s) of %d consecutive ranks over %s, one per data-parallel replica; a shard holds %d of %d heads, "
               "%d of %d kv heads (%s), %d of %d hidden units, %d vocabulary rows: %.2f MB of parameters of the whole %.2f MB",
-              run->dp_size, j->o.tp, loom_dist_name(dist), run->dp_size, c->n_head, f->n_head, c->n_kv_heads, f->n_kv_heads,
+              run->dp_size, j->o.tp, loom_dist_name(dist), c->n_head, f->n_head, c->n_kv_heads, f->n_kv_heads,
               f->n_kv_heads % j->o.tp ? "shared" : "split", c->ffn_hidden, f->ffn_hidden, c->vocab_size, m->num_params * 4e-6,
               loom_gpt_num_params(f) * 4e-6);
     return LOOM_OK;
