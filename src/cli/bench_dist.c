@@ -4,7 +4,11 @@
  * overlapped with backward and after it. Prints the scaling efficiency
  * (time of 1 rank / time of C ranks, same work) and the share of step time
  * spent blocked on communication. Each configuration runs in fresh
- * processes so thread pools and sockets do not carry over. */
+ * processes so thread pools and sockets do not carry over.
+ *
+ * --layout takes a comma list of layouts, each compared with 1 rank on the
+ * same global batch: dp (the table above), tpN (tensor parallel over N
+ * ranks: its communication wait and the memory per rank). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,8 +30,13 @@ typedef struct {
 
 typedef struct {
     double step_s, wait_s, loss;
+    double state_mb, rss_mb; /* model state (params, grads, AdamW) and peak resident memory of the rank */
     int ok;
 } bench_result_t;
+
+/* The layouts of other dimensions live in their own file (bench_dist_tp.c). */
+bench_result_t loom_bench_dist_tp_rank(int layers, int channels, int heads, int seq, int vocab, int batch, int steps,
+                                       int warmup, int threads);
 
 /* One rank's part, in a rank the launcher forked (its RANK/WORLD_SIZE
  * environment set); the result goes back through `fd`. */
@@ -71,7 +80,7 @@ static int run_rank(const bench_cfg_t *c, int rank, int world, int threads, int 
     }
     free(all);
     if (s < c->warmup + c->steps) fprintf(stderr, "loom bench dist: rank %d: %s\n", rank, loom_errmsg());
-    else res = (bench_result_t){tsum / c->steps, wsum / c->steps, loss, 1};
+    else res = (bench_result_t){.step_s = tsum / c->steps, .wait_s = wsum / c->steps, .loss = loss, .ok = 1};
 out:
     if (write(fd, &res, sizeof res) != (ssize_t)sizeof res) res.ok = 0;
     loom_dp_free(dp);
@@ -83,20 +92,28 @@ out:
 typedef struct {
     const bench_cfg_t *c;
     int world, threads, overlap, fd;
+    int tp; /* > 0: a tensor-parallel rank (every rank one group) */
 } rank_args_t;
 
 static int rank_main(int rank, void *ctx) {
     const rank_args_t *a = ctx;
+    if (a->tp) {
+        const bench_cfg_t *c = a->c;
+        bench_result_t res = loom_bench_dist_tp_rank(c->layers, c->channels, c->heads, c->seq, c->vocab, c->batch, c->steps,
+                                                     c->warmup, a->threads);
+        if (write(a->fd, &res, sizeof res) != (ssize_t)sizeof res) res.ok = 0;
+        return res.ok ? 0 : 1;
+    }
     return run_rank(a->c, rank, a->world, a->threads, a->overlap, a->fd);
 }
 
 /* Run one configuration in fresh processes (parallel/launch.h); the slowest
  * rank's step time (it sets the pace) and the mean communication wait. */
-static bench_result_t run_config(const bench_cfg_t *c, int world, int threads, int overlap) {
+static bench_result_t run_config(const bench_cfg_t *c, int world, int threads, int overlap, int tp) {
     int p[2];
     bench_result_t r0 = {0};
     if (pipe(p) != 0) return r0;
-    rank_args_t a = {c, world, threads, overlap, p[1]};
+    rank_args_t a = {c, world, threads, overlap, p[1], tp};
     loom_launch_t l = {.what = "loom bench dist", .nproc = world, .kill_after_s = 130, .run = rank_main, .ctx = &a};
     int code;
     loom_status s = loom_launch_local(&l, &code);
@@ -113,15 +130,45 @@ static bench_result_t run_config(const bench_cfg_t *c, int world, int threads, i
         if (x.step_s > r0.step_s) r0.step_s = x.step_s;
         r0.wait_s += x.wait_s / world;
         r0.loss = x.loss;
+        if (x.state_mb > r0.state_mb) r0.state_mb = x.state_mb;
+        if (x.rss_mb > r0.rss_mb) r0.rss_mb = x.rss_mb;
     }
     close(p[0]);
     r0.ok = ok;
     return r0;
 }
 
+/* --layout tpN: N ranks, one tensor-parallel group, every rank the whole
+ * global batch, against 1 rank x N threads; fastest of the rounds. */
+static int bench_tp(bench_cfg_t c, int n, int rounds) {
+    bench_result_t one = {0}, tp = {0};
+    int B = c.batch;
+    c.batch = n * B; /* the same global batch as the dp table's */
+    for (int k = 0; k < rounds; k++) {
+        bench_result_t x = run_config(&c, 1, n, 0, 1), y = run_config(&c, n, 1, 0, 1);
+        if (!x.ok || !y.ok) {
+            fprintf(stderr, "loom bench dist: a tp%d run failed (see above)\n", n);
+            return 1;
+        }
+        if (k == 0 || x.step_s < one.step_s) one = x;
+        if (k == 0 || y.step_s < tp.step_s) tp = y;
+    }
+    double tok = (double)c.batch * c.seq;
+    printf("%-26s %9s %11s %10s %14s %12s %9s\n", "layout (same global batch)", "step ms", "tokens/s", "tp wait", "state MB/rank",
+           "peak RSS MB", "loss");
+    printf("1 rank x %d threads %7s %9.1f %11.0f %10s %14.1f %12.1f %9.5f\n", n, "", 1e3 * one.step_s, tok / one.step_s, "-",
+           one.state_mb, one.rss_mb, one.loss);
+    printf("tp%d: %d ranks x 1 thread %3s %9.1f %11.0f %9.1f%% %14.1f %12.1f %9.5f\n", n, n, "", 1e3 * tp.step_s,
+           tok / tp.step_s, 100 * tp.wait_s / tp.step_s, tp.state_mb, tp.rss_mb, tp.loss);
+    printf("tp%d: step time %.2fx one rank's; %.1f ms of each step waiting on the tp group's all-reduces\n", n,
+           tp.step_s / one.step_s, 1e3 * tp.wait_s);
+    return 0;
+}
+
 int cmd_bench_dist(int argc, char **argv) {
     bench_cfg_t c;
     int ranks = 0, rounds = 3;
+    const char *layout = "dp";
     const loom_arg_t args[] = {
         {"ranks", ARG_INT, &ranks, "0", 0, 64, "ranks to compare against one rank with as many threads (0 = the core count)"},
         {"layers", ARG_INT, &c.layers, "4", 1, 64, "model layers"},
@@ -135,6 +182,7 @@ int cmd_bench_dist(int argc, char **argv) {
         {"rounds", ARG_INT, &rounds, "3", 1, 100, "rounds, the configurations alternating; the fastest round of each counts"},
         loom_flag(LOOM_FLAG_ZERO, &c.zero),
         loom_flag(LOOM_FLAG_GRAD_DTYPE, &c.grad_dtype),
+        {"layout", ARG_STR, &layout, "dp", 0, 0, "comma list of layouts to compare with 1 rank: dp (data parallel over --ranks), tpN (tensor parallel over N ranks)"},
     };
     LOOM_ARGS_PARSE_OR_RETURN("bench dist", "loom bench dist [--ranks N] [model flags]", args, argc, argv);
     if (ranks == 0) ranks = (int)sysconf(_SC_NPROCESSORS_ONLN);
@@ -152,16 +200,32 @@ int cmd_bench_dist(int argc, char **argv) {
     printf("loom bench dist: %d layers x %d channels (%.1fM parameters), seq %d, global batch %d x %d tokens, %d timed steps; ranks over TCP on 127.0.0.1\n",
            c.layers, c.channels, loom_gpt_num_params(&cfg) / 1e6, c.seq, ranks * c.batch, c.seq, c.steps);
     fflush(stdout);
+    for (const char *p = layout; *p;) { /* the layouts other than dp, in order */
+        size_t len = strcspn(p, ",");
+        int n = 0;
+        if (len > 2 && !strncmp(p, "tp", 2) && (n = atoi(p + 2)) >= 2) {
+            if (c.heads % n) {
+                fprintf(stderr, "loom bench dist: --layout tp%d: --heads %d does not split over %d ranks\n", n, c.heads, n);
+                return 2;
+            }
+            if (bench_tp(c, n, rounds)) return 1;
+        } else if (!(len == 2 && !strncmp(p, "dp", 2))) {
+            fprintf(stderr, "loom bench dist: --layout %.*s: unknown; use dp or tpN (N >= 2), comma-separated\n", (int)len, p);
+            return 2;
+        }
+        p += len + (p[len] == ',');
+    }
+    if (!strstr(layout, "dp")) return 0;
     int B = c.batch;
     bench_result_t one = {0}, ov = {0}, no = {0};
     /* Alternating rounds, fastest of each: other load on a shared machine
      * only ever slows a round down. */
     for (int k = 0; k < rounds; k++) {
         c.batch = ranks * B;
-        bench_result_t x = run_config(&c, 1, ranks, 1);
+        bench_result_t x = run_config(&c, 1, ranks, 1, 0);
         c.batch = B;
-        bench_result_t y = run_config(&c, ranks, 1, 1);
-        bench_result_t z = run_config(&c, ranks, 1, 0);
+        bench_result_t y = run_config(&c, ranks, 1, 1, 0);
+        bench_result_t z = run_config(&c, ranks, 1, 0, 0);
         if (!x.ok || !y.ok || !z.ok) {
             fprintf(stderr, "loom bench dist: a run failed (see above)\n");
             return 1;
