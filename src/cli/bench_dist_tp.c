@@ -2,23 +2,14 @@
  * the world is one tensor-parallel group (or a single rank with every
  * thread: the baseline), every rank steps the same global batch, timing
  * the steps, the wait on the tp group, and the memory the rank holds. */
-#define _GNU_SOURCE
 #include <stdlib.h>
-#include <sys/resource.h>
 
 #include "backend/backend.h"
+#include "cli/bench_dist.h"
+#include "core/mem.h"
 #include "parallel/dist.h"
 #include "parallel/tp.h"
 #include "train/step.h"
-
-typedef struct {
-    double step_s, wait_s, loss;
-    double state_mb, rss_mb;
-    int ok;
-} bench_result_t; /* bench_dist.c's */
-
-bench_result_t loom_bench_dist_tp_rank(int layers, int channels, int heads, int seq, int vocab, int batch, int steps,
-                                       int warmup, int threads);
 
 /* The seeded global batch every layout sees. */
 static int *global_batch(int vocab, int B, int T) {
@@ -30,16 +21,16 @@ static int *global_batch(int vocab, int B, int T) {
     return all;
 }
 
-bench_result_t loom_bench_dist_tp_rank(int layers, int channels, int heads, int seq, int vocab, int batch, int steps,
-                                       int warmup, int threads) {
+bench_result_t loom_bench_dist_tp_rank(const bench_cfg_t *c, int threads) {
     bench_result_t res = {0};
+    int seq = c->seq, vocab = c->vocab, batch = c->batch, steps = c->steps, warmup = c->warmup;
     loom_log_quiet(1);
     loom_dist_t *d = NULL, *g = NULL;
     const loom_backend_t *be;
     loom_gpt_t *full = NULL, *m = NULL;
     loom_tp_t *tp = NULL;
     loom_dist_opts_t dopt = {.transport = "auto", .timeout_s = 120};
-    loom_gpt_config_t cfg = {.max_seq_len = seq, .vocab_size = vocab, .n_layer = layers, .n_head = heads, .channels = channels};
+    loom_gpt_config_t cfg = {.max_seq_len = seq, .vocab_size = vocab, .n_layer = c->layers, .n_head = c->heads, .channels = c->channels};
     loom_optim_t opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f};
     int *all = global_batch(vocab, batch, seq);
     loom_status s = loom_dist_init(&d, &dopt);
@@ -65,9 +56,7 @@ bench_result_t loom_bench_dist_tp_rank(int layers, int channels, int heads, int 
         tsum += loom_now() - t0;
         wsum += loom_tp_wait_seconds(tp) - w0;
     }
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    if (s == LOOM_OK) res = (bench_result_t){tsum / steps, wsum / steps, loss, 16.0 * m->num_params / 1e6, ru.ru_maxrss / 1024.0, 1};
+    if (s == LOOM_OK) res = (bench_result_t){tsum / steps, wsum / steps, loss, loom_mem_peak_rss(), 16.0 * m->num_params / 1e6, 1};
     else fprintf(stderr, "loom bench dist: tp rank %d: %s\n", loom_dist_rank(d), loom_errmsg());
     free(all);
     loom_tp_free(tp);

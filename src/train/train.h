@@ -98,7 +98,7 @@ typedef struct {
     double tokens_per_s;     /* global tokens per second of this step */
     double mfu;              /* model FLOPs utilization, 0..1; < 0 when the peak is unknown */
     double comm_wait_s;      /* time blocked on communication (data parallel) */
-    double comm_tp_s;        /* of which on the tensor-parallel group (0 without --tp) */
+    double comm_tp_s;        /* time blocked on the tensor-parallel group (0 without --tp) */
     double elapsed_s;        /* since the loop started */
     double eta_s;            /* estimated time to the last step */
     float loss_scale;        /* fp16 dynamic loss scale used (1 without scaling) */
