@@ -46,7 +46,7 @@ static void progress_end(void *ctx, loom_train_run_t *run, loom_status s) {
               run->last_val < 0 ? "n/a " : "", run->last_val, o->out);
     if (isfinite(run->energy_j_per_token))
         loom_info("loom train: energy: %.4g J per trained token", run->energy_j_per_token);
-    if (run->multi)
+    if (run->multi && run->dp_size > 1)
         loom_info("loom train: %d ranks: %.1f%% of step time waiting for data-parallel communication (%.2fs of %.2fs)", o->world_size,
                   100 * run->comm_wait / run->train_time, run->comm_wait, run->train_time);
     if (run->tp)
