@@ -2,7 +2,7 @@
 HTTP): tests/test_serve.sh and tests/test_serve_san.sh run it.
 
 usage: serve_client.py LOOM RUN PART...   PART: openai concurrency load
-       quantmem overload disconnect badinput sigterm chattemplate cors structured
+       quantmem draft overload disconnect badinput sigterm chattemplate cors structured
        tools (needs LOOM_TOOLS_RUN: a model with a 4096-token context) promptlogprobs.
        Prints PASS/FAIL lines."""
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
@@ -474,6 +474,43 @@ def part_quantmem():
                "server %r, loom sample %r" % (text, out))
     finally:
         srv.stop()
+
+
+def part_draft():
+    """--draft-run: the run as its own draft model answers greedy requests as
+    `loom sample --temperature 0` does, with drafts proposed and accepted
+    (/metrics); a draft of another tokenizer (the run's Hugging Face export
+    with two ids of its tokenizer.json swapped) is refused naming both."""
+    srv = Server("--draft-run", RUN, "--speculate", "3")
+    try:
+        log = "".join(srv.log)
+        same = []
+        for prompt in ["the cat sat on", "a dog ran to the old tree and"]:
+            text = greedy(srv, prompt, n=20)
+            out = subprocess.run([LOOM, "sample", "--run", RUN, "--prompt", prompt, "--tokens", "20", "--temperature", "0",
+                                  "--threads", "2"], capture_output=True).stdout.decode("utf-8", "replace")
+            same.append(text is not None and out.rstrip("\n") == prompt + text)
+        drafted = metric(srv, "loom_serve_spec_decode_num_draft_tokens_total", 'model="run"')
+        accepted = metric(srv, "loom_serve_spec_decode_num_accepted_tokens_total", 'model="run"')
+        report("serve_draft_model_equals_sample", all(same) and "draft model" in log and drafted and accepted,
+               "equal %s; drafted %s, accepted %s; log %s" % (same, drafted, accepted, [l for l in srv.log if "draft" in l]))
+        print("  draft model: %s drafted, %s accepted" % (drafted, accepted))
+    finally:
+        srv.stop()
+    hf = RUN.rstrip("/") + "-hf-othertok"
+    subprocess.run([LOOM, "export", "--run", RUN, "--format", "hf", "--out", hf, "--force"], capture_output=True)
+    for f in ("vocab.json", "merges.txt"):  # the tokenizer.json below is then the folder's
+        if os.path.exists(hf + "/" + f):
+            os.remove(hf + "/" + f)
+    tj = json.load(open(hf + "/tokenizer.json"))
+    v = tj["model"]["vocab"]
+    a, b = sorted(v, key=v.get)[100:102]
+    v[a], v[b] = v[b], v[a]
+    json.dump(tj, open(hf + "/tokenizer.json", "w"))
+    p = subprocess.run([LOOM, "serve", "--port", "0", "--threads", "2", "--kv-memory", "64M", "--run", RUN, "--draft-run", hf],
+                       capture_output=True, text=True, timeout=180 * SLOW)
+    report("serve_draft_other_tokenizer_refused", p.returncode != 0 and "tokenizer" in p.stderr and hf in p.stderr and RUN in p.stderr,
+           "exit %s: %s" % (p.returncode, p.stderr[-600:]))
 
 
 def part_overload():

@@ -30,6 +30,7 @@ static loom_status progress_after_step(void *ctx, loom_train_run_t *run, const l
     fprintf(stderr, "%sstep %lld/%lld | loss %.4f", p->tty ? "\r\033[K" : "", r->step, o->steps, r->loss);
     if (evaluated) fprintf(stderr, " | val %.4f", r->val_loss);
     fprintf(stderr, " | lr %.2e | norm %.2f | %.0f tok/s | MFU %s | ETA %s", r->lr, r->grad_norm, r->tokens_per_s, mfu, eta);
+    if (run->multi && run->dp) fprintf(stderr, " | dp comm %.1f ms", 1e3 * r->comm_wait_s);
     if (!p->tty || evaluated || r->step == o->steps) fputc('\n', stderr);
     return LOOM_OK;
 }
@@ -45,7 +46,7 @@ static void progress_end(void *ctx, loom_train_run_t *run, loom_status s) {
     if (isfinite(run->energy_j_per_token))
         loom_info("loom train: energy: %.4g J per trained token", run->energy_j_per_token);
     if (run->multi)
-        loom_info("loom train: %d ranks: %.1f%% of step time waiting for communication (%.2fs of %.2fs)", o->world_size,
+        loom_info("loom train: %d ranks: %.1f%% of step time waiting for data-parallel communication (%.2fs of %.2fs)", o->world_size,
                   100 * run->comm_wait / run->train_time, run->comm_wait, run->train_time);
 }
 

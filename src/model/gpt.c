@@ -496,8 +496,10 @@ loom_status loom_gpt_alloc_acts(loom_gpt_t *m, int B, int T) {
 void loom_gpt_free(loom_gpt_t *m) {
     if (!m) return;
     const loom_backend_t *be = m->be;
-    be->free(m->params);
-    loom_mem_count(LOOM_MEM_PARAMS, -(long long)(m->num_params * sizeof(float)));
+    if (m->params) { /* ZeRO-3 releases the block (train/zero3.h) */
+        be->free(m->params);
+        loom_mem_count(LOOM_MEM_PARAMS, -(long long)(m->num_params * sizeof(float)));
+    }
     if (m->grads) {
         be->free(m->grads);
         loom_mem_count(LOOM_MEM_GRADS, -(long long)(m->num_params * sizeof(float)));
@@ -571,8 +573,17 @@ float *loom_gpt_slice(const loom_gpt_t *m, float *const *views, int i, int l) {
     if (!t->numel) return NULL;
     return t->ndim == 1 || i == LOOM_WTE || i == LOOM_WPE || i == LOOM_LMHEAD ? views[i] : views[i] + (size_t)l * (t->numel / (size_t)t->shape[0]);
 }
-#define P(i, l) loom_gpt_slice(m, m->param, i, l)
-#define G(i, l) loom_gpt_slice(m, m->grad, i, l)
+/* Tensor i of block l: the model's own, or a ZeRO-3 gathered copy. */
+static float *weight(const loom_gpt_t *m, int i, int l, int grad) {
+    if (m->view) return m->view(m->view_ctx, i, l, grad);
+    return loom_gpt_slice(m, grad ? m->grad : m->param, i, l);
+}
+#define P(i, l) weight(m, i, l, 0)
+#define G(i, l) weight(m, i, l, 1)
+
+static void layer_event(const loom_gpt_t *m, int l, int backward) {
+    if (m->layer_hook) m->layer_hook(m->view_ctx, l, backward);
+}
 
 /* The MLP's activation: fch_gelu (N,H) = gelu(fch) or silu(gate) * up. */
 static void mlp_act(const loom_gpt_t *m, float *act, const float *fch, size_t N) {
@@ -630,11 +641,15 @@ static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T) {
     const loom_backend_t *be = m->be;
     int C = m->cfg.channels, Vp = m->cfg.padded_vocab_size;
     size_t N = (size_t)B * T;
+    layer_event(m, -1, 0);
     be->encoder_forward(a->a[A_ENCODED], m->tokens, P(LOOM_WTE, 0), P(LOOM_WPE, 0), B, T, C);
     /* Each residual add is fused with the LayerNorm that reads it (the next
      * block's ln1 or the final lnf) where the backend offers the fusion. */
     loom_gpt_norm(&m->cfg, be, lay(a, A_LN1, 0), lay(a, A_LN1_MEAN, 0), lay(a, A_LN1_RSTD, 0), a->a[A_ENCODED], P(LOOM_LN1W, 0), P(LOOM_LN1B, 0), (int)N);
-    for (int l = 0; l < m->cfg.n_layer; l++) block_forward(m, a, l, B, T, 0);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        layer_event(m, l, 0);
+        block_forward(m, a, l, B, T, 0);
+    }
     be->matmul_forward(a->a[A_LOGITS], a->a[A_LNF], P(head_param(m), 0), NULL, (int)N, C, Vp);
 }
 
@@ -726,6 +741,7 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
     float *dres = a.a[G_RESIDUAL], *dbtc = a.a[G_BTC];
 
     /* Head: logits = lnf @ head^T, the logits buffer now holds their gradient. */
+    layer_event(m, -1, 1);
     be->zero(dbtc, btc_bytes);
     be->matmul_backward(dbtc, G(head_param(m), 0), NULL, a.a[A_LOGITS], a.a[A_LNF], P(head_param(m), 0), (int)N, C, Vp);
     be->zero(dres, btc_bytes);
@@ -733,6 +749,7 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
                   a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N);
 
     for (int l = L - 1; l >= 0; l--) {
+        layer_event(m, l, 1);
         if (m->recompute == LOOM_RECOMPUTE_ALL) block_forward(m, &a, l, B, T, 1);
         else if (m->recompute == LOOM_RECOMPUTE_GELU) mlp_act(m, lay(&a, A_FCH_GELU, l), lay(&a, A_FCH, l), N);
         mlp_backward(m, &a, l, N);

@@ -197,6 +197,18 @@ struct loom_gpt {
     void (*grad_hook)(void *ctx, int layer);
     void *grad_hook_ctx;
 
+    /* Fully sharded data parallel (train/zero3.h): no rank holds the whole
+     * parameter block, so forward and backward read every weight and write
+     * every gradient through view(ctx, i, l, grad): tensor i's slice for
+     * block l (l = 0 for the tensors that are not per layer) in a gathered
+     * copy. layer_hook(ctx, l, backward) runs before block l's forward
+     * (backward 0) or backward (1), and with l = -1 before the embeddings
+     * and before the head's backward: where the weights are gathered and
+     * the next block's gather is issued. NULL = m->param and m->grad. */
+    float *(*view)(void *ctx, int i, int l, int grad);
+    void (*layer_hook)(void *ctx, int l, int backward);
+    void *view_ctx;
+
     /* Int8 linear weights as a file stored them (a Q8_0 GGUF whose
      * linear matrices are all q8_0), or NULL. Host memory, one malloc:
      * (L, 4) tensors in model/quant.h's LOOM_QLIN_* order, then their

@@ -108,7 +108,8 @@ loom_status loom_metrics_log_write(loom_metrics_log_t *l, const loom_metrics_row
     FILE *f = l->f;
     fprintf(f, "{\"step\":%lld,\"loss\":%.6f,", r->step, r->loss);
     if (r->val_loss >= 0) fprintf(f, "\"val_loss\":%.6f,", r->val_loss);
-    if (r->has_comm_wait) fprintf(f, "\"comm_wait_s\":%.4f,", r->comm_wait_s);
+    if (r->has_comm_wait) fprintf(f, "\"comm_wait_s\":%.4f,\"comm_dp_s\":%.4f,", r->comm_wait_s, r->comm_wait_s);
+    if (r->peak_rss_mb > 0) fprintf(f, "\"peak_rss_mb\":%.1f,", r->peak_rss_mb);
     if (r->has_loss_scale) fprintf(f, "\"loss_scale\":%g,\"skipped\":%s,", r->loss_scale, r->skipped ? "true" : "false");
     fprintf(f, "\"lr\":%.6e,", r->lr);
     if (isfinite(r->grad_norm)) fprintf(f, "\"grad_norm\":%.6f,", r->grad_norm);

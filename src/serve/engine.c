@@ -49,6 +49,8 @@ typedef struct {
     long long batched;     /* the step that last put it in the batch */
     int n_draft;           /* drafted tokens in this step's rows (at tokens[len..len+n_draft)) */
     int spec_wait, spec_fails; /* steps before the next proposal; proposals in a row with none accepted */
+    float *q;              /* draft_sampled: the drafts' distributions (speculate rows of V), or NULL */
+    int q_live;            /* this step's drafts were drawn from q (else proposed with certainty) */
     void *fst;             /* the request's token filter's state (NULL: none, or not begun) */
     void (*fend)(void *);  /* ... and what frees it: kept here, since the filter itself may be
                               gone once the sample's last event is out (its owner frees it then) */
@@ -259,6 +261,7 @@ static void seq_free(loom_engine_t *e, seq_t *s) {
     free(s->tokens);
     free(s->blocks);
     free(s->text);
+    free(s->q);
     if (s->fst) s->fend(s->fst);
     free(s);
 }
@@ -619,9 +622,17 @@ static int drafts(loom_engine_t *e, seq_t *s, int spec, int budget) {
     if (e->maxT - s->len < max) max = e->maxT - s->len;
     if (budget - 1 < max) max = budget - 1;
     if (max <= 0) return 0;
+    s->q_live = 0;
     if (!e->cfg.draft) return propose(s, max);
-    int d = e->cfg.draft(e->cfg.draft_ctx, s->tokens, s->len, s->tokens + s->len, max);
-    return d < 0 ? 0 : d > max ? max : d;
+    const loom_request_params_t *p = &s->req->p;
+    loom_sampling_t sp = {p->temperature, p->top_k, p->top_p};
+    if (e->cfg.draft_sampled && sp.temperature > 0 && !s->q)
+        s->q = loom_malloc((size_t)e->cfg.speculate * (size_t)e->V * sizeof(float));
+    float *q = e->cfg.draft_sampled && sp.temperature > 0 ? s->q : NULL;
+    int d = e->cfg.draft(e->cfg.draft_ctx, s->tokens, s->len, s->tokens + s->len, max, &sp, &s->rng, q);
+    if (d <= 0) return propose(s, max); /* the draft model had nothing (its context is full): prompt lookup */
+    s->q_live = q != NULL;
+    return d > max ? max : d;
 }
 
 /* Running sequences, oldest first: those with one row left (decode) when
@@ -781,7 +792,7 @@ static void sample_next(loom_engine_t *e, seq_t *s, const float *row) {
 }
 
 /* s ran its last token and d drafts (rows[0..d]): row j verifies draft j
- * (loom_sample_verify: greedy takes it iff it is the argmax; sampled keeps
+ * (loom_sample_verify_q: greedy takes it iff it is the argmax; sampled keeps
  * the target distribution); tokens are taken until one differs from its
  * draft, then one more from the row after the last accepted draft. Each
  * accepted draft's row is a valid cache entry. */
@@ -793,7 +804,8 @@ static void verify_drafts(loom_engine_t *e, seq_t *s, const float *rows) {
     for (int j = 0; j <= d && !ended; j++) {
         const float *row = rows + (size_t)j * e->Vp;
         int draft = j < d ? s->tokens[s->len] : -1;
-        int tok = loom_sample_verify(row, e->V, &sp, &s->rng, e->scratch, draft);
+        const float *q = s->q_live && j < d ? s->q + (size_t)j * e->V : NULL;
+        int tok = loom_sample_verify_q(row, e->V, &sp, &s->rng, e->scratch, draft, q);
         ended = take_token(e, s, row, tok); /* frees s when it ends */
         if (tok != draft) break;
         accepted++;

@@ -75,7 +75,7 @@ cJSON *loom_api_clean_string(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned c = (unsigned char)s[i];
         size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        if (i + k <= n && loom_api_utf8_valid(s + i, k)) loom_sbuf_put(&b, s + i, k), i += k;
+        if (c && i + k <= n && loom_api_utf8_valid(s + i, k)) loom_sbuf_put(&b, s + i, k), i += k;
         else loom_sbuf_puts(&b, "\xEF\xBF\xBD"), i++;
     }
     cJSON *j = cJSON_CreateString(b.data ? b.data : "");

@@ -85,7 +85,8 @@ char *loom_api_render_chat(const loom_api_message_t *m, int n, const char *tmpl)
 int loom_api_utf8_valid(const char *s, size_t n);
 /* Length of s[0..n) without a trailing multi-byte character still incomplete. */
 size_t loom_api_utf8_complete(const char *s, size_t n);
-/* s[0..n) as a JSON string, invalid UTF-8 replaced by U+FFFD. */
+/* s[0..n) as a JSON string, invalid UTF-8 and NUL replaced by U+FFFD (the
+ * JSON writer takes C strings: a NUL would cut the text short). */
 cJSON *loom_api_clean_string(const char *s, size_t n);
 
 /* finish_reason as the OpenAI API defines it (stop, length, tool_calls,

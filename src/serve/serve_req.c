@@ -117,7 +117,7 @@ static void on_event(void *ctx, const loom_engine_event_t *ev) {
     loom_engine_queue_push(j->q, ev);
 }
 
-/* Bytes s[0..n) with invalid UTF-8 replaced by U+FFFD. */
+/* Bytes s[0..n) with invalid UTF-8 and NUL replaced by U+FFFD. */
 static void put_clean(loom_sbuf_t *b, const char *s, size_t n) {
     cJSON *j = loom_api_clean_string(s, n);
     loom_sbuf_puts(b, j->valuestring);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
+#include "core/mem.h"
 #include "ckpt/resume.h"
 #include "ckpt/hf.h"
 #include "ckpt/run.h"
@@ -265,6 +266,21 @@ static double peak_rss_mb(void) {
     return ru.ru_maxrss / 1024.0;
 }
 
+void loom_train_report_memory(loom_train_job_t *j) {
+    int W = j->o.world_size;
+    double *v = loom_calloc((size_t)W, sizeof *v);
+    v[j->o.rank] = loom_mem_peak_rss();
+    if (!j->run.multi || loom_dist_allreduce_f64(j->run.dist, v, (size_t)W) == LOOM_OK) {
+        char line[1024] = "";
+        size_t n = 0;
+        for (int r = 0; r < W && n < sizeof line - 40; r++)
+            n += (size_t)snprintf(line + n, sizeof line - n, "%srank %d %.1f MB", r ? ", " : "", r, v[r] / 1e6);
+        if (W > 1) loom_info("loom train: peak resident memory (VmHWM) per rank: %s", line);
+        else loom_info("loom train: peak resident memory (VmHWM): %.1f MB", v[0] / 1e6);
+    }
+    free(v);
+}
+
 /* The ranks, and the memory each holds for model state. */
 static void report_ranks(const loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
@@ -278,7 +294,9 @@ static void report_ranks(const loom_train_job_t *j) {
         loom_info("loom train: memory per rank (P = %zu floats, N = %d): params %.2f MB + grads %.2f MB + AdamW %.2f MB = %.2f MB; ZeRO-%d formula %s = %.2f MB%s; peak resident %.1f MB",
                   run->model->num_params, o->world_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, mem.total / 1e6, o->zero,
                   mem.formula_text, mem.formula / 1e6,
-                  o->zero == 2 ? " (loom's backward writes one whole-model working gradient buffer; the accumulated gradient is the shard)" : "",
+                  o->zero == 2   ? " (loom's backward writes one whole-model working gradient buffer; the accumulated gradient is the shard)"
+                  : o->zero == 3 ? " plus the gather buffers: two blocks' weights and gradients, the non-layer tensors' twice"
+                                 : "",
                   peak_rss_mb());
 }
 

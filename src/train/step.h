@@ -36,9 +36,13 @@ loom_status loom_train_step(loom_gpt_t *m, const int *tokens, const int *targets
  * and all-gathers the parameters. Stage 2 also reduces after every
  * micro-batch, so the accumulated gradient lives only in the rank's shard
  * (the rest of the gradient block is a working buffer that backward
- * writes, zeroed after each micro-batch). */
+ * writes, zeroed after each micro-batch). Stage 3 shards the parameters
+ * as well (same ranges): train/zero3.h gathers each block's weights just
+ * before its forward and backward and reduce-scatters its gradients as
+ * soon as its backward ends; with overlap on, the next block's gather is
+ * prefetched while this one computes. */
 typedef struct {
-    int zero;                   /* 0, 1 or 2 */
+    int zero;                   /* 0, 1, 2, or 3 (train/zero3.h: the parameters sharded too) */
     loom_dist_dtype grad_dtype; /* gradients on the wire */
     int overlap;                /* 1: reduce buckets during backward */
     size_t bucket_floats;       /* 0 = 1M floats (4 MB) */
@@ -66,6 +70,9 @@ typedef struct {
     const char *formula_text;
 } loom_dp_memory_t;
 void loom_dp_memory(const loom_dp_t *dp, loom_dp_memory_t *out);
+
+/* ZeRO-3's state (train/zero3.h), NULL under the other stages. */
+struct loom_zero3 *loom_dp_zero3(const loom_dp_t *dp);
 
 /* Seconds the last step spent blocked waiting for communication. */
 double loom_dp_last_wait(const loom_dp_t *dp);

@@ -173,18 +173,20 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     return LOOM_OK;
 }
 
-/* Validation on the lead rank, then on_eval. */
+/* Validation on the lead rank, then on_eval. Under ZeRO-3 every rank runs
+ * the forward (each layer's weights are gathered from all of them) and
+ * only the lead reports it. */
 static loom_status run_eval(loom_train_job_t *j, long long step, double *val) {
     loom_eval_result_t r;
     LOOM_TRY(loom_eval_loss(j->run.model, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
     j->run.last_val = r.loss;
     j->run.last_val_step = step;
     if (val) *val = r.loss;
-    return emit_eval(&j->run, step, r.loss);
+    return j->run.lead ? emit_eval(&j->run, step, r.loss) : LOOM_OK;
 }
 
 static int eval_due(const loom_train_job_t *j, long long step) {
-    return j->run.lead && j->run.have_val && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
+    return (j->run.lead || j->o.zero == 3) && j->run.have_val && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
 }
 
 /* ---- the loop ---- */
@@ -209,9 +211,11 @@ static loom_status train_loop(loom_train_job_t *j) {
  * then on_stop (final checkpoint, plot) and on_end (reports). */
 static loom_status train_finish(loom_train_job_t *j, loom_status s) {
     loom_train_run_t *run = &j->run;
-    if (s == LOOM_OK && run->step >= run->first_step && run->lead && run->have_val && run->last_val_step != run->step)
+    if (s == LOOM_OK && run->step >= run->first_step && (run->lead || j->o.zero == 3) && run->have_val &&
+        run->last_val_step != run->step)
         s = run_eval(j, run->step, NULL);
     s = emit_stop(run, s);
+    if (s == LOOM_OK) loom_train_report_memory(j);
     emit_end(run, s);
     if (s == LOOM_OK && run->stop_signal && run->step == 0)
         s = loom_error(LOOM_ESTOPPED, "stopped by signal %d before the first step; nothing to save", run->stop_signal);

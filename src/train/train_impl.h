@@ -39,6 +39,9 @@ void loom_train_signals_restore(void);
 /* setup.c: everything before the first step, and its undoing. */
 loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist);
 void loom_train_teardown(loom_train_job_t *j);
+/* Every rank's peak resident memory (VmHWM), printed by rank 0; a
+ * collective, for when every rank reached the end of the loop. */
+void loom_train_report_memory(loom_train_job_t *j);
 
 /* checkpoint.c: load the resumed checkpoint's weights and this rank's part
  * of its AdamW state, from shards of any world size and ZeRO stage. */
