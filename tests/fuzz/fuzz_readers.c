@@ -15,8 +15,7 @@
  * and tokenizer.json goes to the reader as a buffer (loom_tokenizer_parse,
  * what loom_tokenizer_load calls after reading the file). Many inputs run
  * in one process, as with libFuzzer; what is left is the readers' own work
- * under the sanitizers (and a 1-2 s CPU peak measurement when a target
- * makes a backend).
+ * under the sanitizers.
  *
  * Two ways to drive them:
  *  - libFuzzer: build with -DLOOM_LIBFUZZER -fsanitize=fuzzer and set
@@ -58,13 +57,27 @@ static void put(const char *name, const uint8_t *p, size_t n) {
     fclose(f);
 }
 
+/* The targets' CPU backend, made once. Making it measures the peak FLOP
+ * rate with eight 1024^3 SGEMMs: 1-2 s with loom's own GEMM under gcc's
+ * sanitizers, minutes in the libFuzzer build (-O1, coverage on every
+ * loop). No target multiplies matrices, so OpenBLAS's GEMM is taken when
+ * loom has it (LOOM_GEMM=blas; a fraction of a second). */
+static const loom_backend_t *cpu(void) {
+    static const loom_backend_t *be;
+    if (be) return be;
+    setenv("LOOM_GEMM", "blas", 0);
+    if (loom_backend_cpu_init(&be, 1) == LOOM_OK) return be;
+    unsetenv("LOOM_GEMM"); /* built with NO_BLAS */
+    if (loom_backend_cpu_init(&be, 1) != LOOM_OK) abort();
+    return be;
+}
+
 static loom_gpt_t *m; /* the safetensors target's model, made once */
 
 static void fuzz_safetensors(const uint8_t *p, size_t n) {
     if (!m) { /* GPT-2 with 1 layer, 8 channels: the reader checks names and shapes against it */
-        const loom_backend_t *be;
         loom_gpt_config_t c = {.max_seq_len = 4, .vocab_size = 10, .n_layer = 1, .n_head = 2, .channels = 8};
-        if (loom_backend_cpu_init(&be, 1) != LOOM_OK || loom_gpt_create(&m, &c, be) != LOOM_OK) abort();
+        if (loom_gpt_create(&m, &c, cpu()) != LOOM_OK) abort();
     }
     put("model.safetensors", p, n);
     char path[512];
@@ -73,14 +86,12 @@ static void fuzz_safetensors(const uint8_t *p, size_t n) {
 }
 
 static void fuzz_gguf(const uint8_t *p, size_t n) {
-    static const loom_backend_t *be;
-    if (!be && loom_backend_cpu_init(&be, 1) != LOOM_OK) abort();
     put("m.gguf", p, n);
     char path[512];
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     loom_gpt_t *m = NULL;
     loom_tokenizer_t *tok = NULL;
-    if (loom_gguf_load(path, be, &m, &tok) == LOOM_OK) {
+    if (loom_gguf_load(path, cpu(), &m, &tok) == LOOM_OK) {
         loom_gpt_free(m);
         loom_tokenizer_free(tok);
     }
