@@ -136,10 +136,12 @@ serve_round() {
 }
 
 train_part() {
-    local m seq
+    local m shape
     for m in llama-tiny smollm2-135m; do
-        seq=256
-        "$LOOM" bench train --model "$m" --seq "$seq" --threads "$THREADS" --rounds "$ROUNDS" --steps 1 --gemm own \
+        shape="--seq 256 --batch 4"
+        [ "$m" = llama-tiny ] || shape="--seq ${TRAIN_SEQ:-128} --batch ${TRAIN_BATCH:-1}" # 0.1 TFLOP a step
+        # shellcheck disable=SC2086 # shape is words
+        "$LOOM" bench train --model "$m" $shape --threads "$THREADS" --rounds "$ROUNDS" --steps 1 --gemm own \
             > "$WORK/train-$m.txt" 2>&1
         echo "load after $m: $(load)" >> "$WORK/train-$m.txt"
     done
