@@ -18,7 +18,6 @@
 #include "cpu_math.h"
 #include "cpu_int8.h"
 #include "cpu_kquant.h"
-#include "cpu_sparse24.h"
 #include "cpu_paged.h"
 
 #ifdef LOOM_NO_BLAS
