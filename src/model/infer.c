@@ -44,9 +44,10 @@ struct loom_infer {
     int *d_tokens, *d_pos, *d_seq, *d_slot; /* (N) */
     int *d_tables; /* (S, max_blocks) */
     int *d_rows;   /* (R) */
-    int *h_slot;   /* (N) host */
-    int *h_count;  /* (S) host: rows of each sequence in this batch */
-    int *seg_start, *seg_gemm, n_seg; /* (N + 1) host: runs of rows, prefill (GEMM) or not */
+    /* host, one allocation (at h_slot): */
+    int *h_slot;   /* (N) */
+    int *h_count;  /* (S): rows of each sequence in this batch */
+    int *seg_start, *seg_gemm, n_seg; /* (N + 1): runs of rows, prefill (GEMM) or not */
     const loom_quant_t *quant; /* int8 linear weights, or NULL */
     const loom_sparse24_t *s24; /* 2:4 compressed linear weights, or NULL */
     float *s24_dense;  /* host: one linear weight decompressed for a long prefill run, once
@@ -82,9 +83,6 @@ void loom_infer_free(loom_infer_t *inf) {
         if (bufs[i]) be->free(bufs[i]);
     free(inf->layers);
     free(inf->h_slot);
-    free(inf->h_count);
-    free(inf->seg_start);
-    free(inf->seg_gemm);
     free(inf->s24_dense);
     free(inf);
 }
@@ -150,10 +148,10 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     inf->d_slot = buf(be, N, sizeof(int), &fail);
     inf->d_tables = buf(be, (size_t)max_seqs * inf->max_blocks, sizeof(int), &fail);
     inf->d_rows = buf(be, R, sizeof(int), &fail);
-    inf->h_slot = loom_malloc(N * sizeof(int));
-    inf->h_count = loom_malloc((size_t)max_seqs * sizeof(int));
-    inf->seg_start = loom_malloc((N + 1) * sizeof(int));
-    inf->seg_gemm = loom_malloc((N + 1) * sizeof(int));
+    inf->h_slot = loom_malloc((N + (size_t)max_seqs + 2 * (N + 1)) * sizeof(int));
+    inf->h_count = inf->h_slot + N;
+    inf->seg_start = inf->h_count + max_seqs;
+    inf->seg_gemm = inf->seg_start + N + 1;
     if (fail || !inf->cache) {
         loom_infer_free(inf);
         return loom_error(LOOM_ENOMEM, "cannot allocate the KV cache (%d blocks of %zu bytes) and activations for %d tokens on %s",
