@@ -12,6 +12,7 @@
 #include "ckpt/checkpoint.h"
 #include "core/clock.h"
 #include "train/eval.h"
+#include "train/pipeline.h"
 #include "train/train_impl.h"
 
 double loom_lr_at(long long t, long long steps, int warmup, double lr, double min_lr_ratio) {
@@ -112,7 +113,7 @@ static void next_batches(loom_train_job_t *j) {
     loom_train_run_t *run = &j->run;
     size_t BT = (size_t)run->B * run->T, ntrain = loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN);
     for (int k = 0; k < j->o.grad_accum; k++) {
-        size_t p = (run->data_pos + ((size_t)k * j->o.world_size + j->o.rank) * BT) % ntrain;
+        size_t p = (run->data_pos + ((size_t)k * loom_train_dp_world(&j->o) + loom_train_dp_rank(&j->o)) * BT) % ntrain;
         loom_dataset_batch(j->ds, LOOM_SPLIT_TRAIN, p, run->B, run->T, j->in + k * BT, j->tg + k * BT);
     }
     run->data_pos = (run->data_pos + run->tokens_per_step) % ntrain;
@@ -121,6 +122,12 @@ static void next_batches(loom_train_job_t *j) {
 /* The optimizer step itself: device-resident where the backend has it. */
 static loom_status optimizer_step(loom_train_job_t *j, loom_step_record_t *rec) {
     loom_train_run_t *run = &j->run;
+    if (run->pp) {
+        double sched;
+        LOOM_TRY(loom_pp_step(run->pp, j->in, j->tg, &j->opt, (float)rec->lr, (int)rec->step, &rec->loss, &rec->grad_norm));
+        loom_pp_last_times(run->pp, &rec->comm_pp_s, &rec->bubble_s, &sched);
+        return LOOM_OK;
+    }
     if (!j->sg)
         return loom_train_step_dp(run->model, run->dp, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt,
                                   (float)rec->lr, (int)rec->step, &rec->loss, &rec->grad_norm);
@@ -160,7 +167,7 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     LOOM_TRY(optimizer_step(j, rec));
     run->be->sync();
     rec->step_s = loom_now() - t0;
-    rec->comm_wait_s = loom_dp_last_wait(run->dp);
+    rec->comm_wait_s = loom_dp_last_wait(run->dp) + rec->comm_pp_s;
     rec->tokens_per_s = run->tokens_per_step / rec->step_s;
     rec->mfu = step_mfu(j, rec);
     rec->peak_flops = j->peak;
