@@ -29,7 +29,9 @@ static loom_status progress_after_step(void *ctx, loom_train_run_t *run, const l
     loom_progress_fmt_eta(r->eta_s, eta, sizeof eta);
     fprintf(stderr, "%sstep %lld/%lld | loss %.4f", p->tty ? "\r\033[K" : "", r->step, o->steps, r->loss);
     if (evaluated) fprintf(stderr, " | val %.4f", r->val_loss);
-    fprintf(stderr, " | lr %.2e | norm %.2f | %.0f tok/s | MFU %s | ETA %s", r->lr, r->grad_norm, r->tokens_per_s, mfu, eta);
+    fprintf(stderr, " | lr %.2e | norm %.2f | %.0f tok/s | MFU %s", r->lr, r->grad_norm, r->tokens_per_s, mfu);
+    if (run->pp) fprintf(stderr, " | bubble %.0f%%", 100 * r->bubble_s / r->step_s);
+    fprintf(stderr, " | ETA %s", eta);
     if (!p->tty || evaluated || r->step == o->steps) fputc('\n', stderr);
     return LOOM_OK;
 }
@@ -47,6 +49,11 @@ static void progress_end(void *ctx, loom_train_run_t *run, loom_status s) {
     if (run->multi)
         loom_info("loom train: %d ranks: %.1f%% of step time waiting for communication (%.2fs of %.2fs)", o->world_size,
                   100 * run->comm_wait / run->train_time, run->comm_wait, run->train_time);
+    if (run->pp) { /* rank 0's stage; (N-1)/(M+N-1) is the ideal 1F1B schedule's */
+        double n = o->pp, m = o->grad_accum;
+        loom_info("loom train: pipeline bubble (stage 0): %.2fs, %.1f%% of step time; the 1F1B formula (N-1)/(M+N-1) = %.1f%%",
+                  run->bubble_time, 100 * run->bubble_time / run->train_time, 100 * (n - 1) / (m + n - 1));
+    }
 }
 
 static void progress_free(void *ctx) { free(ctx); }

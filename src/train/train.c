@@ -173,6 +173,7 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     rec->peak_flops = j->peak;
     run->train_time += rec->step_s;
     run->comm_wait += rec->comm_wait_s;
+    run->bubble_time += rec->bubble_s;
     run->step = step;
     run->last_loss = rec->loss;
     rec->elapsed_s = loom_now() - run->t_start;

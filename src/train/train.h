@@ -149,6 +149,7 @@ struct loom_train_run {
     double t_start;              /* loom_now() when the loop started */
     double train_time;           /* seconds spent inside steps */
     double comm_wait;            /* of which blocked on communication */
+    double bubble_time;          /* --pp: of which this rank's stage sat idle on its neighbours */
     int stop_signal;             /* a stop was asked for: the signal number (or SIGTERM) */
     double energy_j_per_token;   /* energy per trained token so far (NAN: no energy counter); set by the exporter (train/exporter.h) */
     loom_train_observer_t **obs; /* every observer, in call order */
