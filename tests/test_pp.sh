@@ -101,8 +101,8 @@ PY
 train "$tmp/pp4" "$tmp/pp4.log" --nproc 4 --pp 4 && check pp4_gpt2_vs_1 "$tmp/one_gpt2" "$tmp/pp4" "$tmp/pp4.log"
 if ! command -v mpirun > /dev/null; then
     echo "SKIP pp2_mpirun: mpirun not installed (scripts/deps.sh installs openmpi-bin)"
-else
-    mpirun -np 2 --oversubscribe $LOOM train "${A[@]}" --pp 2 --out "$tmp/mpi" > "$tmp/mpi.log" 2>&1
+else # through the deploy example, as a user would launch it
+    NP=2 THREADS=1 LOOM=$LOOM deploy/mpi/train-pipeline.sh "${A[@]}" --out "$tmp/mpi" > "$tmp/mpi.log" 2>&1
     if grep -q "this build has no MPI" "$tmp/mpi.log"; then
         echo "SKIP pp2_mpirun: loom was built without MPI (install libopenmpi-dev and rebuild)"
     else
@@ -110,6 +110,17 @@ else
             || { echo "FAIL pp2_mpirun:"; tail -4 "$tmp/mpi.log"; }
     fi
 fi
+# The Kubernetes example: one pod per stage (its schema: tests/test_ft_deploy.sh).
+python3 - <<'PY' && echo "PASS pp_k8s_job_shape" || echo "FAIL pp_k8s_job_shape"
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open("deploy/k8s/train-job-pipeline.yaml")) if d]
+job = next(d for d in docs if d["kind"] == "Job")
+c = job["spec"]["template"]["spec"]["containers"][0]
+args, env = c["args"], {e["name"]: e.get("value") for e in c["env"]}
+n = job["spec"]["completions"]
+sys.exit(0 if args[args.index("--pp") + 1] == env["WORLD_SIZE"] == str(n) == str(job["spec"]["parallelism"])
+         and int(args[args.index("--grad-accum") + 1]) >= 4 * n else 1)
+PY
 
 # 3. Checkpoints across layouts: pp2 -> 1 process and 1 -> pp2 from step 5.
 [ -s "$tmp/pp2_gpt2/latest" ] && [ -s "$tmp/one_gpt2/latest" ] && {

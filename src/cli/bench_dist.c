@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "cli/args.h"
+#include "cli/bench_pp.h"
 #include "cli/commands.h"
 #include "parallel/dist.h"
 #include "parallel/launch.h"
@@ -119,10 +120,26 @@ static bench_result_t run_config(const bench_cfg_t *c, int world, int threads, i
     return r0;
 }
 
+/* --layout ppN: the pipeline comparison (cli/bench_pp.h) on the same model flags. */
+static int bench_layout_pp(const bench_cfg_t *c, const char *name, int micro, int rounds) {
+    char *end;
+    long n = strtol(name + 2, &end, 10);
+    if (*end || n < 2 || n > 64 || n > c->layers) {
+        fprintf(stderr, "loom bench dist: --layout %s: ppN takes 2 <= N <= 64 stages and at most --layers (%d)\n", name, c->layers);
+        return 2;
+    }
+    loom_bench_pp_t p = {.layers = c->layers, .channels = c->channels, .heads = c->heads, .seq = c->seq, .batch = c->batch,
+                         .vocab = c->vocab, .steps = c->steps, .warmup = c->warmup, .micro = micro, .stages = (int)n, .rounds = rounds};
+    return loom_bench_pp(&p);
+}
+
 int cmd_bench_dist(int argc, char **argv) {
     bench_cfg_t c;
-    int ranks = 0, rounds = 3;
+    int ranks = 0, rounds = 3, micro = 8;
+    const char *layout = "dp";
     const loom_arg_t args[] = {
+        {"layout", ARG_STR, &layout, "dp", 0, 0, "comma-separated layouts to measure: dp (data parallel over --ranks), ppN (a pipeline of N stages, --micro-batches)"},
+        {"micro-batches", ARG_INT, &micro, "8", 1, 4096, "micro-batches per step for ppN (the pipeline's M)"},
         {"ranks", ARG_INT, &ranks, "0", 0, 64, "ranks to compare against one rank with as many threads (0 = the core count)"},
         {"layers", ARG_INT, &c.layers, "4", 1, 64, "model layers"},
         {"channels", ARG_INT, &c.channels, "256", 16, 8192, "model width"},
@@ -149,6 +166,15 @@ int cmd_bench_dist(int argc, char **argv) {
     }
     loom_gpt_config_t cfg = {.max_seq_len = c.seq, .vocab_size = c.vocab, .n_layer = c.layers, .n_head = c.heads, .channels = c.channels};
     loom_gpt_config_finish(&cfg);
+    char list[256];
+    snprintf(list, sizeof list, "%s", layout);
+    int rc = 0, dp = 0;
+    for (char *save = NULL, *name = strtok_r(list, ",", &save); name && !rc; name = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(name, "dp")) dp = 1;
+        else if (!strncmp(name, "pp", 2)) rc = bench_layout_pp(&c, name, micro, rounds);
+        else rc = (fprintf(stderr, "loom bench dist: --layout %s: unknown; use dp or ppN (e.g. pp2)\n", name), 2);
+    }
+    if (rc || !dp) return rc;
     printf("loom bench dist: %d layers x %d channels (%.1fM parameters), seq %d, global batch %d x %d tokens, %d timed steps; ranks over TCP on 127.0.0.1\n",
            c.layers, c.channels, loom_gpt_num_params(&cfg) / 1e6, c.seq, ranks * c.batch, c.seq, c.steps);
     fflush(stdout);
