@@ -46,10 +46,7 @@ static const double step_buckets[] = {
 static const double ckpt_buckets[] = {0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1200};
 
 static void declare(loom_train_metrics_t *tm, const char *rank) {
-    static const struct {
-        int counter;
-        const char *name, *help;
-    } d[M_N] = {
+    static const loom_metric_def_t d[M_N] = {
         [M_STEP] = {0, "loom_train_step", "Last completed optimizer step."},
         [M_STEPS] = {0, "loom_train_steps_planned", "Optimizer steps the run is asked to take (--steps)."},
         [M_LOSS] = {0, "loom_train_loss", "Training loss (mean cross-entropy, nats per token) of the last step."},
@@ -71,9 +68,7 @@ static void declare(loom_train_metrics_t *tm, const char *rank) {
         [M_PEAK] = {0, "loom_train_peak_flops_per_second", "Peak FLOP/s per rank that MFU is relative to (GPU table, or rank 0's measured GEMM rate on the CPU)."},
         [M_WORLD] = {0, "loom_train_world_size", "Ranks in the job."},
     };
-    for (int i = 0; i < M_N; i++)
-        tm->m[i] = d[i].counter ? loom_metrics_counter(tm->reg, d[i].name, d[i].help, "rank", rank, NULL)
-                                : loom_metrics_gauge(tm->reg, d[i].name, d[i].help, "rank", rank, NULL);
+    loom_metrics_declare(tm->reg, d, M_N, "rank", rank, tm->m);
     tm->step_hist = loom_metrics_histogram(tm->reg, "loom_train_step_seconds", "Wall time of optimizer steps, s.", step_buckets,
                                            (int)(sizeof step_buckets / sizeof step_buckets[0]), "rank", rank, NULL);
     for (int i = 0; i < N_STATES; i++)

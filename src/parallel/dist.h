@@ -107,6 +107,26 @@ loom_status loom_dist_recv(loom_dist_t *d, void *buf, size_t bytes, int src);
 double loom_dist_wait_seconds(const loom_dist_t *d);
 double loom_dist_bytes(const loom_dist_t *d);
 
+/* ---- Process groups ----
+ * loom_dist_split is MPI_Comm_split: every rank of d calls it (a
+ * collective, from the thread that issues d's ops); the ranks that pass
+ * the same color form one group, ranked by key (ties by their rank in d).
+ * *out is a loom_dist_t like any other -- rank, size and every collective
+ * above work on it and reach only its members -- with connections (tcp),
+ * a communicator (mpi, nccl) and a communication thread of its own, so
+ * one group's ops never queue behind another's. A group of one is a
+ * single-rank loom_dist_t. d's watchdog covers the group: a member that
+ * dies, or a group collective that waits longer than the timeout, ends
+ * every rank with a message. Free groups (loom_dist_free) before d.
+ *
+ * Layouts place tp innermost: world rank = (dp * pp_size + pp) * tp_size +
+ * tp, so a tp group is tp_size consecutive ranks; the tp group is
+ * loom_dist_split(world, rank / tp_size, rank) and the dp group (ranks with
+ * the same tp and pp index) loom_dist_split(world, rank % (tp_size *
+ * pp_size), rank). */
+#define LOOM_DIST_MAX_GROUPS 8
+loom_status loom_dist_split(loom_dist_t *d, int color, int key, loom_dist_t **out);
+
 /* Exit code of a rank that the watchdog ends. */
 #define LOOM_DIST_EXIT_PEER 3
 

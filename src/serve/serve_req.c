@@ -111,12 +111,14 @@ static void on_event(void *ctx, const loom_engine_event_t *ev) {
     loom_engine_queue_push(j->q, ev);
 }
 
-/* Bytes s[0..n) with invalid UTF-8 replaced by U+FFFD. */
+/* Bytes s[0..n) with invalid UTF-8, and NUL, replaced by U+FFFD: the JSON
+ * writer takes C strings, so a NUL would cut the answer short (a plain
+ * answer lost the text after it while the stream skipped it). */
 static void put_clean(loom_sbuf_t *b, const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
         unsigned c = (unsigned char)s[i];
         size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        if (i + k <= n && loom_api_utf8_valid(s + i, k)) loom_sbuf_put(b, s + i, k), i += k;
+        if (c && i + k <= n && loom_api_utf8_valid(s + i, k)) loom_sbuf_put(b, s + i, k), i += k;
         else loom_sbuf_puts(b, "\xEF\xBF\xBD"), i++;
     }
     if (!b->data) loom_sbuf_puts(b, "");
