@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Pipeline parallelism (--pp N, issue 24 part 3): a pipeline of N ranks must
+# Pipeline parallelism (--pp N, issue 24 part 3): a pipeline of N ranks (and
+# pp2 x dp2: two of them) must
 # take the same steps as one process on the same global batch (the same
 # micro-batches: --grad-accum), for GPT-2 and the Llama family, tied and
 # untied heads, N = 2 and 4, over --nproc (tcp) and mpirun: the first 10
@@ -97,8 +98,12 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 sys.exit(0 if len(rows) == 10 and all(0 <= r["bubble_s"] <= r["comm_pp_s"] <= r["step_s"] for r in rows) else 1)
 PY
 
-# 2. Four stages of one layer each (4 ranks), and mpirun.
+# 2. Four stages of one layer each (4 ranks); two pipelines of two stages
+# (pp2 x dp2: 4 ranks, each stage's replicas average over a process group)
+# against one process with both pipelines' micro-batches; and mpirun.
 train "$tmp/pp4" "$tmp/pp4.log" --nproc 4 --pp 4 && check pp4_gpt2_vs_1 "$tmp/one_gpt2" "$tmp/pp4" "$tmp/pp4.log"
+train "$tmp/one8" "$tmp/one8.log" --grad-accum 8 && train "$tmp/ppdp" "$tmp/ppdp.log" --nproc 4 --pp 2 \
+    && check pp2xdp2_gpt2_vs_1 "$tmp/one8" "$tmp/ppdp" "$tmp/ppdp.log"
 if ! command -v mpirun > /dev/null; then
     echo "SKIP pp2_mpirun: mpirun not installed (scripts/deps.sh installs openmpi-bin)"
 else # through the deploy example, as a user would launch it

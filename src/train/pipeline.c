@@ -18,6 +18,7 @@ typedef struct {
 
 struct loom_pp {
     loom_dist_t *d;
+    loom_dist_t *dpg;           /* this stage's data-parallel group (D > 1), else NULL */
     loom_pp_opts_t o;
     int n, s, dp, rank;         /* stages, this stage, data-parallel width, this rank */
     int prev, next;             /* neighbouring stages' ranks, -1 at the ends */
@@ -35,7 +36,7 @@ struct loom_pp {
     double loss_sum;            /* last stage: this step's micro-batch losses */
     const int *tok, *tgt;       /* this step's micro-batches */
     float dloss;
-    double comm_s, fastest, sched_s, bubble_s;
+    double comm_s, fastest, sched_s, bubble_s, dp_s;
     int msgs;
 };
 
@@ -49,6 +50,8 @@ double loom_pp_bubble_formula(int stages, int micro) { return (double)(stages - 
 
 const loom_gpt_config_t *loom_pp_config(const loom_pp_t *pp) { return &pp->cfg; }
 int loom_pp_stage(const loom_pp_t *pp) { return pp->s; }
+
+double loom_pp_last_dp_wait(const loom_pp_t *pp) { return pp ? pp->dp_s : 0; }
 
 void loom_pp_last_times(const loom_pp_t *pp, double *comm_s, double *bubble_s, double *sched_s) {
     *comm_s = pp ? pp->comm_s : 0;
@@ -119,9 +122,6 @@ static loom_status check_layout(loom_pp_t *pp, int world) {
     int L = pp->cfg.n_layer;
     if (pp->n < 2 || world % pp->n)
         return loom_error(LOOM_EINVAL, "--pp %d with %d ranks: the ranks must be a multiple of the stages (e.g. --nproc %d)", pp->n, world, pp->n);
-    if (world != pp->n)
-        return loom_error(LOOM_EUNAVAIL, "--pp %d with %d ranks: data parallelism across pipelines (pp x dp) is not built yet; launch exactly %d ranks",
-                          pp->n, world, pp->n);
     if (L < pp->n)
         return loom_error(LOOM_EINVAL, "--pp %d: the model has %d layers; each stage needs at least one (use --pp %d or fewer)", pp->n, L, L);
     return LOOM_OK;
@@ -191,10 +191,16 @@ loom_status loom_pp_init(loom_pp_t **out, loom_dist_t *d, const loom_gpt_config_
         free(pp);
         return s;
     }
+    /* Placement (parallel/dist.h): rank = dp_index * N + stage, so one
+     * pipeline is N consecutive ranks and a stage's replicas are N apart. */
     pp->dp = loom_dist_size(d) / pp->n;
-    pp->s = pp->rank / pp->dp;
-    pp->prev = pp->s > 0 ? pp->rank - pp->dp : -1;
-    pp->next = pp->s < pp->n - 1 ? pp->rank + pp->dp : -1;
+    pp->s = pp->rank % pp->n;
+    pp->prev = pp->s > 0 ? pp->rank - 1 : -1;
+    pp->next = pp->s < pp->n - 1 ? pp->rank + 1 : -1;
+    if (pp->dp > 1 && (s = loom_dist_split(d, pp->s, pp->rank, &pp->dpg)) != LOOM_OK) {
+        free(pp);
+        return s;
+    }
     pp->parts = (pp->s == 0 ? LOOM_STAGE_EMBED : 0) | (pp->s == pp->n - 1 ? LOOM_STAGE_HEAD : 0);
     if ((s = build_stage(pp, be)) != LOOM_OK) {
         loom_pp_free(pp);
@@ -234,6 +240,7 @@ void loom_pp_free(loom_pp_t *pp) {
         loom_gpt_free(pp->m);
     }
     loom_gpt_free(pp->full);
+    loom_dist_free(pp->dpg);
     free(pp->fm);
     free(pp->fv);
     free(pp->slots);
@@ -324,7 +331,7 @@ static loom_status sum_tied(loom_pp_t *pp) {
     if (!pp->wte_peer) return LOOM_OK;
     loom_gpt_t *m = pp->m;
     size_t n = m->ptable[LOOM_WTE].numel;
-    int peer = pp->s == 0 ? pp->rank + (pp->n - 1) * pp->dp : pp->rank - (pp->n - 1) * pp->dp;
+    int peer = pp->s == 0 ? pp->rank + pp->n - 1 : pp->rank - (pp->n - 1);
     m->be->sync();
     double t0 = loom_now();
     LOOM_TRY(loom_dist_sendrecv(pp->d, m->grad[LOOM_WTE], n * sizeof(float), peer, pp->wte_peer, n * sizeof(float), peer));
@@ -338,13 +345,25 @@ static loom_status sum_tied(loom_pp_t *pp) {
     return LOOM_OK;
 }
 
-/* The whole model's gradient norm: each stage's owned tensors, summed. */
+/* The whole model's gradient norm: each stage's owned tensors, summed
+ * (over every rank: the D replicas of a stage hold the same averaged
+ * gradient, so the sum is D times the model's). */
 static loom_status grad_norm(loom_pp_t *pp, float *norm) {
     double ss = 0;
     for (int i = 0; i < LOOM_NPARAMS; i++)
         if (pp->m->ptable[i].numel && owns(pp, pp->s, i)) ss += pp->m->be->sumsq(pp->m->grad[i], pp->m->ptable[i].numel);
     LOOM_TRY(loom_dist_allreduce_f64(pp->d, &ss, 1));
-    *norm = (float)sqrt(ss);
+    *norm = (float)sqrt(ss / pp->dp);
+    return LOOM_OK;
+}
+
+/* pp x dp: a stage's replicas average their gradients (the whole stage
+ * block, after the backward passes; ZeRO is not built for pipelines). */
+static loom_status reduce_dp(loom_pp_t *pp) {
+    if (!pp->dpg) return LOOM_OK;
+    double w0 = loom_dist_wait_seconds(pp->dpg);
+    LOOM_TRY(loom_dist_allreduce(pp->dpg, pp->m->grads, pp->m->num_params, LOOM_DIST_FP32, 1.0f / (float)pp->dp));
+    pp->dp_s = loom_dist_wait_seconds(pp->dpg) - w0;
     return LOOM_OK;
 }
 
@@ -365,14 +384,16 @@ loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, c
     double transfer = pp->fastest * pp->msgs;
     pp->bubble_s = pp->comm_s > transfer ? pp->comm_s - transfer : 0;
     LOOM_TRY(sum_tied(pp));
+    LOOM_TRY(reduce_dp(pp));
     float norm;
     LOOM_TRY(grad_norm(pp, &norm));
     float scale = opt->clip > 0 && norm > opt->clip ? opt->clip / (norm + 1e-6f) : 1.0f;
     loom_adamw_t hp = {.lr = lr, .beta1 = opt->beta1, .beta2 = opt->beta2, .eps = opt->eps,
                        .weight_decay = opt->weight_decay, .grad_scale = scale, .t = t};
     loom_gpt_adamw(m, &hp);
-    double l = pp->loss_sum / pp->o.micro; /* meaningful on the last stage: broadcast from it */
-    LOOM_TRY(loom_dist_broadcast(pp->d, &l, sizeof l, (pp->n - 1) * pp->dp + pp->rank % pp->dp));
+    /* The last stages hold their pipelines' losses: their mean, to every rank. */
+    double l = pp->s == pp->n - 1 ? pp->loss_sum / pp->o.micro / pp->dp : 0;
+    LOOM_TRY(loom_dist_allreduce_f64(pp->d, &l, 1));
     *loss = (float)l;
     *grad_norm_out = norm;
     if (!isfinite(*loss) || !isfinite(norm))
@@ -396,12 +417,12 @@ loom_status loom_pp_gather(loom_pp_t *pp, float **m, float **v) {
     loom_status st = LOOM_OK;
     for (int s = 0; s < pp->n && st == LOOM_OK; s++) {
         size_t n = pp->nparams[s];
-        if (s == pp->s && pp->rank % pp->dp == 0) { /* this stage's turn: its first rank sends */
+        if (s == pp->rank) { /* this stage's turn: its first replica (rank s) sends */
             pp->m->be->download(buf, pp->m->params, own * sizeof(float));
             pp->m->be->download(buf + n, pp->m->m, own * sizeof(float));
             pp->m->be->download(buf + 2 * n, pp->m->v, own * sizeof(float));
         }
-        st = loom_dist_broadcast(pp->d, buf, 3 * n * sizeof(float), s * pp->dp);
+        st = loom_dist_broadcast(pp->d, buf, 3 * n * sizeof(float), s);
         for (int k = 0; k < 3 && st == LOOM_OK && pp->full; k++) map_block(pp, s, dst[k], buf + k * n, 0);
     }
     free(buf);

@@ -1,8 +1,10 @@
 /* pipeline: pipeline-parallel training (`loom train --pp N`).
  *
  * The layers are split into N stages of consecutive layers (balanced: the
- * first L mod N stages hold one more); stage s runs on the ranks
- * s*D .. s*D+D-1 (D = world / N, the data-parallel width; 1 for now). The
+ * first L mod N stages hold one more); rank r runs stage r mod N of
+ * pipeline r / N (parallel/dist.h's placement), so with D = world / N > 1
+ * pipelines (pp x dp) a stage's D replicas average their gradients over a
+ * process group after the backward passes. The
  * first stage also holds the embedding (wte, wpe), the last the final
  * norm, the head and the loss. With a tied head wte lives on both, and
  * their two gradients are summed between them after the backward passes
@@ -50,7 +52,7 @@ loom_status loom_pp_init(loom_pp_t **out, loom_dist_t *d, const loom_gpt_config_
                          const loom_pp_opts_t *o, loom_gpt_t **stage_model);
 void loom_pp_free(loom_pp_t *pp);
 
-/* The whole model's finished config, and the data-parallel width D. */
+/* The whole model's finished config, and this rank's stage. */
 const loom_gpt_config_t *loom_pp_config(const loom_pp_t *pp);
 int loom_pp_stage(const loom_pp_t *pp);
 
@@ -65,6 +67,8 @@ loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, c
  * estimate of the transfers, each message at the fastest one's time), and
  * the schedule's wall time (sched_s). */
 void loom_pp_last_times(const loom_pp_t *pp, double *comm_s, double *bubble_s, double *sched_s);
+/* pp x dp: seconds the last step waited on the data-parallel reduction. */
+double loom_pp_last_dp_wait(const loom_pp_t *pp);
 /* The 1F1B formula's bubble fraction (N-1)/(M+N-1). */
 double loom_pp_bubble_formula(int stages, int micro);
 

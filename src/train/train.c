@@ -126,6 +126,7 @@ static loom_status optimizer_step(loom_train_job_t *j, loom_step_record_t *rec) 
         double sched;
         LOOM_TRY(loom_pp_step(run->pp, j->in, j->tg, &j->opt, (float)rec->lr, (int)rec->step, &rec->loss, &rec->grad_norm));
         loom_pp_last_times(run->pp, &rec->comm_pp_s, &rec->bubble_s, &sched);
+        rec->comm_wait_s = loom_pp_last_dp_wait(run->pp);
         return LOOM_OK;
     }
     if (!j->sg)
@@ -167,7 +168,7 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     LOOM_TRY(optimizer_step(j, rec));
     run->be->sync();
     rec->step_s = loom_now() - t0;
-    rec->comm_wait_s = loom_dp_last_wait(run->dp) + rec->comm_pp_s;
+    rec->comm_wait_s += loom_dp_last_wait(run->dp) + rec->comm_pp_s;
     rec->tokens_per_s = run->tokens_per_step / rec->step_s;
     rec->mfu = step_mfu(j, rec);
     rec->peak_flops = j->peak;

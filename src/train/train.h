@@ -174,7 +174,8 @@ struct loom_train_observer {
 
 /* Ranks that split the global batch: the world over the pipeline stages. */
 static inline int loom_train_dp_world(const loom_train_opts_t *o) { return o->world_size / (o->pp > 1 ? o->pp : 1); }
-static inline int loom_train_dp_rank(const loom_train_opts_t *o) { return o->rank % loom_train_dp_world(o); }
+/* Ranks are placed (dp * pp + stage) (parallel/dist.h): a pipeline is pp consecutive ranks. */
+static inline int loom_train_dp_rank(const loom_train_opts_t *o) { return o->rank / (o->pp > 1 ? o->pp : 1); }
 
 /* Learning rate at 1-based step t: linear warmup over `warmup` steps to
  * `lr`, then cosine decay to lr * min_lr_ratio at `steps`. */
