@@ -62,10 +62,12 @@ int loom_pp_stage(const loom_pp_t *pp);
 loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, const loom_optim_t *opt, float lr, int t,
                          float *loss, float *grad_norm);
 
-/* The last step's time: blocked in pipeline send/receive (comm_s: idle on
- * a neighbour plus transfer), of which idle (bubble_s: comm_s less an
- * estimate of the transfers, each message at the fastest one's time), and
- * the schedule's wall time (sched_s). */
+/* The last step's time: blocked in pipeline send/receive and in the
+ * barrier that ends the schedule (comm_s: idle on a neighbour plus
+ * transfer), of which idle (bubble_s: comm_s less an estimate of the
+ * transfers, each message at the fastest one's time; the barrier's wait is
+ * the tail a stage idles while the others finish), and the schedule's wall
+ * time with that barrier (sched_s). */
 void loom_pp_last_times(const loom_pp_t *pp, double *comm_s, double *bubble_s, double *sched_s);
 /* pp x dp: seconds the last step waited on the data-parallel reduction. */
 double loom_pp_last_dp_wait(const loom_pp_t *pp);
