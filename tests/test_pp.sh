@@ -26,10 +26,10 @@ python3 -c "import random; random.seed(1); print(' '.join(random.choice(['the','
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # --dist-timeout is a guard only: no case waits for it.
 A=(--data "$tmp/data.txt" --layers 4 --channels 64 --heads 2 --context 64 --seq 64 --steps 10 --lr 1e-3 --warmup 2
-   --eval-every 0 --sample-tokens 0 --seed 3 --log-every 1 --ckpt-every 0 --batch 2 --grad-accum 4 --threads 1 --dist-timeout 600)
+   --eval-every 5 --eval-batches 2 --sample-tokens 0 --seed 3 --log-every 1 --ckpt-every 0 --batch 2 --grad-accum 4 --threads 1 --dist-timeout 600)
 
 # compare RUN_A RUN_B [FIRST]: losses (steps FIRST.. of the first 10) within 1e-5 relative,
-# final weights within 1e-5 of each tensor's largest value.
+# validation losses (every 5 steps) too; final weights within 1e-5 of each tensor's largest value.
 compare() {
     python3 - "$@" <<'PY'
 import array, json, struct, sys
@@ -49,6 +49,11 @@ steps = range(first, 11)
 if any(s not in la or s not in lb for s in steps):
     print(f"steps missing: {sorted(la)} vs {sorted(lb)}"); sys.exit(1)
 worst = max(abs(la[s] - lb[s]) / abs(la[s]) for s in steps)
+va = {r["step"]: r["val_loss"] for r in map(json.loads, open(a + "/metrics.jsonl")) if "val_loss" in r}
+vb = {r["step"]: r["val_loss"] for r in map(json.loads, open(b + "/metrics.jsonl")) if "val_loss" in r}
+if sorted(va) != sorted(vb) or not va:
+    print(f"validation steps differ: {sorted(va)} vs {sorted(vb)}"); sys.exit(1)
+worst = max([worst] + [abs(va[s] - vb[s]) / abs(va[s]) for s in va])
 if worst > 1e-5:
     print(f"losses differ by {worst:.2e} relative: {[la[s] for s in steps]} vs {[lb[s] for s in steps]}"); sys.exit(1)
 wa, wb = weights(a), weights(b)

@@ -5,8 +5,7 @@
 
 #include "model/infer.h"
 
-/* The batches to score: (B, T) shrunk to a short split, and their count. */
-static loom_status plan(const loom_dataset_t *ds, int *B, int *T, int max_batches, int *nb) {
+loom_status loom_eval_plan(const loom_dataset_t *ds, int *B, int *T, int max_batches, int *nb) {
     size_t nval = loom_dataset_ntokens(ds, LOOM_SPLIT_VAL);
     if (nval < 2) return loom_error(LOOM_EINVAL, "no validation tokens to score (the validation split holds %zu)", nval);
     size_t per = (size_t)*B * *T;
@@ -23,7 +22,7 @@ static loom_status plan(const loom_dataset_t *ds, int *B, int *T, int max_batche
 loom_status loom_eval_loss(loom_gpt_t *m, const loom_dataset_t *ds, int B, int T, int max_batches,
                            loom_eval_result_t *out) {
     int nb = 0;
-    LOOM_TRY(plan(ds, &B, &T, max_batches, &nb));
+    LOOM_TRY(loom_eval_plan(ds, &B, &T, max_batches, &nb));
     size_t per = (size_t)B * T;
     int *in = loom_malloc(per * sizeof(int)), *tg = loom_malloc(per * sizeof(int));
     double sum = 0;
@@ -70,7 +69,7 @@ static loom_status infer_sequence(loom_infer_t *inf, const int *in, int T, float
 loom_status loom_eval_loss_infer(loom_gpt_t *m, const struct loom_quant *q, loom_dtype kv_dtype, const loom_dataset_t *ds,
                                  int B, int T, int max_batches, loom_eval_result_t *out) {
     int nb = 0, bs = 16, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
-    LOOM_TRY(plan(ds, &B, &T, max_batches, &nb));
+    LOOM_TRY(loom_eval_plan(ds, &B, &T, max_batches, &nb));
     loom_infer_t *inf;
     LOOM_TRY(loom_infer_create(&inf, m, (T + bs - 1) / bs, bs, kv_dtype, T, 1, T));
     loom_infer_set_quant(inf, q);

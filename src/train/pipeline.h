@@ -28,8 +28,10 @@
 #ifndef LOOM_PIPELINE_H
 #define LOOM_PIPELINE_H
 
+#include "data/dataset.h"
 #include "model/gpt.h"
 #include "parallel/dist.h"
+#include "train/eval.h"
 #include "train/step.h"
 
 typedef struct loom_pp loom_pp_t;
@@ -73,6 +75,10 @@ void loom_pp_last_times(const loom_pp_t *pp, double *comm_s, double *bubble_s, d
 double loom_pp_last_dp_wait(const loom_pp_t *pp);
 /* The 1F1B formula's bubble fraction (N-1)/(M+N-1). */
 double loom_pp_bubble_formula(int stages, int micro);
+
+/* Every rank: the validation loss (loom_eval_loss's batches and mean), each
+ * batch forward through the stages; the result on every rank. */
+loom_status loom_pp_eval(loom_pp_t *pp, const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_result_t *out);
 
 /* Checkpoints. The model the writer saves: rank 0's whole model (host
  * memory), the stage model on other ranks (they write nothing). */

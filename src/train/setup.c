@@ -169,7 +169,7 @@ static loom_status open_backend(loom_train_job_t *j, loom_dist_t *dist) {
 }
 
 /* --pp: this rank's stage (train/pipeline.h) instead of the whole model.
- * Validation and samples need the whole model on one rank: off for now. */
+ * Text samples need the whole model on one rank: off for now. */
 static loom_status build_pipeline(loom_train_job_t *j, loom_dist_t *dist) {
     loom_train_run_t *run = &j->run;
     loom_train_opts_t *o = &j->o;
@@ -180,9 +180,8 @@ static loom_status build_pipeline(loom_train_job_t *j, loom_dist_t *dist) {
                          .recompute = (loom_recompute)j->recompute, .seed = (unsigned long long)o->seed};
     LOOM_TRY(loom_pp_init(&run->pp, dist, &j->cfg, run->be, &po, &run->model));
     if (o->resume) LOOM_TRY(loom_pp_load(run->pp, j->rck, j->rst.step));
-    if (run->have_val || o->sample_every)
-        loom_info("loom train: --pp: no validation loss or text samples yet (they need the whole model on one rank); `loom eval` and `loom sample` read the run's checkpoint");
-    run->have_val = 0;
+    if (o->sample_tokens)
+        loom_info("loom train: --pp: no text samples during training yet (they need the whole model on one rank); `loom sample --run %s` reads its checkpoint", o->out);
     o->sample_tokens = 0;
     return LOOM_OK;
 }

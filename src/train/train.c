@@ -185,15 +185,19 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
 /* Validation on the lead rank, then on_eval. */
 static loom_status run_eval(loom_train_job_t *j, long long step, double *val) {
     loom_eval_result_t r;
-    LOOM_TRY(loom_eval_loss(j->run.model, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
+    if (j->run.pp) LOOM_TRY(loom_pp_eval(j->run.pp, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
+    else LOOM_TRY(loom_eval_loss(j->run.model, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
     j->run.last_val = r.loss;
     j->run.last_val_step = step;
     if (val) *val = r.loss;
     return emit_eval(&j->run, step, r.loss);
 }
 
+/* Rank 0 evaluates; under --pp every rank (each holds a stage). */
+static int evaluates(const loom_train_job_t *j) { return (j->run.lead || j->run.pp) && j->run.have_val; }
+
 static int eval_due(const loom_train_job_t *j, long long step) {
-    return j->run.lead && j->run.have_val && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
+    return evaluates(j) && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
 }
 
 /* ---- the loop ---- */
@@ -218,7 +222,7 @@ static loom_status train_loop(loom_train_job_t *j) {
  * then on_stop (final checkpoint, plot) and on_end (reports). */
 static loom_status train_finish(loom_train_job_t *j, loom_status s) {
     loom_train_run_t *run = &j->run;
-    if (s == LOOM_OK && run->step >= run->first_step && run->lead && run->have_val && run->last_val_step != run->step)
+    if (s == LOOM_OK && run->step >= run->first_step && evaluates(j) && run->last_val_step != run->step)
         s = run_eval(j, run->step, NULL);
     s = emit_stop(run, s);
     emit_end(run, s);
