@@ -31,26 +31,17 @@ A=(--data "$tmp/data.txt" --layers 4 --channels 64 --heads 2 --context 64 --seq 
 # compare RUN_A RUN_B [FIRST]: losses (steps FIRST.. of the first 10) within 1e-5 relative,
 # validation losses (every 5 steps) too; final weights within 1e-5 of each tensor's largest value.
 compare() {
-    python3 - "$@" <<'PY'
-import array, json, struct, sys
+    PYTHONPATH=tests python3 - "$@" <<'PY'
+import sys
+from lib_ckpt import losses, val_losses, weights
 a, b = sys.argv[1], sys.argv[2]
 first = int(sys.argv[3]) if len(sys.argv) > 3 else 1
-def losses(run):
-    return {r["step"]: r["loss"] for r in map(json.loads, open(run + "/metrics.jsonl"))}
-def weights(run):
-    name = open(run + "/latest").read().strip()
-    raw = open(f"{run}/checkpoints/{name}/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    hdr = json.loads(raw[8:8 + n]); base = 8 + n
-    return {k: array.array("f", raw[base + v["data_offsets"][0]: base + v["data_offsets"][1]])
-            for k, v in hdr.items() if k != "__metadata__"}
 la, lb = losses(a), losses(b)
 steps = range(first, 11)
 if any(s not in la or s not in lb for s in steps):
     print(f"steps missing: {sorted(la)} vs {sorted(lb)}"); sys.exit(1)
 worst = max(abs(la[s] - lb[s]) / abs(la[s]) for s in steps)
-va = {r["step"]: r["val_loss"] for r in map(json.loads, open(a + "/metrics.jsonl")) if "val_loss" in r}
-vb = {r["step"]: r["val_loss"] for r in map(json.loads, open(b + "/metrics.jsonl")) if "val_loss" in r}
+va, vb = val_losses(a), val_losses(b)
 if sorted(va) != sorted(vb) or not va:
     print(f"validation steps differ: {sorted(va)} vs {sorted(vb)}"); sys.exit(1)
 worst = max([worst] + [abs(va[s] - vb[s]) / abs(va[s]) for s in va])

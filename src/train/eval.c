@@ -19,8 +19,8 @@ loom_status loom_eval_plan(const loom_dataset_t *ds, int *B, int *T, int max_bat
     return LOOM_OK;
 }
 
-loom_status loom_eval_loss(loom_gpt_t *m, const loom_dataset_t *ds, int B, int T, int max_batches,
-                           loom_eval_result_t *out) {
+loom_status loom_eval_batches(const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_score_fn score, void *ctx,
+                              loom_eval_result_t *out) {
     int nb = 0;
     LOOM_TRY(loom_eval_plan(ds, &B, &T, max_batches, &nb));
     size_t per = (size_t)B * T;
@@ -28,15 +28,24 @@ loom_status loom_eval_loss(loom_gpt_t *m, const loom_dataset_t *ds, int B, int T
     double sum = 0;
     loom_status s = LOOM_OK;
     for (int i = 0; i < nb && s == LOOM_OK; i++) {
-        float l;
+        float l = 0;
         loom_dataset_batch(ds, LOOM_SPLIT_VAL, (size_t)i * per, B, T, in, tg);
-        s = loom_gpt_forward(m, in, tg, B, T, 0.0f, &l);
+        s = score(ctx, in, tg, B, T, &l);
         sum += l;
     }
     free(in);
     free(tg);
     *out = (loom_eval_result_t){sum / nb, nb, B, T};
     return s;
+}
+
+static loom_status score_forward(void *m, const int *in, const int *tg, int B, int T, float *loss) {
+    return loom_gpt_forward(m, in, tg, B, T, 0.0f, loss);
+}
+
+loom_status loom_eval_loss(loom_gpt_t *m, const loom_dataset_t *ds, int B, int T, int max_batches,
+                           loom_eval_result_t *out) {
+    return loom_eval_batches(ds, B, T, max_batches, score_forward, m, out);
 }
 
 /* Sum over T rows of -log softmax(logits row)[target], over the V real ids. */

@@ -410,37 +410,25 @@ loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, c
 /* ---------------- validation ---------------- */
 
 /* One batch forward through the stages in turn (no backward, no overlap:
- * validation is rare); the last stage adds its loss to *sum. */
-static loom_status eval_batch(loom_pp_t *pp, const int *in, const int *tg, int B, int T, double *sum) {
+ * validation is rare); the last stage's loss, 0 on the others. */
+static loom_status eval_batch(void *vpp, const int *in, const int *tg, int B, int T, float *loss) {
+    loom_pp_t *pp = vpp;
     loom_gpt_t *m = pp->m;
     size_t bytes = loom_backend_act_bytes(m->be, (size_t)B * T * pp->cfg.channels);
-    float l = 0;
     use_slot(pp, 0);
     if (pp->prev >= 0) LOOM_TRY(loom_dist_recv(pp->d, loom_gpt_stream(m, B, T, LOOM_STREAM_IN), bytes, pp->prev));
-    LOOM_TRY(loom_gpt_forward_stage(m, in, tg, B, T, pp->parts, 0.0f, &l));
+    LOOM_TRY(loom_gpt_forward_stage(m, in, tg, B, T, pp->parts, 0.0f, loss));
     m->be->sync();
     if (pp->next >= 0) LOOM_TRY(loom_dist_send(pp->d, loom_gpt_stream(m, B, T, LOOM_STREAM_OUT), bytes, pp->next));
-    *sum += l;
     return LOOM_OK;
 }
 
 loom_status loom_pp_eval(loom_pp_t *pp, const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_result_t *out) {
-    int nb = 0;
-    LOOM_TRY(loom_eval_plan(ds, &B, &T, max_batches, &nb));
-    size_t per = (size_t)B * T;
-    int *in = loom_malloc(per * sizeof(int)), *tg = loom_malloc(per * sizeof(int));
-    double sum = 0;
-    loom_status s = LOOM_OK;
-    for (int i = 0; i < nb && s == LOOM_OK; i++) {
-        loom_dataset_batch(ds, LOOM_SPLIT_VAL, (size_t)i * per, B, T, in, tg);
-        s = eval_batch(pp, in, tg, B, T, &sum);
-    }
-    free(in);
-    free(tg);
-    /* every pipeline scored the same batches: the last stages' mean */
-    double v = pp->s == pp->n - 1 ? sum / nb / pp->dp : 0;
+    loom_status s = loom_eval_batches(ds, B, T, max_batches, eval_batch, pp, out);
+    /* every pipeline scored the same batches: the last stages' mean, to every rank */
+    double v = pp->s == pp->n - 1 ? out->loss / pp->dp : 0;
     if (s == LOOM_OK) s = loom_dist_allreduce_f64(pp->d, &v, 1);
-    *out = (loom_eval_result_t){v, nb, B, T};
+    out->loss = v;
     return s;
 }
 
