@@ -15,7 +15,7 @@
 #define WORLD 3
 #define N 37 /* not a multiple of the world: uneven ring chunks */
 
-enum { CASE_ALLREDUCE = 1, CASE_REDUCE_SCATTER, CASE_BROADCAST, CASE_BYTES, CASE_SPLIT };
+enum { CASE_ALLREDUCE = 1, CASE_REDUCE_SCATTER, CASE_BROADCAST, CASE_BYTES, CASE_SPLIT, CASE_IALLGATHER };
 
 static float value(int rank, int i) { return (float)((rank + 1) * 1000 + i); }
 /* sum over ranks of value(r, i), times scale */
@@ -91,6 +91,27 @@ static int split_case(loom_dist_t *d, int rank) {
     return 0;
 }
 
+/* The non-blocking all-gather, with a reduce-scatter issued after it: a
+ * wait for the gather's mark returns the gathered buffer (each segment
+ * from its own rank) while the later op may still run; loom_dist_wait then
+ * finishes the reduce-scatter. */
+static int iallgather_case(loom_dist_t *d, int rank) {
+    size_t counts[WORLD] = {5, 0, N - 5}, off[WORLD] = {0, 5, 5};
+    float g[N], r[N];
+    for (int i = 0; i < N; i++) g[i] = (size_t)i >= off[rank] && (size_t)i < off[rank] + counts[rank] ? value(rank, i) : -1;
+    for (int i = 0; i < N; i++) r[i] = value(rank, i);
+    if (loom_dist_iallgather(d, g, counts) != LOOM_OK) return 60;
+    long mark = loom_dist_mark(d);
+    if (loom_dist_ireduce_scatter(d, r, counts, LOOM_DIST_FP32, 1.0f) != LOOM_OK) return 61;
+    if (loom_dist_wait_mark(d, mark) != LOOM_OK) return 62;
+    for (int i = 0; i < N; i++)
+        if (g[i] != value(i < 5 ? 0 : 2, i)) return 63;
+    if (loom_dist_wait(d) != LOOM_OK) return 64;
+    for (size_t i = off[rank]; i < off[rank] + counts[rank]; i++)
+        if (r[i] != summed((int)i, 1.0f)) return 65;
+    return 0;
+}
+
 static int rank_main(int rank, void *ctx) {
     int which = *(const int *)ctx;
     loom_dist_t *d;
@@ -104,6 +125,7 @@ static int rank_main(int rank, void *ctx) {
              : which == CASE_REDUCE_SCATTER                       ? reduce_scatter_case(d, rank)
              : which == CASE_BROADCAST                            ? broadcast_case(d, rank)
              : which == CASE_SPLIT                                ? split_case(d, rank)
+             : which == CASE_IALLGATHER                           ? iallgather_case(d, rank)
                                                                   : bytes_case(d, rank);
     if (rc) fprintf(stderr, "rank %d: check %d failed\n", rank, rc);
     loom_dist_free(d);
@@ -123,6 +145,7 @@ static void reduce_scatter_then_allgather(void) { on_ranks(CASE_REDUCE_SCATTER);
 static void broadcast_from_rank_2(void) { on_ranks(CASE_BROADCAST); }
 static void bytes_counted(void) { on_ranks(CASE_BYTES); }
 static void split_groups(void) { on_ranks(CASE_SPLIT); }
+static void iallgather_waits_by_mark(void) { on_ranks(CASE_IALLGATHER); }
 
 int main(void) {
     RUN(allreduce_and_f64);
@@ -130,5 +153,6 @@ int main(void) {
     RUN(broadcast_from_rank_2);
     RUN(bytes_counted);
     RUN(split_groups);
+    RUN(iallgather_waits_by_mark);
     return check_main_end();
 }

@@ -229,11 +229,12 @@ static void issue(loom_dist_t *d, const op_t *o) {
     pthread_mutex_unlock(&d->mu);
 }
 
-loom_status loom_dist_wait(loom_dist_t *d) {
+/* Wait until `mark` ops are done (mark < 0: every op issued so far). */
+static loom_status wait_until(loom_dist_t *d, long mark) {
     if (!d || d->size == 1) return LOOM_OK;
     double t0 = loom_now();
     pthread_mutex_lock(&d->mu);
-    while (d->done < d->issued) pthread_cond_wait(&d->cv_done, &d->mu);
+    while (d->done < (mark < 0 ? d->issued : mark)) pthread_cond_wait(&d->cv_done, &d->mu);
     loom_status s = d->first_err;
     char msg[512];
     snprintf(msg, sizeof msg, "%s", d->err);
@@ -242,6 +243,18 @@ loom_status loom_dist_wait(loom_dist_t *d) {
     if (s != LOOM_OK) return loom_error(s, "%s", msg);
     return LOOM_OK;
 }
+
+loom_status loom_dist_wait(loom_dist_t *d) { return wait_until(d, -1); }
+
+long loom_dist_mark(loom_dist_t *d) {
+    if (!d || d->size == 1) return 0;
+    pthread_mutex_lock(&d->mu);
+    long m = d->issued;
+    pthread_mutex_unlock(&d->mu);
+    return m;
+}
+
+loom_status loom_dist_wait_mark(loom_dist_t *d, long mark) { return wait_until(d, mark < 0 ? 0 : mark); }
 
 static size_t sum_counts(const loom_dist_t *d, const size_t *counts) {
     size_t t = 0;
@@ -295,10 +308,15 @@ loom_status loom_dist_reduce_scatter(loom_dist_t *d, float *buf, const size_t *c
     return loom_dist_wait(d);
 }
 
-loom_status loom_dist_allgather(loom_dist_t *d, float *buf, const size_t *counts) {
+loom_status loom_dist_iallgather(loom_dist_t *d, float *buf, const size_t *counts) {
     if (d->size == 1) return LOOM_OK;
     d->bytes += (double)sum_counts(d, counts) * 4;
     issue(d, &(op_t){.kind = OP_ALLGATHER, .buf = buf, .counts = copy_counts(d, counts)});
+    return LOOM_OK;
+}
+
+loom_status loom_dist_allgather(loom_dist_t *d, float *buf, const size_t *counts) {
+    LOOM_TRY(loom_dist_iallgather(d, buf, counts));
     return loom_dist_wait(d);
 }
 

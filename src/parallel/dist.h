@@ -87,8 +87,17 @@ loom_status loom_dist_iallreduce(loom_dist_t *d, float *buf, size_t n, loom_dist
                                  float scale);
 loom_status loom_dist_ireduce_scatter(loom_dist_t *d, float *buf, const size_t *counts,
                                       loom_dist_dtype dt, float scale);
+/* The all-gather's non-blocking version (fully sharded data parallel
+ * prefetches the next layer's weights with it while this one computes). */
+loom_status loom_dist_iallgather(loom_dist_t *d, float *buf, const size_t *counts);
 /* Wait for every non-blocking op issued so far; the first failure's status. */
 loom_status loom_dist_wait(loom_dist_t *d);
+/* A mark after the ops issued so far; loom_dist_wait_mark waits for those
+ * only, so an op issued later (a gradient reduce-scatter) keeps running
+ * while the caller uses what an earlier one (a prefetched gather) brought.
+ * Ops still complete in issue order. */
+long loom_dist_mark(loom_dist_t *d);
+loom_status loom_dist_wait_mark(loom_dist_t *d, long mark);
 
 /* Point to point, for pipeline stages: send `sbytes` of collective memory
  * at `sbuf` to rank `dst` while receiving `rbytes` into `rbuf` from rank

@@ -69,6 +69,9 @@ typedef struct {
      * torchrun environment; see parallel/dist.h); loom_train fills rank and
      * world_size in its own copy. */
     int zero;               /* ZeRO stage 0, 1, 2 */
+    int tp;                 /* tensor-parallel ranks per group (0 or 1 = none; parallel/tp.h):
+                             * consecutive ranks form a group, the world divides into
+                             * world_size / tp data-parallel replicas */
     int grad_dtype;         /* loom_dist_dtype: gradients on the wire */
     double dist_timeout;    /* seconds a collective may wait for a peer (0 = 300) */
     int no_overlap;         /* reduce after backward instead of during it */
@@ -99,6 +102,7 @@ typedef struct {
     double tokens_per_s;     /* global tokens per second of this step */
     double mfu;              /* model FLOPs utilization, 0..1; < 0 when the peak is unknown */
     double comm_wait_s;      /* time blocked on communication (data parallel) */
+    double comm_tp_s;        /* time blocked on the tensor-parallel group (0 without --tp) */
     double elapsed_s;        /* since the loop started */
     double eta_s;            /* estimated time to the last step */
     float loss_scale;        /* fp16 dynamic loss scale used (1 without scaling) */
@@ -131,6 +135,10 @@ struct loom_train_run {
     loom_dist_t *dist;
     loom_dp_t *dp;               /* NULL: one process at ZeRO 0 (the plain step) */
     struct loom_pp *pp;          /* --pp: this rank's pipeline stage (model is the stage's), else NULL */
+    struct loom_tp *tp;          /* tensor parallelism (--tp > 1), else NULL; model is then this rank's shard */
+    loom_gpt_t *ckpt_model;      /* what checkpoints are written from when not model: under --tp the whole
+                                  * model rank 0 assembles (its config on the other ranks) */
+    int dp_rank, dp_size;        /* this rank's data-parallel replica and their number (world / (tp x pp)) */
     int lead, multi;             /* rank 0; more than one rank */
     int B, T;                    /* micro-batch sequences and tokens per sequence */
     size_t tokens_per_step;      /* global: B x T x grad_accum x world_size */
@@ -150,6 +158,7 @@ struct loom_train_run {
     double train_time;           /* seconds spent inside steps */
     double comm_wait;            /* of which blocked on communication */
     double bubble_time;          /* --pp: of which this rank's stage sat idle on its neighbours */
+    double comm_tp;              /* of that, on the tensor-parallel group */
     int stop_signal;             /* a stop was asked for: the signal number (or SIGTERM) */
     double energy_j_per_token;   /* energy per trained token so far (NAN: no energy counter); set by the exporter (train/exporter.h) */
     loom_train_observer_t **obs; /* every observer, in call order */
@@ -171,11 +180,6 @@ struct loom_train_observer {
     void (*on_end)(void *ctx, loom_train_run_t *run, loom_status status);
     void (*free)(void *ctx);
 };
-
-/* Ranks that split the global batch: the world over the pipeline stages. */
-static inline int loom_train_dp_world(const loom_train_opts_t *o) { return o->world_size / (o->pp > 1 ? o->pp : 1); }
-/* Ranks are placed (dp * pp + stage) (parallel/dist.h): a pipeline is pp consecutive ranks. */
-static inline int loom_train_dp_rank(const loom_train_opts_t *o) { return o->rank / (o->pp > 1 ? o->pp : 1); }
 
 /* Learning rate at 1-based step t: linear warmup over `warmup` steps to
  * `lr`, then cosine decay to lr * min_lr_ratio at `steps`. */

@@ -67,8 +67,8 @@ static inline int loom_cpu_isa_use(const char *const *names, int n, int (*suppor
 }
 
 #if defined(__x86_64__)
-/* Fixed-order sum of the 8 lanes: the order the fp32 matrix-vector kernels
- * (cpu_paged.c, cpu_sparse24.c) share, so that their results agree bitwise. */
+/* Fixed-order sum of the 8 lanes: the order the fp32 row kernels
+ * (cpu_paged.c) and the int8 tiles' per-block sums (cpu_int8.c) use. */
 __attribute__((target("avx2,fma"))) static inline float loom_hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
