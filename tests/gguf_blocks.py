@@ -200,6 +200,39 @@ if len(sys.argv) > 2 and sys.argv[2] == "llama":
     print("ok llama")
     sys.exit(0)
 
+def rope(path, factor, low, high, orig):
+    """rope_freqs.weight of loom's file against what llama.cpp's converter
+    (conversion/llama.py, generate_extra_tensors) computes for the same
+    rope_scaling: the same float32 values within float32 rounding."""
+    import math
+    r = gguf.GGUFReader(path)
+    base = float(r.fields["llama.rope.freq_base"].contents())
+    dim = int(r.fields["llama.rope.dimension_count"].contents())
+    freqs = 1.0 / (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    factor, low, high, orig = float(factor), float(low), float(high), float(orig)
+    want = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < orig / high:
+            want.append(1)
+        elif wavelen > orig / low:
+            want.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            want.append(1 / ((1 - smooth) / factor + smooth))
+    got = [t for t in r.tensors if t.name == "rope_freqs.weight"]
+    assert len(got) == 1 and got[0].tensor_type == T.F32, "no f32 rope_freqs.weight"
+    g = np.asarray(got[0].data, dtype=np.float64).ravel()
+    want = np.asarray(want, dtype=np.float64)
+    assert g.shape == want.shape and np.max(np.abs(g - want) / want) < 1e-5, (g, want)
+    assert len(r.tensors) == 1 + 3 + 2 * 9, len(r.tensors)
+
+
+if len(sys.argv) > 3 and sys.argv[2] == "rope":
+    rope(*sys.argv[3:8])
+    print("ok rope")
+    sys.exit(0)
+
 if len(sys.argv) > 2 and sys.argv[2] == "gpt2":
     gpt2_file(f"{out}/gpt2.gguf")
     print("ok gpt2")

@@ -418,6 +418,44 @@ static void test_llama_map(void) {
     loom_gguf_close(e);
 }
 
+/* Llama 3's RoPE scaling written as llama.cpp's converter writes it
+ * (rope_freqs.weight, checked by the gguf package against the converter's
+ * formula) and read back as the same scaling: Llama 3.1's factors, and
+ * others the divisors fit. */
+static void test_llama3_rope_freqs(void) {
+    if (!oracle_files() || run_script("llama") != 1) return;
+    loom_gguf_t *g = open_file("llama.gguf");
+    loom_gpt_config_t c;
+    if (!g || loom_gguf_config(g, &c) != LOOM_OK) return check_fail_why("%s", loom_errmsg());
+    loom_tensor_info_t pt[LOOM_NPARAMS];
+    size_t total;
+    loom_gpt_param_table(&c, pt, &total);
+    float *host = loom_calloc(total, sizeof(float));
+    CHECK(loom_gguf_read_params(g, &c, pt, host) == LOOM_OK, "%s", loom_errmsg());
+    static const float cases[][3] = {{8, 1, 4}, {32, 2, 16}};
+    for (int k = 0; k < 2; k++) {
+        c.rope_scaling.kind = LOOM_ROPE_SCALING_LLAMA3, c.rope_scaling.factor = cases[k][0];
+        c.rope_scaling.low_freq_factor = cases[k][1], c.rope_scaling.high_freq_factor = cases[k][2], c.rope_scaling.original_max_pos = 8192;
+        char p[512], args[700];
+        snprintf(p, sizeof p, "%s/llama3_rope%d.gguf", dir, k);
+        loom_gguf_write_opts_t o = {.cfg = &c, .dtype = LOOM_XDT_F32, .name = "rope-test", .params = host};
+        CHECK(loom_gguf_write(p, &o) == LOOM_OK, "%s", loom_errmsg());
+        snprintf(args, sizeof args, "rope %s %g %g %g 8192", p, cases[k][0], cases[k][1], cases[k][2]);
+        CHECK(run_script(args) == 1, "rope_freqs.weight differs from llama.cpp's converter's");
+        loom_gguf_t *r = NULL;
+        loom_gpt_config_t back;
+        CHECK(loom_gguf_open(&r, p) == LOOM_OK && loom_gguf_config(r, &back) == LOOM_OK, "%s", loom_errmsg());
+        if (r) loom_gguf_close(r);
+        CHECK(back.rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3 && back.rope_scaling.factor == cases[k][0] &&
+                  fabsf(back.rope_scaling.low_freq_factor - cases[k][1]) < 1e-3f * cases[k][1] &&
+                  fabsf(back.rope_scaling.high_freq_factor - cases[k][2]) < 1e-3f * cases[k][2] && back.rope_scaling.original_max_pos == 8192,
+              "read back: kind %d factor %g low %g high %g original %d", (int)back.rope_scaling.kind, back.rope_scaling.factor,
+              back.rope_scaling.low_freq_factor, back.rope_scaling.high_freq_factor, back.rope_scaling.original_max_pos);
+    }
+    free(host);
+    loom_gguf_close(g);
+}
+
 /* The llama file's logits against transformers' on the same weights. */
 static void test_llama_hf_logits(void) {
     if (!oracle_files() || run_script("llama") != 1) return;
@@ -452,5 +490,6 @@ int main(void) {
     RUN(test_gpt2_block_weights);
     RUN(test_llama_map);
     RUN(test_llama_hf_logits);
+    RUN(test_llama3_rope_freqs);
     return check_main_end();
 }

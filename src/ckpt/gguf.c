@@ -203,6 +203,10 @@ static buf_t gguf_head(const loom_gguf_write_opts_t *o, const char *arch, const 
  * host parameter block, rows in the file's order. */
 static loom_status tensor_values(const loom_gguf_write_opts_t *o, const loom_gguf_map_t *x, const loom_xtensor_t *xt,
                                  const loom_tensor_info_t *pt, float *vals) {
+    if (x->param < 0) { /* rope_freqs.weight: no parameter of the model's */
+        loom_gguf_rope_divisors(o->cfg, vals);
+        return LOOM_OK;
+    }
     if (!o->params) return o->src(o->src_ctx, xt, vals);
     size_t w = x->cols ? x->cols : 1;
     const float *from = o->params + loom_gguf_param_at(x, o->cfg, pt);
@@ -245,8 +249,6 @@ static loom_status write_check(const char *path, const loom_gguf_write_opts_t *o
                           path, loom_gpt_family(c), (int)c->bias);
     if (strcmp(arch, "gpt2") && !o->params)
         return loom_error(LOOM_EINVAL, "%s: a %s GGUF is written from the model's parameters (loom_gguf_write_opts_t.params)", path, arch);
-    if (c->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3)
-        return loom_error(LOOM_EUNAVAIL, "%s: Llama 3's RoPE scaling is not written to GGUF yet (llama.cpp wants a rope_freqs tensor)", path);
     if (o->dtype == LOOM_XDT_Q8_0 && c->channels % 32)
         loom_warn("%s: q8_0 needs rows that are a multiple of 32 values; the width %d is not, so those matrices are written f16",
                   path, c->channels);
@@ -260,6 +262,8 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o) {
     loom_xtensor_t *xt = NULL;
     int n = loom_gguf_map(o->cfg, arch, &x);
     if (!o->params) loom_xtensors(o->cfg, &xt); /* the source's table: the same order as the map */
+    if (o->cfg->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3) /* as llama.cpp's converter: one more tensor, last */
+        x[n++] = (loom_gguf_map_t){.gguf = "rope_freqs.weight", .param = -1, .layer = -1, .rows = (size_t)loom_gpt_head_size(o->cfg) / 2, .qlin = -1};
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");

@@ -37,10 +37,41 @@ static loom_status gpt2_config(const loom_gguf_t *g, loom_gpt_config_t *c) {
     return LOOM_OK;
 }
 
+void loom_gguf_rope_divisors(const loom_gpt_config_t *c, float *out) {
+    int half = loom_gpt_head_size(c) / 2;
+    float *plain = loom_malloc((size_t)half * sizeof(float));
+    loom_gpt_config_t u = *c;
+    u.rope_scaling.kind = LOOM_ROPE_SCALING_NONE;
+    loom_gpt_rope_freqs(&u, plain);
+    loom_gpt_rope_freqs(c, out);
+    for (int i = 0; i < half; i++) out[i] = plain[i] / out[i];
+    free(plain);
+}
+
+/* Llama 3's low and high frequency factors from the divisors between 1
+ * and the factor, whose smoothing s = 1/f's share is linear in
+ * 1/wavelength: s = orig / ((high - low) wl) - low / (high - low). Only
+ * the ratios to the original context are in the file (llama.cpp uses no
+ * more), so that context is taken as Llama 3's 8192. Two such divisors
+ * are needed; with fewer, Llama 3's own 1 and 4 stand. */
+static void fit_llama3(const float *f, int half, double base, loom_gpt_config_t *c) {
+    double fac = c->rope_scaling.factor, s[2] = {0}, iw[2] = {0};
+    int k = 0;
+    for (int i = 0; i < half; i++) {
+        if (!(f[i] > 1 + 1e-4 && f[i] < fac * (1 - 1e-4))) continue;
+        int at = k ? 1 : 0; /* the first and the last such divisor */
+        s[at] = (1 / f[i] - 1 / fac) / (1 - 1 / fac), iw[at] = 1 / (2 * M_PI * pow(base, 2.0 * i / (2 * half)));
+        k++;
+    }
+    if (k < 2 || iw[0] == iw[1]) return;
+    double a = (s[0] - s[1]) / (iw[0] - iw[1]), b = s[0] - a * iw[0], orig = 8192;
+    if (!(a > 0) || !(b < 0)) return;
+    c->rope_scaling.low_freq_factor = (float)(-b * orig / a), c->rope_scaling.high_freq_factor = (float)((1 - b) * orig / a);
+}
+
 /* Llama 3's rope_freqs.weight (the converter's per-frequency divisors)
- * as loom's llama3 scaling: factor the largest divisor, Llama 3's
- * low/high frequency factors 1 and 4 and original context 8192, then
- * checked by recomputing every divisor. */
+ * as loom's llama3 scaling: factor the largest divisor, the frequency
+ * factors fitted (fit_llama3), then checked by recomputing every divisor. */
 static loom_status rope_freqs(const loom_gguf_t *g, loom_gpt_config_t *c) {
     const loom_gguf_tensor_t *t = loom_gguf_find(g, "rope_freqs.weight");
     if (!t) return LOOM_OK;
@@ -48,25 +79,23 @@ static loom_status rope_freqs(const loom_gguf_t *g, loom_gpt_config_t *c) {
     if (t->numel != (uint64_t)half || t->type != LOOM_GT_F32)
         return loom_error(LOOM_EFORMAT, "%s: tensor rope_freqs.weight has %llu values (%s); the heads need %d f32", loom_gguf_path(g),
                           (unsigned long long)t->numel, loom_gguf_type_name(t->type), half);
-    const float *f = t->data;
-    float mx = 0;
+    float *f = loom_malloc((size_t)half * 2 * sizeof(float)), *want = f + half, mx = 0;
+    memcpy(f, t->data, (size_t)half * sizeof(float));
     for (int i = 0; i < half; i++) mx = fmaxf(mx, f[i]);
-    c->rope_scaling.kind = LOOM_ROPE_SCALING_LLAMA3, c->rope_scaling.factor = mx;
-    c->rope_scaling.low_freq_factor = 1, c->rope_scaling.high_freq_factor = 4, c->rope_scaling.original_max_pos = 8192;
-    double base = c->rope_theta > 0 ? c->rope_theta : 10000.0;
-    for (int i = 0; i < half; i++) { /* Hugging Face's _compute_llama3_parameters */
-        double wl = 2 * M_PI * pow(base, 2.0 * i / (2 * half)), lo = 8192 / 1.0, hi = 8192 / 4.0, want;
-        if (wl < hi) want = 1;
-        else if (wl > lo) want = mx;
-        else {
-            double s = (8192 / wl - 1) / (4 - 1);
-            want = 1 / ((1 - s) / mx + s);
-        }
-        if (fabs(want - f[i]) > 1e-4 * want)
-            return loom_error(LOOM_EUNAVAIL, "%s: rope_freqs.weight[%d] is %g, not Llama 3's scaling (%g for factor %g); loom knows that scaling only",
-                              loom_gguf_path(g), i, f[i], want, mx);
-    }
-    return LOOM_OK;
+    loom_gpt_config_t k = *c;
+    k.rope_scaling.kind = LOOM_ROPE_SCALING_LLAMA3, k.rope_scaling.factor = mx;
+    k.rope_scaling.low_freq_factor = 1, k.rope_scaling.high_freq_factor = 4, k.rope_scaling.original_max_pos = 8192;
+    if (!k.rope_theta) k.rope_theta = 10000.0f;
+    fit_llama3(f, half, k.rope_theta, &k);
+    loom_gguf_rope_divisors(&k, want);
+    loom_status s = LOOM_OK;
+    for (int i = 0; i < half && s == LOOM_OK; i++)
+        if (!(fabsf(want[i] - f[i]) <= 1e-4f * want[i]))
+            s = loom_error(LOOM_EUNAVAIL, "%s: rope_freqs.weight[%d] is %g, not Llama 3's scaling (%g for factor %g); loom knows that scaling only",
+                           loom_gguf_path(g), i, f[i], want[i], mx);
+    if (s == LOOM_OK && mx > 1) c->rope_scaling = k.rope_scaling; /* all 1: no scaling */
+    free(f);
+    return s;
 }
 
 /* llama.* / qwen2.*: RMSNorm, RoPE, SwiGLU, no biases (qwen2: q, k, v). */

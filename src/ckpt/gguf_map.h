@@ -40,6 +40,9 @@ typedef struct {
  * tensors' shapes; another architecture, or a feature loom's model does
  * not have (partial rotary, YaRN scaling), is refused naming the key. */
 loom_status loom_gguf_config(const loom_gguf_t *g, loom_gpt_config_t *c);
+/* Llama 3's RoPE scaling as llama.cpp holds it (rope_freqs.weight):
+ * head size / 2 divisors of the unscaled frequencies, 1 where kept. */
+void loom_gguf_rope_divisors(const loom_gpt_config_t *c, float *out);
 /* The tensors of config c for architecture `arch` ("gpt2", "llama",
  * "qwen2"), malloc'd into *out; returns the count. */
 int loom_gguf_map(const loom_gpt_config_t *c, const char *arch, loom_gguf_map_t **out);
