@@ -384,13 +384,13 @@ static loom_status read_tokenizer(const loom_gguf_t *g, loom_tokenizer_t **tok) 
 /* Say which weights run as stored and which were dequantized. */
 static void say_block_weights(const char *path, const loom_gpt_t *m, const loom_backend_t *be, int mixed) {
     if (!m->file_q) return;
+    int nq = m->cfg.n_layer * LOOM_QLIN_COUNT;
     size_t bytes = 0;
-    for (int i = 0; i < m->cfg.n_layer * LOOM_QLIN_COUNT; i++)
-        if (m->file_q[i].data) bytes += loom_qblock_tensor_bytes(&m->file_q[i]);
+    for (int i = 0; i < nq + 2; i++)
+        if (m->file_q[i].data && (i < nq + 1 || m->file_q[i].data != m->file_q[nq].data)) bytes += loom_qblock_tensor_bytes(&m->file_q[i]);
     if (be->matmul_forward_kq)
-        loom_info("%s: the linear layers run on the file's own quantized blocks (%.1f MB); the fp32 copy of every weight "
-                  "is kept too (%.1f MB) for the embedding, the logits and `loom eval`", path, bytes / 1e6,
-                  m->num_params * 4.0 / 1e6);
+        loom_info("%s: the linear layers%s run on the file's own quantized blocks (%.1f MB)", path,
+                  m->file_q[nq].data || m->file_q[nq + 1].data ? ", the embedding and the head where stored so," : "", bytes / 1e6);
     if (mixed)
         loom_info("%s: %d fused weights (q, k, v or gate, up) mix block types; those run on their fp32 values dequantized at load",
                   path, mixed);

@@ -313,13 +313,44 @@ static int parts_fit(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, i
     return same && (block ? isq || q8 : q8);
 }
 
+/* Map entry `param` (LOOM_WTE, LOOM_LMHEAD), or -1. */
+static int entry_of(const loom_gguf_map_t *map, int n, int param) {
+    for (int i = 0; i < n; i++)
+        if (map[i].param == param) return i;
+    return -1;
+}
+
+/* The embedding and the head kept as stored (file_q's two slots after the
+ * layers) when their type is a block format or q8_0; the head is the
+ * embedding's tensor when the file ties them. Returns the bytes used. */
+static size_t gather_ends(const loom_gguf_t *g, const loom_gguf_map_t *map, int n, char *at, loom_tensor_t *slots) {
+    int e = entry_of(map, n, LOOM_WTE), h = entry_of(map, n, LOOM_LMHEAD);
+    size_t used = 0;
+    for (int k = 0; k < 2; k++) {
+        int i = k ? h : e;
+        if (i < 0) continue;
+        uint32_t type = loom_gguf_find(g, map[i].gguf)->type;
+        if (loom_qblock_of_ggml(type) < 0 && type != LOOM_GT_Q8_0) continue;
+        used += gather(g, map, i, i + 1, at + used, &slots[k]);
+    }
+    if (h < 0) slots[1] = slots[0]; /* tied */
+    return used;
+}
+
+static size_t ends_bytes(const loom_gguf_t *g, const loom_gguf_map_t *map, int n) {
+    size_t b = 128;
+    for (int i = 0; i < n; i++)
+        if (map[i].param == LOOM_WTE || map[i].param == LOOM_LMHEAD) b += map[i].rows * held_row(loom_gguf_find(g, map[i].gguf));
+    return b;
+}
+
 loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int block, int *mixed) {
     char *arch = loom_gguf_str(g, "general.architecture");
     loom_gguf_map_t *map;
     int n = loom_gguf_map(c, arch ? arch : "gpt2", &map), nq = c->n_layer * LOOM_QLIN_COUNT, fit = 0, kq = 0;
     free(arch);
     *mixed = 0;
-    size_t head = (size_t)nq * sizeof(loom_tensor_t), bytes = 0;
+    size_t head = (size_t)(nq + 2) * sizeof(loom_tensor_t), bytes = 0;
     for (int i = 0, j; i < n; i = j) { /* a fused weight's parts are adjacent */
         for (j = i + 1; j < n && map[j].qlin >= 0 && map[j].qlin == map[i].qlin && map[j].layer == map[i].layer;) j++;
         if (map[i].qlin < 0 || !parts_fit(g, map, i, j, block, &kq, mixed)) continue;
@@ -327,7 +358,8 @@ loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_confi
         for (int k = i; k < j; k++) bytes += map[k].rows * held_row(loom_gguf_find(g, map[k].gguf));
         bytes += 64;
     }
-    int use = block ? kq > 0 : fit == nq && kq == 0;
+    int use = block ? fit > 0 : fit == nq && kq == 0; /* block: any block or q8_0 weight */
+    if (use && block) bytes += ends_bytes(g, map, n);
     char *mem = use ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
     for (int i = 0, j; i < n && mem; i = j) {
         for (j = i + 1; j < n && map[j].qlin >= 0 && map[j].qlin == map[i].qlin && map[j].layer == map[i].layer;) j++;
@@ -335,6 +367,7 @@ loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_confi
         if (map[i].qlin < 0 || !parts_fit(g, map, i, j, block, &dummy, &dummy)) continue;
         at += gather(g, map, i, j, at, &((loom_tensor_t *)mem)[map[i].layer * LOOM_QLIN_COUNT + map[i].qlin]);
     }
+    if (mem && block) gather_ends(g, map, n, at, (loom_tensor_t *)mem + nq);
     free(map);
     return (loom_tensor_t *)mem;
 }

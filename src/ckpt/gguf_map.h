@@ -60,7 +60,10 @@ loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t 
  * q8_0 (m->file_int8), else NULL; with block 1, those in the block
  * formats (m->file_q; q8_0 among them as int8), else NULL. A fused weight
  * (qkv, gate + up) whose parts differ in type is left out (data NULL) and
- * counted in *mixed. */
+ * counted in *mixed. After the (L, 4) linear weights come two more
+ * tensors (gpt.h file_q): the embedding (token_embd) and the head
+ * (output, or token_embd again when tied) when stored in a block format
+ * or q8_0, else data NULL. */
 loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int block, int *mixed);
 
 #endif

@@ -211,7 +211,11 @@ struct loom_gpt {
      * not a block format has data NULL (q8_0 ones are int8, block 32, as
      * in file_int8). params holds the same values dequantized; the
      * inference forward runs these on a backend with matmul_forward_kq
-     * (docs/quantization.md). Freed with the model. */
+     * (docs/quantization.md). Two more tensors follow the (L, 4): the
+     * token embedding and the head as stored (LOOM_FILE_Q_EMBED,
+     * LOOM_FILE_Q_HEAD; data NULL when not a block format or q8_0); the
+     * inference forward looks its rows up and computes the logits on them.
+     * Freed with the model. */
     loom_tensor_t *file_q;
 };
 
