@@ -456,6 +456,33 @@ static void test_llama3_rope_freqs(void) {
     loom_gguf_close(g);
 }
 
+/* The embedding (q6_K) and the head (q8_0) on the file's rows: logits
+ * within the activations' rounding of fp32 on the dequantized weights;
+ * then the fp32 weights the blocks replace given back, and the logits the
+ * same bits as before (nothing on the inference path read them). */
+static void test_llama_ends_on_blocks(void) {
+    if (!oracle_files() || run_script("llama_ends") != 1) return;
+    loom_gpt_t *m = load_cpu("llama_ends.gguf");
+    if (!m) return;
+    const loom_tensor_t *ends = m->file_q ? &m->file_q[(size_t)m->cfg.n_layer * LOOM_QLIN_COUNT] : NULL;
+    CHECK(ends && ends[0].data && ends[0].dtype == LOOM_Q6_K && ends[1].data && ends[1].dtype == LOOM_INT8 && ends[1].block == 32,
+          "the embedding and head as stored: %s, %s", ends && ends[0].data ? loom_dtype_name(ends[0].dtype) : "none",
+          ends && ends[1].data ? loom_dtype_name(ends[1].dtype) : "none");
+    int T = 40;
+    double e = blocks_vs_fp32(m, T);
+    CHECK(e > 0 && e < 2e-2, "logits on the file's embedding, head and blocks vs fp32: normalized error %.3g", e);
+    float *before = infer_logits(m, T);
+    size_t given = loom_infer_weights_release_fp32(m, NULL), n = (size_t)T * m->cfg.padded_vocab_size;
+    float *after = infer_logits(m, T);
+    size_t want = (m->ptable[LOOM_WTE].numel + m->ptable[LOOM_LMHEAD].numel) * sizeof(float); /* the mixed layer-0 weights stay */
+    CHECK(given >= want / 2, "%zu bytes given back, the embedding and head alone are %zu", given, want);
+    CHECK(!memcmp(before, after, n * sizeof(float)), "the logits changed when the fp32 copy was given back");
+    printf("  llama, q6_K embedding and q8_0 head on the file's rows: vs fp32 %.3g normalized; %.2f MB of fp32 given back\n", e,
+           given / 1e6);
+    free(before), free(after);
+    loom_gpt_free(m);
+}
+
 /* The llama file's logits against transformers' on the same weights. */
 static void test_llama_hf_logits(void) {
     if (!oracle_files() || run_script("llama") != 1) return;
@@ -491,5 +518,6 @@ int main(void) {
     RUN(test_llama_map);
     RUN(test_llama_hf_logits);
     RUN(test_llama3_rope_freqs);
+    RUN(test_llama_ends_on_blocks);
     return check_main_end();
 }
