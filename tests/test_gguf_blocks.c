@@ -387,13 +387,22 @@ static void test_llama_map(void) {
     CHECK(same == n && n == 3 + 2 * 6, "%d of %d parameters equal", same, n);
     int mixed = 0;
     loom_tensor_t *fq = loom_gguf_file_weights(g, &c, 1, &mixed);
-    CHECK(fq && mixed == 1, "block weights %p, %d mixed", (void *)fq, mixed);
+    CHECK(fq && mixed == 0, "block weights %p, %d mixed left to fp32", (void *)fq, mixed);
     static const loom_dtype want[LOOM_QLIN_COUNT] = {LOOM_Q4_K, LOOM_Q6_K, LOOM_DTYPE_COUNT, LOOM_INT8};
     for (int q = 0; q < LOOM_QLIN_COUNT && fq; q++) {
         const loom_tensor_t *w = &fq[LOOM_QLIN_COUNT + q];
         CHECK(!fq[q].data, "layer 0 (f32) has no block weights");
-        if (want[q] == LOOM_DTYPE_COUNT) { /* gate q5_K, up q4_K: left to fp32 */
-            CHECK(!w->data, "the mixed gate/up has block weights");
+        if (want[q] == LOOM_DTYPE_COUNT) { /* gate q5_K, up q4_K: each part on its own blocks, in the part slots */
+            const loom_tensor_t *pp = &fq[c.n_layer * LOOM_QLIN_COUNT + 2 + (LOOM_QLIN_COUNT + q) * LOOM_FILE_Q_PARTS];
+            CHECK(!w->data && pp[0].data && pp[0].dtype == LOOM_Q5_K && pp[1].data && pp[1].dtype == LOOM_Q4_K && !pp[2].data &&
+                      pp[0].rows == c.ffn_hidden && pp[1].rows == c.ffn_hidden,
+                  "the mixed gate/up: slot %p, parts %s %s", w->data, pp[0].data ? loom_dtype_name(pp[0].dtype) : "-",
+                  pp[1].data ? loom_dtype_name(pp[1].dtype) : "-");
+            float *d = loom_malloc((size_t)2 * c.ffn_hidden * c.channels * sizeof(float));
+            for (int k = 0; k < 2 && pp[k].data; k++) loom_tensor_dequantize(&pp[k], d + (size_t)k * c.ffn_hidden * c.channels);
+            CHECK(!memcmp(d, host + pt[LOOM_FCW].offset + pt[LOOM_FCW].numel / 2, (size_t)2 * c.ffn_hidden * c.channels * sizeof(float)),
+                  "layer 1 gate/up: the parts' blocks do not dequantize to the parameters");
+            free(d);
             continue;
         }
         CHECK(w->data && w->dtype == want[q], "layer 1 weight %d: %s", q, loom_dtype_name(w->dtype));

@@ -386,13 +386,13 @@ static void say_block_weights(const char *path, const loom_gpt_t *m, const loom_
     if (!m->file_q) return;
     int nq = m->cfg.n_layer * LOOM_QLIN_COUNT;
     size_t bytes = 0;
-    for (int i = 0; i < nq + 2; i++)
-        if (m->file_q[i].data && (i < nq + 1 || m->file_q[i].data != m->file_q[nq].data)) bytes += loom_qblock_tensor_bytes(&m->file_q[i]);
+    for (int i = 0; i < nq * (1 + LOOM_FILE_Q_PARTS) + 2; i++)
+        if (m->file_q[i].data && (i != nq + 1 || m->file_q[i].data != m->file_q[nq].data)) bytes += loom_qblock_tensor_bytes(&m->file_q[i]);
     if (be->matmul_forward_kq)
         loom_info("%s: the linear layers%s run on the file's own quantized blocks (%.1f MB)", path,
                   m->file_q[nq].data || m->file_q[nq + 1].data ? ", the embedding and the head where stored so," : "", bytes / 1e6);
     if (mixed)
-        loom_info("%s: %d fused weights (q, k, v or gate, up) mix block types; those run on their fp32 values dequantized at load",
+        loom_info("%s: %d fused weights (q, k, v or gate, up) mix block and unquantized types; those run on their fp32 values",
                   path, mixed);
 }
 

@@ -63,7 +63,11 @@ loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t 
  * counted in *mixed. After the (L, 4) linear weights come two more
  * tensors (gpt.h file_q): the embedding (token_embd) and the head
  * (output, or token_embd again when tied) when stored in a block format
- * or q8_0, else data NULL. */
+ * or q8_0, else data NULL; then LOOM_FILE_Q_PARTS part slots per linear
+ * weight: a fused weight whose parts are each in a block format or q8_0
+ * but not one type (a Q4_K_M file's q4_K attn_q beside q6_K attn_v) has
+ * data NULL in its slot and its parts there, in order (rows in loom's
+ * order); with block 1 those are not counted in *mixed. */
 loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int block, int *mixed);
 
 #endif

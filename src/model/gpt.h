@@ -215,7 +215,9 @@ struct loom_gpt {
      * token embedding and the head as stored (LOOM_FILE_Q_EMBED,
      * LOOM_FILE_Q_HEAD; data NULL when not a block format or q8_0); the
      * inference forward looks its rows up and computes the logits on them.
-     * Freed with the model. */
+     * Then LOOM_FILE_Q_PARTS part slots per (layer, linear weight): the
+     * parts of a fused weight stored in differing block types (slot data
+     * NULL), each run on its own blocks. Freed with the model. */
     loom_tensor_t *file_q;
 };
 
@@ -254,6 +256,7 @@ typedef struct {
                           * stored at the backend's act_dtype (2 bytes at bf16) */
 } loom_act_info_t;
 #define LOOM_ACT_MAX 32
+#define LOOM_FILE_Q_PARTS 3 /* loom_gpt_t.file_q: part slots per linear weight (q, k, v) */
 /* The activation block loom_gpt_alloc_acts allocates for (B, T) under
  * recompute mode `rc`: fills out[0..*n) when out is non-NULL and returns
  * the block's total floats. The planner reads the same table. */

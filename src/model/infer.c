@@ -227,6 +227,20 @@ static int runs_stored(const loom_backend_t *be, const loom_tensor_t *t) {
     return t && t->data && (t->dtype == LOOM_INT8 ? be->matmul_forward_w8a8 != NULL : be->matmul_forward_kq != NULL);
 }
 
+/* The part slots of linear weight `qlin` of layer l (gpt.h file_q) and
+ * how many parts it has there that the backend runs (0: none, or one it
+ * cannot run). */
+static int file_parts(const loom_gpt_t *m, int l, int qlin, const loom_tensor_t **out) {
+    if (!m->file_q || (m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return 0;
+    size_t nq = (size_t)m->cfg.n_layer * LOOM_QLIN_COUNT;
+    const loom_tensor_t *p = &m->file_q[nq + 2 + ((size_t)l * LOOM_QLIN_COUNT + (size_t)qlin) * LOOM_FILE_Q_PARTS];
+    int k = 0;
+    while (k < LOOM_FILE_Q_PARTS && p[k].data)
+        if (!runs_stored(m->be, &p[k++])) return 0;
+    *out = p;
+    return k;
+}
+
 /* 1 when nothing reads parameter `param` as fp32 on the inference path:
  * each layer's copy is int8 (w) or the file's own (file_q), or, for the
  * embedding and the head, the file's own rows. */
@@ -238,7 +252,8 @@ static int fp32_unused(const loom_gpt_t *m, const loom_infer_weights_t *w, int p
     int every = 1;
     for (int l = 0; l < m->cfg.n_layer; l++) {
         const loom_tensor_t *f = m->file_q ? &m->file_q[(size_t)l * LOOM_QLIN_COUNT + (size_t)qlin] : NULL;
-        every &= (w && w->quant && loom_quant_weight(w->quant, qlin, l) != NULL) || runs_stored(m->be, f);
+        const loom_tensor_t *parts;
+        every &= (w && w->quant && loom_quant_weight(w->quant, qlin, l) != NULL) || runs_stored(m->be, f) || file_parts(m, l, qlin, &parts) > 0;
     }
     return every;
 }
@@ -298,6 +313,25 @@ static void gemm(const loom_backend_t *be, float *out, float *pre, const float *
     }
 }
 
+/* A fused weight run part by part on the file's blocks (file_parts): each
+ * part's product into scratch, then into its columns of out. 0 when it has
+ * no parts there. */
+static int linear_parts(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *bias, int N, int C, int OC,
+                        int gelu) {
+    const loom_tensor_t *p;
+    int k = gelu ? 0 : file_parts(inf->m, l, which, &p), rows = 0, most = 0;
+    for (int q = 0; q < k; q++) rows += (int)p[q].rows, most = (int)p[q].rows > most ? (int)p[q].rows : most;
+    if (!k || rows != OC) return 0;
+    float *tmp = loom_malloc((size_t)N * (size_t)most * sizeof(float));
+    for (int q = 0, off = 0; q < k; off += (int)p[q].rows, q++) {
+        int R = (int)p[q].rows;
+        loom_infer_file_weight(inf->be, &p[q], tmp, inp, bias ? bias + off : NULL, N, C, R, 0);
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC + off, tmp + (size_t)n * R, (size_t)R * sizeof(float));
+    }
+    free(tmp);
+    return 1;
+}
+
 /* Linear layer `which` (LOOM_QLIN_*) of block l: the file's own blocks
  * for all rows at once when the model has them (gpt.h file_q) and the
  * backend their op; else by runs of rows (segment): int8 when a quantized copy is set; else compressed 2:4 for a
@@ -311,6 +345,7 @@ static void linear(loom_infer_t *inf, int which, int l, float *out, const float 
     if (fq && fq->data && !(qw && fq->dtype == LOOM_INT8) && /* --quant runs a q8_0 file's int8 (model/quant.h) its way */
         loom_infer_file_weight(be, fq, out, inp, bias, inf->seg_start[inf->n_seg], C, OC, gelu))
         return;
+    if (fq && !fq->data && !qw && linear_parts(inf, which, l, out, inp, bias, inf->seg_start[inf->n_seg], C, OC, gelu)) return;
     for (int k = 0; k < inf->n_seg; k++) {
         int r0 = inf->seg_start[k], n = inf->seg_start[k + 1] - r0;
         float *o = out + (size_t)r0 * OC;
