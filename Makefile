@@ -121,10 +121,10 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/tests/check.o $(BUILD)/libloom.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests $(LDFLAGS) -o $@ $< $(BUILD)/tests/check.o $(LINK_LIB) $(LDLIBS)
 
-# The file readers' mutation driver (tests/test_fuzz_readers.sh, bench/fuzz-readers.sh).
-$(BUILD)/tests/fuzz_readers: tests/fuzz/fuzz_readers.c $(BUILD)/libloom.a
+# The file readers' and request parser's mutation driver (tests/test_fuzz_readers.sh, bench/fuzz-readers.sh).
+$(BUILD)/tests/fuzz_readers: tests/fuzz/fuzz_readers.c tests/fuzz/fuzz_request.c $(BUILD)/libloom.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(LINK_LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c,$^) $(LINK_LIB) $(LDLIBS)
 $(BUILD)/libloom_cuda.so: $(PLUGIN_OBJS)
 	$(CC) -shared -o $@ $^ $(CUDA_LIBS)
 

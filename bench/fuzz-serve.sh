@@ -12,7 +12,7 @@ if ! command -v clang >/dev/null; then
     echo "fuzz-serve: clang is missing (apt-get install clang libclang-rt-14-dev)"; exit 2
 fi
 mkdir -p build-fuzz/corpus
-clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc \
+clang -g -O1 -DLOOM_FUZZ_REQUEST_ALONE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc \
     tests/fuzz/fuzz_request.c src/serve/http_api.c src/core/core.c src/core/mem.c -lcjson -lm -lpthread \
     -o build-fuzz/fuzz_request
 c=build-fuzz/corpus

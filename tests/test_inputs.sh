@@ -190,6 +190,40 @@ else
     echo "SKIP disk_full_checkpoint_exits_74: cannot mount a small tmpfs here (not root)"
 fi
 
+# ---- loom export onto a full disk or a read-only folder: 74 naming the path; onto
+# a device or a folder of other files: refused, even with --force (the writers
+# rename OUT.tmp over OUT, which would replace /dev/full or wipe the folder) ----
+X=(export --run "$tmp/small")
+mkdir -p "$tmp/xfull" "$tmp/xro"
+if mount -t tmpfs -o size=16k tmpfs "$tmp/xfull" 2> /dev/null; then
+    expect_exit 74 export_gguf_disk_full_exits_74 "$tmp/xfull/m.gguf.*No space left" $LOOM "${X[@]}" --format gguf --out "$tmp/xfull/m.gguf"
+    expect_exit 74 export_hf_disk_full_exits_74 "$tmp/xfull/hf.*No space left" $LOOM "${X[@]}" --format hf --out "$tmp/xfull/hf"
+    left=$(ls -A "$tmp/xfull"); [ -z "$left" ] && pass export_disk_full_leaves_nothing || fail export_disk_full_leaves_nothing "left: $left"
+    umount "$tmp/xfull"
+    mount -t tmpfs -o ro,size=16k tmpfs "$tmp/xro"
+    expect_exit 74 export_gguf_read_only_exits_74 "$tmp/xro/m.gguf.*Read-only" $LOOM "${X[@]}" --format gguf --out "$tmp/xro/m.gguf"
+    expect_exit 74 export_hf_read_only_exits_74 "$tmp/xro/hf.*Read-only" $LOOM "${X[@]}" --format hf --out "$tmp/xro/hf"
+    umount "$tmp/xro"
+else
+    echo "SKIP export_disk_full_exits_74: cannot mount a small tmpfs here (not root)"
+fi
+if mknod "$tmp/fulldev" c 1 7 2> /dev/null; then  # a /dev/full of the test's own
+    for f in gguf hf; do
+        out=$($LOOM "${X[@]}" --format $f --out "$tmp/fulldev" --force 2>&1); rc=$?
+        [ $rc = 2 ] && [ -c "$tmp/fulldev" ] && printf '%s' "$out" | grep -q "fulldev exists and is not" \
+            && pass export_${f}_force_onto_device_refused || fail export_${f}_force_onto_device_refused \
+            "exit $rc, $(stat -c %F "$tmp/fulldev"): $(printf '%s' "$out" | tail -1)"
+    done
+else
+    echo "SKIP export_force_onto_device_refused: mknod is not allowed here"
+fi
+mkdir -p "$tmp/home"; echo keep > "$tmp/home/notes.txt"
+expect_exit 2 export_hf_force_onto_other_folder_refused "home exists and is not a model folder" \
+    $LOOM "${X[@]}" --format hf --out "$tmp/home" --force
+[ "$(cat "$tmp/home/notes.txt" 2>&1)" = keep ] && pass export_other_folder_kept || fail export_other_folder_kept "notes.txt is gone"
+$LOOM "${X[@]}" --format hf --out "$tmp/xhf" > /dev/null 2>&1 && $LOOM "${X[@]}" --format gguf --out "$tmp/x.gguf" > /dev/null 2>&1
+expect_exit 0 export_force_replaces_an_export "GGUF v3" sh -c "$LOOM ${X[*]} --format hf --out $tmp/xhf --force && $LOOM ${X[*]} --format gguf --out $tmp/x.gguf --force"
+
 # ---- a rank killed by SIGKILL: the launcher exits 3 (a peer died), as documented ----
 $LOOM train --data "$tmp/bpe" "${A[@]}" --nproc 2 --steps 1000000 --ckpt-every 1 --keep-ckpts 1 --out "$tmp/np" > "$tmp/np.log" 2>&1 &
 launcher=$!; pids+=($launcher)

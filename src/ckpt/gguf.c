@@ -231,7 +231,7 @@ static loom_status write_tensors(FILE *f, const char *tmp, const loom_gguf_write
         size_t bytes = loom_xdtype_bytes(t, numel_of(&x[i]));
         loom_xencode(t, vals, numel_of(&x[i]), enc);
         if (fwrite(enc, 1, bytes, f) != bytes || fwrite(zero, 1, align_up(bytes) - bytes, f) != align_up(bytes) - bytes)
-            s = loom_error(LOOM_EIO, "%s: write failed at tensor %s: %s (disk full?)", tmp, x[i].gguf, strerror(errno));
+            s = loom_error(LOOM_EWRITE, "%s: write failed at tensor %s: %s (disk full?)", tmp, x[i].gguf, strerror(errno));
     }
     free(vals);
     free(enc);
@@ -269,17 +269,17 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o) {
     FILE *f = fopen(tmp, "wb");
     if (!f) {
         free(x), free(xt);
-        return loom_error(LOOM_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        return loom_error(LOOM_EWRITE, "%s: cannot create: %s", tmp, strerror(errno));
     }
     buf_t head = gguf_head(o, arch, x, n);
     loom_status s = LOOM_OK;
-    if (fwrite(head.p, 1, head.n, f) != head.n) s = loom_error(LOOM_EIO, "%s: write failed: %s", tmp, strerror(errno));
+    if (fwrite(head.p, 1, head.n, f) != head.n) s = loom_error(LOOM_EWRITE, "%s: write failed: %s", tmp, strerror(errno));
     free(head.p);
     if (s == LOOM_OK) s = write_tensors(f, tmp, o, x, xt, n);
     if (s == LOOM_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
-        s = loom_error(LOOM_EIO, "%s: write failed: %s (disk full?)", tmp, strerror(errno));
-    if (fclose(f) != 0 && s == LOOM_OK) s = loom_error(LOOM_EIO, "%s: close failed: %s", tmp, strerror(errno));
-    if (s == LOOM_OK && rename(tmp, path) != 0) s = loom_error(LOOM_EIO, "%s: rename failed: %s", path, strerror(errno));
+        s = loom_error(LOOM_EWRITE, "%s: write failed: %s (disk full?)", tmp, strerror(errno));
+    if (fclose(f) != 0 && s == LOOM_OK) s = loom_error(LOOM_EWRITE, "%s: close failed: %s", tmp, strerror(errno));
+    if (s == LOOM_OK && rename(tmp, path) != 0) s = loom_error(LOOM_EWRITE, "%s: rename failed: %s", path, strerror(errno));
     if (s != LOOM_OK) unlink(tmp);
     free(x), free(xt);
     return s;

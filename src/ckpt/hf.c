@@ -502,9 +502,9 @@ static loom_status write_weights(const char *path, const loom_gpt_config_t *c, l
     json = realloc(json, padded);
     memset(json + jlen, ' ', padded - jlen);
     FILE *f = fopen(path, "wb");
-    loom_status s = f ? LOOM_OK : loom_error(LOOM_EIO, "%s: cannot create: %s", path, strerror(errno));
+    loom_status s = f ? LOOM_OK : loom_error(LOOM_EWRITE, "%s: cannot create: %s", path, strerror(errno));
     if (s == LOOM_OK && (fwrite(&padded, 8, 1, f) != 1 || fwrite(json, 1, padded, f) != padded))
-        s = loom_error(LOOM_EIO, "%s: write failed: %s", path, strerror(errno));
+        s = loom_error(LOOM_EWRITE, "%s: write failed: %s", path, strerror(errno));
     float *vals = loom_malloc(most * sizeof(float)), *hf = loom_malloc(most * sizeof(float));
     void *enc = loom_malloc(most * sizeof(float));
     for (int i = 0; i < n && s == LOOM_OK; i++) {
@@ -517,9 +517,9 @@ static loom_status write_weights(const char *path, const loom_gpt_config_t *c, l
         }
         loom_xencode(dt, out, x[i].numel, enc);
         size_t bytes = loom_xdtype_bytes(dt, x[i].numel);
-        if (fwrite(enc, 1, bytes, f) != bytes) s = loom_error(LOOM_EIO, "%s: write failed at %s: %s (disk full?)", path, x[i].hf, strerror(errno));
+        if (fwrite(enc, 1, bytes, f) != bytes) s = loom_error(LOOM_EWRITE, "%s: write failed at %s: %s (disk full?)", path, x[i].hf, strerror(errno));
     }
-    if (f && s == LOOM_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0)) s = loom_error(LOOM_EIO, "%s: write failed: %s", path, strerror(errno));
+    if (f && s == LOOM_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0)) s = loom_error(LOOM_EWRITE, "%s: write failed: %s", path, strerror(errno));
     if (f) fclose(f);
     free(vals);
     free(hf);
@@ -551,7 +551,7 @@ loom_status loom_hf_write(const char *dir, int force, const loom_gpt_config_t *c
     if (s == LOOM_OK) {
         loom_fsync_dir(tmp);
         if (loom_path_exists(dir)) nftw(dir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-        if (rename(tmp, dir) != 0) s = loom_error(LOOM_EIO, "%s: rename failed: %s", dir, strerror(errno));
+        if (rename(tmp, dir) != 0) s = loom_error(LOOM_EWRITE, "%s: rename failed: %s", dir, strerror(errno));
     }
     if (s != LOOM_OK) nftw(tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
     return s;

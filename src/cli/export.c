@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "ckpt/gguf.h"
@@ -27,8 +28,42 @@ static loom_status write_from_model(const char *run, long long step, const char 
     return s;
 }
 
+/* Whether a folder is empty or holds a model (config.json). */
+static int model_or_empty_folder(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (loom_path_exists(path)) return 1;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n == 0;
+}
+
+/* An existing --out is replaced (with --force) only when it is what an
+ * export writes: a regular file for GGUF, a model folder (or an empty one)
+ * for hf. The writers build OUT.tmp and rename it over OUT, removing an
+ * hf OUT first, so anything else (a device such as /dev/full, a home
+ * folder) would be destroyed. */
+static loom_status check_out(const char *out, int hf, int force) {
+    struct stat sb;
+    if (stat(out, &sb) != 0) return LOOM_OK;
+    if (!force) return loom_error(LOOM_EINVAL, "--out %s already exists; pass --force to replace it, or choose another --out", out);
+    if (!hf && !S_ISREG(sb.st_mode))
+        return loom_error(LOOM_EINVAL, "--out %s exists and is not a regular file; --force replaces only a file (a GGUF exported earlier): "
+                          "choose another --out", out);
+    if (hf && (!S_ISDIR(sb.st_mode) || !model_or_empty_folder(out)))
+        return loom_error(LOOM_EINVAL, "--out %s exists and is not a model folder (no config.json)%s; --force replaces only a folder "
+                          "exported earlier: choose another --out", out, S_ISDIR(sb.st_mode) ? " and not empty" : "");
+    return LOOM_OK;
+}
+
 static loom_status export_run(const char *run, const char *format, long long step, loom_xdtype dt, const char *out, int force) {
     char path[4200];
+    LOOM_TRY(check_out(out, !strcmp(format, "hf"), force));
     loom_opened_t R;
     loom_open_opts_t oo = loom_open_opts_default();
     oo.step = step, oo.config_only = 1; /* the weights stream from the file, one tensor at a time */
@@ -46,9 +81,7 @@ static loom_status export_run(const char *run, const char *format, long long ste
     } else if (s == LOOM_OK) {
         const char *name = strrchr(run, '/') && strrchr(run, '/')[1] ? strrchr(run, '/') + 1 : run;
         loom_gguf_write_opts_t o = {&R.cfg, R.tok, dt, name, loom_xsource_safetensors, v, NULL};
-        if (loom_path_exists(out) && !force)
-            s = loom_error(LOOM_EINVAL, "--out %s already exists; pass --force to replace it, or choose another --out", out);
-        else if (strcmp(loom_gpt_family(&R.cfg), "gpt2"))
+        if (strcmp(loom_gpt_family(&R.cfg), "gpt2"))
             s = write_from_model(run, step, out, &o);
         else
             s = loom_gguf_write(out, &o);

@@ -1,9 +1,12 @@
-/* libFuzzer target for the request parser of `loom serve`
+/* Fuzz target for the request parser of `loom serve`
  * (src/serve/http_api.c): any bytes as a /v1/completions and a
  * /v1/chat/completions body. Besides memory errors (ASan, UBSan), it
  * aborts when a request that parsed breaks a bound the engine relies on,
- * or when an error is not a well-formed OpenAI error. Built and run by
- * bench/fuzz-serve.sh, not by make test. */
+ * or when an error is not a well-formed OpenAI error. Linked into
+ * fuzz_readers as its "request" target (the mutation driver: make test,
+ * bench/fuzz-readers.sh; libFuzzer: bench/fuzz-libfuzzer.sh); built alone
+ * with -DLOOM_FUZZ_REQUEST_ALONE against the parser's few sources by
+ * bench/fuzz-serve.sh. */
 #include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -11,11 +14,20 @@
 
 #include "serve/http_api.h"
 
+void loom_fuzz_request(const uint8_t *data, size_t size);
+
+#ifdef LOOM_FUZZ_REQUEST_ALONE
 /* The parser alone is linked (not the engine): the engine's defaults,
  * as src/serve/engine.c sets them. */
 void loom_request_params_default(loom_request_params_t *p) {
     *p = (loom_request_params_t){.max_tokens = 16, .temperature = 0, .top_k = 0, .top_p = 1, .n = 1, .logprobs = -1};
 }
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    loom_fuzz_request(data, size);
+    return 0;
+}
+#endif
 
 static void check_ok(const loom_api_request_t *r, loom_api_kind kind) {
     const loom_request_params_t *p = &r->p;
@@ -46,7 +58,7 @@ static void check_err(const loom_api_error_t *e) {
     free(j);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+void loom_fuzz_request(const uint8_t *data, size_t size) {
     char *body = malloc(size + 1);
     memcpy(body, data, size);
     body[size] = 0;
@@ -61,5 +73,4 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     free(body);
-    return 0;
 }

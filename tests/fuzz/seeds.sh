@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Seed inputs for tests/fuzz/fuzz_readers.c, one folder per reader, into $1:
+# Seed inputs for tests/fuzz/fuzz_readers.c, one folder per reader (and the
+# request parser's bodies), into $1:
 # a real file of each kind, written by loom (a tiny run, its checkpoint, a
 # GGUF export) or by hand where the reader's own shape is smaller.
 #   tests/fuzz/seeds.sh OUT [LOOM]
 set -eu
 out=$1; LOOM=${2:-build/loom}
-mkdir -p "$out"/{safetensors,gguf,tokenizer,config,state,manifest,shard,chat_template}
+mkdir -p "$out"/{safetensors,gguf,tokenizer,config,state,manifest,shard,chat_template,request}
 w=$(mktemp -d /tmp/loom-seeds-XXXXXX); trap 'rm -rf "$w"' EXIT
 /usr/bin/python3 -c "import random; random.seed(3); print(' '.join(random.choice(['in','the','God','created','heaven','and','earth.']) for _ in range(3000)))" > "$w/t.txt"
 $LOOM tokenize --input "$w/t.txt" --vocab 270 --val-fraction 0.1 --out "$w/d" --quiet > /dev/null 2>&1
@@ -15,6 +16,9 @@ $LOOM export --run "$w/r" --format gguf --out "$out/gguf/tiny.gguf" > /dev/null
 cp "$w/d/tokenizer.json" "$out/tokenizer/bpe.json"
 cp "$ck/config.json" "$out/config/gpt2.json"; cp "$ck/state.json" "$out/state/state.json"; cp "$ck/manifest.json" "$out/manifest/manifest.json"
 head -c 1100 "$w/d/val_000000.bin" > "$out/shard/short.bin"   # a header and 38 tokens: the count disagrees
+printf '%s' '{"prompt":"In the beginning","max_tokens":50,"stream":true,"stream_options":{"include_usage":true}}' > "$out/request/completion.json"
+printf '%s' '{"model":"kjv","prompt":[[1,2,3],[4]],"n":2,"stop":["x","y"],"logprobs":3,"echo":true,"seed":7,"top_p":0.9,"top_k":40}' > "$out/request/ids.json"
+printf '%s' '{"messages":[{"role":"system","content":"s"},{"role":"user","content":"\u00e9"}],"logprobs":true,"top_logprobs":2,"temperature":0.5}' > "$out/request/chat.json"
 /usr/bin/python3 - "$out" <<'PY'
 import json, struct, sys
 out = sys.argv[1]
