@@ -110,13 +110,15 @@ PY
 
 check_type() { # $1: the GGUF, $2: its type's name
     local f=$1 t=$2 ppl_llama= sum=0 a b
-    for try in 1 2 3; do # llama.cpp may lose its last log lines at exit
-        "$BIN/llama-perplexity" -m "$f" -f "$work/eval.txt" -c "$C" -b "$C" --chunks "$K" -t "$THREADS" \
+    # llama.cpp may lose its last log lines at exit: it scores K + 1 chunks
+    # and the figure is its running estimate after K ("[K]...").
+    for try in 1 2 3; do
+        "$BIN/llama-perplexity" -m "$f" -f "$work/eval.txt" -c "$C" -b "$C" --chunks $((K + 1)) -t "$THREADS" \
             --kl-divergence-base "$work/base.bin" --log-file "$work/ppl-file.log" > "$work/ppl.log" 2>&1 || { tail -n 20 "$work/ppl.log"; return 1; }
-        ppl_llama=$(cat "$work/ppl.log" "$work/ppl-file.log" | sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' | tail -n 1)
+        ppl_llama=$(cat "$work/ppl.log" "$work/ppl-file.log" | grep -o "\[$K\][0-9.]*" | head -n 1 | sed 's/.*\]//')
         [ -n "$ppl_llama" ] && break
     done
-    [ -n "$ppl_llama" ] || { echo "FAIL llama_kquant_${t}_perplexity: no 'Final estimate' in three runs"; return 1; }
+    [ -n "$ppl_llama" ] || { echo "FAIL llama_kquant_${t}_perplexity: no running estimate after $K chunks in three runs"; return 1; }
     local V
     V=$($PY -c "import sys; sys.path.insert(0, sys.argv[2]); import gguf; r = gguf.GGUFReader(sys.argv[1]); print([t.shape[1] for t in r.tensors if t.name == 'token_embd.weight'][0])" "$f" "$LLAMA_DIR/src/gguf-py")
     chunks "$V"
