@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch reference for `loom bench train`: the same GPT-2 as loom
 (pre-LayerNorm blocks, tanh GELU, output head tied to the token embedding,
-float32), the same batch, sequence length and thread count, AdamW with
+float32), or with --llama the same Llama-family model (RMSNorm, rotary
+positions, SwiGLU, grouped-query attention; written for Debian's torch 1.13), the same batch, sequence length and thread count, AdamW with
 global-norm clipping at 1.0, as loom_train_step does.
 
 It is driven over stdin/stdout so that loom can alternate it with its own
@@ -78,6 +79,79 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
+class RMSNorm(nn.Module):
+    def __init__(self, C, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(C))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope(x, cos, sin):  # x (B, H, T, hs), rotate-half pairing as Hugging Face's Llama
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, C, NH, KV, H, eps):
+        super().__init__()
+        self.NH, self.KV, self.hs = NH, KV, C // NH
+        self.ln1 = RMSNorm(C, eps)
+        self.qkv = nn.Linear(C, (NH + 2 * KV) * self.hs, bias=False)
+        self.proj = nn.Linear(C, C, bias=False)
+        self.ln2 = RMSNorm(C, eps)
+        self.gate_up = nn.Linear(C, 2 * H, bias=False)
+        self.down = nn.Linear(H, C, bias=False)
+
+    def forward(self, x, mask, cos, sin):
+        B, T, C = x.shape
+        hs, NH, KV = self.hs, self.NH, self.KV
+        q, k, v = self.qkv(self.ln1(x)).split([NH * hs, KV * hs, KV * hs], dim=2)
+        q = rope(q.view(B, T, NH, hs).transpose(1, 2), cos, sin)
+        k = rope(k.view(B, T, KV, hs).transpose(1, 2), cos, sin).repeat_interleave(NH // KV, dim=1)
+        v = v.view(B, T, KV, hs).transpose(1, 2).repeat_interleave(NH // KV, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        att = F.softmax(att.masked_fill(mask[:, :, :T, :T] == 0, float("-inf")), dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+        g, u = self.gate_up(self.ln2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(g) * u)
+
+
+class Llama(nn.Module):
+    """The Llama family as loom runs it (RMSNorm, rotary positions, SwiGLU,
+    grouped-query attention, no biases), for `--llama KV,H,THETA,EPS,TIED`."""
+
+    def __init__(self, L, C, NH, V, maxT, KV, H, theta, eps, tied):
+        super().__init__()
+        self.wte = nn.Embedding(V, C)
+        self.blocks = nn.ModuleList([LlamaBlock(C, NH, KV, H, eps) for _ in range(L)])
+        self.lnf = RMSNorm(C, eps)
+        self.head = None if tied else nn.Linear(C, V, bias=False)
+        hs = C // NH
+        inv = 1.0 / (theta ** (torch.arange(0, hs, 2).float() / hs))
+        f = torch.outer(torch.arange(maxT).float(), inv)
+        emb = torch.cat((f, f), dim=-1)
+        self.register_buffer("cos", emb.cos()[None, None])
+        self.register_buffer("sin", emb.sin()[None, None])
+        self.register_buffer("mask", torch.tril(torch.ones(maxT, maxT)).view(1, 1, maxT, maxT))
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx)
+        cos, sin = self.cos[:, :, :T], self.sin[:, :, :T]
+        for b in self.blocks:
+            x = b(x, self.mask, cos, sin)
+        x = self.lnf(x)
+        logits = F.linear(x, self.wte.weight) if self.head is None else self.head(x)
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, required=True)
@@ -89,11 +163,17 @@ def main():
     ap.add_argument("--seq", type=int, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--steps", type=int, default=0, help="run this many steps and print times (no stdin protocol)")
+    ap.add_argument("--llama", default="", help="KV,H,THETA,EPS,TIED: the Llama family (loom bench train passes it)")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(1337)
-    model = GPT(a.layers, a.channels, a.heads, a.vocab, a.maxT or a.seq)
+    if a.llama:
+        kv, h, theta, eps, tied = a.llama.split(",")
+        model = Llama(a.layers, a.channels, a.heads, a.vocab, a.maxT or a.seq, int(kv), int(h), float(theta),
+                      float(eps), int(tied))
+    else:
+        model = GPT(a.layers, a.channels, a.heads, a.vocab, a.maxT or a.seq)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     nodecay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},

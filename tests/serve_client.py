@@ -2,10 +2,12 @@
 HTTP): tests/test_serve.sh and tests/test_serve_san.sh run it.
 
 usage: serve_client.py LOOM RUN PART...   PART: openai concurrency load
-       quantmem overload disconnect badinput sigterm chattemplate cors structured. Prints PASS/FAIL lines."""
+       quantmem draft overload disconnect badinput sigterm chattemplate cors structured
+       tools (needs LOOM_TOOLS_RUN: a model with a 4096-token context) promptlogprobs.
+       Prints PASS/FAIL lines."""
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
 
-import openai_check, serve_conformance, serve_structured
+import openai_check, serve_conformance, serve_structured, serve_tools
 
 LOOM, RUN = sys.argv[1], sys.argv[2]
 PARTS = sys.argv[3:]
@@ -167,8 +169,11 @@ def openai_completions(srv, cl):
            two)
     e = cl.completions.create(model="run", prompt=prompt, max_tokens=4, temperature=0, echo=True, logprobs=2)
     lp = e.choices[0].logprobs
-    ok = e.choices[0].text.startswith(prompt) and "".join(lp.tokens) == e.choices[0].text[len(prompt):] and \
-        all(abs(l - max(t.values())) < 1e-6 for l, t in zip(lp.token_logprobs, lp.top_logprobs))
+    # with echo the prompt's tokens come first, the first one's logprob null (part promptlogprobs checks the values)
+    n = len(lp.tokens) - 4
+    ok = e.choices[0].text.startswith(prompt) and "".join(lp.tokens) == e.choices[0].text and \
+        lp.token_logprobs[0] is None and lp.top_logprobs[0] is None and \
+        all(abs(l - max(t.values())) < 1e-6 for l, t in zip(lp.token_logprobs[n:], lp.top_logprobs[n:]))
     report("serve_echo_logprobs", ok, e)
 
 
@@ -236,6 +241,83 @@ def part_structured():
     except Exception:
         print("".join(srv.log[-20:]))
         raise
+    finally:
+        srv.stop()
+
+
+def part_tools():
+    """Tool calling (tests/serve_tools.py) on a model whose context holds a prompt with tools."""
+    import openai, tempfile
+    run = os.environ.get("LOOM_TOOLS_RUN")
+    if not run:
+        print("SKIP serve_tools: LOOM_TOOLS_RUN (a run with a 4096-token context, tests/test_serve.sh trains one) is not set")
+        return
+    d = tempfile.mkdtemp(prefix="loom-tools-")
+
+    def write_template(tag, text):
+        p = os.path.join(d, tag + ".jinja")
+        with open(p, "w") as f:
+            f.write(text)
+        return p
+
+    def make_server(template):
+        return Server(*(["--chat-template", template] if template else []), runs=["run=" + run])
+
+    serve_tools.run(make_server, lambda srv: openai.OpenAI(base_url=srv.url("/v1"), api_key="none", max_retries=0,
+                                                            http_client=openai_check.transport()),
+                    report, lambda srv: (lambda body, path: post(srv, body, path)), write_template)
+
+
+def part_promptlogprobs():
+    """logprobs with echo on /v1/completions: the prompt's tokens scored too (the first null, as OpenAI
+    does), equal to transformers on the same checkpoint (tests/serve_logprobs_oracle.py); streamed equal
+    to whole; max_tokens 0 scores the prompt alone; a prompt longer than one step's prompt-logit rows (64)."""
+    import glob, openai, tempfile
+    py = "env PYTHONPATH=%s /usr/bin/python3" % os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".deps", "hf")
+    if subprocess.run(py + " -c 'import torch, transformers'", shell=True, capture_output=True).returncode:
+        print("SKIP serve_prompt_logprobs: transformers (scripts/deps.sh installs it into .deps/hf) or torch is missing")
+        return
+    ck = sorted(glob.glob(os.path.join(RUN, "checkpoints", "step_*")))[-1]
+    srv = Server()
+    try:
+        cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="none", max_retries=0, http_client=openai_check.transport())
+        cases, got = (("short", list(b"the cat sat on a mat"), 4), ("long", list(b"by river the dog ran " * 8), 3),
+                      ("prompt_only", list(b"a dog who was under"), 0)), []
+        for name, prompt, gen in cases:
+            r = cl.completions.create(model="run", prompt=prompt, max_tokens=gen, temperature=0, logprobs=3, echo=True)
+            lp = r.choices[0].logprobs
+            got.append((r, prompt + [ord(t) if len(t) == 1 else -1 for t in lp.tokens[len(prompt):]]))
+        f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        json.dump([ids for _, ids in got], f)
+        f.close()
+        o = subprocess.run(py + " %s %s %s 3" % (os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_logprobs_oracle.py"),
+                                                 ck, f.name), shell=True, capture_output=True, text=True)
+        os.unlink(f.name)
+        if o.returncode:
+            return report("serve_prompt_logprobs_oracle", False, o.stderr[-500:])
+        for (name, prompt, gen), (r, ids), want in zip(cases, got, json.loads(o.stdout)):
+            lp = r.choices[0].logprobs
+            bad = []
+            if len(lp.tokens) != len(prompt) + gen or lp.token_logprobs[0] is not None or lp.top_logprobs[0] is not None:
+                bad.append(("shape", len(lp.tokens), lp.token_logprobs[:1], lp.top_logprobs[:1]))
+            for i in range(1, min(len(ids), len(lp.token_logprobs))):
+                got_lp, w = lp.token_logprobs[i], want[i]
+                # a byte above 127 alone shows as U+FFFD; the token itself is appended when not among the top;
+                # an alternative outside the oracle's top must tie with its last one
+                tops = {chr(a): b for a, b in w["top"] if a < 128}
+                odd = [(t, v) for t, v in lp.top_logprobs[i].items() if t != "\ufffd" and t != lp.tokens[i] and
+                       abs(tops.get(t, w["top"][-1][1]) - v) > 2e-4]
+                if abs(got_lp - w["logprob"]) > 2e-4 or odd:
+                    bad.append((i, got_lp, w["logprob"], lp.top_logprobs[i], tops))
+            report("serve_prompt_logprobs_%s_equal_transformers" % name, not bad and r.choices[0].text.startswith("".join(map(chr, prompt))),
+                   bad[:3])
+            chunks = list(cl.completions.create(model="run", prompt=prompt, max_tokens=gen, temperature=0, logprobs=3, echo=True,
+                                                stream=True))
+            st = [(t, l, o) for c in chunks if c.choices and c.choices[0].logprobs for t, l, o in
+                  zip(c.choices[0].logprobs.tokens, c.choices[0].logprobs.token_logprobs, c.choices[0].logprobs.text_offset)]
+            whole = list(zip(lp.tokens, lp.token_logprobs, lp.text_offset))
+            report("serve_prompt_logprobs_%s_stream_equals_whole" % name, st == whole and
+                   "".join(c.choices[0].text for c in chunks if c.choices) == r.choices[0].text, (st[:4], whole[:4]))
     finally:
         srv.stop()
 
@@ -392,6 +474,43 @@ def part_quantmem():
                "server %r, loom sample %r" % (text, out))
     finally:
         srv.stop()
+
+
+def part_draft():
+    """--draft-run: the run as its own draft model answers greedy requests as
+    `loom sample --temperature 0` does, with drafts proposed and accepted
+    (/metrics); a draft of another tokenizer (the run's Hugging Face export
+    with two ids of its tokenizer.json swapped) is refused naming both."""
+    srv = Server("--draft-run", RUN, "--speculate", "3")
+    try:
+        log = "".join(srv.log)
+        same = []
+        for prompt in ["the cat sat on", "a dog ran to the old tree and"]:
+            text = greedy(srv, prompt, n=20)
+            out = subprocess.run([LOOM, "sample", "--run", RUN, "--prompt", prompt, "--tokens", "20", "--temperature", "0",
+                                  "--threads", "2"], capture_output=True).stdout.decode("utf-8", "replace")
+            same.append(text is not None and out.rstrip("\n") == prompt + text)
+        drafted = metric(srv, "loom_serve_spec_decode_num_draft_tokens_total", 'model="run"')
+        accepted = metric(srv, "loom_serve_spec_decode_num_accepted_tokens_total", 'model="run"')
+        report("serve_draft_model_equals_sample", all(same) and "draft model" in log and drafted and accepted,
+               "equal %s; drafted %s, accepted %s; log %s" % (same, drafted, accepted, [l for l in srv.log if "draft" in l]))
+        print("  draft model: %s drafted, %s accepted" % (drafted, accepted))
+    finally:
+        srv.stop()
+    hf = RUN.rstrip("/") + "-hf-othertok"
+    subprocess.run([LOOM, "export", "--run", RUN, "--format", "hf", "--out", hf, "--force"], capture_output=True)
+    for f in ("vocab.json", "merges.txt"):  # the tokenizer.json below is then the folder's
+        if os.path.exists(hf + "/" + f):
+            os.remove(hf + "/" + f)
+    tj = json.load(open(hf + "/tokenizer.json"))
+    v = tj["model"]["vocab"]
+    a, b = sorted(v, key=v.get)[100:102]
+    v[a], v[b] = v[b], v[a]
+    json.dump(tj, open(hf + "/tokenizer.json", "w"))
+    p = subprocess.run([LOOM, "serve", "--port", "0", "--threads", "2", "--kv-memory", "64M", "--run", RUN, "--draft-run", hf],
+                       capture_output=True, text=True, timeout=180 * SLOW)
+    report("serve_draft_other_tokenizer_refused", p.returncode != 0 and "tokenizer" in p.stderr and hf in p.stderr and RUN in p.stderr,
+           "exit %s: %s" % (p.returncode, p.stderr[-600:]))
 
 
 def part_overload():

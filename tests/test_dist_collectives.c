@@ -15,7 +15,7 @@
 #define WORLD 3
 #define N 37 /* not a multiple of the world: uneven ring chunks */
 
-enum { CASE_ALLREDUCE = 1, CASE_REDUCE_SCATTER, CASE_BROADCAST, CASE_BYTES };
+enum { CASE_ALLREDUCE = 1, CASE_REDUCE_SCATTER, CASE_BROADCAST, CASE_BYTES, CASE_SPLIT, CASE_IALLGATHER };
 
 static float value(int rank, int i) { return (float)((rank + 1) * 1000 + i); }
 /* sum over ranks of value(r, i), times scale */
@@ -65,6 +65,53 @@ static int bytes_case(loom_dist_t *d, int rank) {
     return loom_dist_bytes(d) - before == 2.0 * N * sizeof(float) ? 0 : 42;
 }
 
+/* loom_dist_split: colors rank % 2 give the groups {0, 2} and {1}; key
+ * -rank reverses the order, so rank 2 is rank 0 of its group. A world
+ * all-reduce stays in flight on the world's thread while the group runs
+ * its own, and a second split (all ranks, one color) coexists. */
+static int split_case(loom_dist_t *d, int rank) {
+    loom_dist_t *g = NULL, *all = NULL;
+    if (loom_dist_split(d, rank % 2, -rank, &g) != LOOM_OK) return 50;
+    int want_size = rank == 1 ? 1 : 2, want_rank = rank == 0 ? 1 : 0;
+    if (loom_dist_size(g) != want_size || loom_dist_rank(g) != want_rank) return 51;
+    float w[N], x[N];
+    for (int i = 0; i < N; i++) w[i] = value(rank, i), x[i] = value(rank, i);
+    if (loom_dist_iallreduce(d, w, N, LOOM_DIST_FP32, 1.0f) != LOOM_OK) return 52;
+    if (loom_dist_allreduce(g, x, N, LOOM_DIST_FP32, 1.0f) != LOOM_OK) return 53;
+    for (int i = 0; i < N; i++) /* group {0, 2}: (1 + 3) * 1000 + 2i; group {1}: its own values */
+        if (x[i] != (rank == 1 ? value(1, i) : (float)(4000 + 2 * i))) return 54;
+    if (loom_dist_wait(d) != LOOM_OK) return 55;
+    for (int i = 0; i < N; i++)
+        if (w[i] != summed(i, 1.0f)) return 56;
+    if (loom_dist_split(d, 7, rank, &all) != LOOM_OK) return 57;
+    double f = rank;
+    if (loom_dist_size(all) != WORLD || loom_dist_rank(all) != rank || loom_dist_allreduce_f64(all, &f, 1) != LOOM_OK || f != 3.0) return 58;
+    loom_dist_free(all);
+    loom_dist_free(g);
+    return 0;
+}
+
+/* The non-blocking all-gather, with a reduce-scatter issued after it: a
+ * wait for the gather's mark returns the gathered buffer (each segment
+ * from its own rank) while the later op may still run; loom_dist_wait then
+ * finishes the reduce-scatter. */
+static int iallgather_case(loom_dist_t *d, int rank) {
+    size_t counts[WORLD] = {5, 0, N - 5}, off[WORLD] = {0, 5, 5};
+    float g[N], r[N];
+    for (int i = 0; i < N; i++) g[i] = (size_t)i >= off[rank] && (size_t)i < off[rank] + counts[rank] ? value(rank, i) : -1;
+    for (int i = 0; i < N; i++) r[i] = value(rank, i);
+    if (loom_dist_iallgather(d, g, counts) != LOOM_OK) return 60;
+    long mark = loom_dist_mark(d);
+    if (loom_dist_ireduce_scatter(d, r, counts, LOOM_DIST_FP32, 1.0f) != LOOM_OK) return 61;
+    if (loom_dist_wait_mark(d, mark) != LOOM_OK) return 62;
+    for (int i = 0; i < N; i++)
+        if (g[i] != value(i < 5 ? 0 : 2, i)) return 63;
+    if (loom_dist_wait(d) != LOOM_OK) return 64;
+    for (size_t i = off[rank]; i < off[rank] + counts[rank]; i++)
+        if (r[i] != summed((int)i, 1.0f)) return 65;
+    return 0;
+}
+
 static int rank_main(int rank, void *ctx) {
     int which = *(const int *)ctx;
     loom_dist_t *d;
@@ -77,6 +124,8 @@ static int rank_main(int rank, void *ctx) {
              : which == CASE_ALLREDUCE                            ? allreduce_case(d, rank)
              : which == CASE_REDUCE_SCATTER                       ? reduce_scatter_case(d, rank)
              : which == CASE_BROADCAST                            ? broadcast_case(d, rank)
+             : which == CASE_SPLIT                                ? split_case(d, rank)
+             : which == CASE_IALLGATHER                           ? iallgather_case(d, rank)
                                                                   : bytes_case(d, rank);
     if (rc) fprintf(stderr, "rank %d: check %d failed\n", rank, rc);
     loom_dist_free(d);
@@ -95,11 +144,15 @@ static void allreduce_and_f64(void) { on_ranks(CASE_ALLREDUCE); }
 static void reduce_scatter_then_allgather(void) { on_ranks(CASE_REDUCE_SCATTER); }
 static void broadcast_from_rank_2(void) { on_ranks(CASE_BROADCAST); }
 static void bytes_counted(void) { on_ranks(CASE_BYTES); }
+static void split_groups(void) { on_ranks(CASE_SPLIT); }
+static void iallgather_waits_by_mark(void) { on_ranks(CASE_IALLGATHER); }
 
 int main(void) {
     RUN(allreduce_and_f64);
     RUN(reduce_scatter_then_allgather);
     RUN(broadcast_from_rank_2);
     RUN(bytes_counted);
+    RUN(split_groups);
+    RUN(iallgather_waits_by_mark);
     return check_main_end();
 }

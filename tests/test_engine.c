@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "check.h"
+#include "serve/draft.h"
 #include "serve/engine.h"
 
 #define MAXT 64
@@ -74,8 +75,9 @@ static double model_cost(void *ctx, int decode_rows, int prefill_rows) {
 
 static int prefix_cache_on = 1; /* engines made from here on cache prefixes (the default) */
 static int speculate_k = 0;     /* and draft this many tokens (0: off, the default) */
-static int (*drafter)(void *, const int *, int, int *, int); /* from here (NULL: prompt lookup) */
+static int (*drafter)(void *, const int *, int, int *, int, const loom_sampling_t *, loom_rng_t *, float *); /* from here (NULL: prompt lookup) */
 static void *drafter_ctx;
+static int drafter_sampled; /* the drafter draws sampled drafts from a distribution it writes */
 
 static loom_engine_t *engine_logged(size_t kv_bytes, int max_batch_tokens, cost_log_t *log) {
     loom_engine_config_t c;
@@ -91,6 +93,7 @@ static loom_engine_t *engine_logged(size_t kv_bytes, int max_batch_tokens, cost_
     c.speculate = speculate_k;
     c.draft = drafter;
     c.draft_ctx = drafter_ctx;
+    c.draft_sampled = drafter_sampled;
     loom_engine_t *e = NULL;
     CHECK(loom_engine_create(&e, model, bytes_tok, &c) == LOOM_OK, "create: %s", loom_errmsg());
     return e;
@@ -564,6 +567,17 @@ static void prefix_cache_evicts_lru(void) {
               "request %d: other tokens or log-probability bits with the prefix cache", i);
 }
 
+/* Requests 0..5 with drafts (res[1]) gave plain decoding's (res[0]) tokens,
+ * finish reasons and log-probability bits. */
+static void same_as_plain(result_t res[2][6]) {
+    for (int i = 0; i < 6; i++)
+        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
+              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
+              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
+              "request %d: %d tokens (finish %d) with drafts, %d (finish %d) without, or other bits", i, res[1][i].n[0],
+              res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+}
+
 /* Speculative decoding by prompt lookup (4 drafts) gives the greedy tokens
  * and log-probability bits of plain decoding: prompts that repeat a
  * pattern (drafts proposed; this random model rarely follows them) and
@@ -596,12 +610,7 @@ static void speculative_greedy_equals_plain(void) {
     printf("  speculative: %lld drafted, %lld accepted\n", st[1].spec_drafted, st[1].spec_accepted);
     CHECK(st[0].spec_drafted == 0 && st[1].spec_drafted > 0, "drafts: %lld off, %lld on", st[0].spec_drafted,
           st[1].spec_drafted);
-    for (int i = 0; i < 6; i++)
-        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
-              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
-              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
-              "request %d: %d tokens (finish %d) with drafts, %d (finish %d) without, or other bits", i, res[1][i].n[0],
-              res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+    same_as_plain(res);
 }
 
 /* Drafts from the answers plain decoding gave (an oracle: every draft is
@@ -617,7 +626,8 @@ typedef struct {
     int n, calls;
 } oracle_t;
 
-static int oracle_draft(void *ctx, const int *tokens, int len, int *out, int max) {
+static int oracle_draft(void *ctx, const int *tokens, int len, int *out, int max, const loom_sampling_t *sp,
+                        loom_rng_t *rng, float *q) {
     oracle_t *o = ctx;
     for (int i = 0; i < o->n; i++) {
         int np = o->len[i], ng = len - np;
@@ -662,12 +672,7 @@ static void speculative_oracle_drafts(void) {
     printf("  oracle drafts: %lld drafted, %lld accepted in %lld steps\n", st.spec_drafted, st.spec_accepted, st.steps);
     CHECK(st.spec_accepted > st.spec_drafted / 2 && st.spec_accepted < st.spec_drafted && st.steps < 16,
           "%lld of %lld drafts accepted in %lld steps", st.spec_accepted, st.spec_drafted, st.steps);
-    for (int i = 0; i < 6; i++)
-        CHECK(res[0][i].n[0] == res[1][i].n[0] && res[0][i].finish[0] == res[1][i].finish[0] &&
-              memcmp(res[0][i].tokens, res[1][i].tokens, sizeof res[0][i].tokens) == 0 &&
-              memcmp(res[0][i].lp, res[1][i].lp, sizeof res[0][i].lp) == 0,
-              "request %d: %d tokens (finish %d) with drafts, %d (finish %d) without, or other bits", i, res[1][i].n[0],
-              res[1][i].finish[0], res[0][i].n[0], res[0][i].finish[0]);
+    same_as_plain(res);
 }
 
 /* Sampled with drafts: the first two tokens (t1, t2) of 2000 requests with
@@ -675,7 +680,8 @@ static void speculative_oracle_drafts(void) {
  * token whatever t1: accepted about a tenth of the time), follow the
  * model's distribution p(t1) p(t2 | t1) computed by the full forward
  * (chi-squared, p = 0.001, fixed seeds: the same result on every run). */
-static int fixed_draft(void *ctx, const int *tokens, int len, int *out, int max) {
+static int fixed_draft(void *ctx, const int *tokens, int len, int *out, int max, const loom_sampling_t *sp,
+                       loom_rng_t *rng, float *q) {
     out[0] = *(const int *)ctx;
     return max > 0;
 }
@@ -698,7 +704,11 @@ static void top3(const int *seq, int len, double T, int *ids, double *p) {
     free(lg);
 }
 
-static void speculative_sampling_distribution(void) {
+/* The distribution check with drafts from `draft` (ctx, sampled: see
+ * drafter_sampled; NULL ctx: the fixed draft below). */
+static void sampling_distribution_with(int (*draft)(void *, const int *, int, int *, int, const loom_sampling_t *,
+                                                    loom_rng_t *, float *),
+                                       void *ctx, int sampled) {
     int prompt[MAXT], np = 10, ids1[3], ids2[3][3];
     double p1[3], p2[3][3];
     prompt_of(prompt, np, 4242u);
@@ -708,9 +718,9 @@ static void speculative_sampling_distribution(void) {
         top3(prompt, np + 1, 1.5, ids2[a], p2[a]);
     }
     int D = ids2[0][1];
-    speculate_k = 1, drafter = fixed_draft, drafter_ctx = &D;
+    speculate_k = 1, drafter = draft, drafter_ctx = ctx ? ctx : &D, drafter_sampled = sampled;
     loom_engine_t *e = engine(block_bytes() * 300, 512);
-    speculate_k = 0, drafter = NULL, drafter_ctx = NULL;
+    speculate_k = 0, drafter = NULL, drafter_ctx = NULL, drafter_sampled = 0;
     if (!e) return;
     enum { N = 2000 };
     static result_t res[16];
@@ -746,6 +756,119 @@ static void speculative_sampling_distribution(void) {
     CHECK(other == 0, "%d samples outside the top 3", other);
     CHECK(st.spec_drafted >= N && st.spec_accepted > 0, "%lld drafts, %lld accepted", st.spec_drafted, st.spec_accepted);
     CHECK(chi2 < 26.12, "chi-squared %.2f over 9 cells (8 degrees of freedom, critical 26.12 at p = 0.001)", chi2);
+}
+
+static void speculative_sampling_distribution(void) { sampling_distribution_with(fixed_draft, NULL, 0); }
+
+/* Drafts drawn from a distribution q of their own, which the target
+ * accepts with min(1, p/q) and else replaces from max(0, p - q): q puts
+ * 0.4, 0.3, 0.2, 0.1 on four tokens, two of them outside the target's
+ * top 3 (p = 0: always replaced). */
+static int q_draft(void *ctx, const int *tokens, int len, int *out, int max, const loom_sampling_t *sp,
+                   loom_rng_t *rng, float *q) {
+    const int *ids = ctx;
+    static const float w[4] = {0.4f, 0.3f, 0.2f, 0.1f};
+    if (max < 1 || !q) return 0;
+    float u = loom_rng_uniform(rng), acc = 0;
+    int k = 0;
+    while (k < 3 && u >= (acc += w[k])) k++;
+    memset(q, 0, sizeof(float) * (size_t)model->cfg.vocab_size);
+    for (int j = 0; j < 4; j++) q[ids[j]] = w[j];
+    out[0] = ids[k];
+    return 1;
+}
+
+static void speculative_sampled_drafts_distribution(void) {
+    int prompt[MAXT], ids1[3], ids2[3];
+    double p1[3], p2[3];
+    prompt_of(prompt, 10, 4242u);
+    top3(prompt, 10, 1.5, ids1, p1);
+    prompt[10] = ids1[0];
+    top3(prompt, 11, 1.5, ids2, p2);
+    int none[2], nn = 0;
+    for (int v = 0; v < model->cfg.vocab_size && nn < 2; v++) { /* two tokens in no top 3 of t2 */
+        int in = 0;
+        for (int a = 0; a < 3; a++) {
+            int ids[3];
+            double p[3];
+            prompt[10] = ids1[a];
+            top3(prompt, 11, 1.5, ids, p);
+            in |= v == ids[0] || v == ids[1] || v == ids[2];
+        }
+        if (!in) none[nn++] = v;
+    }
+    int q_ids[4] = {ids2[0], none[0], ids2[1], none[1]};
+    sampling_distribution_with(q_draft, q_ids, 1);
+}
+
+/* A draft model (serve/draft.h) proposing 4 tokens: greedy tokens,
+ * finish reasons and log-probability bits equal plain decoding's, with a
+ * small draft of another init and a shorter context (past it, prompt
+ * lookup proposes), and with the target itself as its own draft (every
+ * draft accepted: the draft's cache slots follow the sequences). Then the
+ * sampled distribution check with drafts drawn from the q of a draft near
+ * the target. */
+static void greedy_with_draft_model(loom_gpt_t *dm, int self) {
+    loom_draft_t *d = NULL;
+    CHECK(loom_draft_create(&d, dm, NULL, model->cfg.vocab_size, 4) == LOOM_OK, "%s", loom_errmsg());
+    if (!d) return;
+    int prompts[6][MAXT], len[6] = {30, 24, 17, 33, 12, 8};
+    for (int i = 0; i < 6; i++) prompt_of(prompts[i], len[i], 900u + (unsigned)i);
+    static result_t res[2][6];
+    memset(res, 0, sizeof res);
+    loom_engine_stats_t st;
+    for (int on = 0; on < 2; on++) {
+        speculate_k = on ? 4 : 0, drafter = loom_draft_propose, drafter_ctx = d, drafter_sampled = 1;
+        loom_engine_t *e = engine(block_bytes() * 200, 512);
+        speculate_k = 0, drafter = NULL, drafter_ctx = NULL, drafter_sampled = 0;
+        if (!e) break;
+        loom_request_params_t p;
+        loom_request_params_default(&p);
+        p.max_tokens = MAXGEN;
+        p.logprobs = 0;
+        wave(e, prompts, len, 0, 6, &p, res[on]);
+        loom_engine_stats(e, &st);
+        loom_engine_free(e);
+    }
+    printf("  %s draft: %lld drafted, %lld accepted in %lld steps\n", self ? "the target as its own" : "a small", st.spec_drafted,
+           st.spec_accepted, st.steps);
+    CHECK(st.spec_drafted > 0 && (!self || st.spec_accepted == st.spec_drafted), "%lld of %lld drafts accepted",
+          st.spec_accepted, st.spec_drafted);
+    same_as_plain(res);
+    loom_draft_free(d);
+}
+
+static void speculative_draft_model(void) {
+    loom_gpt_config_t c = {.max_seq_len = 40, .vocab_size = model->cfg.vocab_size, .n_layer = 1, .n_head = 2, .channels = 32};
+    loom_gpt_config_finish(&c);
+    loom_gpt_t *dm = NULL;
+    loom_gpt_init(&dm, &c, model->be, 9);
+    for (size_t i = 0; i < dm->num_params; i++) dm->params[i] *= 4.0f;
+    greedy_with_draft_model(dm, 0);
+    greedy_with_draft_model(model, 1);
+    loom_gpt_free(dm);
+    /* sampled: a draft near the target (its weights scaled by 0.85), so some drafts are accepted */
+    loom_gpt_init(&dm, &model->cfg, model->be, 5);
+    for (size_t i = 0; i < dm->num_params; i++) dm->params[i] = model->params[i] * 0.85f;
+    loom_draft_t *d = NULL;
+    CHECK(loom_draft_create(&d, dm, NULL, model->cfg.vocab_size, 8) == LOOM_OK, "%s", loom_errmsg());
+    if (d) sampling_distribution_with(loom_draft_propose, d, 1);
+    loom_draft_free(d);
+    loom_gpt_free(dm);
+}
+
+/* A draft of another tokenizer (here: none, or another vocabulary size) is
+ * refused naming both. */
+static void draft_tokenizer_refused(void) {
+    CHECK(loom_draft_check_tokenizer(bytes_tok, 256, "runs/same", bytes_tok, 256, "runs/target") == LOOM_OK, "%s", loom_errmsg());
+    for (int k = 0; k < 2; k++) {
+        loom_status st = loom_draft_check_tokenizer(k ? bytes_tok : NULL, k ? 300 : 256, "runs/draft", bytes_tok, 256, "runs/target");
+        CHECK(st == LOOM_EINVAL && strstr(loom_errmsg(), "runs/draft") && strstr(loom_errmsg(), "runs/target"),
+              "refusal: %d %s", st, loom_errmsg());
+        printf("  %s\n", loom_errmsg());
+    }
+    loom_draft_t *d = NULL;
+    CHECK(loom_draft_create(&d, model, NULL, 300, 2) == LOOM_EINVAL && !d, "a draft of another vocabulary size: %s", loom_errmsg());
 }
 
 /* The loop's thread runs the model on the backend's thread count (OpenMP's
@@ -801,6 +924,9 @@ int main(void) {
     RUN(speculative_greedy_equals_plain);
     RUN(speculative_oracle_drafts);
     RUN(speculative_sampling_distribution);
+    RUN(speculative_sampled_drafts_distribution);
+    RUN(speculative_draft_model);
+    RUN(draft_tokenizer_refused);
     RUN(threads_and_queues);
     RUN(loop_runs_backend_threads);
     loom_gpt_free(model);

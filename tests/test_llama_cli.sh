@@ -103,3 +103,52 @@ if $LOOM prune --run "$tmp/one" --sparsity 2:4 --out "$tmp/pruned" > "$tmp/prune
 else
     echo "FAIL llama_cli_prune_24_sample: $(tail -2 "$tmp/prune.log") $out"
 fi
+
+# 5. Serve the Hugging Face folder over HTTP, as a user would, and ask with
+# the official openai client: the greedy completion (streamed and not) is
+# transformers' greedy generate() on the same folder, token for token (the
+# random model writes raw bytes: the API sends invalid UTF-8 and NUL as
+# U+FFFD, so the reference text is decoded the same way).
+if ! env PYTHONPATH=.deps/py /usr/bin/python3 -c 'import openai' 2>/dev/null; then
+    echo "SKIP llama_cli_serve: the openai package is not importable from .deps/py (scripts/deps.sh installs it)"; exit 0
+fi
+$LOOM serve --run "$tmp/hf" --port 0 --threads 2 --kv-memory 16M > "$tmp/serve.out" 2> "$tmp/serve.log" &
+spid=$!
+port=""
+for _ in $(seq 1 600); do  # a guard only: the loop ends at the "ready" line
+    port=$(sed -n 's/.*ready on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$tmp/serve.log" | head -1)
+    [ -n "$port" ] || ! kill -0 $spid 2>/dev/null && break
+    sleep 0.2
+done
+if [ -z "$port" ]; then
+    echo "FAIL llama_cli_serve_start: $(tail -3 "$tmp/serve.log")"; kill $spid 2>/dev/null; exit 1
+fi
+env PYTHONPATH=.deps/hf44:.deps/py /usr/bin/python3 - "$tmp/hf" "$port" <<'PY'
+import sys, torch
+from openai import OpenAI
+from tokenizers import Tokenizer
+from transformers import LlamaForCausalLM
+folder, port = sys.argv[1], sys.argv[2]
+tok = Tokenizer.from_file(folder + "/tokenizer.json")
+model = LlamaForCausalLM.from_pretrained(folder).eval()
+client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+name = client.models.list().data[0].id
+for prompt in ("And God said", "In the beginning God created"):
+    ids = tok.encode(prompt).ids
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, len(ids):].tolist()
+    want = tok.decode(ref).replace("\x00", "\ufffd")
+    r = client.completions.create(model=name, prompt=prompt, max_tokens=16, temperature=0)
+    got = r.choices[0].text
+    ok = got == want and r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 16
+    print(("PASS" if ok else "FAIL") + f" llama_cli_serve_greedy_equals_transformers ({prompt!r})"
+          + ("" if ok else f": loom {got!r} ({r.usage.prompt_tokens}+{r.usage.completion_tokens} tokens), transformers {want!r}"))
+    s = client.completions.create(model=name, prompt=prompt, max_tokens=16, temperature=0, stream=True)
+    streamed = "".join(c.choices[0].text for c in s if c.choices)
+    print(("PASS" if streamed == got else "FAIL") + f" llama_cli_serve_stream_equals_plain ({prompt!r})"
+          + ("" if streamed == got else f": streamed {streamed!r}, plain {got!r}"))
+PY
+kill -TERM $spid 2>/dev/null
+wait $spid
+rc=$?
+[ $rc = 0 ] && echo "PASS llama_cli_serve_sigterm_clean_exit" || echo "FAIL llama_cli_serve_sigterm_clean_exit: exit $rc, $(tail -2 "$tmp/serve.log")"

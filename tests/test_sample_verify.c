@@ -5,8 +5,9 @@
  * computed here independently in double precision (softmax at the
  * temperature, then top-k, then the top-p prefix, renormalized), with the
  * draft the likeliest token, a middling one, an unlikely one and one
- * outside the kept set (never returned). Greedy returns the argmax
- * whatever the draft. */
+ * outside the kept set (never returned); and drafts drawn from a
+ * distribution q of their own (a draft model's: loom_sample_verify_q, the
+ * min(1, p/q) rule). Greedy returns the argmax whatever the draft. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,63 @@ static void top_k_and_top_p(void) {
     check_case("top_p 0.8, dropped drafted", pp, 7, 7);
 }
 
+/* Drafts drawn from a distribution q of their own (a draft model's):
+ * loom_sample_verify_q accepts with min(1, p/q), else draws from
+ * max(0, p - q); the returned tokens follow p. q puts mass on tokens the
+ * target drops (top_k) and misses some it keeps. */
+static void check_case_q(const char *what, loom_sampling_t s, const double *qd, uint64_t seed) {
+    double p[V];
+    target(&s, p);
+    float q[V], scratch[V];
+    for (int i = 0; i < V; i++) q[i] = (float)qd[i];
+    int count[V] = {0}, N = 20000, accepted = 0;
+    loom_rng_t rng, drng;
+    loom_rng_seed(&rng, seed);
+    loom_rng_seed(&drng, seed + 100);
+    for (int n = 0; n < N; n++) {
+        double u = loom_rng_uniform(&drng), acc = 0;
+        int d = 0;
+        while (d < V - 1 && u >= (acc += qd[d])) d++;
+        int tok = loom_sample_verify_q(logits, V, &s, &rng, scratch, d, q);
+        count[tok]++, accepted += tok == d;
+    }
+    double chi2 = 0;
+    int cells = 0;
+    for (int i = 0; i < V; i++) {
+        if (p[i] == 0) {
+            CHECK(count[i] == 0, "%s: token %d has probability 0 but was drawn %d times", what, i, count[i]);
+            continue;
+        }
+        chi2 += (count[i] - p[i] * N) * (count[i] - p[i] * N) / (p[i] * N);
+        cells++;
+    }
+    double want_acc = 0; /* sum of min(p, q): the accept rate */
+    for (int i = 0; i < V; i++) want_acc += fmin(p[i], qd[i]);
+    printf("  %s: accepted %.3f (sum of min(p, q) %.3f), chi-squared %.2f over %d cells\n", what, (double)accepted / N,
+           want_acc, chi2, cells);
+    CHECK(cells >= 2 && chi2 < crit[cells - 1], "%s: chi-squared %.2f over %d cells, critical %.2f", what, chi2, cells,
+          crit[cells - 1]);
+}
+
+static void drafts_from_q(void) {
+    static const double q1[V] = {0.05, 0.10, 0.30, 0.05, 0.20, 0.10, 0.15, 0.05};
+    static const double q2[V] = {0.00, 0.60, 0.00, 0.00, 0.00, 0.00, 0.40, 0.00};
+    loom_sampling_t s = {0.9f, 0, 1.0f}, k = {1.0f, 4, 1.0f};
+    check_case_q("softmax, q spread", s, q1, 11);
+    check_case_q("top_k 4, q spread", k, q1, 12);
+    check_case_q("top_k 4, q on the likeliest and a dropped token", k, q2, 13);
+    /* loom_sample_probs writes the distribution it draws from: p itself */
+    double p[V];
+    target(&k, p);
+    float q[V], scratch[2 * V];
+    loom_rng_t rng;
+    loom_rng_seed(&rng, 5);
+    int tok = loom_sample_probs(logits, V, &k, &rng, scratch, q);
+    double err = 0;
+    for (int i = 0; i < V; i++) err = fmax(err, fabs(q[i] - p[i]));
+    CHECK(err < 1e-6 && p[tok] > 0, "loom_sample_probs: distribution off by %.3g, token %d", err, tok);
+}
+
 static void greedy_ignores_draft(void) {
     loom_sampling_t s = {0, 0, 1.0f};
     float scratch[V];
@@ -95,6 +153,7 @@ static void greedy_ignores_draft(void) {
 int main(void) {
     RUN(plain_softmax);
     RUN(top_k_and_top_p);
+    RUN(drafts_from_q);
     RUN(greedy_ignores_draft);
     return check_main_end();
 }

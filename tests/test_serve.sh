@@ -9,7 +9,9 @@
 # flight; a Jinja --chat-template rendered as jinja2 renders it, its errors
 # and its refusal; the OpenAI API's details (tests/serve_conformance.py) and
 # every answer checked against the JSON schemas of tests/openai_schemas/;
-# --cors-origin; structured outputs (tests/serve_structured.py). The model: gpt2-tiny trained for 2 steps (any weights do: every
+# --cors-origin; --draft-run (a draft model, its tokenizer checked); structured outputs (tests/serve_structured.py); tool calling
+# (tests/serve_tools.py, on a second model with a 4096-token context); prompt
+# logprobs with echo against transformers. The model: gpt2-tiny trained for 2 steps (any weights do: every
 # check compares the server with itself under another path or with loom sample).
 set -u
 cd "$(dirname "$0")/.."
@@ -29,4 +31,12 @@ if ! $LOOM train --data "$tmp/corpus.txt" --model gpt2-tiny --steps 2 --batch 2 
       --sample-tokens 0 --seed 3 --out "$tmp/run" > "$tmp/train.log" 2>&1; then
     echo "FAIL serve_train: loom train failed:"; tail -5 "$tmp/train.log"; exit 1
 fi
-$PY tests/serve_client.py "$LOOM" "$tmp/run" ${SERVE_PARTS:-openai concurrency load quantmem overload disconnect badinput sigterm chattemplate cors structured}
+PARTS=${SERVE_PARTS:-openai concurrency load quantmem draft overload disconnect badinput sigterm chattemplate cors structured tools promptlogprobs}
+# tool calling needs a context that holds a published template's tool prompt (~2000 byte tokens: Llama 3.1 indents its tools)
+case " $PARTS " in *" tools "*)
+    if ! $LOOM train --data "$tmp/corpus.txt" --model gpt2-tiny --context 4096 --steps 2 --batch 2 --seq 32 --eval-every 0 --threads 2 \
+          --sample-tokens 0 --seed 3 --out "$tmp/run4k" > "$tmp/train4k.log" 2>&1; then
+        echo "FAIL serve_train_4k: loom train failed:"; tail -5 "$tmp/train4k.log"; exit 1
+    fi;;
+esac
+LOOM_TOOLS_RUN="$tmp/run4k" $PY tests/serve_client.py "$LOOM" "$tmp/run" $PARTS

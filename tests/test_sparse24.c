@@ -1,5 +1,5 @@
 /* 2:4 sparse weights run compressed (model/sparse24.h,
- * backend/cpu/cpu_sparse24.c):
+ * backend/cpu/cpu_paged.c):
  * - compression round-trips: the compressed tensor dequantizes to the
  *   pruned dense weight exactly, groups with 3 or 4 zeros included;
  * - the kernel (AVX2 and portable) equals a double-precision dense product
@@ -7,14 +7,15 @@
  *   GELU epilogues;
  * - a pruned model's logits through the compressed path equal the dense
  *   path's within fp32 rounding (prefill and decode rows), its greedy
- *   tokens are identical on a few prompts, and `--sparse auto` picks the
+ *   tokens are identical on a few prompts, also with the dense weights
+ *   given back (long prefill runs decompress for the GEMM), and `--sparse auto` picks the
  *   compressed path only for a 2:4 model on a backend with the kernel. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_gemm.h"
-#include "backend/cpu/cpu_sparse24.h"
+#include "backend/cpu/cpu_paged.h"
 #include "check.h"
 #include "model/generate.h"
 #include "model/infer.h"
@@ -185,6 +186,37 @@ static void greedy_same(loom_gpt_t *m, const loom_sparse24_t *s24) {
     printf("  greedy tokens equal, dense vs compressed: %d of %d\n", same, total);
 }
 
+/* With the dense linear weights given back (as `loom serve` does; their
+ * pages read as zeros afterwards), the same 64 rows prefilled in one batch
+ * (the GEMM on weights decompressed one at a time) and 8 decode rows give
+ * the dense path's logits within fp32 rounding. */
+static void dense_gone_same(loom_gpt_t *m, loom_sparse24_t *s24, const int *seq, const float *dense) {
+    loom_infer_weights_t w = {NULL, s24};
+    size_t given = loom_infer_weights_release_fp32(m, &w);
+    const float *qkv = m->param[LOOM_QKVW];
+    int zeros = 1, Vp = m->cfg.padded_vocab_size, pos[64], sq[64] = {0}, rows[64], table[4] = {0, 1, 2, 3};
+    for (int i = 1024; i < 2048; i++) zeros &= qkv[i] == 0.0f;
+    CHECK(given > 0 && zeros && loom_sparse24_dense_gone(s24), "%zu bytes given back, dense reads zero %d", given, zeros);
+    float *lg = malloc(sizeof(float) * 72 * Vp);
+    loom_infer_t *inf = NULL;
+    CHECK(loom_infer_create(&inf, m, 4, 16, LOOM_FP32, 64, 1, 64) == LOOM_OK, "%s", loom_errmsg());
+    loom_infer_set_sparse24(inf, s24);
+    for (int i = 0; i < 64; i++) pos[i] = rows[i] = i;
+    loom_infer_batch_t b = {.n_tokens = 64, .tokens = seq, .pos = pos, .seq = sq, .n_seqs = 1, .block_tables = table,
+                            .n_logits = 64, .logit_rows = rows};
+    CHECK(loom_infer_forward(inf, &b, lg) == LOOM_OK, "%s", loom_errmsg());
+    for (int k = 0; k < 8; k++) {
+        b = (loom_infer_batch_t){.n_tokens = 1, .tokens = seq + 56 + k, .pos = &pos[56 + k], .seq = sq, .n_seqs = 1,
+                                 .block_tables = table, .n_logits = 1, .logit_rows = rows};
+        CHECK(loom_infer_forward(inf, &b, lg + (size_t)(64 + k) * Vp) == LOOM_OK, "%s", loom_errmsg());
+    }
+    double e = check_rel_err(lg, dense, (size_t)72 * Vp);
+    CHECK(e < 1e-5, "logits without the dense weights vs dense: normalized difference %.3g (bound 1e-5)", e);
+    printf("  dense weights given back (%zu bytes): 64-row prefill + 8 decode rows vs dense, normalized %.2g\n", given, e);
+    loom_infer_free(inf);
+    free(lg);
+}
+
 static void model_paths_agree(void) {
     loom_gpt_t *m = pruned_model();
     CHECK(m != NULL, "training or pruning: %s", loom_errmsg());
@@ -211,6 +243,7 @@ static void model_paths_agree(void) {
     CHECK(e < 1e-6, "logits compressed vs dense: normalized difference %.3g (bound 1e-6)", e);
     printf("  logits of 64 prefill + 8 decode rows, compressed vs dense: normalized %.2g, largest %.2g\n", e, mx);
     greedy_same(m, s24);
+    dense_gone_same(m, s24, seq, lg[0]);
     free(lg[0]), free(lg[1]);
     loom_sparse24_free(s24);
     loom_gpt_free(m);

@@ -81,7 +81,7 @@ loom_status loom_optim_shard_load(const char *path, const loom_optim_shard_t *wa
                        path, (unsigned long long)hd.step, (unsigned long long)want->step);
         goto out;
     }
-    if (hd.lo > hd.hi || hd.hi > hd.params || hd.rank >= hd.world || hd.zero > 2) {
+    if (hd.lo > hd.hi || hd.hi > hd.params || hd.rank >= hd.world || hd.zero > 3) {
         s = loom_error(LOOM_EFORMAT, "%s: inconsistent header (rank %u of %u, ZeRO-%u, floats [%llu, %llu) of %llu)", path, hd.rank,
                        hd.world, hd.zero, (unsigned long long)hd.lo, (unsigned long long)hd.hi, (unsigned long long)hd.params);
         goto out;

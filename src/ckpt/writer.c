@@ -123,10 +123,7 @@ static void start_job(loom_ckpt_writer_t *w, wstate_t job) {
 /* Host copies of what the checkpoint of this step holds (lock held). */
 static void snapshot(loom_ckpt_writer_t *w, const float *m, const float *v, size_t lo, size_t hi) {
     const loom_gpt_t *mod = w->o.m;
-    if (w->o.rank == 0) {
-        if (!w->params) w->params = loom_malloc(mod->num_params * sizeof(float));
-        mod->be->download(w->params, mod->params, mod->num_params * sizeof(float));
-    }
+    if (w->o.rank == 0 && !w->o.gather_params) mod->be->download(w->params, mod->params, mod->num_params * sizeof(float));
     w->has_shard = w->o.rank == 0 || w->o.zero >= 1;
     if (!w->has_shard) return;
     if (!w->mv || hi - lo != w->hi - w->lo) {
@@ -149,6 +146,11 @@ loom_status loom_ckpt_writer_submit(loom_ckpt_writer_t *w, const loom_ckpt_state
     loom_status s = take_status(w);
     if (s == LOOM_OK && w->state == W_FILES_DONE)
         s = loom_error(LOOM_EINTERNAL, "checkpoint of step %lld submitted before step %lld's was committed", st->step, w->st.step);
+    if (w->o.rank == 0 && !w->params) w->params = loom_malloc(w->o.m->num_params * sizeof(float));
+    if (w->o.gather_params) { /* a collective: every rank takes part, whatever its own state */
+        loom_status g = w->o.gather_params(w->o.gather_ctx, w->o.rank == 0 ? w->params : NULL);
+        if (s == LOOM_OK) s = g;
+    }
     if (s == LOOM_OK) {
         snapshot(w, m, v, lo, hi);
         w->st = *st;

@@ -25,6 +25,12 @@ typedef struct {
     int zero;             /* ZeRO stage: 0 = rank 0 writes the whole AdamW state */
     int keep;             /* checkpoints kept (>= 1) */
     int async;            /* 0: submit writes (and commits, one rank) before returning */
+    /* Where the parameters come from when the model does not hold them
+     * whole (ZeRO-3, train/zero3.h): called on every rank at submit (a
+     * collective), with rank 0's P-float host snapshot and NULL elsewhere.
+     * NULL = rank 0 downloads m->params. */
+    loom_status (*gather_params)(void *ctx, float *host);
+    void *gather_ctx;
 } loom_ckpt_writer_opts_t;
 
 loom_status loom_ckpt_writer_open(loom_ckpt_writer_t **w, const loom_ckpt_writer_opts_t *o);

@@ -43,7 +43,7 @@ static const loom_arg_t shared[LOOM_FLAG_COUNT] = {
                              "activation recompute for memory: none, gelu (recompute each layer's GELU output), all (keep only each block's input)"},
     [LOOM_FLAG_CUDA_GRAPHS] = {"cuda-graphs", ARG_CHOICE, NULL, "default", -1, 0,
                                "capture the whole step as a CUDA graph after warm-up and replay it: on, off, default (on for CUDA; ignored on the CPU)"},
-    [LOOM_FLAG_ZERO] = {"zero", ARG_INT, NULL, "0", 0, 2, "ZeRO stage: 0 replicate, 1 shard AdamW state, 2 also shard gradients"},
+    [LOOM_FLAG_ZERO] = {"zero", ARG_INT, NULL, "0", 0, 3, "ZeRO stage: 0 replicate, 1 shard AdamW state, 2 also shard gradients, 3 also shard the weights (gathered layer by layer)"},
     [LOOM_FLAG_GRAD_DTYPE] = {"grad-dtype", ARG_CHOICE, NULL, "fp32", 0, 0, "gradients on the wire between ranks: fp32 or bf16"},
     [LOOM_FLAG_QUANT] = {"quant", ARG_CHOICE, NULL, "none", 0, 0,
                          "linear-layer weights for inference: none (fp32), int8 (= w8a32: int8 weights, per output channel scales, fp32 activations), w8a16 (= w8a32 on the CPU), w8a8 (int8 activations per token too, int32 sums); a Q8_0 GGUF runs its own int8 blocks of 32"},

@@ -412,7 +412,7 @@ static void print_sides(const side_t *sides, int ns, double tokens, double fpt, 
 
 /* The PyTorch side's argv in `a` (strings in `num`), or NULL with the
  * reason in why when it cannot run. */
-static char *const *torch_argv(char *a[20], char num[8][24], const loom_gpt_config_t *cfg, int batch, const bench_cfg_t *bc,
+static char *const *torch_argv(char *a[22], char num[8][24], const loom_gpt_config_t *cfg, int batch, const bench_cfg_t *bc,
                                const char *script, char *why, size_t why_size) {
     const int v[8] = {cfg->n_layer, cfg->channels, cfg->n_head, cfg->vocab_size, cfg->max_seq_len, batch, bc->seq, bc->threads};
     static const char *const flag[8] = {"--layers", "--channels", "--heads", "--vocab", "--maxT", "--batch", "--seq", "--threads"};
@@ -426,6 +426,12 @@ static char *const *torch_argv(char *a[20], char num[8][24], const loom_gpt_conf
         a[3 + 2 * i] = num[i];
     }
     a[18] = NULL;
+    if (strcmp(loom_gpt_family(cfg), "gpt2")) { /* the script's Llama: KV heads, MLP width, RoPE base, eps, tied */
+        static char llama[96];
+        snprintf(llama, sizeof llama, "%d,%d,%g,%g,%d", cfg->n_kv_heads, cfg->ffn_hidden, cfg->rope_theta ? cfg->rope_theta : 10000.0f,
+                 cfg->norm_eps ? cfg->norm_eps : 1e-5f, !cfg->untied_head);
+        a[18] = "--llama", a[19] = llama, a[20] = NULL;
+    }
     return a;
 }
 
@@ -437,7 +443,7 @@ static int run_train_config(const bench_cfg_t *bc, int batch, int rounds, int st
     if (bc->seq > cfg.max_seq_len) cfg.max_seq_len = bc->seq;
     if (loom_gpt_config_finish(&cfg) != LOOM_OK) return fprintf(stderr, "loom bench train: %s\n", loom_errmsg()), 2;
     double fpt = loom_gpt_flops_per_token(&cfg, bc->seq), tokens = (double)batch * bc->seq;
-    char *a[20], num[8][24], why[320] = "";
+    char *a[22], num[8][24], why[320] = "";
     char *const *targv = torch_on ? torch_argv(a, num, &cfg, batch, bc, script, why, sizeof why) : NULL;
     side_t sides[4];
     int ns = make_sides(sides, bc, batch, device, dtype, gemms, ngemm, targv, why[0] ? why : NULL);

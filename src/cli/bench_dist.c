@@ -1,10 +1,13 @@
-/* loom bench dist: data-parallel scaling on this machine. The same global
- * batch runs as 1 rank x C threads and as C ranks x 1 thread (ranks joined
- * over TCP on 127.0.0.1, the --nproc path), with gradient reduction
- * overlapped with backward and after it. Prints the scaling efficiency
- * (time of 1 rank / time of C ranks, same work) and the share of step time
- * spent blocked on communication. Each configuration runs in fresh
- * processes so thread pools and sockets do not carry over. */
+/* loom bench dist: distributed training layouts on this machine. For each
+ * layout of --layout (a comma list: dp = data parallel at --zero, zero3 =
+ * fully sharded), the same global batch runs as 1 rank x C threads and as
+ * C ranks x 1 thread (ranks joined over TCP on 127.0.0.1, the --nproc
+ * path), with communication overlapped with compute (gradient buckets
+ * during backward; ZeRO-3 also prefetches the next block's weights) and
+ * without. Prints the scaling efficiency (time of 1 rank / time of C
+ * ranks, same work), the share of step time spent blocked on
+ * communication and the peak resident memory per rank. Each configuration
+ * runs in fresh processes so thread pools and sockets do not carry over. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,20 +17,44 @@
 #include "backend/backend.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/mem.h"
 #include "parallel/dist.h"
 #include "parallel/launch.h"
 #include "model/gpt.h"
 #include "train/step.h"
+#include "cli/bench_dist.h"
 
+/* The layouts --layout names, parsed in one place (parse_layouts). zero:
+ * the ZeRO stage, -1 = --zero's; tp: tensor-parallel ranks (0 = none). */
 typedef struct {
-    int layers, channels, heads, seq, batch, vocab, steps, warmup, zero;
-    int grad_dtype; /* loom_dist_dtype */
-} bench_cfg_t;
+    const char *name, *what;
+    int zero, tp;
+} bench_layout_t;
+static const bench_layout_t layouts[] = {
+    {"dp", "data parallel at --zero", -1, 0},
+    {"zero3", "fully sharded data parallel (ZeRO-3)", 3, 0},
+    {"tp2", "tensor parallel over 2 ranks", -1, 2},
+    {"tp4", "tensor parallel over 4 ranks", -1, 4},
+};
+#define N_LAYOUTS ((int)(sizeof layouts / sizeof layouts[0]))
+#define MAX_LAYOUTS 8
 
-typedef struct {
-    double step_s, wait_s, loss;
-    int ok;
-} bench_result_t;
+/* "zero3,dp" -> indices into layouts[]; an unknown name is an error that lists the known ones. */
+static loom_status parse_layouts(const char *list, int *out, int *n) {
+    char buf[256], known[256] = "";
+    snprintf(buf, sizeof buf, "%s", list);
+    for (int i = 0, k = 0; i < N_LAYOUTS; i++) k += snprintf(known + k, sizeof known - (size_t)k, "%s%s", i ? ", " : "", layouts[i].name);
+    *n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        int i = 0;
+        while (i < N_LAYOUTS && strcmp(layouts[i].name, t) != 0) i++;
+        if (i == N_LAYOUTS) return loom_error(LOOM_EINVAL, "--layout %s: unknown layout '%s'; known: %s", list, t, known);
+        if (*n == MAX_LAYOUTS) return loom_error(LOOM_EINVAL, "--layout %s: at most %d layouts", list, MAX_LAYOUTS);
+        out[(*n)++] = i;
+    }
+    if (!*n) return loom_error(LOOM_EINVAL, "--layout '%s': name at least one layout (%s)", list, known);
+    return LOOM_OK;
+}
 
 /* One rank's part, in a rank the launcher forked (its RANK/WORLD_SIZE
  * environment set); the result goes back through `fd`. */
@@ -71,7 +98,7 @@ static int run_rank(const bench_cfg_t *c, int rank, int world, int threads, int 
     }
     free(all);
     if (s < c->warmup + c->steps) fprintf(stderr, "loom bench dist: rank %d: %s\n", rank, loom_errmsg());
-    else res = (bench_result_t){tsum / c->steps, wsum / c->steps, loss, 1};
+    else res = (bench_result_t){tsum / c->steps, wsum / c->steps, loss, loom_mem_peak_rss(), 0, 1};
 out:
     if (write(fd, &res, sizeof res) != (ssize_t)sizeof res) res.ok = 0;
     loom_dp_free(dp);
@@ -87,6 +114,11 @@ typedef struct {
 
 static int rank_main(int rank, void *ctx) {
     const rank_args_t *a = ctx;
+    if (a->c->tp) {
+        bench_result_t res = loom_bench_dist_tp_rank(a->c, a->threads);
+        if (write(a->fd, &res, sizeof res) != (ssize_t)sizeof res) res.ok = 0;
+        return res.ok ? 0 : 1;
+    }
     return run_rank(a->c, rank, a->world, a->threads, a->overlap, a->fd);
 }
 
@@ -111,17 +143,91 @@ static bench_result_t run_config(const bench_cfg_t *c, int world, int threads, i
             continue;
         }
         if (x.step_s > r0.step_s) r0.step_s = x.step_s;
+        if (x.rss > r0.rss) r0.rss = x.rss;
         r0.wait_s += x.wait_s / world;
         r0.loss = x.loss;
+        if (x.state_mb > r0.state_mb) r0.state_mb = x.state_mb;
     }
     close(p[0]);
     r0.ok = ok;
     return r0;
 }
 
+/* --layout tpN: N ranks, one tensor-parallel group, every rank the whole
+ * global batch (ranks x --batch, as the dp table's), against 1 rank x N
+ * threads; the fastest of the rounds. */
+static int bench_tp(bench_cfg_t c, int n, int ranks, int rounds) {
+    bench_result_t one = {0}, tp = {0};
+    if (c.heads % n) {
+        fprintf(stderr, "loom bench dist: --layout tp%d: --heads %d does not split over %d ranks\n", n, c.heads, n);
+        return 1;
+    }
+    c.batch *= ranks;
+    c.tp = n;
+    for (int k = 0; k < rounds; k++) {
+        bench_result_t x = run_config(&c, 1, n, 0), y = run_config(&c, n, 1, 0);
+        if (!x.ok || !y.ok) {
+            fprintf(stderr, "loom bench dist: a tp%d run failed (see above)\n", n);
+            return 1;
+        }
+        if (k == 0 || x.step_s < one.step_s) one = x;
+        if (k == 0 || y.step_s < tp.step_s) tp = y;
+    }
+    double tok = (double)c.batch * c.seq;
+    printf("%-26s %9s %11s %10s %14s %12s %9s\n", "tp (same global batch)", "step ms", "tokens/s", "tp wait", "state MB/rank",
+           "peak RSS MB", "loss");
+    printf("1 rank x %d threads %7s %9.1f %11.0f %10s %14.1f %12.1f %9.5f\n", n, "", 1e3 * one.step_s, tok / one.step_s, "-",
+           one.state_mb, one.rss / 1e6, one.loss);
+    printf("tp%d: %d ranks x 1 thread %3s %9.1f %11.0f %9.1f%% %14.1f %12.1f %9.5f\n", n, n, "", 1e3 * tp.step_s,
+           tok / tp.step_s, 100 * tp.wait_s / tp.step_s, tp.state_mb, tp.rss / 1e6, tp.loss);
+    printf("tp%d: step time %.2fx one rank's; %.1f ms of each step waiting on the tp group's all-reduces\n", n,
+           tp.step_s / one.step_s, 1e3 * tp.wait_s);
+    return 0;
+}
+
+/* One layout: alternating rounds of 1 rank x `ranks` threads, `ranks`
+ * ranks overlapped and not, the fastest round of each counted (other load
+ * on a shared machine only ever slows a round down); then its table. */
+static int bench_layout(bench_cfg_t c, const bench_layout_t *lay, int ranks, int rounds) {
+    if (lay->tp) return bench_tp(c, lay->tp, ranks, rounds);
+    if (lay->zero >= 0) c.zero = lay->zero;
+    int B = c.batch;
+    bench_result_t one = {0}, ov = {0}, no = {0};
+    for (int k = 0; k < rounds; k++) {
+        c.batch = ranks * B;
+        bench_result_t x = run_config(&c, 1, ranks, 1);
+        c.batch = B;
+        bench_result_t y = run_config(&c, ranks, 1, 1);
+        bench_result_t z = run_config(&c, ranks, 1, 0);
+        if (!x.ok || !y.ok || !z.ok) {
+            fprintf(stderr, "loom bench dist: a run of layout %s failed (see above)\n", lay->name);
+            return 1;
+        }
+        if (k == 0 || x.step_s < one.step_s) one = x;
+        if (k == 0 || y.step_s < ov.step_s) ov = y;
+        if (k == 0 || z.step_s < no.step_s) no = z;
+    }
+    double tok = (double)ranks * B * c.seq;
+    const char *ovname = c.zero == 3 ? "prefetch" : "overlapped", *noname = c.zero == 3 ? "no prefetch" : "after backward";
+    printf("\nlayout %s: %s, ZeRO-%d\n", lay->name, lay->what, c.zero);
+    printf("%-36s %9s %11s %10s %12s %9s\n", "configuration", "step ms", "tokens/s", "comm wait", "peak RSS MB", "loss");
+    printf("1 rank x %d threads %17s %9.1f %11.0f %10s %12.1f %9.5f\n", ranks, "", 1e3 * one.step_s, tok / one.step_s, "-", one.rss / 1e6, one.loss);
+    printf("%d ranks x 1 thread, %-15s %9.1f %11.0f %9.1f%% %12.1f %9.5f\n", ranks, ovname, 1e3 * ov.step_s, tok / ov.step_s,
+           100 * ov.wait_s / ov.step_s, ov.rss / 1e6, ov.loss);
+    printf("%d ranks x 1 thread, %-15s %9.1f %11.0f %9.1f%% %12.1f %9.5f\n", ranks, noname, 1e3 * no.step_s, tok / no.step_s,
+           100 * no.wait_s / no.step_s, no.rss / 1e6, no.loss);
+    printf("scaling efficiency (1-rank time / %d-rank time, same global batch): %s %.3f, %s %.3f (target >= %s)\n", ranks, ovname,
+           one.step_s / ov.step_s, noname, one.step_s / no.step_s, c.zero == 3 ? "0.85 with prefetch" : "0.9");
+    printf("communication wait share of step time: %s %.1f%%, %s %.1f%%\n", ovname, 100 * ov.wait_s / ov.step_s, noname,
+           100 * no.wait_s / no.step_s);
+    fflush(stdout);
+    return 0;
+}
+
 int cmd_bench_dist(int argc, char **argv) {
-    bench_cfg_t c;
-    int ranks = 0, rounds = 3;
+    bench_cfg_t c = {0};
+    int ranks = 0, rounds = 3, which[MAX_LAYOUTS], nl = 0;
+    const char *layout_list = "dp";
     const loom_arg_t args[] = {
         {"ranks", ARG_INT, &ranks, "0", 0, 64, "ranks to compare against one rank with as many threads (0 = the core count)"},
         {"layers", ARG_INT, &c.layers, "4", 1, 64, "model layers"},
@@ -135,10 +241,15 @@ int cmd_bench_dist(int argc, char **argv) {
         {"rounds", ARG_INT, &rounds, "3", 1, 100, "rounds, the configurations alternating; the fastest round of each counts"},
         loom_flag(LOOM_FLAG_ZERO, &c.zero),
         loom_flag(LOOM_FLAG_GRAD_DTYPE, &c.grad_dtype),
+        {"layout", ARG_STR, &layout_list, "dp", 0, 0, "layouts to measure, a comma list: dp (data parallel at --zero), zero3, tp2, tp4 (tensor parallel)"},
     };
     LOOM_ARGS_PARSE_OR_RETURN("bench dist", "loom bench dist [--ranks N] [model flags]", args, argc, argv);
     if (ranks == 0) ranks = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (ranks < 2) ranks = 2;
+    if (parse_layouts(layout_list, which, &nl) != LOOM_OK) {
+        fprintf(stderr, "loom bench dist: %s\n", loom_errmsg());
+        return 2;
+    }
     if (c.seq < 1) {
         fprintf(stderr, "loom bench dist: --seq 0: the benchmark's model has no preset context; give a length, e.g. --seq 128\n");
         return 2;
@@ -152,32 +263,7 @@ int cmd_bench_dist(int argc, char **argv) {
     printf("loom bench dist: %d layers x %d channels (%.1fM parameters), seq %d, global batch %d x %d tokens, %d timed steps; ranks over TCP on 127.0.0.1\n",
            c.layers, c.channels, loom_gpt_num_params(&cfg) / 1e6, c.seq, ranks * c.batch, c.seq, c.steps);
     fflush(stdout);
-    int B = c.batch;
-    bench_result_t one = {0}, ov = {0}, no = {0};
-    /* Alternating rounds, fastest of each: other load on a shared machine
-     * only ever slows a round down. */
-    for (int k = 0; k < rounds; k++) {
-        c.batch = ranks * B;
-        bench_result_t x = run_config(&c, 1, ranks, 1);
-        c.batch = B;
-        bench_result_t y = run_config(&c, ranks, 1, 1);
-        bench_result_t z = run_config(&c, ranks, 1, 0);
-        if (!x.ok || !y.ok || !z.ok) {
-            fprintf(stderr, "loom bench dist: a run failed (see above)\n");
-            return 1;
-        }
-        if (k == 0 || x.step_s < one.step_s) one = x;
-        if (k == 0 || y.step_s < ov.step_s) ov = y;
-        if (k == 0 || z.step_s < no.step_s) no = z;
-    }
-    double tok = (double)ranks * B * c.seq;
-    printf("%-34s %9s %11s %10s %9s\n", "configuration", "step ms", "tokens/s", "comm wait", "loss");
-    printf("1 rank x %d threads %15s %9.1f %11.0f %10s %9.5f\n", ranks, "", 1e3 * one.step_s, tok / one.step_s, "-", one.loss);
-    printf("%d ranks x 1 thread, overlapped %4s %9.1f %11.0f %9.1f%% %9.5f\n", ranks, "", 1e3 * ov.step_s, tok / ov.step_s, 100 * ov.wait_s / ov.step_s, ov.loss);
-    printf("%d ranks x 1 thread, after backward %9.1f %11.0f %9.1f%% %9.5f\n", ranks, 1e3 * no.step_s, tok / no.step_s, 100 * no.wait_s / no.step_s, no.loss);
-    printf("scaling efficiency (1-rank time / %d-rank time, same global batch): overlapped %.3f, after backward %.3f (target >= 0.9)\n",
-           ranks, one.step_s / ov.step_s, one.step_s / no.step_s);
-    printf("communication wait share of step time: overlapped %.1f%%, after backward %.1f%% (target < 5%% overlapped)\n",
-           100 * ov.wait_s / ov.step_s, 100 * no.wait_s / no.step_s);
+    for (int i = 0; i < nl; i++)
+        if (bench_layout(c, &layouts[which[i]], ranks, rounds)) return 1;
     return 0;
 }

@@ -310,14 +310,16 @@ static void report_memory(plan_report_t *r, const train_ctx_t *c, const train_fl
     char b[8][32];
     mem_need(c, f, c->B, &m);
     plan_report_section(r, "memory", c->gpu ? "memory per GPU (rank 0; loom's tensor tables)" : "memory per process (rank 0; loom's tensor tables)");
-    plan_report_num(r, "params", m.params, "weights (fp32 masters)", "%s (%zu floats, padded table)", plan_bytes(m.params, b[0], 32), m.num_params);
+    plan_report_num(r, "params", m.params, "weights (fp32 masters)", "%s (%zu floats, padded table%s)", plan_bytes(m.params, b[0], 32), m.num_params,
+                    f->zero == 3 ? "; this rank's shard" : "");
     plan_report_num(r, "grads", m.grads, "gradients (fp32)", "%s%s", plan_bytes(m.grads, b[1], 32), f->zero == 2 ? " (whole: backward writes every gradient; the accumulated sum is the shard)" : "");
     plan_report_num(r, "optim", m.optim, "AdamW m and v", "%s (ZeRO-%d%s)", plan_bytes(m.optim, b[2], 32), f->zero, f->zero ? ", this rank's shard" : "");
     plan_report_num(r, "master", m.master, "separate master weights", "0 (the fp32 weights are the masters at %s)", f->dtype);
     plan_report_num(r, "acts", m.acts, "activations", "%s: %s per layer x %d + shared (recompute %s)", plan_bytes(m.acts, b[3], 32),
                     plan_bytes(m.acts_per_layer, b[4], 32), c->cfg.n_layer, loom_recompute_name((loom_recompute)c->rc));
     plan_report_num(r, "batch", m.batch, "token ids, targets, losses", "%s", plan_bytes(m.batch, b[5], 32));
-    plan_report_num(r, "comm", m.comm, "communication buffers", "0 (gradients reduce in place, in buckets)");
+    if (f->zero == 3) plan_report_num(r, "comm", m.comm, "ZeRO-3 gather buffers", "%s (two blocks' weights and gradients, the shared tensors' once each)", plan_bytes(m.comm, b[7], 32));
+    else plan_report_num(r, "comm", m.comm, "communication buffers", "0 (gradients reduce in place, in buckets)");
     plan_report_num(r, "runtime", m.runtime, "runtime (context, libraries, workspace)", "%s", plan_bytes(m.runtime, b[6], 32));
     plan_report_num(r, "device", m.device, c->gpu ? "total on the GPU" : "total counted", "%s of %s", plan_bytes(m.device, b[7], 32), plan_bytes(c->capacity, b[0], 32));
     plan_report_num(r, "staging", m.staging, "checkpoint staging (host)", "%s", plan_bytes(m.staging, b[1], 32));
@@ -330,7 +332,7 @@ static void report_memory(plan_report_t *r, const train_ctx_t *c, const train_fl
  * (fp32 tensors everywhere; the dtype is the tensor cores' rate). */
 static void report_stages(plan_report_t *r, const train_ctx_t *c, const train_flags_t *f, const loom_gpu_table_t *t) {
     plan_report_section(r, "zero_stages", "by ZeRO stage (same micro-batch; the largest that fits)");
-    for (int z = 0; z < 3; z++) {
+    for (int z = 0; z <= 3; z++) {
         train_flags_t g = *f;
         train_ctx_t d = *c;
         loom_plan_mem_t m;
@@ -485,10 +487,10 @@ static loom_status no_layout(train_ctx_t *c, const train_flags_t *f, const loom_
 }
 
 /* The data-parallel detail (memory by tensor table, ZeRO stages, time):
- * when the layout is data parallel with ZeRO 0-2 and it fits. */
+ * when the layout is data parallel (ZeRO 0-3) and it fits. */
 static loom_status dp_detail(train_ctx_t *c, const train_flags_t *f, const loom_gpu_table_t *t, int searched, int *detail) {
     *detail = 0;
-    if (f->tp > 1 || f->pp > 1 || f->zero == 3) return LOOM_OK;
+    if (f->tp > 1 || f->pp > 1) return LOOM_OK;
     loom_status s = pick_batch(c, f, t);
     if (s != LOOM_OK && searched) return LOOM_OK; /* the layouts above say what fits */
     *detail = s == LOOM_OK;

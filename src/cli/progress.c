@@ -30,6 +30,8 @@ static loom_status progress_after_step(void *ctx, loom_train_run_t *run, const l
     fprintf(stderr, "%sstep %lld/%lld | loss %.4f", p->tty ? "\r\033[K" : "", r->step, o->steps, r->loss);
     if (evaluated) fprintf(stderr, " | val %.4f", r->val_loss);
     fprintf(stderr, " | lr %.2e | norm %.2f | %.0f tok/s | MFU %s | ETA %s", r->lr, r->grad_norm, r->tokens_per_s, mfu, eta);
+    if (run->multi && run->dp) fprintf(stderr, " | dp comm %.1f ms", 1e3 * r->comm_wait_s);
+    if (run->tp) fprintf(stderr, " | tp comm %.1f ms", 1e3 * r->comm_tp_s);
     if (!p->tty || evaluated || r->step == o->steps) fputc('\n', stderr);
     return LOOM_OK;
 }
@@ -44,9 +46,12 @@ static void progress_end(void *ctx, loom_train_run_t *run, loom_status s) {
               run->last_val < 0 ? "n/a " : "", run->last_val, o->out);
     if (isfinite(run->energy_j_per_token))
         loom_info("loom train: energy: %.4g J per trained token", run->energy_j_per_token);
-    if (run->multi)
-        loom_info("loom train: %d ranks: %.1f%% of step time waiting for communication (%.2fs of %.2fs)", o->world_size,
+    if (run->multi && run->dp_size > 1)
+        loom_info("loom train: %d ranks: %.1f%% of step time waiting for data-parallel communication (%.2fs of %.2fs)", o->world_size,
                   100 * run->comm_wait / run->train_time, run->comm_wait, run->train_time);
+    if (run->tp)
+        loom_info("loom train: tensor parallel (--tp %d): %.1f%% of step time waiting on the tp group (%.2fs)", o->tp,
+                  100 * run->comm_tp / run->train_time, run->comm_tp);
 }
 
 static void progress_free(void *ctx) { free(ctx); }

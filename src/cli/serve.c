@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/generate.h"
 #include "obs/process.h"
+#include "serve/draft.h"
 #include "serve/server.h"
 
 static volatile sig_atomic_t stop_signal;
@@ -38,7 +39,7 @@ static void split_run(const char *spec, char *name, size_t cap, const char **dir
 
 typedef struct {
     loom_arg_list_t runs;
-    const char *host, *api_key, *chat_template, *cors_origin;
+    const char *host, *api_key, *chat_template, *cors_origin, *draft_run;
     int port, threads, max_queue;
     loom_cli_engine_flags_t engine;
     double timeout, grace;
@@ -68,7 +69,28 @@ static loom_status chat_template_of(const char *dir, const char *flag, loom_toke
     return LOOM_OK;
 }
 
-static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_opened_t *opened) {
+/* --draft-run: the draft model whose proposals target t's speculation
+ * verifies (serve/draft.h), opened as the targets are (its int8 or 2:4
+ * copies included) with its tokenizer checked against t's; opened at the
+ * first target, checked at every one. Sets ec's draft. */
+static loom_status use_draft(const serve_flags_t *f, const loom_open_opts_t *oo, const char *dir,
+                             const loom_opened_t *t, loom_opened_t *dm, loom_draft_t **d, loom_engine_config_t *ec) {
+    if (!f->draft_run || !*f->draft_run) return LOOM_OK;
+    int first = !*d;
+    if (first) LOOM_TRY(loom_open(f->draft_run, oo, dm));
+    LOOM_TRY(loom_draft_check_tokenizer(dm->tok, dm->cfg.vocab_size, f->draft_run, t->tok, t->cfg.vocab_size, dir));
+    if (first) {
+        loom_infer_weights_release_fp32(dm->model, &dm->weights);
+        LOOM_TRY(loom_draft_create(d, dm->model, &dm->weights, t->cfg.vocab_size, 8));
+        fprintf(stderr, "loom serve: draft model %s (%d layers, %d wide) proposes %d tokens a step\n", f->draft_run,
+                dm->cfg.n_layer, dm->cfg.channels, ec->speculate ? ec->speculate : 4);
+    }
+    ec->draft = loom_draft_propose, ec->draft_ctx = *d, ec->draft_sampled = 1;
+    if (!ec->speculate) ec->speculate = 4;
+    return LOOM_OK;
+}
+
+static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_opened_t *opened, loom_draft_t **draft) {
     loom_open_opts_t oo = loom_cli_engine_flags_open(&f->engine, f->threads);
     loom_engine_config_t ec;
     LOOM_TRY(loom_cli_engine_flags_config(&f->engine, &ec));
@@ -78,6 +100,7 @@ static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_
         const char *dir;
         split_run(f->runs.v[i], name, sizeof name, &dir);
         LOOM_TRY(loom_open(dir, &oo, &opened[i]));
+        LOOM_TRY(use_draft(f, &oo, dir, &opened[i], &opened[f->runs.n], draft, &ec));
         /* the server runs the model only through the engine: an int8 run keeps no fp32 linear weights */
         size_t given = loom_infer_weights_release_fp32(opened[i].model, &opened[i].weights);
         loom_cli_engine_config_model(&ec, &opened[i]);
@@ -108,10 +131,11 @@ static int serve_run(const serve_flags_t *f) {
     signal(SIGPIPE, SIG_IGN);
     loom_server_config_t c = {f->host, f->port, f->max_queue, f->api_key, f->timeout, f->cors_origin && f->cors_origin[0] ? f->cors_origin : NULL};
     loom_server_t *srv = NULL;
-    loom_opened_t *opened = loom_calloc((size_t)f->runs.n, sizeof *opened);
+    loom_opened_t *opened = loom_calloc((size_t)f->runs.n + 1, sizeof *opened); /* the last: --draft-run's */
+    loom_draft_t *draft = NULL;
     loom_status s = loom_server_start(&srv, &c);
     if (s == LOOM_OK) fprintf(stderr, "loom serve: listening on http://%s:%d, loading\n", f->host, loom_server_port(srv));
-    if (s == LOOM_OK) s = load_models(srv, f, opened);
+    if (s == LOOM_OK) s = load_models(srv, f, opened, &draft);
     if (s == LOOM_OK) s = loom_server_ready(srv);
     if (s == LOOM_OK) {
         fprintf(stderr, "loom serve: ready on http://%s:%d\n", f->host, loom_server_port(srv));
@@ -124,7 +148,8 @@ static int serve_run(const serve_flags_t *f) {
         fprintf(stderr, "loom serve: %s\n", loom_errmsg());
     }
     loom_server_free(srv);
-    for (int i = 0; i < f->runs.n; i++) loom_open_close(&opened[i]);
+    loom_draft_free(draft);
+    for (int i = 0; i <= f->runs.n; i++) loom_open_close(&opened[i]);
     free(opened);
     free(f->runs.v);
     return s == LOOM_OK ? 0 : loom_exit_code(s);
@@ -144,6 +169,7 @@ int cmd_serve(int argc, char **argv) {
         loom_flag(LOOM_FLAG_KV_MEMORY, &f.engine.kv_memory), /* for all models together, split evenly */
         LOOM_CLI_ENGINE_SIZE_FLAGS(f.engine),                /* --max-seqs per model */
         {"speculate", ARG_INT, &f.engine.speculate, "0", 0, 16, "draft tokens per step by prompt lookup (speculative decoding, while at most 8 sequences decode; same greedy output), 0 = off"},
+        {"draft-run", ARG_STR, &f.draft_run, "", 0, 0, "a small model of the same tokenizer that drafts the --speculate tokens (default 4) instead of prompt lookup; same greedy output, same sampled distribution"},
         {"no-prefix-cache", ARG_BOOL, &f.engine.no_prefix_cache, NULL, 0, 0, "compute every prompt in full (default: reuse the KV blocks of prompt prefixes seen before; the output is the same bits)"},
         {"max-queue", ARG_INT, &f.max_queue, "256", 0, 1 << 20, "prompts waiting for their first token at most; above: 429 with Retry-After (0 = no cap)"},
         {"api-key", ARG_STR, &f.api_key, "", 0, 0, "ask clients for 'Authorization: Bearer KEY' on /v1 routes (none: open)"},

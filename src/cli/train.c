@@ -80,6 +80,7 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int *keep_sparsity, int
         loom_flag(LOOM_FLAG_RECOMPUTE, &o->recompute),
         {"nproc", ARG_INT, nproc, "0", 0, 4096, "start this many local ranks (data parallel over TCP on 127.0.0.1); 0 = as launched (mpirun, srun, torchrun environment)"},
         loom_flag(LOOM_FLAG_ZERO, &o->zero),
+        {"tp", ARG_INT, &o->tp, "1", 1, 4096, "tensor-parallel ranks per group: each layer's heads, MLP and vocabulary split over this many consecutive ranks (Megatron; --dtype fp32); the ranks divide into world / tp data-parallel replicas (docs/dist.md)"},
         loom_flag(LOOM_FLAG_GRAD_DTYPE, &o->grad_dtype),
         {"dist-timeout", ARG_FLOAT, &o->dist_timeout, "300", 1, 1e6, "seconds a rank waits for a dead or hung peer before every rank exits naming it"},
         {"no-overlap", ARG_BOOL, &o->no_overlap, "0", 0, 0, "reduce gradients after backward instead of during it"},

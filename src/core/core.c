@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "core.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -197,6 +198,22 @@ static void dir_of(const char *path, char *dir, size_t cap) {
     if (slash == dir) slash[1] = 0;
     else if (slash) *slash = 0;
     else snprintf(dir, cap, ".");
+}
+
+void *loom_dl_load(const loom_dl_spec_t *spec, void **slots, char *why, size_t wn) {
+    const char *e = getenv(spec->env), *path = e && *e ? e : spec->dflt;
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(why, wn, "%s cannot be loaded: %s (%s)", spec->what, dlerror(), spec->hint);
+        return NULL;
+    }
+    for (int i = 0; i < spec->n; i++)
+        if (!(slots[i] = dlsym(h, spec->names[i]))) {
+            snprintf(why, wn, "%s has no %s (%s)", path, spec->names[i], spec->too_old);
+            dlclose(h);
+            return NULL;
+        }
+    return h;
 }
 
 void loom_fsync_dir(const char *path) {

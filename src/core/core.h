@@ -95,4 +95,19 @@ loom_status loom_mkdir_p(const char *path);
 /* fsync a directory so that renames inside it are durable. */
 void loom_fsync_dir(const char *path);
 
+/* An optional shared library (NCCL, cuSPARSELt), opened at first use. */
+typedef struct {
+    const char *env, *dflt;   /* the variable that may name the file, and the file otherwise */
+    const char *what, *hint;  /* the library's name, and what to do when it is missing */
+    const char *too_old;      /* why a library may lack an entry point */
+    const char *const *names; /* the entry points, in the order of the caller's table */
+    int n;
+} loom_dl_spec_t;
+/* Opens the file named by $env (when set and not empty) or dflt,
+ * RTLD_NOW | RTLD_LOCAL, and resolves names[0..n) into slots[0..n) (the
+ * caller's table of function pointers, filled as dlsym fills one). NULL
+ * when it cannot, with why[0..wn): "<what> cannot be loaded: <dlerror>
+ * (<hint>)" or "<file> has no <name> (<too_old>)". */
+void *loom_dl_load(const loom_dl_spec_t *spec, void **slots, char *why, size_t wn);
+
 #endif

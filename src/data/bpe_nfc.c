@@ -12,16 +12,7 @@ enum { S_BASE = 0xAC00, L_BASE = 0x1100, V_BASE = 0x1161, T_BASE = 0x11A7, L_COU
 
 #define INVALID_BYTE 0x80000000u /* a byte that is not UTF-8, kept as 0x80000000 | byte */
 
-static int ccc_of(uint32_t cp) {
-    int lo = 0, hi = loom_nfc_ncccs - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2;
-        if (cp < loom_nfc_cccs[mid].lo) hi = mid - 1;
-        else if (cp > loom_nfc_cccs[mid].hi) lo = mid + 1;
-        else return loom_nfc_cccs[mid].ccc;
-    }
-    return 0;
-}
+static int ccc_of(uint32_t cp) { return loom_unicode_range_find(loom_nfc_cccs, loom_nfc_ncccs, cp, 0); }
 
 static const loom_nfc_decomp_t *decomp_of(uint32_t cp) {
     int lo = 0, hi = loom_nfc_ndecomps - 1;

@@ -10,16 +10,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bpe_unicode.h"
+
 typedef struct {
     uint32_t cp, off, len; /* loom_nfc_pool[off .. off + len) */
 } loom_nfc_decomp_t;
 typedef struct {
     uint32_t a, b, c;
 } loom_nfc_comp_t;
-typedef struct {
-    uint32_t lo, hi;
-    uint8_t ccc;
-} loom_nfc_ccc_t;
+typedef loom_unicode_range_t loom_nfc_ccc_t; /* val: the canonical combining class */
 
 extern const loom_nfc_decomp_t loom_nfc_decomps[];
 extern const int loom_nfc_ndecomps;

@@ -13,19 +13,18 @@ static pthread_once_t bmp_once = PTHREAD_ONCE_INIT;
 static void bmp_init(void) {
     for (int k = 0; k < loom_unicode_nranges && loom_unicode_ranges[k].lo < 0x10000; k++)
         for (uint32_t c = loom_unicode_ranges[k].lo; c <= loom_unicode_ranges[k].hi && c < 0x10000; c++)
-            bmp_class[c] = loom_unicode_ranges[k].cls;
+            bmp_class[c] = loom_unicode_ranges[k].val;
 }
 
-/* The class of `cp` by binary search over the ranges. */
-static int range_class(unsigned cp) {
-    int lo = 0, hi = loom_unicode_nranges - 1;
+int loom_unicode_range_find(const loom_unicode_range_t *r, int n, uint32_t cp, int none) {
+    int lo = 0, hi = n - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2;
-        if (cp < loom_unicode_ranges[mid].lo) hi = mid - 1;
-        else if (cp > loom_unicode_ranges[mid].hi) lo = mid + 1;
-        else return loom_unicode_ranges[mid].cls;
+        if (cp < r[mid].lo) hi = mid - 1;
+        else if (cp > r[mid].hi) lo = mid + 1;
+        else return r[mid].val;
     }
-    return LOOM_CC_OTHER;
+    return none;
 }
 
 /* ASCII classes, so the common case needs neither decoding nor a lookup. */
@@ -47,7 +46,7 @@ int loom_pretok_class(unsigned cp) {
         pthread_once(&bmp_once, bmp_init);
         return bmp_class[cp];
     }
-    return cp > 0x10FFFF ? LOOM_CC_OTHER : range_class(cp);
+    return cp > 0x10FFFF ? LOOM_CC_OTHER : loom_unicode_range_find(loom_unicode_ranges, loom_unicode_nranges, cp, LOOM_CC_OTHER);
 }
 
 static inline int cont(unsigned char c) { return (c & 0xC0) == 0x80; }

@@ -9,12 +9,18 @@
 
 #include "bpe_pretok.h"
 
+/* A range of code points with one value (here the class; NFC's table of
+ * combining classes, bpe_nfc.h, has the same form). */
 typedef struct {
     uint32_t lo, hi; /* first and last code point */
-    uint8_t cls;     /* LOOM_CC_LETTER, LOOM_CC_NUMBER or LOOM_CC_SPACE */
+    uint8_t val;     /* LOOM_CC_LETTER, LOOM_CC_NUMBER or LOOM_CC_SPACE */
 } loom_unicode_range_t;
 
 extern const loom_unicode_range_t loom_unicode_ranges[];
 extern const int loom_unicode_nranges;
+
+/* The value of the range of r[0..n) (sorted, disjoint) that holds cp, or
+ * `none`: a binary search (bpe_pretok.c). */
+int loom_unicode_range_find(const loom_unicode_range_t *r, int n, uint32_t cp, int none);
 
 #endif

@@ -5,7 +5,6 @@
  * undefined value renders as "" but fails when looked into. */
 #define _GNU_SOURCE
 #include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +27,13 @@ typedef struct {
     loopinfo_t *loop;    /* V_LOOP */
 } val_t;
 
+/* A growable string (NUL-terminated once anything was put): values built
+ * by filters and the rendered output alike. */
+typedef struct {
+    char *p;
+    size_t n, cap;
+} sbuf_t;
+
 typedef struct frame {
     const char *names[16];
     val_t vals[16];
@@ -38,8 +44,7 @@ typedef struct frame {
 
 typedef struct {
     const loom_chat_template_t *t;
-    char *out;
-    size_t len, cap;
+    sbuf_t out;
     frame_t *top;
     cJSON *owned;        /* an array holding every list, dict and namespace made here */
     void **strs;         /* strings made here */
@@ -48,17 +53,8 @@ typedef struct {
     int brk, cont, depth;
 } ctx_t;
 
-static loom_status fail(ctx_t *c, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static loom_status fail(ctx_t *c, int line, const char *fmt, ...) {
-    if (c->err != LOOM_OK) return c->err;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    c->err = loom_error(LOOM_EINVAL, "%s: line %d: %s", c->t->origin, line, msg);
-    return c->err;
-}
+/* A render error: LOOM_EINVAL, the first one kept. */
+#define fail(c, line, ...) loom_chat_fail(&(c)->err, LOOM_EINVAL, (c)->t->origin, line, __VA_ARGS__)
 
 static val_t V(int k) { return (val_t){.k = k}; }
 static val_t vint(long long i) { return (val_t){.k = V_INT, .i = i}; }
@@ -80,11 +76,6 @@ static cJSON *own_json(ctx_t *c, cJSON *j) {
 }
 
 /* ---- strings -------------------------------------------------------------------------- */
-
-typedef struct {
-    char *p;
-    size_t n, cap;
-} sbuf_t;
 
 static void sb_put(sbuf_t *b, const char *s, size_t n) {
     if (b->n + n + 1 > b->cap) {
@@ -934,17 +925,6 @@ static val_t eval(ctx_t *c, const node_t *n) {
 
 /* ---- statements ----------------------------------------------------------------------------- */
 
-static void emit(ctx_t *c, const char *s, size_t n) {
-    if (c->len + n + 1 > c->cap) {
-        c->cap = 2 * (c->len + n + 1) + 256;
-        c->out = realloc(c->out, c->cap);
-        if (!c->out) loom_panic(__FILE__, __LINE__, "out of memory");
-    }
-    memcpy(c->out + c->len, s, n);
-    c->len += n;
-    c->out[c->len] = 0;
-}
-
 static void run(ctx_t *c, const node_t *n);
 
 /* Bind the loop variables to one item ("a, b" takes a pair). */
@@ -1011,10 +991,10 @@ static void run_set(ctx_t *c, const node_t *n) {
 static void run(ctx_t *c, const node_t *n) {
     for (; n && c->err == LOOM_OK && !c->brk && !c->cont; n = n->next) {
         switch (n->kind) {
-        case S_TEXT: emit(c, n->name, n->len); break;
+        case S_TEXT: sb_put(&c->out, n->name, n->len); break;
         case S_OUT: {
             val_t v = to_str(c, eval(c, n->a));
-            if (c->err == LOOM_OK) emit(c, v.s, v.n);
+            if (c->err == LOOM_OK) sb_put(&c->out, v.s, v.n);
             break;
         }
         case S_IF: run(c, truthy(eval(c, n->a)) ? n->b : n->c); break;
@@ -1040,7 +1020,7 @@ loom_status loom_chat_template_render(const loom_chat_template_t *t, const loom_
     const cJSON *x;
     cJSON_ArrayForEach(x, v->extra) bind(&c, x->string, from_json(x));
     push_frame(&c, &root); /* the template's own top-level names shadow the globals */
-    emit(&c, "", 0);
+    sb_put(&c.out, "", 0);
     run(&c, t->body);
     pop_frame(&c, &root);
     pop_frame(&c, &globals);
@@ -1048,9 +1028,9 @@ loom_status loom_chat_template_render(const loom_chat_template_t *t, const loom_
     free(c.strs);
     cJSON_Delete(c.owned);
     if (c.err != LOOM_OK) {
-        free(c.out);
+        free(c.out.p);
         return c.err;
     }
-    *out = c.out;
+    *out = c.out.p;
     return LOOM_OK;
 }

@@ -11,6 +11,16 @@
 #include "bpe_pretok.h"
 #include "chat_template_int.h"
 
+loom_status loom_chat_fail(loom_status *err, loom_status code, const char *origin, int line, const char *fmt, ...) {
+    if (*err != LOOM_OK) return *err;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return *err = loom_error(code, "%s: line %d: %s", origin, line, msg);
+}
+
 void *loom_chat_alloc(loom_chat_template_t *t, size_t n) {
     if (t->nblocks == t->capblocks) {
         t->capblocks = t->capblocks ? 2 * t->capblocks : 64;
@@ -50,17 +60,9 @@ typedef struct {
     loom_status err;
 } parser_t;
 
-static loom_status perr(parser_t *ps, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static loom_status perr(parser_t *ps, int line, const char *fmt, ...) {
-    if (ps->err != LOOM_OK) return ps->err;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    ps->err = loom_error(LOOM_EUNAVAIL, "%s: line %d: %s", ps->t->origin, line, msg);
-    return ps->err;
-}
+/* A template the parser cannot take: LOOM_EUNAVAIL (the caller may fall
+ * back to a built-in format). */
+#define perr(ps, line, ...) loom_chat_fail(&(ps)->err, LOOM_EUNAVAIL, (ps)->t->origin, line, __VA_ARGS__)
 
 #define MAX_NEST 100
 
@@ -683,17 +685,25 @@ static node_t *parse_if(parser_t *ps, lex_t *lx) {
     return n;
 }
 
-static node_t *parse_for(parser_t *ps, lex_t *lx) {
-    node_t *n = new_node(lx, S_FOR);
-    if (lx->tok.kind != T_NAME) return perr(ps, lx->line, "expected a loop variable after \"for\""), NULL;
+/* The node of a for or set tag with its target: a name (n->name), then
+ * after `sep` ("," in for, "." in set) a second one (n->name2). NULL,
+ * with "expected <what>", when a name is missing. */
+static node_t *targets(parser_t *ps, lex_t *lx, int kind, const char *sep, const char *what, const char *what2) {
+    node_t *n = new_node(lx, kind);
+    if (lx->tok.kind != T_NAME) return perr(ps, lx->line, "expected %s", what), NULL;
     n->name = tok_name(lx);
     NEXT(lx);
-    if (is_op(lx, ",")) {
-        NEXT(lx);
-        if (lx->tok.kind != T_NAME) return perr(ps, lx->line, "expected a second loop variable"), NULL;
-        n->name2 = tok_name(lx);
-        NEXT(lx);
-    }
+    if (!is_op(lx, sep)) return n;
+    NEXT(lx);
+    if (lx->tok.kind != T_NAME) return perr(ps, lx->line, "expected %s", what2), NULL;
+    n->name2 = tok_name(lx);
+    NEXT(lx);
+    return n;
+}
+
+static node_t *parse_for(parser_t *ps, lex_t *lx) {
+    node_t *n = targets(ps, lx, S_FOR, ",", "a loop variable after \"for\"", "a second loop variable");
+    if (!n) return NULL;
     if (!is_word(lx, "in")) return perr(ps, lx->line, "expected \"in\" in a for loop (more than two loop variables are not supported)"), NULL;
     NEXT(lx);
     if (!(n->a = parse_or(lx))) return NULL;
@@ -717,16 +727,8 @@ static node_t *parse_for(parser_t *ps, lex_t *lx) {
 }
 
 static node_t *parse_set(parser_t *ps, lex_t *lx) {
-    node_t *n = new_node(lx, S_SET);
-    if (lx->tok.kind != T_NAME) return perr(ps, lx->line, "expected a name after \"set\""), NULL;
-    n->name = tok_name(lx);
-    NEXT(lx);
-    if (is_op(lx, ".")) {
-        NEXT(lx);
-        if (lx->tok.kind != T_NAME) return perr(ps, lx->line, "expected an attribute name in \"set\""), NULL;
-        n->name2 = tok_name(lx);
-        NEXT(lx);
-    }
+    node_t *n = targets(ps, lx, S_SET, ".", "a name after \"set\"", "an attribute name in \"set\"");
+    if (!n) return NULL;
     if (is_op(lx, ",")) return perr(ps, lx->line, "\"set\" with several targets is not supported"), NULL;
     if (lx->tok.kind == T_END) return perr(ps, lx->line, "the block form of \"set\" ({%% set x %%}...{%% endset %%}) is not supported"), NULL;
     if (!is_op(lx, "=")) return perr(ps, lx->line, "expected '=' in \"set\""), NULL;

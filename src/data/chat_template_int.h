@@ -50,6 +50,11 @@ struct loom_chat_template {
  * length in bytes. */
 int loom_chat_py_space(const unsigned char *s, size_t left, int *n);
 
+/* The first error of a parse or a render: *err becomes `code` with
+ * "origin: line N: message"; once set, later errors leave it. Returns *err. */
+loom_status loom_chat_fail(loom_status *err, loom_status code, const char *origin, int line, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
 /* Allocate n bytes (zeroed) owned by the template. */
 void *loom_chat_alloc(loom_chat_template_t *t, size_t n);
 

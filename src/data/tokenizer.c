@@ -333,10 +333,12 @@ struct loom_encoder {
     const loom_tokenizer_t *t;
     loom_strmap_t cache;      /* word bytes -> offset << 24 | count into cache_ids */
     loom_ids_t cache_ids;
-    uint32_t *sym;            /* scratch: symbol ids */
-    uint64_t *rank;           /* scratch: packed rank of (sym[i], sym[i+1]) */
-    int32_t *prev, *next;     /* scratch for long words */
-    uint64_t *heap;
+    /* scratch for a word of up to cap symbols, one allocation (at rank):
+     * rank (cap), heap (2 cap), then sym, prev, next (cap each) */
+    uint64_t *rank;           /* packed rank of (sym[i], sym[i+1]) */
+    uint64_t *heap;           /* long words */
+    uint32_t *sym;            /* symbol ids */
+    int32_t *prev, *next;     /* long words */
     size_t cap;
     size_t *at_raw, *at_norm; /* (nspecial), (nnorm): next known occurrence of each added token */
     unsigned char *norm;      /* scratch: the normalized text (SentencePiece) */
@@ -356,11 +358,7 @@ void loom_encoder_free(loom_encoder_t *e) {
     if (!e) return;
     loom_strmap_free(&e->cache);
     loom_ids_free(&e->cache_ids);
-    free(e->sym);
     free(e->rank);
-    free(e->prev);
-    free(e->next);
-    free(e->heap);
     free(e->at_raw);
     free(e->at_norm);
     free(e->norm);
@@ -370,16 +368,12 @@ void loom_encoder_free(loom_encoder_t *e) {
 static void scratch(loom_encoder_t *e, size_t n) {
     if (n <= e->cap) return;
     e->cap = n * 2;
-    free(e->sym);
     free(e->rank);
-    free(e->prev);
-    free(e->next);
-    free(e->heap);
-    e->sym = loom_malloc(e->cap * sizeof *e->sym);
-    e->rank = loom_malloc(e->cap * sizeof *e->rank);
-    e->prev = loom_malloc(e->cap * sizeof *e->prev);
-    e->next = loom_malloc(e->cap * sizeof *e->next);
-    e->heap = loom_malloc(e->cap * 2 * sizeof *e->heap);
+    e->rank = loom_malloc(e->cap * (3 * sizeof(uint64_t) + sizeof(uint32_t) + 2 * sizeof(int32_t)));
+    e->heap = e->rank + e->cap;
+    e->sym = (uint32_t *)(e->heap + 2 * e->cap);
+    e->prev = (int32_t *)(e->sym + e->cap);
+    e->next = e->prev + e->cap;
 }
 
 static inline uint64_t pair_rank(const loom_tokenizer_t *t, uint32_t a, uint32_t b) {

@@ -101,13 +101,7 @@ static int argmax(const float *logits, int V) {
 
 int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng,
                        float *scratch) {
-    if (s->temperature <= 0) return argmax(logits, V);
-    cand_t *c = loom_malloc((size_t)V * sizeof *c);
-    double mass;
-    int n = kept(logits, V, s, scratch, c, &mass);
-    int tok = draw(c, n, loom_rng_uniform(rng) * mass, -1);
-    free(c);
-    return tok;
+    return loom_sample_probs(logits, V, s, rng, scratch, NULL);
 }
 
 int loom_sample_verify(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
@@ -121,6 +115,44 @@ int loom_sample_verify(const float *logits, int V, const loom_sampling_t *s, loo
     /* accept with probability p(draft) (the draft's own probability is 1);
      * else draw from p without the draft, renormalized */
     if (!(loom_rng_uniform(rng) * mass < wd)) tok = draw(c, n, loom_rng_uniform(rng) * (mass - wd), draft);
+    free(c);
+    return tok;
+}
+
+int loom_sample_probs(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
+                      float *q) {
+    if (s->temperature <= 0) return argmax(logits, V);
+    cand_t *c = loom_malloc((size_t)V * sizeof *c);
+    double mass;
+    int n = kept(logits, V, s, scratch, c, &mass);
+    int tok = draw(c, n, loom_rng_uniform(rng) * mass, -1);
+    if (q) memset(q, 0, (size_t)V * sizeof *q);
+    for (int i = 0; q && i < n; i++) q[c[i].id] = (float)(c[i].e / mass);
+    free(c);
+    return tok;
+}
+
+int loom_sample_verify_q(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
+                         int draft, const float *q) {
+    if (s->temperature <= 0 || draft < 0 || !q) return loom_sample_verify(logits, V, s, rng, scratch, draft);
+    cand_t *c = loom_malloc((size_t)V * sizeof *c);
+    double mass, pd = 0;
+    int n = kept(logits, V, s, scratch, c, &mass), tok = draft;
+    for (int i = 0; i < n; i++)
+        if (c[i].id == draft) pd = c[i].e / mass;
+    /* accept with probability min(1, p(draft) / q(draft)); else draw from
+     * max(0, p - q), renormalized: together exactly p (Leviathan et al.
+     * 2023, Chen et al. 2023) */
+    if (!(loom_rng_uniform(rng) * q[draft] < pd)) {
+        double left = 0;
+        for (int i = 0; i < n; i++) {
+            double r = c[i].e / mass - q[c[i].id];
+            c[i].e = r > 0 ? (float)r : 0.0f;
+            left += c[i].e;
+        }
+        /* p <= q everywhere only by rounding (a rejection means p < q at the draft): then p itself */
+        tok = left > 0 ? draw(c, n, loom_rng_uniform(rng) * left, -1) : loom_sample_logits(logits, V, s, rng, scratch);
+    }
     free(c);
     return tok;
 }

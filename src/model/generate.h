@@ -33,6 +33,23 @@ int loom_sample_logits(const float *logits, int V, const loom_sampling_t *s, loo
 int loom_sample_verify(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
                        int draft);
 
+/* loom_sample_logits' token, and (sampled only, q not NULL) the
+ * distribution it was drawn from into q (V probabilities, 0 for tokens
+ * top_k / top_p drop):
+ * what a draft model proposes with (speculative decoding). scratch: 2*V
+ * floats. */
+int loom_sample_probs(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
+                      float *q);
+/* Verify a draft drawn from distribution q (V probabilities, as
+ * loom_sample_probs writes; NULL: a draft proposed with certainty, as
+ * loom_sample_verify): sampled, the draft with probability
+ * min(1, p(draft) / q(draft)), else a draw from max(0, p - q)
+ * renormalized, so the token follows p exactly. Greedy (or draft < 0): as
+ * loom_sample_verify. The token equals draft iff the draft is accepted.
+ * scratch: V floats. */
+int loom_sample_verify_q(const float *logits, int V, const loom_sampling_t *s, loom_rng_t *rng, float *scratch,
+                         int draft, const float *q);
+
 /* Generate `n` tokens after `prompt` (np >= 1 ids), calling emit(token, ctx)
  * for each; stops early when emit returns non-zero. Past the model's
  * context the window slides: the newest half is prefilled again. */

@@ -65,6 +65,8 @@ typedef struct {
     int n_kv_heads;  /* KV: key/value heads, dividing NH (KV = NH: multi-head, 1: multi-query,
                       * else grouped-query); 0 = NH, filled by loom_gpt_config_finish */
     int ffn_hidden;  /* H: the MLP's hidden width; 0 = 4C (GPT-2), filled by finish */
+    int head_dim;    /* hs when it is not C / NH (a tensor-parallel rank's shard holds NH/N
+                      * heads of the whole model's size: parallel/tp.h); 0 = C / NH */
 
     /* block variant */
     loom_norm_kind norm;
@@ -84,7 +86,9 @@ typedef struct {
 } loom_gpt_config_t;
 
 /* Derived sizes of a finished config. */
-int loom_gpt_head_size(const loom_gpt_config_t *c); /* hs = C / NH */
+int loom_gpt_head_size(const loom_gpt_config_t *c); /* hs = head_dim, or C / NH */
+/* Width of attention's output, NH * hs: C unless head_dim says otherwise. */
+int loom_gpt_attn_width(const loom_gpt_config_t *c);
 /* Rows of one layer's fused qkv weight: NH*hs queries, then KV*hs keys, then KV*hs values. */
 int loom_gpt_qkv_rows(const loom_gpt_config_t *c);
 /* Rows of one layer's fc weight: H (GELU), or gate then up, 2H (SwiGLU). */
@@ -120,7 +124,7 @@ enum {
     LOOM_WTE,      /* (Vp, C) */
     LOOM_WPE,      /* (maxT, C); - under RoPE */
     LOOM_QKVW,     /* (L, QR, C): q rows, then k, then v */
-    LOOM_ATTPROJW, /* (L, C, C) */
+    LOOM_ATTPROJW, /* (L, C, AW), AW = loom_gpt_attn_width (C) */
     LOOM_FCW,      /* (L, FR, C): GELU's fc, or SwiGLU's gate then up */
     LOOM_FCPROJW,  /* (L, C, H) */
     LOOM_LMHEAD,   /* (Vp, C); - when the head is tied to wte */
@@ -197,6 +201,22 @@ struct loom_gpt {
     void (*grad_hook)(void *ctx, int layer);
     void *grad_hook_ctx;
 
+    /* Tensor parallelism (parallel/tp.h), or NULL: the model is then one
+     * rank's shard and these hooks do what a shard cannot alone. */
+    const struct loom_gpt_tp_hooks *tp;
+
+    /* Fully sharded data parallel (train/zero3.h): no rank holds the whole
+     * parameter block, so forward and backward read every weight and write
+     * every gradient through view(ctx, i, l, grad): tensor i's slice for
+     * block l (l = 0 for the tensors that are not per layer) in a gathered
+     * copy. layer_hook(ctx, l, backward) runs before block l's forward
+     * (backward 0) or backward (1), and with l = -1 before the embeddings
+     * and before the head's backward: where the weights are gathered and
+     * the next block's gather is issued. NULL = m->param and m->grad. */
+    float *(*view)(void *ctx, int i, int l, int grad);
+    void (*layer_hook)(void *ctx, int l, int backward);
+    void *view_ctx;
+
     /* Int8 linear weights as a file stored them (a Q8_0 GGUF whose
      * linear matrices are all q8_0), or NULL. Host memory, one malloc:
      * (L, 4) tensors in model/quant.h's LOOM_QLIN_* order, then their
@@ -214,6 +234,24 @@ struct loom_gpt {
      * (docs/quantization.md). Freed with the model. */
     loom_tensor_t *file_q;
 };
+
+/* What a tensor-parallel shard's forward and backward call out to
+ * (parallel/tp.c fills it). The shard's wte / lm_head rows are a slice
+ * of the vocabulary, so the embedding, the head's input gradient and the
+ * cross-entropy need the other ranks; the row-parallel matmuls' outputs
+ * and the column-parallel ones' input gradients are sums over ranks. */
+typedef struct loom_gpt_tp_hooks {
+    void *ctx;
+    int vocab_size; /* the whole model's V: tokens and targets are checked against it */
+    /* buf (n ACT elements, backend memory) = its sum over the group. */
+    void (*allreduce)(void *ctx, float *buf, size_t n);
+    /* out (B,T,C) = the embedding of m->tokens (+ wpe). */
+    void (*embed_forward)(void *ctx, float *out, int B, int T);
+    /* wte's (and wpe's) gradient from dout (B,T,C). */
+    void (*embed_backward)(void *ctx, const float *dout, int B, int T);
+    /* crossentropy's contract on the shard's logits (N, Vp of the shard). */
+    void (*crossentropy)(void *ctx, float *losses, float *logits, int N, float dloss);
+} loom_gpt_tp_hooks_t;
 
 /* Layer l's slice of tensor i (LOOM_WTE ...) in `views` (m->param,
  * m->grad, or views laid out like them): the whole tensor for the ones

@@ -44,12 +44,22 @@ struct loom_infer {
     int *d_tokens, *d_pos, *d_seq, *d_slot; /* (N) */
     int *d_tables; /* (S, max_blocks) */
     int *d_rows;   /* (R) */
-    int *h_slot;   /* (N) host */
-    int *h_count;  /* (S) host: rows of each sequence in this batch */
-    int *seg_start, *seg_gemm, n_seg; /* (N + 1) host: runs of rows, prefill (GEMM) or not */
+    /* host, one allocation (at h_slot): */
+    int *h_slot;   /* (N) */
+    int *h_count;  /* (S): rows of each sequence in this batch */
+    int *seg_start, *seg_gemm, n_seg; /* (N + 1): runs of rows, prefill (GEMM) or not */
     const loom_quant_t *quant; /* int8 linear weights, or NULL */
     const loom_sparse24_t *s24; /* 2:4 compressed linear weights, or NULL */
+    float *s24_dense;  /* host: one linear weight decompressed for a long prefill run, once
+                          the model's dense copy is gone (NULL until needed) */
+    int s24_key;       /* which weight it holds: l * LOOM_QLIN_COUNT + which + 1, 0 none */
 };
+
+/* Prefill runs this long take the GEMM on a weight decompressed for it
+ * when the dense weights are gone (the decompression, one write of the
+ * weight, is then small beside the run's arithmetic); shorter ones the
+ * compressed kernel. */
+#define S24_GEMM_ROWS 32
 
 /* Key/value heads of a config, 0 read as n_head (an unfinished config). */
 static int kv_heads(const loom_gpt_config_t *c) { return c->n_kv_heads ? c->n_kv_heads : c->n_head; }
@@ -73,9 +83,7 @@ void loom_infer_free(loom_infer_t *inf) {
         if (bufs[i]) be->free(bufs[i]);
     free(inf->layers);
     free(inf->h_slot);
-    free(inf->h_count);
-    free(inf->seg_start);
-    free(inf->seg_gemm);
+    free(inf->s24_dense);
     free(inf);
 }
 
@@ -140,10 +148,10 @@ loom_status loom_infer_create(loom_infer_t **out, loom_gpt_t *m, int num_blocks,
     inf->d_slot = buf(be, N, sizeof(int), &fail);
     inf->d_tables = buf(be, (size_t)max_seqs * inf->max_blocks, sizeof(int), &fail);
     inf->d_rows = buf(be, R, sizeof(int), &fail);
-    inf->h_slot = loom_malloc(N * sizeof(int));
-    inf->h_count = loom_malloc((size_t)max_seqs * sizeof(int));
-    inf->seg_start = loom_malloc((N + 1) * sizeof(int));
-    inf->seg_gemm = loom_malloc((N + 1) * sizeof(int));
+    inf->h_slot = loom_malloc((N + (size_t)max_seqs + 2 * (N + 1)) * sizeof(int));
+    inf->h_count = inf->h_slot + N;
+    inf->seg_start = inf->h_count + max_seqs;
+    inf->seg_gemm = inf->seg_start + N + 1;
     if (fail || !inf->cache) {
         loom_infer_free(inf);
         return loom_error(LOOM_ENOMEM, "cannot allocate the KV cache (%d blocks of %zu bytes) and activations for %d tokens on %s",
@@ -214,18 +222,19 @@ void loom_infer_weights_free(loom_infer_weights_t *w) {
 }
 
 size_t loom_infer_weights_release_fp32(loom_gpt_t *m, const loom_infer_weights_t *w) {
-    if (!w->quant || (m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return 0;
+    if ((!w->quant && !w->s24) || (m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return 0;
     static const int lin[4][2] = {{LOOM_QKVW, LOOM_QLIN_QKV}, {LOOM_ATTPROJW, LOOM_QLIN_ATTPROJ},
                                   {LOOM_FCW, LOOM_QLIN_FC}, {LOOM_FCPROJW, LOOM_QLIN_FCPROJ}};
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     size_t given = 0;
     for (int i = 0; i < 4; i++) {
         int every_layer = 1; /* only a matrix whose int8 copy exists in every layer goes */
-        for (int l = 0; l < m->cfg.n_layer; l++) every_layer &= loom_quant_weight(w->quant, lin[i][1], l) != NULL;
+        for (int l = 0; l < m->cfg.n_layer && w->quant; l++) every_layer &= loom_quant_weight(w->quant, lin[i][1], l) != NULL;
         uintptr_t a = (uintptr_t)m->param[lin[i][0]], b = a + m->ptable[lin[i][0]].numel * sizeof(float);
         a = (a + page - 1) & ~(page - 1), b &= ~(page - 1); /* whole pages inside the tensor only */
         if (every_layer && b > a && madvise((void *)a, b - a, MADV_DONTNEED) == 0) given += b - a;
     }
+    if (!w->quant) loom_sparse24_set_dense_gone(w->s24); /* every linear weight has its 2:4 copy */
     return given;
 }
 
@@ -269,6 +278,22 @@ static void gemm(const loom_backend_t *be, float *out, float *pre, const float *
     }
 }
 
+/* Layer l's linear weight `which`, decompressed from the 2:4 copy (the
+ * dense one is gone) into inf's buffer, kept until another is needed. */
+static const float *s24_dense(loom_infer_t *inf, int which, int l) {
+    const loom_tensor_t *w = loom_sparse24_weight(inf->s24, which, l);
+    if (!inf->s24_dense) {
+        const loom_gpt_config_t *c = &inf->m->cfg;
+        size_t most = (size_t)c->channels * (size_t)(loom_gpt_qkv_rows(c) > loom_gpt_fc_rows(c) ? loom_gpt_qkv_rows(c) : loom_gpt_fc_rows(c));
+        if ((size_t)c->ffn_hidden * c->channels > most) most = (size_t)c->ffn_hidden * c->channels;
+        inf->s24_dense = loom_malloc(most * sizeof(float));
+    }
+    int key = l * LOOM_QLIN_COUNT + which + 1;
+    if (inf->s24_key != key) loom_sparse24_decompress(w, inf->s24_dense);
+    inf->s24_key = key;
+    return inf->s24_dense;
+}
+
 /* Linear layer `which` (LOOM_QLIN_*) of block l: the file's own blocks
  * for all rows at once when the model has them (gpt.h file_q) and the
  * backend their op; else by runs of rows (segment): int8 when a quantized copy is set; else compressed 2:4 for a
@@ -284,10 +309,11 @@ static void linear(loom_infer_t *inf, int which, int l, float *out, const float 
         int r0 = inf->seg_start[k], n = inf->seg_start[k + 1] - r0;
         float *o = out + (size_t)r0 * OC;
         const float *x = inp + (size_t)r0 * C;
-        if (!qw && inf->s24 && be->matmul_forward_s24 && n <= LOOM_SPARSE24_MAX_ROWS)
+        int gone = !qw && loom_sparse24_dense_gone(inf->s24), long_gemm = inf->seg_gemm[k] && n >= S24_GEMM_ROWS;
+        if (!qw && inf->s24 && be->matmul_forward_s24 && (n <= LOOM_SPARSE24_MAX_ROWS || (gone && !long_gemm)))
             be->matmul_forward_s24(o, x, loom_sparse24_weight(inf->s24, which, l), bias, n, C, OC, gelu);
         else if (!qw && inf->seg_gemm[k])
-            gemm(be, o, inf->fcpre + (size_t)r0 * OC, x, w, bias, n, C, OC, gelu);
+            gemm(be, o, inf->fcpre + (size_t)r0 * OC, x, gone ? s24_dense(inf, which, l) : w, bias, n, C, OC, gelu);
         else
             matmul(inf, qw, o, x, w, bias, n, C, OC, gelu);
     }

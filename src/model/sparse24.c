@@ -11,6 +11,7 @@ struct loom_sparse24 {
     loom_tensor_t *w; /* (L, LOOM_QLIN_COUNT) */
     void *mem;        /* one backend allocation: every weight's values, then every weight's index bytes */
     size_t bytes;
+    int dense_gone;   /* the model's dense linear weights were given back (loom_sparse24_dense_gone) */
 };
 
 /* The linear weights of a block: parameter, and its name in messages
@@ -62,6 +63,19 @@ void loom_sparse24_compress(const float *w, long long rows, long long cols, floa
             values[r * (cols / 2) + 2 * g] = x[pos[0]];
             values[r * (cols / 2) + 2 * g + 1] = x[pos[1]];
             meta[r * ms + g / 2] |= (unsigned char)((pos[0] | pos[1] << 2) << (g % 2 * 4));
+        }
+}
+
+void loom_sparse24_decompress(const loom_tensor_t *w, float *out) {
+    long long rows = w->rows, cols = w->cols, ms = (cols + 7) / 8;
+    const float *v = w->data;
+    memset(out, 0, (size_t)(rows * cols) * sizeof *out);
+    for (long long r = 0; r < rows; r++)
+        for (long long g = 0; g < cols / 4; g++) {
+            int bits = w->meta[r * ms + g / 2] >> (g % 2 * 4);
+            float *x = out + r * cols + 4 * g;
+            x[bits & 3] = v[r * (cols / 2) + 2 * g];
+            x[bits >> 2 & 3] = v[r * (cols / 2) + 2 * g + 1];
         }
 }
 
@@ -172,3 +186,7 @@ const loom_tensor_t *loom_sparse24_weight(const loom_sparse24_t *s, int which, i
 }
 
 size_t loom_sparse24_bytes(const loom_sparse24_t *s) { return s->bytes; }
+
+void loom_sparse24_set_dense_gone(loom_sparse24_t *s) { s->dense_gone = 1; }
+
+int loom_sparse24_dense_gone(const loom_sparse24_t *s) { return s && s->dense_gone; }

@@ -15,8 +15,11 @@
  * 2 + 1/8 bytes per weight instead of 4. A group with 3 or 4 zeros keeps
  * its non-zeros and then its first zero columns, so the copy decompresses
  * to the dense weight exactly. The model's dense weights stay (the
- * training forward and a backend without the kernel use them); the
- * inference forward reads the copy through matmul_forward_s24.
+ * training forward and a backend without the kernel use them) unless the
+ * caller gives them back (model/infer.h loom_infer_weights_release_fp32,
+ * as `loom serve` does); the inference forward reads the copy through
+ * matmul_forward_s24, and once the dense weights are gone, a long prefill
+ * run decompresses one weight at a time for the GEMM.
  * docs/quantization.md says why fp32 values and 4-bit groups. */
 #ifndef LOOM_SPARSE24_H
 #define LOOM_SPARSE24_H
@@ -56,5 +59,11 @@ void loom_sparse24_free(loom_sparse24_t *s);
 const loom_tensor_t *loom_sparse24_weight(const loom_sparse24_t *s, int which, int l);
 /* Bytes of the compressed values and index bits (all layers). */
 size_t loom_sparse24_bytes(const loom_sparse24_t *s);
+/* The dense weight of compressed w (host memory, fp32 2:4) into out (rows x cols). */
+void loom_sparse24_decompress(const loom_tensor_t *w, float *out);
+/* Record that the model's dense linear weights were given back; whether
+ * they were (0 for NULL): then only the compressed copy may be read. */
+void loom_sparse24_set_dense_gone(loom_sparse24_t *s);
+int loom_sparse24_dense_gone(const loom_sparse24_t *s);
 
 #endif

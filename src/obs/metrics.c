@@ -243,6 +243,12 @@ loom_metric_t *loom_metrics_untyped(loom_metrics_t *r, const char *name, const c
     DECLARE(LOOM_METRIC_UNTYPED, NULL, 0, help);
 }
 
+void loom_metrics_declare(loom_metrics_t *r, const loom_metric_def_t *defs, int n, const char *label, const char *value,
+                          loom_metric_t **out) {
+    for (int i = 0; i < n; i++)
+        out[i] = (defs[i].counter ? loom_metrics_counter : loom_metrics_gauge)(r, defs[i].name, defs[i].help, label, value, NULL);
+}
+
 loom_metric_t *loom_metrics_histogram(loom_metrics_t *r, const char *name, const char *help,
                                       const double *bounds, int nb, ...) {
     DECLARE(LOOM_METRIC_HISTOGRAM, bounds, nb, nb);

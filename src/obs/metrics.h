@@ -53,6 +53,16 @@ loom_metric_t *loom_metrics_untyped(loom_metrics_t *r, const char *name, const c
 loom_metric_t *loom_metrics_histogram(loom_metrics_t *r, const char *name, const char *help,
                                       const double *bounds, int nb, ...);
 
+/* A subsystem's fixed set of counters and gauges, as a table. */
+typedef struct {
+    int counter; /* 1 a counter, 0 a gauge */
+    const char *name, *help;
+} loom_metric_def_t;
+/* Declare defs[0..n) into out[0..n), each with the one label
+ * `label`=`value` (label NULL: none). */
+void loom_metrics_declare(loom_metrics_t *r, const loom_metric_def_t *defs, int n, const char *label, const char *value,
+                          loom_metric_t **out);
+
 /* Lock-free updates. Counters ignore negative or NaN increments. */
 void loom_counter_add(loom_metric_t *m, double v);
 void loom_gauge_set(loom_metric_t *m, double v);

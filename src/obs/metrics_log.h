@@ -4,8 +4,11 @@
  *    "loss_scale":65536,"skipped":false,"lr":6.0e-05,"grad_norm":1.23,
  *    "tokens_per_s":1234.5,"mfu":0.1234,"step_s":0.2,"elapsed_s":2.5}
  *
- * val_loss only on steps that measured it, comm_wait_s only with more than
- * one rank, loss_scale and skipped only under fp16 loss scaling,
+ * val_loss only on steps that measured it, comm_wait_s and comm_dp_s (the
+ * same data-parallel wait under the per-dimension name shared with
+ * comm_tp_s / comm_pp_s, docs/dist.md) only with more than one rank;
+ * comm_tp_s only under --tp (the tensor-parallel group's wait);
+ * peak_rss_mb: the writing rank's peak resident memory so far (VmHWM); loss_scale and skipped only under fp16 loss scaling,
  * energy_j_per_token (J per trained token since the loop started) only
  * where an energy counter is read (docs/observability.md); grad_norm
  * is null for a skipped step (JSON has no inf). Every line is flushed as it
@@ -18,8 +21,11 @@
 typedef struct {
     long long step;
     double loss, val_loss;    /* val_loss < 0: not measured */
-    int has_comm_wait;        /* write comm_wait_s */
+    int has_comm_wait;        /* write comm_wait_s and comm_dp_s */
     double comm_wait_s;
+    int has_comm_tp;          /* write comm_tp_s (tensor parallel: the tp group's wait, apart from comm_wait_s) */
+    double comm_tp_s;
+    double peak_rss_mb;       /* > 0: write peak_rss_mb */
     int has_loss_scale;       /* write loss_scale and skipped */
     double loss_scale;
     int skipped;

@@ -85,10 +85,7 @@ static void collect(void *ctx) {
 }
 
 loom_process_metrics_t *loom_process_metrics_open(loom_metrics_t *reg, const char *label, const char *value) {
-    static const struct {
-        int counter;
-        const char *name, *help;
-    } d[P_N] = {
+    static const loom_metric_def_t d[P_N] = {
         [P_CPU] = {1, "process_cpu_seconds_total", "Total user and system CPU time spent in seconds."},
         [P_RSS] = {0, "process_resident_memory_bytes", "Resident memory size in bytes."},
         [P_VSZ] = {0, "process_virtual_memory_bytes", "Virtual memory size in bytes."},
@@ -98,8 +95,7 @@ loom_process_metrics_t *loom_process_metrics_open(loom_metrics_t *reg, const cha
     };
     loom_process_metrics_t *p = loom_calloc(1, sizeof *p);
     p->reg = reg;
-    for (int i = 0; i < P_N; i++)
-        p->m[i] = (d[i].counter ? loom_metrics_counter : loom_metrics_gauge)(reg, d[i].name, d[i].help, label, value, NULL);
+    loom_metrics_declare(reg, d, P_N, label, value, p->m);
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) loom_gauge_set(p->m[P_MAX_FDS], (double)rl.rlim_cur);
     double cpu, vsz, start, bt = boot_time();

@@ -7,13 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/mem.h"
 #include "obs/dashboard.h"
 #include "obs/http.h"
 
 /* The training series, in the order they are declared (and exposed). */
 enum {
     M_STEP, M_STEPS, M_LOSS, M_VAL, M_LR, M_GNORM, M_TOKS, M_TOK_TOTAL, M_FLOPS, M_MFU, M_COMPUTE, M_COMM, M_COMM_TOTAL,
-    M_DATA, M_DATA_TOTAL, M_SKIPPED, M_SCALE, M_JPT, M_PEAK, M_WORLD, M_N
+    M_DATA, M_DATA_TOTAL, M_SKIPPED, M_SCALE, M_JPT, M_PEAK, M_WORLD, M_RSS, M_N
 };
 
 /* loom_train_state's values: one series each, 1 for the current one. */
@@ -26,6 +27,8 @@ struct loom_train_metrics {
     loom_dashboard_t *dash;
     loom_http_t *http;
     loom_metric_t *m[M_N], *step_hist, *ckpt_hist, *state[N_STATES];
+    loom_metric_t *comm_tp; /* loom_train_comm_seconds_total{dim="tp"} */
+    loom_metric_t *comm_dp; /* loom_train_comm_seconds_total{dim="dp"} */
     loom_http_route_t metrics_route; /* the registry's /metrics, which scraped() wraps */
     pthread_mutex_t mu;
     pthread_cond_t scraped_cv;
@@ -46,10 +49,7 @@ static const double step_buckets[] = {
 static const double ckpt_buckets[] = {0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1200};
 
 static void declare(loom_train_metrics_t *tm, const char *rank) {
-    static const struct {
-        int counter;
-        const char *name, *help;
-    } d[M_N] = {
+    static const loom_metric_def_t d[M_N] = {
         [M_STEP] = {0, "loom_train_step", "Last completed optimizer step."},
         [M_STEPS] = {0, "loom_train_steps_planned", "Optimizer steps the run is asked to take (--steps)."},
         [M_LOSS] = {0, "loom_train_loss", "Training loss (mean cross-entropy, nats per token) of the last step."},
@@ -70,10 +70,13 @@ static void declare(loom_train_metrics_t *tm, const char *rank) {
         [M_JPT] = {0, "loom_train_energy_joules_per_token", "Energy per trained token since the first step, J (GPU: NVML; CPU: RAPL)."},
         [M_PEAK] = {0, "loom_train_peak_flops_per_second", "Peak FLOP/s per rank that MFU is relative to (GPU table, or rank 0's measured GEMM rate on the CPU)."},
         [M_WORLD] = {0, "loom_train_world_size", "Ranks in the job."},
+        [M_RSS] = {0, "loom_train_peak_resident_bytes", "Peak resident memory of this rank's process so far (VmHWM), bytes."},
     };
-    for (int i = 0; i < M_N; i++)
-        tm->m[i] = d[i].counter ? loom_metrics_counter(tm->reg, d[i].name, d[i].help, "rank", rank, NULL)
-                                : loom_metrics_gauge(tm->reg, d[i].name, d[i].help, "rank", rank, NULL);
+    loom_metrics_declare(tm->reg, d, M_N, "rank", rank, tm->m);
+    /* Communication per parallel dimension (docs/dist.md); the data-parallel
+     * wait is also loom_train_comm_wait_seconds_total, its older name. */
+    tm->comm_dp = loom_metrics_counter(tm->reg, "loom_train_comm_seconds_total", "Time blocked on communication per parallel dimension, s.",
+                                       "rank", rank, "dim", "dp", NULL);
     tm->step_hist = loom_metrics_histogram(tm->reg, "loom_train_step_seconds", "Wall time of optimizer steps, s.", step_buckets,
                                            (int)(sizeof step_buckets / sizeof step_buckets[0]), "rank", rank, NULL);
     for (int i = 0; i < N_STATES; i++)
@@ -212,6 +215,8 @@ loom_status loom_train_metrics_start(loom_train_metrics_t **out, const loom_trai
     char rank[16];
     snprintf(rank, sizeof rank, "%d", o->rank);
     declare(tm, rank);
+    tm->comm_tp = loom_metrics_counter(tm->reg, "loom_train_comm_seconds_total",
+                                       "Time blocked on communication per parallel dimension (tp, pp, dp), s.", "rank", rank, "dim", "tp", NULL);
     char world[16];
     snprintf(world, sizeof world, "%d", tm->world);
     loom_gauge_set(loom_metrics_gauge(tm->reg, "loom_train_info", "The run's settings (value 1).", "rank", rank, "model",
@@ -268,6 +273,9 @@ void loom_train_metrics_step(loom_train_metrics_t *tm, const loom_train_metrics_
     loom_gauge_set(m[M_COMPUTE], s->step_s - s->comm_wait_s);
     loom_gauge_set(m[M_COMM], s->comm_wait_s);
     loom_counter_add(m[M_COMM_TOTAL], s->comm_wait_s);
+    loom_counter_add(tm->comm_tp, s->comm_tp_s);
+    loom_counter_add(tm->comm_dp, s->comm_wait_s);
+    loom_gauge_set(m[M_RSS], loom_mem_peak_rss());
     loom_gauge_set(m[M_DATA], s->data_s);
     loom_counter_add(m[M_DATA_TOTAL], s->data_s);
     if (s->skipped) loom_counter_add(m[M_SKIPPED], 1);

@@ -88,6 +88,7 @@ typedef struct {
 
 struct loom_dist {
     int rank, size, local_rank, gpu;
+    int device; /* CUDA device of the NCCL transport */
     char name[32];
     double timeout_s;
     dist_join_t host;   /* mpi or tcp; size 1 = none */
@@ -113,6 +114,12 @@ struct loom_dist {
     _Atomic int closing, dog_quit;
 
     double wait_s, bytes;
+
+    /* Process groups (loom_dist_split): a group's parent, and a parent's
+     * groups, whose running collectives the parent's watchdog times. */
+    loom_dist_t *parent;
+    loom_dist_t *kids[LOOM_DIST_MAX_GROUPS];
+    _Atomic int nkids;
 };
 
 static loom_status run_op(loom_dist_t *d, op_t *o) {
@@ -189,6 +196,26 @@ static void *comm_main(void *arg) {
     return NULL;
 }
 
+/* The communication thread started, for the world and for a group. */
+static void start_comm(loom_dist_t *d) {
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv_work, NULL);
+    pthread_cond_init(&d->cv_done, NULL);
+    pthread_create(&d->comm, NULL, comm_main, d);
+    d->comm_started = 1;
+}
+
+static void stop_comm(loom_dist_t *d) {
+    pthread_mutex_lock(&d->mu);
+    d->quit = 1;
+    pthread_cond_signal(&d->cv_work);
+    pthread_mutex_unlock(&d->mu);
+    pthread_join(d->comm, NULL);
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv_work);
+    pthread_cond_destroy(&d->cv_done);
+}
+
 static void issue(loom_dist_t *d, const op_t *o) {
     pthread_mutex_lock(&d->mu);
     while (d->issued - d->done >= QCAP) pthread_cond_wait(&d->cv_done, &d->mu);
@@ -198,11 +225,12 @@ static void issue(loom_dist_t *d, const op_t *o) {
     pthread_mutex_unlock(&d->mu);
 }
 
-loom_status loom_dist_wait(loom_dist_t *d) {
+/* Wait until `mark` ops are done (mark < 0: every op issued so far). */
+static loom_status wait_until(loom_dist_t *d, long mark) {
     if (!d || d->size == 1) return LOOM_OK;
     double t0 = loom_now();
     pthread_mutex_lock(&d->mu);
-    while (d->done < d->issued) pthread_cond_wait(&d->cv_done, &d->mu);
+    while (d->done < (mark < 0 ? d->issued : mark)) pthread_cond_wait(&d->cv_done, &d->mu);
     loom_status s = d->first_err;
     char msg[512];
     snprintf(msg, sizeof msg, "%s", d->err);
@@ -211,6 +239,18 @@ loom_status loom_dist_wait(loom_dist_t *d) {
     if (s != LOOM_OK) return loom_error(s, "%s", msg);
     return LOOM_OK;
 }
+
+loom_status loom_dist_wait(loom_dist_t *d) { return wait_until(d, -1); }
+
+long loom_dist_mark(loom_dist_t *d) {
+    if (!d || d->size == 1) return 0;
+    pthread_mutex_lock(&d->mu);
+    long m = d->issued;
+    pthread_mutex_unlock(&d->mu);
+    return m;
+}
+
+loom_status loom_dist_wait_mark(loom_dist_t *d, long mark) { return wait_until(d, mark < 0 ? 0 : mark); }
 
 static size_t sum_counts(const loom_dist_t *d, const size_t *counts) {
     size_t t = 0;
@@ -264,10 +304,15 @@ loom_status loom_dist_reduce_scatter(loom_dist_t *d, float *buf, const size_t *c
     return loom_dist_wait(d);
 }
 
-loom_status loom_dist_allgather(loom_dist_t *d, float *buf, const size_t *counts) {
+loom_status loom_dist_iallgather(loom_dist_t *d, float *buf, const size_t *counts) {
     if (d->size == 1) return LOOM_OK;
     d->bytes += (double)sum_counts(d, counts) * 4;
     issue(d, &(op_t){.kind = OP_ALLGATHER, .buf = buf, .counts = copy_counts(d, counts)});
+    return LOOM_OK;
+}
+
+loom_status loom_dist_allgather(loom_dist_t *d, float *buf, const size_t *counts) {
+    LOOM_TRY(loom_dist_iallgather(d, buf, counts));
     return loom_dist_wait(d);
 }
 
@@ -366,6 +411,13 @@ static void *dog_main(void *arg) {
         for (int r = 0; r < n; r++)
             if (d->hb[r] >= 0 && now - d->last_heard[r] > d->timeout_s)
                 die(d, "rank %d stopped answering for %.0f s (hung, stopped or unreachable; --dist-timeout %.0f)", r, now - d->last_heard[r], d->timeout_s);
+        for (int k = 0; k < atomic_load(&d->nkids); k++) {
+            loom_dist_t *g = d->kids[k];
+            double gs = g ? atomic_load(&g->op_start) : 0;
+            if (gs > 0 && now - gs > d->timeout_s)
+                die(d, "a collective of its group of %d ranks (rank %d there) waited %.0f s (--dist-timeout); a rank of that group is hung or dead",
+                    g->size, g->rank, now - gs);
+        }
         double st = atomic_load(&d->op_start);
         if (st > 0 && now - st > d->timeout_s) {
             long seq = atomic_load(&d->running_seq);
@@ -478,7 +530,8 @@ loom_status loom_dist_init(loom_dist_t **out, const loom_dist_opts_t *o) {
         char why[1200];
         loom_status (*nccl_join)(dist_join_t *, const dist_join_t *, int, double) =
             (loom_status(*)(dist_join_t *, const dist_join_t *, int, double))loom_cuda_symbol("dist_nccl_join", why, sizeof why);
-        s = nccl_join ? nccl_join(&d->dev, &d->host, o->device >= 0 ? o->device : d->local_rank, d->timeout_s)
+        d->device = o->device >= 0 ? o->device : d->local_rank;
+        s = nccl_join ? nccl_join(&d->dev, &d->host, d->device, d->timeout_s)
                       : loom_error(LOOM_EUNAVAIL, "NCCL: %s", why);
         if (s == LOOM_OK) {
             d->have_dev = 1;
@@ -495,37 +548,103 @@ loom_status loom_dist_init(loom_dist_t **out, const loom_dist_opts_t *o) {
     }
     double now = loom_clock_now();
     for (int r = 0; r < d->size; r++) d->last_heard[r] = now;
-    pthread_mutex_init(&d->mu, NULL);
-    pthread_cond_init(&d->cv_work, NULL);
-    pthread_cond_init(&d->cv_done, NULL);
-    pthread_create(&d->comm, NULL, comm_main, d);
-    d->comm_started = 1;
+    start_comm(d);
     pthread_create(&d->dog, NULL, dog_main, d);
     d->dog_started = 1;
     *out = d;
     return LOOM_OK;
 }
 
+int dist_split_members(const int *all, int size, int rank, int *members, int *n) {
+    int color = all[2 * rank], me = 0;
+    *n = 0;
+    for (int r = 0; r < size; r++) {
+        if (all[2 * r] != color) continue;
+        int i = (*n)++; /* insertion by (key, rank): groups are small */
+        while (i > 0 && all[2 * members[i - 1] + 1] > all[2 * r + 1]) {
+            members[i] = members[i - 1];
+            i--;
+        }
+        members[i] = r;
+    }
+    for (int i = 0; i < *n; i++)
+        if (members[i] == rank) me = i;
+    return me;
+}
+
+loom_status loom_dist_split(loom_dist_t *d, int color, int key, loom_dist_t **out) {
+    *out = NULL;
+    loom_dist_t *g = loom_calloc(1, sizeof *g);
+    g->timeout_s = d->timeout_s;
+    g->gpu = d->gpu;
+    g->local_rank = d->local_rank;
+    g->host = (dist_join_t){.rank = 0, .size = 1};
+    if (d->size > 1) {
+        if (atomic_load(&d->nkids) >= LOOM_DIST_MAX_GROUPS) {
+            free(g);
+            return loom_error(LOOM_EINVAL, "rank %d: more than %d process groups; free one first", d->rank, LOOM_DIST_MAX_GROUPS);
+        }
+        /* The parent's thread is idle once its ops are done; its transport is then the caller's. */
+        loom_status s = loom_dist_wait(d);
+        if (s == LOOM_OK) s = d->host.ops->split(d->host.impl, color, key, &g->host);
+        if (s == LOOM_OK && g->host.size > 1 && d->have_dev) {
+#ifdef LOOM_HAVE_CUDA
+            char why[1200];
+            loom_status (*nccl_join)(dist_join_t *, const dist_join_t *, int, double) =
+                (loom_status(*)(dist_join_t *, const dist_join_t *, int, double))loom_cuda_symbol("dist_nccl_join", why, sizeof why);
+            s = nccl_join ? nccl_join(&g->dev, &g->host, d->device, d->timeout_s)
+                          : loom_error(LOOM_EUNAVAIL, "NCCL: %s", why);
+            g->have_dev = s == LOOM_OK;
+#endif
+        }
+        if (s != LOOM_OK) {
+            if (g->host.size > 1) g->host.ops->free(g->host.impl);
+            free(g);
+            return s;
+        }
+    }
+    g->rank = g->host.rank;
+    g->size = g->host.size;
+    snprintf(g->name, sizeof g->name, "%s%s", g->size == 1 ? "single" : g->host.name, g->have_dev ? "+nccl" : "");
+    if (g->size > 1) {
+        g->parent = d;
+        start_comm(g);
+        d->kids[atomic_load(&d->nkids)] = g;
+        atomic_fetch_add(&d->nkids, 1);
+    }
+    *out = g;
+    return LOOM_OK;
+}
+
+/* A group: its ops done, its thread and transports gone, its parent told. */
+static void free_group(loom_dist_t *g) {
+    loom_dist_wait(g);
+    stop_comm(g);
+    loom_dist_t *p = g->parent;
+    for (int k = 0; k < atomic_load(&p->nkids); k++)
+        if (p->kids[k] == g) p->kids[k] = NULL; /* the watchdog skips it */
+    if (g->have_dev) g->dev.ops->free(g->dev.impl);
+    g->host.ops->free(g->host.impl);
+    free(g);
+}
+
 void loom_dist_free(loom_dist_t *d) {
     if (!d) return;
+    if (d->parent) {
+        free_group(d);
+        return;
+    }
     if (d->size > 1) {
         loom_dist_wait(d);
         atomic_store(&d->closing, 1);
         loom_dist_barrier(d);
-        pthread_mutex_lock(&d->mu);
-        d->quit = 1;
-        pthread_cond_signal(&d->cv_work);
-        pthread_mutex_unlock(&d->mu);
-        pthread_join(d->comm, NULL);
+        stop_comm(d);
         atomic_store(&d->dog_quit, 1);
         pthread_join(d->dog, NULL);
         for (int r = 0; r < d->size; r++)
             if (d->hb[r] >= 0) close(d->hb[r]);
         if (d->have_dev) d->dev.ops->free(d->dev.impl);
         d->host.ops->free(d->host.impl);
-        pthread_mutex_destroy(&d->mu);
-        pthread_cond_destroy(&d->cv_work);
-        pthread_cond_destroy(&d->cv_done);
     }
     release(d);
 }

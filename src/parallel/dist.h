@@ -87,13 +87,42 @@ loom_status loom_dist_iallreduce(loom_dist_t *d, float *buf, size_t n, loom_dist
                                  float scale);
 loom_status loom_dist_ireduce_scatter(loom_dist_t *d, float *buf, const size_t *counts,
                                       loom_dist_dtype dt, float scale);
+/* The all-gather's non-blocking version (fully sharded data parallel
+ * prefetches the next layer's weights with it while this one computes). */
+loom_status loom_dist_iallgather(loom_dist_t *d, float *buf, const size_t *counts);
 /* Wait for every non-blocking op issued so far; the first failure's status. */
 loom_status loom_dist_wait(loom_dist_t *d);
+/* A mark after the ops issued so far; loom_dist_wait_mark waits for those
+ * only, so an op issued later (a gradient reduce-scatter) keeps running
+ * while the caller uses what an earlier one (a prefetched gather) brought.
+ * Ops still complete in issue order. */
+long loom_dist_mark(loom_dist_t *d);
+loom_status loom_dist_wait_mark(loom_dist_t *d, long mark);
 
 /* Seconds the calling thread has spent blocked in collectives and waits,
  * and bytes this rank has handed to collectives, since init. */
 double loom_dist_wait_seconds(const loom_dist_t *d);
 double loom_dist_bytes(const loom_dist_t *d);
+
+/* ---- Process groups ----
+ * loom_dist_split is MPI_Comm_split: every rank of d calls it (a
+ * collective, from the thread that issues d's ops); the ranks that pass
+ * the same color form one group, ranked by key (ties by their rank in d).
+ * *out is a loom_dist_t like any other -- rank, size and every collective
+ * above work on it and reach only its members -- with connections (tcp),
+ * a communicator (mpi, nccl) and a communication thread of its own, so
+ * one group's ops never queue behind another's. A group of one is a
+ * single-rank loom_dist_t. d's watchdog covers the group: a member that
+ * dies, or a group collective that waits longer than the timeout, ends
+ * every rank with a message. Free groups (loom_dist_free) before d.
+ *
+ * Layouts place tp innermost: world rank = (dp * pp_size + pp) * tp_size +
+ * tp, so a tp group is tp_size consecutive ranks; the tp group is
+ * loom_dist_split(world, rank / tp_size, rank) and the dp group (ranks with
+ * the same tp and pp index) loom_dist_split(world, rank % (tp_size *
+ * pp_size), rank). */
+#define LOOM_DIST_MAX_GROUPS 8
+loom_status loom_dist_split(loom_dist_t *d, int color, int key, loom_dist_t **out);
 
 /* Exit code of a rank that the watchdog ends. */
 #define LOOM_DIST_EXIT_PEER 3

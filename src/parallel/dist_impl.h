@@ -18,6 +18,8 @@ void dist_elem_scale(void *buf, size_t n, dist_elem t, float scale);
 uint16_t dist_f32_to_bf16(float f);
 float dist_bf16_to_f32(uint16_t h);
 
+struct dist_join;
+
 /* A transport's blocking collectives, all in place and summing. They are
  * called from one thread at a time (the communication thread). */
 typedef struct {
@@ -31,18 +33,26 @@ typedef struct {
     loom_status (*broadcast)(void *impl, void *buf, size_t bytes, int root);
     /* Gather `bytes` from every rank into out (size * bytes), rank order; host memory. */
     loom_status (*allgather_bytes)(void *impl, const void *in, void *out, size_t bytes);
+    /* Collective over this transport's ranks, like MPI_Comm_split: *out
+     * becomes a transport of its own (own connections or communicator)
+     * over the ranks with this color, ordered by key then rank. A group of
+     * one is *out with size 1 and no impl. nccl has none (its groups are
+     * made over their host group's transport): NULL. */
+    loom_status (*split)(void *impl, int color, int key, struct dist_join *out);
     void (*free)(void *impl);
 } dist_transport_t;
 
 /* A transport's table from its functions PREFIX_allreduce,
  * PREFIX_reduce_scatter, PREFIX_allgather, PREFIX_broadcast,
- * PREFIX_allgather_bytes and PREFIX_free: the slots are named here once,
- * and a transport that lacks a function does not compile. */
-#define DIST_TRANSPORT_OPS(prefix)                                                                          \
+ * PREFIX_allgather_bytes and PREFIX_free (split is set apart, as not every
+ * transport has it): the slots are named here once, and a transport that
+ * lacks a function does not compile. */
+#define DIST_TRANSPORT_OPS(prefix, split_fn)                                                                \
     {.allreduce = prefix##_allreduce, .reduce_scatter = prefix##_reduce_scatter, .allgather = prefix##_allgather, \
-     .broadcast = prefix##_broadcast, .allgather_bytes = prefix##_allgather_bytes, .free = prefix##_free}
+     .broadcast = prefix##_broadcast, .allgather_bytes = prefix##_allgather_bytes, .split = split_fn,           \
+     .free = prefix##_free}
 
-typedef struct {
+typedef struct dist_join {
     int rank, size, local_rank;
     const char *name; /* "tcp", "mpi", "nccl" */
     char addr[64];    /* this rank's address as its peers reach it ("" = find one) */
@@ -55,10 +65,20 @@ loom_status dist_tcp_join(dist_join_t *j, int rank, int size, int local_rank, co
                           int port, double timeout_s);
 #ifdef LOOM_HAVE_MPI
 loom_status dist_mpi_join(dist_join_t *j);
+/* The ranks of a split: members[0..*n) are the ranks r of `all` (size
+ * (color, key) pairs, rank order) with all[2r] == color, ordered by key
+ * then r; returns the index of `rank` among them. */
+int dist_split_members(const int *all, int size, int rank, int *members, int *n);
+
 #endif
 #ifdef LOOM_HAVE_CUDA
 /* NCCL on device `device`; the unique id travels through `boot`. */
 loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, double timeout_s);
+/* The ranks of a split: members[0..*n) are the ranks r of `all` (size
+ * (color, key) pairs, rank order) with all[2r] == color, ordered by key
+ * then r; returns the index of `rank` among them. */
+int dist_split_members(const int *all, int size, int rank, int *members, int *n);
+
 #endif
 
 /* --- sockets --- */
@@ -84,5 +104,10 @@ void dist_host_addr(char *out, size_t cap);
 typedef loom_status (*dist_xchg_fn)(void *ctx, const void *in, void *out, size_t bytes);
 loom_status dist_mesh_build(int rank, int size, const char *addr, dist_xchg_fn xchg, void *ctx,
                             double timeout_s, int *fds);
+
+/* The ranks of a split: members[0..*n) are the ranks r of `all` (size
+ * (color, key) pairs, rank order) with all[2r] == color, ordered by key
+ * then r; returns the index of `rank` among them. */
+int dist_split_members(const int *all, int size, int rank, int *members, int *n);
 
 #endif

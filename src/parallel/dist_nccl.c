@@ -10,7 +10,6 @@
 #if defined(LOOM_HAVE_CUDA) && defined(LOOM_HAVE_NCCL)
 #define _GNU_SOURCE
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +27,7 @@
     X(ncclGroupEnd) X(ncclReduce) X(ncclBroadcast) X(ncclCommDestroy) X(ncclGetUniqueId)               \
     X(ncclCommInitRankConfig)
 #define NCCL_PTR(f) __typeof__(&f) f;
-static struct {
+static struct { /* filled by loom_dl_load in the order of NCCL_FUNCS */
     NCCL_FUNCS(NCCL_PTR)
 } nccl_lib;
 static int nccl_state; /* 0 not tried, 1 loaded, -1 not loadable (nccl_why says why) */
@@ -37,21 +36,15 @@ static char nccl_why[400];
 static int nccl_load(void) {
     if (nccl_state) return nccl_state > 0;
     nccl_state = -1;
-    const char *env = getenv("LOOM_NCCL");
-    const char *path = env && *env ? env : "libnccl.so.2";
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(nccl_why, sizeof nccl_why, "NCCL cannot be loaded: %s (install NCCL, e.g. the nvidia-nccl Python "
-                 "package, and put its lib folder on LD_LIBRARY_PATH, or name the file in LOOM_NCCL)", dlerror());
-        return 0;
-    }
-#define NCCL_SYM(f)                                                                               \
-    if (!(nccl_lib.f = (__typeof__(&f))dlsym(h, #f))) {                                          \
-        snprintf(nccl_why, sizeof nccl_why, "%s has no %s (an NCCL older than 2.14?)", path, #f); \
-        return 0;                                                                                 \
-    }
-    NCCL_FUNCS(NCCL_SYM)
-#undef NCCL_SYM
+#define NCCL_NAME(f) #f,
+    static const char *const names[] = {NCCL_FUNCS(NCCL_NAME)};
+#undef NCCL_NAME
+    static const loom_dl_spec_t spec = {
+        .env = "LOOM_NCCL", .dflt = "libnccl.so.2", .what = "NCCL",
+        .hint = "install NCCL, e.g. the nvidia-nccl Python package, and put its lib folder on LD_LIBRARY_PATH, or name "
+                "the file in LOOM_NCCL",
+        .too_old = "an NCCL older than 2.14?", .names = names, .n = sizeof names / sizeof *names};
+    if (!loom_dl_load(&spec, (void **)&nccl_lib, nccl_why, sizeof nccl_why)) return 0;
     nccl_state = 1;
     return 1;
 }
@@ -175,7 +168,7 @@ static loom_status nccl_allgather_bytes(void *vn, const void *in, void *out, siz
     return b->ops->allgather_bytes(b->impl, in, out, bytes);
 }
 
-static const dist_transport_t nccl_ops = DIST_TRANSPORT_OPS(nccl);
+static const dist_transport_t nccl_ops = DIST_TRANSPORT_OPS(nccl, NULL);
 
 loom_status dist_nccl_join(dist_join_t *j, const dist_join_t *boot, int device, double timeout_s) {
     if (!nccl_load()) return loom_error(LOOM_EUNAVAIL, "rank %d: the nccl transport: %s", boot->rank, nccl_why);

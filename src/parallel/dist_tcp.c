@@ -190,7 +190,10 @@ typedef struct {
     int rank, size;
     int *star; /* rank 0: star[r] to rank r; others: star[0] to rank 0 */
     int *mesh;
+    int star_is_mesh; /* a split group's star is its own mesh's sockets */
     char *scratch; /* CHUNK bytes */
+    char addr[64]; /* this rank's address as peers reach it (a split's mesh listens there) */
+    double timeout_s;
 } tcp_t;
 
 static loom_status peer_failed(tcp_t *t, int fd, const char *what) {
@@ -291,7 +294,7 @@ static void tcp_free(void *vt) {
     tcp_t *t = vt;
     for (int r = 0; r < t->size; r++) {
         if (t->mesh[r] >= 0) close(t->mesh[r]);
-        if (t->star[r] >= 0) close(t->star[r]);
+        if (t->star[r] >= 0 && !t->star_is_mesh) close(t->star[r]);
     }
     free(t->mesh);
     free(t->star);
@@ -299,7 +302,56 @@ static void tcp_free(void *vt) {
     free(t);
 }
 
-static const dist_transport_t tcp_ops = DIST_TRANSPORT_OPS(tcp);
+static loom_status tcp_split(void *vt, int color, int key, dist_join_t *out);
+static const dist_transport_t tcp_ops = DIST_TRANSPORT_OPS(tcp, tcp_split);
+
+/* A split group's rendezvous: the parent's all-gather, keeping the members' entries. */
+typedef struct {
+    tcp_t *parent;
+    const int *members;
+    int n;
+} sub_xchg_t;
+
+static loom_status sub_xchg(void *ctx, const void *in, void *out, size_t bytes) {
+    sub_xchg_t *x = ctx;
+    char *all = loom_malloc(bytes * (size_t)x->parent->size);
+    loom_status s = tcp_allgather_bytes(x->parent, in, all, bytes);
+    for (int i = 0; s == LOOM_OK && i < x->n; i++) memcpy((char *)out + (size_t)i * bytes, all + (size_t)x->members[i] * bytes, bytes);
+    free(all);
+    return s;
+}
+
+/* A group gets a mesh of its own, not the parent's sockets: each group's
+ * ops run on their own communication thread (dist.c), and two threads on
+ * one socket would interleave their bytes. Every parent rank builds one
+ * (a group of one too), so the rendezvous all-gathers line up. */
+static loom_status tcp_split(void *vt, int color, int key, dist_join_t *out) {
+    tcp_t *p = vt;
+    int me[2] = {color, key}, *all = loom_malloc(2 * (size_t)p->size * sizeof(int));
+    int *members = loom_malloc((size_t)p->size * sizeof(int)), n = 0;
+    loom_status s = tcp_allgather_bytes(p, me, all, sizeof me);
+    int sub = s == LOOM_OK ? dist_split_members(all, p->size, p->rank, members, &n) : 0;
+    tcp_t *t = loom_calloc(1, sizeof *t);
+    *t = (tcp_t){.rank = sub, .size = n, .star_is_mesh = 1, .timeout_s = p->timeout_s};
+    snprintf(t->addr, sizeof t->addr, "%s", p->addr);
+    t->mesh = loom_malloc((size_t)(n ? n : 1) * sizeof(int));
+    t->star = loom_malloc((size_t)(n ? n : 1) * sizeof(int));
+    t->scratch = loom_malloc(CHUNK);
+    sub_xchg_t x = {p, members, n};
+    if (s == LOOM_OK) s = dist_mesh_build(sub, n, t->addr, sub_xchg, &x, t->timeout_s, t->mesh);
+    free(all);
+    free(members);
+    if (s != LOOM_OK || n == 1) {
+        if (s != LOOM_OK) t->size = 0; /* dist_mesh_build closed what it opened */
+        tcp_free(t);
+        *out = (dist_join_t){.rank = 0, .size = 1, .name = "tcp"};
+        return s;
+    }
+    for (int r = 0; r < n; r++) t->star[r] = sub == 0 || r == 0 ? t->mesh[r] : -1;
+    *out = (dist_join_t){.rank = sub, .size = n, .impl = t, .ops = &tcp_ops, .name = "tcp"};
+    snprintf(out->addr, sizeof out->addr, "%s", t->addr);
+    return LOOM_OK;
+}
 
 typedef struct {
     uint64_t magic;
@@ -357,6 +409,8 @@ loom_status dist_tcp_join(dist_join_t *j, int rank, int size, int local_rank, co
         if (getsockname(fd, (struct sockaddr *)&sa, &len) == 0) inet_ntop(AF_INET, &sa.sin_addr, me, sizeof me);
     }
     if (s == LOOM_OK) s = dist_mesh_build(rank, size, me, tcp_allgather_bytes, t, timeout_s, t->mesh);
+    snprintf(t->addr, sizeof t->addr, "%s", me);
+    t->timeout_s = timeout_s;
 out:
     if (s != LOOM_OK) {
         tcp_free(t);

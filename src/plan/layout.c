@@ -5,9 +5,7 @@
 
 #include "plan/plan.h"
 
-/* Floats of one layer's tensors and of the shared ones (embeddings, head,
- * final norm, padding) in loom's parameter table. */
-static void split_params(const loom_gpt_config_t *cfg, double *per_layer, double *shared) {
+void loom_layout_split_params(const loom_gpt_config_t *cfg, double *per_layer, double *shared) {
     loom_tensor_info_t t[LOOM_NPARAMS];
     size_t P;
     loom_gpt_param_table(cfg, t, &P);
@@ -42,7 +40,7 @@ static double stage_acts(const loom_layout_env_t *e, const loom_layout_t *l, int
 
 static void layout_memory(const loom_layout_env_t *e, const loom_layout_t *l, loom_layout_cost_t *o) {
     double pl, sh;
-    split_params(e->cfg, &pl, &sh);
+    loom_layout_split_params(e->cfg, &pl, &sh);
     int layers = (e->cfg->n_layer + l->pp - 1) / l->pp;
     /* The first stage holds the embedding; with a tied head the last
      * stage holds a copy of it too (Megatron's layout), so the fullest
@@ -112,7 +110,7 @@ void loom_layout_cost(const loom_layout_env_t *e, const loom_layout_t *l, loom_l
     o->bubble_frac = (double)(l->pp - 1) / (l->m + l->pp - 1);
     o->bubble_s = busy * (l->pp - 1) / l->m;
     double pl, sh;
-    split_params(cfg, &pl, &sh);
+    loom_layout_split_params(cfg, &pl, &sh);
     layout_dp(e, l, (layers * pl + sh) / l->tp, busy / l->m, o);
     o->step_s = busy + o->bubble_s + o->dp_exposed_s;
 }

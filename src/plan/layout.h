@@ -11,12 +11,17 @@
  * reduce-scatter/all-gather, and the 1F1B bubble (p-1)/(m+p-1) of the
  * pipeline's time. docs/planning.md gives every formula.
  *
- * Only data parallel with ZeRO 0-2 is built in loom's trainer today; the
- * other layouts are modelled (docs/dist.md says what is built). */
+ * Data parallel with ZeRO 0-3 is built in loom's trainer; docs/dist.md
+ * says what else is. */
 #ifndef LOOM_PLAN_LAYOUT_H
 #define LOOM_PLAN_LAYOUT_H
 
 #include "model/gpt.h"
+
+/* Floats of one layer's tensors and of the shared ones (embeddings, head,
+ * final norm, padding) in loom's parameter table: the units ZeRO-3
+ * gathers (train/zero3.h). */
+void loom_layout_split_params(const loom_gpt_config_t *cfg, double *per_layer, double *shared);
 
 typedef struct {
     int tp, pp, dp, zero;

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "parallel/shard.h"
+#include "plan/layout.h"
 
 void loom_plan_train_memory(const loom_gpt_config_t *cfg, loom_recompute rc, int zero, int world,
                             int B, int T, int accum, double act_bytes, double runtime_bytes, loom_plan_mem_t *o) {
@@ -30,6 +31,12 @@ void loom_plan_train_memory(const loom_gpt_config_t *cfg, loom_recompute rc, int
     o->params = 4.0 * P;
     o->grads = 4.0 * P;
     o->optim = 8.0 * shard;
+    if (zero == 3) { /* train/zero3.h: shards, and two blocks' weights and gradients plus the shared tensors' gathered */
+        double pl, sh;
+        loom_layout_split_params(cfg, &pl, &sh);
+        o->params = o->grads = 4.0 * shard;
+        o->comm = 8.0 * (2 * pl + sh);
+    }
     o->acts = acts;
     o->acts_per_layer = per_layer;
     o->batch = 3.0 * 4 * BT;
@@ -84,9 +91,15 @@ void loom_plan_step_time(double flops_per_token, double tokens_per_rank_step, in
     } else if (zero == 1) {
         o->comm_s = rs + ag;
         o->exposed_s = fmax(0, rs - backward) + ag;
-    } else {
+    } else if (zero == 2) {
         o->comm_s = accum * rs + ag;
         o->exposed_s = accum * fmax(0, rs - backward) + ag;
+    } else {
+        /* ZeRO-3 (train/zero3.h): every micro-batch gathers the weights for
+         * its forward and again for its backward and reduce-scatters the
+         * gradients, each prefetched or issued behind a block's compute. */
+        o->comm_s = accum * (2 * ag + rs);
+        o->exposed_s = fmax(0, o->comm_s - o->compute_s);
     }
     o->step_s = o->compute_s + o->exposed_s;
 }

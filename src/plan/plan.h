@@ -1,6 +1,6 @@
 /* plan: memory, time and cost of training and serving a loom model, from
  * loom's own tensor tables (model/gpt.h: the parameter table and the
- * activation layout; train/step.h: the ZeRO shard layout) and the trainer's
+ * activation layout; parallel/shard.h: the ZeRO shard layout) and the trainer's
  * FLOPs-per-token formula, so that the plan and the trainer cannot drift.
  * docs/planning.md gives every formula with its source. */
 #ifndef LOOM_PLAN_H

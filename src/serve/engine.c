@@ -28,6 +28,9 @@ typedef struct request request_t;
 #define SPEC_MAX_SEQS 8
 #define SPEC_MAX_DRAFT 16
 #define SPEC_MAX_WAIT 16
+/* Prompt rows whose logits a step returns for prompt_logprobs (a prefill
+ * chunk that asks for them is cut to what is left of these). */
+#define PLP_ROWS 64
 
 typedef struct {
     request_t *req;
@@ -46,10 +49,13 @@ typedef struct {
     long long batched;     /* the step that last put it in the batch */
     int n_draft;           /* drafted tokens in this step's rows (at tokens[len..len+n_draft)) */
     int spec_wait, spec_fails; /* steps before the next proposal; proposals in a row with none accepted */
+    float *q;              /* draft_sampled: the drafts' distributions (speculate rows of V), or NULL */
+    int q_live;            /* this step's drafts were drawn from q (else proposed with certainty) */
     void *fst;             /* the request's token filter's state (NULL: none, or not begun) */
     void (*fend)(void *);  /* ... and what frees it: kept here, since the filter itself may be
                               gone once the sample's last event is out (its owner frees it then) */
     int f_done;            /* the filter says the output is complete: end with "stop" */
+    int plp_next;          /* prompt_logprobs: the next prompt position to send (1 .. n_prompt-1) */
 } seq_t;
 
 struct request {
@@ -97,6 +103,8 @@ struct loom_engine {
     float *masked;         /* (V) a row with a token filter's mask applied (NULL until needed) */
     int top_ids[20];
     float top_lp[20];
+    int n_plp, plp_seq[PLP_ROWS], plp_pos[PLP_ROWS]; /* this step's prompt-logprob rows: batch sequence, position scored */
+    int plp_used, R0;      /* prompt rows of prompt_logprobs requests scheduled this step; logit rows before the prompt ones */
     loom_engine_stats_t st; /* counters; under mu */
     pthread_t stepper;      /* the thread that last stepped, whose team st.threads is */
     int stepper_threads;    /* the OpenMP count set on it (0 = none yet) */
@@ -208,7 +216,7 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     e->tok = tok;
     e->cfg = *c;
     e->V = m->cfg.vocab_size, e->Vp = m->cfg.padded_vocab_size, e->maxT = m->cfg.max_seq_len;
-    int max_logits = c->max_seqs + SPEC_MAX_SEQS * c->speculate; /* one row per sequence, k more per drafting one */
+    int max_logits = c->max_seqs + SPEC_MAX_SEQS * c->speculate + PLP_ROWS; /* one row per sequence, k more per drafting one */
     loom_status s = loom_infer_create(&e->inf, m, (int)nb, c->block_size, c->kv_dtype, c->max_batch_tokens,
                                       c->max_seqs, max_logits);
     if (s == LOOM_OK) loom_infer_set_weights(e->inf, &c->weights);
@@ -253,6 +261,7 @@ static void seq_free(loom_engine_t *e, seq_t *s) {
     free(s->tokens);
     free(s->blocks);
     free(s->text);
+    free(s->q);
     if (s->fst) s->fend(s->fst);
     free(s);
 }
@@ -305,7 +314,8 @@ static loom_status check_request(const loom_engine_t *e, const int *prompt, int 
     for (int i = 0; i < np; i++)
         if (prompt[i] < 0 || prompt[i] >= e->V)
             return loom_error(LOOM_EINVAL, "prompt token %d at position %d is outside the model's vocabulary (%d)", prompt[i], i, e->V);
-    if (p->max_tokens < 1) return loom_error(LOOM_EINVAL, "max_tokens %d: must be at least 1", p->max_tokens);
+    if (p->max_tokens < (p->prompt_logprobs ? 0 : 1))
+        return loom_error(LOOM_EINVAL, "max_tokens %d: must be at least 1 (0 only with prompt_logprobs)", p->max_tokens);
     if (!(p->temperature >= 0) || !isfinite(p->temperature))
         return loom_error(LOOM_EINVAL, "temperature %g: must be 0 (greedy) or more", (double)p->temperature);
     if (!(p->top_p > 0 && p->top_p <= 1)) return loom_error(LOOM_EINVAL, "top_p %g: must be in (0, 1]", (double)p->top_p);
@@ -331,6 +341,7 @@ static seq_t *seq_new(loom_engine_t *e, request_t *r, int index, const int *toke
     s->len = len;
     s->blocks = loom_malloc((size_t)e->max_blocks * sizeof(int));
     loom_rng_seed(&s->rng, r->p.seed + (uint64_t)index);
+    s->plp_next = 1;
     r->seqs[index] = s;
     return s;
 }
@@ -543,8 +554,15 @@ static void prefix_register(loom_engine_t *e, seq_t *s) {
     }
 }
 
+/* A prefill chunk of a prompt_logprobs request: at most the prompt-logit rows left this step. */
+static int plp_cap(const loom_engine_t *e, const seq_t *s, int chunk) {
+    if (!s->req->p.prompt_logprobs || s->n_cached >= s->req->n_prompt) return chunk;
+    return chunk < PLP_ROWS - e->plp_used ? chunk : PLP_ROWS - e->plp_used;
+}
+
 /* Put s's next `chunk` rows into the batch. */
 static void batch_add(loom_engine_t *e, seq_t *s, int chunk) {
+    if (s->req->p.prompt_logprobs && s->n_cached < s->req->n_prompt) e->plp_used += chunk;
     int si = e->S++;
     e->b_seqs[si] = s;
     s->chunk = chunk;
@@ -604,9 +622,17 @@ static int drafts(loom_engine_t *e, seq_t *s, int spec, int budget) {
     if (e->maxT - s->len < max) max = e->maxT - s->len;
     if (budget - 1 < max) max = budget - 1;
     if (max <= 0) return 0;
+    s->q_live = 0;
     if (!e->cfg.draft) return propose(s, max);
-    int d = e->cfg.draft(e->cfg.draft_ctx, s->tokens, s->len, s->tokens + s->len, max);
-    return d < 0 ? 0 : d > max ? max : d;
+    const loom_request_params_t *p = &s->req->p;
+    loom_sampling_t sp = {p->temperature, p->top_k, p->top_p};
+    if (e->cfg.draft_sampled && sp.temperature > 0 && !s->q)
+        s->q = loom_malloc((size_t)e->cfg.speculate * (size_t)e->V * sizeof(float));
+    float *q = e->cfg.draft_sampled && sp.temperature > 0 ? s->q : NULL;
+    int d = e->cfg.draft(e->cfg.draft_ctx, s->tokens, s->len, s->tokens + s->len, max, &sp, &s->rng, q);
+    if (d <= 0) return propose(s, max); /* the draft model had nothing (its context is full): prompt lookup */
+    s->q_live = q != NULL;
+    return d > max ? max : d;
 }
 
 /* Running sequences, oldest first: those with one row left (decode) when
@@ -617,6 +643,7 @@ static void schedule_running(loom_engine_t *e, int decode, int spec, int *budget
         seq_t *s = e->running.v[i];
         int left = s->len - s->n_cached, chunk = left < *budget ? left : *budget;
         if ((left == 1) != decode || s->batched == e->step_no) continue;
+        if (!decode && (chunk = plp_cap(e, s, chunk)) == 0) continue;
         s->n_draft = decode ? drafts(e, s, spec, *budget) : 0;
         if (s->n_draft && !reserve(e, s, 1 + s->n_draft)) s->n_draft = 0; /* no room: plain decode */
         chunk += s->n_draft;
@@ -638,9 +665,10 @@ static void schedule_waiting(loom_engine_t *e, int *budget) {
         seq_t *s = e->waiting.v[0];
         int slots = s->req->forked ? 1 : s->req->p.n;
         if (e->running.n + slots > e->cfg.max_seqs) break;
-        if (e->cfg.prefix_cache && s->n_blocks == 0) prefix_lookup(e, s);
+        if (e->cfg.prefix_cache && s->n_blocks == 0 && !s->req->p.prompt_logprobs) prefix_lookup(e, s);
         int chunk = s->len - s->n_cached;
         if (chunk > *budget) chunk = *budget;
+        if ((chunk = plp_cap(e, s, chunk)) == 0) break;
         if (!reserve(e, s, chunk)) {
             release_blocks(e, s); /* what the lookup took: cached again, for the next try */
             break;
@@ -764,7 +792,7 @@ static void sample_next(loom_engine_t *e, seq_t *s, const float *row) {
 }
 
 /* s ran its last token and d drafts (rows[0..d]): row j verifies draft j
- * (loom_sample_verify: greedy takes it iff it is the argmax; sampled keeps
+ * (loom_sample_verify_q: greedy takes it iff it is the argmax; sampled keeps
  * the target distribution); tokens are taken until one differs from its
  * draft, then one more from the row after the last accepted draft. Each
  * accepted draft's row is a valid cache entry. */
@@ -776,7 +804,8 @@ static void verify_drafts(loom_engine_t *e, seq_t *s, const float *rows) {
     for (int j = 0; j <= d && !ended; j++) {
         const float *row = rows + (size_t)j * e->Vp;
         int draft = j < d ? s->tokens[s->len] : -1;
-        int tok = loom_sample_verify(row, e->V, &sp, &s->rng, e->scratch, draft);
+        const float *q = s->q_live && j < d ? s->q + (size_t)j * e->V : NULL;
+        int tok = loom_sample_verify_q(row, e->V, &sp, &s->rng, e->scratch, draft, q);
         ended = take_token(e, s, row, tok); /* frees s when it ends */
         if (tok != draft) break;
         accepted++;
@@ -792,10 +821,55 @@ static void verify_drafts(loom_engine_t *e, seq_t *s, const float *rows) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* The prompt rows of this step whose logits score a prompt token (after the R0 sampling rows). */
+static void plp_rows(loom_engine_t *e, int *R) {
+    e->n_plp = 0;
+    e->R0 = *R;
+    for (int i = 0, row = 0; i < e->S; row += e->b_seqs[i++]->chunk) {
+        seq_t *s = e->b_seqs[i];
+        if (!s->req->p.prompt_logprobs || s->n_draft) continue;
+        for (int k = 0; k < s->chunk && e->n_plp < PLP_ROWS; k++) {
+            int q = s->n_cached + k + 1; /* row at position q-1 scores token q */
+            if (q < s->plp_next || q >= s->req->n_prompt) continue;
+            e->plp_seq[e->n_plp] = i, e->plp_pos[e->n_plp++] = q;
+            e->b_rows[(*R)++] = row + k;
+        }
+    }
+}
+
+/* Send the prompt tokens' logprobs this step computed, before any sampling. */
+static void emit_prompt_logprobs(loom_engine_t *e) {
+    for (int j = 0; j < e->n_plp; j++) {
+        seq_t *s = e->b_seqs[e->plp_seq[j]];
+        request_t *r = s->req;
+        int q = e->plp_pos[j], ntop = r->p.logprobs > 0 ? r->p.logprobs : 0;
+        float lp = logprobs(e, e->logits + (size_t)(e->R0 + j) * e->Vp, s->tokens[q], ntop);
+        loom_engine_event_t ev = {.request = r->id, .index = s->index, .token = s->tokens[q], .text = "", .logprob = lp,
+                                  .n_top = ntop, .top_ids = e->top_ids, .top_logprobs = e->top_lp, .n_prompt = r->n_prompt,
+                                  .queue_time = r->t_admit > 0 ? r->t_admit - r->t_submit : 0, .prompt = 1};
+        if (r->cb) r->cb(r->ctx, &ev);
+        s->plp_next = q + 1;
+    }
+}
+
+/* max_tokens 0 (prompt_logprobs only): every sample ends at its prompt's end. */
+static void end_unsampled(loom_engine_t *e, seq_t *s) {
+    request_t *r = s->req;
+    r->forked = 1;
+    for (int i = 1; i < r->p.n; i++) {
+        seq_t tmp = {.req = r, .index = i};
+        emit(e, &tmp, -1, "", 0, 0, 0, LOOM_FINISH_LENGTH);
+        r->finished[i] = 1, r->live--;
+    }
+    emit(e, s, -1, "", 0, 0, 0, LOOM_FINISH_LENGTH);
+    seq_finish(e, s);
+}
+
 /* After the forward: advance every sequence of the batch; those that
  * reached their end sample (logits row r for the r-th of them). */
 static void advance(loom_engine_t *e, int *prompt_rows) {
     int r = 0;
+    emit_prompt_logprobs(e);
     seq_t **done = loom_malloc((size_t)e->S * sizeof *done);
     for (int i = 0; i < e->S; i++) {
         seq_t *s = e->b_seqs[i];
@@ -811,6 +885,8 @@ static void advance(loom_engine_t *e, int *prompt_rows) {
         r += 1 + s->n_draft;
         if (s->n_draft) {
             verify_drafts(e, s, row);
+        } else if (s->req->p.max_tokens == 0) { /* at the prompt's end: nothing to generate */
+            end_unsampled(e, s);
         } else if (!s->req->forked) {
             fork_samples(e, s);
             request_t *q = s->req;
@@ -856,7 +932,7 @@ static void set_threads(loom_engine_t *e) {
 loom_status loom_engine_step(loom_engine_t *e, int *busy) {
     set_threads(e);
     intake(e);
-    e->N = e->S = e->gen_step = 0;
+    e->N = e->S = e->gen_step = e->plp_used = 0;
     e->step_no++;
     int budget = e->cfg.max_batch_tokens, R = 0, prompt_rows = 0;
     int decoding = 0;
@@ -874,6 +950,7 @@ loom_status loom_engine_step(loom_engine_t *e, int *busy) {
         else if (s->n_cached + s->chunk == s->len)
             e->b_rows[R++] = row + s->chunk - 1;
     }
+    plp_rows(e, &R);
     loom_status st = LOOM_OK;
     if (e->N > 0) {
         loom_infer_batch_t b = {.n_tokens = e->N, .tokens = e->b_tok, .pos = e->b_pos, .seq = e->b_seq,

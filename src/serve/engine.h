@@ -42,6 +42,7 @@
 #include "backend/backend.h"
 #include "data/tokenizer.h"
 #include "model/gpt.h"
+#include "model/generate.h"
 #include "model/infer.h"
 
 typedef struct {
@@ -57,11 +58,20 @@ typedef struct {
     int prefix_cache;     /* 1 (default): reuse cached KV blocks of equal prompt prefixes (serve/kv_cache.h) */
     int speculate;        /* draft tokens per step (speculative decoding), 0 (default) off, <= 16 */
     /* Where drafts come from: NULL (default) prompt lookup (n-gram); else
-     * draft(ctx, tokens, len, out, max) writes up to max tokens to follow
-     * tokens[0..len) into out and returns how many (a draft model, or a
-     * test's oracle). Called on the stepping thread. */
-    int (*draft)(void *ctx, const int *tokens, int len, int *out, int max);
+     * draft(ctx, tokens, len, out, max, sp, rng, q) writes up to max tokens
+     * to follow tokens[0..len) into out and returns how many (a draft
+     * model, serve/draft.h, or a test's oracle); when it returns none,
+     * prompt lookup proposes. With draft_sampled and a sampled request
+     * (sp->temperature > 0), q holds max rows of V floats: the drafter
+     * draws draft j from a distribution of its own (using rng) and writes
+     * that distribution to row j, and the target accepts it with
+     * min(1, p/q) (model/generate.h loom_sample_verify_q); else q is NULL
+     * and the drafts count as proposed with certainty. Called on the
+     * stepping thread. */
+    int (*draft)(void *ctx, const int *tokens, int len, int *out, int max, const loom_sampling_t *sp,
+                 loom_rng_t *rng, float *q);
     void *draft_ctx;
+    int draft_sampled;
     /* Seconds a step of decode_rows decode and prefill_rows prompt rows
      * took, for the prefill budget; NULL (default): measured on the wall
      * clock. Tests set a cost model here, so no result depends on speed. */
@@ -107,6 +117,10 @@ typedef struct {
                             and this many top alternatives (<= 20) */
     const loom_token_filter_t *filter; /* NULL: any token; else only the tokens it allows (no
                                           speculation; must outlive the request's last event) */
+    int prompt_logprobs; /* 1: also each prompt token's log-probability given the ones before it
+                            (with `logprobs` alternatives), as events with `prompt` set, tokens 1 ..
+                            n_prompt-1 in order before the first generated one; the prompt is then
+                            computed, not taken from the prefix cache. max_tokens may then be 0 */
 } loom_request_params_t;
 
 /* Defaults: max_tokens 16, greedy, n 1, no stops, no logprobs. */
@@ -143,6 +157,7 @@ typedef struct {
     int n_prompt, n_generated; /* token counts so far */
     double ttft;           /* seconds from submit to this sample's first token */
     double queue_time;     /* seconds from submit to the request's first admission (0 = not admitted) */
+    int prompt;            /* 1: token is a prompt token (prompt_logprobs), not a generated one */
 } loom_engine_event_t;
 
 typedef void (*loom_engine_cb)(void *ctx, const loom_engine_event_t *ev);

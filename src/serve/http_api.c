@@ -1,6 +1,9 @@
 /* http_api: the OpenAI request parser and error shape (see http_api.h). */
 #include "serve/http_api.h"
 
+#include "obs/sbuf.h"
+#include "serve/tools.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
@@ -55,6 +58,29 @@ int loom_api_utf8_valid(const char *str, size_t n) {
         i += (size_t)k + 1;
     }
     return 1;
+}
+
+size_t loom_api_utf8_complete(const char *s, size_t n) {
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        unsigned c = (unsigned char)s[n - back];
+        if ((c & 0xC0) == 0x80) continue;
+        size_t k = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        return k > back ? n - back : n;
+    }
+    return n;
+}
+
+cJSON *loom_api_clean_string(const char *s, size_t n) {
+    loom_sbuf_t b = {0};
+    for (size_t i = 0; i < n;) {
+        unsigned c = (unsigned char)s[i];
+        size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        if (c && i + k <= n && loom_api_utf8_valid(s + i, k)) loom_sbuf_put(&b, s + i, k), i += k;
+        else loom_sbuf_puts(&b, "\xEF\xBF\xBD"), i++;
+    }
+    cJSON *j = cJSON_CreateString(b.data ? b.data : "");
+    free(b.data);
+    return j;
 }
 
 int loom_api_secret_equal(const char *a, const char *b) {
@@ -122,8 +148,6 @@ static loom_status refuse_unsupported(const cJSON *o, loom_api_error_t *err) {
     v = field(o, "best_of");
     if (v && (!cJSON_IsNumber(v) || v->valuedouble != 1))
         return loom_api_fail(err, 400, NULL, "best_of", NULL, "'best_of' other than 1 is not supported by this server");
-    v = field(o, "tools");
-    if (v) return loom_api_fail(err, 400, NULL, "tools", NULL, "'tools' is not supported by this server");
     return LOOM_OK;
 }
 
@@ -219,8 +243,7 @@ static loom_status parse_prompt(const cJSON *o, loom_api_request_t *r, loom_api_
 
 /* A message's content as one string: a string, or a list of text parts
  * ({"type": "text", "text": ...}) joined; null only for an assistant
- * message that carries tool_calls (its calls are not replayed to the model:
- * loom has no tool calling). Malloc'd in *out. */
+ * message that carries tool_calls (the template sees null). Malloc'd in *out. */
 static loom_status message_content(const cJSON *m, const char *role, int k, char **out, loom_api_error_t *err) {
     const cJSON *c = field(m, "content");
     if (cJSON_IsString(c)) return *out = loom_strdup(c->valuestring), LOOM_OK;
@@ -261,6 +284,7 @@ static loom_status parse_messages(const cJSON *o, loom_api_request_t *r, loom_ap
     int n = cJSON_GetArraySize(v), k = 0;
     if (n > 4096) return loom_api_fail(err, 400, NULL, "messages", NULL, "'messages' has at most 4096 messages");
     r->msgs = loom_calloc((size_t)n, sizeof *r->msgs);
+    r->messages = cJSON_CreateArray();
     for (const cJSON *m = v->child; m; m = m->next, k++) {
         const cJSON *role = cJSON_IsObject(m) ? field(m, "role") : NULL;
         if (!cJSON_IsString(role))
@@ -276,6 +300,10 @@ static loom_status parse_messages(const cJSON *o, loom_api_request_t *r, loom_ap
         r->msgs[k].role = loom_strdup(role->valuestring);
         r->msgs[k].content = content;
         r->n_msgs = k + 1;
+        cJSON *tm = NULL;
+        loom_status st = loom_tools_message(m, role->valuestring, content, k, &tm, err);
+        cJSON_AddItemToArray(r->messages, tm);
+        LOOM_TRY(st);
     }
     return LOOM_OK;
 }
@@ -320,6 +348,7 @@ static loom_status parse_settings(const cJSON *o, loom_api_kind kind, loom_api_r
     if (m && !cJSON_IsString(m)) return loom_api_fail(err, 400, NULL, "model", NULL, "'model' must be a string");
     if (m) r->model = loom_strdup(m->valuestring);
     LOOM_TRY(parse_response_format(o, r, err));
+    if (kind == LOOM_API_CHAT) LOOM_TRY(loom_tools_parse_request(o, r, err));
     return parse_stop(o, r, err);
 }
 
@@ -359,6 +388,8 @@ void loom_api_request_free(loom_api_request_t *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->model);
     free(r->json_schema);
+    cJSON_Delete(r->messages);
+    cJSON_Delete(r->tools);
     memset(r, 0, sizeof *r);
 }
 

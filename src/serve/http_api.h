@@ -5,11 +5,15 @@
 #ifndef LOOM_HTTP_API_H
 #define LOOM_HTTP_API_H
 
+#include <cjson/cJSON.h>
 #include <stddef.h>
 
 #include "serve/engine.h"
 
 typedef enum { LOOM_API_COMPLETION, LOOM_API_CHAT } loom_api_kind;
+
+/* tool_choice (serve/tools.h): no call, the model's choice, some call, the named function's call. */
+typedef enum { LOOM_TOOL_NONE, LOOM_TOOL_AUTO, LOOM_TOOL_REQUIRED, LOOM_TOOL_NAMED } loom_tool_choice;
 
 /* Limits a request is checked against. */
 #define LOOM_API_MAX_BODY (4u << 20)  /* bytes of a request body (413 above) */
@@ -38,9 +42,14 @@ typedef struct {
     int n_stop;
     int stream, include_usage, echo;
     int max_tokens_set; /* max_tokens (or max_completion_tokens) was given: the prompt plus it must fit the context */
-    int ignore_eos;
+    int ignore_eos;    /* "ignore_eos": true (vLLM's and llama.cpp's extension): do not stop at end-of-text */
     int json_mode;     /* response_format: 0 text, 1 json_object, 2 json_schema */
-    char *json_schema; /* json_schema's schema as JSON text (NULL: any object) */ /* "ignore_eos": true (vLLM's and llama.cpp's extension): do not stop at end-of-text */
+    char *json_schema; /* json_schema's schema as JSON text (NULL: any object) */
+    cJSON *messages;   /* chat: the messages as the template sees them (serve/tools.h, loom_tools_message) */
+    cJSON *tools;      /* the request's tools (checked), NULL: none */
+    loom_tool_choice tool_choice;
+    char tool_name[72]; /* LOOM_TOOL_NAMED: the function */
+    int parallel_tool_calls;
 } loom_api_request_t;
 
 /* An error in the OpenAI shape: {"error": {"message", "type", "param", "code"}}. */
@@ -74,6 +83,11 @@ char *loom_api_render_chat(const loom_api_message_t *m, int n, const char *tmpl)
 
 /* 1 when s[0..n) is valid UTF-8 (no overlongs, no surrogates). */
 int loom_api_utf8_valid(const char *s, size_t n);
+/* Length of s[0..n) without a trailing multi-byte character still incomplete. */
+size_t loom_api_utf8_complete(const char *s, size_t n);
+/* s[0..n) as a JSON string, invalid UTF-8 and NUL replaced by U+FFFD (the
+ * JSON writer takes C strings: a NUL would cut the text short). */
+cJSON *loom_api_clean_string(const char *s, size_t n);
 
 /* finish_reason as the OpenAI API defines it (stop, length, tool_calls,
  * content_filter, function_call): a sample cut short (CANCELLED: its

@@ -13,8 +13,11 @@
 #define MAX_DIGITS 16  /* digits of a number (a bound so that every output can end) */
 #define MAX_NODES 4096
 
-/* Node kinds. ANY is any JSON value; OBJ_FREE any object (string keys, ANY values). */
-enum { N_ANY, N_OBJECT, N_OBJ_FREE, N_ARRAY, N_STRING, N_INTEGER, N_NUMBER, N_LITERAL, N_ANYOF };
+/* Node kinds. ANY is any JSON value; OBJ_FREE any object (string keys, ANY values).
+ * SEQ and SWITCH build grammars around schemas (loom_json_grammar_*): SEQ
+ * is its children one after another; SWITCH one of its literals, then the
+ * child that literal leads to. */
+enum { N_ANY, N_OBJECT, N_OBJ_FREE, N_ARRAY, N_STRING, N_INTEGER, N_NUMBER, N_LITERAL, N_ANYOF, N_SEQ, N_SWITCH };
 /* The nodes every schema has, at fixed places. */
 enum { ANY, OBJ_FREE, ARR_FREE, STR_FREE, NUM_FREE, LIT_FREE, N_FIXED };
 
@@ -259,8 +262,11 @@ static void first_bytes(const loom_json_schema_t *s, int n, uint64_t first[4], i
     case N_ARRAY: set = "["; break;
     case N_STRING: set = "\""; break;
     case N_INTEGER: case N_NUMBER: set = "-0123456789"; break;
-    case N_LITERAL:
+    case N_LITERAL: case N_SWITCH:
         for (int i = 0; i < nd->n; i++) first[(unsigned char)nd->lit[i][0] / 64] |= 1ull << ((unsigned char)nd->lit[i][0] % 64);
+        return;
+    case N_SEQ:
+        if (nd->n && depth < 64) first_bytes(s, nd->child[0], first, depth + 1);
         return;
     default:
         if (depth < 64)
@@ -301,26 +307,83 @@ static void fixed_nodes(loom_json_schema_t *s) {
     add_lit(&s->nodes[l], "true"), add_lit(&s->nodes[l], "false"), add_lit(&s->nodes[l], "null");
 }
 
-loom_status loom_json_schema_compile(const char *schema, loom_json_schema_t **out) {
-    *out = NULL;
-    loom_json_schema_t *s = loom_calloc(1, sizeof *s);
-    fixed_nodes(s);
-    if (!schema) return *out = s, LOOM_OK; /* the top is an object (see loom_json_match_init) */
+/* Compile schema text into s (its own $ref root); *top: the node of its
+ * top level, which must be an object. `where` prefixes the messages. */
+static loom_status compile_into(loom_json_schema_t *s, const char *schema, const char *where, int *top) {
     cJSON *j = cJSON_Parse(schema);
     compiler_t *c = loom_calloc(1, sizeof *c);
     c->s = s, c->root = j;
-    int top = 0;
-    loom_status st = j ? compile_node(c, j, &top) : loom_error(LOOM_EINVAL, "json_schema: the schema is not JSON");
-    if (st == LOOM_OK && s->nodes[top].kind != N_OBJECT && s->nodes[top].kind != N_OBJ_FREE && s->nodes[top].kind != N_ANY &&
-        !(s->nodes[top].kind == N_ANYOF && s->nodes[top].n == 1))
-        st = loom_error(LOOM_EINVAL, "json_schema: the top level must be an object (\"type\": \"object\"), as OpenAI asks");
-    if (st == LOOM_OK) st = check_alternatives(s);
+    snprintf(c->path, sizeof c->path, "%s", where);
+    *top = 0;
+    loom_status st = j ? compile_node(c, j, top) : loom_error(LOOM_EINVAL, "json_schema: the schema is not JSON");
+    if (st == LOOM_OK && s->nodes[*top].kind != N_OBJECT && s->nodes[*top].kind != N_OBJ_FREE && s->nodes[*top].kind != N_ANY &&
+        !(s->nodes[*top].kind == N_ANYOF && s->nodes[*top].n == 1))
+        st = loom_error(LOOM_EINVAL, "json_schema: the top level%s%s must be an object (\"type\": \"object\"), as OpenAI asks",
+                        where[0] ? " of " : "", where);
     cJSON_Delete(j);
     free(c);
+    return st;
+}
+
+loom_status loom_json_schema_compile(const char *schema, loom_json_schema_t **out) {
+    *out = NULL;
+    loom_json_schema_t *s = loom_json_grammar_new();
+    if (!schema) return *out = s, LOOM_OK; /* the top is an object (see loom_json_match_init) */
+    int top = 0;
+    loom_status st = compile_into(s, schema, "", &top);
+    if (st == LOOM_OK) st = loom_json_grammar_finish(s, top);
     if (st != LOOM_OK) return loom_json_schema_free(s), st;
-    /* the top is the last node made at the top level: keep its index as node 0's stand-in */
-    s->nodes[ANY].items = top;
     *out = s;
+    return LOOM_OK;
+}
+
+/* ---- grammars around schemas ---- */
+
+loom_json_schema_t *loom_json_grammar_new(void) {
+    loom_json_schema_t *s = loom_calloc(1, sizeof *s);
+    fixed_nodes(s);
+    return s;
+}
+
+loom_status loom_json_grammar_schema(loom_json_schema_t *s, const char *schema, const char *where, int *node) {
+    return compile_into(s, schema, where, node);
+}
+
+int loom_json_grammar_literal(loom_json_schema_t *s, const char *text) {
+    int n = add_node(s, N_LITERAL);
+    if (n >= 0) add_lit(&s->nodes[n], text);
+    return n;
+}
+
+int loom_json_grammar_seq(loom_json_schema_t *s, const int *parts, int n) {
+    int me = add_node(s, N_SEQ);
+    for (int i = 0; me >= 0 && i < n; i++) add_child(&s->nodes[me], parts[i]), s->nodes[me].n++;
+    return me;
+}
+
+int loom_json_grammar_switch(loom_json_schema_t *s, const char *const *lits, const int *next, int n) {
+    int me = n > 0 && n <= MAX_LITS ? add_node(s, N_SWITCH) : -1;
+    for (int i = 0; me >= 0 && i < n; i++) {
+        add_child(&s->nodes[me], next[i]);
+        add_lit(&s->nodes[me], lits[i]); /* counts n */
+    }
+    node_t *nd = me >= 0 ? &s->nodes[me] : NULL;
+    for (int a = 0; nd && a < n; a++) /* one literal a prefix of another: the choice would be ambiguous */
+        for (int b = 0; b < n; b++)
+            if (a != b && !strncmp(nd->lit[a], nd->lit[b], (size_t)nd->lit_len[a])) return -1;
+    return me;
+}
+
+int loom_json_grammar_array(loom_json_schema_t *s, int items, int min, int max) {
+    int me = add_node(s, N_ARRAY);
+    if (me >= 0) s->nodes[me].items = items, s->nodes[me].min = min, s->nodes[me].max = max;
+    return me;
+}
+
+loom_status loom_json_grammar_finish(loom_json_schema_t *s, int top) {
+    if (top < 0) return loom_error(LOOM_EINVAL, "json_schema: the grammar has too many nodes (at most %d)", MAX_NODES);
+    LOOM_TRY(check_alternatives(s));
+    s->nodes[ANY].items = top; /* the compiled top: node 0's stand-in */
     return LOOM_OK;
 }
 
@@ -509,6 +572,15 @@ static int frame_step(loom_json_match_t *m, unsigned char c) {
         return done >= 0 ? POPPED + 1 : TAKEN;
     }
     case N_ARRAY: return array_step(m, nd, f, c);
+    case N_SEQ: /* the next part takes c; none left: complete without it */
+        return f->count < nd->n ? (push(m, nd->child[f->count++]) ? -1 : REJECT) : POPPED;
+    case N_SWITCH: {
+        if (f->phase == 0) f->mask = nd->n >= 64 ? ~0ull : (1ull << nd->n) - 1, f->phase = 1;
+        int done;
+        if (!literal_step(nd, f, c, &done)) return REJECT;
+        if (done >= 0) *f = (loom_json_frame_t){.node = nd->child[done]}; /* the frame becomes what the literal leads to */
+        return TAKEN;
+    }
     default: return object_step(m, nd, f, c);
     }
 }
@@ -521,6 +593,12 @@ static void child_done(loom_json_match_t *m) {
     }
     loom_json_frame_t *f = &m->f[m->depth - 1];
     const node_t *nd = &m->s->nodes[f->node];
+    if (nd->kind == N_SEQ) {
+        if (f->count < nd->n) return;
+        m->depth--; /* its last part: the sequence is complete now, not at the next byte */
+        child_done(m);
+        return;
+    }
     if (nd->kind == N_ARRAY) f->count++, f->phase = 2;
     else if (f->phase == 1 || f->phase == 3) f->phase = 5; /* a free object's key */
     else f->phase = 2;
@@ -664,6 +742,21 @@ loom_status loom_json_filter_new(const loom_json_schema_t *s, const loom_tokeniz
     free(special);
     *out = &jf->f;
     return LOOM_OK;
+}
+
+void loom_json_filter_allow(loom_token_filter_t *f, const loom_tokenizer_t *tok, const char *text) {
+    json_filter_t *jf = (json_filter_t *)f;
+    int id = loom_tokenizer_find(tok, text);
+    if (id < 0 || id >= jf->V || jf->bytes[id]) return;
+    size_t n = 0;
+    const unsigned char *b = loom_tokenizer_token(tok, (uint32_t)id, &n);
+    if (!b || n == 0) return;
+    /* into its first byte's group: the group's end moves up one, every later group shifts */
+    int at = jf->start[b[0] + 1];
+    memmove(&jf->by_first[at + 1], &jf->by_first[at], (size_t)(jf->start[256] - at) * sizeof(int));
+    jf->by_first[at] = id;
+    for (int g = b[0] + 1; g <= 256; g++) jf->start[g]++;
+    jf->bytes[id] = b, jf->len[id] = n;
 }
 
 void loom_json_filter_free(loom_token_filter_t *f) {

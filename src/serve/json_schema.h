@@ -55,6 +55,20 @@ typedef struct {
 loom_status loom_json_schema_compile(const char *schema, loom_json_schema_t **out);
 void loom_json_schema_free(loom_json_schema_t *s);
 
+/* Grammars around schemas (tool calls, serve/tools.c): literal text,
+ * compiled schemas, sequences, a choice among literals each leading to its
+ * own continuation, arrays. Each returns a node (-1: the table is full, or
+ * a switch whose literals are prefixes of each other); finish checks the
+ * whole and makes `top` what a matcher starts with. */
+loom_json_schema_t *loom_json_grammar_new(void);
+/* Compile schema text (its top an object) into s; `where` names it in errors ("tools[0].function.parameters"). */
+loom_status loom_json_grammar_schema(loom_json_schema_t *s, const char *schema, const char *where, int *node);
+int loom_json_grammar_literal(loom_json_schema_t *s, const char *text);
+int loom_json_grammar_seq(loom_json_schema_t *s, const int *parts, int n);
+int loom_json_grammar_switch(loom_json_schema_t *s, const char *const *lits, const int *next, int n);
+int loom_json_grammar_array(loom_json_schema_t *s, int items, int min, int max);
+loom_status loom_json_grammar_finish(loom_json_schema_t *s, int top);
+
 /* Start matching a top-level value of schema s. */
 void loom_json_match_init(loom_json_match_t *m, const loom_json_schema_t *s);
 /* Feed one byte: 1 when the output so far is still a valid prefix (m
@@ -70,6 +84,10 @@ int loom_json_match_done(const loom_json_match_t *m);
  * bytes, grouped by first byte) is done here once. */
 loom_status loom_json_filter_new(const loom_json_schema_t *s, const loom_tokenizer_t *tok, int V,
                                  loom_token_filter_t **out);
+/* Let the filter use the special token whose text is `text` (a tool-call
+ * marker such as <tool_call>, which the model writes as one token) like
+ * any other token of those bytes. No-op when the tokenizer has none. */
+void loom_json_filter_allow(loom_token_filter_t *f, const loom_tokenizer_t *tok, const char *text);
 void loom_json_filter_free(loom_token_filter_t *f);
 
 #endif

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "core/hash.h"
 #include "serve/json_schema.h"
 #include "serve/server_int.h"
 
@@ -28,6 +29,8 @@ typedef struct {
     int finish, n_gen;
     cJSON *lp;        /* chat-style logprob entries, when asked */
     int lp_off;       /* streamed completions: text_offset of the next token */
+    int lp_sent, fin_sent; /* streams: logprob entries sent; the finish sent */
+    loom_tools_stream_t ts; /* tool calls: what of them a stream has sent (serve/tools.h) */
 } choice_t;
 
 struct job {
@@ -40,6 +43,7 @@ struct job {
     uint64_t *eids;
     int *submitted, **pids, *n_pids;
     char **ptext;      /* prompt text, for echo */
+    cJSON **plp;       /* echo with logprobs: each prompt's token entries (the first one's logprob null) */
     int n_sub, n_choices, n_done, fin_cb, why, counted, phase;
     choice_t *ch;
     double *last_t;    /* per choice, stepping thread only */
@@ -51,6 +55,7 @@ struct job {
     size_t out_pos;
     loom_json_schema_t *schema;  /* response_format json_object / json_schema, compiled (NULL: none) */
     loom_token_filter_t *filter; /* ... as the engine's token filter */
+    int tools_on, forced;        /* the output is read for tool calls; decoded under the call grammar */
 };
 
 static int hold_k = -1;          /* LOOM_TEST_SERVE_HOLD's K; -1: no hold */
@@ -95,6 +100,7 @@ static void on_event(void *ctx, const loom_engine_event_t *ev) {
         if (ev->queue_time > 0) loom_histogram_observe(m->queue, ev->queue_time);
     }
     int c = sb->k * j->a.p.n + ev->index;
+    if (ev->prompt) return loom_engine_queue_push(j->q, ev); /* a prompt token's logprob: no latency to record */
     if (ev->token >= 0) {
         if (ev->n_generated == 1) loom_histogram_observe(m->ttft, now - j->t0);
         else loom_histogram_observe(m->itl, now - j->last_t[c]);
@@ -111,35 +117,14 @@ static void on_event(void *ctx, const loom_engine_event_t *ev) {
     loom_engine_queue_push(j->q, ev);
 }
 
-/* Bytes s[0..n) with invalid UTF-8 replaced by U+FFFD. */
+/* Bytes s[0..n) with invalid UTF-8 and NUL replaced by U+FFFD. */
 static void put_clean(loom_sbuf_t *b, const char *s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        unsigned c = (unsigned char)s[i];
-        size_t k = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        if (i + k <= n && loom_api_utf8_valid(s + i, k)) loom_sbuf_put(b, s + i, k), i += k;
-        else loom_sbuf_puts(b, "\xEF\xBF\xBD"), i++;
-    }
-    if (!b->data) loom_sbuf_puts(b, "");
+    cJSON *j = loom_api_clean_string(s, n);
+    loom_sbuf_puts(b, j->valuestring);
+    cJSON_Delete(j);
 }
 
-/* Length of s[0..n) without a trailing multi-byte character still incomplete. */
-static size_t complete_prefix(const char *s, size_t n) {
-    for (size_t back = 1; back <= 3 && back <= n; back++) {
-        unsigned c = (unsigned char)s[n - back];
-        if ((c & 0xC0) == 0x80) continue;
-        size_t k = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
-        return k > back ? n - back : n;
-    }
-    return n;
-}
-
-static cJSON *clean_string(const char *s, size_t n) {
-    loom_sbuf_t b = {0};
-    put_clean(&b, s, n);
-    cJSON *j = cJSON_CreateString(b.data);
-    free(b.data);
-    return j;
-}
+static cJSON *clean_string(const char *s, size_t n) { return loom_api_clean_string(s, n); }
 
 static cJSON *token_string(const loom_tokenizer_t *tok, int id) {
     size_t n = 0;
@@ -193,6 +178,13 @@ static cJSON *lp_completion(const cJSON *entries, int off) {
     for (const cJSON *e = entries ? entries->child : NULL; e; e = e->next) {
         const char *t = cJSON_GetObjectItem(e, "token")->valuestring;
         cJSON_AddItemToArray(toks, cJSON_CreateString(t));
+        if (cJSON_IsNull(cJSON_GetObjectItem(e, "logprob"))) { /* a prompt's first token: nothing before it */
+            cJSON_AddItemToArray(lps, cJSON_CreateNull());
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber(off));
+            off += (int)strlen(t);
+            continue;
+        }
         cJSON_AddItemToArray(lps, cJSON_CreateNumber(cJSON_GetObjectItem(e, "logprob")->valuedouble));
         cJSON *m = cJSON_CreateObject();
         for (const cJSON *a = cJSON_GetObjectItem(e, "top_logprobs")->child; a; a = a->next)
@@ -211,6 +203,10 @@ static void apply(job_t *j, const loom_engine_event_t *ev) {
     int k = 0;
     while (k < j->n_sub && j->eids[k] != ev->request) k++;
     if (k == j->n_sub) return;
+    if (ev->prompt) {
+        cJSON_AddItemToArray(j->plp[k], lp_entry(j, ev));
+        return;
+    }
     choice_t *ch = &j->ch[k * j->a.p.n + ev->index];
     loom_sbuf_put(&ch->text, ev->text ? ev->text : "", ev->text_len);
     if (ev->token >= 0) {
@@ -250,10 +246,11 @@ static void job_free(job_t *j) {
         if (j->subs && !j->subs[k].started) atomic_fetch_sub(&j->s->pending, 1);
         if (j->pids) free(j->pids[k]);
         if (j->ptext) free(j->ptext[k]);
+        if (j->plp) cJSON_Delete(j->plp[k]);
     }
     for (int c = 0; c < j->n_choices; c++) free(j->ch[c].text.data), cJSON_Delete(j->ch[c].lp);
     if (j->q) loom_engine_queue_free(j->q);
-    free(j->subs), free(j->eids), free(j->submitted), free(j->pids), free(j->n_pids), free(j->ptext);
+    free(j->subs), free(j->eids), free(j->submitted), free(j->pids), free(j->n_pids), free(j->ptext), free(j->plp);
     free(j->ch), free(j->last_t), free(j->out.data);
     if (j->counted) atomic_fetch_sub(&j->s->active, 1);
     loom_json_filter_free(j->filter);
@@ -303,9 +300,18 @@ static cJSON *head_json(const job_t *j, const char *object) {
     return o;
 }
 
-static void add_finish(cJSON *c, int finish) {
-    if (finish) cJSON_AddStringToObject(c, "finish_reason", loom_api_finish_reason((loom_finish_reason)finish));
+/* finish_reason; a sample that ended (not cut short) with tool calls: "tool_calls". */
+static void add_finish(cJSON *c, int finish, int calls) {
+    if (finish == LOOM_FINISH_STOP && calls) cJSON_AddStringToObject(c, "finish_reason", "tool_calls");
+    else if (finish) cJSON_AddStringToObject(c, "finish_reason", loom_api_finish_reason((loom_finish_reason)finish));
     else cJSON_AddNullToObject(c, "finish_reason");
+}
+
+/* Choice c's prompt entries, then `gen`'s (a new array, owned by the caller's object). */
+static cJSON *echo_entries(const job_t *j, int c, const cJSON *gen) {
+    cJSON *a = cJSON_Duplicate(j->plp[c / j->a.p.n], 1);
+    for (const cJSON *e = gen ? gen->child : NULL; e; e = e->next) cJSON_AddItemToArray(a, cJSON_Duplicate(e, 1));
+    return a;
 }
 
 /* The whole answer of a request that did not stream. */
@@ -320,10 +326,19 @@ static char *render_full(job_t *j) {
         const char *pt = j->a.echo ? j->ptext[c / j->a.p.n] : "";
         loom_sbuf_puts(&t, pt);
         put_clean(&t, ch->text.data ? ch->text.data : "", ch->text.len);
+        int calls = 0;
         if (chat) {
             cJSON *msg = cJSON_AddObjectToObject(x, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
-            cJSON_AddStringToObject(msg, "content", t.data);
+            if (j->tools_on) { /* the stream's deltas at once: both answers agree */
+                loom_tools_stream_t ts = {.seed = ch->ts.seed};
+                cJSON *d = loom_tools_delta(j->m->tools, j->forced, j->a.parallel_tool_calls, ch->text.data ? ch->text.data : "",
+                                            ch->text.len, 1, &ts);
+                calls = loom_tools_message_out(d, msg);
+                cJSON_Delete(d);
+            } else {
+                cJSON_AddStringToObject(msg, "content", t.data);
+            }
             cJSON_AddNullToObject(msg, "refusal");
         } else {
             cJSON_AddStringToObject(x, "text", t.data);
@@ -331,8 +346,13 @@ static char *render_full(job_t *j) {
         free(t.data);
         if (j->a.p.logprobs < 0) cJSON_AddNullToObject(x, "logprobs");
         else if (chat) add_chat_logprobs(x, cJSON_Duplicate(ch->lp, 1));
+        else if (j->plp) {
+            cJSON *all = echo_entries(j, c, ch->lp);
+            cJSON_AddItemToObject(x, "logprobs", lp_completion(all, 0));
+            cJSON_Delete(all);
+        }
         else cJSON_AddItemToObject(x, "logprobs", lp_completion(ch->lp, (int)strlen(pt)));
-        add_finish(x, ch->finish);
+        add_finish(x, ch->finish, calls);
         cJSON_AddItemToArray(arr, x);
     }
     cJSON_AddItemToObject(o, "usage", usage_json(j));
@@ -348,14 +368,18 @@ static void put_event(job_t *j, cJSON *o) {
     cJSON_Delete(o);
 }
 
-/* One streamed chunk for choice c: text (clean UTF-8), logprob entry (taken), finish. */
-static void put_chunk(job_t *j, int c, const char *text, size_t len, cJSON *lp, int finish, int role) {
+/* One streamed chunk for choice c: text (clean UTF-8), or a chat delta
+ * (taken; tool calls), logprob entries (an array, taken), finish. */
+static void put_chunk(job_t *j, int c, const char *text, size_t len, cJSON *lp, int finish, int role, cJSON *delta) {
     int chat = j->kind == LOOM_API_CHAT;
     cJSON *o = head_json(j, chat ? "chat.completion.chunk" : "text_completion"), *arr = cJSON_AddArrayToObject(o, "choices");
     cJSON *x = cJSON_CreateObject();
     cJSON_AddNumberToObject(x, "index", c);
     cJSON *str = clean_string(text, len);
-    if (chat) {
+    if (delta) {
+        cJSON_AddItemToObject(x, "delta", delta);
+        cJSON_Delete(str);
+    } else if (chat) {
         cJSON *d = cJSON_AddObjectToObject(x, "delta");
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
         if (len || role) cJSON_AddItemToObject(d, "content", str);
@@ -365,34 +389,80 @@ static void put_chunk(job_t *j, int c, const char *text, size_t len, cJSON *lp, 
     }
     if (!lp) cJSON_AddNullToObject(x, "logprobs");
     else if (chat) {
-        cJSON *a = cJSON_CreateArray();
-        cJSON_AddItemToArray(a, lp);
-        add_chat_logprobs(x, a);
+        add_chat_logprobs(x, lp);
     } else {
-        cJSON *a = cJSON_CreateArray();
-        cJSON_AddItemToArray(a, lp);
-        cJSON_AddItemToObject(x, "logprobs", lp_completion(a, j->ch[c].lp_off));
-        j->ch[c].lp_off += (int)strlen(cJSON_GetObjectItem(lp, "token")->valuestring);
-        cJSON_Delete(a);
+        cJSON_AddItemToObject(x, "logprobs", lp_completion(lp, j->ch[c].lp_off));
+        for (const cJSON *e = lp->child; e; e = e->next) j->ch[c].lp_off += (int)strlen(cJSON_GetObjectItem(e, "token")->valuestring);
+        cJSON_Delete(lp);
     }
-    add_finish(x, finish);
+    add_finish(x, finish, j->ch[c].ts.heads);
+    j->ch[c].fin_sent |= finish != 0;
     cJSON_AddItemToArray(arr, x);
     put_event(j, o);
 }
 
-/* The chunk(s) one event releases. */
+/* The chunk(s) choice c has ready: text, logprob entries and finish not yet sent. */
+static void stream_choice(job_t *j, int c) {
+    choice_t *ch = &j->ch[c];
+    if (ch->fin_sent) return;
+    size_t end = ch->finish ? ch->text.len : loom_api_utf8_complete(ch->text.data ? ch->text.data : "", ch->text.len);
+    cJSON *lp = NULL;
+    if (ch->lp && cJSON_GetArraySize(ch->lp) > ch->lp_sent) {
+        lp = cJSON_CreateArray();
+        for (const cJSON *e = cJSON_GetArrayItem(ch->lp, ch->lp_sent); e; e = e->next, ch->lp_sent++)
+            cJSON_AddItemToArray(lp, cJSON_Duplicate(e, 1));
+    }
+    if (j->tools_on) { /* content and tool-call deltas as the calls take shape */
+        cJSON *d = loom_tools_delta(j->m->tools, j->forced, j->a.parallel_tool_calls, ch->text.data ? ch->text.data : "",
+                                    ch->text.len, ch->finish != 0, &ch->ts);
+        cJSON *calls = d ? cJSON_DetachItemFromObjectCaseSensitive(d, "tool_calls") : NULL;
+        if ((d && d->child) || (!calls && (ch->finish || lp)))
+            put_chunk(j, c, "", 0, lp, calls ? 0 : ch->finish, 0, d ? d : cJSON_CreateObject()), lp = NULL;
+        else
+            cJSON_Delete(d);
+        for (cJSON *x = calls ? calls->child : NULL; x; x = calls->child) { /* one call item a chunk, as OpenAI sends them */
+            cJSON *one = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(one, "tool_calls");
+            cJSON_AddItemToArray(arr, cJSON_DetachItemViaPointer(calls, x));
+            put_chunk(j, c, "", 0, lp, calls->child ? 0 : ch->finish, 0, one);
+            lp = NULL;
+        }
+        cJSON_Delete(calls);
+        return;
+    }
+    if (end == ch->sent && !ch->finish && !lp) return;
+    put_chunk(j, c, ch->text.data ? ch->text.data + ch->sent : "", end - ch->sent, lp, ch->finish, 0, NULL);
+    ch->sent = end;
+}
+
+/* The chunk(s) one event releases (a prompt token's logprob: none; the echo chunk carries them). */
 static void stream_event(job_t *j, const loom_engine_event_t *ev) {
     int k = 0;
     while (k < j->n_sub && j->eids[k] != ev->request) k++;
-    if (k == j->n_sub) return;
-    int c = k * j->a.p.n + ev->index;
-    choice_t *ch = &j->ch[c];
-    size_t end = ch->finish ? ch->text.len : complete_prefix(ch->text.data ? ch->text.data : "", ch->text.len);
-    cJSON *lp = NULL;
-    if (ev->token >= 0 && j->a.p.logprobs >= 0) lp = cJSON_Duplicate(cJSON_GetArrayItem(ch->lp, cJSON_GetArraySize(ch->lp) - 1), 1);
-    if (end == ch->sent && !ch->finish && !lp) return;
-    put_chunk(j, c, ch->text.data ? ch->text.data + ch->sent : "", end - ch->sent, lp, ch->finish, 0);
-    ch->sent = end;
+    if (k < j->n_sub && !ev->prompt) stream_choice(j, k * j->a.p.n + ev->index);
+}
+
+/* Echo with logprobs: every prompt's token entries are in (or its samples ended early). */
+static int prompts_scored(const job_t *j) {
+    for (int k = 0; j->plp && k < j->n_sub; k++) {
+        int ended = 1;
+        for (int i = 0; i < j->a.p.n; i++) ended &= j->ch[k * j->a.p.n + i].finish != 0;
+        if (cJSON_GetArraySize(j->plp[k]) < j->n_pids[k] && !ended) return 0;
+    }
+    return 1;
+}
+
+/* The stream's first chunks: the role (chat), or the echoed prompt with its logprobs. */
+static void stream_start(job_t *j) {
+    for (int c = 0; c < j->n_choices; c++) {
+        const char *pt = j->a.echo ? j->ptext[c / j->a.p.n] : "";
+        j->ch[c].lp_off = j->plp ? 0 : (int)strlen(pt);
+        /* finish is set already when the engine had nothing to do (max_tokens 0 with echo) */
+        int fin = j->plp ? 0 : j->ch[c].finish;
+        if (j->kind == LOOM_API_CHAT || *pt || fin)
+            put_chunk(j, c, pt, strlen(pt), j->plp ? echo_entries(j, c, NULL) : NULL, fin, j->kind == LOOM_API_CHAT, NULL);
+        stream_choice(j, c); /* what came while the prompt was scored */
+    }
+    j->phase = 1;
 }
 
 /* Server-sent events: the libmicrohttpd reader; blocks until it has bytes. */
@@ -401,15 +471,10 @@ static long stream_fn(void *ctx, char *buf, size_t max) {
     while (j->out.len == j->out_pos) {
         j->out.len = j->out_pos = 0;
         if (j->phase == 2) return -1;
-        if (j->phase == 0) {
-            for (int c = 0; c < j->n_choices; c++) {
-                const char *pt = j->a.echo ? j->ptext[c / j->a.p.n] : "";
-                j->ch[c].lp_off = (int)strlen(pt);
-                /* finish is already set when nothing is generated (max_tokens 0 with echo) */
-                if (j->kind == LOOM_API_CHAT || *pt || j->ch[c].finish)
-                    put_chunk(j, c, pt, strlen(pt), NULL, j->ch[c].finish, j->kind == LOOM_API_CHAT);
-            }
-            j->phase = 1;
+        if (j->phase == 0 && !prompts_scored(j)) {
+            if (!wait_one(j, 1.0, NULL)) loom_sbuf_puts(&j->out, ": keep-alive\n\n");
+        } else if (j->phase == 0) {
+            stream_start(j);
         } else if (j->n_done == j->n_choices) {
             if (j->a.include_usage) {
                 cJSON *o = head_json(j, j->kind == LOOM_API_CHAT ? "chat.completion.chunk" : "text_completion");
@@ -471,7 +536,7 @@ static loom_status job_prompts(job_t *j, loom_api_error_t *err) {
         a->text = loom_calloc(1, sizeof *a->text);
         a->ids = loom_calloc(1, sizeof *a->ids);
         a->n_ids = loom_calloc(1, sizeof *a->n_ids);
-        if (loom_srv_chat_render(j->m, a->msgs, a->n_msgs, &a->text[0]) != LOOM_OK)
+        if (loom_srv_chat_render(j->m, a, &a->text[0]) != LOOM_OK)
             return loom_api_fail(err, 400, NULL, "messages", NULL, "%s", loom_errmsg());
     }
     j->n_sub = a->n_prompts;
@@ -535,12 +600,20 @@ static job_t *job_new(loom_server_t *s, srv_model_t *m, loom_api_kind kind, loom
     return j;
 }
 
-/* response_format as a token filter (400 naming what loom cannot enforce). */
+/* response_format, or a forced tool call, as a token filter (400 naming
+ * what loom cannot enforce; every function's parameters are checked). */
 static loom_status job_format(job_t *j, loom_api_error_t *err) {
-    if (!j->a.json_mode) return LOOM_OK;
-    if (loom_json_schema_compile(j->a.json_schema, &j->schema) != LOOM_OK)
-        return loom_api_fail(err, 400, NULL, "response_format", "invalid_value", "%s", loom_errmsg());
+    if (j->a.tools) {
+        j->tools_on = j->a.tool_choice != LOOM_TOOL_NONE;
+        j->forced = j->a.tool_choice == LOOM_TOOL_REQUIRED || j->a.tool_choice == LOOM_TOOL_NAMED;
+        LOOM_TRY(loom_tools_grammar(&j->a, j->m->tools, j->forced ? &j->schema : NULL, err));
+    } else if (j->a.json_mode) {
+        if (loom_json_schema_compile(j->a.json_schema, &j->schema) != LOOM_OK)
+            return loom_api_fail(err, 400, NULL, "response_format", "invalid_value", "%s", loom_errmsg());
+    }
+    if (!j->schema) return LOOM_OK;
     LOOM_TRY(loom_json_filter_new(j->schema, j->m->tok, j->m->m->cfg.vocab_size, &j->filter));
+    for (int i = 0; j->forced && loom_tools_markers[i]; i++) loom_json_filter_allow(j->filter, j->m->tok, loom_tools_markers[i]);
     j->a.p.filter = j->filter;
     return LOOM_OK;
 }
@@ -551,7 +624,10 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     j->n_choices = j->n_sub * a->p.n;
     j->ch = loom_calloc((size_t)j->n_choices, sizeof *j->ch);
     j->last_t = loom_calloc((size_t)j->n_choices, sizeof *j->last_t);
-    for (int c = 0; c < j->n_choices; c++) j->ch[c].lp = a->p.logprobs >= 0 ? cJSON_CreateArray() : NULL;
+    for (int c = 0; c < j->n_choices; c++) {
+        j->ch[c].lp = a->p.logprobs >= 0 ? cJSON_CreateArray() : NULL;
+        j->ch[c].ts.seed = loom_hash64(j->id, strlen(j->id), (uint64_t)c);
+    }
     j->subs = loom_calloc((size_t)j->n_sub, sizeof *j->subs);
     j->eids = loom_calloc((size_t)j->n_sub, sizeof *j->eids);
     j->submitted = loom_calloc((size_t)j->n_sub, sizeof *j->submitted);
@@ -560,7 +636,17 @@ static loom_status job_submit(job_t *j, loom_api_error_t *err) {
     a->p.n_stop = a->n_stop;
     a->p.stop_ids = j->m->n_stop ? j->m->stop_ids : NULL;
     a->p.n_stop_ids = a->ignore_eos ? 0 : j->m->n_stop;
-    if (a->p.max_tokens == 0) { /* echo only: nothing for the engine to do */
+    a->p.prompt_logprobs = j->kind == LOOM_API_COMPLETION && a->echo && a->p.logprobs >= 0;
+    if (a->p.prompt_logprobs) { /* each prompt's first token has no logprob: nothing comes before it */
+        j->plp = loom_calloc((size_t)j->n_sub, sizeof *j->plp);
+        for (int k = 0; k < j->n_sub; k++) {
+            cJSON *e = token_logprob(j->m->tok, j->pids[k][0], 0);
+            cJSON_ReplaceItemInObject(e, "logprob", cJSON_CreateNull());
+            cJSON_AddNullToObject(e, "top_logprobs");
+            cJSON_AddItemToArray(j->plp[k] = cJSON_CreateArray(), e);
+        }
+    }
+    if (a->p.max_tokens == 0 && !a->p.prompt_logprobs) { /* echo only: nothing for the engine to do */
         for (int k = 0; k < j->n_sub; k++) j->subs[k] = (sub_t){.job = j, .k = k, .started = 1};
         atomic_fetch_sub(&j->s->pending, j->n_sub);
         for (int c = 0; c < j->n_choices; c++) j->ch[c].finish = LOOM_FINISH_LENGTH;

@@ -15,6 +15,7 @@
 #include "serve/http_api.h"
 #include "serve/serve_metrics.h"
 #include "serve/server.h"
+#include "serve/tools.h"
 
 #define SRV_MAX_MODELS 8
 
@@ -27,6 +28,7 @@ typedef struct {
     loom_engine_t *e;
     char *chat_template;      /* the fixed {role}/{content} form, or NULL */
     loom_chat_template_t *tmpl; /* the model's own (Jinja) chat template, or NULL (serve_chat.c) */
+    loom_tools_style_t tools;   /* how its template renders tools and how the model writes calls (serve/tools.h) */
     int eot; /* the tokenizer's end-of-text id (a stop id), -1 if none */
     int stop_ids[4], n_stop;  /* where a sample ends: eot, and with a template its end-of-turn token and EOS */
     loom_metric_t *running, *waiting, *kv_usage, *kv_used, *prompt_tokens, *gen_tokens, *preemptions, *rejected;
@@ -73,7 +75,7 @@ void loom_srv_on_chat(const loom_http_request_t *req, loom_http_response_t *resp
 /* serve_chat.c: set a model's chat template (Jinja, or the fixed form) and
  * stop ids; render a request's messages with it; free it. */
 loom_status loom_srv_chat_setup(srv_model_t *sm, const char *name, const char *tmpl);
-loom_status loom_srv_chat_render(const srv_model_t *sm, const loom_api_message_t *msgs, int n, char **out);
+loom_status loom_srv_chat_render(const srv_model_t *sm, const loom_api_request_t *a, char **out);
 void loom_srv_chat_free(srv_model_t *sm);
 
 #endif

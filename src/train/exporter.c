@@ -39,7 +39,7 @@ static loom_status exporter_after_step(void *ctx, loom_train_run_t *run, const l
     loom_train_metrics_step_t s = {
         .step = r->step, .loss = r->loss, .grad_norm = r->grad_norm, .lr = r->lr, .tokens = (double)run->tokens_per_step,
         .tokens_per_s = r->tokens_per_s, .flops_per_s = run->flops_per_token * r->tokens_per_s / run->o->world_size,
-        .mfu = r->mfu, .step_s = r->step_s, .comm_wait_s = r->comm_wait_s, .data_s = r->data_s,
+        .mfu = r->mfu, .step_s = r->step_s, .comm_wait_s = r->comm_wait_s, .comm_tp_s = r->comm_tp_s, .data_s = r->data_s,
         .loss_scale = run->loss_scaling ? r->loss_scale : 0, .peak_flops = r->peak_flops, .skipped = r->skipped};
     loom_train_metrics_step(e->tm, &s);
     run->energy_j_per_token = loom_train_metrics_joules_per_token(e->tm);

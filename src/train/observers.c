@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/mem.h"
 #include "model/generate.h"
 #include "obs/metrics_log.h"
 #include "obs/plot.h"
@@ -111,10 +112,11 @@ static loom_status mlog_start(void *ctx, loom_train_run_t *run) {
 static loom_status mlog_after_step(void *ctx, loom_train_run_t *run, const loom_step_record_t *r) {
     mlog_t *g = ctx;
     loom_metrics_row_t row = {.step = r->step, .loss = r->loss, .val_loss = r->val_loss, .has_comm_wait = run->multi,
-                              .comm_wait_s = r->comm_wait_s, .has_loss_scale = run->loss_scaling, .loss_scale = r->loss_scale,
+                              .comm_wait_s = r->comm_wait_s, .has_comm_tp = run->tp != NULL, .comm_tp_s = r->comm_tp_s, .has_loss_scale = run->loss_scaling, .loss_scale = r->loss_scale,
                               .skipped = r->skipped, .lr = r->lr, .grad_norm = r->grad_norm, .tokens_per_s = r->tokens_per_s,
                               .mfu = r->mfu, .step_s = r->step_s, .elapsed_s = r->elapsed_s,
-                              .has_energy = isfinite(run->energy_j_per_token), .energy_j_per_token = run->energy_j_per_token};
+                              .has_energy = isfinite(run->energy_j_per_token), .energy_j_per_token = run->energy_j_per_token,
+                              .peak_rss_mb = loom_mem_peak_rss() / 1e6};
     return loom_metrics_log_write(g->log, &row);
 }
 
@@ -158,7 +160,9 @@ static void sampler_end(void *ctx, loom_train_run_t *run, loom_status s) {
 }
 
 loom_train_observer_t *loom_train_observer_sampler(const loom_train_opts_t *o) {
-    if (o->rank != 0) return NULL;
+    /* ZeRO-3: no rank holds the weights to sample from alone (a forward on
+     * one rank would wait for the others' gathers); setup says so. */
+    if (o->rank != 0 || o->zero == 3) return NULL;
     return observer_alloc(sizeof(loom_train_observer_t), &(loom_train_observer_t){.name = "sampler", .after_step = sampler_after_step,
                                                                                  .on_end = sampler_end, .free = free});
 }

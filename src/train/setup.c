@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ckpt/checkpoint.h"
+#include "core/mem.h"
 #include "ckpt/resume.h"
 #include "ckpt/hf.h"
 #include "ckpt/run.h"
@@ -52,7 +53,7 @@ static loom_status check_resume(loom_train_job_t *j, int T) {
     char data[4096], init[4096];
     resolve_path(o->data, data, sizeof data);
     resolve_path(o->init_from_run, init, sizeof init);
-    loom_resume_settings_t now = {.batch = o->batch, .seq = T, .grad_accum = o->grad_accum, .world_size = o->world_size,
+    loom_resume_settings_t now = {.batch = o->batch, .seq = T, .grad_accum = o->grad_accum, .world_size = j->run.dp_size,
                                   .zero = o->zero, .steps = o->steps, .seed = o->seed, .warmup = o->warmup, .lr = o->lr,
                                   .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
                                   .beta1 = o->beta1, .beta2 = o->beta2, .dtype = j->auto_dtype ? NULL : loom_dtype_name(j->dtype),
@@ -129,7 +130,7 @@ static loom_status resolve_model(loom_train_job_t *j) {
     if (o->resume) LOOM_TRY(check_resume(j, T));
     j->run.B = o->batch;
     j->run.T = T;
-    size_t need = (size_t)o->batch * T * o->grad_accum * o->world_size + 1;
+    size_t need = (size_t)o->batch * T * o->grad_accum * j->run.dp_size + 1;
     if (loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN) < need)
         return loom_error(LOOM_EINVAL, "%s: %zu training tokens, fewer than one step needs (%zu = batch %d x seq %d x accum %d); give more text or lower --batch/--seq",
                           o->data, loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN), need, o->batch, T, o->grad_accum);
@@ -142,6 +143,7 @@ static void step_modes(loom_train_job_t *j) {
     int has_graphs = (loom_backend_device_caps(o->device) & LOOM_CAP_GRAPHS) != 0;
     j->auto_dtype = o->dtype < 0;
     j->dtype = j->auto_dtype ? (int)loom_backend_default_dtype(o->device) : o->dtype;
+    if (j->auto_dtype && o->tp > 1) j->dtype = LOOM_FP32; /* tp reduces fp32 activations (parallel/tp.h) */
     j->recompute = o->recompute;
     j->want_graphs = has_graphs && o->cuda_graphs != 0;
     j->dpo = (loom_dp_opts_t){.zero = o->zero, .overlap = !o->no_overlap, .grad_dtype = (loom_dist_dtype)o->grad_dtype,
@@ -187,6 +189,7 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
          * the batches the model saw first (docs/quantization.md, 2:4) */
         j->rst.data_pos = st.data_pos % loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN);
     }
+    if (o->tp > 1) return loom_train_setup_tp(j, dist); /* the shard replaces the whole model */
     loom_gpt_set_recompute(run->model, (loom_recompute)j->recompute);
     if (o->zero == 0) LOOM_TRY(loom_gpt_alloc_train(run->model)); /* ZeRO >= 1: loom_dp_init, shard only */
     LOOM_TRY(loom_gpt_alloc_acts(run->model, run->B, run->T));
@@ -222,7 +225,7 @@ static void fill_run_config(const loom_train_job_t *j, loom_run_config_t *c) {
     const loom_train_opts_t *o = &j->o;
     const loom_backend_t *be = j->run.be;
     *c = (loom_run_config_t){.model_cfg = j->run.model->cfg, .cuda_graphs = j->graphs, .threads = be->threads,
-                             .batch = o->batch, .seq = o->seq, .grad_accum = o->grad_accum, .world_size = o->world_size,
+                             .batch = o->batch, .seq = o->seq, .grad_accum = o->grad_accum, .world_size = j->run.dp_size,
                              .zero = o->zero, .warmup = o->warmup, .steps = o->steps, .seed = o->seed, .lr = o->lr,
                              .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
                              .beta1 = o->beta1, .beta2 = o->beta2, .val_fraction = o->val_fraction};
@@ -265,20 +268,37 @@ static double peak_rss_mb(void) {
     return ru.ru_maxrss / 1024.0;
 }
 
+void loom_train_report_memory(loom_train_job_t *j) {
+    int W = j->o.world_size;
+    double *v = loom_calloc((size_t)W, sizeof *v);
+    v[j->o.rank] = loom_mem_peak_rss();
+    if (!j->run.multi || loom_dist_allreduce_f64(j->run.dist, v, (size_t)W) == LOOM_OK) {
+        char line[1024] = "";
+        size_t n = 0;
+        for (int r = 0; r < W && n < sizeof line - 40; r++)
+            n += (size_t)snprintf(line + n, sizeof line - n, "%srank %d %.1f MB", r ? ", " : "", r, v[r] / 1e6);
+        if (W > 1) loom_info("loom train: peak resident memory (VmHWM) per rank: %s", line);
+        else loom_info("loom train: peak resident memory (VmHWM): %.1f MB", v[0] / 1e6);
+    }
+    free(v);
+}
+
 /* The ranks, and the memory each holds for model state. */
 static void report_ranks(const loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
     const loom_train_run_t *run = &j->run;
     loom_dp_memory_t mem = {0};
     if (run->dp) loom_dp_memory(run->dp, &mem);
-    loom_info("loom train: %d ranks over %s, global batch %zu tokens/step (batch %d x seq %d x accum %d x %d ranks); ZeRO-%d, gradients reduced in %s%s",
-              o->world_size, loom_dist_name(run->dist), run->tokens_per_step, run->B, run->T, o->grad_accum, o->world_size, o->zero,
+    loom_info("loom train: %d ranks over %s, global batch %zu tokens/step (batch %d x seq %d x accum %d x %d data-parallel ranks); ZeRO-%d, gradients reduced in %s%s",
+              o->world_size, loom_dist_name(run->dist), run->tokens_per_step, run->B, run->T, o->grad_accum, run->dp_size, o->zero,
               j->dpo.grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32", j->dpo.overlap ? ", overlapped with backward" : ", after backward");
     if (run->dp)
         loom_info("loom train: memory per rank (P = %zu floats, N = %d): params %.2f MB + grads %.2f MB + AdamW %.2f MB = %.2f MB; ZeRO-%d formula %s = %.2f MB%s; peak resident %.1f MB",
                   run->model->num_params, o->world_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, mem.total / 1e6, o->zero,
                   mem.formula_text, mem.formula / 1e6,
-                  o->zero == 2 ? " (loom's backward writes one whole-model working gradient buffer; the accumulated gradient is the shard)" : "",
+                  o->zero == 2   ? " (loom's backward writes one whole-model working gradient buffer; the accumulated gradient is the shard)"
+                  : o->zero == 3 ? " plus the gather buffers: two blocks' weights and gradients, the non-layer tensors' twice"
+                                 : "",
                   peak_rss_mb());
 }
 
@@ -332,6 +352,8 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     *run = (loom_train_run_t){.o = o, .dist = dist, .lead = o->rank == 0, .multi = o->world_size > 1,
                               .last_loss = NAN, .last_val = -1, .energy_j_per_token = NAN};
     add_observers(j); /* first: teardown frees them, the caller's included, whatever fails below */
+    run->dp_size = o->world_size / (o->tp > 1 ? o->tp : 1); /* tp innermost: consecutive ranks share a replica */
+    run->dp_rank = o->rank / (o->tp > 1 ? o->tp : 1);
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     /* One writer per run folder, before anything in it is touched. */
     step_modes(j);
@@ -340,7 +362,7 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     run->tok = loom_dataset_tokenizer(j->ds);
     run->have_val = loom_dataset_ntokens(j->ds, LOOM_SPLIT_VAL) > 1;
     LOOM_TRY(resolve_model(j));
-    run->tokens_per_step = (size_t)run->B * run->T * o->grad_accum * o->world_size;
+    run->tokens_per_step = (size_t)run->B * run->T * o->grad_accum * run->dp_size;
     LOOM_TRY(open_backend(j, dist));
     LOOM_TRY(build_model(j, dist));
     LOOM_TRY(write_run_folder(j));
@@ -371,6 +393,7 @@ void loom_train_teardown(loom_train_job_t *j) {
     free(j->tg);
     loom_step_graph_free(j->sg);
     loom_dp_free(j->run.dp);
+    loom_train_teardown_tp(j); /* the shard is the tp's: run.model is NULL after */
     loom_gpt_free(j->run.model);
     loom_dataset_free(j->ds);
     if (j->lock_fd >= 0) close(j->lock_fd);

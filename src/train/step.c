@@ -6,6 +6,7 @@
 
 #include "core/mem.h"
 #include "parallel/shard.h"
+#include "train/zero3.h"
 
 struct loom_dp {
     loom_gpt_t *m;
@@ -20,6 +21,7 @@ struct loom_dp {
     float scale;        /* applied by this micro-batch's reductions */
     loom_status hook_err;
     double last_wait;
+    loom_zero3_t *z3;   /* ZeRO-3: the parameters are sharded too */
 };
 
 /* Per-layer tensors: block l of each lives at offset + l * numel / L. */
@@ -75,10 +77,11 @@ static void on_layer_done(void *ctx, int layer) {
 
 loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const loom_dp_opts_t *o) {
     *out = NULL;
-    if (o->zero < 0 || o->zero > 2) return loom_error(LOOM_EINVAL, "--zero %d: use 0, 1 or 2", o->zero);
+    if (o->zero < 0 || o->zero > 3) return loom_error(LOOM_EINVAL, "--zero %d: use 0, 1, 2 or 3", o->zero);
     /* ZeRO >= 1 never allocates the whole-model moments, so a model whose
-     * full AdamW state would not fit still starts. */
-    LOOM_TRY(o->zero >= 1 ? loom_gpt_alloc_grads(m) : loom_gpt_alloc_train(m));
+     * full AdamW state would not fit still starts; ZeRO-3 no whole gradient
+     * block either (train/zero3.h keeps a shard and two layers' worth). */
+    if (o->zero < 3) LOOM_TRY(o->zero >= 1 ? loom_gpt_alloc_grads(m) : loom_gpt_alloc_train(m));
     loom_dp_t *dp = loom_calloc(1, sizeof *dp);
     dp->m = m;
     dp->d = d;
@@ -94,6 +97,15 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
     size_t per = 0;
     for (int i = 0; i < NLT; i++) per += m->ptable[layer_tensors[i]].numel / (size_t)m->cfg.n_layer;
     dp->per_layer = per;
+    /* ZeRO-3 first: the whole parameter block is released before the
+     * moments' shard is allocated, so setup's peak stays below training's. */
+    if (o->zero == 3) {
+        loom_status s = loom_zero3_init(&dp->z3, m, d, dp->lo, o->grad_dtype, o->overlap);
+        if (s != LOOM_OK) {
+            loom_dp_free(dp);
+            return s;
+        }
+    }
     if (o->zero >= 1) {
         size_t n = dp->hi[dp->rank] - dp->lo[dp->rank], bytes = (n ? n : 1) * sizeof(float);
         dp->am = m->be->alloc(bytes);
@@ -105,7 +117,7 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
         loom_mem_count(LOOM_MEM_OPTIM, 2 * (long long)bytes);
         loom_gpt_free_moments(m);
     }
-    if (o->overlap && dp->world > 1) {
+    if (o->zero < 3 && o->overlap && dp->world > 1) {
         m->grad_hook = on_layer_done;
         m->grad_hook_ctx = dp;
     }
@@ -115,6 +127,7 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
 
 void loom_dp_free(loom_dp_t *dp) {
     if (!dp) return;
+    loom_zero3_free(dp->z3);
     if (dp->m->grad_hook_ctx == dp) {
         dp->m->grad_hook = NULL;
         dp->m->grad_hook_ctx = NULL;
@@ -128,6 +141,8 @@ void loom_dp_free(loom_dp_t *dp) {
     free(dp->lo);
     free(dp);
 }
+
+struct loom_zero3 *loom_dp_zero3(const loom_dp_t *dp) { return dp ? dp->z3 : NULL; }
 
 void loom_dp_shard(const loom_dp_t *dp, size_t *lo, size_t *hi, float **adam_m, float **adam_v) {
     if (dp->o.zero == 0) {
@@ -147,28 +162,96 @@ void loom_dp_memory(const loom_dp_t *dp, loom_dp_memory_t *out) {
     double P = (double)dp->m->num_params, N = dp->world;
     double shard = (double)(dp->hi[dp->rank] - dp->lo[dp->rank]);
     out->params = 4 * P;
-    out->grads = 4 * P; /* backward writes the whole block in every stage */
+    out->grads = 4 * P; /* backward writes the whole block in stages 0-2 */
+    if (dp->z3) loom_zero3_bytes(dp->z3, &out->params, &out->grads); /* shards + gather buffers */
     out->optim = dp->o.zero == 0 ? 8 * P : 8 * shard;
     out->total = out->params + out->grads + out->optim;
-    static const char *const text[] = {"4P+4P+8P", "4P+4P+8P/N", "4P+4P/N+8P/N"};
-    static const double gradf[] = {4, 4, 0}, optf[] = {8, 0, 0};
+    static const char *const text[] = {"4P+4P+8P", "4P+4P+8P/N", "4P+4P/N+8P/N", "16P/N"};
+    static const double gradf[] = {4, 4, 0, 0}, optf[] = {8, 0, 0, 0};
     int z = dp->o.zero;
-    out->formula = 4 * P + gradf[z] * P + (z == 2 ? 4 * P / N : 0) + optf[z] * P + (z >= 1 ? 8 * P / N : 0);
+    out->formula = (z < 3 ? 4 * P : 4 * P / N) + gradf[z] * P + (z >= 2 ? 4 * P / N : 0) + optf[z] * P + (z >= 1 ? 8 * P / N : 0);
     out->formula_text = text[z];
 }
 
 double loom_dp_last_wait(const loom_dp_t *dp) { return dp ? dp->last_wait : 0; }
 
-static loom_status adamw_range(loom_gpt_t *m, size_t a, size_t b, float *am, float *av, size_t base,
-                               const loom_adamw_t *hp) {
+/* AdamW on floats [a, b) of the block; p, g, am, av hold the floats from
+ * `base` on (the whole block at base 0, or a shard). */
+static void adamw_range(loom_gpt_t *m, float *p, float *g, float *am, float *av, size_t base, size_t a, size_t b,
+                        const loom_adamw_t *hp) {
     size_t split = m->ptable[LOOM_FIRST_NODECAY].offset;
     size_t d1 = b < split ? b : split;
-    if (d1 > a) m->be->adamw(m->params + a, m->grads + a, am + (a - base), av + (a - base), d1 - a, hp);
+    if (d1 > a) m->be->adamw(p + (a - base), g + (a - base), am + (a - base), av + (a - base), d1 - a, hp);
     size_t n0 = a > split ? a : split;
     if (b > n0) {
         loom_adamw_t nodecay = *hp;
         nodecay.weight_decay = 0.0f;
-        m->be->adamw(m->params + n0, m->grads + n0, am + (n0 - base), av + (n0 - base), b - n0, &nodecay);
+        m->be->adamw(p + (n0 - base), g + (n0 - base), am + (n0 - base), av + (n0 - base), b - n0, &nodecay);
+    }
+}
+
+/* After the micro-batches: the global gradient norm, clipping and AdamW on
+ * this rank's floats [lo, hi) (the whole block without ZeRO), the
+ * parameters gathered again (ZeRO-1/2), the loss averaged over ranks.
+ * `sum`: this rank's sum of micro-batch losses. */
+static loom_status step_tail(loom_gpt_t *m, loom_dp_t *dp, double sum, int accum, const loom_optim_t *opt, float lr, int t,
+                             double wait0, float *loss, float *grad_norm) {
+    int multi = dp && dp->world > 1, sharded = dp && dp->o.zero >= 1;
+    size_t lo = sharded ? dp->lo[dp->rank] : 0, hi = sharded ? dp->hi[dp->rank] : m->num_params;
+    float *p = dp && dp->z3 ? loom_zero3_params(dp->z3) : m->params + lo;
+    float *g = dp && dp->z3 ? loom_zero3_grads(dp->z3) : m->grads + lo;
+    float norm;
+    if (sharded) {
+        double ss = m->be->sumsq(g, hi - lo);
+        if (multi) LOOM_TRY(loom_dist_allreduce_f64(dp->d, &ss, 1));
+        norm = (float)sqrt(ss);
+    } else {
+        norm = loom_gpt_grad_norm(m);
+    }
+    float scale = 1.0f;
+    if (opt->clip > 0 && norm > opt->clip) scale = opt->clip / (norm + 1e-6f);
+    loom_adamw_t hp = {.lr = lr, .beta1 = opt->beta1, .beta2 = opt->beta2, .eps = opt->eps,
+                       .weight_decay = opt->weight_decay, .grad_scale = scale, .t = t};
+    if (dp && dp->z3) {
+        adamw_range(m, p, g, dp->am, dp->av, lo, lo, hi, &hp);
+        loom_zero3_params_changed(dp->z3); /* gathered when the next forward needs them */
+    } else if (sharded) {
+        adamw_range(m, p, g, dp->am, dp->av, lo, lo, hi, &hp);
+        if (multi) {
+            size_t counts[dp->world];
+            for (int r = 0; r < dp->world; r++) counts[r] = dp->hi[r] - dp->lo[r];
+            if (dp->gpu) m->be->sync();
+            LOOM_TRY(loom_dist_allgather(dp->d, m->params, counts));
+        }
+    } else {
+        loom_gpt_adamw(m, &hp);
+    }
+    if (multi) {
+        LOOM_TRY(loom_dist_allreduce_f64(dp->d, &sum, 1));
+        sum /= dp->world;
+        dp->last_wait = loom_dist_wait_seconds(dp->d) - wait0;
+    }
+    *loss = (float)(sum / accum);
+    *grad_norm = norm;
+    if (!isfinite(*loss) || !isfinite(norm))
+        return loom_error(LOOM_EINTERNAL, "step %d: loss %g, gradient norm %g: training diverged; lower --lr or raise --warmup", t, *loss, norm);
+    return LOOM_OK;
+}
+
+/* ZeRO-3's micro-batches: the model gathers its weights through the
+ * hooks (train/zero3.h); each micro-batch's gradients are reduce-scattered
+ * into the shard as they are made. */
+static loom_status zero3_micro_batches(loom_gpt_t *m, loom_dp_t *dp, const int *tokens, const int *targets, int B, int T,
+                                       int accum, double *sum) {
+    size_t BT = (size_t)B * T;
+    float dloss = 1.0f / ((float)BT * (float)accum);
+    loom_zero3_zero_grads(dp->z3, 1.0f / (float)dp->world);
+    for (int k = 0; k < accum; k++) {
+        float l;
+        LOOM_TRY(loom_gpt_forward(m, tokens + k * BT, targets + k * BT, B, T, dloss, &l));
+        loom_gpt_backward(m, B, T);
+        LOOM_TRY(loom_zero3_finish_backward(dp->z3));
+        *sum += l;
     }
     return LOOM_OK;
 }
@@ -176,15 +259,19 @@ static loom_status adamw_range(loom_gpt_t *m, size_t a, size_t b, float *am, flo
 loom_status loom_train_step_dp(loom_gpt_t *m, loom_dp_t *dp, const int *tokens, const int *targets,
                                int B, int T, int accum, const loom_optim_t *opt, float lr, int t,
                                float *loss, float *grad_norm) {
+    double sum = 0;
+    int multi = dp && dp->world > 1;
+    double wait0 = multi ? loom_dist_wait_seconds(dp->d) : 0;
+    if (dp && dp->z3) {
+        LOOM_TRY(zero3_micro_batches(m, dp, tokens, targets, B, T, accum, &sum));
+        return step_tail(m, dp, sum, accum, opt, lr, t, wait0, loss, grad_norm);
+    }
     LOOM_TRY(loom_gpt_alloc_train(m));
     loom_gpt_zero_grad(m);
     size_t BT = (size_t)B * T;
     /* Each micro-batch's loss is a mean over B*T; the step's loss is the
      * mean over micro-batches, so each contributes 1/accum of its gradient. */
     float dloss = 1.0f / ((float)BT * (float)accum);
-    double sum = 0;
-    int multi = dp && dp->world > 1;
-    double wait0 = multi ? loom_dist_wait_seconds(dp->d) : 0;
     size_t lo = 0, hi = m->num_params;
     if (dp && dp->o.zero >= 1) {
         lo = dp->lo[dp->rank];
@@ -216,39 +303,7 @@ loom_status loom_train_step_dp(loom_gpt_t *m, loom_dp_t *dp, const int *tokens, 
             }
         }
     }
-    float norm;
-    if (dp && dp->o.zero >= 1) {
-        double ss = m->be->sumsq(m->grads + lo, hi - lo);
-        if (multi) LOOM_TRY(loom_dist_allreduce_f64(dp->d, &ss, 1));
-        norm = (float)sqrt(ss);
-    } else {
-        norm = loom_gpt_grad_norm(m);
-    }
-    float scale = 1.0f;
-    if (opt->clip > 0 && norm > opt->clip) scale = opt->clip / (norm + 1e-6f);
-    loom_adamw_t hp = {.lr = lr, .beta1 = opt->beta1, .beta2 = opt->beta2, .eps = opt->eps,
-                       .weight_decay = opt->weight_decay, .grad_scale = scale, .t = t};
-    if (dp && dp->o.zero >= 1) {
-        adamw_range(m, lo, hi, dp->am, dp->av, lo, &hp);
-        if (multi) {
-            size_t counts[dp->world];
-            for (int r = 0; r < dp->world; r++) counts[r] = dp->hi[r] - dp->lo[r];
-            if (dp->gpu) m->be->sync();
-            LOOM_TRY(loom_dist_allgather(dp->d, m->params, counts));
-        }
-    } else {
-        loom_gpt_adamw(m, &hp);
-    }
-    if (multi) {
-        LOOM_TRY(loom_dist_allreduce_f64(dp->d, &sum, 1));
-        sum /= dp->world;
-        dp->last_wait = loom_dist_wait_seconds(dp->d) - wait0;
-    }
-    *loss = (float)(sum / accum);
-    *grad_norm = norm;
-    if (!isfinite(*loss) || !isfinite(norm))
-        return loom_error(LOOM_EINTERNAL, "step %d: loss %g, gradient norm %g: training diverged; lower --lr or raise --warmup", t, *loss, norm);
-    return LOOM_OK;
+    return step_tail(m, dp, sum, accum, opt, lr, t, wait0, loss, grad_norm);
 }
 
 loom_status loom_train_step(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,

@@ -36,9 +36,13 @@ loom_status loom_train_step(loom_gpt_t *m, const int *tokens, const int *targets
  * and all-gathers the parameters. Stage 2 also reduces after every
  * micro-batch, so the accumulated gradient lives only in the rank's shard
  * (the rest of the gradient block is a working buffer that backward
- * writes, zeroed after each micro-batch). */
+ * writes, zeroed after each micro-batch). Stage 3 shards the parameters
+ * as well (same ranges): train/zero3.h gathers each block's weights just
+ * before its forward and backward and reduce-scatters its gradients as
+ * soon as its backward ends; with overlap on, the next block's gather is
+ * prefetched while this one computes. */
 typedef struct {
-    int zero;                   /* 0, 1 or 2 */
+    int zero;                   /* 0, 1, 2, or 3 (train/zero3.h: the parameters sharded too) */
     loom_dist_dtype grad_dtype; /* gradients on the wire */
     int overlap;                /* 1: reduce buckets during backward */
     size_t bucket_floats;       /* 0 = 1M floats (4 MB) */
@@ -67,6 +71,9 @@ typedef struct {
 } loom_dp_memory_t;
 void loom_dp_memory(const loom_dp_t *dp, loom_dp_memory_t *out);
 
+/* ZeRO-3's state (train/zero3.h), NULL under the other stages. */
+struct loom_zero3 *loom_dp_zero3(const loom_dp_t *dp);
+
 /* Seconds the last step spent blocked waiting for communication. */
 double loom_dp_last_wait(const loom_dp_t *dp);
 
@@ -75,5 +82,13 @@ double loom_dp_last_wait(const loom_dp_t *dp);
 loom_status loom_train_step_dp(loom_gpt_t *m, loom_dp_t *dp, const int *tokens, const int *targets,
                                int B, int T, int accum, const loom_optim_t *opt, float lr, int t,
                                float *loss, float *grad_norm);
+
+/* ---- Tensor parallelism (parallel/tp.h; train/step_tp.c) ----
+ * The same contract on a rank of a tp group: every rank of the group
+ * passes the same micro-batches (dp groups their own slices); the loss and
+ * the gradient norm are the whole model's. */
+struct loom_tp;
+loom_status loom_train_step_tp(struct loom_tp *tp, const int *tokens, const int *targets, int B, int T, int accum,
+                               const loom_optim_t *opt, float lr, int t, float *loss, float *grad_norm);
 
 #endif

@@ -12,6 +12,7 @@
 #include "ckpt/checkpoint.h"
 #include "core/clock.h"
 #include "train/eval.h"
+#include "parallel/tp.h"
 #include "train/train_impl.h"
 
 double loom_lr_at(long long t, long long steps, int warmup, double lr, double min_lr_ratio) {
@@ -112,7 +113,7 @@ static void next_batches(loom_train_job_t *j) {
     loom_train_run_t *run = &j->run;
     size_t BT = (size_t)run->B * run->T, ntrain = loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN);
     for (int k = 0; k < j->o.grad_accum; k++) {
-        size_t p = (run->data_pos + ((size_t)k * j->o.world_size + j->o.rank) * BT) % ntrain;
+        size_t p = (run->data_pos + ((size_t)k * run->dp_size + run->dp_rank) * BT) % ntrain;
         loom_dataset_batch(j->ds, LOOM_SPLIT_TRAIN, p, run->B, run->T, j->in + k * BT, j->tg + k * BT);
     }
     run->data_pos = (run->data_pos + run->tokens_per_step) % ntrain;
@@ -121,6 +122,9 @@ static void next_batches(loom_train_job_t *j) {
 /* The optimizer step itself: device-resident where the backend has it. */
 static loom_status optimizer_step(loom_train_job_t *j, loom_step_record_t *rec) {
     loom_train_run_t *run = &j->run;
+    if (run->tp)
+        return loom_train_step_tp(run->tp, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt, (float)rec->lr,
+                                  (int)rec->step, &rec->loss, &rec->grad_norm);
     if (!j->sg)
         return loom_train_step_dp(run->model, run->dp, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt,
                                   (float)rec->lr, (int)rec->step, &rec->loss, &rec->grad_norm);
@@ -155,17 +159,20 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     next_batches(j);
     *rec = (loom_step_record_t){.step = step, .val_loss = -1, .loss_scale = run->loss_scaling ? j->ls.scale : 1.0f,
                                 .lr = loom_lr_at(step, o->steps, o->warmup, o->lr, o->min_lr_ratio)};
-    double t0 = loom_now();
+    double t0 = loom_now(), tp0 = loom_tp_wait_seconds(run->tp), dp0 = loom_tp_dp_wait_seconds(run->tp);
     rec->data_s = t0 - t_data;
     LOOM_TRY(optimizer_step(j, rec));
     run->be->sync();
     rec->step_s = loom_now() - t0;
-    rec->comm_wait_s = loom_dp_last_wait(run->dp);
+    rec->comm_tp_s = loom_tp_wait_seconds(run->tp) - tp0;
+    /* comm_wait_s is the data-parallel wait (comm_dp_s); the tp group's is apart */
+    rec->comm_wait_s = loom_dp_last_wait(run->dp) + loom_tp_dp_wait_seconds(run->tp) - dp0;
     rec->tokens_per_s = run->tokens_per_step / rec->step_s;
     rec->mfu = step_mfu(j, rec);
     rec->peak_flops = j->peak;
     run->train_time += rec->step_s;
     run->comm_wait += rec->comm_wait_s;
+    run->comm_tp += rec->comm_tp_s;
     run->step = step;
     run->last_loss = rec->loss;
     rec->elapsed_s = loom_now() - run->t_start;
@@ -173,18 +180,20 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     return LOOM_OK;
 }
 
-/* Validation on the lead rank, then on_eval. */
+/* Validation on the lead rank, then on_eval. Under ZeRO-3 every rank runs
+ * the forward (each layer's weights are gathered from all of them) and
+ * only the lead reports it. */
 static loom_status run_eval(loom_train_job_t *j, long long step, double *val) {
     loom_eval_result_t r;
     LOOM_TRY(loom_eval_loss(j->run.model, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
     j->run.last_val = r.loss;
     j->run.last_val_step = step;
     if (val) *val = r.loss;
-    return emit_eval(&j->run, step, r.loss);
+    return j->run.lead ? emit_eval(&j->run, step, r.loss) : LOOM_OK;
 }
 
 static int eval_due(const loom_train_job_t *j, long long step) {
-    return j->run.lead && j->run.have_val && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
+    return (j->run.lead || j->o.zero == 3 || j->run.tp) && j->run.have_val && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
 }
 
 /* ---- the loop ---- */
@@ -209,9 +218,11 @@ static loom_status train_loop(loom_train_job_t *j) {
  * then on_stop (final checkpoint, plot) and on_end (reports). */
 static loom_status train_finish(loom_train_job_t *j, loom_status s) {
     loom_train_run_t *run = &j->run;
-    if (s == LOOM_OK && run->step >= run->first_step && run->lead && run->have_val && run->last_val_step != run->step)
+    if (s == LOOM_OK && run->step >= run->first_step && (run->lead || j->o.zero == 3 || run->tp) && run->have_val &&
+        run->last_val_step != run->step)
         s = run_eval(j, run->step, NULL);
     s = emit_stop(run, s);
+    if (s == LOOM_OK) loom_train_report_memory(j);
     emit_end(run, s);
     if (s == LOOM_OK && run->stop_signal && run->step == 0)
         s = loom_error(LOOM_ESTOPPED, "stopped by signal %d before the first step; nothing to save", run->stop_signal);
@@ -237,6 +248,10 @@ loom_status loom_train(const loom_train_opts_t *opts) {
     j->o.rank = loom_dist_rank(d);
     j->o.world_size = loom_dist_size(d);
     if (j->o.rank != 0) loom_log_quiet(1);
+    if (j->o.tp > 1 && j->o.sample_tokens > 0) { /* a sample is one rank's generation: the shard cannot alone */
+        loom_info("loom train: --tp %d: text samples are off (generation does not run on a tensor-parallel shard yet)", j->o.tp);
+        j->o.sample_tokens = 0;
+    }
     loom_status s = loom_train_setup(j, d);
     /* An observer that cannot start (no metrics log) ends the run before
      * its first step, with no final checkpoint or plot. */

@@ -170,14 +170,6 @@ static void tile_portable(const i8args_t *a, int mr, int jr, i8out_t *t) {
 }
 
 #if defined(__x86_64__)
-/* Fixed-order sum of the int32 lanes (the fp32 lanes: loom_hsum8, cpu_math.h). */
-__attribute__((target("avx2"))) static inline int32_t hsum_i32x8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
 /* The int32 sums of x[m] . w[j] for the k columns a step left over
  * (per-row scales only: a per-block K is a multiple of the step). */
 static inline void tail_i32(const i8args_t *a, int k, int mr, int jr, i8out_t *t) {
@@ -219,7 +211,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
         }
     }
     for (int m = 0; m < mr; m++)
-        for (int j = 0; j < jr; j++) t->i[m][j] = hsum_i32x8(acc[m][j]), t->f[m][j] = loom_hsum8(facc[m][j]);
+        for (int j = 0; j < jr; j++) t->i[m][j] = loom_hsum_i32x8(acc[m][j]), t->f[m][j] = loom_hsum8(facc[m][j]);
     if (!blk) tail_i32(a, k, mr, jr, t);
 }
 
@@ -257,7 +249,7 @@ tile_avxvnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
     }
     for (int m = 0; m < mr; m++)
         for (int j = 0; j < jr; j++)
-            t->i[m][j] = hsum_i32x8(acc[m][j]) - hsum_i32x8(corr[j]), t->f[m][j] = loom_hsum8(facc[m][j]);
+            t->i[m][j] = loom_hsum_i32x8(acc[m][j]) - loom_hsum_i32x8(corr[j]), t->f[m][j] = loom_hsum8(facc[m][j]);
     if (!blk) tail_i32(a, k, mr, jr, t);
 }
 

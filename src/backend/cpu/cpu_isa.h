@@ -1,6 +1,6 @@
 /* cpu_isa: the instruction sets this CPU offers, read from cpuid (whatever
  * -march said at build time), the one probe the kernels choose their paths
- * from (cpu_gemm.c, cpu_int8.c, cpu_paged.c, cpu_sparse24.c). */
+ * from (cpu_gemm.c, cpu_int8.c, cpu_paged.c). */
 #ifndef LOOM_CPU_ISA_H
 #define LOOM_CPU_ISA_H
 

@@ -94,13 +94,6 @@ static int32_t dot_portable(const uint8_t *u, const int8_t *x, const int16_t *sc
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) static inline int32_t hsum_i32x8(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
-
 __attribute__((target("avx2"))) static inline int32_t dot_avx2(const uint8_t *u, const int8_t *x, const int16_t *sc, int n) {
     __m256i acc = _mm256_setzero_si256();
     for (int k = 0; k < n; k += 32) {
@@ -109,7 +102,7 @@ __attribute__((target("avx2"))) static inline int32_t dot_avx2(const uint8_t *u,
         __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[k / 16 + 1]), _mm_set1_epi16(sc[k / 16]));
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
     }
-    return hsum_i32x8(acc);
+    return loom_hsum_i32x8(acc);
 }
 
 /* AVX-512, 64 values a step; the scales of 4 groups spread over the 32

@@ -67,13 +67,22 @@ static inline int loom_cpu_isa_use(const char *const *names, int n, int (*suppor
 }
 
 #if defined(__x86_64__)
-/* Fixed-order sum of the 8 lanes: the order the fp32 matrix-vector kernels
- * (cpu_paged.c, cpu_sparse24.c) share, so that their results agree bitwise. */
+/* Fixed-order sum of the 8 lanes: the order the fp32 row kernels
+ * (cpu_paged.c) and the int8 tiles' per-block sums (cpu_int8.c) use. */
 __attribute__((target("avx2,fma"))) static inline float loom_hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* The same for int32 lanes (exact, so any order would do; one copy for
+ * the int8 and k-quant kernels). */
+__attribute__((target("avx2"))) static inline int32_t loom_hsum_i32x8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
 }
 #endif
 

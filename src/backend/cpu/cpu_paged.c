@@ -13,6 +13,17 @@
  * weight widened and scaled in registers (decode) or a tile of rows widened
  * once per pass (prefill): the same bits as the dequantized fp32 weight.
  *
+ * 2:4-sparse weights held compressed (matmul_forward_s24: the kept values
+ * and their 2-bit positions; backend.h, LOOM_LAYOUT_SPARSE24) run the same
+ * tiles too, expanded in registers 8 columns at a time: the index byte of
+ * those columns (two groups of 4) selects one of 256 vpermps patterns that
+ * move the 4 kept values, loaded into the low half of a register whose
+ * high half is zero, to their columns and a zero to every other column.
+ * The zeros added change no sum, so each output equals the dense kernel's
+ * on the decompressed weights, whatever N and the threads. What is saved
+ * is memory traffic: 2 + 1/8 bytes per weight instead of 4, which bounds
+ * decode; prefill (many rows per weight read) runs at the dense rate.
+ *
  * attention: one (row, head) pair per task; keys are visited block by block
  * of the sequence's block table with a running (online) softmax, so no
  * scratch longer than a block is needed; fp32 and int8 caches share it. */
@@ -28,8 +39,10 @@
 #include "core/core.h"
 #include "cpu_paged.h"
 
+#include "cpu_gemm.h"
 #include "cpu_int8.h"
 #include "cpu_isa.h"
+#include <pthread.h>
 
 #define ROWS_PER_PASS 64 /* input rows per pass over the weights (L2-resident) */
 #define TILE_J 4
@@ -50,35 +63,73 @@ void loom_cpu_embed_positions(float *out, const int *tokens, const int *pos, con
     }
 }
 
-/* The weight operand (OC, K) of the row kernel: fp32 rows (f), or int8
- * rows (q) whose element (j, k) is (float)q[j,k] * s[j * nb + (k >> sh)]
- * (per row: nb 1, sh 30; per block of 2^sh: nb K >> sh), the value
- * loom_tensor_dequantize gives. Widening and scaling happen in registers,
- * so an int8 weight gives the same bits as its dequantized fp32 copy. */
+/* The weight operand (OC, K) of the row kernel, of one of three kinds:
+ * W_F32 rows (f); W_I8 rows (q) whose element (j, k) is (float)q[j,k] *
+ * s[j * nb + (k >> sh)] (per row: nb 1, sh 30; per block of 2^sh: nb
+ * K >> sh), the value loom_tensor_dequantize gives; W_S24 compressed 2:4
+ * rows: K/2 kept values (f) and (K + 7) / 8 index bytes (meta) per row.
+ * Widening, scaling and expanding happen in registers, so each kind gives
+ * the same bits as its dense fp32 copy. */
+enum { W_F32, W_I8, W_S24 };
 typedef struct {
     const float *f;
     const int8_t *q;
     const float *s;
+    const uint8_t *meta;
     int nb, sh;
 } wop_t;
 
-__attribute__((target("avx2,fma"), always_inline)) static inline __m256 wvec(const wop_t *W, int i8, size_t j,
+#define S24_MS(K) (((size_t)(K) + 7) / 8) /* index bytes per compressed row */
+
+/* perm[b][d]: for the index byte b of 8 columns, the source lane of column
+ * d among the 4 kept values loaded (0..3), or 4, a lane holding zero. */
+static int32_t perm[256][8] __attribute__((aligned(32)));
+static pthread_once_t perm_once = PTHREAD_ONCE_INIT;
+
+static void perm_build(void) {
+    for (int b = 0; b < 256; b++)
+        for (int d = 0; d < 8; d++) {
+            int g = d / 4, p = d % 4, nib = b >> (4 * g) & 15;
+            perm[b][d] = p == (nib & 3) ? 2 * g : p == (nib >> 2) ? 2 * g + 1 : 4;
+        }
+}
+
+/* The 4 weights of group g of a compressed row (kept values v, index
+ * bytes m). */
+static inline void group_expand(const float *v, const uint8_t *m, int g, float w4[4]) {
+    int nib = m[g / 2] >> (g % 2 * 4) & 15;
+    w4[0] = w4[1] = w4[2] = w4[3] = 0.0f;
+    w4[nib & 3] = v[2 * g];
+    w4[nib >> 2] = v[2 * g + 1];
+}
+
+__attribute__((target("avx2,fma"), always_inline)) static inline __m256 wvec(const wop_t *W, int kind, size_t j,
                                                                             int K, int k) {
-    if (!i8) return _mm256_loadu_ps(W->f + j * K + k);
+    if (kind == W_F32) return _mm256_loadu_ps(W->f + j * K + k);
+    if (kind == W_S24) {
+        __m256i idx = _mm256_load_si256((const __m256i *)perm[W->meta[j * S24_MS(K) + (size_t)k / 8]]);
+        return _mm256_permutevar8x32_ps(_mm256_zextps128_ps256(_mm_loadu_ps(W->f + j * (K / 2) + k / 2)), idx);
+    }
     __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(W->q + j * K + k))));
     return _mm256_mul_ps(v, _mm256_broadcast_ss(W->s + j * W->nb + (k >> W->sh)));
 }
 
-static inline float wval(const wop_t *W, int i8, size_t j, int K, int k) {
-    return i8 ? (float)W->q[j * K + k] * W->s[j * W->nb + (k >> W->sh)] : W->f[j * K + k];
+static inline float wval(const wop_t *W, int kind, size_t j, int K, int k) {
+    if (kind == W_S24) {
+        float w4[4];
+        group_expand(W->f + j * (K / 2), W->meta + j * S24_MS(K), k / 4, w4);
+        return w4[k % 4];
+    }
+    return kind == W_I8 ? (float)W->q[j * K + k] * W->s[j * W->nb + (k >> W->sh)] : W->f[j * K + k];
 }
 
 /* out[m][j] for mr <= TILE_M rows of x and jr <= TILE_J rows j0.. of W.
- * Always inlined with constant mr, jr, i8 so that each variant keeps its
+ * Always inlined with constant mr, jr, kind so that each variant keeps its
  * accumulators in registers; every (m, j) element sees the same operations
- * in each. */
+ * in each: one FMA chain per lane in column order, a fixed horizontal sum,
+ * the last K % 8 columns one by one. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-tile_avx2(const float *x, int K, const wop_t *W, size_t j0, int mr, int jr, int i8, float out[TILE_M][TILE_J]) {
+tile_avx2(const float *x, int K, const wop_t *W, size_t j0, int mr, int jr, int kind, float out[TILE_M][TILE_J]) {
     __m256 acc[TILE_M][TILE_J];
     for (int m = 0; m < mr; m++)
         for (int j = 0; j < jr; j++) acc[m][j] = _mm256_setzero_ps();
@@ -89,28 +140,31 @@ tile_avx2(const float *x, int K, const wop_t *W, size_t j0, int mr, int jr, int 
         /* the next tile's rows (contiguous after these), in order, as fast
          * as this one is read: short rows train the hardware prefetcher
          * too late */
-        if (i8) {
+        if (kind == W_I8) {
             _mm_prefetch((const char *)(W->q + (j0 + TILE_J) * K) + (size_t)k * TILE_J, _MM_HINT_T0);
-        } else {
+        } else if (kind == W_F32) {
             _mm_prefetch((const char *)(W->f + (j0 + TILE_J) * K) + (size_t)k * TILE_J * 4, _MM_HINT_T0);
             _mm_prefetch((const char *)(W->f + (j0 + TILE_J) * K) + (size_t)k * TILE_J * 4 + 64, _MM_HINT_T0);
         }
         for (int j = 0; j < jr; j++) {
-            __m256 wv = wvec(W, i8, j0 + j, K, k);
+            __m256 wv = wvec(W, kind, j0 + j, K, k);
             for (int m = 0; m < mr; m++) acc[m][j] = _mm256_fmadd_ps(xv[m], wv, acc[m][j]);
         }
     }
     for (int m = 0; m < mr; m++)
         for (int j = 0; j < jr; j++) {
             float s = loom_hsum8(acc[m][j]);
-            for (int kk = k; kk < K; kk++) s = fmaf(x[(size_t)m * K + kk], wval(W, i8, j0 + j, K, kk), s);
+            for (int kk = k; kk < K; kk++) s = fmaf(x[(size_t)m * K + kk], wval(W, kind, j0 + j, K, kk), s);
             out[m][j] = s;
         }
 }
 
-#define TILE_CASE(MR, JR, J0, T) (i8 ? tile_avx2(x, K, W, J0, MR, JR, 1, T) : tile_avx2(x, K, W, J0, MR, JR, 0, T))
+#define TILE_CASE(MR, JR, J0, T)                                                                      \
+    (kind == W_I8    ? tile_avx2(x, K, W, J0, MR, JR, W_I8, T)                                        \
+     : kind == W_S24 ? tile_avx2(x, K, W, J0, MR, JR, W_S24, T)                                       \
+                     : tile_avx2(x, K, W, J0, MR, JR, W_F32, T))
 __attribute__((target("avx2,fma"))) static void tile_dispatch_avx2(const float *x, int K, const wop_t *W, size_t j0,
-                                                                   int mr, int jr, int i8, float t[TILE_M][TILE_J]) {
+                                                                   int mr, int jr, int kind, float t[TILE_M][TILE_J]) {
     if (jr == TILE_J) {
         if (mr == 3) TILE_CASE(3, 4, j0, t);
         else if (mr == 2) TILE_CASE(2, 4, j0, t);
@@ -137,10 +191,16 @@ static void tile_scalar(const float *x, int K, const float *w, int mr, int jr, f
 
 static int have_avx2(void) { return loom_cpu_has(LOOM_ISA_AVX2); }
 
-/* Rows j0..j0+jr-1 of an int8 W as fp32 (jr, K) into d: for many input
- * rows, widening once beats widening in every tile. */
-static void dequant_rows(const wop_t *W, int blk, size_t j0, int jr, int K, float *d) {
+/* Rows j0..j0+jr-1 of an int8 or compressed W as fp32 (jr, K) into d: for
+ * many input rows, widening once beats widening in every tile (and the
+ * portable tile takes dense rows). */
+static void dequant_rows(const wop_t *W, int kind, int blk, size_t j0, int jr, int K, float *d) {
     for (int j = 0; j < jr; j++) {
+        if (kind == W_S24) {
+            for (int g = 0; g < K / 4; g++)
+                group_expand(W->f + (j0 + j) * (K / 2), W->meta + (j0 + j) * S24_MS(K), g, d + (size_t)j * K + 4 * g);
+            continue;
+        }
         const int8_t *q = W->q + (j0 + j) * K;
         const float *s = W->s + (j0 + j) * W->nb;
         int bl = blk ? blk : K;
@@ -152,24 +212,26 @@ static void dequant_rows(const wop_t *W, int blk, size_t j0, int jr, int K, floa
     }
 }
 
+static int kind_of(const wop_t *W) { return W->meta ? W_S24 : W->q ? W_I8 : W_F32; }
+
 /* Outputs j0..j0+jr-1 of input rows r0..r1-1 (bias, GELU). `deq` (TILE_J,
- * C) scratch: an int8 W is widened there first, unless `inl` (few rows,
- * a block size the registers handle): widened in the tile instead. */
+ * C) scratch: an int8 or compressed W is widened there first, unless
+ * `inl` (few rows, a layout the registers handle): widened in the tile. */
 static void rows_block(float *out, const float *inp, const wop_t *W, int blk, const float *bias, int r0, int r1,
                        int C, int OC, int gelu, size_t j0, int jr, int avx2, int inl, float *deq) {
     wop_t D = {.f = deq};
     const wop_t *use = W;
     size_t wj = j0; /* the tile's first row in `use` */
-    int i8 = W->q != NULL;
-    if (i8 && !(avx2 && inl)) {
-        dequant_rows(W, blk, j0, jr, C, deq);
-        use = &D, wj = 0, i8 = 0;
+    int kind = kind_of(W);
+    if (kind != W_F32 && !(avx2 && inl)) {
+        dequant_rows(W, kind, blk, j0, jr, C, deq);
+        use = &D, wj = 0, kind = W_F32;
     }
     for (int m0 = r0; m0 < r1; m0 += TILE_M) {
         int mr = r1 - m0 < TILE_M ? r1 - m0 : TILE_M;
         float tl[TILE_M][TILE_J];
         const float *x = inp + (size_t)m0 * C;
-        if (avx2) tile_dispatch_avx2(x, C, use, wj, mr, jr, i8, tl);
+        if (avx2) tile_dispatch_avx2(x, C, use, wj, mr, jr, kind, tl);
         else tile_scalar(x, C, use->f + wj * C, mr, jr, tl);
         for (int m = 0; m < mr; m++)
             for (int j = 0; j < jr; j++) {
@@ -183,15 +245,16 @@ static void rows_block(float *out, const float *inp, const wop_t *W, int blk, co
  * rows, each streaming W once in tiles of TILE_J rows. */
 static void rows_kernel(float *out, const float *inp, const wop_t *W, int blk, const float *bias, int N, int C,
                         int OC, int gelu) {
-    int avx2 = have_avx2(), nblk = (OC + TILE_J - 1) / TILE_J;
+    int avx2 = W->meta ? loom_cpu_s24_avx2() : have_avx2(), nblk = (OC + TILE_J - 1) / TILE_J;
     /* int8 rows widened in registers while a pass is one tile of rows
-     * (decode); with more rows, once per pass into `deq` */
-    int inl = N <= TILE_M && (blk == 0 || (blk >= 8 && (blk & (blk - 1)) == 0));
+     * (decode); with more rows, once per pass into `deq`. Compressed rows
+     * always in registers (expanding is cheap; the traffic saved is not). */
+    int inl = W->meta || (N <= TILE_M && (blk == 0 || (blk >= 8 && (blk & (blk - 1)) == 0)));
     /* a small product is not worth waking the team (on a busy machine a
      * descheduled thread stalls every barrier) */
 #pragma omp parallel if ((double)N * C * OC > 1 << 18)
     {
-        float *deq = W->q && !(avx2 && inl) ? loom_malloc((size_t)TILE_J * C * sizeof(float)) : NULL;
+        float *deq = kind_of(W) != W_F32 && !(avx2 && inl) ? loom_malloc((size_t)TILE_J * C * sizeof(float)) : NULL;
         for (int r0 = 0; r0 < N; r0 += ROWS_PER_PASS) {
             int r1 = r0 + ROWS_PER_PASS < N ? r0 + ROWS_PER_PASS : N;
             /* dynamic: on a shared machine a descheduled thread's share
@@ -220,6 +283,20 @@ void loom_cpu_matmul_forward_rows_i8(float *out, const float *inp, const loom_te
         }
     wop_t W = {.q = (const int8_t *)w->data, .s = w->scales, .nb = blk ? C / blk : 1, .sh = sh};
     rows_kernel(out, inp, &W, blk, bias, N, C, OC, gelu);
+}
+
+int loom_cpu_s24_avx2(void) {
+    return loom_cpu_has(LOOM_ISA_AVX2) && strcmp(loom_cpu_gemm_kernel(), "scalar") != 0;
+}
+
+void loom_cpu_matmul_forward_s24(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
+                                 int N, int C, int OC, int gelu) {
+    if (w->dtype != LOOM_FP32 || w->layout != LOOM_LAYOUT_SPARSE24 || w->rows != OC || w->cols != C || C % 4)
+        loom_panic(__FILE__, __LINE__, "matmul_forward_s24: weight %lld x %lld of %s, layout %d; want %d x %d fp32 2:4",
+                   w->rows, w->cols, loom_dtype_name(w->dtype), (int)w->layout, OC, C);
+    pthread_once(&perm_once, perm_build);
+    wop_t W = {.f = w->data, .meta = w->meta};
+    rows_kernel(out, inp, &W, 0, bias, N, C, OC, gelu);
 }
 
 /* Head h's keys (which 0) or values (which 1) of block `block`, token

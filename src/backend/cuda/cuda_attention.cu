@@ -360,6 +360,15 @@ void cuda_attention_init(void) {
 
 /* ---- unfused reference path ---- */
 
+/* Element i of a (B, NH, T, hs) tensor: its row (b, t) and column h * hs + d. */
+struct bhtd_t {
+    int b, h, t, d;
+};
+static __device__ inline bhtd_t bhtd(size_t i, int T, int NH, int hs) {
+    size_t r = i / hs;
+    return {(int)(r / ((size_t)T * NH)), (int)((r / T) % NH), (int)(r % T), (int)(i % hs)};
+}
+
 /* (B, T, *) rows with stride ld, head h at column off + h*hs  <->  (B, NH, T, hs).
  * With G > 1 the row holds NH/G heads, each repeated for its G query heads
  * (split) and the G heads' values summed into it (merge: dk, dv of GQA). */
@@ -368,10 +377,8 @@ static __global__ void split_heads_kernel(float *dst, const float *src, size_t l
     size_t n = (size_t)B * NH * T * hs;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        int d = (int)(i % hs);
-        size_t r = i / hs;
-        int t = (int)(r % T), h = (int)((r / T) % NH), b = (int)(r / ((size_t)T * NH));
-        dst[i] = src[((size_t)b * T + t) * ld + off + (h / G) * hs + d];
+        bhtd_t e = bhtd(i, T, NH, hs);
+        dst[i] = src[((size_t)e.b * T + e.t) * ld + off + (e.h / G) * hs + e.d];
     }
 }
 static __global__ void merge_heads_kernel(float *dst, size_t ld, int off, const float *src, int B,
@@ -380,12 +387,10 @@ static __global__ void merge_heads_kernel(float *dst, size_t ld, int off, const 
     size_t n = (size_t)B * ND * T * hs;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        int d = (int)(i % hs);
-        size_t r = i / hs;
-        int t = (int)(r % T), hd = (int)((r / T) % ND), b = (int)(r / ((size_t)T * ND));
+        bhtd_t e = bhtd(i, T, ND, hs); /* e.h: the head in dst */
         float s = 0.f;
-        for (int g = 0; g < G; g++) s += src[(((size_t)b * NH + hd * G + g) * T + t) * hs + d];
-        dst[((size_t)b * T + t) * ld + off + hd * hs + d] = s;
+        for (int g = 0; g < G; g++) s += src[(((size_t)e.b * NH + e.h * G + g) * T + e.t) * hs + e.d];
+        dst[((size_t)e.b * T + e.t) * ld + off + e.h * hs + e.d] = s;
     }
 }
 

@@ -102,8 +102,8 @@ bool cuda_attention_cudnn_backward(float *dqkv, const float *dout, const float *
 LOOM_OPS(LOOM_CUDA_KERNEL_)
 #undef LOOM_CUDA_KERNEL_
 
-/* Matmul cache statistics, for the log: heuristic queries and cache hits. */
-void cuda_matmul_stats(long *queries, long *hits);
+/* Drops the cached cuBLASLt algorithms and descriptors (they depend on the
+ * compute type). */
 void cuda_matmul_reset(void);
 
 /* fp32 <-> the run's 16-bit type (bf16 when bf16 is set, else fp16), n elements. */

@@ -326,45 +326,33 @@ void cuda_layernorm_backward(float *dinp, float *dw, float *db, const float *dou
 
 #define GELU_SCALE 0.7978845608028654f /* sqrt(2/pi) */
 
-template <int VEC, typename T> __global__ void gelu_forward_kernel(T *out, const T *inp, size_t nvec) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
-         i += (size_t)gridDim.x * blockDim.x) {
-        fvec<VEC> x = vload<VEC>(inp + i * VEC);
-#pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            float v = x.v[k];
-            x.v[k] = 0.5f * v * (1.f + tanhf(GELU_SCALE * (v + 0.044715f * v * v * v)));
-        }
-        vstore<VEC>(out + i * VEC, x);
+/* The elementwise ops as functors of (a[i], b[i]) for map_kernel. */
+struct gelu_op {
+    __device__ float operator()(float v, float) const {
+        return 0.5f * v * (1.f + tanhf(GELU_SCALE * (v + 0.044715f * v * v * v)));
     }
-}
-
-template <int VEC, typename T>
-static __global__ void gelu_backward_kernel(T *dinp, const T *inp, const T *dout, size_t nvec) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
-         i += (size_t)gridDim.x * blockDim.x) {
-        fvec<VEC> x = vload<VEC>(inp + i * VEC), g = vload<VEC>(dout + i * VEC);
-#pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            float v = x.v[k];
-            float th = tanhf(GELU_SCALE * (v + 0.044715f * v * v * v));
-            float sech2 = 1.f - th * th;
-            float local = 0.5f * (1.f + th) +
-                          v * 0.5f * sech2 * GELU_SCALE * (1.f + 3.f * 0.044715f * v * v);
-            g.v[k] *= local;
-        }
-        vstore<VEC>(dinp + i * VEC, g);
+};
+struct gelu_grad_op { /* (inp, dout) -> dinp */
+    __device__ float operator()(float v, float g) const {
+        float th = tanhf(GELU_SCALE * (v + 0.044715f * v * v * v));
+        float sech2 = 1.f - th * th;
+        float local = 0.5f * (1.f + th) + v * 0.5f * sech2 * GELU_SCALE * (1.f + 3.f * 0.044715f * v * v);
+        return g * local;
     }
-}
+};
+struct add_op { /* with out == a it is dst += src */
+    __device__ float operator()(float a, float b) const { return a + b; }
+};
 
-/* out = a + b; with out == a it is dst += src. */
-template <int VEC, typename T>
-static __global__ void add_kernel(T *out, const T *a, const T *b, size_t nvec) {
+/* out[i] = f(a[i], b[i]) (b NULL: f(a[i], a[i])) over nvec vectors of VEC
+ * elements, computed in fp32 whatever T is. */
+template <int VEC, typename T, typename F>
+static __global__ void map_kernel(T *out, const T *a, const T *b, size_t nvec, F f) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nvec;
          i += (size_t)gridDim.x * blockDim.x) {
-        fvec<VEC> x = vload<VEC>(a + i * VEC), y = vload<VEC>(b + i * VEC);
+        fvec<VEC> x = vload<VEC>(a + i * VEC), y = b ? vload<VEC>(b + i * VEC) : x;
 #pragma unroll
-        for (int k = 0; k < VEC; k++) x.v[k] += y.v[k];
+        for (int k = 0; k < VEC; k++) x.v[k] = f(x.v[k], y.v[k]);
         vstore<VEC>(out + i * VEC, x);
     }
 }
@@ -386,47 +374,37 @@ template <typename F> static void split_vec(size_t n, bool aligned, F launch) {
     }
 }
 
+/* out = f(a, b) over n elements of type A (b may be NULL: map_kernel). */
+template <typename A, typename F> static void map_launch(A *out, const A *a, const A *b, size_t n, F f) {
+    split_vec(n, vec4_ok<A>(out) && vec4_ok<A>(a) && (!b || vec4_ok<A>(b)), [&](auto vec, size_t o, size_t nv) {
+        constexpr int V = decltype(vec)::value;
+        map_kernel<V, A><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(out + o, a + o, b ? b + o : nullptr, nv, f);
+    });
+}
+
 void cuda_gelu_forward(float *out, const float *inp, size_t n) {
     with_act([&](auto act) {
         typedef ACT_T(act) A;
-        A *y = (A *)out;
-        const A *x = (const A *)inp;
-        split_vec(n, vec4_ok<A>(y) && vec4_ok<A>(x), [&](auto vec, size_t o, size_t nv) {
-            constexpr int V = decltype(vec)::value;
-            gelu_forward_kernel<V, A><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(y + o, x + o, nv);
-        });
+        map_launch<A>((A *)out, (const A *)inp, nullptr, n, gelu_op());
     });
 }
 
 void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     with_act([&](auto act) {
         typedef ACT_T(act) A;
-        A *di = (A *)dinp;
-        const A *x = (const A *)inp, *g = (const A *)dout;
-        split_vec(n, vec4_ok<A>(di) && vec4_ok<A>(x) && vec4_ok<A>(g), [&](auto vec, size_t o, size_t nv) {
-            constexpr int V = decltype(vec)::value;
-            gelu_backward_kernel<V, A><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(di + o, x + o, g + o, nv);
-        });
-    });
-}
-
-/* out = a + b over n elements of type A. */
-template <typename A> static void add_launch(A *out, const A *a, const A *b, size_t n) {
-    split_vec(n, vec4_ok<A>(out) && vec4_ok<A>(a) && vec4_ok<A>(b), [&](auto vec, size_t o, size_t nv) {
-        constexpr int V = decltype(vec)::value;
-        add_kernel<V, A><<<cuda_grid(nv, 256), 256, 0, g_cuda.stream>>>(out + o, a + o, b + o, nv);
+        map_launch<A>((A *)dinp, (const A *)inp, (const A *)dout, n, gelu_grad_op());
     });
 }
 
 void cuda_residual_forward(float *out, const float *a, const float *b, size_t n) {
     with_act([&](auto act) {
         typedef ACT_T(act) A;
-        add_launch<A>((A *)out, (const A *)a, (const A *)b, n);
+        map_launch<A>((A *)out, (const A *)a, (const A *)b, n, add_op());
     });
 }
 
 /* fp32 (F32 in ops.h): the trainer's loss sums, the bias gradients. */
-void cuda_accumulate(float *dst, const float *src, size_t n) { add_launch<float>(dst, dst, src, n); }
+void cuda_accumulate(float *dst, const float *src, size_t n) { map_launch<float>(dst, dst, src, n, add_op()); }
 
 template <typename T> static __global__ void bias_add_kernel(T *out, const float *bias, int OC, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

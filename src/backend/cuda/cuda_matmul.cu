@@ -50,7 +50,6 @@ typedef struct {
 
 #define LT_CACHE 512
 static lt_entry g_cache[LT_CACHE];
-static long g_queries, g_hits;
 
 static void desc_free(lt_desc *d) {
     CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(d->la));
@@ -63,11 +62,6 @@ void cuda_matmul_reset(void) {
     for (int i = 0; i < LT_CACHE; i++)
         if (g_cache[i].has_desc) desc_free(&g_cache[i].desc);
     memset(g_cache, 0, sizeof g_cache);
-}
-
-void cuda_matmul_stats(long *queries, long *hits) {
-    *queries = g_queries;
-    *hits = g_hits;
 }
 
 /* 16-bit inputs accumulate in fp32 (COMPUTE_32F); fp32 inputs use the
@@ -116,11 +110,9 @@ static bool lt_algo(lt_entry *slot, const lt_key *key, cublasLtMatmulDesc_t op, 
                     cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t ld, cublasLtMatmulAlgo_t *algo) {
     bool found;
     if (slot && slot->used) {
-        g_hits++;
         found = slot->found;
         *algo = slot->algo;
     } else {
-        g_queries++;
         cublasLtMatmulPreference_t pref;
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
         size_t ws = g_cuda.workspace_bytes;

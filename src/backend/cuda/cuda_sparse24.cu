@@ -1,5 +1,5 @@
 /* cuda_sparse24: 2:4-sparse weights on the GPU (ops.h VARIANT row
- * matmul_forward_s24), the same contract as the CPU's cpu_sparse24.c.
+ * matmul_forward_s24), the same contract as the CPU's (cpu_paged.c).
  * Compiled, not yet run on a GPU.
  *
  * Two ways, chosen once per weight at its first use:

@@ -48,6 +48,7 @@ void cuda_sparselt_free(cuda_sparselt_w *w) {}
     X(cusparseLtMatmulGetWorkspace) X(cusparseLtSpMMAPruneCheck2) X(cusparseLtSpMMACompressedSize2)                \
     X(cusparseLtSpMMACompress2) X(cusparseLtMatmul)
 
+/* Filled by loom_dl_load in the order of SPLT_FUNCS. */
 static struct {
 #define SPLT_PTR(f) decltype(&::f) p_##f;
     SPLT_FUNCS(SPLT_PTR)
@@ -63,21 +64,15 @@ static cusparseLtHandle_t g_handle;
 static bool splt_load(void) {
     if (g_state) return g_state > 0;
     g_state = -1;
-    const char *env = getenv("LOOM_CUSPARSELT");
-    const char *path = env && *env ? env : "libcusparseLt.so.0";
-    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        snprintf(g_why, sizeof g_why, "cuSPARSELt cannot be loaded: %s (PyPI nvidia-cusparselt-cu13; put its lib "
-                 "folder on LD_LIBRARY_PATH or name the file in LOOM_CUSPARSELT)", dlerror());
-        return false;
-    }
-#define SPLT_SYM(f)                                                                                               \
-    if (!(L.p_##f = (decltype(&::f))dlsym(h, #f))) {                                                                    \
-        snprintf(g_why, sizeof g_why, "%s has no %s (a cuSPARSELt older than this build's header)", path, #f);   \
-        return false;                                                                                             \
-    }
-    SPLT_FUNCS(SPLT_SYM)
-#undef SPLT_SYM
+#define SPLT_NAME(f) #f,
+    static const char *const names[] = {SPLT_FUNCS(SPLT_NAME)};
+#undef SPLT_NAME
+    static const loom_dl_spec_t spec = {
+        .env = "LOOM_CUSPARSELT", .dflt = "libcusparseLt.so.0", .what = "cuSPARSELt",
+        .hint = "PyPI nvidia-cusparselt-cu13; put its lib folder on LD_LIBRARY_PATH or name the file in LOOM_CUSPARSELT",
+        .too_old = "a cuSPARSELt older than this build's header", .names = names, .n = sizeof names / sizeof *names};
+    void *h = loom_dl_load(&spec, (void **)&L, g_why, sizeof g_why);
+    if (!h) return false;
     alg_destroy = (decltype(alg_destroy))dlsym(h, "cusparseLtMatmulAlgSelectionDestroy");
     cusparseStatus_t s = L.p_cusparseLtInit(&g_handle);
     if (s != CUSPARSE_STATUS_SUCCESS) {
