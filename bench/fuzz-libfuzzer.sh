@@ -25,11 +25,14 @@ fi
 mkdir -p $B
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 # -Wno-error: clang warns where gcc (the project's compiler, -Werror) does not.
+# clang before 15 has no _Float16 on x86-64 (loom's fp16 conversions):
+# __fp16 converts the same way (F16C instructions, or compiler-rt's builtins).
+COMPAT=""; [ "$(clang -dumpversion | cut -d. -f1)" -lt 15 ] && COMPAT="-D_Float16=__fp16"
 make NO_CUDA=1 -j2 build/loom > /dev/null || exit 2  # the seeds' writer (gcc)
-make CC=clang BUILD=$B NO_CUDA=1 NO_MPI=1 OPT=-O1 EXTRA_CFLAGS="-fsanitize=fuzzer-no-link $SAN -Wno-error" -j2 $B/libloom.a > $B/build.log 2>&1 \
+make CC=clang BUILD=$B NO_CUDA=1 NO_MPI=1 OPT=-O1 EXTRA_CFLAGS="-fsanitize=fuzzer-no-link $SAN $COMPAT -Wno-error" -j2 $B/libloom.a > $B/build.log 2>&1 \
     || { echo "fuzz-libfuzzer: the clang build failed, see $B/build.log"; tail -5 $B/build.log; exit 2; }
-LIBS="-lopenblas -lcjson -lm -lpthread -ldl -lmicrohttpd"
-clang -g -O1 -fopenmp -Isrc -DLOOM_LIBFUZZER -fsanitize=fuzzer $SAN tests/fuzz/fuzz_readers.c tests/fuzz/fuzz_request.c \
+LIBS="-lopenblas -lcjson -lm -lpthread -ldl -lmicrohttpd $(clang -print-libgcc-file-name --rtlib=compiler-rt 2> /dev/null)"
+clang -g -O1 -march=native -fopenmp -Isrc $COMPAT -DLOOM_LIBFUZZER -fsanitize=fuzzer $SAN tests/fuzz/fuzz_readers.c tests/fuzz/fuzz_request.c \
     -Wl,--whole-archive $B/libloom.a -Wl,--no-whole-archive $LIBS -o $B/fuzz_readers || exit 2
 work=$(mktemp -d /tmp/loom-libfuzzer-XXXXXX); trap 'rm -rf "$work"' EXIT
 tests/fuzz/seeds.sh "$work/seeds" build/loom || exit 2

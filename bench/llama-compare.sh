@@ -7,7 +7,9 @@
 #
 #   bench/llama-compare.sh                  # gpt2-small and smollm2-135m shapes, 3 rounds
 #   MODELS=gpt2-small ROUNDS=2 bench/llama-compare.sh
+#   THREADS=1 GEN=32 bench/llama-compare.sh   # on a loaded machine (a 2-thread team thrashes there)
 #   PARTS="generate serve train" bench/llama-compare.sh   # any subset
+#   R0=4 ROUNDS=1 PARTS=generate bench/llama-compare.sh    # one more round, same WORK
 #
 # Models: the preset's shape with a 4096-id BPE vocabulary trained on the
 # KJV Bible, weights from one training step (as good as random for speed),
@@ -15,8 +17,8 @@
 # converted by llama.cpp's own convert_hf_to_gguf.py from loom's Hugging Face
 # export where that works (the file llama.cpp then runs; else loom's own).
 # Per round, each pair runs loom first then llama.cpp:
-#   generate  loom bench generate (128 in, 64 out; 1 stream and 16) vs
-#             llama-bench pp128/tg64 and llama-batched-bench -npl 16, fp32
+#   generate  loom bench generate (128 in, GEN out; 1 stream and 16) vs
+#             llama-bench pp128/tg and llama-batched-bench -npl 16, fp32
 #             then W8A8 against Q8_0
 #   serve     loom bench serve vs llama-server (it drives both), 1 and 16 clients
 #   train     loom bench train (own GEMM) vs PyTorch, llama-tiny and the
@@ -29,6 +31,7 @@ LOOM=${LOOM:-$ROOT/build/loom}
 ROUNDS=${ROUNDS:-3}
 SERVE_ROUNDS=${SERVE_ROUNDS:-2}
 THREADS=${THREADS:-2}
+GEN=${GEN:-64} # new tokens per request (prompts are 128)
 MODELS=${MODELS:-gpt2-small smollm2-135m}
 PARTS=${PARTS:-generate serve train}
 LLAMA_DIR="${LOOM_LLAMA_DIR:-$ROOT/.cache/llama.cpp}"
@@ -36,8 +39,10 @@ BIN="$LLAMA_DIR/build/bin"
 WORK=${WORK:-/tmp/loom-llama-compare}
 export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 mkdir -p "$WORK"
-RES="$WORK/results.tsv"
-: > "$RES"
+RES="$WORK/results.tsv" # appended to: a later call adds rounds (FRESH=1 starts over)
+[ -n "${FRESH:-}" ] && : > "$RES"
+touch "$RES"
+R0=${R0:-1} # the first round's number (a later call continues the count)
 
 {
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -85,14 +90,14 @@ generate_round() {
     if [ "$q" = fp32 ]; then g="$d/f32.gguf"; else g="$d/q8_0.gguf"; qf=(--quant w8a8); fi
     out="$d/gen-$q-$r.txt"
     rec "$m" load "-" "$r" "$(load)"
-    "$LOOM" bench generate --run "$d/run" --prompt-len 128 --gen 64 --concurrency 1,16 --repeat 1 --threads "$THREADS" \
+    "$LOOM" bench generate --run "$d/run" --prompt-len 128 --gen "$GEN" --concurrency 1,16 --repeat 1 --threads "$THREADS" \
         --kv-memory 1G "${qf[@]}" --llama-bench /nonexistent > "$out" 2>&1
     awk -v m="$m" -v q="$q" -v r="$r" '
         / one request at a time / && $1 == q { printf "%s\t%s_one_out\tloom\t%s\t%s\n%s\t%s_ttft_ms\tloom\t%s\t%s\n%s\t%s_decode\tloom\t%s\t%s\n%s\t%s_floor\tloom\t%s\t%s\n", m,q,r,$7, m,q,r,$9, m,q,r,$11, m,q,r,$14 }
         / continuous batching, 16 / && $1 == q { printf "%s\t%s_16_out\tloom\t%s\t%s\n", m,q,r,$5 }
         /^memory read bandwidth/ { printf "%s\tbandwidth_gbs\tprobe\t%s\t%s\n", m,r,$4 }
         / GB of weights per decode token| MB of weights per decode token/ && $1 == q { for (i = 1; i <= NF; i++) if ($i ~ /^(MB|GB)$/) printf "%s\t%s_bytes_per_token_%s\tloom\t%s\t%s\n", m,q,$i,r,$(i-1) }' "$out" >> "$RES"
-    "$BIN/llama-bench" -m "$g" -t "$THREADS" -p 128 -n 64 -r 1 -o json > "$d/llb-$q-$r.json" 2> /dev/null
+    "$BIN/llama-bench" -m "$g" -t "$THREADS" -p 128 -n "$GEN" -r 1 -o json > "$d/llb-$q-$r.json" 2> /dev/null
     /usr/bin/python3 - "$d/llb-$q-$r.json" "$m" "$q" "$r" >> "$RES" <<'PY'
 import json, sys
 f, m, q, r = sys.argv[1:]
@@ -104,7 +109,7 @@ for t in rows:
     kind = "pp" if t.get("n_prompt", 0) > 0 else "tg"
     print("%s\t%s_%s\tllama\t%s\t%.2f" % (m, q, kind, r, t["avg_ts"]))
 PY
-    "$BIN/llama-batched-bench" -m "$g" -t "$THREADS" -c $((16 * 192 + 64)) -b 2048 -ub 512 -npp 128 -ntg 64 -npl 16 \
+    "$BIN/llama-batched-bench" -m "$g" -t "$THREADS" -c $((16 * (128 + GEN) + 64)) -b 2048 -ub 512 -npp 128 -ntg "$GEN" -npl 16 \
         --output-format jsonl > "$d/llbb-$q-$r.jsonl" 2> /dev/null
     /usr/bin/python3 - "$d/llbb-$q-$r.jsonl" "$m" "$q" "$r" >> "$RES" <<'PY'
 import json, sys
@@ -121,7 +126,7 @@ PY
 serve_round() {
     local m=$1 r=$2 d="$WORK/$1" out="$WORK/$1/serve-$2.txt"
     rec "$m" load "-" "$r" "$(load)"
-    "$LOOM" bench serve --run "$d/run" --gguf "$d/f32.gguf" --text "$WORK/kjv.txt" --clients 1,16 --in 128 --out 64 \
+    "$LOOM" bench serve --run "$d/run" --gguf "$d/f32.gguf" --text "$WORK/kjv.txt" --clients 1,16 --in 128 --out "$GEN" \
         --threads "$THREADS" --kv-memory 1G --max-seqs 16 --llama-server "$BIN/llama-server" > "$out" 2>&1
     # | server | load | ok | req/s | out tok/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | E2E p50 | E2E p99 |
     awk -F'|' -v m="$m" -v r="$r" '$2 ~ /loom|llama/ && $3 ~ /clients/ {
@@ -131,10 +136,12 @@ serve_round() {
 }
 
 train_part() {
-    local m seq
+    local m shape
     for m in llama-tiny smollm2-135m; do
-        seq=256
-        "$LOOM" bench train --model "$m" --seq "$seq" --threads "$THREADS" --rounds "$ROUNDS" --steps 1 --gemm own \
+        shape="--seq 256 --batch 4"
+        [ "$m" = llama-tiny ] || shape="--seq ${TRAIN_SEQ:-128} --batch ${TRAIN_BATCH:-1}" # 0.1 TFLOP a step
+        # shellcheck disable=SC2086 # shape is words
+        "$LOOM" bench train --model "$m" $shape --threads "$THREADS" --rounds "$ROUNDS" --steps 1 --gemm own \
             > "$WORK/train-$m.txt" 2>&1
         echo "load after $m: $(load)" >> "$WORK/train-$m.txt"
     done
@@ -142,7 +149,7 @@ train_part() {
 
 for m in $MODELS; do make_model "$m" || exit 1; done
 case " $PARTS " in *" generate "*)
-    for r in $(seq "$ROUNDS"); do
+    for r in $(seq "$R0" $((R0 + ROUNDS - 1))); do
         for m in $MODELS; do
             for q in fp32 w8a8; do generate_round "$m" "$q" "$r"; done
         done
@@ -150,7 +157,7 @@ case " $PARTS " in *" generate "*)
     done ;;
 esac
 case " $PARTS " in *" serve "*)
-    for r in $(seq "$SERVE_ROUNDS"); do
+    for r in $(seq "$R0" $((R0 + SERVE_ROUNDS - 1))); do
         for m in $MODELS; do serve_round "$m" "$r"; done
         echo "serve round $r done, load $(load)"
     done ;;

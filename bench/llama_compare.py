@@ -17,7 +17,7 @@ for line in open(work + "/results.tsv"):
             pass
 
 ROWS = [  # measure, label, higher is better
-    ("fp32_decode", "fp32 decode, one stream, tok/s (bench generate decode / llama-bench tg64)", 1),
+    ("fp32_decode", "fp32 decode, one stream, tok/s (bench generate decode / llama-bench tg)", 1),
     ("fp32_pp", "fp32 prompt processing, 128 tokens, tok/s (128 / TTFT / llama-bench pp128)", 1),
     ("fp32_16_out", "fp32, 16 sequences, output tok/s (bench generate / llama-batched-bench)", 1),
     ("w8a8_decode", "W8A8 vs Q8_0 decode, one stream, tok/s", 1),

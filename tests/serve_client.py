@@ -281,33 +281,34 @@ def part_promptlogprobs():
     srv = Server()
     try:
         cl = openai.OpenAI(base_url=srv.url("/v1"), api_key="none", max_retries=0, http_client=openai_check.transport())
-        for name, prompt, gen in (("short", list(b"the cat sat on a mat"), 4), ("long", list(b"by river the dog ran " * 8), 3),
-                                  ("prompt_only", list(b"a dog who was under"), 0)):
+        cases, got = (("short", list(b"the cat sat on a mat"), 4), ("long", list(b"by river the dog ran " * 8), 3),
+                      ("prompt_only", list(b"a dog who was under"), 0)), []
+        for name, prompt, gen in cases:
             r = cl.completions.create(model="run", prompt=prompt, max_tokens=gen, temperature=0, logprobs=3, echo=True)
             lp = r.choices[0].logprobs
-            ids = prompt + [ord(t) if len(t) == 1 else -1 for t in lp.tokens[len(prompt):]]
-            f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
-            json.dump(ids, f)
-            f.close()
-            o = subprocess.run(py + " %s %s %s 3" % (os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_logprobs_oracle.py"),
-                                                     ck, f.name), shell=True, capture_output=True, text=True)
-            os.unlink(f.name)
-            if o.returncode:
-                report("serve_prompt_logprobs_%s" % name, False, o.stderr[-500:])
-                continue
-            want = json.loads(o.stdout)
+            got.append((r, prompt + [ord(t) if len(t) == 1 else -1 for t in lp.tokens[len(prompt):]]))
+        f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
+        json.dump([ids for _, ids in got], f)
+        f.close()
+        o = subprocess.run(py + " %s %s %s 3" % (os.path.join(os.path.dirname(os.path.abspath(__file__)), "serve_logprobs_oracle.py"),
+                                                 ck, f.name), shell=True, capture_output=True, text=True)
+        os.unlink(f.name)
+        if o.returncode:
+            return report("serve_prompt_logprobs_oracle", False, o.stderr[-500:])
+        for (name, prompt, gen), (r, ids), want in zip(cases, got, json.loads(o.stdout)):
+            lp = r.choices[0].logprobs
             bad = []
             if len(lp.tokens) != len(prompt) + gen or lp.token_logprobs[0] is not None or lp.top_logprobs[0] is not None:
                 bad.append(("shape", len(lp.tokens), lp.token_logprobs[:1], lp.top_logprobs[:1]))
             for i in range(1, min(len(ids), len(lp.token_logprobs))):
-                got, w = lp.token_logprobs[i], want[i]
+                got_lp, w = lp.token_logprobs[i], want[i]
                 # a byte above 127 alone shows as U+FFFD; the token itself is appended when not among the top;
                 # an alternative outside the oracle's top must tie with its last one
                 tops = {chr(a): b for a, b in w["top"] if a < 128}
                 odd = [(t, v) for t, v in lp.top_logprobs[i].items() if t != "\ufffd" and t != lp.tokens[i] and
                        abs(tops.get(t, w["top"][-1][1]) - v) > 2e-4]
-                if abs(got - w["logprob"]) > 2e-4 or odd:
-                    bad.append((i, got, w["logprob"], lp.top_logprobs[i], tops))
+                if abs(got_lp - w["logprob"]) > 2e-4 or odd:
+                    bad.append((i, got_lp, w["logprob"], lp.top_logprobs[i], tops))
             report("serve_prompt_logprobs_%s_equal_transformers" % name, not bad and r.choices[0].text.startswith("".join(map(chr, prompt))),
                    bad[:3])
             chunks = list(cl.completions.create(model="run", prompt=prompt, max_tokens=gen, temperature=0, logprobs=3, echo=True,

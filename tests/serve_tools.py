@@ -201,7 +201,8 @@ def run(make_server, cl_for, report, post_for, write_template):
             cl, post = cl_for(srv), post_for(srv)
             m = msgs
             r = forced(cl, report, tag, m)
-            stream_equal(cl, report, tag, m)
+            if tag != "fallback":  # the fallback reads calls as Qwen2.5's do
+                stream_equal(cl, report, tag, m)
             round_trip(cl, report, tag, m, r)
             if tag == "mistral-nemo":
                 parallel_off(cl, report, tag, m)

@@ -110,3 +110,19 @@ print(" ".join(f"N={n}: {m[n] / 1e6:.2f} MB" for n in m))
 sys.exit(0 if m[4] < m[2] < m[1] and m[4] < 0.5 * m[1] else 1)
 PY
 ); then pass "zero3_memory_falls_with_ranks ($out)"; else fail zero3_memory_falls_with_ranks "$out"; fi
+
+# 5. loom bench dist --layout: a comma list parsed in one place; the zero3
+# rows (1 rank, 2 ranks with and without prefetch) run the same math, so
+# their losses agree; an unknown layout is named with the known ones.
+out=$($LOOM bench dist --layout zero3,dp --ranks 2 --layers 1 --channels 32 --heads 2 --seq 16 --batch 1 --vocab 64 \
+      --steps 1 --warmup 0 --rounds 1 2>&1)
+losses=$(printf '%s\n' "$out" | sed -n '/^layout zero3/,/^scaling/p' | grep -E '^(1 rank|2 ranks)' | awk '{print $NF}' | sort -u)
+if printf '%s\n' "$out" | grep -q "^layout zero3" && printf '%s\n' "$out" | grep -q "^layout dp" && [ "$(printf '%s\n' "$losses" | wc -l)" = 1 ] &&
+   printf '%s\n' "$out" | grep -q "peak RSS MB"; then
+    pass "zero3_bench_dist_layouts (zero3 rows agree on loss $losses)"
+else
+    fail zero3_bench_dist_layouts "$(printf '%s\n' "$out" | tail -12)"
+fi
+out=$($LOOM bench dist --layout zero3,nope 2>&1); rc=$?
+[ $rc = 2 ] && printf '%s' "$out" | grep -q "unknown layout 'nope'; known: .*zero3" && pass zero3_bench_dist_unknown_layout_named \
+    || fail zero3_bench_dist_unknown_layout_named "exit $rc: $out"

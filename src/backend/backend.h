@@ -237,6 +237,20 @@ typedef struct loom_backend {
  * rmsnorm_forward: out (N,C) = inp * rstd * w, rstd (N) = 1/sqrt(mean(inp^2)
  *   + eps), saved for backward. No bias (Llama's RMSNorm).
  * rmsnorm_backward: dinp (N,C) += , dw (C) += , from dout, inp, w, rstd.
+ * vocab_embed_forward, vocab_embed_backward: encoder_forward/backward for
+ *   a shard of the vocabulary (tensor parallelism, parallel/tp.h): wte
+ *   (nv, C) holds rows v0 .. v0+nv-1; a token outside them contributes 0
+ *   (its row lives on another rank; the ranks' outputs are summed). wpe
+ *   NULL: no position term (also how only one rank adds it).
+ * vocab_ce_stats: per row n of logits (N, Vp), the shard's columns
+ *   v0 .. v0+Vp-1 of the whole vocabulary, of which the first nv are real:
+ *   stats[3n] = their max (-inf when nv = 0), stats[3n+1] = sum of
+ *   exp(logit - max), stats[3n+2] = the target's logit when the target is
+ *   in the shard, else 0.
+ * vocab_ce_finish: stats (ranks, N, 3), every rank's vocab_ce_stats side by
+ *   side, combine into the whole row's log-sum-exp; losses (N) as
+ *   crossentropy's; dloss != 0: the shard's logits overwritten by their
+ *   gradient (padded columns 0). The full logits are never gathered.
  * rope_forward: rotary position embedding, in place, of the NH query and
  *   NKV key heads of qkv (N, C + 2*NKV*hs) (values untouched). Row i at
  *   position pos[i] (N); for each head, pairs (j, j + hs/2), j < hs/2,

@@ -164,7 +164,19 @@
     X(swiglu_forward, void, OP, "", 0, 4, \
       ((ACT, float *, out), (ACT, const float *, inp), (VAL, int, N), (VAL, int, H))) \
     X(swiglu_backward, void, OP, "", 0, 5, \
-      ((ACT, float *, dinp), (ACT, const float *, inp), (ACT, const float *, dout), (VAL, int, N), (VAL, int, H)))
+      ((ACT, float *, dinp), (ACT, const float *, inp), (ACT, const float *, dout), (VAL, int, N), (VAL, int, H))) \
+    X(vocab_embed_forward, void, OP, "", 0, 9, \
+      ((ACT, float *, out), (I32, const int *, tokens), (F32, const float *, wte), (F32, const float *, wpe), \
+       (VAL, int, B), (VAL, int, T), (VAL, int, C), (VAL, int, v0), (VAL, int, nv))) \
+    X(vocab_embed_backward, void, OP, "", 0, 9, \
+      ((F32, float *, dwte), (F32, float *, dwpe), (ACT, const float *, dout), (I32, const int *, tokens), \
+       (VAL, int, B), (VAL, int, T), (VAL, int, C), (VAL, int, v0), (VAL, int, nv))) \
+    X(vocab_ce_stats, void, OP, "", 0, 7, \
+      ((F32, float *, stats), (ACT, const float *, logits), (I32, const int *, targets), (VAL, int, N), \
+       (VAL, int, Vp), (VAL, int, v0), (VAL, int, nv))) \
+    X(vocab_ce_finish, void, HOST, "", 0, 10, \
+      ((F32, float *, losses), (ACT, float *, logits), (I32, const int *, targets), (F32, const float *, stats), \
+       (VAL, int, ranks), (VAL, int, N), (VAL, int, Vp), (VAL, int, v0), (VAL, int, nv), (VAL, float, dloss)))
 /* clang-format on */
 
 /* ---- helpers to expand the argument lists ---- */

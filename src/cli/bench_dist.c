@@ -22,26 +22,23 @@
 #include "parallel/launch.h"
 #include "model/gpt.h"
 #include "train/step.h"
-
-typedef struct {
-    int layers, channels, heads, seq, batch, vocab, steps, warmup, zero;
-    int grad_dtype; /* loom_dist_dtype */
-} bench_cfg_t;
-
-typedef struct {
-    double step_s, wait_s, loss, rss; /* rss: the largest rank's peak resident bytes */
-    int ok;
-} bench_result_t;
+#include "cli/bench_dist.h"
+#include "cli/bench_pp.h"
 
 /* The layouts --layout names, parsed in one place (parse_layouts). zero:
- * the ZeRO stage, -1 = --zero's. */
+ * the ZeRO stage, -1 = --zero's; tp: tensor-parallel ranks (0 = none); pp:
+ * pipeline stages (0 = none; cli/bench_pp.h). */
 typedef struct {
     const char *name, *what;
-    int zero;
+    int zero, tp, pp;
 } bench_layout_t;
 static const bench_layout_t layouts[] = {
-    {"dp", "data parallel at --zero", -1},
-    {"zero3", "fully sharded data parallel (ZeRO-3)", 3},
+    {"dp", "data parallel at --zero", -1, 0, 0},
+    {"zero3", "fully sharded data parallel (ZeRO-3)", 3, 0, 0},
+    {"tp2", "tensor parallel over 2 ranks", -1, 2, 0},
+    {"tp4", "tensor parallel over 4 ranks", -1, 4, 0},
+    {"pp2", "a pipeline of 2 stages (1F1B over --micro-batches)", -1, 0, 2},
+    {"pp4", "a pipeline of 4 stages (1F1B over --micro-batches)", -1, 0, 4},
 };
 #define N_LAYOUTS ((int)(sizeof layouts / sizeof layouts[0]))
 #define MAX_LAYOUTS 8
@@ -105,7 +102,7 @@ static int run_rank(const bench_cfg_t *c, int rank, int world, int threads, int 
     }
     free(all);
     if (s < c->warmup + c->steps) fprintf(stderr, "loom bench dist: rank %d: %s\n", rank, loom_errmsg());
-    else res = (bench_result_t){tsum / c->steps, wsum / c->steps, loss, loom_mem_peak_rss(), 1};
+    else res = (bench_result_t){tsum / c->steps, wsum / c->steps, loss, loom_mem_peak_rss(), 0, 1};
 out:
     if (write(fd, &res, sizeof res) != (ssize_t)sizeof res) res.ok = 0;
     loom_dp_free(dp);
@@ -121,6 +118,11 @@ typedef struct {
 
 static int rank_main(int rank, void *ctx) {
     const rank_args_t *a = ctx;
+    if (a->c->tp) {
+        bench_result_t res = loom_bench_dist_tp_rank(a->c, a->threads);
+        if (write(a->fd, &res, sizeof res) != (ssize_t)sizeof res) res.ok = 0;
+        return res.ok ? 0 : 1;
+    }
     return run_rank(a->c, rank, a->world, a->threads, a->overlap, a->fd);
 }
 
@@ -148,16 +150,60 @@ static bench_result_t run_config(const bench_cfg_t *c, int world, int threads, i
         if (x.rss > r0.rss) r0.rss = x.rss;
         r0.wait_s += x.wait_s / world;
         r0.loss = x.loss;
+        if (x.state_mb > r0.state_mb) r0.state_mb = x.state_mb;
     }
     close(p[0]);
     r0.ok = ok;
     return r0;
 }
 
+/* --layout tpN: N ranks, one tensor-parallel group, every rank the whole
+ * global batch (ranks x --batch, as the dp table's), against 1 rank x N
+ * threads; the fastest of the rounds. */
+static int bench_tp(bench_cfg_t c, int n, int ranks, int rounds) {
+    bench_result_t one = {0}, tp = {0};
+    if (c.heads % n) {
+        fprintf(stderr, "loom bench dist: --layout tp%d: --heads %d does not split over %d ranks\n", n, c.heads, n);
+        return 1;
+    }
+    c.batch *= ranks;
+    c.tp = n;
+    for (int k = 0; k < rounds; k++) {
+        bench_result_t x = run_config(&c, 1, n, 0), y = run_config(&c, n, 1, 0);
+        if (!x.ok || !y.ok) {
+            fprintf(stderr, "loom bench dist: a tp%d run failed (see above)\n", n);
+            return 1;
+        }
+        if (k == 0 || x.step_s < one.step_s) one = x;
+        if (k == 0 || y.step_s < tp.step_s) tp = y;
+    }
+    double tok = (double)c.batch * c.seq;
+    printf("%-26s %9s %11s %10s %14s %12s %9s\n", "tp (same global batch)", "step ms", "tokens/s", "tp wait", "state MB/rank",
+           "peak RSS MB", "loss");
+    printf("1 rank x %d threads %7s %9.1f %11.0f %10s %14.1f %12.1f %9.5f\n", n, "", 1e3 * one.step_s, tok / one.step_s, "-",
+           one.state_mb, one.rss / 1e6, one.loss);
+    printf("tp%d: %d ranks x 1 thread %3s %9.1f %11.0f %9.1f%% %14.1f %12.1f %9.5f\n", n, n, "", 1e3 * tp.step_s,
+           tok / tp.step_s, 100 * tp.wait_s / tp.step_s, tp.state_mb, tp.rss / 1e6, tp.loss);
+    printf("tp%d: step time %.2fx one rank's; %.1f ms of each step waiting on the tp group's all-reduces\n", n,
+           tp.step_s / one.step_s, 1e3 * tp.wait_s);
+    return 0;
+}
+
 /* One layout: alternating rounds of 1 rank x `ranks` threads, `ranks`
  * ranks overlapped and not, the fastest round of each counted (other load
  * on a shared machine only ever slows a round down); then its table. */
 static int bench_layout(bench_cfg_t c, const bench_layout_t *lay, int ranks, int rounds) {
+    if (lay->tp) return bench_tp(c, lay->tp, ranks, rounds);
+    if (lay->pp) {
+        if (lay->pp > c.layers) {
+            fprintf(stderr, "loom bench dist: --layout %s: %d stages need at least %d layers (--layers %d)\n", lay->name, lay->pp, lay->pp, c.layers);
+            return 1;
+        }
+        loom_bench_pp_t p = {.layers = c.layers, .channels = c.channels, .heads = c.heads, .seq = c.seq, .batch = c.batch,
+                             .vocab = c.vocab, .steps = c.steps, .warmup = c.warmup, .micro = c.micro, .stages = lay->pp, .rounds = rounds};
+        printf("\nlayout %s: %s\n", lay->name, lay->what);
+        return loom_bench_pp(&p);
+    }
     if (lay->zero >= 0) c.zero = lay->zero;
     int B = c.batch;
     bench_result_t one = {0}, ov = {0}, no = {0};
@@ -193,7 +239,7 @@ static int bench_layout(bench_cfg_t c, const bench_layout_t *lay, int ranks, int
 }
 
 int cmd_bench_dist(int argc, char **argv) {
-    bench_cfg_t c;
+    bench_cfg_t c = {0};
     int ranks = 0, rounds = 3, which[MAX_LAYOUTS], nl = 0;
     const char *layout_list = "dp";
     const loom_arg_t args[] = {
@@ -209,7 +255,8 @@ int cmd_bench_dist(int argc, char **argv) {
         {"rounds", ARG_INT, &rounds, "3", 1, 100, "rounds, the configurations alternating; the fastest round of each counts"},
         loom_flag(LOOM_FLAG_ZERO, &c.zero),
         loom_flag(LOOM_FLAG_GRAD_DTYPE, &c.grad_dtype),
-        {"layout", ARG_STR, &layout_list, "dp", 0, 0, "layouts to measure, a comma list: dp (data parallel at --zero), zero3"},
+        {"layout", ARG_STR, &layout_list, "dp", 0, 0, "layouts to measure, a comma list: dp (data parallel at --zero), zero3, tp2, tp4 (tensor parallel), pp2, pp4 (pipeline)"},
+        {"micro-batches", ARG_INT, &c.micro, "8", 1, 4096, "micro-batches per step of the ppN layouts (the pipeline's M; --batch each)"},
     };
     LOOM_ARGS_PARSE_OR_RETURN("bench dist", "loom bench dist [--ranks N] [model flags]", args, argc, argv);
     if (ranks == 0) ranks = (int)sysconf(_SC_NPROCESSORS_ONLN);

@@ -53,12 +53,13 @@ loom_status loom_gpt_preset(loom_gpt_config_t *cfg, const char *name) {
                       "llama-tiny, smollm2-135m, llama-3.2-1b, llama-3.1-8b, qwen2.5-0.5b or mistral-7b", name);
 }
 
-int loom_gpt_head_size(const loom_gpt_config_t *c) { return c->channels / c->n_head; }
+int loom_gpt_head_size(const loom_gpt_config_t *c) { return c->head_dim ? c->head_dim : c->channels / c->n_head; }
+int loom_gpt_attn_width(const loom_gpt_config_t *c) { return c->n_head * loom_gpt_head_size(c); }
 /* Both read 0 (an unfinished config) as its default, so a caller that
  * fills only the six shape fields gets GPT-2's table. */
 int loom_gpt_qkv_rows(const loom_gpt_config_t *c) {
     int kv = c->n_kv_heads ? c->n_kv_heads : c->n_head;
-    return c->channels + 2 * kv * (c->n_head ? c->channels / c->n_head : 0);
+    return c->n_head ? (c->n_head + 2 * kv) * loom_gpt_head_size(c) : c->channels;
 }
 int loom_gpt_fc_rows(const loom_gpt_config_t *c) {
     int H = c->ffn_hidden ? c->ffn_hidden : 4 * c->channels;
@@ -102,7 +103,9 @@ loom_status loom_gpt_config_finish(loom_gpt_config_t *cfg) {
         return loom_error(LOOM_EINVAL, "model: %d heads; expected 1 to %d", cfg->n_head, LOOM_GPT_MAX_HEADS);
     if (cfg->channels < 1 || cfg->channels > LOOM_GPT_MAX_CHANNELS)
         return loom_error(LOOM_EINVAL, "model: %d channels; expected 1 to %d", cfg->channels, LOOM_GPT_MAX_CHANNELS);
-    if (cfg->channels % cfg->n_head != 0)
+    if (cfg->head_dim < 0 || cfg->head_dim > LOOM_GPT_MAX_CHANNELS)
+        return loom_error(LOOM_EINVAL, "model: head size %d; expected 0 (channels / heads) to %d", cfg->head_dim, LOOM_GPT_MAX_CHANNELS);
+    if (!cfg->head_dim && cfg->channels % cfg->n_head != 0)
         return loom_error(LOOM_EINVAL, "model: %d channels do not split into %d heads; channels must be a multiple of heads", cfg->channels, cfg->n_head);
     if (cfg->max_seq_len < 1 || cfg->max_seq_len > LOOM_GPT_MAX_CONTEXT)
         return loom_error(LOOM_EINVAL, "model: sequence length %d; expected 1 to %d", cfg->max_seq_len, LOOM_GPT_MAX_CONTEXT);
@@ -135,7 +138,7 @@ void loom_gpt_param_table(const loom_gpt_config_t *cfg, loom_tensor_info_t t[LOO
         [LOOM_WTE] = {"wte", 2, Vp, C, 0},
         [LOOM_WPE] = {"wpe", 2, maxT, C, 0},
         [LOOM_QKVW] = {"qkvw", 3, L, QR, C},
-        [LOOM_ATTPROJW] = {"attprojw", 3, L, C, C},
+        [LOOM_ATTPROJW] = {"attprojw", 3, L, C, loom_gpt_attn_width(cfg)},
         [LOOM_FCW] = {"fcw", 3, L, FR, C},
         [LOOM_FCPROJW] = {"fcprojw", 3, L, C, H},
         [LOOM_LMHEAD] = {"lm_head", 2, Vp, C, 0},
@@ -350,14 +353,14 @@ enum {
 /* sz: floats of one slice (one layer's, for layer tensors); nl: slices kept. */
 static void act_sizes(const loom_gpt_config_t *c, loom_recompute rc, int B, int T, size_t sz[A_COUNT],
                       size_t nl[A_COUNT]) {
-    size_t BT = (size_t)B * T, C = c->channels, NH = c->n_head;
+    size_t BT = (size_t)B * T, C = c->channels, NH = c->n_head, AW = (size_t)loom_gpt_attn_width(c);
     size_t QR = (size_t)loom_gpt_qkv_rows(c), FR = (size_t)loom_gpt_fc_rows(c);
     size_t H = (size_t)(c->ffn_hidden ? c->ffn_hidden : 4 * c->channels);
     sz[A_ENCODED] = BT * C;
     sz[A_LN1] = BT * C;
     sz[A_LN1_MEAN] = sz[A_LN1_RSTD] = BT;
     sz[A_QKV] = BT * QR;
-    sz[A_ATTY] = BT * C;
+    sz[A_ATTY] = BT * AW;
     sz[A_ATT_LSE] = NH * BT;
     sz[A_ATTPROJ] = sz[A_RESIDUAL2] = sz[A_LN2] = BT * C;
     sz[A_LN2_MEAN] = sz[A_LN2_RSTD] = BT;
@@ -546,7 +549,7 @@ static void norm_backward(const loom_gpt_config_t *c, const loom_backend_t *be, 
 }
 
 loom_status loom_gpt_set_batch(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T) {
-    int V = m->cfg.vocab_size;
+    int V = m->tp ? m->tp->vocab_size : m->cfg.vocab_size;
     if (T > m->cfg.max_seq_len)
         return loom_error(LOOM_EINVAL, "sequence length %d is above the model's %d", T, m->cfg.max_seq_len);
     LOOM_TRY(loom_gpt_alloc_acts(m, B, T));
@@ -600,7 +603,7 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
     const loom_backend_t *be = m->be;
     const loom_gpt_config_t *c = &m->cfg;
     int L = c->n_layer, C = c->channels, NH = c->n_head, KV = c->n_kv_heads, QR = loom_gpt_qkv_rows(c);
-    int FR = loom_gpt_fc_rows(c), H = c->ffn_hidden;
+    int FR = loom_gpt_fc_rows(c), H = c->ffn_hidden, hs = loom_gpt_head_size(c), AW = NH * hs;
     size_t N = (size_t)B * T;
     const float *resid = l == 0 ? a->a[A_ENCODED] : lay(a, A_RESIDUAL3, l - 1);
     float *ln1 = lay(a, A_LN1, l);
@@ -613,9 +616,10 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
 
     if (recompute) loom_gpt_norm(c, be, ln1, lay(a, A_LN1_MEAN, l), lay(a, A_LN1_RSTD, l), resid, P(LOOM_LN1W, l), P(LOOM_LN1B, l), (int)N);
     be->matmul_forward(qkv, ln1, P(LOOM_QKVW, l), P(LOOM_QKVB, l), (int)N, C, QR);
-    if (c->pos == LOOM_POS_ROPE) be->rope_forward(qkv, m->pos, m->rope_freq, (int)N, NH, KV, C / NH);
-    be->attention_forward(atty, lse, qkv, B, T, C, NH, KV);
-    be->matmul_forward(attproj, atty, P(LOOM_ATTPROJW, l), P(LOOM_ATTPROJB, l), (int)N, C, C);
+    if (c->pos == LOOM_POS_ROPE) be->rope_forward(qkv, m->pos, m->rope_freq, (int)N, NH, KV, hs);
+    be->attention_forward(atty, lse, qkv, B, T, AW, NH, KV);
+    be->matmul_forward(attproj, atty, P(LOOM_ATTPROJW, l), P(LOOM_ATTPROJB, l), (int)N, AW, C);
+    if (m->tp) m->tp->allreduce(m->tp->ctx, attproj, N * C); /* row-parallel: partial sums */
     loom_gpt_residual_norm(c, be, res2, ln2, ln2_mean, ln2_rstd, resid, attproj, P(LOOM_LN2W, l), P(LOOM_LN2B, l), (int)N);
     if (be->matmul_forward_gelu && c->mlp == LOOM_MLP_GELU) {
         be->matmul_forward_gelu(fch_gelu, fch, ln2, P(LOOM_FCW, l), P(LOOM_FCB, l), (int)N, C, FR);
@@ -625,6 +629,7 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
     }
     if (recompute) return;
     be->matmul_forward(fcproj, fch_gelu, P(LOOM_FCPROJW, l), P(LOOM_FCPROJB, l), (int)N, H, C);
+    if (m->tp) m->tp->allreduce(m->tp->ctx, fcproj, N * C);
     if (l + 1 < L)
         loom_gpt_residual_norm(c, be, res3, lay(a, A_LN1, l + 1), lay(a, A_LN1_MEAN, l + 1), lay(a, A_LN1_RSTD, l + 1), res2, fcproj,
                                P(LOOM_LN1W, l + 1), P(LOOM_LN1B, l + 1), (int)N);
@@ -636,13 +641,17 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
 int loom_gpt_head_param(const loom_gpt_config_t *c) { return c->untied_head ? LOOM_LMHEAD : LOOM_WTE; }
 static int head_param(const loom_gpt_t *m) { return loom_gpt_head_param(&m->cfg); }
 
-/* Embeddings, the blocks, the head: logits of the batch in m->tokens. */
-static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T) {
+/* The embeddings (LOOM_STAGE_EMBED; else the caller wrote the stream's
+ * input), the blocks, the head (LOOM_STAGE_HEAD): logits of m->tokens. */
+static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T, int parts) {
     const loom_backend_t *be = m->be;
     int C = m->cfg.channels, Vp = m->cfg.padded_vocab_size;
     size_t N = (size_t)B * T;
     layer_event(m, -1, 0);
-    be->encoder_forward(a->a[A_ENCODED], m->tokens, P(LOOM_WTE, 0), P(LOOM_WPE, 0), B, T, C);
+    if (parts & LOOM_STAGE_EMBED) {
+        if (m->tp) m->tp->embed_forward(m->tp->ctx, a->a[A_ENCODED], B, T);
+        else be->encoder_forward(a->a[A_ENCODED], m->tokens, P(LOOM_WTE, 0), P(LOOM_WPE, 0), B, T, C);
+    }
     /* Each residual add is fused with the LayerNorm that reads it (the next
      * block's ln1 or the final lnf) where the backend offers the fusion. */
     loom_gpt_norm(&m->cfg, be, lay(a, A_LN1, 0), lay(a, A_LN1_MEAN, 0), lay(a, A_LN1_RSTD, 0), a->a[A_ENCODED], P(LOOM_LN1W, 0), P(LOOM_LN1B, 0), (int)N);
@@ -650,20 +659,21 @@ static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T) {
         layer_event(m, l, 0);
         block_forward(m, a, l, B, T, 0);
     }
-    be->matmul_forward(a->a[A_LOGITS], a->a[A_LNF], P(head_param(m), 0), NULL, (int)N, C, Vp);
+    if (parts & LOOM_STAGE_HEAD) be->matmul_forward(a->a[A_LOGITS], a->a[A_LNF], P(head_param(m), 0), NULL, (int)N, C, Vp);
 }
 
-loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
-                             float dloss, float *loss) {
+loom_status loom_gpt_forward_stage(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T, int parts,
+                                   float dloss, float *loss) {
     const loom_backend_t *be = m->be;
     int V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
     LOOM_TRY(loom_gpt_set_batch(m, tokens, targets, B, T));
     size_t N = (size_t)B * T;
     acts_t a;
     act_views(m, B, T, &a);
-    forward_body(m, &a, B, T);
-    if (targets) {
-        be->crossentropy(a.a[A_LOSSES], a.a[A_LOGITS], m->targets, (int)N, V, Vp, dloss);
+    forward_body(m, &a, B, T, parts);
+    if (targets && (parts & LOOM_STAGE_HEAD)) {
+        if (m->tp) m->tp->crossentropy(m->tp->ctx, a.a[A_LOSSES], a.a[A_LOGITS], (int)N, dloss);
+        else be->crossentropy(a.a[A_LOSSES], a.a[A_LOGITS], m->targets, (int)N, V, Vp, dloss);
         be->download(m->loss_host, a.a[A_LOSSES], N * sizeof(float));
         double sum = 0;
         for (size_t i = 0; i < N; i++) sum += m->loss_host[i];
@@ -672,10 +682,23 @@ loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *target
     return LOOM_OK;
 }
 
+loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
+                             float dloss, float *loss) {
+    return loom_gpt_forward_stage(m, tokens, targets, B, T, LOOM_STAGE_ALL, dloss, loss);
+}
+
+float *loom_gpt_stream(const loom_gpt_t *m, int B, int T, loom_gpt_stream_kind which) {
+    acts_t a;
+    act_views(m, B, T, &a);
+    if (which == LOOM_STREAM_IN) return a.a[A_ENCODED];
+    if (which == LOOM_STREAM_OUT) return lay(&a, A_RESIDUAL3, m->cfg.n_layer - 1);
+    return a.a[G_RESIDUAL];
+}
+
 void loom_gpt_forward_dev(loom_gpt_t *m, int B, int T, const float *scalars) {
     acts_t a;
     act_views(m, B, T, &a);
-    forward_body(m, &a, B, T);
+    forward_body(m, &a, B, T, LOOM_STAGE_ALL);
     m->be->crossentropy_dev(a.a[A_LOSSES], a.a[A_LOGITS], m->targets, B * T, m->cfg.vocab_size, m->cfg.padded_vocab_size, scalars);
 }
 
@@ -708,6 +731,7 @@ static void mlp_backward(loom_gpt_t *m, const acts_t *a, int l, size_t N) {
     }
     be->zero(dbtc, loom_backend_act_bytes(be, N * C));
     be->matmul_backward(dbtc, G(LOOM_FCW, l), G(LOOM_FCB, l), dfch, ln2, P(LOOM_FCW, l), (int)N, C, FR);
+    if (m->tp) m->tp->allreduce(m->tp->ctx, dbtc, N * C); /* column-parallel: the input gradient is a sum */
     norm_backward(c, be, dres, G(LOOM_LN2W, l), G(LOOM_LN2B, l), dbtc, res2, P(LOOM_LN2W, l), lay(a, A_LN2_MEAN, l),
                   lay(a, A_LN2_RSTD, l), (int)N);
 }
@@ -717,21 +741,23 @@ static void attn_backward(loom_gpt_t *m, const acts_t *a, int l, int B, int T) {
     const loom_backend_t *be = m->be;
     const loom_gpt_config_t *c = &m->cfg;
     int C = c->channels, NH = c->n_head, KV = c->n_kv_heads, QR = loom_gpt_qkv_rows(c);
+    int hs = loom_gpt_head_size(c), AW = NH * hs;
     size_t N = (size_t)B * T, btc_bytes = loom_backend_act_bytes(be, N * C);
     float *dres = a->a[G_RESIDUAL], *dbtc = a->a[G_BTC], *dqkv = a->a[G_QKV];
     const float *resid = l == 0 ? a->a[A_ENCODED] : lay(a, A_RESIDUAL3, l - 1);
     float *qkv = lay(a, A_QKV, l), *atty = lay(a, A_ATTY, l);
-    be->zero(dbtc, btc_bytes);
-    be->matmul_backward(dbtc, G(LOOM_ATTPROJW, l), G(LOOM_ATTPROJB, l), dres, atty, P(LOOM_ATTPROJW, l), (int)N, C, C);
-    be->attention_backward(dqkv, dbtc, qkv, atty, lay(a, A_ATT_LSE, l), B, T, C, NH, KV);
-    if (c->pos == LOOM_POS_ROPE) be->rope_backward(dqkv, m->pos, m->rope_freq, (int)N, NH, KV, C / NH);
+    be->zero(dbtc, loom_backend_act_bytes(be, N * AW)); /* d atty: AW <= C wide */
+    be->matmul_backward(dbtc, G(LOOM_ATTPROJW, l), G(LOOM_ATTPROJB, l), dres, atty, P(LOOM_ATTPROJW, l), (int)N, AW, C);
+    be->attention_backward(dqkv, dbtc, qkv, atty, lay(a, A_ATT_LSE, l), B, T, AW, NH, KV);
+    if (c->pos == LOOM_POS_ROPE) be->rope_backward(dqkv, m->pos, m->rope_freq, (int)N, NH, KV, hs);
     be->zero(dbtc, btc_bytes);
     be->matmul_backward(dbtc, G(LOOM_QKVW, l), G(LOOM_QKVB, l), dqkv, lay(a, A_LN1, l), P(LOOM_QKVW, l), (int)N, C, QR);
+    if (m->tp) m->tp->allreduce(m->tp->ctx, dbtc, N * C);
     norm_backward(c, be, dres, G(LOOM_LN1W, l), G(LOOM_LN1B, l), dbtc, resid, P(LOOM_LN1W, l), lay(a, A_LN1_MEAN, l),
                   lay(a, A_LN1_RSTD, l), (int)N);
 }
 
-void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
+void loom_gpt_backward_stage(loom_gpt_t *m, int B, int T, int parts) {
     const loom_backend_t *be = m->be;
     const loom_gpt_config_t *c = &m->cfg;
     int L = c->n_layer, C = c->channels, Vp = c->padded_vocab_size;
@@ -740,13 +766,15 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
     act_views(m, B, T, &a);
     float *dres = a.a[G_RESIDUAL], *dbtc = a.a[G_BTC];
 
-    /* Head: logits = lnf @ head^T, the logits buffer now holds their gradient. */
     layer_event(m, -1, 1);
-    be->zero(dbtc, btc_bytes);
-    be->matmul_backward(dbtc, G(head_param(m), 0), NULL, a.a[A_LOGITS], a.a[A_LNF], P(head_param(m), 0), (int)N, C, Vp);
-    be->zero(dres, btc_bytes);
-    norm_backward(c, be, dres, G(LOOM_LNFW, 0), G(LOOM_LNFB, 0), dbtc, lay(&a, A_RESIDUAL3, L - 1), P(LOOM_LNFW, 0),
-                  a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N);
+    if (parts & LOOM_STAGE_HEAD) { /* logits = lnf @ head^T, the logits buffer now holds their gradient */
+        be->zero(dbtc, btc_bytes);
+        be->matmul_backward(dbtc, G(head_param(m), 0), NULL, a.a[A_LOGITS], a.a[A_LNF], P(head_param(m), 0), (int)N, C, Vp);
+        if (m->tp) m->tp->allreduce(m->tp->ctx, dbtc, N * C); /* the head is vocabulary-parallel */
+        be->zero(dres, btc_bytes);
+        norm_backward(c, be, dres, G(LOOM_LNFW, 0), G(LOOM_LNFB, 0), dbtc, lay(&a, A_RESIDUAL3, L - 1), P(LOOM_LNFW, 0),
+                      a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N);
+    } /* else the caller wrote the gradient of the stream's output into dres */
 
     for (int l = L - 1; l >= 0; l--) {
         layer_event(m, l, 1);
@@ -756,9 +784,14 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
         attn_backward(m, &a, l, B, T);
         if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, l);
     }
-    be->encoder_backward(G(LOOM_WTE, 0), G(LOOM_WPE, 0), dres, m->tokens, B, T, C);
+    if (parts & LOOM_STAGE_EMBED) {
+        if (m->tp) m->tp->embed_backward(m->tp->ctx, dres, B, T);
+        else be->encoder_backward(G(LOOM_WTE, 0), G(LOOM_WPE, 0), dres, m->tokens, B, T, C);
+    }
     if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, -1);
 }
+
+void loom_gpt_backward(loom_gpt_t *m, int B, int T) { loom_gpt_backward_stage(m, B, T, LOOM_STAGE_ALL); }
 
 void loom_gpt_zero_grad(loom_gpt_t *m) { m->be->zero(m->grads, m->num_params * sizeof(float)); }
 

@@ -65,6 +65,8 @@ typedef struct {
     int n_kv_heads;  /* KV: key/value heads, dividing NH (KV = NH: multi-head, 1: multi-query,
                       * else grouped-query); 0 = NH, filled by loom_gpt_config_finish */
     int ffn_hidden;  /* H: the MLP's hidden width; 0 = 4C (GPT-2), filled by finish */
+    int head_dim;    /* hs when it is not C / NH (a tensor-parallel rank's shard holds NH/N
+                      * heads of the whole model's size: parallel/tp.h); 0 = C / NH */
 
     /* block variant */
     loom_norm_kind norm;
@@ -84,7 +86,9 @@ typedef struct {
 } loom_gpt_config_t;
 
 /* Derived sizes of a finished config. */
-int loom_gpt_head_size(const loom_gpt_config_t *c); /* hs = C / NH */
+int loom_gpt_head_size(const loom_gpt_config_t *c); /* hs = head_dim, or C / NH */
+/* Width of attention's output, NH * hs: C unless head_dim says otherwise. */
+int loom_gpt_attn_width(const loom_gpt_config_t *c);
 /* Rows of one layer's fused qkv weight: NH*hs queries, then KV*hs keys, then KV*hs values. */
 int loom_gpt_qkv_rows(const loom_gpt_config_t *c);
 /* Rows of one layer's fc weight: H (GELU), or gate then up, 2H (SwiGLU). */
@@ -120,7 +124,7 @@ enum {
     LOOM_WTE,      /* (Vp, C) */
     LOOM_WPE,      /* (maxT, C); - under RoPE */
     LOOM_QKVW,     /* (L, QR, C): q rows, then k, then v */
-    LOOM_ATTPROJW, /* (L, C, C) */
+    LOOM_ATTPROJW, /* (L, C, AW), AW = loom_gpt_attn_width (C) */
     LOOM_FCW,      /* (L, FR, C): GELU's fc, or SwiGLU's gate then up */
     LOOM_FCPROJW,  /* (L, C, H) */
     LOOM_LMHEAD,   /* (Vp, C); - when the head is tied to wte */
@@ -197,6 +201,10 @@ struct loom_gpt {
     void (*grad_hook)(void *ctx, int layer);
     void *grad_hook_ctx;
 
+    /* Tensor parallelism (parallel/tp.h), or NULL: the model is then one
+     * rank's shard and these hooks do what a shard cannot alone. */
+    const struct loom_gpt_tp_hooks *tp;
+
     /* Fully sharded data parallel (train/zero3.h): no rank holds the whole
      * parameter block, so forward and backward read every weight and write
      * every gradient through view(ctx, i, l, grad): tensor i's slice for
@@ -223,9 +231,33 @@ struct loom_gpt {
      * not a block format has data NULL (q8_0 ones are int8, block 32, as
      * in file_int8). params holds the same values dequantized; the
      * inference forward runs these on a backend with matmul_forward_kq
-     * (docs/quantization.md). Freed with the model. */
+     * (docs/quantization.md). Two more tensors follow the (L, 4): the
+     * token embedding and the head as stored (LOOM_FILE_Q_EMBED,
+     * LOOM_FILE_Q_HEAD; data NULL when not a block format or q8_0); the
+     * inference forward looks its rows up and computes the logits on them.
+     * Then LOOM_FILE_Q_PARTS part slots per (layer, linear weight): the
+     * parts of a fused weight stored in differing block types (slot data
+     * NULL), each run on its own blocks. Freed with the model. */
     loom_tensor_t *file_q;
 };
+
+/* What a tensor-parallel shard's forward and backward call out to
+ * (parallel/tp.c fills it). The shard's wte / lm_head rows are a slice
+ * of the vocabulary, so the embedding, the head's input gradient and the
+ * cross-entropy need the other ranks; the row-parallel matmuls' outputs
+ * and the column-parallel ones' input gradients are sums over ranks. */
+typedef struct loom_gpt_tp_hooks {
+    void *ctx;
+    int vocab_size; /* the whole model's V: tokens and targets are checked against it */
+    /* buf (n ACT elements, backend memory) = its sum over the group. */
+    void (*allreduce)(void *ctx, float *buf, size_t n);
+    /* out (B,T,C) = the embedding of m->tokens (+ wpe). */
+    void (*embed_forward)(void *ctx, float *out, int B, int T);
+    /* wte's (and wpe's) gradient from dout (B,T,C). */
+    void (*embed_backward)(void *ctx, const float *dout, int B, int T);
+    /* crossentropy's contract on the shard's logits (N, Vp of the shard). */
+    void (*crossentropy)(void *ctx, float *losses, float *logits, int N, float dloss);
+} loom_gpt_tp_hooks_t;
 
 /* Layer l's slice of tensor i (LOOM_WTE ...) in `views` (m->param,
  * m->grad, or views laid out like them): the whole tensor for the ones
@@ -262,6 +294,7 @@ typedef struct {
                           * stored at the backend's act_dtype (2 bytes at bf16) */
 } loom_act_info_t;
 #define LOOM_ACT_MAX 32
+#define LOOM_FILE_Q_PARTS 3 /* loom_gpt_t.file_q: part slots per linear weight (q, k, v) */
 /* The activation block loom_gpt_alloc_acts allocates for (B, T) under
  * recompute mode `rc`: fills out[0..*n) when out is non-NULL and returns
  * the block's total floats. The planner reads the same table. */
@@ -304,6 +337,25 @@ void loom_gpt_adamw(loom_gpt_t *m, const loom_adamw_t *hp);
 /* The same through the backend's adamw_dev: lr, grad_scale, t, clipping
  * and the skip on a non-finite gradient norm come from device `scalars`. */
 void loom_gpt_adamw_dev(loom_gpt_t *m, const loom_adamw_t *hp, const float *scalars);
+/* Pipeline stages (train/pipeline.h) run a model whose n_layer is the
+ * stage's own run of consecutive layers. `parts` says which ends it holds:
+ * LOOM_STAGE_EMBED embeds m->tokens into the residual stream (else the
+ * caller wrote the stream's input first), LOOM_STAGE_HEAD runs the final
+ * norm, the head and, with targets, the loss. LOOM_STAGE_ALL is the whole
+ * model: loom_gpt_forward / loom_gpt_backward are these with it. */
+enum { LOOM_STAGE_EMBED = 1, LOOM_STAGE_HEAD = 2, LOOM_STAGE_ALL = 3 };
+loom_status loom_gpt_forward_stage(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T, int parts,
+                                   float dloss, float *loss);
+/* Backward of a stage; without LOOM_STAGE_HEAD the caller first writes the
+ * gradient of the stream's output into LOOM_STREAM_GRAD. Afterwards that
+ * buffer holds the gradient of the stream's input. ACCUMULATES into grads. */
+void loom_gpt_backward_stage(loom_gpt_t *m, int B, int T, int parts);
+/* The residual stream at a stage's ends, B*T*C activation elements (at the
+ * backend's act_dtype) in the current activation block: IN the input of
+ * the first block (the embedding's output), OUT the last block's output,
+ * GRAD the gradient along the stream (see loom_gpt_backward_stage). */
+typedef enum { LOOM_STREAM_IN, LOOM_STREAM_OUT, LOOM_STREAM_GRAD } loom_gpt_stream_kind;
+float *loom_gpt_stream(const loom_gpt_t *m, int B, int T, loom_gpt_stream_kind which);
 /* Copy the logits (B,T,Vp) of the last forward to host memory `out`. Only
  * meaningful after a forward with dloss == 0. */
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);

@@ -7,9 +7,12 @@
  * val_loss only on steps that measured it, comm_wait_s and comm_dp_s (the
  * same data-parallel wait under the per-dimension name shared with
  * comm_tp_s / comm_pp_s, docs/dist.md) only with more than one rank;
+ * comm_tp_s only under --tp (the tensor-parallel group's wait);
  * peak_rss_mb: the writing rank's peak resident memory so far (VmHWM); loss_scale and skipped only under fp16 loss scaling,
  * energy_j_per_token (J per trained token since the loop started) only
- * where an energy counter is read (docs/observability.md); grad_norm
+ * where an energy counter is read (docs/observability.md), bubble_s and
+ * comm_pp_s (rank 0's pipeline idle and send/receive time) only under
+ * --pp; grad_norm
  * is null for a skipped step (JSON has no inf). Every line is flushed as it
  * is written, so a crash loses at most the step in flight. */
 #ifndef LOOM_METRICS_LOG_H
@@ -22,6 +25,8 @@ typedef struct {
     double loss, val_loss;    /* val_loss < 0: not measured */
     int has_comm_wait;        /* write comm_wait_s and comm_dp_s */
     double comm_wait_s;
+    int has_comm_tp;          /* write comm_tp_s (tensor parallel: the tp group's wait, apart from comm_wait_s) */
+    double comm_tp_s;
     double peak_rss_mb;       /* > 0: write peak_rss_mb */
     int has_loss_scale;       /* write loss_scale and skipped */
     double loss_scale;
@@ -29,6 +34,8 @@ typedef struct {
     double lr, grad_norm, tokens_per_s, mfu, step_s, elapsed_s;
     int has_energy;           /* write energy_j_per_token */
     double energy_j_per_token;
+    int has_pp;               /* pipeline parallel: write bubble_s and comm_pp_s */
+    double bubble_s, comm_pp_s;
 } loom_metrics_row_t;
 
 typedef struct loom_metrics_log loom_metrics_log_t;

@@ -27,6 +27,7 @@ struct loom_train_metrics {
     loom_dashboard_t *dash;
     loom_http_t *http;
     loom_metric_t *m[M_N], *step_hist, *ckpt_hist, *state[N_STATES];
+    loom_metric_t *comm_tp; /* loom_train_comm_seconds_total{dim="tp"} */
     loom_metric_t *comm_dp; /* loom_train_comm_seconds_total{dim="dp"} */
     loom_http_route_t metrics_route; /* the registry's /metrics, which scraped() wraps */
     pthread_mutex_t mu;
@@ -214,6 +215,8 @@ loom_status loom_train_metrics_start(loom_train_metrics_t **out, const loom_trai
     char rank[16];
     snprintf(rank, sizeof rank, "%d", o->rank);
     declare(tm, rank);
+    tm->comm_tp = loom_metrics_counter(tm->reg, "loom_train_comm_seconds_total",
+                                       "Time blocked on communication per parallel dimension (tp, pp, dp), s.", "rank", rank, "dim", "tp", NULL);
     char world[16];
     snprintf(world, sizeof world, "%d", tm->world);
     loom_gauge_set(loom_metrics_gauge(tm->reg, "loom_train_info", "The run's settings (value 1).", "rank", rank, "model",
@@ -270,6 +273,7 @@ void loom_train_metrics_step(loom_train_metrics_t *tm, const loom_train_metrics_
     loom_gauge_set(m[M_COMPUTE], s->step_s - s->comm_wait_s);
     loom_gauge_set(m[M_COMM], s->comm_wait_s);
     loom_counter_add(m[M_COMM_TOTAL], s->comm_wait_s);
+    loom_counter_add(tm->comm_tp, s->comm_tp_s);
     loom_counter_add(tm->comm_dp, s->comm_wait_s);
     loom_gauge_set(m[M_RSS], loom_mem_peak_rss());
     loom_gauge_set(m[M_DATA], s->data_s);

@@ -35,6 +35,7 @@ typedef struct {
     double flops_per_s;         /* achieved model FLOP/s on this rank */
     double mfu;                 /* 0..1, < 0 when unknown */
     double step_s, comm_wait_s, data_s; /* wall time, of which waiting for peers; batch loading before it */
+    double comm_tp_s;           /* of comm_wait_s, on the tensor-parallel group */
     double loss_scale;          /* fp16 dynamic loss scale, 0 without */
     double peak_flops;          /* FLOP/s per rank MFU is relative to, 0 when unknown */
     int skipped;

@@ -11,11 +11,13 @@
 #include "ckpt/run.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/writer.h"
+#include "train/pipeline.h"
 #include "train/train_impl.h"
 #include "train/zero3.h"
 
 loom_status loom_train_load_checkpoint(loom_train_job_t *j) {
     loom_gpt_t *m = j->run.model;
+    if (j->run.pp) return loom_pp_load(j->run.pp, j->rck, j->rst.step);
     char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors", j->rck);
     loom_zero3_t *z3 = loom_dp_zero3(j->run.dp); /* ZeRO-3: load whole, keep this rank's slice */
@@ -60,7 +62,7 @@ typedef struct {
 static loom_ckpt_state_t state_of(const loom_train_run_t *run, long long step, double loss, double val) {
     const loom_train_opts_t *o = run->o;
     loom_ckpt_state_t st = {.step = step, .train_loss = loss, .val_loss = val, .data_pos = run->data_pos,
-                            .tokenizer_hash = run->tok ? loom_tokenizer_hash(run->tok) : 0, .world_size = o->world_size,
+                            .tokenizer_hash = run->tok ? loom_tokenizer_hash(run->tok) : 0, .world_size = run->dp_size,
                             .zero = o->zero, .batch = run->B, .seq = run->T, .grad_accum = o->grad_accum};
     const loom_loss_scaler_t *ls = run->loss_scaler; /* fp16: --resume continues the scaler */
     if (ls) st.loss_scale = ls->scale, st.loss_scale_good = ls->good, st.loss_scale_skipped = ls->skipped;
@@ -80,11 +82,18 @@ static loom_status take(ckpt_t *c, loom_train_run_t *run, const loom_ckpt_state_
     float *am = m->m, *av = m->v;
     if (run->dp) loom_dp_shard(run->dp, &lo, &hi, &am, &av);
     double t0 = loom_now();
+    if (run->pp) { /* the single-model layout: rank 0 writes the whole model and its AdamW state */
+        LOOM_TRY(loom_pp_gather(run->pp, &am, &av));
+        hi = loom_pp_ckpt_model(run->pp)->num_params;
+    }
     if (c->outstanding) { /* the previous one is not committed yet: finish it first */
         LOOM_TRY(loom_ckpt_writer_settle(c->w, agree, run));
         c->outstanding = 0;
     }
-    LOOM_TRY(loom_ckpt_writer_submit(c->w, st, am, av, lo, hi));
+    if (run->tp) LOOM_TRY(loom_train_tp_gather(run, &am, &av, &hi)); /* the single-model layout, on rank 0 */
+    loom_status s = loom_ckpt_writer_submit(c->w, st, am, av, lo, hi);
+    if (run->tp) loom_train_tp_release(run);
+    LOOM_TRY(s);
     c->outstanding = run->multi;
     c->last_step = st->step;
     c->last_t = loom_clock_now();
@@ -100,7 +109,8 @@ static loom_status ckpt_start(void *ctx, loom_train_run_t *run) {
     ckpt_t *c = ctx;
     const loom_train_opts_t *o = run->o;
     loom_zero3_t *z3 = loom_dp_zero3(run->dp);
-    loom_ckpt_writer_opts_t wo = {.run = o->out, .m = run->model, .rank = o->rank, .world = o->world_size, .zero = o->zero,
+    loom_gpt_t *whole = run->pp ? loom_pp_ckpt_model(run->pp) : run->ckpt_model ? run->ckpt_model : run->model;
+    loom_ckpt_writer_opts_t wo = {.run = o->out, .m = whole, .rank = o->rank, .world = o->world_size, .zero = o->zero,
                                   .keep = o->keep_ckpts, .async = !o->ckpt_sync, .gather_params = z3 ? gather_params : NULL,
                                   .gather_ctx = z3};
     LOOM_TRY(loom_ckpt_writer_open(&c->w, &wo));

@@ -18,6 +18,7 @@
 #include "ckpt/run.h"
 #include "ckpt/safetensors.h"
 #include "train/exporter.h"
+#include "train/pipeline.h"
 #include "train/train_impl.h"
 
 /* --resume auto: resume when the run folder holds a checkpoint, else a
@@ -53,7 +54,7 @@ static loom_status check_resume(loom_train_job_t *j, int T) {
     char data[4096], init[4096];
     resolve_path(o->data, data, sizeof data);
     resolve_path(o->init_from_run, init, sizeof init);
-    loom_resume_settings_t now = {.batch = o->batch, .seq = T, .grad_accum = o->grad_accum, .world_size = o->world_size,
+    loom_resume_settings_t now = {.batch = o->batch, .seq = T, .grad_accum = o->grad_accum, .world_size = j->run.dp_size,
                                   .zero = o->zero, .steps = o->steps, .seed = o->seed, .warmup = o->warmup, .lr = o->lr,
                                   .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
                                   .beta1 = o->beta1, .beta2 = o->beta2, .dtype = j->auto_dtype ? NULL : loom_dtype_name(j->dtype),
@@ -103,6 +104,7 @@ static loom_status resolve_model(loom_train_job_t *j) {
     if (o->heads) cfg->n_head = o->heads;
     if (o->channels) cfg->channels = o->channels;
     if (o->context) cfg->max_seq_len = o->context;
+    if (o->untied_head) cfg->untied_head = 1;
     cfg->vocab_size = loom_dataset_vocab_size(j->ds);
     if (o->init_from && !o->resume) LOOM_TRY(loom_hf_check_data(o->init_from, o->data, loom_dataset_tokenizer(j->ds), cfg->vocab_size, cfg));
     if (o->resume) { /* the model's shape comes from the checkpoint, not the preset */
@@ -130,7 +132,7 @@ static loom_status resolve_model(loom_train_job_t *j) {
     if (o->resume) LOOM_TRY(check_resume(j, T));
     j->run.B = o->batch;
     j->run.T = T;
-    size_t need = (size_t)o->batch * T * o->grad_accum * o->world_size + 1;
+    size_t need = (size_t)o->batch * T * o->grad_accum * j->run.dp_size + 1;
     if (loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN) < need)
         return loom_error(LOOM_EINVAL, "%s: %zu training tokens, fewer than one step needs (%zu = batch %d x seq %d x accum %d); give more text or lower --batch/--seq",
                           o->data, loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN), need, o->batch, T, o->grad_accum);
@@ -143,6 +145,7 @@ static void step_modes(loom_train_job_t *j) {
     int has_graphs = (loom_backend_device_caps(o->device) & LOOM_CAP_GRAPHS) != 0;
     j->auto_dtype = o->dtype < 0;
     j->dtype = j->auto_dtype ? (int)loom_backend_default_dtype(o->device) : o->dtype;
+    if (j->auto_dtype && o->tp > 1) j->dtype = LOOM_FP32; /* tp reduces fp32 activations (parallel/tp.h) */
     j->recompute = o->recompute;
     j->want_graphs = has_graphs && o->cuda_graphs != 0;
     j->dpo = (loom_dp_opts_t){.zero = o->zero, .overlap = !o->no_overlap, .grad_dtype = (loom_dist_dtype)o->grad_dtype,
@@ -167,10 +170,29 @@ static loom_status open_backend(loom_train_job_t *j, loom_dist_t *dist) {
     return s;
 }
 
+/* --pp: this rank's stage (train/pipeline.h) instead of the whole model.
+ * Text samples need the whole model on one rank: off for now. */
+static loom_status build_pipeline(loom_train_job_t *j, loom_dist_t *dist) {
+    loom_train_run_t *run = &j->run;
+    loom_train_opts_t *o = &j->o;
+    if (o->zero || o->tp > 1 || o->init_from || o->init_from_run)
+        return loom_error(LOOM_EUNAVAIL, "--pp %d with %s: not built yet; drop it (pipeline runs start from a preset or --resume)", o->pp,
+                          o->zero ? "--zero" : o->tp > 1 ? "--tp" : o->init_from ? "--init-from" : "--init-from-run");
+    loom_pp_opts_t po = {.stages = o->pp, .B = run->B, .T = run->T, .micro = o->grad_accum,
+                         .recompute = (loom_recompute)j->recompute, .seed = (unsigned long long)o->seed};
+    LOOM_TRY(loom_pp_init(&run->pp, dist, &j->cfg, run->be, &po, &run->model));
+    if (o->resume) LOOM_TRY(loom_pp_load(run->pp, j->rck, j->rst.step));
+    if (o->sample_tokens)
+        loom_info("loom train: --pp: no text samples during training yet (they need the whole model on one rank); `loom sample --run %s` reads its checkpoint", o->out);
+    o->sample_tokens = 0;
+    return LOOM_OK;
+}
+
 /* The model, its training state, data parallelism and the step to run. */
 static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
     loom_train_run_t *run = &j->run;
     const loom_train_opts_t *o = &j->o;
+    if (o->pp > 1) return build_pipeline(j, dist);
     /* Every rank draws the same initial weights from the same seed. */
     LOOM_TRY(loom_gpt_init(&run->model, &j->cfg, run->be, (unsigned long long)o->seed));
     if (o->init_from && !o->resume) LOOM_TRY(loom_hf_load_weights(run->model, o->init_from)); /* fine-tune a Hugging Face GPT-2 */
@@ -188,6 +210,7 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
          * the batches the model saw first (docs/quantization.md, 2:4) */
         j->rst.data_pos = st.data_pos % loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN);
     }
+    if (o->tp > 1) return loom_train_setup_tp(j, dist); /* the shard replaces the whole model */
     loom_gpt_set_recompute(run->model, (loom_recompute)j->recompute);
     if (o->zero == 0) LOOM_TRY(loom_gpt_alloc_train(run->model)); /* ZeRO >= 1: loom_dp_init, shard only */
     LOOM_TRY(loom_gpt_alloc_acts(run->model, run->B, run->T));
@@ -222,8 +245,9 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
 static void fill_run_config(const loom_train_job_t *j, loom_run_config_t *c) {
     const loom_train_opts_t *o = &j->o;
     const loom_backend_t *be = j->run.be;
-    *c = (loom_run_config_t){.model_cfg = j->run.model->cfg, .cuda_graphs = j->graphs, .threads = be->threads,
-                             .batch = o->batch, .seq = o->seq, .grad_accum = o->grad_accum, .world_size = o->world_size,
+    *c = (loom_run_config_t){.model_cfg = j->run.pp ? *loom_pp_config(j->run.pp) : j->run.model->cfg, .cuda_graphs = j->graphs,
+                             .threads = be->threads, .batch = o->batch, .seq = o->seq, .grad_accum = o->grad_accum,
+                             .world_size = j->run.dp_size,
                              .zero = o->zero, .warmup = o->warmup, .steps = o->steps, .seed = o->seed, .lr = o->lr,
                              .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
                              .beta1 = o->beta1, .beta2 = o->beta2, .val_fraction = o->val_fraction};
@@ -287,8 +311,8 @@ static void report_ranks(const loom_train_job_t *j) {
     const loom_train_run_t *run = &j->run;
     loom_dp_memory_t mem = {0};
     if (run->dp) loom_dp_memory(run->dp, &mem);
-    loom_info("loom train: %d ranks over %s, global batch %zu tokens/step (batch %d x seq %d x accum %d x %d ranks); ZeRO-%d, gradients reduced in %s%s",
-              o->world_size, loom_dist_name(run->dist), run->tokens_per_step, run->B, run->T, o->grad_accum, o->world_size, o->zero,
+    loom_info("loom train: %d ranks over %s, global batch %zu tokens/step (batch %d x seq %d x accum %d x %d data-parallel ranks); ZeRO-%d, gradients reduced in %s%s",
+              o->world_size, loom_dist_name(run->dist), run->tokens_per_step, run->B, run->T, o->grad_accum, run->dp_size, o->zero,
               j->dpo.grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32", j->dpo.overlap ? ", overlapped with backward" : ", after backward");
     if (run->dp)
         loom_info("loom train: memory per rank (P = %zu floats, N = %d): params %.2f MB + grads %.2f MB + AdamW %.2f MB = %.2f MB; ZeRO-%d formula %s = %.2f MB%s; peak resident %.1f MB",
@@ -304,7 +328,7 @@ static void report_ranks(const loom_train_job_t *j) {
 static void report_setup(const loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
     const loom_train_run_t *run = &j->run;
-    const loom_gpt_config_t *c = &run->model->cfg;
+    const loom_gpt_config_t *c = run->pp ? loom_pp_config(run->pp) : &run->model->cfg;
     const loom_backend_t *be = run->be;
     char threads[32] = ""; /* the host threads, where ops run on the host */
     if (be->threads > 0) snprintf(threads, sizeof threads, ", %d thread%s", be->threads, be->threads == 1 ? "" : "s");
@@ -350,6 +374,10 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     *run = (loom_train_run_t){.o = o, .dist = dist, .lead = o->rank == 0, .multi = o->world_size > 1,
                               .last_loss = NAN, .last_val = -1, .energy_j_per_token = NAN};
     add_observers(j); /* first: teardown frees them, the caller's included, whatever fails below */
+    /* rank = (dp x pp + stage) x tp + tp index (parallel/dist.h): a replica is tp x pp consecutive ranks */
+    int per_replica = (o->tp > 1 ? o->tp : 1) * (o->pp > 1 ? o->pp : 1);
+    run->dp_size = o->world_size / per_replica;
+    run->dp_rank = o->rank / per_replica;
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     /* One writer per run folder, before anything in it is touched. */
     step_modes(j);
@@ -358,7 +386,7 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     run->tok = loom_dataset_tokenizer(j->ds);
     run->have_val = loom_dataset_ntokens(j->ds, LOOM_SPLIT_VAL) > 1;
     LOOM_TRY(resolve_model(j));
-    run->tokens_per_step = (size_t)run->B * run->T * o->grad_accum * o->world_size;
+    run->tokens_per_step = (size_t)run->B * run->T * o->grad_accum * run->dp_size;
     LOOM_TRY(open_backend(j, dist));
     LOOM_TRY(build_model(j, dist));
     LOOM_TRY(write_run_folder(j));
@@ -389,7 +417,9 @@ void loom_train_teardown(loom_train_job_t *j) {
     free(j->tg);
     loom_step_graph_free(j->sg);
     loom_dp_free(j->run.dp);
-    loom_gpt_free(j->run.model);
+    loom_train_teardown_tp(j); /* the shard is the tp's: run.model is NULL after */
+    if (j->run.pp) loom_pp_free(j->run.pp); /* frees its stage model */
+    else loom_gpt_free(j->run.model);
     loom_dataset_free(j->ds);
     if (j->lock_fd >= 0) close(j->lock_fd);
     j->lock_fd = -1;

@@ -83,4 +83,12 @@ loom_status loom_train_step_dp(loom_gpt_t *m, loom_dp_t *dp, const int *tokens, 
                                int B, int T, int accum, const loom_optim_t *opt, float lr, int t,
                                float *loss, float *grad_norm);
 
+/* ---- Tensor parallelism (parallel/tp.h; train/step_tp.c) ----
+ * The same contract on a rank of a tp group: every rank of the group
+ * passes the same micro-batches (dp groups their own slices); the loss and
+ * the gradient norm are the whole model's. */
+struct loom_tp;
+loom_status loom_train_step_tp(struct loom_tp *tp, const int *tokens, const int *targets, int B, int T, int accum,
+                               const loom_optim_t *opt, float lr, int t, float *loss, float *grad_norm);
+
 #endif

@@ -12,6 +12,8 @@
 #include "ckpt/checkpoint.h"
 #include "core/clock.h"
 #include "train/eval.h"
+#include "parallel/tp.h"
+#include "train/pipeline.h"
 #include "train/train_impl.h"
 
 double loom_lr_at(long long t, long long steps, int warmup, double lr, double min_lr_ratio) {
@@ -112,7 +114,7 @@ static void next_batches(loom_train_job_t *j) {
     loom_train_run_t *run = &j->run;
     size_t BT = (size_t)run->B * run->T, ntrain = loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN);
     for (int k = 0; k < j->o.grad_accum; k++) {
-        size_t p = (run->data_pos + ((size_t)k * j->o.world_size + j->o.rank) * BT) % ntrain;
+        size_t p = (run->data_pos + ((size_t)k * run->dp_size + run->dp_rank) * BT) % ntrain;
         loom_dataset_batch(j->ds, LOOM_SPLIT_TRAIN, p, run->B, run->T, j->in + k * BT, j->tg + k * BT);
     }
     run->data_pos = (run->data_pos + run->tokens_per_step) % ntrain;
@@ -121,6 +123,15 @@ static void next_batches(loom_train_job_t *j) {
 /* The optimizer step itself: device-resident where the backend has it. */
 static loom_status optimizer_step(loom_train_job_t *j, loom_step_record_t *rec) {
     loom_train_run_t *run = &j->run;
+    if (run->pp) {
+        double sched;
+        LOOM_TRY(loom_pp_step(run->pp, j->in, j->tg, &j->opt, (float)rec->lr, (int)rec->step, &rec->loss, &rec->grad_norm));
+        loom_pp_last_times(run->pp, &rec->comm_pp_s, &rec->bubble_s, &sched);
+        return LOOM_OK;
+    }
+    if (run->tp)
+        return loom_train_step_tp(run->tp, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt, (float)rec->lr,
+                                  (int)rec->step, &rec->loss, &rec->grad_norm);
     if (!j->sg)
         return loom_train_step_dp(run->model, run->dp, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt,
                                   (float)rec->lr, (int)rec->step, &rec->loss, &rec->grad_norm);
@@ -155,17 +166,21 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     next_batches(j);
     *rec = (loom_step_record_t){.step = step, .val_loss = -1, .loss_scale = run->loss_scaling ? j->ls.scale : 1.0f,
                                 .lr = loom_lr_at(step, o->steps, o->warmup, o->lr, o->min_lr_ratio)};
-    double t0 = loom_now();
+    double t0 = loom_now(), tp0 = loom_tp_wait_seconds(run->tp), dp0 = loom_tp_dp_wait_seconds(run->tp);
     rec->data_s = t0 - t_data;
     LOOM_TRY(optimizer_step(j, rec));
     run->be->sync();
     rec->step_s = loom_now() - t0;
-    rec->comm_wait_s = loom_dp_last_wait(run->dp);
+    rec->comm_tp_s = loom_tp_wait_seconds(run->tp) - tp0;
+    /* comm_wait_s is the data-parallel wait (comm_dp_s); the tp group's and the pipeline's are apart */
+    rec->comm_wait_s = loom_dp_last_wait(run->dp) + loom_tp_dp_wait_seconds(run->tp) - dp0 + loom_pp_last_dp_wait(run->pp);
     rec->tokens_per_s = run->tokens_per_step / rec->step_s;
     rec->mfu = step_mfu(j, rec);
     rec->peak_flops = j->peak;
     run->train_time += rec->step_s;
     run->comm_wait += rec->comm_wait_s;
+    run->comm_tp += rec->comm_tp_s;
+    run->bubble_time += rec->bubble_s;
     run->step = step;
     run->last_loss = rec->loss;
     rec->elapsed_s = loom_now() - run->t_start;
@@ -178,15 +193,21 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
  * only the lead reports it. */
 static loom_status run_eval(loom_train_job_t *j, long long step, double *val) {
     loom_eval_result_t r;
-    LOOM_TRY(loom_eval_loss(j->run.model, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
+    if (j->run.pp) LOOM_TRY(loom_pp_eval(j->run.pp, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
+    else LOOM_TRY(loom_eval_loss(j->run.model, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
     j->run.last_val = r.loss;
     j->run.last_val_step = step;
     if (val) *val = r.loss;
     return j->run.lead ? emit_eval(&j->run, step, r.loss) : LOOM_OK;
 }
 
+/* Rank 0 evaluates; under ZeRO-3, --tp and --pp every rank (each holds a part). */
+static int evaluates(const loom_train_job_t *j) {
+    return (j->run.lead || j->o.zero == 3 || j->run.tp || j->run.pp) && j->run.have_val;
+}
+
 static int eval_due(const loom_train_job_t *j, long long step) {
-    return (j->run.lead || j->o.zero == 3) && j->run.have_val && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
+    return evaluates(j) && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
 }
 
 /* ---- the loop ---- */
@@ -211,8 +232,7 @@ static loom_status train_loop(loom_train_job_t *j) {
  * then on_stop (final checkpoint, plot) and on_end (reports). */
 static loom_status train_finish(loom_train_job_t *j, loom_status s) {
     loom_train_run_t *run = &j->run;
-    if (s == LOOM_OK && run->step >= run->first_step && (run->lead || j->o.zero == 3) && run->have_val &&
-        run->last_val_step != run->step)
+    if (s == LOOM_OK && run->step >= run->first_step && evaluates(j) && run->last_val_step != run->step)
         s = run_eval(j, run->step, NULL);
     s = emit_stop(run, s);
     if (s == LOOM_OK) loom_train_report_memory(j);
@@ -241,6 +261,10 @@ loom_status loom_train(const loom_train_opts_t *opts) {
     j->o.rank = loom_dist_rank(d);
     j->o.world_size = loom_dist_size(d);
     if (j->o.rank != 0) loom_log_quiet(1);
+    if (j->o.tp > 1 && j->o.sample_tokens > 0) { /* a sample is one rank's generation: the shard cannot alone */
+        loom_info("loom train: --tp %d: text samples are off (generation does not run on a tensor-parallel shard yet)", j->o.tp);
+        j->o.sample_tokens = 0;
+    }
     loom_status s = loom_train_setup(j, d);
     /* An observer that cannot start (no metrics log) ends the run before
      * its first step, with no final checkpoint or plot. */

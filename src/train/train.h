@@ -47,6 +47,7 @@ typedef struct {
     int cuda_graphs;         /* 1 on, 0 off, -1 default: on for CUDA (ignored with a note on the CPU) */
     int recompute;           /* loom_recompute: activation recompute */
     int layers, heads, channels, context; /* model overrides; 0 = the preset's */
+    int untied_head;         /* 1: the output head gets its own weights (lm_head) instead of wte's */
     int batch, seq, grad_accum;           /* seq 0 = the model's context */
     long long steps;
     int warmup;
@@ -68,11 +69,17 @@ typedef struct {
      * torchrun environment; see parallel/dist.h); loom_train fills rank and
      * world_size in its own copy. */
     int zero;               /* ZeRO stage 0, 1, 2 */
+    int tp;                 /* tensor-parallel ranks per group (0 or 1 = none; parallel/tp.h):
+                             * consecutive ranks form a group, the world divides into
+                             * world_size / tp data-parallel replicas */
     int grad_dtype;         /* loom_dist_dtype: gradients on the wire */
     double dist_timeout;    /* seconds a collective may wait for a peer (0 = 300) */
     int no_overlap;         /* reduce after backward instead of during it */
     double bucket_mb;       /* gradient bucket size in MB (0 = 4) */
     int rank, world_size;
+    /* Pipeline parallelism (train/pipeline.h): stages of consecutive
+     * layers, 0 or 1 = none; the micro-batches are --grad-accum's. */
+    int pp;
     /* The caller's observers, called after the built-in recorders and
      * before the built-in actors (see the file comment). Not owned: their
      * free hook is called, the array is not. */
@@ -95,12 +102,15 @@ typedef struct {
     double tokens_per_s;     /* global tokens per second of this step */
     double mfu;              /* model FLOPs utilization, 0..1; < 0 when the peak is unknown */
     double comm_wait_s;      /* time blocked on communication (data parallel) */
+    double comm_tp_s;        /* time blocked on the tensor-parallel group (0 without --tp) */
     double elapsed_s;        /* since the loop started */
     double eta_s;            /* estimated time to the last step */
     float loss_scale;        /* fp16 dynamic loss scale used (1 without scaling) */
     int skipped;             /* the step was skipped (inf/nan gradients under loss scaling) */
     double data_s;           /* time loading this step's batches, before step_s */
     double peak_flops;       /* FLOP/s per rank MFU is relative to (rank 0's measure, so every rank has the same) */
+    double comm_pp_s;        /* --pp: time blocked in pipeline send/receive (idle on a neighbour plus transfer) */
+    double bubble_s;         /* --pp: of which idle, the pipeline bubble (train/pipeline.h) */
 } loom_step_record_t;
 
 /* A checkpoint that was just taken. With --ckpt-sync it is on disk;
@@ -124,6 +134,11 @@ struct loom_train_run {
     const loom_tokenizer_t *tok; /* the data's tokenizer; NULL when it has none */
     loom_dist_t *dist;
     loom_dp_t *dp;               /* NULL: one process at ZeRO 0 (the plain step) */
+    struct loom_pp *pp;          /* --pp: this rank's pipeline stage (model is the stage's), else NULL */
+    struct loom_tp *tp;          /* tensor parallelism (--tp > 1), else NULL; model is then this rank's shard */
+    loom_gpt_t *ckpt_model;      /* what checkpoints are written from when not model: under --tp the whole
+                                  * model rank 0 assembles (its config on the other ranks) */
+    int dp_rank, dp_size;        /* this rank's data-parallel replica and their number (world / (tp x pp)) */
     int lead, multi;             /* rank 0; more than one rank */
     int B, T;                    /* micro-batch sequences and tokens per sequence */
     size_t tokens_per_step;      /* global: B x T x grad_accum x world_size */
@@ -142,6 +157,8 @@ struct loom_train_run {
     double t_start;              /* loom_now() when the loop started */
     double train_time;           /* seconds spent inside steps */
     double comm_wait;            /* of which blocked on communication */
+    double bubble_time;          /* --pp: of which this rank's stage sat idle on its neighbours */
+    double comm_tp;              /* of that, on the tensor-parallel group */
     int stop_signal;             /* a stop was asked for: the signal number (or SIGTERM) */
     double energy_j_per_token;   /* energy per trained token so far (NAN: no energy counter); set by the exporter (train/exporter.h) */
     loom_train_observer_t **obs; /* every observer, in call order */

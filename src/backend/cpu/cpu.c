@@ -482,3 +482,72 @@ double loom_backend_cpu_measure_peak(int n, int reps, char *how, size_t how_size
              cpu_threads, cpu_threads == 1 ? "" : "s", flops / 1e9, kind);
     return flops;
 }
+
+/* ---- a vocabulary shard (tensor parallelism): backend.h ---- */
+
+void loom_cpu_vocab_embed_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B, int T,
+                                  int C, int v0, int nv) {
+#pragma omp parallel for schedule(static) if ((size_t)B * T * C > PAR_MIN)
+    for (int r = 0; r < B * T; r++) {
+        float *o = out + (size_t)r * C;
+        int tok = tokens[r] - v0;
+        const float *p = wpe ? wpe + (size_t)(r % T) * C : NULL;
+        for (int i = 0; i < C; i++)
+            o[i] = (tok >= 0 && tok < nv ? wte[(size_t)tok * C + i] : 0.0f) + (p ? p[i] : 0.0f);
+    }
+}
+
+void loom_cpu_vocab_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T,
+                                   int C, int v0, int nv) {
+    /* one thread per channel block, rows in order: a fixed sum order */
+#pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < C; c0 += 16) {
+        int c1 = c0 + 16 < C ? c0 + 16 : C;
+        for (int r = 0; r < B * T; r++) {
+            const float *d = dout + (size_t)r * C;
+            int tok = tokens[r] - v0;
+            if (tok >= 0 && tok < nv)
+                for (int i = c0; i < c1; i++) dwte[(size_t)tok * C + i] += d[i];
+            if (dwpe)
+                for (int i = c0; i < c1; i++) dwpe[(size_t)(r % T) * C + i] += d[i];
+        }
+    }
+}
+
+void loom_cpu_vocab_ce_stats(float *stats, const float *logits, const int *targets, int N, int Vp, int v0, int nv) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float *z = logits + (size_t)n * Vp;
+        float mx = -INFINITY, sum = 0;
+        for (int i = 0; i < nv; i++) mx = z[i] > mx ? z[i] : mx;
+        for (int i = 0; i < nv; i++) sum += loom_expf(z[i] - mx);
+        int y = targets[n] - v0;
+        stats[3 * n] = mx;
+        stats[3 * n + 1] = sum;
+        stats[3 * n + 2] = y >= 0 && y < nv ? z[y] : 0.0f;
+    }
+}
+
+void loom_cpu_vocab_ce_finish(float *losses, float *logits, const int *targets, const float *stats, int ranks, int N,
+                              int Vp, int v0, int nv, float dloss) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        float mx = -INFINITY, zy = 0, sum = 0;
+        for (int r = 0; r < ranks; r++) {
+            const float *s = stats + ((size_t)r * N + n) * 3;
+            mx = s[0] > mx ? s[0] : mx;
+            zy += s[2];
+        }
+        for (int r = 0; r < ranks; r++) {
+            const float *s = stats + ((size_t)r * N + n) * 3;
+            if (s[1] > 0) sum += s[1] * loom_expf(s[0] - mx);
+        }
+        losses[n] = logf(sum) + mx - zy;
+        if (dloss == 0.0f) continue;
+        float *z = logits + (size_t)n * Vp, scale = dloss / sum;
+        int y = targets[n] - v0;
+        for (int i = 0; i < nv; i++) z[i] = loom_expf(z[i] - mx) * scale;
+        if (y >= 0 && y < nv) z[y] -= dloss;
+        for (int i = nv; i < Vp; i++) z[i] = 0;
+    }
+}
