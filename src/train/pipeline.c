@@ -9,6 +9,7 @@
 #include "ckpt/optim.h"
 #include "ckpt/safetensors.h"
 #include "core/mem.h"
+#include "parallel/tp.h"
 
 /* One micro-batch's activations (its block, tokens, targets). */
 typedef struct {
@@ -19,6 +20,9 @@ typedef struct {
 struct loom_pp {
     loom_dist_t *d;
     loom_dist_t *dpg;           /* this stage's data-parallel group (D > 1), else NULL */
+    loom_dist_t *tpg;           /* pp x tp: this stage's tensor-parallel group, else NULL */
+    loom_tp_t *tp;              /* pp x tp: the stage's shard (m is its model), else NULL */
+    int tpn, ti;                /* tensor-parallel width (1: none) and this rank's index in it */
     loom_pp_opts_t o;
     int n, s, dp, rank;         /* stages, this stage, data-parallel width, this rank */
     int prev, next;             /* neighbouring stages' ranks, -1 at the ends */
@@ -106,13 +110,16 @@ static loom_gpt_config_t stage_config(const loom_pp_t *pp, int s) {
 static void scatter_host(loom_pp_t *pp, float *params, float *m, float *v) {
     loom_gpt_t *sm = pp->m;
     size_t n = sm->num_params;
-    float *h = loom_calloc(n, sizeof(float));
+    /* the stage's block, then (pp x tp) this rank's shard of it */
+    float *h = loom_calloc(pp->nparams[pp->s], sizeof(float)), *l = pp->tp ? loom_malloc(n * sizeof(float)) : h;
     float *src[3] = {params, m, v}, *dst[3] = {sm->params, sm->m, sm->v};
     for (int k = 0; k < 3; k++) {
         if (!src[k] || !dst[k]) continue;
         map_block(pp, pp->s, src[k], h, 1);
-        sm->be->upload(dst[k], h, n * sizeof(float));
+        if (pp->tp) loom_tp_slice(pp->tp, h, l);
+        sm->be->upload(dst[k], l, n * sizeof(float));
     }
+    if (l != h) free(l);
     free(h);
 }
 
@@ -120,8 +127,9 @@ static void scatter_host(loom_pp_t *pp, float *params, float *m, float *v) {
 
 static loom_status check_layout(loom_pp_t *pp, int world) {
     int L = pp->cfg.n_layer;
-    if (pp->n < 2 || world % pp->n)
-        return loom_error(LOOM_EINVAL, "--pp %d with %d ranks: the ranks must be a multiple of the stages (e.g. --nproc %d)", pp->n, world, pp->n);
+    if (pp->n < 2 || world % (pp->n * pp->tpn))
+        return loom_error(LOOM_EINVAL, "--pp %d with %d ranks: the ranks must be a multiple of the stages x --tp %d (e.g. --nproc %d)", pp->n, world,
+                          pp->tpn, pp->n * pp->tpn);
     if (L < pp->n)
         return loom_error(LOOM_EINVAL, "--pp %d: the model has %d layers; each stage needs at least one (use --pp %d or fewer)", pp->n, L, L);
     return LOOM_OK;
@@ -148,6 +156,17 @@ static loom_status alloc_slots(loom_pp_t *pp) {
     return LOOM_OK;
 }
 
+/* pp x tp: the stage's tp shard, cut from a stage-shaped host model (its
+ * parameters are written by scatter_host after). */
+static loom_status build_tp_shard(loom_pp_t *pp, const loom_backend_t *be, const loom_gpt_config_t *sc) {
+    loom_gpt_t *st;
+    LOOM_TRY(loom_gpt_create(&st, sc, pp->host));
+    loom_status s = loom_tp_init(&pp->tp, st, be, pp->tpg, NULL);
+    loom_gpt_free(st);
+    if (s == LOOM_OK) pp->m = loom_tp_model(pp->tp);
+    return s;
+}
+
 /* The stage model: the whole model drawn from the seed on the host, sliced. */
 static loom_status build_stage(loom_pp_t *pp, const loom_backend_t *be) {
     pp->tables = loom_calloc((size_t)pp->n, sizeof *pp->tables);
@@ -157,11 +176,12 @@ static loom_status build_stage(loom_pp_t *pp, const loom_backend_t *be) {
         loom_gpt_param_table(&c, pp->tables[s], &pp->nparams[s]);
     }
     loom_gpt_config_t sc = stage_config(pp, pp->s);
-    LOOM_TRY(loom_gpt_create(&pp->m, &sc, be));
     LOOM_TRY(loom_backend_cpu_init(&pp->host, 1));
     LOOM_TRY(loom_gpt_init(&pp->full, &pp->cfg, pp->host, pp->o.seed));
+    if (pp->tpg) LOOM_TRY(build_tp_shard(pp, be, &sc));
+    else LOOM_TRY(loom_gpt_create(&pp->m, &sc, be));
     loom_gpt_set_recompute(pp->m, pp->o.recompute);
-    LOOM_TRY(loom_gpt_alloc_train(pp->m));
+    if (!pp->tp) LOOM_TRY(loom_gpt_alloc_train(pp->m)); /* the tp shard comes with its training state */
     scatter_host(pp, pp->full->params, NULL, NULL);
     if (pp->rank != 0) { /* only rank 0 writes checkpoints */
         loom_gpt_free(pp->full);
@@ -170,9 +190,25 @@ static loom_status build_stage(loom_pp_t *pp, const loom_backend_t *be) {
     LOOM_TRY(loom_gpt_alloc_acts(pp->m, pp->o.B, pp->o.T));
     LOOM_TRY(alloc_slots(pp));
     if (!pp->cfg.untied_head && (pp->s == 0 || pp->s == pp->n - 1)) {
-        pp->wte_peer = be->alloc(pp->tables[0][LOOM_WTE].numel * sizeof(float));
+        pp->wte_peer = be->alloc(pp->m->ptable[LOOM_WTE].numel * sizeof(float)); /* pp x tp: the shard's rows */
         if (!pp->wte_peer) return loom_error(LOOM_ENOMEM, "--pp: cannot allocate the tied embedding's gradient buffer on %s", be->name);
     }
+    return LOOM_OK;
+}
+
+/* Placement (parallel/dist.h): rank = (dp_index * N + stage) * T + tp
+ * index, so one pipeline is N x T consecutive ranks, a stage's tp group T
+ * consecutive ones, its neighbours T away and its replicas N x T apart.
+ * The groups: every rank splits in the same order (a collective). */
+static loom_status place(loom_pp_t *pp, loom_dist_t *d) {
+    int T = pp->tpn, per = pp->n * T;
+    pp->ti = pp->rank % T;
+    pp->dp = loom_dist_size(d) / per;
+    pp->s = pp->rank / T % pp->n;
+    pp->prev = pp->s > 0 ? pp->rank - T : -1;
+    pp->next = pp->s < pp->n - 1 ? pp->rank + T : -1;
+    if (pp->dp > 1) LOOM_TRY(loom_dist_split(d, pp->rank % per, pp->rank, &pp->dpg));
+    if (T > 1) LOOM_TRY(loom_dist_split(d, pp->rank / T, pp->rank, &pp->tpg));
     return LOOM_OK;
 }
 
@@ -185,20 +221,12 @@ loom_status loom_pp_init(loom_pp_t **out, loom_dist_t *d, const loom_gpt_config_
     pp->n = o->stages;
     pp->cfg = *cfg;
     pp->rank = loom_dist_rank(d);
+    pp->tpn = o->tp > 1 ? o->tp : 1;
     loom_status s = loom_gpt_config_finish(&pp->cfg);
     if (s == LOOM_OK) s = check_layout(pp, loom_dist_size(d));
+    if (s == LOOM_OK) s = place(pp, d);
     if (s != LOOM_OK) {
-        free(pp);
-        return s;
-    }
-    /* Placement (parallel/dist.h): rank = dp_index * N + stage, so one
-     * pipeline is N consecutive ranks and a stage's replicas are N apart. */
-    pp->dp = loom_dist_size(d) / pp->n;
-    pp->s = pp->rank % pp->n;
-    pp->prev = pp->s > 0 ? pp->rank - 1 : -1;
-    pp->next = pp->s < pp->n - 1 ? pp->rank + 1 : -1;
-    if (pp->dp > 1 && (s = loom_dist_split(d, pp->s, pp->rank, &pp->dpg)) != LOOM_OK) {
-        free(pp);
+        loom_pp_free(pp);
         return s;
     }
     pp->parts = (pp->s == 0 ? LOOM_STAGE_EMBED : 0) | (pp->s == pp->n - 1 ? LOOM_STAGE_HEAD : 0);
@@ -213,8 +241,10 @@ loom_status loom_pp_init(loom_pp_t **out, loom_dist_t *d, const loom_gpt_config_
         loom_pp_split(pp->cfg.n_layer, pp->n, st, &first, &count);
         used += (size_t)snprintf(split + used, sizeof split - used, "%s%d:[%d,%d)", st ? " " : "", st, first, first + count);
     }
-    loom_info("loom train: pipeline %d stages over %d layers, stage:[layers) %s; embedding on stage 0, head on stage %d%s; "
-              "1F1B over %d micro-batches, bubble (N-1)/(M+N-1) = %.3f", pp->n, pp->cfg.n_layer, split, pp->n - 1,
+    char tpw[96] = "";
+    if (pp->tp) snprintf(tpw, sizeof tpw, "; each stage a tensor-parallel group of %d ranks", pp->tpn);
+    loom_info("loom train: pipeline %d stages over %d layers, stage:[layers) %s; embedding on stage 0, head on stage %d%s%s; "
+              "1F1B over %d micro-batches, bubble (N-1)/(M+N-1) = %.3f", pp->n, pp->cfg.n_layer, split, pp->n - 1, tpw,
               pp->cfg.untied_head ? "" : " (tied: wte on both ends, gradients summed)", o->micro, loom_pp_bubble_formula(pp->n, o->micro));
     *stage_model = pp->m;
     *out = pp;
@@ -237,10 +267,12 @@ void loom_pp_free(loom_pp_t *pp) {
             pp->m->targets = pp->slots[0].targets;
         }
         if (pp->wte_peer) be->free(pp->wte_peer);
-        loom_gpt_free(pp->m);
+        if (pp->tp) loom_tp_free(pp->tp); /* the shard is the tp's */
+        else loom_gpt_free(pp->m);
     }
     loom_gpt_free(pp->full);
     loom_dist_free(pp->dpg);
+    loom_dist_free(pp->tpg);
     free(pp->fm);
     free(pp->fv);
     free(pp->slots);
@@ -331,7 +363,7 @@ static loom_status sum_tied(loom_pp_t *pp) {
     if (!pp->wte_peer) return LOOM_OK;
     loom_gpt_t *m = pp->m;
     size_t n = m->ptable[LOOM_WTE].numel;
-    int peer = pp->s == 0 ? pp->rank + pp->n - 1 : pp->rank - (pp->n - 1);
+    int peer = pp->s == 0 ? pp->rank + (pp->n - 1) * pp->tpn : pp->rank - (pp->n - 1) * pp->tpn; /* the same tp index */
     m->be->sync();
     double t0 = loom_now();
     LOOM_TRY(loom_dist_sendrecv(pp->d, m->grad[LOOM_WTE], n * sizeof(float), peer, pp->wte_peer, n * sizeof(float), peer));
@@ -345,13 +377,31 @@ static loom_status sum_tied(loom_pp_t *pp) {
     return LOOM_OK;
 }
 
+/* pp x tp: the stage's sum of squares (every shard's tensors once, over
+ * the tp group), on tp index 0 only. A stage's tensors it does not own
+ * have zero gradients but for the last stage's copy of a tied wte, taken
+ * off (its rows are split over the group: their sums add up). */
+static loom_status tp_sumsq(loom_pp_t *pp, double *ss) {
+    const loom_gpt_t *m = pp->m;
+    LOOM_TRY(loom_tp_grad_sumsq(pp->tp, ss));
+    if (m->ptable[LOOM_WTE].numel && !owns(pp, pp->s, LOOM_WTE)) {
+        double w = m->be->sumsq(m->grad[LOOM_WTE], m->ptable[LOOM_WTE].numel);
+        LOOM_TRY(loom_dist_allreduce_f64(pp->tpg, &w, 1));
+        *ss -= w;
+    }
+    if (pp->ti) *ss = 0;
+    return LOOM_OK;
+}
+
 /* The whole model's gradient norm: each stage's owned tensors, summed
  * (over every rank: the D replicas of a stage hold the same averaged
  * gradient, so the sum is D times the model's). */
 static loom_status grad_norm(loom_pp_t *pp, float *norm) {
     double ss = 0;
-    for (int i = 0; i < LOOM_NPARAMS; i++)
-        if (pp->m->ptable[i].numel && owns(pp, pp->s, i)) ss += pp->m->be->sumsq(pp->m->grad[i], pp->m->ptable[i].numel);
+    if (pp->tp) LOOM_TRY(tp_sumsq(pp, &ss));
+    else
+        for (int i = 0; i < LOOM_NPARAMS; i++)
+            if (pp->m->ptable[i].numel && owns(pp, pp->s, i)) ss += pp->m->be->sumsq(pp->m->grad[i], pp->m->ptable[i].numel);
     LOOM_TRY(loom_dist_allreduce_f64(pp->d, &ss, 1));
     *norm = (float)sqrt(ss / pp->dp);
     return LOOM_OK;
@@ -389,6 +439,7 @@ loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, c
     double transfer = pp->fastest * pp->msgs;
     pp->bubble_s = (pp->comm_s > transfer ? pp->comm_s - transfer : 0) + tail;
     pp->comm_s += tail;
+    if (pp->tp) LOOM_TRY(loom_tp_finish_grads(pp->tp)); /* the hooks' error, rank-0 biases, shared kv heads */
     LOOM_TRY(sum_tied(pp));
     LOOM_TRY(reduce_dp(pp));
     float norm;
@@ -398,7 +449,7 @@ loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, c
                        .weight_decay = opt->weight_decay, .grad_scale = scale, .t = t};
     loom_gpt_adamw(m, &hp);
     /* The last stages hold their pipelines' losses: their mean, to every rank. */
-    double l = pp->s == pp->n - 1 ? pp->loss_sum / pp->o.micro / pp->dp : 0;
+    double l = pp->s == pp->n - 1 && pp->ti == 0 ? pp->loss_sum / pp->o.micro / pp->dp : 0; /* a tp group's ranks hold one loss */
     LOOM_TRY(loom_dist_allreduce_f64(pp->d, &l, 1));
     *loss = (float)l;
     *grad_norm_out = norm;
@@ -426,7 +477,7 @@ static loom_status eval_batch(void *vpp, const int *in, const int *tg, int B, in
 loom_status loom_pp_eval(loom_pp_t *pp, const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_result_t *out) {
     loom_status s = loom_eval_batches(ds, B, T, max_batches, eval_batch, pp, out);
     /* every pipeline scored the same batches: the last stages' mean, to every rank */
-    double v = pp->s == pp->n - 1 ? out->loss / pp->dp : 0;
+    double v = pp->s == pp->n - 1 && pp->ti == 0 ? out->loss / pp->dp : 0;
     if (s == LOOM_OK) s = loom_dist_allreduce_f64(pp->d, &v, 1);
     out->loss = v;
     return s;
@@ -436,9 +487,31 @@ loom_status loom_pp_eval(loom_pp_t *pp, const loom_dataset_t *ds, int B, int T, 
 
 loom_gpt_t *loom_pp_ckpt_model(loom_pp_t *pp) { return pp->full ? pp->full : pp->m; }
 
+/* The first pipeline's ranks (dp index 0): this stage's parameters and
+ * AdamW moments in the stage's block layout, 3 x nparams[s] floats, on the
+ * stage's root (tp index 0; the others of its tp group give their shards
+ * and get NULL). */
+static loom_status own_blocks(loom_pp_t *pp, float **out) {
+    size_t n = pp->nparams[pp->s], own = pp->m->num_params;
+    float *const src[3] = {pp->m->params, pp->m->m, pp->m->v};
+    *out = NULL;
+    if (pp->rank >= pp->n * pp->tpn) return LOOM_OK;
+    float *b = pp->ti == 0 ? loom_malloc(3 * n * sizeof(float)) : NULL;
+    loom_status st = LOOM_OK;
+    for (int k = 0; k < 3 && st == LOOM_OK; k++) {
+        if (pp->tp) st = loom_tp_gather(pp->tp, src[k], b ? b + k * n : NULL);
+        else pp->m->be->download(b + k * n, src[k], own * sizeof(float));
+    }
+    if (st != LOOM_OK) free(b);
+    else *out = b;
+    return st;
+}
+
 loom_status loom_pp_gather(loom_pp_t *pp, float **m, float **v) {
-    size_t P = pp->full ? pp->full->num_params : 0, own = pp->m->num_params, most = 0;
+    size_t P = pp->full ? pp->full->num_params : 0, most = 0;
     for (int s = 0; s < pp->n; s++) most = pp->nparams[s] > most ? pp->nparams[s] : most;
+    float *mine;
+    LOOM_TRY(own_blocks(pp, &mine));
     float *buf = loom_malloc(3 * most * sizeof(float));
     if (pp->full && !pp->fm) {
         pp->fm = loom_calloc(P, sizeof(float));
@@ -448,14 +521,12 @@ loom_status loom_pp_gather(loom_pp_t *pp, float **m, float **v) {
     loom_status st = LOOM_OK;
     for (int s = 0; s < pp->n && st == LOOM_OK; s++) {
         size_t n = pp->nparams[s];
-        if (s == pp->rank) { /* this stage's turn: its first replica (rank s) sends */
-            pp->m->be->download(buf, pp->m->params, own * sizeof(float));
-            pp->m->be->download(buf + n, pp->m->m, own * sizeof(float));
-            pp->m->be->download(buf + 2 * n, pp->m->v, own * sizeof(float));
-        }
-        st = loom_dist_broadcast(pp->d, buf, 3 * n * sizeof(float), s);
+        int root = s * pp->tpn; /* stage s of the first pipeline, tp index 0 */
+        if (root == pp->rank) memcpy(buf, mine, 3 * n * sizeof(float));
+        st = loom_dist_broadcast(pp->d, buf, 3 * n * sizeof(float), root);
         for (int k = 0; k < 3 && st == LOOM_OK && pp->full; k++) map_block(pp, s, dst[k], buf + k * n, 0);
     }
+    free(mine);
     free(buf);
     *m = pp->fm;
     *v = pp->fv;

@@ -21,6 +21,13 @@
  * at most N-s micro-batches in flight (one activation block each). Bubble:
  * (N-1)/(M+N-1) of the step in the ideal schedule.
  *
+ * pp x tp (--tp T): every stage is a tensor-parallel group of T
+ * consecutive ranks, rank = (dp x N + stage) x T + tp index; the stage
+ * model is the tp shard of the stage's layers (the tp hooks run inside
+ * its forward and backward), and tp rank i of stage s exchanges the
+ * residual stream with tp rank i of stages s-1 and s+1 (the stream is
+ * replicated over a tp group: each rank sends its own copy, no broadcast).
+ *
  * Checkpoints are always the single-model layout: on save the stages'
  * layers are gathered into a whole model on rank 0 (host memory), which
  * writes model.safetensors and one AdamW file like a 1-process run; on load
@@ -38,6 +45,7 @@ typedef struct loom_pp loom_pp_t;
 
 typedef struct {
     int stages;                  /* N >= 2 */
+    int tp;                      /* > 1: each stage is a tensor-parallel group of tp ranks (parallel/tp.h) */
     int B, T, micro;             /* micro-batch shape and micro-batches per step (M) */
     loom_recompute recompute;
     unsigned long long seed;     /* the whole model's init (every rank draws the same, then slices) */

@@ -175,10 +175,10 @@ static loom_status open_backend(loom_train_job_t *j, loom_dist_t *dist) {
 static loom_status build_pipeline(loom_train_job_t *j, loom_dist_t *dist) {
     loom_train_run_t *run = &j->run;
     loom_train_opts_t *o = &j->o;
-    if (o->zero || o->tp > 1 || o->init_from || o->init_from_run)
-        return loom_error(LOOM_EUNAVAIL, "--pp %d with %s: not built yet; drop it (pipeline runs start from a preset or --resume)", o->pp,
-                          o->zero ? "--zero" : o->tp > 1 ? "--tp" : o->init_from ? "--init-from" : "--init-from-run");
-    loom_pp_opts_t po = {.stages = o->pp, .B = run->B, .T = run->T, .micro = o->grad_accum,
+    if (o->zero || o->init_from || o->init_from_run)
+        return loom_error(LOOM_EUNAVAIL, "--pp %d with %s: not built yet; drop it (pipeline runs start from a preset or --resume; --pp runs with --tp and --zero 0)",
+                          o->pp, o->zero ? "--zero" : o->init_from ? "--init-from" : "--init-from-run");
+    loom_pp_opts_t po = {.stages = o->pp, .tp = o->tp, .B = run->B, .T = run->T, .micro = o->grad_accum,
                          .recompute = (loom_recompute)j->recompute, .seed = (unsigned long long)o->seed};
     LOOM_TRY(loom_pp_init(&run->pp, dist, &j->cfg, run->be, &po, &run->model));
     if (o->resume) LOOM_TRY(loom_pp_load(run->pp, j->rck, j->rst.step));

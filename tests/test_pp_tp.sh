@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Composition (issue 24 part 4, docs/dist.md "Composition"): pp2 x tp2 on 4
+# ranks -- two pipeline stages, each a tensor-parallel group of two -- must
+# take the same steps as one process on the same global batch: the first 10
+# losses within 1e-5 relative and the final weights (assembled into the
+# single-model layout from 2 stages x 2 shards) within 1e-5, read with numpy
+# and safetensors by tests/dist_compare.py; for GPT-2 (tied head) and
+# llama-tiny (GQA with kv heads split, untied head). The one-process path is
+# itself held to PyTorch (tests/oracle.py, test_llama); here it is the
+# reference. Checkpoints cross layouts (pp2 x tp2 -> 1 process, 1 ->
+# pp2 x tp2, from step 5). A rank killed mid-run (rank 3: stage 1, tp index
+# 1) while every rank holds after a step (LOOM_TEST_HOLD_AFTER_STEP, an
+# event, not a time) stops the others naming it, and --resume auto ends with
+# the uninterrupted run's weights and AdamW state bit for bit. What is not
+# built is refused naming the flags.
+set -u
+cd "$(dirname "$0")/.."
+LOOM=${LOOM:-$PWD/build/loom}
+tmp=$(mktemp -d /tmp/loom-pptp-XXXXXX)
+pid=
+cleanup() {
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+python3 -c "import random; random.seed(1); print(' '.join(random.choice(['the','word','of','light','and','darkness','in','beginning']) for _ in range(40000)))" > "$tmp/data.txt"
+# --dist-timeout is a guard only: no case waits for it.
+A=(--data "$tmp/data.txt" --layers 4 --channels 64 --context 64 --seq 64 --steps 10 --lr 1e-3 --warmup 2 --eval-every 0
+   --sample-tokens 0 --seed 3 --log-every 1 --ckpt-every 5 --keep-ckpts 5 --batch 2 --grad-accum 4 --threads 1 --dist-timeout 600)
+PT=(--nproc 4 --pp 2 --tp 2)
+
+PY=/usr/bin/python3
+export PYTHONPATH=$PWD/.deps/hf${PYTHONPATH:+:$PYTHONPATH}
+if ! $PY -c "import numpy, safetensors" 2>/dev/null; then
+    echo "SKIP pp_tp: /usr/bin/python3 lacks numpy or safetensors (scripts/deps.sh installs them into .deps/hf)"; exit 0
+fi
+check() { # NAME LOG dist_compare.py ARGS...
+    local name=$1 log=$2 out; shift 2
+    if out=$($PY tests/dist_compare.py "$@" 2>&1); then echo "PASS $name ($out)"; else echo "FAIL $name: $out"; tail -5 "$log"; fi
+}
+run() { # NAME ARGS...: a loom train into $tmp/NAME, its log beside it
+    local name=$1; shift
+    $LOOM train "${A[@]}" "$@" --out "$tmp/$name" > "$tmp/$name.log" 2>&1 || { echo "FAIL pp_tp_run_$name: $(tail -3 "$tmp/$name.log")"; return 1; }
+}
+
+# 1. One process against pp2 x tp2, GPT-2 and llama-tiny.
+for v in gpt2 llama; do
+    M=(--heads 2)
+    [ $v = llama ] && M=(--model llama-tiny --heads 4 --untied-head) # 4 query heads, 2 kv heads: one each per tp rank
+    run one_$v "${M[@]}" && run pt_$v "${M[@]}" "${PT[@]}" && check "pp2xtp2_${v}_vs_1" "$tmp/pt_$v.log" "$tmp/one_$v" "$tmp/pt_$v"
+done
+grep -q "each stage a tensor-parallel group of 2 ranks" "$tmp/pt_gpt2.log" && echo "PASS pp_tp_layout_printed" \
+    || { echo "FAIL pp_tp_layout_printed:"; head -5 "$tmp/pt_gpt2.log"; }
+
+# 2. Checkpoints across layouts, from step 5: pp2 x tp2 -> 1 process, 1 -> pp2 x tp2.
+if [ -s "$tmp/pt_gpt2/latest" ] && [ -s "$tmp/one_gpt2/latest" ]; then
+    cp -r "$tmp/pt_gpt2" "$tmp/pt_to_1"; cp -r "$tmp/one_gpt2" "$tmp/one_to_pt"
+    run pt_to_1 --heads 2 --resume step_5 && check pp_tp_ckpt_resumes_in_1 "$tmp/pt_to_1.log" "$tmp/one_gpt2" "$tmp/pt_to_1"
+    run one_to_pt --heads 2 "${PT[@]}" --resume step_5 && check pp_tp_ckpt_1_resumes_in_pp2xtp2 "$tmp/one_to_pt.log" "$tmp/one_gpt2" "$tmp/one_to_pt"
+fi
+
+# 3. Rank 3 killed while every rank holds after step 6 (rank 0 says so;
+# the step 4 checkpoint committed): the others stop naming it; the same command with
+# --resume auto continues from step 4 to the uninterrupted run, bit for bit.
+K=(--heads 2 "${PT[@]}" --steps 12 --ckpt-every 4 --dist-timeout 3600)
+run ref12 "${K[@]}"
+LOOM_TEST_HOLD_AFTER_STEP=6 $LOOM train "${A[@]}" "${K[@]}" --resume auto --out "$tmp/kill" > "$tmp/kill.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 6000); do # the deadline only guards a hang
+    grep -q "holding after step 6" "$tmp/kill.log" 2>/dev/null && [ "$(cat "$tmp/kill/latest" 2>/dev/null)" = step_00000004 ] && break
+    sleep 0.05
+done
+victim=
+for p in $(pgrep -P $pid); do tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RANK=3 && victim=$p; done
+[ -n "$victim" ] && kill -KILL "$victim"
+rc=0; wait $pid || rc=$?; pid=
+if [ -n "$victim" ] && [ $rc -ne 0 ] && grep -qE "rank [012]: rank 3 died" "$tmp/kill.log"; then
+    echo "PASS pp_tp_kill_rank_named (exit $rc: $(grep -m1 -oE 'rank [012]: rank 3 died[^;]*' "$tmp/kill.log"))"
+else
+    echo "FAIL pp_tp_kill_rank_named: victim '$victim', exit $rc"; tail -5 "$tmp/kill.log"
+fi
+$LOOM train "${A[@]}" "${K[@]}" --resume auto --out "$tmp/kill" > "$tmp/kill2.log" 2>&1
+if grep -q "resuming .* from step 4" "$tmp/kill2.log"; then
+    check pp_tp_resume_auto_bit_exact "$tmp/kill2.log" "$tmp/ref12" "$tmp/kill" --exact
+    cmp -s "$tmp/ref12/checkpoints/step_00000012/optim-rank00000-of-00001.bin" "$tmp/kill/checkpoints/step_00000012/optim-rank00000-of-00001.bin" \
+        && echo "PASS pp_tp_resume_auto_adamw_bit_exact" || echo "FAIL pp_tp_resume_auto_adamw_bit_exact: the step 12 AdamW files differ"
+else
+    echo "FAIL pp_tp_resume_auto_bit_exact: $(grep -m1 resuming "$tmp/kill2.log")"; tail -4 "$tmp/kill2.log"
+fi
+
+# 4. What is not built says so, naming the flags.
+out=$($LOOM train "${A[@]}" --heads 2 "${PT[@]}" --zero 1 --out "$tmp/bad1" 2>&1)
+printf '%s' "$out" | grep -q -- "--pp 2 with --zero: not built yet" && echo "PASS pp_tp_zero_refused_named" || echo "FAIL pp_tp_zero_refused_named: $out"
+out=$($LOOM train "${A[@]}" --heads 2 --nproc 2 --pp 2 --tp 2 --out "$tmp/bad2" 2>&1)
+printf '%s' "$out" | grep -q "multiple of the stages x --tp 2 (e.g. --nproc 4)" && echo "PASS pp_tp_ranks_not_multiple_named" || echo "FAIL pp_tp_ranks_not_multiple_named: $out"
