@@ -93,3 +93,13 @@ out=$($LOOM train "${A[@]}" --heads 2 "${PT[@]}" --zero 1 --out "$tmp/bad1" 2>&1
 printf '%s' "$out" | grep -q -- "--pp 2 with --zero: not built yet" && echo "PASS pp_tp_zero_refused_named" || echo "FAIL pp_tp_zero_refused_named: $out"
 out=$($LOOM train "${A[@]}" --heads 2 --nproc 2 --pp 2 --tp 2 --out "$tmp/bad2" 2>&1)
 printf '%s' "$out" | grep -q "multiple of the stages x --tp 2 (e.g. --nproc 4)" && echo "PASS pp_tp_ranks_not_multiple_named" || echo "FAIL pp_tp_ranks_not_multiple_named: $out"
+
+# 5. loom bench dist --layout pp2xtp2 (one comma list with the others): its
+# table, and the 4 ranks' loss equal to the one process's on the same batch.
+out=$($LOOM bench dist --layout pp2,pp2xtp2 --layers 2 --channels 32 --heads 2 --seq 16 --batch 1 --vocab 64 --micro-batches 2 --rounds 1 --steps 1 --warmup 0 2>&1)
+if printf '%s' "$out" | grep -q "^layout pp2xtp2:" && printf '%s' "$out" | grep -q "^pp2 stage 1 tp 1 " \
+   && [ "$(printf '%s' "$out" | grep -cE 'loss ([0-9.]+) vs \1\)')" = 2 ]; then
+    echo "PASS pp_tp_bench_dist_layout"
+else
+    echo "FAIL pp_tp_bench_dist_layout:"; printf '%s\n' "$out" | tail -8
+fi

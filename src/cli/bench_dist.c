@@ -39,6 +39,7 @@ static const bench_layout_t layouts[] = {
     {"tp4", "tensor parallel over 4 ranks", -1, 4, 0},
     {"pp2", "a pipeline of 2 stages (1F1B over --micro-batches)", -1, 0, 2},
     {"pp4", "a pipeline of 4 stages (1F1B over --micro-batches)", -1, 0, 4},
+    {"pp2xtp2", "a pipeline of 2 stages, each a tensor-parallel group of 2 ranks (4 ranks)", -1, 2, 2},
 };
 #define N_LAYOUTS ((int)(sizeof layouts / sizeof layouts[0]))
 #define MAX_LAYOUTS 8
@@ -193,14 +194,14 @@ static int bench_tp(bench_cfg_t c, int n, int ranks, int rounds) {
  * ranks overlapped and not, the fastest round of each counted (other load
  * on a shared machine only ever slows a round down); then its table. */
 static int bench_layout(bench_cfg_t c, const bench_layout_t *lay, int ranks, int rounds) {
-    if (lay->tp) return bench_tp(c, lay->tp, ranks, rounds);
+    if (lay->tp && !lay->pp) return bench_tp(c, lay->tp, ranks, rounds);
     if (lay->pp) {
         if (lay->pp > c.layers) {
             fprintf(stderr, "loom bench dist: --layout %s: %d stages need at least %d layers (--layers %d)\n", lay->name, lay->pp, lay->pp, c.layers);
             return 1;
         }
         loom_bench_pp_t p = {.layers = c.layers, .channels = c.channels, .heads = c.heads, .seq = c.seq, .batch = c.batch,
-                             .vocab = c.vocab, .steps = c.steps, .warmup = c.warmup, .micro = c.micro, .stages = lay->pp, .rounds = rounds};
+                             .vocab = c.vocab, .steps = c.steps, .warmup = c.warmup, .micro = c.micro, .stages = lay->pp, .tp = lay->tp, .rounds = rounds};
         printf("\nlayout %s: %s\n", lay->name, lay->what);
         return loom_bench_pp(&p);
     }
@@ -255,7 +256,7 @@ int cmd_bench_dist(int argc, char **argv) {
         {"rounds", ARG_INT, &rounds, "3", 1, 100, "rounds, the configurations alternating; the fastest round of each counts"},
         loom_flag(LOOM_FLAG_ZERO, &c.zero),
         loom_flag(LOOM_FLAG_GRAD_DTYPE, &c.grad_dtype),
-        {"layout", ARG_STR, &layout_list, "dp", 0, 0, "layouts to measure, a comma list: dp (data parallel at --zero), zero3, tp2, tp4 (tensor parallel), pp2, pp4 (pipeline)"},
+        {"layout", ARG_STR, &layout_list, "dp", 0, 0, "layouts to measure, a comma list: dp (data parallel at --zero), zero3, tp2, tp4 (tensor parallel), pp2, pp4 (pipeline), pp2xtp2 (pipeline stages of tp groups)"},
         {"micro-batches", ARG_INT, &c.micro, "8", 1, 4096, "micro-batches per step of the ppN layouts (the pipeline's M; --batch each)"},
     };
     LOOM_ARGS_PARSE_OR_RETURN("bench dist", "loom bench dist [--ranks N] [model flags]", args, argc, argv);

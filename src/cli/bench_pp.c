@@ -58,6 +58,9 @@ static loom_status time_steps(const loom_bench_pp_t *c, loom_pp_t *pp, loom_gpt_
     return s;
 }
 
+/* The ranks of the pipeline: stages x tensor-parallel width. */
+static int ranks_of(const loom_bench_pp_t *c) { return c->stages * (c->tp > 1 ? c->tp : 1); }
+
 static int rank_main(int rank, void *ctx) {
     const pp_args_t *a = ctx;
     const loom_bench_pp_t *c = a->c;
@@ -69,9 +72,9 @@ static int rank_main(int rank, void *ctx) {
     loom_pp_t *pp = NULL;
     loom_dist_opts_t dopt = {.transport = a->world > 1 ? "tcp" : "single", .timeout_s = 120};
     loom_gpt_config_t cfg = {.max_seq_len = c->seq, .vocab_size = c->vocab, .n_layer = c->layers, .n_head = c->heads, .channels = c->channels};
-    loom_pp_opts_t po = {.stages = c->stages, .B = c->batch, .T = c->seq, .micro = c->micro, .seed = 7};
+    loom_pp_opts_t po = {.stages = c->stages, .tp = c->tp, .B = c->batch, .T = c->seq, .micro = c->micro, .seed = 7};
     loom_status s = loom_dist_init(&d, &dopt);
-    if (s == LOOM_OK) s = loom_backend_cpu_init(&be, a->world > 1 ? 1 : c->stages);
+    if (s == LOOM_OK) s = loom_backend_cpu_init(&be, a->world > 1 ? 1 : ranks_of(c));
     if (s == LOOM_OK && a->world > 1) s = loom_pp_init(&pp, d, &cfg, be, &po, &m);
     if (s == LOOM_OK && a->world == 1 && (s = loom_gpt_init(&m, &cfg, be, 7)) == LOOM_OK) s = loom_gpt_alloc_train(m);
     if (s == LOOM_OK) s = time_steps(c, pp, m, &r);
@@ -108,8 +111,20 @@ static int run_config(const loom_bench_pp_t *c, int world, pp_result_t *out) {
     return ok;
 }
 
+/* One row of the table per rank: its stage (and tp index). */
+static void print_ranks(const loom_bench_pp_t *c, const pp_result_t *best, int n, double tok) {
+    int T = c->tp > 1 ? c->tp : 1;
+    for (int r = 0; r < n; r++) {
+        char who[32];
+        if (T > 1) snprintf(who, sizeof who, "stage %d tp %d", r / T, r % T);
+        else snprintf(who, sizeof who, "stage %d", r);
+        printf("pp%d %-12s (1 thread) %2s %9.1f %11.0f %8.1f%% %8.1f%% %10.1f %9.1f\n", c->stages, who, "", 1e3 * best[r].step_s,
+               tok / best[r].step_s, 100 * best[r].bubble, 100 * best[r].comm_s / best[r].step_s, best[r].state_mb, best[r].rss_mb);
+    }
+}
+
 int loom_bench_pp(const loom_bench_pp_t *c) {
-    int n = c->stages;
+    int n = ranks_of(c);
     pp_result_t one = {0}, best[64] = {{0}}, x[64], y;
     for (int k = 0; k < c->rounds; k++) {
         if (!run_config(c, 1, &y) || !run_config(c, n, x)) {
@@ -123,21 +138,20 @@ int loom_bench_pp(const loom_bench_pp_t *c) {
         if (k == 0 || tx < tb)
             for (int r = 0; r < n; r++) best[r] = x[r];
     }
-    double step = 0, bubble = 0, formula = loom_pp_bubble_formula(n, c->micro);
+    double step = 0, bubble = 0, formula = loom_pp_bubble_formula(c->stages, c->micro);
     for (int r = 0; r < n; r++) {
         step = best[r].step_s > step ? best[r].step_s : step;
         bubble += best[r].bubble / n;
     }
     double tok = (double)c->micro * c->batch * c->seq;
-    printf("pp%d: %d micro-batches of %d x %d, %d stages over %d layers\n", n, c->micro, c->batch, c->seq, n, c->layers);
+    printf("pp%d: %d micro-batches of %d x %d, %d stages over %d layers, %d rank(s) per stage\n", c->stages, c->micro, c->batch, c->seq, c->stages,
+           c->layers, n / c->stages);
     printf("%-28s %9s %11s %9s %9s %10s %9s\n", "configuration", "step ms", "tokens/s", "bubble", "comm pp", "state MB", "peak MB");
     printf("1 process x %d threads %6s %9.1f %11.0f %9s %9s %10.1f %9.1f\n", n, "", 1e3 * one.step_s, tok / one.step_s, "-", "-", one.state_mb,
            one.rss_mb);
-    for (int r = 0; r < n; r++)
-        printf("pp%d stage %d (1 thread) %5s %9.1f %11.0f %8.1f%% %8.1f%% %10.1f %9.1f\n", n, r, "", 1e3 * best[r].step_s, tok / best[r].step_s,
-               100 * best[r].bubble, 100 * best[r].comm_s / best[r].step_s, best[r].state_mb, best[r].rss_mb);
+    print_ranks(c, best, n, tok);
     printf("pp%d: speed-up over one process %.3f (same global batch; loss %.5f vs %.5f); measured bubble %.1f%% (mean over stages) vs the 1F1B formula "
            "(N-1)/(M+N-1) = %.1f%%: %+.1f%% relative (goal within 10%%)\n",
-           n, one.step_s / step, best[n - 1].loss, one.loss, 100 * bubble, 100 * formula, 100 * (bubble - formula) / formula);
+           c->stages, one.step_s / step, best[n - 1].loss, one.loss, 100 * bubble, 100 * formula, 100 * (bubble - formula) / formula);
     return 0;
 }

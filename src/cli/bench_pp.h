@@ -7,6 +7,7 @@ typedef struct {
     int layers, channels, heads, seq, batch, vocab, steps, warmup;
     int micro;  /* micro-batches per step (M) */
     int stages; /* N */
+    int tp;     /* > 1: each stage a tensor-parallel group of tp ranks (pp x tp), else 0 or 1 */
     int rounds; /* alternating rounds; the fastest of each configuration counts */
 } loom_bench_pp_t;
 
