@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Composition (issue 24 part 4, docs/dist.md "Composition"): pp2 x tp2 on 4
-# ranks -- two pipeline stages, each a tensor-parallel group of two -- must
+# ranks (and pp2 x tp2 x dp2 on 8) -- two pipeline stages, each a tensor-parallel group of two -- must
 # take the same steps as one process on the same global batch: the first 10
 # losses within 1e-5 relative and the final weights (assembled into the
 # single-model layout from 2 stages x 2 shards) within 1e-5, read with numpy
@@ -49,6 +49,10 @@ for v in gpt2 llama; do
     [ $v = llama ] && M=(--model llama-tiny --heads 4 --untied-head) # 4 query heads, 2 kv heads: one each per tp rank
     run one_$v "${M[@]}" && run pt_$v "${M[@]}" "${PT[@]}" && check "pp2xtp2_${v}_vs_1" "$tmp/pt_$v.log" "$tmp/one_$v" "$tmp/pt_$v"
 done
+# pp2 x tp2 x dp2 (8 ranks): two such pipelines, a stage's replicas (same
+# stage and tp index) averaging over their dp group, against one process
+# with both pipelines' micro-batches.
+run one8 --heads 2 --grad-accum 8 && run ptd --heads 2 --nproc 8 --pp 2 --tp 2 && check pp2xtp2xdp2_gpt2_vs_1 "$tmp/ptd.log" "$tmp/one8" "$tmp/ptd"
 grep -q "each stage a tensor-parallel group of 2 ranks" "$tmp/pt_gpt2.log" && echo "PASS pp_tp_layout_printed" \
     || { echo "FAIL pp_tp_layout_printed:"; head -5 "$tmp/pt_gpt2.log"; }
 
@@ -94,12 +98,15 @@ printf '%s' "$out" | grep -q -- "--pp 2 with --zero: not built yet" && echo "PAS
 out=$($LOOM train "${A[@]}" --heads 2 --nproc 2 --pp 2 --tp 2 --out "$tmp/bad2" 2>&1)
 printf '%s' "$out" | grep -q "multiple of the stages x --tp 2 (e.g. --nproc 4)" && echo "PASS pp_tp_ranks_not_multiple_named" || echo "FAIL pp_tp_ranks_not_multiple_named: $out"
 
-# 5. loom bench dist --layout pp2xtp2 (one comma list with the others): its
-# table, and the 4 ranks' loss equal to the one process's on the same batch.
-out=$($LOOM bench dist --layout pp2,pp2xtp2 --layers 2 --channels 32 --heads 2 --seq 16 --batch 1 --vocab 64 --micro-batches 2 --rounds 1 --steps 1 --warmup 0 2>&1)
-if printf '%s' "$out" | grep -q "^layout pp2xtp2:" && printf '%s' "$out" | grep -q "^pp2 stage 1 tp 1 " \
-   && [ "$(printf '%s' "$out" | grep -cE 'loss ([0-9.]+) vs \1\)')" = 2 ]; then
-    echo "PASS pp_tp_bench_dist_layout"
+# 5. loom bench dist --layout tp2xdp2,pp2xtp2 (one comma list, parsed in
+# one place): each layout's table, its 4 ranks' loss equal to the one
+# process's on the same global batch.
+out=$($LOOM bench dist --layout tp2xdp2,pp2xtp2 --layers 2 --channels 32 --heads 2 --seq 16 --batch 1 --vocab 64 --micro-batches 2 --rounds 1 --steps 1 --warmup 0 2>&1)
+one=$(printf '%s\n' "$out" | awk '/^1 rank x 4 threads/ {print $NF}')
+tpdp=$(printf '%s\n' "$out" | awk '/^tp2xdp2: 4 ranks/ {print $NF}')
+if [ -n "$one" ] && [ "$one" = "$tpdp" ] && printf '%s' "$out" | grep -q "^layout pp2xtp2:" && printf '%s' "$out" | grep -q "^pp2 stage 1 tp 1 " \
+   && printf '%s' "$out" | grep -qE 'pp2: speed-up .* loss ([0-9.]+) vs \1\)'; then
+    echo "PASS pp_tp_bench_dist_layouts (tp2xdp2 loss $tpdp = one rank's; pp2xtp2's = one process's)"
 else
-    echo "FAIL pp_tp_bench_dist_layout:"; printf '%s\n' "$out" | tail -8
+    echo "FAIL pp_tp_bench_dist_layouts: '$one' vs '$tpdp'"; printf '%s\n' "$out" | tail -12
 fi

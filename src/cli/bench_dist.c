@@ -30,16 +30,17 @@
  * pipeline stages (0 = none; cli/bench_pp.h). */
 typedef struct {
     const char *name, *what;
-    int zero, tp, pp;
+    int zero, tp, pp, dp; /* dp: data-parallel replicas of a tp layout (0 = none) */
 } bench_layout_t;
 static const bench_layout_t layouts[] = {
-    {"dp", "data parallel at --zero", -1, 0, 0},
-    {"zero3", "fully sharded data parallel (ZeRO-3)", 3, 0, 0},
-    {"tp2", "tensor parallel over 2 ranks", -1, 2, 0},
-    {"tp4", "tensor parallel over 4 ranks", -1, 4, 0},
-    {"pp2", "a pipeline of 2 stages (1F1B over --micro-batches)", -1, 0, 2},
-    {"pp4", "a pipeline of 4 stages (1F1B over --micro-batches)", -1, 0, 4},
-    {"pp2xtp2", "a pipeline of 2 stages, each a tensor-parallel group of 2 ranks (4 ranks)", -1, 2, 2},
+    {"dp", "data parallel at --zero", -1, 0, 0, 0},
+    {"zero3", "fully sharded data parallel (ZeRO-3)", 3, 0, 0, 0},
+    {"tp2", "tensor parallel over 2 ranks", -1, 2, 0, 0},
+    {"tp4", "tensor parallel over 4 ranks", -1, 4, 0, 0},
+    {"tp2xdp2", "two data-parallel replicas of a tensor-parallel group of 2 ranks (4 ranks)", -1, 2, 0, 2},
+    {"pp2", "a pipeline of 2 stages (1F1B over --micro-batches)", -1, 0, 2, 0},
+    {"pp4", "a pipeline of 4 stages (1F1B over --micro-batches)", -1, 0, 4, 0},
+    {"pp2xtp2", "a pipeline of 2 stages, each a tensor-parallel group of 2 ranks (4 ranks)", -1, 2, 2, 0},
 };
 #define N_LAYOUTS ((int)(sizeof layouts / sizeof layouts[0]))
 #define MAX_LAYOUTS 8
@@ -161,16 +162,18 @@ static bench_result_t run_config(const bench_cfg_t *c, int world, int threads, i
 /* --layout tpN: N ranks, one tensor-parallel group, every rank the whole
  * global batch (ranks x --batch, as the dp table's), against 1 rank x N
  * threads; the fastest of the rounds. */
-static int bench_tp(bench_cfg_t c, int n, int ranks, int rounds) {
+static int bench_tp(bench_cfg_t c, int n, int dp, int ranks, int rounds) {
     bench_result_t one = {0}, tp = {0};
+    int w = n * (dp > 1 ? dp : 1); /* the ranks; the baseline has as many threads */
     if (c.heads % n) {
         fprintf(stderr, "loom bench dist: --layout tp%d: --heads %d does not split over %d ranks\n", n, c.heads, n);
         return 1;
     }
-    c.batch *= ranks;
+    c.batch *= ranks * (dp > 1 ? dp : 1);
     c.tp = n;
+    c.dp = dp;
     for (int k = 0; k < rounds; k++) {
-        bench_result_t x = run_config(&c, 1, n, 0), y = run_config(&c, n, 1, 0);
+        bench_result_t x = run_config(&c, 1, w, 0), y = run_config(&c, w, 1, 0);
         if (!x.ok || !y.ok) {
             fprintf(stderr, "loom bench dist: a tp%d run failed (see above)\n", n);
             return 1;
@@ -181,12 +184,14 @@ static int bench_tp(bench_cfg_t c, int n, int ranks, int rounds) {
     double tok = (double)c.batch * c.seq;
     printf("%-26s %9s %11s %10s %14s %12s %9s\n", "tp (same global batch)", "step ms", "tokens/s", "tp wait", "state MB/rank",
            "peak RSS MB", "loss");
-    printf("1 rank x %d threads %7s %9.1f %11.0f %10s %14.1f %12.1f %9.5f\n", n, "", 1e3 * one.step_s, tok / one.step_s, "-",
+    printf("1 rank x %d threads %7s %9.1f %11.0f %10s %14.1f %12.1f %9.5f\n", w, "", 1e3 * one.step_s, tok / one.step_s, "-",
            one.state_mb, one.rss / 1e6, one.loss);
-    printf("tp%d: %d ranks x 1 thread %3s %9.1f %11.0f %9.1f%% %14.1f %12.1f %9.5f\n", n, n, "", 1e3 * tp.step_s,
+    char nm[32];
+    snprintf(nm, sizeof nm, dp > 1 ? "tp%dxdp%d" : "tp%d", n, dp);
+    printf("%s: %d ranks x 1 thread %3s %9.1f %11.0f %9.1f%% %14.1f %12.1f %9.5f\n", nm, w, "", 1e3 * tp.step_s,
            tok / tp.step_s, 100 * tp.wait_s / tp.step_s, tp.state_mb, tp.rss / 1e6, tp.loss);
-    printf("tp%d: step time %.2fx one rank's; %.1f ms of each step waiting on the tp group's all-reduces\n", n,
-           tp.step_s / one.step_s, 1e3 * tp.wait_s);
+    printf("%s: step time %.2fx one rank's; %.1f ms of each step waiting on the tp group's all-reduces%s\n", nm,
+           tp.step_s / one.step_s, 1e3 * tp.wait_s, dp > 1 ? " and the dp group's gradient average" : "");
     return 0;
 }
 
@@ -194,7 +199,7 @@ static int bench_tp(bench_cfg_t c, int n, int ranks, int rounds) {
  * ranks overlapped and not, the fastest round of each counted (other load
  * on a shared machine only ever slows a round down); then its table. */
 static int bench_layout(bench_cfg_t c, const bench_layout_t *lay, int ranks, int rounds) {
-    if (lay->tp && !lay->pp) return bench_tp(c, lay->tp, ranks, rounds);
+    if (lay->tp && !lay->pp) return bench_tp(c, lay->tp, lay->dp, ranks, rounds);
     if (lay->pp) {
         if (lay->pp > c.layers) {
             fprintf(stderr, "loom bench dist: --layout %s: %d stages need at least %d layers (--layers %d)\n", lay->name, lay->pp, lay->pp, c.layers);
@@ -256,7 +261,7 @@ int cmd_bench_dist(int argc, char **argv) {
         {"rounds", ARG_INT, &rounds, "3", 1, 100, "rounds, the configurations alternating; the fastest round of each counts"},
         loom_flag(LOOM_FLAG_ZERO, &c.zero),
         loom_flag(LOOM_FLAG_GRAD_DTYPE, &c.grad_dtype),
-        {"layout", ARG_STR, &layout_list, "dp", 0, 0, "layouts to measure, a comma list: dp (data parallel at --zero), zero3, tp2, tp4 (tensor parallel), pp2, pp4 (pipeline), pp2xtp2 (pipeline stages of tp groups)"},
+        {"layout", ARG_STR, &layout_list, "dp", 0, 0, "layouts to measure, a comma list: dp (data parallel at --zero), zero3, tp2, tp4 (tensor parallel), tp2xdp2, pp2, pp4 (pipeline), pp2xtp2 (pipeline stages of tp groups)"},
         {"micro-batches", ARG_INT, &c.micro, "8", 1, 4096, "micro-batches per step of the ppN layouts (the pipeline's M; --batch each)"},
     };
     LOOM_ARGS_PARSE_OR_RETURN("bench dist", "loom bench dist [--ranks N] [model flags]", args, argc, argv);

@@ -6,7 +6,8 @@
 typedef struct {
     int layers, channels, heads, seq, batch, vocab, steps, warmup, zero;
     int grad_dtype; /* loom_dist_dtype */
-    int tp;         /* > 0: every rank is a rank of one tensor-parallel group (or the 1-rank baseline) */
+    int tp;         /* > 0: every rank is a rank of a tensor-parallel group of tp (or the 1-rank baseline) */
+    int dp;         /* with tp, > 1: the world is dp such groups, data-parallel replicas (rank = dp index x tp + tp index) */
     int micro;      /* ppN: micro-batches per step */
 } bench_cfg_t;
 

@@ -25,20 +25,26 @@ bench_result_t loom_bench_dist_tp_rank(const bench_cfg_t *c, int threads) {
     bench_result_t res = {0};
     int seq = c->seq, vocab = c->vocab, batch = c->batch, steps = c->steps, warmup = c->warmup;
     loom_log_quiet(1);
-    loom_dist_t *d = NULL, *g = NULL;
+    loom_dist_t *d = NULL, *g = NULL, *dpg = NULL;
     const loom_backend_t *be;
     loom_gpt_t *full = NULL, *m = NULL;
     loom_tp_t *tp = NULL;
     loom_dist_opts_t dopt = {.transport = "auto", .timeout_s = 120};
     loom_gpt_config_t cfg = {.max_seq_len = seq, .vocab_size = vocab, .n_layer = c->layers, .n_head = c->heads, .channels = c->channels};
     loom_optim_t opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f};
-    int *all = global_batch(vocab, batch, seq);
+    int *all = global_batch(vocab, batch, seq), *in = all;
     loom_status s = loom_dist_init(&d, &dopt);
     if (s == LOOM_OK) s = loom_backend_cpu_init(&be, threads);
     if (s == LOOM_OK) s = loom_gpt_config_finish(&cfg);
     if (s == LOOM_OK) s = loom_gpt_init(&full, &cfg, be, 7);
-    if (s == LOOM_OK && loom_dist_size(d) > 1) s = loom_dist_split(d, 0, loom_dist_rank(d), &g);
-    if (s == LOOM_OK && g) s = loom_tp_init(&tp, full, be, g, NULL);
+    int r = loom_dist_rank(d), n = c->dp > 1 ? loom_dist_size(d) / c->dp : loom_dist_size(d); /* the tp group's size */
+    if (s == LOOM_OK && loom_dist_size(d) > 1) s = loom_dist_split(d, r / n, r, &g);
+    if (s == LOOM_OK && c->dp > 1 && loom_dist_size(d) > 1) s = loom_dist_split(d, r % n, r, &dpg);
+    if (s == LOOM_OK && g) s = loom_tp_init(&tp, full, be, g, dpg);
+    if (dpg) { /* a replica steps its share of the global batch */
+        batch /= c->dp;
+        in += (size_t)(r / n) * batch * seq;
+    }
     m = tp ? loom_tp_model(tp) : full;
     if (s == LOOM_OK) s = loom_gpt_alloc_train(m);
     if (s == LOOM_OK) s = loom_gpt_alloc_acts(m, batch, seq);
@@ -49,12 +55,12 @@ bench_result_t loom_bench_dist_tp_rank(const bench_cfg_t *c, int threads) {
     double tsum = 0, wsum = 0;
     float loss = 0, norm;
     for (int k = 0; s == LOOM_OK && k < warmup + steps; k++) {
-        double t0 = loom_now(), w0 = loom_tp_wait_seconds(tp);
-        s = tp ? loom_train_step_tp(tp, all, all + 1, batch, seq, 1, &opt, 1e-4f, k + 1, &loss, &norm)
-               : loom_train_step(m, all, all + 1, batch, seq, 1, &opt, 1e-4f, k + 1, &loss, &norm);
+        double t0 = loom_now(), w0 = loom_tp_wait_seconds(tp) + loom_tp_dp_wait_seconds(tp);
+        s = tp ? loom_train_step_tp(tp, in, in + 1, batch, seq, 1, &opt, 1e-4f, k + 1, &loss, &norm)
+               : loom_train_step(m, in, in + 1, batch, seq, 1, &opt, 1e-4f, k + 1, &loss, &norm);
         if (k < warmup) continue;
         tsum += loom_now() - t0;
-        wsum += loom_tp_wait_seconds(tp) - w0;
+        wsum += loom_tp_wait_seconds(tp) + loom_tp_dp_wait_seconds(tp) - w0;
     }
     if (s == LOOM_OK) res = (bench_result_t){tsum / steps, wsum / steps, loss, loom_mem_peak_rss(), 16.0 * m->num_params / 1e6, 1};
     else fprintf(stderr, "loom bench dist: tp rank %d: %s\n", loom_dist_rank(d), loom_errmsg());
@@ -62,6 +68,7 @@ bench_result_t loom_bench_dist_tp_rank(const bench_cfg_t *c, int threads) {
     loom_tp_free(tp);
     loom_gpt_free(full);
     loom_dist_free(g);
+    loom_dist_free(dpg);
     if (res.ok) loom_dist_free(d);
     return res;
 }
