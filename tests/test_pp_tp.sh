@@ -11,8 +11,9 @@
 # pp2 x tp2, from step 5). A rank killed mid-run (rank 3: stage 1, tp index
 # 1) while every rank holds after a step (LOOM_TEST_HOLD_AFTER_STEP, an
 # event, not a time) stops the others naming it, and --resume auto ends with
-# the uninterrupted run's weights and AdamW state bit for bit. What is not
-# built is refused naming the flags.
+# the uninterrupted run's weights and AdamW state bit for bit. The tp and pp
+# communication times reach metrics.jsonl; what is not built is refused
+# naming the flags; loom bench dist measures tp2xdp2 and pp2xtp2.
 set -u
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-$PWD/build/loom}
@@ -53,6 +54,11 @@ done
 # stage and tp index) averaging over their dp group, against one process
 # with both pipelines' micro-batches.
 run one8 --heads 2 --grad-accum 8 && run ptd --heads 2 --nproc 8 --pp 2 --tp 2 && check pp2xtp2xdp2_gpt2_vs_1 "$tmp/ptd.log" "$tmp/one8" "$tmp/ptd"
+$PY - "$tmp/pt_gpt2/metrics.jsonl" <<'PY' && echo "PASS pp_tp_metrics_comm_tp_and_pp" || echo "FAIL pp_tp_metrics_comm_tp_and_pp"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+sys.exit(0 if len(rows) == 10 and all(r["comm_tp_s"] > 0 and 0 <= r["bubble_s"] <= r["comm_pp_s"] <= r["step_s"] for r in rows) else 1)
+PY
 grep -q "each stage a tensor-parallel group of 2 ranks" "$tmp/pt_gpt2.log" && echo "PASS pp_tp_layout_printed" \
     || { echo "FAIL pp_tp_layout_printed:"; head -5 "$tmp/pt_gpt2.log"; }
 

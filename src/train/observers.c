@@ -112,7 +112,7 @@ static loom_status mlog_start(void *ctx, loom_train_run_t *run) {
 static loom_status mlog_after_step(void *ctx, loom_train_run_t *run, const loom_step_record_t *r) {
     mlog_t *g = ctx;
     loom_metrics_row_t row = {.step = r->step, .loss = r->loss, .val_loss = r->val_loss, .has_comm_wait = run->multi,
-                              .comm_wait_s = r->comm_wait_s, .has_comm_tp = run->tp != NULL, .comm_tp_s = r->comm_tp_s, .has_loss_scale = run->loss_scaling, .loss_scale = r->loss_scale,
+                              .comm_wait_s = r->comm_wait_s, .has_comm_tp = run->tp != NULL || run->o->tp > 1, .comm_tp_s = r->comm_tp_s, .has_loss_scale = run->loss_scaling, .loss_scale = r->loss_scale,
                               .skipped = r->skipped, .lr = r->lr, .grad_norm = r->grad_norm, .tokens_per_s = r->tokens_per_s,
                               .mfu = r->mfu, .step_s = r->step_s, .elapsed_s = r->elapsed_s,
                               .has_energy = isfinite(run->energy_j_per_token), .energy_j_per_token = run->energy_j_per_token,

@@ -40,7 +40,7 @@ struct loom_pp {
     double loss_sum;            /* last stage: this step's micro-batch losses */
     const int *tok, *tgt;       /* this step's micro-batches */
     float dloss;
-    double comm_s, fastest, sched_s, bubble_s, dp_s;
+    double comm_s, fastest, sched_s, bubble_s, dp_s, tp_s;
     int msgs;
 };
 
@@ -56,6 +56,7 @@ const loom_gpt_config_t *loom_pp_config(const loom_pp_t *pp) { return &pp->cfg; 
 int loom_pp_stage(const loom_pp_t *pp) { return pp->s; }
 
 double loom_pp_last_dp_wait(const loom_pp_t *pp) { return pp ? pp->dp_s : 0; }
+double loom_pp_last_tp_wait(const loom_pp_t *pp) { return pp ? pp->tp_s : 0; }
 
 void loom_pp_last_times(const loom_pp_t *pp, double *comm_s, double *bubble_s, double *sched_s) {
     *comm_s = pp ? pp->comm_s : 0;
@@ -427,7 +428,7 @@ loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, c
     pp->loss_sum = 0;
     pp->comm_s = pp->fastest = 0;
     pp->msgs = 0;
-    double t0 = loom_now();
+    double t0 = loom_now(), tp0 = loom_tp_wait_seconds(pp->tp);
     LOOM_TRY(schedule(pp));
     m->be->sync();
     /* A stage that finishes first idles until the last one does (the
@@ -440,6 +441,7 @@ loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, c
     pp->bubble_s = (pp->comm_s > transfer ? pp->comm_s - transfer : 0) + tail;
     pp->comm_s += tail;
     if (pp->tp) LOOM_TRY(loom_tp_finish_grads(pp->tp)); /* the hooks' error, rank-0 biases, shared kv heads */
+    pp->tp_s = loom_tp_wait_seconds(pp->tp) - tp0;
     LOOM_TRY(sum_tied(pp));
     LOOM_TRY(reduce_dp(pp));
     float norm;

@@ -81,6 +81,8 @@ loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, c
 void loom_pp_last_times(const loom_pp_t *pp, double *comm_s, double *bubble_s, double *sched_s);
 /* pp x dp: seconds the last step waited on the data-parallel reduction. */
 double loom_pp_last_dp_wait(const loom_pp_t *pp);
+/* pp x tp: seconds the last step's forward and backward waited on the stage's tp group. */
+double loom_pp_last_tp_wait(const loom_pp_t *pp);
 /* The 1F1B formula's bubble fraction (N-1)/(M+N-1). */
 double loom_pp_bubble_formula(int stages, int micro);
 

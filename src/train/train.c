@@ -171,7 +171,7 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     LOOM_TRY(optimizer_step(j, rec));
     run->be->sync();
     rec->step_s = loom_now() - t0;
-    rec->comm_tp_s = loom_tp_wait_seconds(run->tp) - tp0;
+    rec->comm_tp_s = loom_tp_wait_seconds(run->tp) - tp0 + loom_pp_last_tp_wait(run->pp);
     /* comm_wait_s is the data-parallel wait (comm_dp_s); the tp group's and the pipeline's are apart */
     rec->comm_wait_s = loom_dp_last_wait(run->dp) + loom_tp_dp_wait_seconds(run->tp) - dp0 + loom_pp_last_dp_wait(run->pp);
     rec->tokens_per_s = run->tokens_per_step / rec->step_s;
