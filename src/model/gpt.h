@@ -231,7 +231,13 @@ struct loom_gpt {
      * not a block format has data NULL (q8_0 ones are int8, block 32, as
      * in file_int8). params holds the same values dequantized; the
      * inference forward runs these on a backend with matmul_forward_kq
-     * (docs/quantization.md). Freed with the model. */
+     * (docs/quantization.md). Two more tensors follow the (L, 4): the
+     * token embedding and the head as stored (LOOM_FILE_Q_EMBED,
+     * LOOM_FILE_Q_HEAD; data NULL when not a block format or q8_0); the
+     * inference forward looks its rows up and computes the logits on them.
+     * Then LOOM_FILE_Q_PARTS part slots per (layer, linear weight): the
+     * parts of a fused weight stored in differing block types (slot data
+     * NULL), each run on its own blocks. Freed with the model. */
     loom_tensor_t *file_q;
 };
 
@@ -288,6 +294,7 @@ typedef struct {
                           * stored at the backend's act_dtype (2 bytes at bf16) */
 } loom_act_info_t;
 #define LOOM_ACT_MAX 32
+#define LOOM_FILE_Q_PARTS 3 /* loom_gpt_t.file_q: part slots per linear weight (q, k, v) */
 /* The activation block loom_gpt_alloc_acts allocates for (B, T) under
  * recompute mode `rc`: fills out[0..*n) when out is non-NULL and returns
  * the block's total floats. The planner reads the same table. */

@@ -627,6 +627,10 @@ loom_status loom_dist_split(loom_dist_t *d, int color, int key, loom_dist_t **ou
             free(g);
             return s;
         }
+        if (g->host.size == 1 && g->host.impl) { /* mpi's group of one: a single rank needs no communicator */
+            g->host.ops->free(g->host.impl);
+            g->host = (dist_join_t){.rank = 0, .size = 1};
+        }
     }
     g->rank = g->host.rank;
     g->size = g->host.size;
