@@ -337,6 +337,25 @@ void loom_gpt_adamw(loom_gpt_t *m, const loom_adamw_t *hp);
 /* The same through the backend's adamw_dev: lr, grad_scale, t, clipping
  * and the skip on a non-finite gradient norm come from device `scalars`. */
 void loom_gpt_adamw_dev(loom_gpt_t *m, const loom_adamw_t *hp, const float *scalars);
+/* Pipeline stages (train/pipeline.h) run a model whose n_layer is the
+ * stage's own run of consecutive layers. `parts` says which ends it holds:
+ * LOOM_STAGE_EMBED embeds m->tokens into the residual stream (else the
+ * caller wrote the stream's input first), LOOM_STAGE_HEAD runs the final
+ * norm, the head and, with targets, the loss. LOOM_STAGE_ALL is the whole
+ * model: loom_gpt_forward / loom_gpt_backward are these with it. */
+enum { LOOM_STAGE_EMBED = 1, LOOM_STAGE_HEAD = 2, LOOM_STAGE_ALL = 3 };
+loom_status loom_gpt_forward_stage(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T, int parts,
+                                   float dloss, float *loss);
+/* Backward of a stage; without LOOM_STAGE_HEAD the caller first writes the
+ * gradient of the stream's output into LOOM_STREAM_GRAD. Afterwards that
+ * buffer holds the gradient of the stream's input. ACCUMULATES into grads. */
+void loom_gpt_backward_stage(loom_gpt_t *m, int B, int T, int parts);
+/* The residual stream at a stage's ends, B*T*C activation elements (at the
+ * backend's act_dtype) in the current activation block: IN the input of
+ * the first block (the embedding's output), OUT the last block's output,
+ * GRAD the gradient along the stream (see loom_gpt_backward_stage). */
+typedef enum { LOOM_STREAM_IN, LOOM_STREAM_OUT, LOOM_STREAM_GRAD } loom_gpt_stream_kind;
+float *loom_gpt_stream(const loom_gpt_t *m, int B, int T, loom_gpt_stream_kind which);
 /* Copy the logits (B,T,Vp) of the last forward to host memory `out`. Only
  * meaningful after a forward with dloss == 0. */
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);
