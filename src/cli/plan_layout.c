@@ -21,7 +21,9 @@ void plan_batch_overshoot(plan_report_t *r, double tokens, double target, int gp
 static const char *rc_name(loom_recompute rc) { return loom_recompute_name(rc); }
 
 static void layout_name(const loom_layout_t *l, char *buf, size_t cap) {
-    snprintf(buf, cap, "tp%d pp%d dp%d zero%d mb%d x%d %s", l->tp, l->pp, l->dp, l->zero, l->micro, l->m, rc_name(l->rc));
+    char v[16] = "";
+    if (l->vs > 1) snprintf(v, sizeof v, "v%d ", l->vs);
+    snprintf(buf, cap, "tp%d pp%d %sdp%d zero%d mb%d x%d %s", l->tp, l->pp, v, l->dp, l->zero, l->micro, l->m, rc_name(l->rc));
 }
 
 loom_status plan_layouts_none(const loom_layout_search_t *s, const loom_layout_env_t *e) {
@@ -44,9 +46,9 @@ loom_status plan_layouts_none(const loom_layout_search_t *s, const loom_layout_e
 
 static cJSON *row_json(const loom_layout_row_t *x) {
     cJSON *o = cJSON_CreateObject();
-    const int iv[] = {x->l.tp, x->l.pp, x->l.dp, x->l.zero, x->l.micro, x->l.m};
-    const char *ik[] = {"tp", "pp", "dp", "zero", "micro_batch", "micro_batches"};
-    for (int i = 0; i < 6; i++) cJSON_AddNumberToObject(o, ik[i], iv[i]);
+    const int iv[] = {x->l.tp, x->l.pp, x->l.dp, x->l.zero, x->l.micro, x->l.m, x->l.vs};
+    const char *ik[] = {"tp", "pp", "dp", "zero", "micro_batch", "micro_batches", "virtual_stages"};
+    for (int i = 0; i < 7; i++) cJSON_AddNumberToObject(o, ik[i], iv[i]);
     cJSON_AddStringToObject(o, "recompute", rc_name(x->l.rc));
     const double dv[] = {x->c.mem, x->c.params, x->c.grads, x->c.optim, x->c.gather, x->c.acts, x->c.step_s, x->c.compute_s,
                          x->c.tp_s, x->c.pp_s, x->c.dp_s, x->c.dp_exposed_s, x->c.bubble_s, x->c.bubble_frac, x->c.tokens};
