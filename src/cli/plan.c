@@ -558,7 +558,8 @@ static loom_status plan_train(void *flags) {
     loom_status s = train_setup(f, &t, &c, &m, &r);
     if (s == LOOM_OK && f->measured) s = read_run_metrics(f->measured, &c.cfg, &m);
     if (s == LOOM_OK) s = pick_rate(&c, f, &m, &r);
-    double tokens = f->tokens ? plan_parse_count(f->tokens) : 20.0 * (double)loom_gpt_num_params(&c.cfg);
+    /* The model is only known once setup succeeded (an empty config divides by zero heads). */
+    double tokens = f->tokens ? plan_parse_count(f->tokens) : s == LOOM_OK ? 20.0 * (double)loom_gpt_num_params(&c.cfg) : 0;
     if (s == LOOM_OK && tokens <= 0) s = loom_error(LOOM_EINVAL, "--tokens %s: a token count like 30B or 2.5e9", f->tokens);
     loom_layout_env_t env;
     loom_layout_fix_t fix;
