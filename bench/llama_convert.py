@@ -8,7 +8,9 @@ installed; loom's folders have no tokenizer.model, so the converter falls
 through to tokenizer.json);
 and "gpt-2" as the pre-tokenizer, which the converter
 otherwise identifies by hashing known tokenizers' output and so refuses any
-tokenizer it has not seen; loom's pre-tokenizer is GPT-2's regex."""
+tokenizer it has not seen; loom's pre-tokenizer is GPT-2's regex (LOOM_GGUF_PRE
+names another: "llama-bpe" for a Llama 3-style tokenizer, bench/llama_random.py)."""
+import os
 import runpy
 import sys
 
@@ -20,7 +22,7 @@ for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz
 sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
 import conversion.base as base  # noqa: E402  (from the llama.cpp tree on PYTHONPATH)
 
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: os.environ.get("LOOM_GGUF_PRE", "gpt-2")
 sentencepiece_vocab = base.TextModel._create_vocab_sentencepiece
 
 

@@ -12,7 +12,8 @@ them: the values loom's dequantization must equal bit for bit.
 With `gpt2`, OUT_DIR/gpt2.gguf: a small GPT-2 (C 256, 2 layers) whose
 linear weights are in one block format each (k-quants, 32-value formats
 and q8_0 mixed, as a Q4_K_M file mixes them), the rest f32, no tokenizer.
-With `llama`, OUT_DIR/llama.gguf: a small Llama (C 256, 4 heads, 2 kv
+With `llama_ends`, OUT_DIR/llama_ends.gguf: the same with token_embd in
+q6_K and output in q8_0. With `llama`, OUT_DIR/llama.gguf: a small Llama (C 256, 4 heads, 2 kv
 heads, H 512, untied head) as llama.cpp's convert_hf_to_gguf.py lays it
 out (attn_q and attn_k rows permuted by its `permute`), layer 0 in f32,
 layer 1 in block formats; OUT_DIR/llama_expect.gguf: loom's fused
@@ -83,7 +84,7 @@ def unpermute(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def llama_file(path, expect_path):
+def llama_file(path, expect_path, ends=False):
     C, L, V, H, NH, KV = 256, 2, 300, 512, 4, 2
     hs = C // NH
     w = gguf.GGUFWriter(path, "llama")
@@ -98,7 +99,14 @@ def llama_file(path, expect_path):
            "output_norm.weight": ("lnfw", 1 + f32(C, std=0.1))}
     hfw = {}  # the weights in Hugging Face's layout, for llama_logits
     for name, (loom, x) in top.items():
-        w.add_tensor(name, x)
+        qt = {"token_embd.weight": T.Q6_K, "output.weight": T.Q8_0}.get(name) if ends else None
+        if qt is not None:  # stored in a block format: the embedding and the head run on the file's rows
+            data = kquant_bytes(qt, *x.shape) if qt == T.Q6_K else quantize(x, qt)
+            w.add_tensor(name, data, raw_dtype=qt)
+            x = np.asarray(dequantize(data, qt), dtype=np.float32).reshape(x.shape)
+            top[name] = (loom, x)
+        else:
+            w.add_tensor(name, x)
         ex.add_tensor(loom, x)
         hfw[loom] = x
     kinds = [dict(q=T.F32, k=T.F32, v=T.F32, o=T.F32, gate=T.F32, up=T.F32, down=T.F32),
@@ -195,9 +203,47 @@ if len(sys.argv) > 3 and sys.argv[2] == "compare":
     print("ok compare")
     sys.exit(0)
 
+if len(sys.argv) > 2 and sys.argv[2] == "llama_ends":
+    llama_file(f"{out}/llama_ends.gguf", f"{out}/llama_ends_expect.gguf", ends=True)
+    print("ok llama_ends")
+    sys.exit(0)
+
 if len(sys.argv) > 2 and sys.argv[2] == "llama":
     llama_file(f"{out}/llama.gguf", f"{out}/llama_expect.gguf")
     print("ok llama")
+    sys.exit(0)
+
+def rope(path, factor, low, high, orig):
+    """rope_freqs.weight of loom's file against what llama.cpp's converter
+    (conversion/llama.py, generate_extra_tensors) computes for the same
+    rope_scaling: the same float32 values within float32 rounding."""
+    import math
+    r = gguf.GGUFReader(path)
+    base = float(r.fields["llama.rope.freq_base"].contents())
+    dim = int(r.fields["llama.rope.dimension_count"].contents())
+    freqs = 1.0 / (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    factor, low, high, orig = float(factor), float(low), float(high), float(orig)
+    want = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < orig / high:
+            want.append(1)
+        elif wavelen > orig / low:
+            want.append(factor)
+        else:
+            smooth = (orig / wavelen - low) / (high - low)
+            want.append(1 / ((1 - smooth) / factor + smooth))
+    got = [t for t in r.tensors if t.name == "rope_freqs.weight"]
+    assert len(got) == 1 and got[0].tensor_type == T.F32, "no f32 rope_freqs.weight"
+    g = np.asarray(got[0].data, dtype=np.float64).ravel()
+    want = np.asarray(want, dtype=np.float64)
+    assert g.shape == want.shape and np.max(np.abs(g - want) / want) < 1e-5, (g, want)
+    assert len(r.tensors) == 1 + 3 + 2 * 9, len(r.tensors)
+
+
+if len(sys.argv) > 3 and sys.argv[2] == "rope":
+    rope(*sys.argv[3:8])
+    print("ok rope")
     sys.exit(0)
 
 if len(sys.argv) > 2 and sys.argv[2] == "gpt2":

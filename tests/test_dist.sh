@@ -22,17 +22,12 @@ A=(--data "$tmp/data.txt" --layers 2 --channels 64 --heads 2 --context 64 --seq 
 # compare NAME RUN_A RUN_B TOL: first 10 losses within TOL relative, final weights within 1e-3 of each tensor's largest value.
 compare() {
     python3 - "$2" "$3" "$4" <<'PY'
-import array, json, struct, sys
+import json, sys
+sys.path.insert(0, "tests")
+from lib_ckpt import weights
 a, b, tol = sys.argv[1], sys.argv[2], float(sys.argv[3])
 def losses(run):
     return [json.loads(l)["loss"] for l in open(run + "/metrics.jsonl")][:10]
-def weights(run):
-    name = open(run + "/latest").read().strip()
-    raw = open(f"{run}/checkpoints/{name}/model.safetensors", "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    hdr = json.loads(raw[8:8 + n]); base = 8 + n
-    return {k: array.array("f", raw[base + v["data_offsets"][0]: base + v["data_offsets"][1]])
-            for k, v in hdr.items() if k != "__metadata__"}
 la, lb = losses(a), losses(b)
 if len(la) < 10 or len(lb) < 10:
     print(f"only {len(la)} and {len(lb)} losses"); sys.exit(1)

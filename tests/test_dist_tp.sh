@@ -6,7 +6,7 @@
 # learned positions) and llama-tiny (GQA, RoPE, SwiGLU, RMSNorm, tied head)
 # with kv heads split (tp2) and shared (tp4 over 2 kv heads), tp2 x dp2 on
 # 4 ranks, and over MPI. A tp2 checkpoint resumes in one process with the
-# single run's losses, and a single checkpoint in tp2. The tp communication
+# single run's losses, a single checkpoint in tp2, and tp2 its own bit for bit. The tp communication
 # wait is in metrics.jsonl and /metrics; a --tp that does not divide the
 # heads is refused with the numbers.
 set -u
@@ -66,6 +66,12 @@ run tp2_to_1 "${LLAMA[@]}" --batch 4 --resume step_5 && check tp2_ckpt_resumes_i
 cp -r "$tmp/llama_one" "$tmp/one_to_tp2"
 run one_to_tp2 "${LLAMA[@]}" --batch 4 --nproc 2 --tp 2 --resume step_5 &&
     check tp2_resumes_1_ckpt "$tmp/llama_one" "$tmp/one_to_tp2" "$tmp/one_to_tp2.log"
+
+cp -r "$tmp/llama_tp2" "$tmp/tp2_again"
+if run tp2_again "${LLAMA[@]}" --batch 4 --nproc 2 --tp 2 --resume step_5; then
+    if out=$($PY tests/dist_compare.py "$tmp/llama_tp2" "$tmp/tp2_again" --exact 2>&1); then echo "PASS tp2_resume_same_layout_bit_exact ($out)"
+    else echo "FAIL tp2_resume_same_layout_bit_exact: $out"; fi
+fi
 
 # Observability: comm_tp_s on every step of a tp run, none without; the /metrics series.
 if python3 - "$tmp/gpt_tp2/metrics.jsonl" "$tmp/gpt_one/metrics.jsonl" <<'PY'

@@ -387,13 +387,22 @@ static void test_llama_map(void) {
     CHECK(same == n && n == 3 + 2 * 6, "%d of %d parameters equal", same, n);
     int mixed = 0;
     loom_tensor_t *fq = loom_gguf_file_weights(g, &c, 1, &mixed);
-    CHECK(fq && mixed == 1, "block weights %p, %d mixed", (void *)fq, mixed);
+    CHECK(fq && mixed == 0, "block weights %p, %d mixed left to fp32", (void *)fq, mixed);
     static const loom_dtype want[LOOM_QLIN_COUNT] = {LOOM_Q4_K, LOOM_Q6_K, LOOM_DTYPE_COUNT, LOOM_INT8};
     for (int q = 0; q < LOOM_QLIN_COUNT && fq; q++) {
         const loom_tensor_t *w = &fq[LOOM_QLIN_COUNT + q];
         CHECK(!fq[q].data, "layer 0 (f32) has no block weights");
-        if (want[q] == LOOM_DTYPE_COUNT) { /* gate q5_K, up q4_K: left to fp32 */
-            CHECK(!w->data, "the mixed gate/up has block weights");
+        if (want[q] == LOOM_DTYPE_COUNT) { /* gate q5_K, up q4_K: each part on its own blocks, in the part slots */
+            const loom_tensor_t *pp = &fq[c.n_layer * LOOM_QLIN_COUNT + 2 + (LOOM_QLIN_COUNT + q) * LOOM_FILE_Q_PARTS];
+            CHECK(!w->data && pp[0].data && pp[0].dtype == LOOM_Q5_K && pp[1].data && pp[1].dtype == LOOM_Q4_K && !pp[2].data &&
+                      pp[0].rows == c.ffn_hidden && pp[1].rows == c.ffn_hidden,
+                  "the mixed gate/up: slot %p, parts %s %s", w->data, pp[0].data ? loom_dtype_name(pp[0].dtype) : "-",
+                  pp[1].data ? loom_dtype_name(pp[1].dtype) : "-");
+            float *d = loom_malloc((size_t)2 * c.ffn_hidden * c.channels * sizeof(float));
+            for (int k = 0; k < 2 && pp[k].data; k++) loom_tensor_dequantize(&pp[k], d + (size_t)k * c.ffn_hidden * c.channels);
+            CHECK(!memcmp(d, host + pt[LOOM_FCW].offset + pt[LOOM_FCW].numel / 2, (size_t)2 * c.ffn_hidden * c.channels * sizeof(float)),
+                  "layer 1 gate/up: the parts' blocks do not dequantize to the parameters");
+            free(d);
             continue;
         }
         CHECK(w->data && w->dtype == want[q], "layer 1 weight %d: %s", q, loom_dtype_name(w->dtype));
@@ -416,6 +425,71 @@ static void test_llama_map(void) {
     free(host);
     loom_gguf_close(g);
     loom_gguf_close(e);
+}
+
+/* Llama 3's RoPE scaling written as llama.cpp's converter writes it
+ * (rope_freqs.weight, checked by the gguf package against the converter's
+ * formula) and read back as the same scaling: Llama 3.1's factors, and
+ * others the divisors fit. */
+static void test_llama3_rope_freqs(void) {
+    if (!oracle_files() || run_script("llama") != 1) return;
+    loom_gguf_t *g = open_file("llama.gguf");
+    loom_gpt_config_t c;
+    if (!g || loom_gguf_config(g, &c) != LOOM_OK) return check_fail_why("%s", loom_errmsg());
+    loom_tensor_info_t pt[LOOM_NPARAMS];
+    size_t total;
+    loom_gpt_param_table(&c, pt, &total);
+    float *host = loom_calloc(total, sizeof(float));
+    CHECK(loom_gguf_read_params(g, &c, pt, host) == LOOM_OK, "%s", loom_errmsg());
+    static const float cases[][3] = {{8, 1, 4}, {32, 2, 16}};
+    for (int k = 0; k < 2; k++) {
+        c.rope_scaling.kind = LOOM_ROPE_SCALING_LLAMA3, c.rope_scaling.factor = cases[k][0];
+        c.rope_scaling.low_freq_factor = cases[k][1], c.rope_scaling.high_freq_factor = cases[k][2], c.rope_scaling.original_max_pos = 8192;
+        char p[512], args[700];
+        snprintf(p, sizeof p, "%s/llama3_rope%d.gguf", dir, k);
+        loom_gguf_write_opts_t o = {.cfg = &c, .dtype = LOOM_XDT_F32, .name = "rope-test", .params = host};
+        CHECK(loom_gguf_write(p, &o) == LOOM_OK, "%s", loom_errmsg());
+        snprintf(args, sizeof args, "rope %s %g %g %g 8192", p, cases[k][0], cases[k][1], cases[k][2]);
+        CHECK(run_script(args) == 1, "rope_freqs.weight differs from llama.cpp's converter's");
+        loom_gguf_t *r = NULL;
+        loom_gpt_config_t back;
+        CHECK(loom_gguf_open(&r, p) == LOOM_OK && loom_gguf_config(r, &back) == LOOM_OK, "%s", loom_errmsg());
+        if (r) loom_gguf_close(r);
+        CHECK(back.rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3 && back.rope_scaling.factor == cases[k][0] &&
+                  fabsf(back.rope_scaling.low_freq_factor - cases[k][1]) < 1e-3f * cases[k][1] &&
+                  fabsf(back.rope_scaling.high_freq_factor - cases[k][2]) < 1e-3f * cases[k][2] && back.rope_scaling.original_max_pos == 8192,
+              "read back: kind %d factor %g low %g high %g original %d", (int)back.rope_scaling.kind, back.rope_scaling.factor,
+              back.rope_scaling.low_freq_factor, back.rope_scaling.high_freq_factor, back.rope_scaling.original_max_pos);
+    }
+    free(host);
+    loom_gguf_close(g);
+}
+
+/* The embedding (q6_K) and the head (q8_0) on the file's rows: logits
+ * within the activations' rounding of fp32 on the dequantized weights;
+ * then the fp32 weights the blocks replace given back, and the logits the
+ * same bits as before (nothing on the inference path read them). */
+static void test_llama_ends_on_blocks(void) {
+    if (!oracle_files() || run_script("llama_ends") != 1) return;
+    loom_gpt_t *m = load_cpu("llama_ends.gguf");
+    if (!m) return;
+    const loom_tensor_t *ends = m->file_q ? &m->file_q[(size_t)m->cfg.n_layer * LOOM_QLIN_COUNT] : NULL;
+    CHECK(ends && ends[0].data && ends[0].dtype == LOOM_Q6_K && ends[1].data && ends[1].dtype == LOOM_INT8 && ends[1].block == 32,
+          "the embedding and head as stored: %s, %s", ends && ends[0].data ? loom_dtype_name(ends[0].dtype) : "none",
+          ends && ends[1].data ? loom_dtype_name(ends[1].dtype) : "none");
+    int T = 40;
+    double e = blocks_vs_fp32(m, T);
+    CHECK(e > 0 && e < 2e-2, "logits on the file's embedding, head and blocks vs fp32: normalized error %.3g", e);
+    float *before = infer_logits(m, T);
+    size_t given = loom_infer_weights_release_fp32(m, NULL), n = (size_t)T * m->cfg.padded_vocab_size;
+    float *after = infer_logits(m, T);
+    size_t want = (m->ptable[LOOM_WTE].numel + m->ptable[LOOM_LMHEAD].numel) * sizeof(float); /* the mixed layer-0 weights stay */
+    CHECK(given >= want / 2, "%zu bytes given back, the embedding and head alone are %zu", given, want);
+    CHECK(!memcmp(before, after, n * sizeof(float)), "the logits changed when the fp32 copy was given back");
+    printf("  llama, q6_K embedding and q8_0 head on the file's rows: vs fp32 %.3g normalized; %.2f MB of fp32 given back\n", e,
+           given / 1e6);
+    free(before), free(after);
+    loom_gpt_free(m);
 }
 
 /* The llama file's logits against transformers' on the same weights. */
@@ -452,5 +526,7 @@ int main(void) {
     RUN(test_gpt2_block_weights);
     RUN(test_llama_map);
     RUN(test_llama_hf_logits);
+    RUN(test_llama3_rope_freqs);
+    RUN(test_llama_ends_on_blocks);
     return check_main_end();
 }

@@ -262,8 +262,14 @@ static void test_gguf_q8_0_int8_weights(void) {
     float *pa = params_of(m2), *pb = params_of(ref);
     CHECK(!memcmp(pa, pb, m2->num_params * sizeof(float)), "the dequantized weights are not d * q");
     size_t nl = (size_t)B * T * m2->cfg.padded_vocab_size;
-    float *l8 = quant_logits(m2, LOOM_QUANT_W8A32), *lr = quant_logits(ref, LOOM_QUANT_W8A32), *lf = infer_logits(m2, NULL);
-    float *la = quant_logits(m2, LOOM_QUANT_W8A8);
+    float *l8 = quant_logits(m2, LOOM_QUANT_W8A32), *lr = quant_logits(ref, LOOM_QUANT_W8A32), *la = quant_logits(m2, LOOM_QUANT_W8A8);
+    loom_tensor_t *fq = m2->file_q;
+    m2->file_q = NULL; /* fp32 on the dequantized weights (by default the file's blocks run, as --quant w8a8) */
+    float *lf = infer_logits(m2, NULL);
+    m2->file_q = fq;
+    float *lb = infer_logits(m2, NULL);
+    CHECK(fq && !memcmp(lb, la, nl * sizeof(float)), "the file's blocks by default differ from --quant w8a8 on them");
+    free(lb);
     double e32 = check_rel_err(l8, lf, nl), e8 = check_rel_err(la, lf, nl);
     CHECK(!memcmp(l8, lr, nl * sizeof(float)), "w8a32 logits differ from the reference quantization's");
     CHECK(e32 < 1e-5, "w8a32 on the file's int8 vs fp32 on its dequantized weights: normalized error %.3g", e32);

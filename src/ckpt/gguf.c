@@ -5,7 +5,6 @@
 #include "ckpt/gguf_map.h"
 #include "model/quant.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -204,6 +203,10 @@ static buf_t gguf_head(const loom_gguf_write_opts_t *o, const char *arch, const 
  * host parameter block, rows in the file's order. */
 static loom_status tensor_values(const loom_gguf_write_opts_t *o, const loom_gguf_map_t *x, const loom_xtensor_t *xt,
                                  const loom_tensor_info_t *pt, float *vals) {
+    if (x->param < 0) { /* rope_freqs.weight: no parameter of the model's */
+        loom_gguf_rope_divisors(o->cfg, vals);
+        return LOOM_OK;
+    }
     if (!o->params) return o->src(o->src_ctx, xt, vals);
     size_t w = x->cols ? x->cols : 1;
     const float *from = o->params + loom_gguf_param_at(x, o->cfg, pt);
@@ -246,8 +249,6 @@ static loom_status write_check(const char *path, const loom_gguf_write_opts_t *o
                           path, loom_gpt_family(c), (int)c->bias);
     if (strcmp(arch, "gpt2") && !o->params)
         return loom_error(LOOM_EINVAL, "%s: a %s GGUF is written from the model's parameters (loom_gguf_write_opts_t.params)", path, arch);
-    if (c->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3)
-        return loom_error(LOOM_EUNAVAIL, "%s: Llama 3's RoPE scaling is not written to GGUF yet (llama.cpp wants a rope_freqs tensor)", path);
     if (o->dtype == LOOM_XDT_Q8_0 && c->channels % 32)
         loom_warn("%s: q8_0 needs rows that are a multiple of 32 values; the width %d is not, so those matrices are written f16",
                   path, c->channels);
@@ -261,6 +262,8 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o) {
     loom_xtensor_t *xt = NULL;
     int n = loom_gguf_map(o->cfg, arch, &x);
     if (!o->params) loom_xtensors(o->cfg, &xt); /* the source's table: the same order as the map */
+    if (o->cfg->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3) /* as llama.cpp's converter: one more tensor, last */
+        x[n++] = (loom_gguf_map_t){.gguf = "rope_freqs.weight", .param = -1, .layer = -1, .rows = (size_t)loom_gpt_head_size(o->cfg) / 2, .qlin = -1};
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *f = fopen(tmp, "wb");
@@ -284,96 +287,112 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o) {
 
 /* ---- reading ------------------------------------------------------------- */
 
-/* The embedded GPT-2 BPE tokenizer as tokenizer.json text. */
+/* The names of a string array, NUL-terminated copies (NULL: not a
+ * string array, or one cut short by the end of the file). */
+static char **str_array(const loom_gguf_t *g, const loom_gguf_array_t *a, uint64_t n) {
+    if (a->elem != GV_STR) return NULL;
+    char **v = loom_calloc(n + 1, sizeof *v);
+    const unsigned char *cur = a->val, *s;
+    uint64_t len;
+    for (uint64_t i = 0; i < n; i++) {
+        if (!(s = loom_gguf_next_str(g, &cur, &len))) {
+            for (uint64_t k = 0; k < i; k++) free(v[k]);
+            free(v);
+            return NULL;
+        }
+        v[i] = loom_malloc(len + 1);
+        memcpy(v[i], s, len);
+        v[i][len] = 0;
+    }
+    return v;
+}
+
+static void free_strs(char **v, uint64_t n) {
+    for (uint64_t i = 0; v && i < n; i++) free(v[i]);
+    free(v);
+}
+
+/* Integer metadata `key`, or `dflt` when absent. */
+static int meta_or(const loom_gguf_t *g, const char *key, int dflt) {
+    long long v;
+    return loom_gguf_int(g, key, &v) && v >= INT32_MIN && v <= INT32_MAX ? (int)v : dflt;
+}
+
+/* The tokens, less trailing padding ids (type unused: the model's rows
+ * beyond the tokenizer's vocabulary, as loom's own export writes them). */
+static uint64_t vocab_count(const loom_gguf_array_t *toks, const int32_t *types) {
+    uint64_t n = toks->count;
+    while (n > 0 && types && types[n - 1] == TOKEN_UNUSED) n--;
+    return n;
+}
+
+/* A metadata array of 4-byte elements of type `elem` and `count`
+ * elements, copied (aligned); NULL when absent or otherwise. */
+static void *array4(const loom_gguf_t *g, const char *key, uint32_t elem, uint64_t count) {
+    loom_gguf_array_t a;
+    if (!loom_gguf_array(g, key, &a) || a.elem != elem || a.count != count) return NULL;
+    void *v = loom_malloc(count * 4 + 4);
+    memcpy(v, a.val, count * 4);
+    return v;
+}
+
+/* The tokenizer in the file's tokenizer.ggml.* keys (as llama.cpp's
+ * converter writes them): byte-level BPE ("gpt2", split as
+ * tokenizer.ggml.pre names) or SentencePiece-style BPE ("llama", merges
+ * made from the scores), built by loom_tokenizer_from_vocab. A
+ * pre-tokenizer or model loom does not implement loads the model without
+ * a tokenizer, said (token ids only); a malformed vocabulary is an error. */
 static loom_status read_tokenizer(const loom_gguf_t *g, loom_tokenizer_t **tok) {
     *tok = NULL;
+    loom_gguf_array_t toks, mg;
     char *model = loom_gguf_str(g, "tokenizer.ggml.model");
-    loom_gguf_array_t toks, types, merges;
-    int has_types = loom_gguf_array(g, "tokenizer.ggml.token_type", &types);
     if (!model || !loom_gguf_array(g, "tokenizer.ggml.tokens", &toks)) {
         free(model);
         return LOOM_OK; /* no tokenizer: ids only */
     }
-    int gpt2 = !strcmp(model, "gpt2");
-    char *split = loom_gguf_str(g, "tokenizer.ggml.pre");
-    if (gpt2 && split && strcmp(split, "gpt-2") && strcmp(split, "default")) { /* another split regex: GPT-2's would tokenize wrongly */
-        loom_warn("%s: tokenizer.ggml.pre is \"%s\"; loom's BPE splits text as GPT-2 does (\"gpt-2\"), so the model is loaded "
-                  "without its tokenizer (token ids only)", loom_gguf_path(g), split);
-        free(split), free(model);
-        return LOOM_OK;
+    const char *path = loom_gguf_path(g);
+    int32_t *types = array4(g, "tokenizer.ggml.token_type", GV_I32, toks.count);
+    float *scores = array4(g, "tokenizer.ggml.scores", GV_F32, toks.count);
+    uint64_t n = vocab_count(&toks, types), nm = 0;
+    int has_mg = loom_gguf_array(g, "tokenizer.ggml.merges", &mg);
+    char **names = n <= (1u << 24) ? str_array(g, &toks, n) : NULL, **merges = has_mg ? str_array(g, &mg, nm = mg.count) : NULL;
+    char *pre = loom_gguf_str(g, "tokenizer.ggml.pre");
+    int llama = !strcmp(model, "llama");
+    loom_tokenizer_vocab_t v = {
+        .model = model, .pre = pre, .n = (int)n, .tokens = (const char *const *)names, .types = types,
+        .merges = (const char *const *)merges, .nmerges = merges ? nm : 0, .scores = scores,
+        .bos = meta_or(g, "tokenizer.ggml.bos_token_id", -1), .eos = meta_or(g, "tokenizer.ggml.eos_token_id", -1),
+        .unk = meta_or(g, "tokenizer.ggml.unknown_token_id", -1),
+        .add_bos = meta_or(g, "tokenizer.ggml.add_bos_token", llama), /* llama.cpp's defaults: SentencePiece adds BOS */
+        .add_eos = meta_or(g, "tokenizer.ggml.add_eos_token", 0),
+        .add_space_prefix = meta_or(g, "tokenizer.ggml.add_space_prefix", 1), .origin = path};
+    loom_status s;
+    if (!names || (has_mg && !merges))
+        s = loom_error(LOOM_EFORMAT, "%s: tokenizer.ggml.%s is not an array of strings within the file; convert the model again", path,
+                       names ? "merges" : "tokens");
+    else
+        s = loom_tokenizer_from_vocab(tok, &v);
+    if (s == LOOM_EUNAVAIL) { /* a tokenizer loom does not implement: the weights still run on token ids */
+        loom_warn("%s; the model is loaded without its tokenizer (token ids only)", loom_errmsg());
+        s = LOOM_OK;
     }
-    free(split);
-    if (!gpt2 && !strcmp(model, "llama")) {
-        loom_warn("%s: tokenizer.ggml.model is \"llama\" (SentencePiece); loom does not read it yet, so the model is loaded "
-                  "without its tokenizer (token ids only)", loom_gguf_path(g));
-        free(model);
-        return LOOM_OK;
-    }
-    free(model);
-    if (!gpt2 || toks.elem != GV_STR || !loom_gguf_array(g, "tokenizer.ggml.merges", &merges) || merges.elem != GV_STR)
-        return loom_error(LOOM_EUNAVAIL, "%s: the embedded tokenizer is not GPT-2 BPE (tokenizer.ggml.model \"gpt2\" with merges); loom reads that one",
-                          loom_gguf_path(g));
-    const unsigned char *type = has_types && types.elem == GV_I32 && types.count == toks.count ? types.val : NULL;
-    uint64_t n = toks.count;
-    while (n > 0 && type) { /* trailing padding ids are the model's, not the tokenizer's */
-        int32_t ty;
-        memcpy(&ty, type + 4 * (n - 1), 4);
-        if (ty != TOKEN_UNUSED) break;
-        n--;
-    }
-    cJSON *root = cJSON_CreateObject(), *added = cJSON_AddArrayToObject(root, "added_tokens");
-    cJSON *pre = cJSON_AddObjectToObject(root, "pre_tokenizer");
-    cJSON_AddStringToObject(pre, "type", "ByteLevel");
-    cJSON_AddBoolToObject(pre, "add_prefix_space", 0);
-    cJSON_AddBoolToObject(pre, "use_regex", 1);
-    cJSON *m = cJSON_AddObjectToObject(root, "model");
-    cJSON_AddStringToObject(m, "type", "BPE");
-    cJSON *vocab = cJSON_AddObjectToObject(m, "vocab"), *ml = cJSON_AddArrayToObject(m, "merges");
-    const unsigned char *cur = toks.val, *s;
-    uint64_t len;
-    char *name = NULL;
-    for (uint64_t i = 0; i < n && (s = loom_gguf_next_str(g, &cur, &len)); i++) {
-        name = realloc(name, len + 1);
-        memcpy(name, s, len);
-        name[len] = 0;
-        cJSON_AddNumberToObject(vocab, name, (double)i);
-        int32_t ty = TOKEN_NORMAL;
-        if (type) memcpy(&ty, type + 4 * i, 4);
-        if (ty == TOKEN_CONTROL || ty == TOKEN_UNUSED) {
-            cJSON *a = cJSON_CreateObject();
-            cJSON_AddNumberToObject(a, "id", (double)i);
-            cJSON_AddStringToObject(a, "content", name);
-            cJSON_AddBoolToObject(a, "special", 1);
-            cJSON_AddItemToArray(added, a);
-        }
-    }
-    cur = merges.val;
-    for (uint64_t i = 0; i < merges.count && (s = loom_gguf_next_str(g, &cur, &len)); i++) {
-        name = realloc(name, len + 1);
-        memcpy(name, s, len);
-        name[len] = 0;
-        cJSON_AddItemToArray(ml, cJSON_CreateString(name));
-    }
-    free(name);
-    char *text = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    loom_status st = loom_tokenizer_parse(tok, loom_gguf_path(g), text, strlen(text));
-    free(text);
-    return st;
+    free_strs(names, n), free_strs(merges, nm);
+    free(types), free(scores), free(pre), free(model);
+    return s;
 }
 
 /* Say which weights run as stored and which were dequantized. */
 static void say_block_weights(const char *path, const loom_gpt_t *m, const loom_backend_t *be, int mixed) {
     if (!m->file_q) return;
+    int nq = m->cfg.n_layer * LOOM_QLIN_COUNT;
     size_t bytes = 0;
-    for (int i = 0; i < m->cfg.n_layer * LOOM_QLIN_COUNT; i++)
-        if (m->file_q[i].data) bytes += loom_qblock_tensor_bytes(&m->file_q[i]);
+    for (int i = 0; i < nq * (1 + LOOM_FILE_Q_PARTS) + 2; i++)
+        if (m->file_q[i].data && (i != nq + 1 || m->file_q[i].data != m->file_q[nq].data)) bytes += loom_qblock_tensor_bytes(&m->file_q[i]);
     if (be->matmul_forward_kq)
-        loom_info("%s: the linear layers run on the file's own quantized blocks (%.1f MB); the fp32 copy of every weight "
-                  "is kept too (%.1f MB) for the embedding, the logits and `loom eval`", path, bytes / 1e6,
-                  m->num_params * 4.0 / 1e6);
+        loom_info("%s: the linear layers%s run on the file's own quantized blocks (%.1f MB)", path,
+                  m->file_q[nq].data || m->file_q[nq + 1].data ? ", the embedding and the head where stored so," : "", bytes / 1e6);
     if (mixed)
-        loom_info("%s: %d fused weights (q, k, v or gate, up) mix block types; those run on their fp32 values dequantized at load",
+        loom_info("%s: %d fused weights (q, k, v or gate, up) mix block and unquantized types; those run on their fp32 values",
                   path, mixed);
 }
 

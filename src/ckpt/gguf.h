@@ -1,4 +1,4 @@
-/* gguf: GPT-2 models as GGUF v3 files for llama.cpp, written and read.
+/* gguf: GPT-2 and Llama-family (llama, qwen2) models as GGUF v3 files for llama.cpp, written and read.
  *
  * The format (all little-endian; strings are a uint64 length then bytes):
  *   uint32 magic "GGUF" (0x46554747), uint32 version (3),
@@ -21,10 +21,10 @@
  * stay f32 in every file type; with q8_0 a matrix whose rows are not a
  * multiple of 32 is written f16 (as the converter falls back).
  *
- * The reader takes loom's files and the converter's (gpt2 only): types f32,
- * f16, bf16 and q8_0; a wrong magic, a version other than 2 or 3, another
- * architecture, a missing or misshapen tensor or a tensor past the end of
- * the file are errors naming the file and the tensor. */
+ * The reader takes loom's files and the converter's (gpt2, llama, qwen2):
+ * the types gguf_file.h lists; a wrong magic, a version other than 2 or 3,
+ * another architecture, a missing or misshapen tensor or a tensor past the
+ * end of the file are errors naming the file and the tensor. */
 #ifndef LOOM_GGUF_H
 #define LOOM_GGUF_H
 
@@ -56,14 +56,22 @@ typedef struct {
  * attention.head_count, attention.head_count_kv,
  * attention.layer_norm_rms_epsilon, rope.freq_base, rope.dimension_count,
  * vocab_size, and rope.scaling.* when linear). Llama 3's RoPE scaling is
- * refused (llama.cpp wants a rope_freqs tensor; not written yet). */
+ * the converter's rope_freqs.weight (f32, head size / 2 divisors of the
+ * frequencies), which the reader turns back into the scaling. */
 loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o);
 
-/* Load a GPT-2 GGUF file: a new model on `be` (weights dequantized to
- * float32) and the embedded tokenizer (*tok NULL when it has none). The
- * linear layers' q8_0 matrices are also kept as they are stored, int8
- * with a scale per block of 32 (model->file_int8), so that `--quant`
- * runs the file's own int8 weights rather than quantizing again. */
+/* Load a GGUF file (gpt2, llama, qwen2; gguf_map.h): a new model on `be`
+ * and the embedded tokenizer (*tok NULL when it has none; one loom does not
+ * implement is said and left out). The tokenizer is built from
+ * tokenizer.ggml.* as llama.cpp's converter writes them: model "gpt2"
+ * (byte-level BPE split as tokenizer.ggml.pre says: gpt-2/default,
+ * llama-bpe, qwen2, smollm) with its merges, or "llama" (SentencePiece-
+ * style BPE, merges made from tokenizer.ggml.scores, <0xNN> byte
+ * fallback, add_space_prefix); token_type, bos/eos/unknown ids and
+ * add_bos_token/add_eos_token (llama.cpp's defaults when absent). The
+ * linear layers' block formats are kept as stored (model->file_q; q8_0
+ * also as int8 with a scale per block of 32, model->file_int8), so that
+ * they run on the file's own blocks rather than quantized again. */
 loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok);
 
 /* The string metadata `key` of the GGUF at `path` (e.g.

@@ -37,10 +37,41 @@ static loom_status gpt2_config(const loom_gguf_t *g, loom_gpt_config_t *c) {
     return LOOM_OK;
 }
 
+void loom_gguf_rope_divisors(const loom_gpt_config_t *c, float *out) {
+    int half = loom_gpt_head_size(c) / 2;
+    float *plain = loom_malloc((size_t)half * sizeof(float));
+    loom_gpt_config_t u = *c;
+    u.rope_scaling.kind = LOOM_ROPE_SCALING_NONE;
+    loom_gpt_rope_freqs(&u, plain);
+    loom_gpt_rope_freqs(c, out);
+    for (int i = 0; i < half; i++) out[i] = plain[i] / out[i];
+    free(plain);
+}
+
+/* Llama 3's low and high frequency factors from the divisors between 1
+ * and the factor, whose smoothing s = 1/f's share is linear in
+ * 1/wavelength: s = orig / ((high - low) wl) - low / (high - low). Only
+ * the ratios to the original context are in the file (llama.cpp uses no
+ * more), so that context is taken as Llama 3's 8192. Two such divisors
+ * are needed; with fewer, Llama 3's own 1 and 4 stand. */
+static void fit_llama3(const float *f, int half, double base, loom_gpt_config_t *c) {
+    double fac = c->rope_scaling.factor, s[2] = {0}, iw[2] = {0};
+    int k = 0;
+    for (int i = 0; i < half; i++) {
+        if (!(f[i] > 1 + 1e-4 && f[i] < fac * (1 - 1e-4))) continue;
+        int at = k ? 1 : 0; /* the first and the last such divisor */
+        s[at] = (1 / f[i] - 1 / fac) / (1 - 1 / fac), iw[at] = 1 / (2 * M_PI * pow(base, 2.0 * i / (2 * half)));
+        k++;
+    }
+    if (k < 2 || iw[0] == iw[1]) return;
+    double a = (s[0] - s[1]) / (iw[0] - iw[1]), b = s[0] - a * iw[0], orig = 8192;
+    if (!(a > 0) || !(b < 0)) return;
+    c->rope_scaling.low_freq_factor = (float)(-b * orig / a), c->rope_scaling.high_freq_factor = (float)((1 - b) * orig / a);
+}
+
 /* Llama 3's rope_freqs.weight (the converter's per-frequency divisors)
- * as loom's llama3 scaling: factor the largest divisor, Llama 3's
- * low/high frequency factors 1 and 4 and original context 8192, then
- * checked by recomputing every divisor. */
+ * as loom's llama3 scaling: factor the largest divisor, the frequency
+ * factors fitted (fit_llama3), then checked by recomputing every divisor. */
 static loom_status rope_freqs(const loom_gguf_t *g, loom_gpt_config_t *c) {
     const loom_gguf_tensor_t *t = loom_gguf_find(g, "rope_freqs.weight");
     if (!t) return LOOM_OK;
@@ -48,25 +79,23 @@ static loom_status rope_freqs(const loom_gguf_t *g, loom_gpt_config_t *c) {
     if (t->numel != (uint64_t)half || t->type != LOOM_GT_F32)
         return loom_error(LOOM_EFORMAT, "%s: tensor rope_freqs.weight has %llu values (%s); the heads need %d f32", loom_gguf_path(g),
                           (unsigned long long)t->numel, loom_gguf_type_name(t->type), half);
-    const float *f = t->data;
-    float mx = 0;
+    float *f = loom_malloc((size_t)half * 2 * sizeof(float)), *want = f + half, mx = 0;
+    memcpy(f, t->data, (size_t)half * sizeof(float));
     for (int i = 0; i < half; i++) mx = fmaxf(mx, f[i]);
-    c->rope_scaling.kind = LOOM_ROPE_SCALING_LLAMA3, c->rope_scaling.factor = mx;
-    c->rope_scaling.low_freq_factor = 1, c->rope_scaling.high_freq_factor = 4, c->rope_scaling.original_max_pos = 8192;
-    double base = c->rope_theta > 0 ? c->rope_theta : 10000.0;
-    for (int i = 0; i < half; i++) { /* Hugging Face's _compute_llama3_parameters */
-        double wl = 2 * M_PI * pow(base, 2.0 * i / (2 * half)), lo = 8192 / 1.0, hi = 8192 / 4.0, want;
-        if (wl < hi) want = 1;
-        else if (wl > lo) want = mx;
-        else {
-            double s = (8192 / wl - 1) / (4 - 1);
-            want = 1 / ((1 - s) / mx + s);
-        }
-        if (fabs(want - f[i]) > 1e-4 * want)
-            return loom_error(LOOM_EUNAVAIL, "%s: rope_freqs.weight[%d] is %g, not Llama 3's scaling (%g for factor %g); loom knows that scaling only",
-                              loom_gguf_path(g), i, f[i], want, mx);
-    }
-    return LOOM_OK;
+    loom_gpt_config_t k = *c;
+    k.rope_scaling.kind = LOOM_ROPE_SCALING_LLAMA3, k.rope_scaling.factor = mx;
+    k.rope_scaling.low_freq_factor = 1, k.rope_scaling.high_freq_factor = 4, k.rope_scaling.original_max_pos = 8192;
+    if (!k.rope_theta) k.rope_theta = 10000.0f;
+    fit_llama3(f, half, k.rope_theta, &k);
+    loom_gguf_rope_divisors(&k, want);
+    loom_status s = LOOM_OK;
+    for (int i = 0; i < half && s == LOOM_OK; i++)
+        if (!(fabsf(want[i] - f[i]) <= 1e-4f * want[i]))
+            s = loom_error(LOOM_EUNAVAIL, "%s: rope_freqs.weight[%d] is %g, not Llama 3's scaling (%g for factor %g); loom knows that scaling only",
+                           loom_gguf_path(g), i, f[i], want[i], mx);
+    if (s == LOOM_OK && mx > 1) c->rope_scaling = k.rope_scaling; /* all 1: no scaling */
+    free(f);
+    return s;
 }
 
 /* llama.* / qwen2.*: RMSNorm, RoPE, SwiGLU, no biases (qwen2: q, k, v). */
@@ -272,16 +301,69 @@ static size_t gather(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, i
     return (R * rb + 63) / 64 * 64;
 }
 
+/* 1 when every entry of [p0, p1) is in a block format or q8_0. */
+static int all_stored(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, int p1) {
+    int ok = 1;
+    for (int k = p0; k < p1; k++) {
+        uint32_t t = loom_gguf_find(g, map[k].gguf)->type;
+        ok &= loom_qblock_of_ggml(t) >= 0 || t == LOOM_GT_Q8_0;
+    }
+    return ok;
+}
+
 /* Entries [p0, p1) of map: one fused weight. 1 when every part has one
- * type that `block` wants (0: q8_0; 1: a block format or q8_0). */
+ * type that `block` wants (0: q8_0; 1: a block format or q8_0). *mixed
+ * counts those whose parts differ and that stay fp32 (with block 1, parts
+ * all stored in blocks run part by part instead: split_parts). */
 static int parts_fit(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, int p1, int block, int *kq, int *mixed) {
     uint32_t type = loom_gguf_find(g, map[p0].gguf)->type;
     int same = 1;
     for (int k = p0; k < p1; k++) same &= loom_gguf_find(g, map[k].gguf)->type == type;
     int isq = loom_qblock_of_ggml(type) >= 0, q8 = type == LOOM_GT_Q8_0;
     *kq += same && isq;
-    if (!same) ++*mixed;
+    if (!same && !(block && all_stored(g, map, p0, p1))) ++*mixed;
     return same && (block ? isq || q8 : q8);
+}
+
+/* A fused weight whose parts differ in type but are each stored in
+ * blocks: each part as its own tensor in file_q's part slots. */
+static int split_parts(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, int p1, int block) {
+    if (!block || p1 - p0 > LOOM_FILE_Q_PARTS || !all_stored(g, map, p0, p1)) return 0;
+    uint32_t type = loom_gguf_find(g, map[p0].gguf)->type;
+    int same = 1;
+    for (int k = p0; k < p1; k++) same &= loom_gguf_find(g, map[k].gguf)->type == type;
+    return !same;
+}
+
+/* Map entry `param` (LOOM_WTE, LOOM_LMHEAD), or -1. */
+static int entry_of(const loom_gguf_map_t *map, int n, int param) {
+    for (int i = 0; i < n; i++)
+        if (map[i].param == param) return i;
+    return -1;
+}
+
+/* The embedding and the head kept as stored (file_q's two slots after the
+ * layers) when their type is a block format or q8_0; the head is the
+ * embedding's tensor when the file ties them. Returns the bytes used. */
+static size_t gather_ends(const loom_gguf_t *g, const loom_gguf_map_t *map, int n, char *at, loom_tensor_t *slots) {
+    int e = entry_of(map, n, LOOM_WTE), h = entry_of(map, n, LOOM_LMHEAD);
+    size_t used = 0;
+    for (int k = 0; k < 2; k++) {
+        int i = k ? h : e;
+        if (i < 0) continue;
+        uint32_t type = loom_gguf_find(g, map[i].gguf)->type;
+        if (loom_qblock_of_ggml(type) < 0 && type != LOOM_GT_Q8_0) continue;
+        used += gather(g, map, i, i + 1, at + used, &slots[k]);
+    }
+    if (h < 0) slots[1] = slots[0]; /* tied */
+    return used;
+}
+
+static size_t ends_bytes(const loom_gguf_t *g, const loom_gguf_map_t *map, int n) {
+    size_t b = 128;
+    for (int i = 0; i < n; i++)
+        if (map[i].param == LOOM_WTE || map[i].param == LOOM_LMHEAD) b += map[i].rows * held_row(loom_gguf_find(g, map[i].gguf));
+    return b;
 }
 
 loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int block, int *mixed) {
@@ -290,22 +372,28 @@ loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_confi
     int n = loom_gguf_map(c, arch ? arch : "gpt2", &map), nq = c->n_layer * LOOM_QLIN_COUNT, fit = 0, kq = 0;
     free(arch);
     *mixed = 0;
-    size_t head = (size_t)nq * sizeof(loom_tensor_t), bytes = 0;
+    size_t head = (size_t)(nq + 2 + nq * LOOM_FILE_Q_PARTS) * sizeof(loom_tensor_t), bytes = 0;
     for (int i = 0, j; i < n; i = j) { /* a fused weight's parts are adjacent */
         for (j = i + 1; j < n && map[j].qlin >= 0 && map[j].qlin == map[i].qlin && map[j].layer == map[i].layer;) j++;
-        if (map[i].qlin < 0 || !parts_fit(g, map, i, j, block, &kq, mixed)) continue;
+        if (map[i].qlin < 0) continue;
+        int whole = parts_fit(g, map, i, j, block, &kq, mixed), split = split_parts(g, map, i, j, block);
+        if (!whole && !split) continue;
         fit++;
-        for (int k = i; k < j; k++) bytes += map[k].rows * held_row(loom_gguf_find(g, map[k].gguf));
-        bytes += 64;
+        for (int k = i; k < j; k++) bytes += map[k].rows * held_row(loom_gguf_find(g, map[k].gguf)) + 64;
     }
-    int use = block ? kq > 0 : fit == nq && kq == 0;
+    int use = block ? fit > 0 : fit == nq && kq == 0; /* block: any block or q8_0 weight */
+    if (use && block) bytes += ends_bytes(g, map, n);
     char *mem = use ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
+    loom_tensor_t *t = (loom_tensor_t *)mem;
     for (int i = 0, j; i < n && mem; i = j) {
         for (j = i + 1; j < n && map[j].qlin >= 0 && map[j].qlin == map[i].qlin && map[j].layer == map[i].layer;) j++;
-        int dummy = 0;
-        if (map[i].qlin < 0 || !parts_fit(g, map, i, j, block, &dummy, &dummy)) continue;
-        at += gather(g, map, i, j, at, &((loom_tensor_t *)mem)[map[i].layer * LOOM_QLIN_COUNT + map[i].qlin]);
+        int dummy = 0, slot = map[i].layer * LOOM_QLIN_COUNT + map[i].qlin;
+        if (map[i].qlin < 0) continue;
+        if (parts_fit(g, map, i, j, block, &dummy, &dummy)) at += gather(g, map, i, j, at, &t[slot]);
+        else if (split_parts(g, map, i, j, block))
+            for (int k = i; k < j; k++) at += gather(g, map, k, k + 1, at, &t[nq + 2 + slot * LOOM_FILE_Q_PARTS + (k - i)]);
     }
+    if (mem && block) gather_ends(g, map, n, at, t + nq);
     free(map);
-    return (loom_tensor_t *)mem;
+    return t;
 }

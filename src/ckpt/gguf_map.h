@@ -40,6 +40,9 @@ typedef struct {
  * tensors' shapes; another architecture, or a feature loom's model does
  * not have (partial rotary, YaRN scaling), is refused naming the key. */
 loom_status loom_gguf_config(const loom_gguf_t *g, loom_gpt_config_t *c);
+/* Llama 3's RoPE scaling as llama.cpp holds it (rope_freqs.weight):
+ * head size / 2 divisors of the unscaled frequencies, 1 where kept. */
+void loom_gguf_rope_divisors(const loom_gpt_config_t *c, float *out);
 /* The tensors of config c for architecture `arch` ("gpt2", "llama",
  * "qwen2"), malloc'd into *out; returns the count. */
 int loom_gguf_map(const loom_gpt_config_t *c, const char *arch, loom_gguf_map_t **out);
@@ -57,7 +60,14 @@ loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t 
  * q8_0 (m->file_int8), else NULL; with block 1, those in the block
  * formats (m->file_q; q8_0 among them as int8), else NULL. A fused weight
  * (qkv, gate + up) whose parts differ in type is left out (data NULL) and
- * counted in *mixed. */
+ * counted in *mixed. After the (L, 4) linear weights come two more
+ * tensors (gpt.h file_q): the embedding (token_embd) and the head
+ * (output, or token_embd again when tied) when stored in a block format
+ * or q8_0, else data NULL; then LOOM_FILE_Q_PARTS part slots per linear
+ * weight: a fused weight whose parts are each in a block format or q8_0
+ * but not one type (a Q4_K_M file's q4_K attn_q beside q6_K attn_v) has
+ * data NULL in its slot and its parts there, in order (rows in loom's
+ * order); with block 1 those are not counted in *mixed. */
 loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int block, int *mixed);
 
 #endif

@@ -179,6 +179,11 @@ loom_status loom_open(const char *path, const loom_open_opts_t *o, loom_opened_t
     if (s == LOOM_OK) s = describe_and_load(path, o, out);
     if (s == LOOM_OK && !o->config_only) s = to_device(&out->model, o->device);
     if (s == LOOM_OK && !o->config_only) s = loom_infer_weights_create(&out->weights, out->model, &o->weights);
+    if (s == LOOM_OK && !o->config_only && out->model->file_q && !o->keep_fp32) { /* docs/quantization.md */
+        size_t given = loom_infer_weights_release_fp32(out->model, NULL);
+        if (given)
+            loom_info("%s: %.1f MB of fp32 weights that the file's own blocks replace given back to the system", path, given / 1e6);
+    }
     if (s != LOOM_OK) loom_open_close(out);
     return s;
 }

@@ -45,6 +45,8 @@ typedef struct {
     loom_dtype kv_dtype;               /* the KV cache's element type: LOOM_FP32 or LOOM_INT8 */
     int config_only;                   /* 1: config, tokenizer, state and weights_path only; no model
                                           (loom export streams the weights file itself) */
+    int keep_fp32;                     /* 1: keep the fp32 weights a GGUF's stored blocks replace (made into
+                                          other copies afterwards); 0: given back (loom_infer_weights_release_fp32) */
 } loom_open_opts_t;
 
 /* The CPU, all cores, the newest checkpoint, fp32 weights with 2:4

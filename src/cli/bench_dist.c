@@ -23,18 +23,22 @@
 #include "model/gpt.h"
 #include "train/step.h"
 #include "cli/bench_dist.h"
+#include "cli/bench_pp.h"
 
 /* The layouts --layout names, parsed in one place (parse_layouts). zero:
- * the ZeRO stage, -1 = --zero's; tp: tensor-parallel ranks (0 = none). */
+ * the ZeRO stage, -1 = --zero's; tp: tensor-parallel ranks (0 = none); pp:
+ * pipeline stages (0 = none; cli/bench_pp.h). */
 typedef struct {
     const char *name, *what;
-    int zero, tp;
+    int zero, tp, pp;
 } bench_layout_t;
 static const bench_layout_t layouts[] = {
-    {"dp", "data parallel at --zero", -1, 0},
-    {"zero3", "fully sharded data parallel (ZeRO-3)", 3, 0},
-    {"tp2", "tensor parallel over 2 ranks", -1, 2},
-    {"tp4", "tensor parallel over 4 ranks", -1, 4},
+    {"dp", "data parallel at --zero", -1, 0, 0},
+    {"zero3", "fully sharded data parallel (ZeRO-3)", 3, 0, 0},
+    {"tp2", "tensor parallel over 2 ranks", -1, 2, 0},
+    {"tp4", "tensor parallel over 4 ranks", -1, 4, 0},
+    {"pp2", "a pipeline of 2 stages (1F1B over --micro-batches)", -1, 0, 2},
+    {"pp4", "a pipeline of 4 stages (1F1B over --micro-batches)", -1, 0, 4},
 };
 #define N_LAYOUTS ((int)(sizeof layouts / sizeof layouts[0]))
 #define MAX_LAYOUTS 8
@@ -190,6 +194,16 @@ static int bench_tp(bench_cfg_t c, int n, int ranks, int rounds) {
  * on a shared machine only ever slows a round down); then its table. */
 static int bench_layout(bench_cfg_t c, const bench_layout_t *lay, int ranks, int rounds) {
     if (lay->tp) return bench_tp(c, lay->tp, ranks, rounds);
+    if (lay->pp) {
+        if (lay->pp > c.layers) {
+            fprintf(stderr, "loom bench dist: --layout %s: %d stages need at least %d layers (--layers %d)\n", lay->name, lay->pp, lay->pp, c.layers);
+            return 1;
+        }
+        loom_bench_pp_t p = {.layers = c.layers, .channels = c.channels, .heads = c.heads, .seq = c.seq, .batch = c.batch,
+                             .vocab = c.vocab, .steps = c.steps, .warmup = c.warmup, .micro = c.micro, .stages = lay->pp, .rounds = rounds};
+        printf("\nlayout %s: %s\n", lay->name, lay->what);
+        return loom_bench_pp(&p);
+    }
     if (lay->zero >= 0) c.zero = lay->zero;
     int B = c.batch;
     bench_result_t one = {0}, ov = {0}, no = {0};
@@ -241,7 +255,8 @@ int cmd_bench_dist(int argc, char **argv) {
         {"rounds", ARG_INT, &rounds, "3", 1, 100, "rounds, the configurations alternating; the fastest round of each counts"},
         loom_flag(LOOM_FLAG_ZERO, &c.zero),
         loom_flag(LOOM_FLAG_GRAD_DTYPE, &c.grad_dtype),
-        {"layout", ARG_STR, &layout_list, "dp", 0, 0, "layouts to measure, a comma list: dp (data parallel at --zero), zero3, tp2, tp4 (tensor parallel)"},
+        {"layout", ARG_STR, &layout_list, "dp", 0, 0, "layouts to measure, a comma list: dp (data parallel at --zero), zero3, tp2, tp4 (tensor parallel), pp2, pp4 (pipeline)"},
+        {"micro-batches", ARG_INT, &c.micro, "8", 1, 4096, "micro-batches per step of the ppN layouts (the pipeline's M; --batch each)"},
     };
     LOOM_ARGS_PARSE_OR_RETURN("bench dist", "loom bench dist [--ranks N] [model flags]", args, argc, argv);
     if (ranks == 0) ranks = (int)sysconf(_SC_NPROCESSORS_ONLN);

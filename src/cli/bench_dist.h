@@ -7,6 +7,7 @@ typedef struct {
     int layers, channels, heads, seq, batch, vocab, steps, warmup, zero;
     int grad_dtype; /* loom_dist_dtype */
     int tp;         /* > 0: every rank is a rank of one tensor-parallel group (or the 1-rank baseline) */
+    int micro;      /* ppN: micro-batches per step */
 } bench_cfg_t;
 
 /* One rank's measure, sent to the launcher through a pipe. */

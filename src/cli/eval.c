@@ -62,7 +62,8 @@ int cmd_eval(int argc, char **argv) {
     int T = seq ? seq : (R.model ? R.model->cfg.max_seq_len : 0);
     if (s == LOOM_OK) s = check_data(ds, data, R.tok, R.model, T);
     /* --quant, --kv-dtype given (even none, fp32): scored through the inference forward */
-    if (s == LOOM_OK && (R.weights.quant || kv_dtype || loom_args_given("quant") || loom_args_given("kv-dtype")))
+    /* a GGUF's stored blocks too: they are what the model computes with (its fp32 copy is given back) */
+    if (s == LOOM_OK && (R.weights.quant || R.model->file_q || kv_dtype || loom_args_given("quant") || loom_args_given("kv-dtype")))
         s = loom_eval_loss_infer(R.model, R.weights.quant, R.kv_dtype, ds, batch, T, batches, &ev);
     else if (s == LOOM_OK) s = loom_eval_loss(R.model, ds, batch, T, batches, &ev);
     if (s == LOOM_OK)

@@ -82,7 +82,7 @@ static loom_status line_prompt(const cJSON *j, const loom_tokenizer_t *tok, int 
     if (!tok) return loom_error(LOOM_EINVAL, "a text \"prompt\" needs the run's tokenizer.json; give \"prompt_ids\"");
     uint32_t *u = NULL;
     size_t nu = 0;
-    LOOM_TRY(loom_tokenizer_encode(tok, t->valuestring, strlen(t->valuestring), &u, &nu));
+    LOOM_TRY(loom_tokenizer_encode_special(tok, t->valuestring, strlen(t->valuestring), &u, &nu));
     *ids = loom_malloc((nu + 1) * sizeof(int));
     for (size_t i = 0; i < nu; i++) (*ids)[i] = (int)u[i];
     *n = (int)nu;

@@ -32,6 +32,7 @@ static loom_status progress_after_step(void *ctx, loom_train_run_t *run, const l
     fprintf(stderr, " | lr %.2e | norm %.2f | %.0f tok/s | MFU %s | ETA %s", r->lr, r->grad_norm, r->tokens_per_s, mfu, eta);
     if (run->multi && run->dp) fprintf(stderr, " | dp comm %.1f ms", 1e3 * r->comm_wait_s);
     if (run->tp) fprintf(stderr, " | tp comm %.1f ms", 1e3 * r->comm_tp_s);
+    if (run->pp) fprintf(stderr, " | pp comm %.1f ms, bubble %.0f%%", 1e3 * r->comm_pp_s, 100 * r->bubble_s / r->step_s);
     if (!p->tty || evaluated || r->step == o->steps) fputc('\n', stderr);
     return LOOM_OK;
 }
@@ -52,6 +53,11 @@ static void progress_end(void *ctx, loom_train_run_t *run, loom_status s) {
     if (run->tp)
         loom_info("loom train: tensor parallel (--tp %d): %.1f%% of step time waiting on the tp group (%.2fs)", o->tp,
                   100 * run->comm_tp / run->train_time, run->comm_tp);
+    if (run->pp) { /* rank 0's stage; (N-1)/(M+N-1) is the ideal 1F1B schedule's */
+        double n = o->pp, m = o->grad_accum;
+        loom_info("loom train: pipeline bubble (stage 0): %.2fs, %.1f%% of step time; the 1F1B formula (N-1)/(M+N-1) = %.1f%%",
+                  run->bubble_time, 100 * run->bubble_time / run->train_time, 100 * (n - 1) / (m + n - 1));
+    }
 }
 
 static void progress_free(void *ctx) { free(ctx); }

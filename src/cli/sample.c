@@ -42,7 +42,7 @@ int cmd_sample(int argc, char **argv) {
     uint32_t *ids = NULL;
     size_t n = 0;
     if (prompt && *prompt) {
-        s = loom_tokenizer_encode(tok, prompt, strlen(prompt), &ids, &n);
+        s = loom_tokenizer_encode_special(tok, prompt, strlen(prompt), &ids, &n);
     } else {
         int eot = loom_tokenizer_eot(tok);
         ids = malloc(sizeof *ids);

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ckpt/gguf.h"
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "cli/generate.h"
@@ -47,14 +48,15 @@ typedef struct {
 
 /* The chat template of a run: --chat-template FILE, else RUN/chat_template.txt,
  * else the chat_template of RUN/tokenizer_config.json (a Hugging Face
- * folder), else NULL (the fixed "{role}: {content}" form). A
+ * folder) or a GGUF file's tokenizer.chat_template, else NULL (the fixed "{role}: {content}" form). A
  * tokenizer_config.json also sets the tokenizer's BOS/EOS. */
 static loom_status chat_template_of(const char *dir, const char *flag, loom_tokenizer_t *tok, char **out) {
     char path[4096], *data = NULL, *cfg_tmpl = NULL;
     size_t n = 0;
     *out = NULL;
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-    if (tok && access(path, R_OK) == 0) LOOM_TRY(loom_tokenizer_apply_config(tok, path, &cfg_tmpl));
+    if (!loom_path_is_dir(dir)) LOOM_TRY(loom_gguf_read_str(dir, "tokenizer.chat_template", &cfg_tmpl)); /* a GGUF file */
+    else if (tok && access(path, R_OK) == 0) LOOM_TRY(loom_tokenizer_apply_config(tok, path, &cfg_tmpl));
     if (flag) {
         free(cfg_tmpl);
         return loom_file_read(flag, out, &n);

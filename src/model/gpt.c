@@ -641,14 +641,17 @@ static void block_forward(loom_gpt_t *m, const acts_t *a, int l, int B, int T, i
 int loom_gpt_head_param(const loom_gpt_config_t *c) { return c->untied_head ? LOOM_LMHEAD : LOOM_WTE; }
 static int head_param(const loom_gpt_t *m) { return loom_gpt_head_param(&m->cfg); }
 
-/* Embeddings, the blocks, the head: logits of the batch in m->tokens. */
-static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T) {
+/* The embeddings (LOOM_STAGE_EMBED; else the caller wrote the stream's
+ * input), the blocks, the head (LOOM_STAGE_HEAD): logits of m->tokens. */
+static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T, int parts) {
     const loom_backend_t *be = m->be;
     int C = m->cfg.channels, Vp = m->cfg.padded_vocab_size;
     size_t N = (size_t)B * T;
     layer_event(m, -1, 0);
-    if (m->tp) m->tp->embed_forward(m->tp->ctx, a->a[A_ENCODED], B, T);
-    else be->encoder_forward(a->a[A_ENCODED], m->tokens, P(LOOM_WTE, 0), P(LOOM_WPE, 0), B, T, C);
+    if (parts & LOOM_STAGE_EMBED) {
+        if (m->tp) m->tp->embed_forward(m->tp->ctx, a->a[A_ENCODED], B, T);
+        else be->encoder_forward(a->a[A_ENCODED], m->tokens, P(LOOM_WTE, 0), P(LOOM_WPE, 0), B, T, C);
+    }
     /* Each residual add is fused with the LayerNorm that reads it (the next
      * block's ln1 or the final lnf) where the backend offers the fusion. */
     loom_gpt_norm(&m->cfg, be, lay(a, A_LN1, 0), lay(a, A_LN1_MEAN, 0), lay(a, A_LN1_RSTD, 0), a->a[A_ENCODED], P(LOOM_LN1W, 0), P(LOOM_LN1B, 0), (int)N);
@@ -656,19 +659,19 @@ static void forward_body(loom_gpt_t *m, const acts_t *a, int B, int T) {
         layer_event(m, l, 0);
         block_forward(m, a, l, B, T, 0);
     }
-    be->matmul_forward(a->a[A_LOGITS], a->a[A_LNF], P(head_param(m), 0), NULL, (int)N, C, Vp);
+    if (parts & LOOM_STAGE_HEAD) be->matmul_forward(a->a[A_LOGITS], a->a[A_LNF], P(head_param(m), 0), NULL, (int)N, C, Vp);
 }
 
-loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
-                             float dloss, float *loss) {
+loom_status loom_gpt_forward_stage(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T, int parts,
+                                   float dloss, float *loss) {
     const loom_backend_t *be = m->be;
     int V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
     LOOM_TRY(loom_gpt_set_batch(m, tokens, targets, B, T));
     size_t N = (size_t)B * T;
     acts_t a;
     act_views(m, B, T, &a);
-    forward_body(m, &a, B, T);
-    if (targets) {
+    forward_body(m, &a, B, T, parts);
+    if (targets && (parts & LOOM_STAGE_HEAD)) {
         if (m->tp) m->tp->crossentropy(m->tp->ctx, a.a[A_LOSSES], a.a[A_LOGITS], (int)N, dloss);
         else be->crossentropy(a.a[A_LOSSES], a.a[A_LOGITS], m->targets, (int)N, V, Vp, dloss);
         be->download(m->loss_host, a.a[A_LOSSES], N * sizeof(float));
@@ -679,10 +682,23 @@ loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *target
     return LOOM_OK;
 }
 
+loom_status loom_gpt_forward(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T,
+                             float dloss, float *loss) {
+    return loom_gpt_forward_stage(m, tokens, targets, B, T, LOOM_STAGE_ALL, dloss, loss);
+}
+
+float *loom_gpt_stream(const loom_gpt_t *m, int B, int T, loom_gpt_stream_kind which) {
+    acts_t a;
+    act_views(m, B, T, &a);
+    if (which == LOOM_STREAM_IN) return a.a[A_ENCODED];
+    if (which == LOOM_STREAM_OUT) return lay(&a, A_RESIDUAL3, m->cfg.n_layer - 1);
+    return a.a[G_RESIDUAL];
+}
+
 void loom_gpt_forward_dev(loom_gpt_t *m, int B, int T, const float *scalars) {
     acts_t a;
     act_views(m, B, T, &a);
-    forward_body(m, &a, B, T);
+    forward_body(m, &a, B, T, LOOM_STAGE_ALL);
     m->be->crossentropy_dev(a.a[A_LOSSES], a.a[A_LOGITS], m->targets, B * T, m->cfg.vocab_size, m->cfg.padded_vocab_size, scalars);
 }
 
@@ -741,7 +757,7 @@ static void attn_backward(loom_gpt_t *m, const acts_t *a, int l, int B, int T) {
                   lay(a, A_LN1_RSTD, l), (int)N);
 }
 
-void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
+void loom_gpt_backward_stage(loom_gpt_t *m, int B, int T, int parts) {
     const loom_backend_t *be = m->be;
     const loom_gpt_config_t *c = &m->cfg;
     int L = c->n_layer, C = c->channels, Vp = c->padded_vocab_size;
@@ -750,14 +766,15 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
     act_views(m, B, T, &a);
     float *dres = a.a[G_RESIDUAL], *dbtc = a.a[G_BTC];
 
-    /* Head: logits = lnf @ head^T, the logits buffer now holds their gradient. */
     layer_event(m, -1, 1);
-    be->zero(dbtc, btc_bytes);
-    be->matmul_backward(dbtc, G(head_param(m), 0), NULL, a.a[A_LOGITS], a.a[A_LNF], P(head_param(m), 0), (int)N, C, Vp);
-    if (m->tp) m->tp->allreduce(m->tp->ctx, dbtc, N * C); /* the head is vocabulary-parallel */
-    be->zero(dres, btc_bytes);
-    norm_backward(c, be, dres, G(LOOM_LNFW, 0), G(LOOM_LNFB, 0), dbtc, lay(&a, A_RESIDUAL3, L - 1), P(LOOM_LNFW, 0),
-                  a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N);
+    if (parts & LOOM_STAGE_HEAD) { /* logits = lnf @ head^T, the logits buffer now holds their gradient */
+        be->zero(dbtc, btc_bytes);
+        be->matmul_backward(dbtc, G(head_param(m), 0), NULL, a.a[A_LOGITS], a.a[A_LNF], P(head_param(m), 0), (int)N, C, Vp);
+        if (m->tp) m->tp->allreduce(m->tp->ctx, dbtc, N * C); /* the head is vocabulary-parallel */
+        be->zero(dres, btc_bytes);
+        norm_backward(c, be, dres, G(LOOM_LNFW, 0), G(LOOM_LNFB, 0), dbtc, lay(&a, A_RESIDUAL3, L - 1), P(LOOM_LNFW, 0),
+                      a.a[A_LNF_MEAN], a.a[A_LNF_RSTD], (int)N);
+    } /* else the caller wrote the gradient of the stream's output into dres */
 
     for (int l = L - 1; l >= 0; l--) {
         layer_event(m, l, 1);
@@ -767,10 +784,14 @@ void loom_gpt_backward(loom_gpt_t *m, int B, int T) {
         attn_backward(m, &a, l, B, T);
         if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, l);
     }
-    if (m->tp) m->tp->embed_backward(m->tp->ctx, dres, B, T);
-    else be->encoder_backward(G(LOOM_WTE, 0), G(LOOM_WPE, 0), dres, m->tokens, B, T, C);
+    if (parts & LOOM_STAGE_EMBED) {
+        if (m->tp) m->tp->embed_backward(m->tp->ctx, dres, B, T);
+        else be->encoder_backward(G(LOOM_WTE, 0), G(LOOM_WPE, 0), dres, m->tokens, B, T, C);
+    }
     if (m->grad_hook) m->grad_hook(m->grad_hook_ctx, -1);
 }
+
+void loom_gpt_backward(loom_gpt_t *m, int B, int T) { loom_gpt_backward_stage(m, B, T, LOOM_STAGE_ALL); }
 
 void loom_gpt_zero_grad(loom_gpt_t *m) { m->be->zero(m->grads, m->num_params * sizeof(float)); }
 

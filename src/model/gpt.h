@@ -231,7 +231,13 @@ struct loom_gpt {
      * not a block format has data NULL (q8_0 ones are int8, block 32, as
      * in file_int8). params holds the same values dequantized; the
      * inference forward runs these on a backend with matmul_forward_kq
-     * (docs/quantization.md). Freed with the model. */
+     * (docs/quantization.md). Two more tensors follow the (L, 4): the
+     * token embedding and the head as stored (LOOM_FILE_Q_EMBED,
+     * LOOM_FILE_Q_HEAD; data NULL when not a block format or q8_0); the
+     * inference forward looks its rows up and computes the logits on them.
+     * Then LOOM_FILE_Q_PARTS part slots per (layer, linear weight): the
+     * parts of a fused weight stored in differing block types (slot data
+     * NULL), each run on its own blocks. Freed with the model. */
     loom_tensor_t *file_q;
 };
 
@@ -288,6 +294,7 @@ typedef struct {
                           * stored at the backend's act_dtype (2 bytes at bf16) */
 } loom_act_info_t;
 #define LOOM_ACT_MAX 32
+#define LOOM_FILE_Q_PARTS 3 /* loom_gpt_t.file_q: part slots per linear weight (q, k, v) */
 /* The activation block loom_gpt_alloc_acts allocates for (B, T) under
  * recompute mode `rc`: fills out[0..*n) when out is non-NULL and returns
  * the block's total floats. The planner reads the same table. */
@@ -330,6 +337,25 @@ void loom_gpt_adamw(loom_gpt_t *m, const loom_adamw_t *hp);
 /* The same through the backend's adamw_dev: lr, grad_scale, t, clipping
  * and the skip on a non-finite gradient norm come from device `scalars`. */
 void loom_gpt_adamw_dev(loom_gpt_t *m, const loom_adamw_t *hp, const float *scalars);
+/* Pipeline stages (train/pipeline.h) run a model whose n_layer is the
+ * stage's own run of consecutive layers. `parts` says which ends it holds:
+ * LOOM_STAGE_EMBED embeds m->tokens into the residual stream (else the
+ * caller wrote the stream's input first), LOOM_STAGE_HEAD runs the final
+ * norm, the head and, with targets, the loss. LOOM_STAGE_ALL is the whole
+ * model: loom_gpt_forward / loom_gpt_backward are these with it. */
+enum { LOOM_STAGE_EMBED = 1, LOOM_STAGE_HEAD = 2, LOOM_STAGE_ALL = 3 };
+loom_status loom_gpt_forward_stage(loom_gpt_t *m, const int *tokens, const int *targets, int B, int T, int parts,
+                                   float dloss, float *loss);
+/* Backward of a stage; without LOOM_STAGE_HEAD the caller first writes the
+ * gradient of the stream's output into LOOM_STREAM_GRAD. Afterwards that
+ * buffer holds the gradient of the stream's input. ACCUMULATES into grads. */
+void loom_gpt_backward_stage(loom_gpt_t *m, int B, int T, int parts);
+/* The residual stream at a stage's ends, B*T*C activation elements (at the
+ * backend's act_dtype) in the current activation block: IN the input of
+ * the first block (the embedding's output), OUT the last block's output,
+ * GRAD the gradient along the stream (see loom_gpt_backward_stage). */
+typedef enum { LOOM_STREAM_IN, LOOM_STREAM_OUT, LOOM_STREAM_GRAD } loom_gpt_stream_kind;
+float *loom_gpt_stream(const loom_gpt_t *m, int B, int T, loom_gpt_stream_kind which);
 /* Copy the logits (B,T,Vp) of the last forward to host memory `out`. Only
  * meaningful after a forward with dloss == 0. */
 void loom_gpt_logits(const loom_gpt_t *m, float *out, int B, int T);

@@ -1,6 +1,7 @@
 #include "infer.h"
 
 #include "quant.h"
+#include "backend/qblock.h"
 #include "sparse24.h"
 
 #include <stdint.h>
@@ -221,20 +222,65 @@ void loom_infer_weights_free(loom_infer_weights_t *w) {
     *w = (loom_infer_weights_t){0};
 }
 
+/* The embedding (k 0) or head (k 1) as the model's file stored it (gpt.h
+ * file_q), when the model is in host memory; else NULL. */
+static const loom_tensor_t *file_end(const loom_gpt_t *m, int k) {
+    if (!m->file_q || (m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return NULL;
+    const loom_tensor_t *t = &m->file_q[(size_t)m->cfg.n_layer * LOOM_QLIN_COUNT + (size_t)k];
+    return t->data && (k == 1 || m->cfg.pos == LOOM_POS_ROPE) ? t : NULL; /* a position embedding is added on the fp32 path */
+}
+
+/* 1 when the backend runs stored weight t (a block format, or int8). */
+static int runs_stored(const loom_backend_t *be, const loom_tensor_t *t) {
+    return t && t->data && (t->dtype == LOOM_INT8 ? be->matmul_forward_w8a8 != NULL : be->matmul_forward_kq != NULL);
+}
+
+/* The part slots of linear weight `qlin` of layer l (gpt.h file_q) and
+ * how many parts it has there that the backend runs (0: none, or one it
+ * cannot run). */
+static int file_parts(const loom_gpt_t *m, int l, int qlin, const loom_tensor_t **out) {
+    if (!m->file_q || (m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return 0;
+    size_t nq = (size_t)m->cfg.n_layer * LOOM_QLIN_COUNT;
+    const loom_tensor_t *p = &m->file_q[nq + 2 + ((size_t)l * LOOM_QLIN_COUNT + (size_t)qlin) * LOOM_FILE_Q_PARTS];
+    int k = 0;
+    while (k < LOOM_FILE_Q_PARTS && p[k].data)
+        if (!runs_stored(m->be, &p[k++])) return 0;
+    *out = p;
+    return k;
+}
+
+/* 1 when nothing reads parameter `param` as fp32 on the inference path:
+ * each layer's copy is int8 (w) or the file's own (file_q), or, for the
+ * embedding and the head, the file's own rows. */
+static int fp32_unused(const loom_gpt_t *m, const loom_infer_weights_t *w, int param, int qlin) {
+    if (param == LOOM_WTE || param == LOOM_LMHEAD) {
+        int head = runs_stored(m->be, file_end(m, 1)), tied = param == LOOM_WTE && !m->cfg.untied_head;
+        return param == LOOM_LMHEAD ? head : file_end(m, 0) != NULL && (!tied || head);
+    }
+    int every = 1;
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        const loom_tensor_t *f = m->file_q ? &m->file_q[(size_t)l * LOOM_QLIN_COUNT + (size_t)qlin] : NULL;
+        const loom_tensor_t *parts;
+        every &= (w && w->quant && loom_quant_weight(w->quant, qlin, l) != NULL) || runs_stored(m->be, f) || file_parts(m, l, qlin, &parts) > 0;
+    }
+    return every;
+}
+
 size_t loom_infer_weights_release_fp32(loom_gpt_t *m, const loom_infer_weights_t *w) {
-    if ((!w->quant && !w->s24) || (m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return 0;
-    static const int lin[4][2] = {{LOOM_QKVW, LOOM_QLIN_QKV}, {LOOM_ATTPROJW, LOOM_QLIN_ATTPROJ},
-                                  {LOOM_FCW, LOOM_QLIN_FC}, {LOOM_FCPROJW, LOOM_QLIN_FCPROJ}};
+    if (m->be->caps & LOOM_CAP_DEVICE_MEMORY) return 0;
+    static const int lin[6][2] = {{LOOM_QKVW, LOOM_QLIN_QKV}, {LOOM_ATTPROJW, LOOM_QLIN_ATTPROJ}, {LOOM_FCW, LOOM_QLIN_FC},
+                                  {LOOM_FCPROJW, LOOM_QLIN_FCPROJ}, {LOOM_WTE, -1}, {LOOM_LMHEAD, -1}};
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     size_t given = 0;
-    for (int i = 0; i < 4; i++) {
-        int every_layer = 1; /* only a matrix whose int8 copy exists in every layer goes */
-        for (int l = 0; l < m->cfg.n_layer && w->quant; l++) every_layer &= loom_quant_weight(w->quant, lin[i][1], l) != NULL;
+    int s24 = w && !w->quant && w->s24; /* every linear weight has its 2:4 copy */
+    for (int i = 0; i < 6; i++) {
+        if (!m->param[lin[i][0]] || !m->ptable[lin[i][0]].numel) continue;
+        if (!(s24 && lin[i][1] >= 0) && !fp32_unused(m, w, lin[i][0], lin[i][1])) continue;
         uintptr_t a = (uintptr_t)m->param[lin[i][0]], b = a + m->ptable[lin[i][0]].numel * sizeof(float);
         a = (a + page - 1) & ~(page - 1), b &= ~(page - 1); /* whole pages inside the tensor only */
-        if (every_layer && b > a && madvise((void *)a, b - a, MADV_DONTNEED) == 0) given += b - a;
+        if (b > a && madvise((void *)a, b - a, MADV_DONTNEED) == 0) given += b - a;
     }
-    if (!w->quant) loom_sparse24_set_dense_gone(w->s24); /* every linear weight has its 2:4 copy */
+    if (s24) loom_sparse24_set_dense_gone(w->s24);
     return given;
 }
 
@@ -278,6 +324,25 @@ static void gemm(const loom_backend_t *be, float *out, float *pre, const float *
     }
 }
 
+/* A fused weight run part by part on the file's blocks (file_parts): each
+ * part's product into scratch, then into its columns of out. 0 when it has
+ * no parts there. */
+static int linear_parts(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *bias, int N, int C, int OC,
+                        int gelu) {
+    const loom_tensor_t *p;
+    int k = gelu ? 0 : file_parts(inf->m, l, which, &p), rows = 0, most = 0;
+    for (int q = 0; q < k; q++) rows += (int)p[q].rows, most = (int)p[q].rows > most ? (int)p[q].rows : most;
+    if (!k || rows != OC) return 0;
+    float *tmp = loom_malloc((size_t)N * (size_t)most * sizeof(float));
+    for (int q = 0, off = 0; q < k; off += (int)p[q].rows, q++) {
+        int R = (int)p[q].rows;
+        loom_infer_file_weight(inf->be, &p[q], tmp, inp, bias ? bias + off : NULL, N, C, R, 0);
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC + off, tmp + (size_t)n * R, (size_t)R * sizeof(float));
+    }
+    free(tmp);
+    return 1;
+}
+
 /* Layer l's linear weight `which`, decompressed from the 2:4 copy (the
  * dense one is gone) into inf's buffer, kept until another is needed. */
 static const float *s24_dense(loom_infer_t *inf, int which, int l) {
@@ -303,8 +368,11 @@ static void linear(loom_infer_t *inf, int which, int l, float *out, const float 
                    const float *bias, int C, int OC, int gelu) {
     const loom_backend_t *be = inf->be;
     const loom_tensor_t *fq = inf->m->file_q ? &inf->m->file_q[(size_t)l * LOOM_QLIN_COUNT + which] : NULL;
-    if (fq && fq->data && loom_infer_file_weight(be, fq, out, inp, bias, inf->seg_start[inf->n_seg], C, OC, gelu)) return;
     const loom_tensor_t *qw = inf->quant ? loom_quant_weight(inf->quant, which, l) : NULL;
+    if (fq && fq->data && !(qw && fq->dtype == LOOM_INT8) && /* --quant runs a q8_0 file's int8 (model/quant.h) its way */
+        loom_infer_file_weight(be, fq, out, inp, bias, inf->seg_start[inf->n_seg], C, OC, gelu))
+        return;
+    if (fq && !fq->data && !qw && linear_parts(inf, which, l, out, inp, bias, inf->seg_start[inf->n_seg], C, OC, gelu)) return;
     for (int k = 0; k < inf->n_seg; k++) {
         int r0 = inf->seg_start[k], n = inf->seg_start[k + 1] - r0;
         float *o = out + (size_t)r0 * OC;
@@ -349,6 +417,31 @@ static void block(loom_infer_t *inf, int N, int l) {
 #undef W
 }
 
+/* Row r of a stored weight (a block format, or int8 with a scale per block) as floats. */
+static void row_values(const loom_tensor_t *t, int r, float *out) {
+    size_t C = (size_t)t->cols;
+    if (t->dtype != LOOM_INT8) {
+        loom_qblock_dequantize(t->dtype, (const char *)t->data + (size_t)r * loom_qblock_row_bytes(t->dtype, t->cols), C, out);
+        return;
+    }
+    const signed char *q = (const signed char *)t->data + (size_t)r * C;
+    const float *sc = t->scales + (size_t)r * (C / (size_t)t->block);
+    for (size_t i = 0; i < C; i++) out[i] = (float)q[i] * sc[i / (size_t)t->block];
+}
+
+/* The logits of n rows on the file's own head w (V rows), computed (n, V)
+ * then spread to the padded vocabulary's stride, the padding zero (the
+ * fp32 head's padded rows are zero). 0 when the backend cannot run it. */
+static int head_on_file(loom_infer_t *inf, const loom_tensor_t *w, int n) {
+    int C = inf->m->cfg.channels, V = (int)w->rows, Vp = inf->m->cfg.padded_vocab_size;
+    if (!loom_infer_file_weight(inf->be, w, inf->logits, inf->rows, NULL, n, C, V, 0)) return 0;
+    for (int r = n - 1; r >= 0; r--) { /* last row first: each moves to a higher address */
+        memmove(inf->logits + (size_t)r * Vp, inf->logits + (size_t)r * V, (size_t)V * sizeof(float));
+        memset(inf->logits + (size_t)r * Vp + V, 0, (size_t)(Vp - V) * sizeof(float));
+    }
+    return 1;
+}
+
 loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, float *logits) {
     LOOM_TRY(check_batch(inf, b));
     segment(inf, b);
@@ -364,12 +457,17 @@ loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, f
     if (b->n_logits) be->upload(inf->d_rows, b->logit_rows, (size_t)b->n_logits * sizeof(int));
     const loom_gpt_t *m = inf->m;
     float *const *p = m->param;
-    be->embed_positions(inf->x, inf->d_tokens, inf->d_pos, p[LOOM_WTE], loom_gpt_slice(m, p, LOOM_WPE, 0), N, C);
+    const loom_tensor_t *fe = file_end(m, 0), *fh = file_end(m, 1);
+    if (fe) /* the file's own rows, one token at a time */
+        for (int i = 0; i < N; i++) row_values(fe, b->tokens[i], inf->x + (size_t)i * C);
+    else
+        be->embed_positions(inf->x, inf->d_tokens, inf->d_pos, p[LOOM_WTE], loom_gpt_slice(m, p, LOOM_WPE, 0), N, C);
     loom_gpt_norm(c, be, inf->ln, inf->mean, inf->rstd, inf->x, p[LOOM_LN1W], loom_gpt_slice(m, p, LOOM_LN1B, 0), N);
     for (int l = 0; l < c->n_layer; l++) block(inf, N, l);
     if (b->n_logits) {
         be->gather_rows(inf->rows, inf->ln, inf->d_rows, b->n_logits, C);
-        matmul(inf, loom_quant_logits(inf->quant), inf->logits, inf->rows, p[loom_gpt_head_param(c)], NULL, b->n_logits, C, Vp, 0);
+        if (!fh || (inf->quant && fh->dtype == LOOM_INT8) || !head_on_file(inf, fh, b->n_logits))
+            matmul(inf, loom_quant_logits(inf->quant), inf->logits, inf->rows, p[loom_gpt_head_param(c)], NULL, b->n_logits, C, Vp, 0);
         loom_backend_download_act(be, logits, inf->logits, (size_t)b->n_logits * Vp); /* ACT: bf16 on CUDA at --dtype bf16 */
     }
     return LOOM_OK;

@@ -96,13 +96,15 @@ typedef struct {
  * stderr). *w is zeroed on an error. */
 loom_status loom_infer_weights_create(loom_infer_weights_t *w, const loom_gpt_t *m, const loom_infer_weights_opts_t *o);
 void loom_infer_weights_free(loom_infer_weights_t *w);
-/* Give back the memory of m's fp32 linear weights that w's int8 copies
- * replace (every layer's QKV, projection, fc and fc projection; the
- * embeddings, norms and biases stay), when m lives in CPU memory: their
- * pages are returned to the system (madvise), so the resident memory of an
- * int8 run is what it computes with. Afterwards those weights read as
- * zeros: only the inference path with w set may run m. Returns the bytes
- * given back (0 without int8 copies, or on a device). */
+/* Give back the memory of m's fp32 weights that nothing on the inference
+ * path reads: a linear weight whose every layer runs on w's int8 copy (w
+ * may be NULL) or on the file's own stored weight (gpt.h file_q) that the
+ * backend runs; the embedding and the head when the file's own rows serve
+ * them (norms and biases stay), when m lives in CPU memory: their pages
+ * are returned to the system (madvise), so the resident memory is what
+ * the model computes with. Afterwards those weights read as zeros: only
+ * the inference path (with w set) may run m. Returns the bytes given back
+ * (0 when nothing is replaced, or on a device). */
 size_t loom_infer_weights_release_fp32(loom_gpt_t *m, const loom_infer_weights_t *w);
 /* loom_infer_set_quant and loom_infer_set_sparse24 with w's copies (NULL: fp32). */
 void loom_infer_set_weights(loom_infer_t *inf, const loom_infer_weights_t *w);

@@ -40,6 +40,8 @@ static void parse_row(const char *line, const char *end, loom_metrics_row_t *r) 
         {"\"step_s\":", offsetof(loom_metrics_row_t, step_s), 0},
         {"\"elapsed_s\":", offsetof(loom_metrics_row_t, elapsed_s), 0},
         {"\"energy_j_per_token\":", offsetof(loom_metrics_row_t, energy_j_per_token), offsetof(loom_metrics_row_t, has_energy) + 1},
+        {"\"bubble_s\":", offsetof(loom_metrics_row_t, bubble_s), offsetof(loom_metrics_row_t, has_pp) + 1},
+        {"\"comm_pp_s\":", offsetof(loom_metrics_row_t, comm_pp_s), 0},
     };
     memset(r, 0, sizeof *r);
     r->step = (long long)field(line, end, "\"step\":");
@@ -112,6 +114,7 @@ loom_status loom_metrics_log_write(loom_metrics_log_t *l, const loom_metrics_row
     if (r->has_comm_wait) fprintf(f, "\"comm_wait_s\":%.4f,\"comm_dp_s\":%.4f,", r->comm_wait_s, r->comm_wait_s);
     if (r->peak_rss_mb > 0) fprintf(f, "\"peak_rss_mb\":%.1f,", r->peak_rss_mb);
     if (r->has_comm_tp) fprintf(f, "\"comm_tp_s\":%.4f,", r->comm_tp_s);
+    if (r->has_pp) fprintf(f, "\"bubble_s\":%.4f,\"comm_pp_s\":%.4f,", r->bubble_s, r->comm_pp_s);
     if (r->has_loss_scale) fprintf(f, "\"loss_scale\":%g,\"skipped\":%s,", r->loss_scale, r->skipped ? "true" : "false");
     fprintf(f, "\"lr\":%.6e,", r->lr);
     if (isfinite(r->grad_norm)) fprintf(f, "\"grad_norm\":%.6f,", r->grad_norm);

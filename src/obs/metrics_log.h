@@ -10,7 +10,9 @@
  * comm_tp_s only under --tp (the tensor-parallel group's wait);
  * peak_rss_mb: the writing rank's peak resident memory so far (VmHWM); loss_scale and skipped only under fp16 loss scaling,
  * energy_j_per_token (J per trained token since the loop started) only
- * where an energy counter is read (docs/observability.md); grad_norm
+ * where an energy counter is read (docs/observability.md), bubble_s and
+ * comm_pp_s (rank 0's pipeline idle and send/receive time) only under
+ * --pp; grad_norm
  * is null for a skipped step (JSON has no inf). Every line is flushed as it
  * is written, so a crash loses at most the step in flight. */
 #ifndef LOOM_METRICS_LOG_H
@@ -32,6 +34,8 @@ typedef struct {
     double lr, grad_norm, tokens_per_s, mfu, step_s, elapsed_s;
     int has_energy;           /* write energy_j_per_token */
     double energy_j_per_token;
+    int has_pp;               /* pipeline parallel: write bubble_s and comm_pp_s */
+    double bubble_s, comm_pp_s;
 } loom_metrics_row_t;
 
 typedef struct loom_metrics_log loom_metrics_log_t;

@@ -71,8 +71,8 @@ void dist_elem_scale(void *buf, size_t n, dist_elem t, float scale) {
 
 /* ---------------- ops and the communication thread ---------------- */
 
-typedef enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE_F64, OP_BROADCAST, OP_BARRIER } op_kind;
-static const char *const op_names[] = {"all-reduce", "reduce-scatter", "all-gather", "all-reduce", "broadcast", "barrier"};
+typedef enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE_F64, OP_BROADCAST, OP_BARRIER, OP_SENDRECV } op_kind;
+static const char *const op_names[] = {"all-reduce", "reduce-scatter", "all-gather", "all-reduce", "broadcast", "barrier", "send/receive"};
 
 typedef struct {
     op_kind kind;
@@ -81,7 +81,10 @@ typedef struct {
     size_t *counts; /* reduce-scatter / all-gather, owned */
     loom_dist_dtype dt;
     float scale;
-    int root;
+    int root;       /* broadcast's root; send/receive: the rank received from */
+    const void *sbuf; /* send/receive: what goes to rank dst, sn bytes */
+    size_t sn;
+    int dst;
 } op_t;
 
 #define QCAP 4096
@@ -137,6 +140,7 @@ static loom_status run_op(loom_dist_t *d, op_t *o) {
         break;
     }
     if (d->have_dev) J = &d->dev;
+    if (o->kind == OP_SENDRECV) return J->ops->sendrecv(J->impl, o->sbuf, o->sn, o->dst, o->buf, o->n, o->root);
     size_t total = o->n;
     if (o->kind != OP_ALLREDUCE) {
         total = 0;
@@ -332,6 +336,27 @@ loom_status loom_dist_barrier(loom_dist_t *d) {
     if (d->size == 1) return LOOM_OK;
     issue(d, &(op_t){.kind = OP_BARRIER});
     return loom_dist_wait(d);
+}
+
+loom_status loom_dist_sendrecv(loom_dist_t *d, const void *sbuf, size_t sbytes, int dst, void *rbuf,
+                               size_t rbytes, int src) {
+    int n = loom_dist_size(d);
+    if (dst >= n || src >= n || dst == loom_dist_rank(d) || src == loom_dist_rank(d) || (n == 1 && (dst >= 0 || src >= 0)))
+        return loom_error(LOOM_EINVAL, "rank %d of %d: send to rank %d / receive from rank %d: a peer must be another rank of the job",
+                          loom_dist_rank(d), n, dst, src);
+    if (dst < 0 && src < 0) return LOOM_OK;
+    d->bytes += dst >= 0 ? (double)sbytes : 0;
+    issue(d, &(op_t){.kind = OP_SENDRECV, .sbuf = sbuf, .sn = dst >= 0 ? sbytes : 0, .dst = dst, .buf = rbuf,
+                     .n = src >= 0 ? rbytes : 0, .root = src});
+    return loom_dist_wait(d);
+}
+
+loom_status loom_dist_send(loom_dist_t *d, const void *buf, size_t bytes, int dst) {
+    return loom_dist_sendrecv(d, buf, bytes, dst, NULL, 0, -1);
+}
+
+loom_status loom_dist_recv(loom_dist_t *d, void *buf, size_t bytes, int src) {
+    return loom_dist_sendrecv(d, NULL, 0, -1, buf, bytes, src);
 }
 
 int loom_dist_rank(const loom_dist_t *d) { return d ? d->rank : 0; }
@@ -601,6 +626,10 @@ loom_status loom_dist_split(loom_dist_t *d, int color, int key, loom_dist_t **ou
             if (g->host.size > 1) g->host.ops->free(g->host.impl);
             free(g);
             return s;
+        }
+        if (g->host.size == 1 && g->host.impl) { /* mpi's group of one: a single rank needs no communicator */
+            g->host.ops->free(g->host.impl);
+            g->host = (dist_join_t){.rank = 0, .size = 1};
         }
     }
     g->rank = g->host.rank;

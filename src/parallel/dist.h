@@ -99,6 +99,18 @@ loom_status loom_dist_wait(loom_dist_t *d);
 long loom_dist_mark(loom_dist_t *d);
 loom_status loom_dist_wait_mark(loom_dist_t *d, long mark);
 
+/* Point to point, for pipeline stages: send `sbytes` of collective memory
+ * at `sbuf` to rank `dst` while receiving `rbytes` into `rbuf` from rank
+ * `src`, both at once (neighbouring stages exchange activations and
+ * gradients in the same phase of the schedule; two blocking sends of
+ * large buffers would deadlock on full socket buffers). dst or src < 0
+ * skips that side. Blocking: first waits for the non-blocking ops issued
+ * before it. A 1-rank job has no peer: an error. */
+loom_status loom_dist_sendrecv(loom_dist_t *d, const void *sbuf, size_t sbytes, int dst, void *rbuf,
+                               size_t rbytes, int src);
+loom_status loom_dist_send(loom_dist_t *d, const void *buf, size_t bytes, int dst);
+loom_status loom_dist_recv(loom_dist_t *d, void *buf, size_t bytes, int src);
+
 /* Seconds the calling thread has spent blocked in collectives and waits,
  * and bytes this rank has handed to collectives, since init. */
 double loom_dist_wait_seconds(const loom_dist_t *d);

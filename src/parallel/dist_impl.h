@@ -33,6 +33,9 @@ typedef struct {
     loom_status (*broadcast)(void *impl, void *buf, size_t bytes, int root);
     /* Gather `bytes` from every rank into out (size * bytes), rank order; host memory. */
     loom_status (*allgather_bytes)(void *impl, const void *in, void *out, size_t bytes);
+    /* Point to point: sbytes from sbuf to rank dst while rbytes arrive in
+     * rbuf from rank src (either side skipped when its rank is < 0). */
+    loom_status (*sendrecv)(void *impl, const void *sbuf, size_t sbytes, int dst, void *rbuf, size_t rbytes, int src);
     /* Collective over this transport's ranks, like MPI_Comm_split: *out
      * becomes a transport of its own (own connections or communicator)
      * over the ranks with this color, ordered by key then rank. A group of
@@ -44,12 +47,13 @@ typedef struct {
 
 /* A transport's table from its functions PREFIX_allreduce,
  * PREFIX_reduce_scatter, PREFIX_allgather, PREFIX_broadcast,
- * PREFIX_allgather_bytes and PREFIX_free (split is set apart, as not every
- * transport has it): the slots are named here once, and a transport that
- * lacks a function does not compile. */
+ * PREFIX_allgather_bytes, PREFIX_sendrecv and PREFIX_free (split is set
+ * apart, as not every transport has it): the slots are named here once,
+ * and a transport that lacks a function does not compile. */
 #define DIST_TRANSPORT_OPS(prefix, split_fn)                                                                \
     {.allreduce = prefix##_allreduce, .reduce_scatter = prefix##_reduce_scatter, .allgather = prefix##_allgather, \
-     .broadcast = prefix##_broadcast, .allgather_bytes = prefix##_allgather_bytes, .split = split_fn,           \
+     .broadcast = prefix##_broadcast, .allgather_bytes = prefix##_allgather_bytes, .sendrecv = prefix##_sendrecv,  \
+     .split = split_fn,                                                                                     \
      .free = prefix##_free}
 
 typedef struct dist_join {

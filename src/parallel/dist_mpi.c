@@ -9,6 +9,7 @@
  * a user-defined op (MPI has no bf16 type). */
 #ifdef LOOM_HAVE_MPI
 #define _GNU_SOURCE
+#include <limits.h>
 #include <mpi.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -137,6 +138,20 @@ static loom_status mpi_allgather_bytes(void *vm, const void *in, void *out, size
     mpi_t *m = vm;
     int rc = LOCKED(MPI_Allgather(in, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, m->comm));
     return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(m, rc, "all-gather");
+}
+
+/* Tag 7 is the pipeline's; counts above INT_MAX bytes are refused (a
+ * stage's activations are far smaller). */
+static loom_status mpi_sendrecv(void *vm, const void *sbuf, size_t sn, int dst, void *rbuf, size_t rn, int src) {
+    mpi_t *m = vm;
+    if (sn > (size_t)INT_MAX || rn > (size_t)INT_MAX)
+        return loom_error(LOOM_EUNAVAIL, "rank %d: MPI send/receive of %zu bytes; at most %d bytes per message", m->rank, sn > rn ? sn : rn, INT_MAX);
+    MPI_Request req[2];
+    int n = 0, rc = MPI_SUCCESS;
+    if (src >= 0 && rc == MPI_SUCCESS) rc = LOCKED(MPI_Irecv(rbuf, (int)rn, MPI_BYTE, src, 7, m->comm, &req[n++]));
+    if (dst >= 0 && rc == MPI_SUCCESS) rc = LOCKED(MPI_Isend(sbuf, (int)sn, MPI_BYTE, dst, 7, m->comm, &req[n++]));
+    for (int i = 0; i < n; i++) LOOM_TRY(finish(m, &req[i], rc, "send/receive"));
+    return rc == MPI_SUCCESS ? LOOM_OK : mpi_fail(m, rc, "send/receive");
 }
 
 static void mpi_free(void *vm) {

@@ -25,7 +25,7 @@
 #define NCCL_FUNCS(X)                                                                                   \
     X(ncclGetErrorString) X(ncclCommGetAsyncError) X(ncclCommAbort) X(ncclAllReduce) X(ncclGroupStart) \
     X(ncclGroupEnd) X(ncclReduce) X(ncclBroadcast) X(ncclCommDestroy) X(ncclGetUniqueId)               \
-    X(ncclCommInitRankConfig)
+    X(ncclCommInitRankConfig) X(ncclSend) X(ncclRecv)
 #define NCCL_PTR(f) __typeof__(&f) f;
 static struct { /* filled by loom_dl_load in the order of NCCL_FUNCS */
     NCCL_FUNCS(NCCL_PTR)
@@ -61,6 +61,8 @@ static int nccl_load(void) {
 #define ncclCommDestroy nccl_lib.ncclCommDestroy
 #define ncclGetUniqueId nccl_lib.ncclGetUniqueId
 #define ncclCommInitRankConfig nccl_lib.ncclCommInitRankConfig
+#define ncclSend nccl_lib.ncclSend
+#define ncclRecv nccl_lib.ncclRecv
 
 typedef struct {
     int rank, size;
@@ -148,6 +150,16 @@ static loom_status nccl_broadcast(void *vn, void *buf, size_t bytes, int root) {
     nccl_t *n = vn;
     on_device(n);
     return check(n, ncclBroadcast(buf, buf, bytes, ncclUint8, root, n->comm, n->stream), "broadcast");
+}
+
+/* Both sides in one group, so two neighbours exchanging never deadlock. */
+static loom_status nccl_sendrecv(void *vn, const void *sbuf, size_t sn, int dst, void *rbuf, size_t rn, int src) {
+    nccl_t *n = vn;
+    on_device(n);
+    ncclGroupStart();
+    if (dst >= 0) ncclSend(sbuf, sn, ncclUint8, dst, n->comm, n->stream);
+    if (src >= 0) ncclRecv(rbuf, rn, ncclUint8, src, n->comm, n->stream);
+    return check(n, ncclGroupEnd(), "send/receive");
 }
 
 static void nccl_free(void *vn) {

@@ -290,6 +290,15 @@ static loom_status tcp_broadcast(void *vt, void *buf, size_t bytes, int root) {
     return LOOM_OK;
 }
 
+/* Both sides through one poll loop on the mesh sockets. */
+static loom_status tcp_sendrecv(void *vt, const void *sbuf, size_t sn, int dst, void *rbuf, size_t rn, int src) {
+    tcp_t *t = vt;
+    int bad, sfd = dst >= 0 ? t->mesh[dst] : -1, rfd = src >= 0 ? t->mesh[src] : -1;
+    if (dist_sendrecv(sfd, sbuf, dst >= 0 ? sn : 0, rfd, rbuf, src >= 0 ? rn : 0, &bad) != 0)
+        return peer_failed(t, bad, "send/receive");
+    return LOOM_OK;
+}
+
 static void tcp_free(void *vt) {
     tcp_t *t = vt;
     for (int r = 0; r < t->size; r++) {

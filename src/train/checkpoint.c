@@ -11,11 +11,13 @@
 #include "ckpt/run.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/writer.h"
+#include "train/pipeline.h"
 #include "train/train_impl.h"
 #include "train/zero3.h"
 
 loom_status loom_train_load_checkpoint(loom_train_job_t *j) {
     loom_gpt_t *m = j->run.model;
+    if (j->run.pp) return loom_pp_load(j->run.pp, j->rck, j->rst.step);
     char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors", j->rck);
     loom_zero3_t *z3 = loom_dp_zero3(j->run.dp); /* ZeRO-3: load whole, keep this rank's slice */
@@ -80,6 +82,10 @@ static loom_status take(ckpt_t *c, loom_train_run_t *run, const loom_ckpt_state_
     float *am = m->m, *av = m->v;
     if (run->dp) loom_dp_shard(run->dp, &lo, &hi, &am, &av);
     double t0 = loom_now();
+    if (run->pp) { /* the single-model layout: rank 0 writes the whole model and its AdamW state */
+        LOOM_TRY(loom_pp_gather(run->pp, &am, &av));
+        hi = loom_pp_ckpt_model(run->pp)->num_params;
+    }
     if (c->outstanding) { /* the previous one is not committed yet: finish it first */
         LOOM_TRY(loom_ckpt_writer_settle(c->w, agree, run));
         c->outstanding = 0;
@@ -103,7 +109,8 @@ static loom_status ckpt_start(void *ctx, loom_train_run_t *run) {
     ckpt_t *c = ctx;
     const loom_train_opts_t *o = run->o;
     loom_zero3_t *z3 = loom_dp_zero3(run->dp);
-    loom_ckpt_writer_opts_t wo = {.run = o->out, .m = run->ckpt_model ? run->ckpt_model : run->model, .rank = o->rank, .world = o->world_size, .zero = o->zero,
+    loom_gpt_t *whole = run->pp ? loom_pp_ckpt_model(run->pp) : run->ckpt_model ? run->ckpt_model : run->model;
+    loom_ckpt_writer_opts_t wo = {.run = o->out, .m = whole, .rank = o->rank, .world = o->world_size, .zero = o->zero,
                                   .keep = o->keep_ckpts, .async = !o->ckpt_sync, .gather_params = z3 ? gather_params : NULL,
                                   .gather_ctx = z3};
     LOOM_TRY(loom_ckpt_writer_open(&c->w, &wo));

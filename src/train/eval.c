@@ -5,8 +5,7 @@
 
 #include "model/infer.h"
 
-/* The batches to score: (B, T) shrunk to a short split, and their count. */
-static loom_status plan(const loom_dataset_t *ds, int *B, int *T, int max_batches, int *nb) {
+loom_status loom_eval_plan(const loom_dataset_t *ds, int *B, int *T, int max_batches, int *nb) {
     size_t nval = loom_dataset_ntokens(ds, LOOM_SPLIT_VAL);
     if (nval < 2) return loom_error(LOOM_EINVAL, "no validation tokens to score (the validation split holds %zu)", nval);
     size_t per = (size_t)*B * *T;
@@ -20,24 +19,33 @@ static loom_status plan(const loom_dataset_t *ds, int *B, int *T, int max_batche
     return LOOM_OK;
 }
 
-loom_status loom_eval_loss(loom_gpt_t *m, const loom_dataset_t *ds, int B, int T, int max_batches,
-                           loom_eval_result_t *out) {
+loom_status loom_eval_batches(const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_score_fn score, void *ctx,
+                              loom_eval_result_t *out) {
     int nb = 0;
-    LOOM_TRY(plan(ds, &B, &T, max_batches, &nb));
+    LOOM_TRY(loom_eval_plan(ds, &B, &T, max_batches, &nb));
     size_t per = (size_t)B * T;
     int *in = loom_malloc(per * sizeof(int)), *tg = loom_malloc(per * sizeof(int));
     double sum = 0;
     loom_status s = LOOM_OK;
     for (int i = 0; i < nb && s == LOOM_OK; i++) {
-        float l;
+        float l = 0;
         loom_dataset_batch(ds, LOOM_SPLIT_VAL, (size_t)i * per, B, T, in, tg);
-        s = loom_gpt_forward(m, in, tg, B, T, 0.0f, &l);
+        s = score(ctx, in, tg, B, T, &l);
         sum += l;
     }
     free(in);
     free(tg);
     *out = (loom_eval_result_t){sum / nb, nb, B, T};
     return s;
+}
+
+static loom_status score_forward(void *m, const int *in, const int *tg, int B, int T, float *loss) {
+    return loom_gpt_forward(m, in, tg, B, T, 0.0f, loss);
+}
+
+loom_status loom_eval_loss(loom_gpt_t *m, const loom_dataset_t *ds, int B, int T, int max_batches,
+                           loom_eval_result_t *out) {
+    return loom_eval_batches(ds, B, T, max_batches, score_forward, m, out);
 }
 
 /* Sum over T rows of -log softmax(logits row)[target], over the V real ids. */
@@ -70,7 +78,7 @@ static loom_status infer_sequence(loom_infer_t *inf, const int *in, int T, float
 loom_status loom_eval_loss_infer(loom_gpt_t *m, const struct loom_quant *q, loom_dtype kv_dtype, const loom_dataset_t *ds,
                                  int B, int T, int max_batches, loom_eval_result_t *out) {
     int nb = 0, bs = 16, V = m->cfg.vocab_size, Vp = m->cfg.padded_vocab_size;
-    LOOM_TRY(plan(ds, &B, &T, max_batches, &nb));
+    LOOM_TRY(loom_eval_plan(ds, &B, &T, max_batches, &nb));
     loom_infer_t *inf;
     LOOM_TRY(loom_infer_create(&inf, m, (T + bs - 1) / bs, bs, kv_dtype, T, 1, T));
     loom_infer_set_quant(inf, q);

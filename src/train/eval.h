@@ -12,6 +12,17 @@ typedef struct {
     int B, T;     /* batch shape used (smaller than asked when the split is short) */
 } loom_eval_result_t;
 
+/* The batches loom_eval_loss scores: (B, T) shrunk to a short split, and
+ * their count *nb (at most max_batches, 0 = all); batch i starts at token
+ * i * B * T of the validation split. */
+loom_status loom_eval_plan(const loom_dataset_t *ds, int *B, int *T, int max_batches, int *nb);
+
+/* The mean of score()'s losses over those batches: what loom_eval_loss
+ * runs with one forward per batch, and a pipeline with its stages'. */
+typedef loom_status (*loom_eval_score_fn)(void *ctx, const int *in, const int *tg, int B, int T, float *loss);
+loom_status loom_eval_batches(const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_score_fn score, void *ctx,
+                              loom_eval_result_t *out);
+
 /* Mean loss of model `m` over consecutive (B, T) batches from the start of
  * the validation split: as many as fit without a target wrapping past the
  * split's end, at most `max_batches` (0 = all). A split shorter than one

@@ -11,6 +11,7 @@ typedef struct {
     loom_train_observer_t ob; /* first: the observer's ctx is this struct */
     loom_train_metrics_t *tm;
     double linger_s;
+    loom_metric_t *bubble, *comm_pp; /* --pp only */
 } exporter_t;
 
 static loom_status exporter_start(void *ctx, loom_train_run_t *run) {
@@ -26,7 +27,17 @@ static loom_status exporter_start(void *ctx, loom_train_run_t *run) {
                                     .world_size = o->world_size, .local_world = lws ? atoi(lws) : 0, .device = device,
                                     .gpu = loom_backend_gpu_ordinal(device),
                                     .model = o->model, .dtype = loom_dtype_name(run->be->dtype), .run = o->out, .steps = o->steps};
-    return loom_train_metrics_start(&e->tm, &mo);
+    LOOM_TRY(loom_train_metrics_start(&e->tm, &mo));
+    if (!run->pp) return LOOM_OK;
+    /* Communication per dimension: one family, the dim label says which. */
+    char rank[16];
+    snprintf(rank, sizeof rank, "%d", o->rank);
+    loom_metrics_t *reg = loom_train_metrics_registry(e->tm);
+    e->bubble = loom_metrics_counter(reg, "loom_train_pipeline_bubble_seconds_total",
+                                     "Time this pipeline stage sat idle waiting on its neighbours (the bubble), s.", "rank", rank, NULL);
+    e->comm_pp = loom_metrics_counter(reg, "loom_train_comm_seconds_total", "Time blocked on communication, by parallel dimension, s.",
+                                      "rank", rank, "dim", "pp", NULL);
+    return e->bubble && e->comm_pp ? LOOM_OK : LOOM_EINTERNAL;
 }
 
 static loom_status exporter_eval(void *ctx, loom_train_run_t *run, long long step, double val_loss) {
@@ -42,6 +53,8 @@ static loom_status exporter_after_step(void *ctx, loom_train_run_t *run, const l
         .mfu = r->mfu, .step_s = r->step_s, .comm_wait_s = r->comm_wait_s, .comm_tp_s = r->comm_tp_s, .data_s = r->data_s,
         .loss_scale = run->loss_scaling ? r->loss_scale : 0, .peak_flops = r->peak_flops, .skipped = r->skipped};
     loom_train_metrics_step(e->tm, &s);
+    if (e->bubble) loom_counter_add(e->bubble, r->bubble_s);
+    if (e->comm_pp) loom_counter_add(e->comm_pp, r->comm_pp_s);
     run->energy_j_per_token = loom_train_metrics_joules_per_token(e->tm);
     return LOOM_OK;
 }

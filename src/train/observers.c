@@ -116,7 +116,8 @@ static loom_status mlog_after_step(void *ctx, loom_train_run_t *run, const loom_
                               .skipped = r->skipped, .lr = r->lr, .grad_norm = r->grad_norm, .tokens_per_s = r->tokens_per_s,
                               .mfu = r->mfu, .step_s = r->step_s, .elapsed_s = r->elapsed_s,
                               .has_energy = isfinite(run->energy_j_per_token), .energy_j_per_token = run->energy_j_per_token,
-                              .peak_rss_mb = loom_mem_peak_rss() / 1e6};
+                              .peak_rss_mb = loom_mem_peak_rss() / 1e6,
+                              .has_pp = run->pp != NULL, .bubble_s = r->bubble_s, .comm_pp_s = r->comm_pp_s};
     return loom_metrics_log_write(g->log, &row);
 }
 

@@ -18,6 +18,7 @@
 #include "ckpt/run.h"
 #include "ckpt/safetensors.h"
 #include "train/exporter.h"
+#include "train/pipeline.h"
 #include "train/train_impl.h"
 
 /* --resume auto: resume when the run folder holds a checkpoint, else a
@@ -103,6 +104,7 @@ static loom_status resolve_model(loom_train_job_t *j) {
     if (o->heads) cfg->n_head = o->heads;
     if (o->channels) cfg->channels = o->channels;
     if (o->context) cfg->max_seq_len = o->context;
+    if (o->untied_head) cfg->untied_head = 1;
     cfg->vocab_size = loom_dataset_vocab_size(j->ds);
     if (o->init_from && !o->resume) LOOM_TRY(loom_hf_check_data(o->init_from, o->data, loom_dataset_tokenizer(j->ds), cfg->vocab_size, cfg));
     if (o->resume) { /* the model's shape comes from the checkpoint, not the preset */
@@ -168,10 +170,29 @@ static loom_status open_backend(loom_train_job_t *j, loom_dist_t *dist) {
     return s;
 }
 
+/* --pp: this rank's stage (train/pipeline.h) instead of the whole model.
+ * Text samples need the whole model on one rank: off for now. */
+static loom_status build_pipeline(loom_train_job_t *j, loom_dist_t *dist) {
+    loom_train_run_t *run = &j->run;
+    loom_train_opts_t *o = &j->o;
+    if (o->zero || o->tp > 1 || o->init_from || o->init_from_run)
+        return loom_error(LOOM_EUNAVAIL, "--pp %d with %s: not built yet; drop it (pipeline runs start from a preset or --resume)", o->pp,
+                          o->zero ? "--zero" : o->tp > 1 ? "--tp" : o->init_from ? "--init-from" : "--init-from-run");
+    loom_pp_opts_t po = {.stages = o->pp, .B = run->B, .T = run->T, .micro = o->grad_accum,
+                         .recompute = (loom_recompute)j->recompute, .seed = (unsigned long long)o->seed};
+    LOOM_TRY(loom_pp_init(&run->pp, dist, &j->cfg, run->be, &po, &run->model));
+    if (o->resume) LOOM_TRY(loom_pp_load(run->pp, j->rck, j->rst.step));
+    if (o->sample_tokens)
+        loom_info("loom train: --pp: no text samples during training yet (they need the whole model on one rank); `loom sample --run %s` reads its checkpoint", o->out);
+    o->sample_tokens = 0;
+    return LOOM_OK;
+}
+
 /* The model, its training state, data parallelism and the step to run. */
 static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
     loom_train_run_t *run = &j->run;
     const loom_train_opts_t *o = &j->o;
+    if (o->pp > 1) return build_pipeline(j, dist);
     /* Every rank draws the same initial weights from the same seed. */
     LOOM_TRY(loom_gpt_init(&run->model, &j->cfg, run->be, (unsigned long long)o->seed));
     if (o->init_from && !o->resume) LOOM_TRY(loom_hf_load_weights(run->model, o->init_from)); /* fine-tune a Hugging Face GPT-2 */
@@ -224,8 +245,9 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
 static void fill_run_config(const loom_train_job_t *j, loom_run_config_t *c) {
     const loom_train_opts_t *o = &j->o;
     const loom_backend_t *be = j->run.be;
-    *c = (loom_run_config_t){.model_cfg = j->run.model->cfg, .cuda_graphs = j->graphs, .threads = be->threads,
-                             .batch = o->batch, .seq = o->seq, .grad_accum = o->grad_accum, .world_size = j->run.dp_size,
+    *c = (loom_run_config_t){.model_cfg = j->run.pp ? *loom_pp_config(j->run.pp) : j->run.model->cfg, .cuda_graphs = j->graphs,
+                             .threads = be->threads, .batch = o->batch, .seq = o->seq, .grad_accum = o->grad_accum,
+                             .world_size = j->run.dp_size,
                              .zero = o->zero, .warmup = o->warmup, .steps = o->steps, .seed = o->seed, .lr = o->lr,
                              .min_lr_ratio = o->min_lr_ratio, .weight_decay = o->weight_decay, .clip = o->clip,
                              .beta1 = o->beta1, .beta2 = o->beta2, .val_fraction = o->val_fraction};
@@ -306,7 +328,7 @@ static void report_ranks(const loom_train_job_t *j) {
 static void report_setup(const loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
     const loom_train_run_t *run = &j->run;
-    const loom_gpt_config_t *c = &run->model->cfg;
+    const loom_gpt_config_t *c = run->pp ? loom_pp_config(run->pp) : &run->model->cfg;
     const loom_backend_t *be = run->be;
     char threads[32] = ""; /* the host threads, where ops run on the host */
     if (be->threads > 0) snprintf(threads, sizeof threads, ", %d thread%s", be->threads, be->threads == 1 ? "" : "s");
@@ -352,8 +374,10 @@ loom_status loom_train_setup(loom_train_job_t *j, loom_dist_t *dist) {
     *run = (loom_train_run_t){.o = o, .dist = dist, .lead = o->rank == 0, .multi = o->world_size > 1,
                               .last_loss = NAN, .last_val = -1, .energy_j_per_token = NAN};
     add_observers(j); /* first: teardown frees them, the caller's included, whatever fails below */
-    run->dp_size = o->world_size / (o->tp > 1 ? o->tp : 1); /* tp innermost: consecutive ranks share a replica */
-    run->dp_rank = o->rank / (o->tp > 1 ? o->tp : 1);
+    /* rank = (dp x pp + stage) x tp + tp index (parallel/dist.h): a replica is tp x pp consecutive ranks */
+    int per_replica = (o->tp > 1 ? o->tp : 1) * (o->pp > 1 ? o->pp : 1);
+    run->dp_size = o->world_size / per_replica;
+    run->dp_rank = o->rank / per_replica;
     if (!o->out || !*o->out) return loom_error(LOOM_EINVAL, "no --out folder: name where the run goes, e.g. --out runs/first");
     /* One writer per run folder, before anything in it is touched. */
     step_modes(j);
@@ -394,7 +418,8 @@ void loom_train_teardown(loom_train_job_t *j) {
     loom_step_graph_free(j->sg);
     loom_dp_free(j->run.dp);
     loom_train_teardown_tp(j); /* the shard is the tp's: run.model is NULL after */
-    loom_gpt_free(j->run.model);
+    if (j->run.pp) loom_pp_free(j->run.pp); /* frees its stage model */
+    else loom_gpt_free(j->run.model);
     loom_dataset_free(j->ds);
     if (j->lock_fd >= 0) close(j->lock_fd);
     j->lock_fd = -1;

@@ -13,6 +13,7 @@
 #include "core/clock.h"
 #include "train/eval.h"
 #include "parallel/tp.h"
+#include "train/pipeline.h"
 #include "train/train_impl.h"
 
 double loom_lr_at(long long t, long long steps, int warmup, double lr, double min_lr_ratio) {
@@ -122,6 +123,12 @@ static void next_batches(loom_train_job_t *j) {
 /* The optimizer step itself: device-resident where the backend has it. */
 static loom_status optimizer_step(loom_train_job_t *j, loom_step_record_t *rec) {
     loom_train_run_t *run = &j->run;
+    if (run->pp) {
+        double sched;
+        LOOM_TRY(loom_pp_step(run->pp, j->in, j->tg, &j->opt, (float)rec->lr, (int)rec->step, &rec->loss, &rec->grad_norm));
+        loom_pp_last_times(run->pp, &rec->comm_pp_s, &rec->bubble_s, &sched);
+        return LOOM_OK;
+    }
     if (run->tp)
         return loom_train_step_tp(run->tp, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt, (float)rec->lr,
                                   (int)rec->step, &rec->loss, &rec->grad_norm);
@@ -165,14 +172,15 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
     run->be->sync();
     rec->step_s = loom_now() - t0;
     rec->comm_tp_s = loom_tp_wait_seconds(run->tp) - tp0;
-    /* comm_wait_s is the data-parallel wait (comm_dp_s); the tp group's is apart */
-    rec->comm_wait_s = loom_dp_last_wait(run->dp) + loom_tp_dp_wait_seconds(run->tp) - dp0;
+    /* comm_wait_s is the data-parallel wait (comm_dp_s); the tp group's and the pipeline's are apart */
+    rec->comm_wait_s = loom_dp_last_wait(run->dp) + loom_tp_dp_wait_seconds(run->tp) - dp0 + loom_pp_last_dp_wait(run->pp);
     rec->tokens_per_s = run->tokens_per_step / rec->step_s;
     rec->mfu = step_mfu(j, rec);
     rec->peak_flops = j->peak;
     run->train_time += rec->step_s;
     run->comm_wait += rec->comm_wait_s;
     run->comm_tp += rec->comm_tp_s;
+    run->bubble_time += rec->bubble_s;
     run->step = step;
     run->last_loss = rec->loss;
     rec->elapsed_s = loom_now() - run->t_start;
@@ -185,15 +193,21 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
  * only the lead reports it. */
 static loom_status run_eval(loom_train_job_t *j, long long step, double *val) {
     loom_eval_result_t r;
-    LOOM_TRY(loom_eval_loss(j->run.model, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
+    if (j->run.pp) LOOM_TRY(loom_pp_eval(j->run.pp, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
+    else LOOM_TRY(loom_eval_loss(j->run.model, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
     j->run.last_val = r.loss;
     j->run.last_val_step = step;
     if (val) *val = r.loss;
     return j->run.lead ? emit_eval(&j->run, step, r.loss) : LOOM_OK;
 }
 
+/* Rank 0 evaluates; under ZeRO-3, --tp and --pp every rank (each holds a part). */
+static int evaluates(const loom_train_job_t *j) {
+    return (j->run.lead || j->o.zero == 3 || j->run.tp || j->run.pp) && j->run.have_val;
+}
+
 static int eval_due(const loom_train_job_t *j, long long step) {
-    return (j->run.lead || j->o.zero == 3 || j->run.tp) && j->run.have_val && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
+    return evaluates(j) && j->o.eval_every > 0 && (step % j->o.eval_every == 0 || step == j->o.steps);
 }
 
 /* ---- the loop ---- */
@@ -218,8 +232,7 @@ static loom_status train_loop(loom_train_job_t *j) {
  * then on_stop (final checkpoint, plot) and on_end (reports). */
 static loom_status train_finish(loom_train_job_t *j, loom_status s) {
     loom_train_run_t *run = &j->run;
-    if (s == LOOM_OK && run->step >= run->first_step && (run->lead || j->o.zero == 3 || run->tp) && run->have_val &&
-        run->last_val_step != run->step)
+    if (s == LOOM_OK && run->step >= run->first_step && evaluates(j) && run->last_val_step != run->step)
         s = run_eval(j, run->step, NULL);
     s = emit_stop(run, s);
     if (s == LOOM_OK) loom_train_report_memory(j);

@@ -47,6 +47,7 @@ typedef struct {
     int cuda_graphs;         /* 1 on, 0 off, -1 default: on for CUDA (ignored with a note on the CPU) */
     int recompute;           /* loom_recompute: activation recompute */
     int layers, heads, channels, context; /* model overrides; 0 = the preset's */
+    int untied_head;         /* 1: the output head gets its own weights (lm_head) instead of wte's */
     int batch, seq, grad_accum;           /* seq 0 = the model's context */
     long long steps;
     int warmup;
@@ -76,6 +77,9 @@ typedef struct {
     int no_overlap;         /* reduce after backward instead of during it */
     double bucket_mb;       /* gradient bucket size in MB (0 = 4) */
     int rank, world_size;
+    /* Pipeline parallelism (train/pipeline.h): stages of consecutive
+     * layers, 0 or 1 = none; the micro-batches are --grad-accum's. */
+    int pp;
     /* The caller's observers, called after the built-in recorders and
      * before the built-in actors (see the file comment). Not owned: their
      * free hook is called, the array is not. */
@@ -105,6 +109,8 @@ typedef struct {
     int skipped;             /* the step was skipped (inf/nan gradients under loss scaling) */
     double data_s;           /* time loading this step's batches, before step_s */
     double peak_flops;       /* FLOP/s per rank MFU is relative to (rank 0's measure, so every rank has the same) */
+    double comm_pp_s;        /* --pp: time blocked in pipeline send/receive (idle on a neighbour plus transfer) */
+    double bubble_s;         /* --pp: of which idle, the pipeline bubble (train/pipeline.h) */
 } loom_step_record_t;
 
 /* A checkpoint that was just taken. With --ckpt-sync it is on disk;
@@ -128,10 +134,11 @@ struct loom_train_run {
     const loom_tokenizer_t *tok; /* the data's tokenizer; NULL when it has none */
     loom_dist_t *dist;
     loom_dp_t *dp;               /* NULL: one process at ZeRO 0 (the plain step) */
+    struct loom_pp *pp;          /* --pp: this rank's pipeline stage (model is the stage's), else NULL */
     struct loom_tp *tp;          /* tensor parallelism (--tp > 1), else NULL; model is then this rank's shard */
     loom_gpt_t *ckpt_model;      /* what checkpoints are written from when not model: under --tp the whole
                                   * model rank 0 assembles (its config on the other ranks) */
-    int dp_rank, dp_size;        /* this rank's data-parallel replica and their number (world / tp) */
+    int dp_rank, dp_size;        /* this rank's data-parallel replica and their number (world / (tp x pp)) */
     int lead, multi;             /* rank 0; more than one rank */
     int B, T;                    /* micro-batch sequences and tokens per sequence */
     size_t tokens_per_step;      /* global: B x T x grad_accum x world_size */
@@ -150,6 +157,7 @@ struct loom_train_run {
     double t_start;              /* loom_now() when the loop started */
     double train_time;           /* seconds spent inside steps */
     double comm_wait;            /* of which blocked on communication */
+    double bubble_time;          /* --pp: of which this rank's stage sat idle on its neighbours */
     double comm_tp;              /* of that, on the tensor-parallel group */
     int stop_signal;             /* a stop was asked for: the signal number (or SIGTERM) */
     double energy_j_per_token;   /* energy per trained token so far (NAN: no energy counter); set by the exporter (train/exporter.h) */

@@ -41,7 +41,7 @@ static int kq_supported(int isa) {
     int avx2 = __builtin_cpu_supports("avx2"), avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
     if (isa == KQ_AVX2) return avx2;
     if (isa == KQ_AVX512) return avx2 && avx512;
-    if (isa == KQ_AVX512VNNI) return avx2 && avx512 && __builtin_cpu_supports("avx512vnni");
+    if (isa == KQ_AVX512VNNI) return avx2 && avx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 #endif
     return isa == KQ_PORTABLE;
 }
@@ -163,12 +163,8 @@ __attribute__((target("avx2"))) static inline void unpack_k_avx2(loom_dtype d, c
     }
 }
 
-__attribute__((target("avx2"))) static inline void unpack_avx2(loom_dtype d, const void *blk, uint8_t *u) {
-    const uint8_t *b = blk;
-    if (d >= LOOM_Q4_K) {
-        unpack_k_avx2(d, b, u);
-        return;
-    }
+/* The 32 unsigned values of a 32-value block (q4_0 ... q5_1). */
+__attribute__((target("avx2"))) static inline __m256i unpack32_avx2(loom_dtype d, const uint8_t *b) {
     int off = d == LOOM_Q4_0 ? 2 : d == LOOM_Q4_1 ? 4 : d == LOOM_Q5_0 ? 6 : 8;
     __m128i q = _mm_loadu_si128((const __m128i *)(b + off));
     __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
@@ -177,7 +173,23 @@ __attribute__((target("avx2"))) static inline void unpack_avx2(loom_dtype d, con
         memcpy(&qh, b + off - 4, 4);
         v = _mm256_or_si256(v, bits32(qh));
     }
-    _mm256_storeu_si256((__m256i *)u, v);
+    return v;
+}
+
+__attribute__((target("avx2"))) static inline void unpack_avx2(loom_dtype d, const void *blk, uint8_t *u) {
+    const uint8_t *b = blk;
+    if (d >= LOOM_Q4_K) {
+        unpack_k_avx2(d, b, u);
+        return;
+    }
+    _mm256_storeu_si256((__m256i *)u, unpack32_avx2(d, b));
+}
+
+/* Eight vectors of 8 int32 partial sums to one vector of their 8 totals. */
+__attribute__((target("avx2"))) static inline __m256i hsum8_i32x8(const __m256i *s) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 #endif
 
@@ -196,6 +208,12 @@ typedef struct {
  * unpacked before block b is used: the dot's wide loads then read stores
  * that have left the store buffer (a load spanning several recent
  * narrower stores waits for them, which cost a fifth of the time). */
+/* The float work after a block's exact integers, one function for every
+ * path so that all give the same bits. */
+__attribute__((always_inline)) static inline void kq_update(float *acc, float xd, float d, float dmin, int32_t I, int32_t M) {
+    *acc += xd * (d * (float)I - dmin * (float)M);
+}
+
 __attribute__((always_inline)) static inline void kq_row(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1,
                                                          float *acc, kq_dot_fn dot, kq_unpack_fn unpack) {
     const loom_qblock_info_t *qi = loom_qblock_info(w->dtype);
@@ -218,10 +236,54 @@ __attribute__((always_inline)) static inline void kq_row(const loom_tensor_t *w,
             const int16_t *xs = a->xs + at / 16;
             int32_t I = dot(u[b & 1], a->xq + at, sb->sc, a->blk), M = 0;
             for (int g = 0; g < ng; g++) M += sb->mn[g] * xs[g];
-            acc[n - r0] += a->xd[(size_t)n * a->nb + b] * (sb->d * (float)I - sb->dmin * (float)M);
+            kq_update(&acc[n - r0], a->xd[(size_t)n * a->nb + b], sb->d, sb->dmin, I, M);
         }
     }
 }
+
+#if defined(__x86_64__)
+/* The 32-value formats (q4_0 ... q5_1), whose per-block work (an fp16
+ * scale, a horizontal sum, a float update per 32 values) outweighs the
+ * dot itself: KQ32 blocks at a time are unpacked into registers, each
+ * input row's KQ32 dots (vpmaddubsw + vpmaddwd, or VNNI's vpdpbusd: u
+ * unsigned times xq signed, four products to int32) summed horizontally
+ * together (hsum8_i32x8), then the same integers and kq_update as kq_row,
+ * block after block: the same bits. */
+#define KQ32 8
+#define KQ_ROW32(NAME, TGT, DOT)                                                                                  \
+    __attribute__((target(TGT))) static void NAME(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, \
+                                                  float *acc) {                                                   \
+        const int bytes = loom_qblock_info(w->dtype)->bytes;                                                      \
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * bytes;                               \
+        const __m256i ones = _mm256_set1_epi16(1);                                                                \
+        (void)ones;                                                                                               \
+        for (int n = r0; n < r1; n++) acc[n - r0] = 0.0f;                                                         \
+        for (int b0 = 0; b0 < a->nb; b0 += KQ32) {                                                                \
+            int k = a->nb - b0 < KQ32 ? a->nb - b0 : KQ32;                                                        \
+            __m256i u[KQ32], p[KQ32];                                                                             \
+            loom_qblock_scales_t sc[KQ32];                                                                        \
+            for (int j = 0; j < k; j++) {                                                                         \
+                loom_qblock_scales_inline(w->dtype, row + (size_t)(b0 + j) * bytes, &sc[j]);                      \
+                u[j] = unpack32_avx2(w->dtype, row + (size_t)(b0 + j) * bytes);                                   \
+            }                                                                                                     \
+            for (int j = k; j < KQ32; j++) p[j] = _mm256_setzero_si256();                                         \
+            for (int n = r0; n < r1; n++) {                                                                       \
+                const int8_t *x = a->xq + (size_t)n * a->C + (size_t)b0 * 32;                                     \
+                const int16_t *xs = a->xs + ((size_t)n * a->C + (size_t)b0 * 32) / 16;                            \
+                for (int j = 0; j < k; j++) p[j] = DOT;                                                           \
+                int32_t I[KQ32];                                                                                  \
+                _mm256_storeu_si256((__m256i *)I, hsum8_i32x8(p));                                                \
+                for (int j = 0; j < k; j++)                                                                       \
+                    kq_update(&acc[n - r0], a->xd[(size_t)n * a->nb + b0 + j], sc[j].d, sc[j].dmin, I[j],         \
+                              sc[j].mn[0] * (xs[2 * j] + xs[2 * j + 1]));                                          \
+            }                                                                                                     \
+        }                                                                                                         \
+    }
+KQ_ROW32(row32_avx2, "avx2",
+         _mm256_madd_epi16(_mm256_maddubs_epi16(u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j))), ones))
+KQ_ROW32(row32_vnni, "avx2,avx512f,avx512bw,avx512vl,avx512vnni",
+         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j))))
+#endif
 
 typedef void (*kq_row_fn)(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc);
 
@@ -242,11 +304,13 @@ __attribute__((target("avx2,avx512f,avx512bw,avx512vnni"))) static void row_avx5
 }
 #endif
 
-static kq_row_fn kq_row_for_isa(void) {
+static kq_row_fn kq_row_for_isa(loom_dtype d) {
 #if defined(__x86_64__)
     static const kq_row_fn fns[KQ_COUNT] = {row_portable, row_avx2, row_avx512, row_avx512vnni};
-    return fns[kq_pick()];
+    static const kq_row_fn fns32[KQ_COUNT] = {row_portable, row32_avx2, row32_avx2, row32_vnni};
+    return (d < LOOM_Q4_K ? fns32 : fns)[kq_pick()];
 #else
+    (void)d;
     return row_portable;
 #endif
 }
@@ -261,7 +325,7 @@ void loom_cpu_matmul_forward_kq(float *out, const float *inp, const loom_tensor_
     for (int n = 0; n < N; n++)
         loom_cpu_kq_quantize_act(inp + (size_t)n * C, C, blk, xd + (size_t)n * nb, xq + (size_t)n * C, xs + (size_t)n * (C / 16));
     kq_act_t a = {xq, xd, xs, C, blk, nb};
-    kq_row_fn row = kq_row_for_isa();
+    kq_row_fn row = kq_row_for_isa(w->dtype);
 #pragma omp parallel if ((double)N * C * OC > 1 << 18)
     {
         float acc[KQ_PASS];

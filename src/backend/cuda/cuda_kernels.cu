@@ -16,6 +16,8 @@
 
 #include <cub/device/device_radix_sort.cuh>
 
+#include <climits>
+
 #include "cuda_internal.h"
 
 /* ---- vector access: VEC = 4 loads 4 elements at once (float4 for fp32,
@@ -107,15 +109,15 @@ static __global__ void iota_kernel(int *x, int n) {
 }
 template <typename T>
 static __global__ void encoder_backward_wte_kernel(float *dwte, const T *dout, const int *stok, const int *srow,
-                                                   int N, int C) {
+                                                   int N, int C, int v0, int nv) {
     size_t n = (size_t)N * C;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         int j = (int)(i / C), c = (int)(i % C), tok = stok[j];
-        if (j > 0 && stok[j - 1] == tok) continue;
+        if ((j > 0 && stok[j - 1] == tok) || tok < v0 || tok - v0 >= nv) continue; /* outside: another rank's row */
         float s = 0.f;
         for (int k = j; k < N && stok[k] == tok; k++) s += to_f(dout[(size_t)srow[k] * C + c]);
-        dwte[(size_t)tok * C + c] += s;
+        dwte[(size_t)(tok - v0) * C + c] += s;
     }
 }
 /* dwpe: one thread per (t, channel) summing over the batch in order. */
@@ -130,8 +132,10 @@ static __global__ void encoder_backward_wpe_kernel(float *dwpe, const A *dout, i
     }
 }
 
-void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B,
-                           int T, int C) {
+/* dwte's rows v0 .. v0+nv-1 (the whole table: 0, INT_MAX; a tensor-parallel
+ * rank's vocabulary shard: its rows), dwpe's whole. */
+static void encoder_backward_rows(float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T, int C,
+                                  int v0, int nv) {
     int N = B * T;
     size_t n = (size_t)N * C, sort_bytes = 0, bn = ((size_t)N * sizeof(int) + 255) & ~(size_t)255;
     CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, (const int *)nullptr, (int *)nullptr,
@@ -146,13 +150,22 @@ void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const in
     with_act([&](auto a) {
         typedef ACT_T(a) A;
         encoder_backward_wte_kernel<A><<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dwte, (const A *)dout, stok, srow,
-                                                                                     N, C);
+                                                                                     N, C, v0, nv);
         LAUNCH_CHECK();
         if (dwpe) {
             encoder_backward_wpe_kernel<A><<<cuda_grid((size_t)T * C, 256), 256, 0, g_cuda.stream>>>(dwpe, (const A *)dout, B, T, C);
             LAUNCH_CHECK();
         }
     });
+}
+
+void cuda_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T, int C) {
+    encoder_backward_rows(dwte, dwpe, dout, tokens, B, T, C, 0, INT_MAX);
+}
+
+void cuda_vocab_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T, int C,
+                               int v0, int nv) {
+    encoder_backward_rows(dwte, dwpe, dout, tokens, B, T, C, v0, nv);
 }
 
 /* ---- layernorm ---- */

@@ -1,7 +1,9 @@
 /* cuda_tp: the ops of a tensor-parallel rank's vocabulary shard on the
  * GPU (contracts in backend.h; cpu.c's loom_cpu_vocab_* are the
- * reference): the embedding of the shard's rows, its backward, and the
- * two halves of the cross-entropy on sharded logits. Compiled here, not
+ * reference): the embedding of the shard's rows and the two halves of the
+ * cross-entropy on sharded logits (the embedding's backward is
+ * cuda_encoder_backward's sorted pass over the shard's rows, in
+ * cuda_kernels.cu). Compiled here, not
  * yet run on a GPU.
  *
  * Activations are of the backend's ACT type, math in fp32. Every output
@@ -34,51 +36,6 @@ void cuda_vocab_embed_forward(float *out, const int *tokens, const float *wte, c
                                                                                     nv, n);
     });
     LAUNCH_CHECK();
-}
-
-/* One thread per (shard row, channel): the rows of its token in order.
- * O(N) per thread, fine for the shard sizes a test runs; a sorted pass
- * like cuda_encoder_backward's is the way for large batches. */
-template <typename A>
-static __global__ void vocab_embed_backward_wte_kernel(float *dwte, const A *dout, const int *tokens, int N, int C,
-                                                       int v0, int nv) {
-    size_t n = (size_t)nv * C;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        int v = (int)(i / C), c = (int)(i % C);
-        float s = 0.f;
-        int hit = 0;
-        for (int r = 0; r < N; r++)
-            if (tokens[r] - v0 == v) {
-                s += to_f(dout[(size_t)r * C + c]);
-                hit = 1;
-            }
-        if (hit) dwte[i] += s;
-    }
-}
-
-template <typename A>
-static __global__ void vocab_embed_backward_wpe_kernel(float *dwpe, const A *dout, int B, int T, int C) {
-    size_t n = (size_t)T * C;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        float s = 0.f;
-        for (int b = 0; b < B; b++) s += to_f(dout[(size_t)b * n + i]);
-        dwpe[i] += s;
-    }
-}
-
-void cuda_vocab_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T, int C,
-                               int v0, int nv) {
-    with_act([&](auto a) {
-        typedef TP_ACT(a) A;
-        vocab_embed_backward_wte_kernel<A><<<cuda_grid((size_t)nv * C, 256), 256, 0, g_cuda.stream>>>(
-            dwte, (const A *)dout, tokens, B * T, C, v0, nv);
-        LAUNCH_CHECK();
-        if (dwpe) {
-            vocab_embed_backward_wpe_kernel<A><<<cuda_grid((size_t)T * C, 256), 256, 0, g_cuda.stream>>>(dwpe, (const A *)dout,
-                                                                                                         B, T, C);
-            LAUNCH_CHECK();
-        }
-    });
 }
 
 /* A warp per row: max, then the sum of exp against it, then the target. */

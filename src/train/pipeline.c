@@ -1,0 +1,479 @@
+/* pipeline: the 1F1B schedule, the stage's slice of the model, and the
+ * gather/scatter that keeps checkpoints in the single-model layout. */
+#include "train/pipeline.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt/optim.h"
+#include "ckpt/safetensors.h"
+#include "core/mem.h"
+
+/* One micro-batch's activations (its block, tokens, targets). */
+typedef struct {
+    float *acts;
+    int *tokens, *targets;
+} slot_t;
+
+struct loom_pp {
+    loom_dist_t *d;
+    loom_dist_t *dpg;           /* this stage's data-parallel group (D > 1), else NULL */
+    loom_pp_opts_t o;
+    int n, s, dp, rank;         /* stages, this stage, data-parallel width, this rank */
+    int prev, next;             /* neighbouring stages' ranks, -1 at the ends */
+    int parts;                  /* LOOM_STAGE_EMBED / HEAD of this stage */
+    loom_gpt_config_t cfg;      /* the whole model, finished */
+    loom_tensor_info_t (*tables)[LOOM_NPARAMS]; /* every stage's parameter table */
+    size_t *nparams;            /* every stage's parameter floats */
+    loom_gpt_t *m;              /* this stage */
+    const loom_backend_t *host; /* the CPU backend of the whole model */
+    loom_gpt_t *full;           /* rank 0: the whole model for checkpoints (host memory) */
+    float *fm, *fv;             /* rank 0: its AdamW moments, gathered at checkpoints */
+    slot_t *slots;              /* in-flight micro-batches; slots[0] is the model's own block */
+    int nslots;
+    float *wte_peer;            /* tied head: the other end's wte gradient (backend memory) */
+    double loss_sum;            /* last stage: this step's micro-batch losses */
+    const int *tok, *tgt;       /* this step's micro-batches */
+    float dloss;
+    double comm_s, fastest, sched_s, bubble_s, dp_s;
+    int msgs;
+};
+
+void loom_pp_split(int L, int n, int s, int *first, int *count) {
+    int base = L / n, extra = L % n;
+    *count = base + (s < extra);
+    *first = s * base + (s < extra ? s : extra);
+}
+
+double loom_pp_bubble_formula(int stages, int micro) { return (double)(stages - 1) / (double)(micro + stages - 1); }
+
+const loom_gpt_config_t *loom_pp_config(const loom_pp_t *pp) { return &pp->cfg; }
+int loom_pp_stage(const loom_pp_t *pp) { return pp->s; }
+
+double loom_pp_last_dp_wait(const loom_pp_t *pp) { return pp ? pp->dp_s : 0; }
+
+void loom_pp_last_times(const loom_pp_t *pp, double *comm_s, double *bubble_s, double *sched_s) {
+    *comm_s = pp ? pp->comm_s : 0;
+    *bubble_s = pp ? pp->bubble_s : 0;
+    *sched_s = pp ? pp->sched_s : 0;
+}
+
+/* ---------------- the stage's slice of the whole model ---------------- */
+
+static int per_layer(int i) { return i != LOOM_WTE && i != LOOM_WPE && i != LOOM_LMHEAD && i != LOOM_LNFW && i != LOOM_LNFB; }
+
+/* Stage s holds tensor i's only copy that counts (its gradient in the norm,
+ * its weights in a checkpoint): its layers, the embedding on the first
+ * stage, the final norm and the head on the last. A tied wte is the first
+ * stage's (the last stage keeps an identical copy). */
+static int owns(const loom_pp_t *pp, int s, int i) {
+    if (per_layer(i)) return 1;
+    if (i == LOOM_WTE || i == LOOM_WPE) return s == 0;
+    return s == pp->n - 1;
+}
+
+/* Copy between a whole-model block `full` and stage s's block `st`
+ * (to_stage: full -> st). A layer tensor moves the stage's rows; the
+ * others move whole, into every stage on the way in (`all`) or from their
+ * owner on the way out. */
+static void map_block(const loom_pp_t *pp, int s, float *full, float *st, int to_stage) {
+    int first, count, L = pp->cfg.n_layer;
+    loom_pp_split(L, pp->n, s, &first, &count);
+    loom_tensor_info_t ft[LOOM_NPARAMS];
+    size_t total;
+    loom_gpt_param_table(&pp->cfg, ft, &total);
+    for (int i = 0; i < LOOM_NPARAMS; i++) {
+        const loom_tensor_info_t *a = &ft[i], *b = &pp->tables[s][i];
+        if (!a->numel || (!to_stage && !owns(pp, s, i))) continue;
+        size_t per = per_layer(i) ? a->numel / (size_t)L : a->numel;
+        size_t off = per_layer(i) ? (size_t)first * per : 0, n = per_layer(i) ? (size_t)count * per : a->numel;
+        if (to_stage) memcpy(st + b->offset, full + a->offset + off, n * sizeof(float));
+        else memcpy(full + a->offset + off, st + b->offset, n * sizeof(float));
+    }
+}
+
+/* Stage s's config: the whole model's with its own layer count. */
+static loom_gpt_config_t stage_config(const loom_pp_t *pp, int s) {
+    loom_gpt_config_t c = pp->cfg;
+    int first;
+    loom_pp_split(c.n_layer, pp->n, s, &first, &c.n_layer);
+    return c;
+}
+
+/* Upload host blocks (whole-model layout) into this stage's parameters and
+ * AdamW moments; m, v may be NULL (fresh state). */
+static void scatter_host(loom_pp_t *pp, float *params, float *m, float *v) {
+    loom_gpt_t *sm = pp->m;
+    size_t n = sm->num_params;
+    float *h = loom_calloc(n, sizeof(float));
+    float *src[3] = {params, m, v}, *dst[3] = {sm->params, sm->m, sm->v};
+    for (int k = 0; k < 3; k++) {
+        if (!src[k] || !dst[k]) continue;
+        map_block(pp, pp->s, src[k], h, 1);
+        sm->be->upload(dst[k], h, n * sizeof(float));
+    }
+    free(h);
+}
+
+/* ---------------- setup ---------------- */
+
+static loom_status check_layout(loom_pp_t *pp, int world) {
+    int L = pp->cfg.n_layer;
+    if (pp->n < 2 || world % pp->n)
+        return loom_error(LOOM_EINVAL, "--pp %d with %d ranks: the ranks must be a multiple of the stages (e.g. --nproc %d)", pp->n, world, pp->n);
+    if (L < pp->n)
+        return loom_error(LOOM_EINVAL, "--pp %d: the model has %d layers; each stage needs at least one (use --pp %d or fewer)", pp->n, L, L);
+    return LOOM_OK;
+}
+
+/* The in-flight activation blocks beyond the model's own. */
+static loom_status alloc_slots(loom_pp_t *pp) {
+    loom_gpt_t *m = pp->m;
+    int n = pp->n - pp->s < pp->o.micro ? pp->n - pp->s : pp->o.micro;
+    pp->nslots = n;
+    pp->slots = loom_calloc((size_t)n, sizeof *pp->slots);
+    pp->slots[0] = (slot_t){m->acts, m->tokens, m->targets};
+    size_t BT = (size_t)pp->o.B * pp->o.T;
+    for (int i = 1; i < n; i++) {
+        slot_t *sl = &pp->slots[i];
+        sl->acts = m->be->alloc(m->act_bytes);
+        sl->tokens = m->be->alloc(BT * sizeof(int));
+        sl->targets = m->be->alloc(BT * sizeof(int));
+        if (!sl->acts || !sl->tokens || !sl->targets)
+            return loom_error(LOOM_ENOMEM, "--pp: cannot allocate %.1f MB of activations for micro-batch %d in flight on %s; lower --batch or --seq",
+                              m->act_bytes / 1e6, i + 1, m->be->name);
+        loom_mem_count(LOOM_MEM_ACTS, (long long)m->act_bytes);
+    }
+    return LOOM_OK;
+}
+
+/* The stage model: the whole model drawn from the seed on the host, sliced. */
+static loom_status build_stage(loom_pp_t *pp, const loom_backend_t *be) {
+    pp->tables = loom_calloc((size_t)pp->n, sizeof *pp->tables);
+    pp->nparams = loom_calloc((size_t)pp->n, sizeof *pp->nparams);
+    for (int s = 0; s < pp->n; s++) {
+        loom_gpt_config_t c = stage_config(pp, s);
+        loom_gpt_param_table(&c, pp->tables[s], &pp->nparams[s]);
+    }
+    loom_gpt_config_t sc = stage_config(pp, pp->s);
+    LOOM_TRY(loom_gpt_create(&pp->m, &sc, be));
+    LOOM_TRY(loom_backend_cpu_init(&pp->host, 1));
+    LOOM_TRY(loom_gpt_init(&pp->full, &pp->cfg, pp->host, pp->o.seed));
+    loom_gpt_set_recompute(pp->m, pp->o.recompute);
+    LOOM_TRY(loom_gpt_alloc_train(pp->m));
+    scatter_host(pp, pp->full->params, NULL, NULL);
+    if (pp->rank != 0) { /* only rank 0 writes checkpoints */
+        loom_gpt_free(pp->full);
+        pp->full = NULL;
+    }
+    LOOM_TRY(loom_gpt_alloc_acts(pp->m, pp->o.B, pp->o.T));
+    LOOM_TRY(alloc_slots(pp));
+    if (!pp->cfg.untied_head && (pp->s == 0 || pp->s == pp->n - 1)) {
+        pp->wte_peer = be->alloc(pp->tables[0][LOOM_WTE].numel * sizeof(float));
+        if (!pp->wte_peer) return loom_error(LOOM_ENOMEM, "--pp: cannot allocate the tied embedding's gradient buffer on %s", be->name);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_pp_init(loom_pp_t **out, loom_dist_t *d, const loom_gpt_config_t *cfg, const loom_backend_t *be,
+                         const loom_pp_opts_t *o, loom_gpt_t **stage_model) {
+    *out = NULL;
+    loom_pp_t *pp = loom_calloc(1, sizeof *pp);
+    pp->d = d;
+    pp->o = *o;
+    pp->n = o->stages;
+    pp->cfg = *cfg;
+    pp->rank = loom_dist_rank(d);
+    loom_status s = loom_gpt_config_finish(&pp->cfg);
+    if (s == LOOM_OK) s = check_layout(pp, loom_dist_size(d));
+    if (s != LOOM_OK) {
+        free(pp);
+        return s;
+    }
+    /* Placement (parallel/dist.h): rank = dp_index * N + stage, so one
+     * pipeline is N consecutive ranks and a stage's replicas are N apart. */
+    pp->dp = loom_dist_size(d) / pp->n;
+    pp->s = pp->rank % pp->n;
+    pp->prev = pp->s > 0 ? pp->rank - 1 : -1;
+    pp->next = pp->s < pp->n - 1 ? pp->rank + 1 : -1;
+    if (pp->dp > 1 && (s = loom_dist_split(d, pp->s, pp->rank, &pp->dpg)) != LOOM_OK) {
+        free(pp);
+        return s;
+    }
+    pp->parts = (pp->s == 0 ? LOOM_STAGE_EMBED : 0) | (pp->s == pp->n - 1 ? LOOM_STAGE_HEAD : 0);
+    if ((s = build_stage(pp, be)) != LOOM_OK) {
+        loom_pp_free(pp);
+        return s;
+    }
+    char split[512];
+    size_t used = 0;
+    for (int st = 0; st < pp->n && used < sizeof split - 32; st++) {
+        int first, count;
+        loom_pp_split(pp->cfg.n_layer, pp->n, st, &first, &count);
+        used += (size_t)snprintf(split + used, sizeof split - used, "%s%d:[%d,%d)", st ? " " : "", st, first, first + count);
+    }
+    loom_info("loom train: pipeline %d stages over %d layers, stage:[layers) %s; embedding on stage 0, head on stage %d%s; "
+              "1F1B over %d micro-batches, bubble (N-1)/(M+N-1) = %.3f", pp->n, pp->cfg.n_layer, split, pp->n - 1,
+              pp->cfg.untied_head ? "" : " (tied: wte on both ends, gradients summed)", o->micro, loom_pp_bubble_formula(pp->n, o->micro));
+    *stage_model = pp->m;
+    *out = pp;
+    return LOOM_OK;
+}
+
+void loom_pp_free(loom_pp_t *pp) {
+    if (!pp) return;
+    if (pp->m) {
+        const loom_backend_t *be = pp->m->be;
+        for (int i = 1; i < pp->nslots; i++) {
+            if (pp->slots[i].acts) loom_mem_count(LOOM_MEM_ACTS, -(long long)pp->m->act_bytes);
+            be->free(pp->slots[i].acts);
+            be->free(pp->slots[i].tokens);
+            be->free(pp->slots[i].targets);
+        }
+        if (pp->slots) { /* the model frees its own block */
+            pp->m->acts = pp->slots[0].acts;
+            pp->m->tokens = pp->slots[0].tokens;
+            pp->m->targets = pp->slots[0].targets;
+        }
+        if (pp->wte_peer) be->free(pp->wte_peer);
+        loom_gpt_free(pp->m);
+    }
+    loom_gpt_free(pp->full);
+    loom_dist_free(pp->dpg);
+    free(pp->fm);
+    free(pp->fv);
+    free(pp->slots);
+    free(pp->tables);
+    free(pp->nparams);
+    free(pp);
+}
+
+/* ---------------- the schedule ---------------- */
+
+static void use_slot(loom_pp_t *pp, int k) {
+    const slot_t *sl = &pp->slots[k % pp->nslots];
+    pp->m->acts = sl->acts;
+    pp->m->tokens = sl->tokens;
+    pp->m->targets = sl->targets;
+}
+
+static loom_status fwd(loom_pp_t *pp, int k) {
+    size_t BT = (size_t)pp->o.B * pp->o.T;
+    float l = 0;
+    use_slot(pp, k);
+    LOOM_TRY(loom_gpt_forward_stage(pp->m, pp->tok + k * BT, pp->tgt + k * BT, pp->o.B, pp->o.T, pp->parts, pp->dloss, &l));
+    pp->loss_sum += l;
+    return LOOM_OK;
+}
+
+static void bwd(loom_pp_t *pp, int k) {
+    use_slot(pp, k);
+    loom_gpt_backward_stage(pp->m, pp->o.B, pp->o.T, pp->parts);
+}
+
+/* The residual stream of micro-batch k at `which` in its slot. */
+static float *stream(loom_pp_t *pp, int k, loom_gpt_stream_kind which) {
+    use_slot(pp, k);
+    return loom_gpt_stream(pp->m, pp->o.B, pp->o.T, which);
+}
+
+/* Send micro-batch ks's `sw` to rank dst while receiving micro-batch kr's
+ * `rw` from rank src (either side may be absent: rank -1 or k < 0). */
+static loom_status xfer(loom_pp_t *pp, int dst, int ks, loom_gpt_stream_kind sw, int src, int kr, loom_gpt_stream_kind rw) {
+    if (ks < 0) dst = -1;
+    if (kr < 0) src = -1;
+    if (dst < 0 && src < 0) return LOOM_OK;
+    size_t bytes = loom_backend_act_bytes(pp->m->be, (size_t)pp->o.B * pp->o.T * pp->cfg.channels);
+    void *sb = dst >= 0 ? stream(pp, ks, sw) : NULL, *rb = src >= 0 ? stream(pp, kr, rw) : NULL;
+    pp->m->be->sync(); /* a device transport reads what the compute stream wrote */
+    double t0 = loom_now();
+    LOOM_TRY(loom_dist_sendrecv(pp->d, sb, bytes, dst, rb, bytes, src));
+    double dt = loom_now() - t0;
+    pp->comm_s += dt;
+    if (pp->msgs++ == 0 || dt < pp->fastest) pp->fastest = dt;
+    return LOOM_OK;
+}
+
+/* 1F1B on this stage: warm-up forwards, one forward one backward, the
+ * remaining backwards. Activations go to `next` after a forward, their
+ * gradients to `prev` after a backward; a stage receives what it needs
+ * just before, paired with the send it makes at the same point, so two
+ * neighbours exchanging never both block in a send. */
+static loom_status schedule(loom_pp_t *pp) {
+    int M = pp->o.micro, warm = pp->n - pp->s - 1 < M ? pp->n - pp->s - 1 : M, rem = M - warm;
+    const loom_gpt_stream_kind IN = LOOM_STREAM_IN, OUT = LOOM_STREAM_OUT, G = LOOM_STREAM_GRAD;
+    for (int i = 0; i < warm; i++) {
+        LOOM_TRY(xfer(pp, -1, -1, OUT, pp->prev, i, IN));
+        LOOM_TRY(fwd(pp, i));
+        LOOM_TRY(xfer(pp, pp->next, i, OUT, -1, -1, IN));
+    }
+    if (rem > 0) LOOM_TRY(xfer(pp, -1, -1, OUT, pp->prev, warm, IN));
+    for (int j = 0; j < rem; j++) {
+        int k = warm + j;
+        LOOM_TRY(fwd(pp, k));
+        LOOM_TRY(xfer(pp, pp->next, k, OUT, pp->next, j, G));
+        bwd(pp, j);
+        LOOM_TRY(xfer(pp, pp->prev, j, G, pp->prev, j + 1 < rem ? k + 1 : -1, IN));
+    }
+    for (int j = rem; j < M; j++) {
+        LOOM_TRY(xfer(pp, -1, -1, G, pp->next, j, G));
+        bwd(pp, j);
+        LOOM_TRY(xfer(pp, pp->prev, j, G, -1, -1, IN));
+    }
+    return LOOM_OK;
+}
+
+/* A tied head: wte's gradient is the first stage's (embedding) plus the
+ * last stage's (head). Both ends add the other's to their own; a + b is
+ * b + a in floating point, so the two copies stay identical. */
+static loom_status sum_tied(loom_pp_t *pp) {
+    if (!pp->wte_peer) return LOOM_OK;
+    loom_gpt_t *m = pp->m;
+    size_t n = m->ptable[LOOM_WTE].numel;
+    int peer = pp->s == 0 ? pp->rank + pp->n - 1 : pp->rank - (pp->n - 1);
+    m->be->sync();
+    double t0 = loom_now();
+    LOOM_TRY(loom_dist_sendrecv(pp->d, m->grad[LOOM_WTE], n * sizeof(float), peer, pp->wte_peer, n * sizeof(float), peer));
+    pp->comm_s += loom_now() - t0;
+    float *a = loom_malloc(2 * n * sizeof(float));
+    m->be->download(a, m->grad[LOOM_WTE], n * sizeof(float));
+    m->be->download(a + n, pp->wte_peer, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) a[i] += a[n + i];
+    m->be->upload(m->grad[LOOM_WTE], a, n * sizeof(float));
+    free(a);
+    return LOOM_OK;
+}
+
+/* The whole model's gradient norm: each stage's owned tensors, summed
+ * (over every rank: the D replicas of a stage hold the same averaged
+ * gradient, so the sum is D times the model's). */
+static loom_status grad_norm(loom_pp_t *pp, float *norm) {
+    double ss = 0;
+    for (int i = 0; i < LOOM_NPARAMS; i++)
+        if (pp->m->ptable[i].numel && owns(pp, pp->s, i)) ss += pp->m->be->sumsq(pp->m->grad[i], pp->m->ptable[i].numel);
+    LOOM_TRY(loom_dist_allreduce_f64(pp->d, &ss, 1));
+    *norm = (float)sqrt(ss / pp->dp);
+    return LOOM_OK;
+}
+
+/* pp x dp: a stage's replicas average their gradients (the whole stage
+ * block, after the backward passes; ZeRO is not built for pipelines). */
+static loom_status reduce_dp(loom_pp_t *pp) {
+    if (!pp->dpg) return LOOM_OK;
+    double w0 = loom_dist_wait_seconds(pp->dpg);
+    LOOM_TRY(loom_dist_allreduce(pp->dpg, pp->m->grads, pp->m->num_params, LOOM_DIST_FP32, 1.0f / (float)pp->dp));
+    pp->dp_s = loom_dist_wait_seconds(pp->dpg) - w0;
+    return LOOM_OK;
+}
+
+loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, const loom_optim_t *opt, float lr, int t,
+                         float *loss, float *grad_norm_out) {
+    loom_gpt_t *m = pp->m;
+    loom_gpt_zero_grad(m);
+    pp->tok = tokens;
+    pp->tgt = targets;
+    pp->dloss = 1.0f / ((float)pp->o.B * (float)pp->o.T * (float)pp->o.micro);
+    pp->loss_sum = 0;
+    pp->comm_s = pp->fastest = 0;
+    pp->msgs = 0;
+    double t0 = loom_now();
+    LOOM_TRY(schedule(pp));
+    m->be->sync();
+    /* A stage that finishes first idles until the last one does (the
+     * schedule's tail, part of the bubble): the barrier measures it. */
+    double t1 = loom_now();
+    LOOM_TRY(loom_dist_barrier(pp->d));
+    double tail = loom_now() - t1;
+    pp->sched_s = loom_now() - t0;
+    double transfer = pp->fastest * pp->msgs;
+    pp->bubble_s = (pp->comm_s > transfer ? pp->comm_s - transfer : 0) + tail;
+    pp->comm_s += tail;
+    LOOM_TRY(sum_tied(pp));
+    LOOM_TRY(reduce_dp(pp));
+    float norm;
+    LOOM_TRY(grad_norm(pp, &norm));
+    float scale = opt->clip > 0 && norm > opt->clip ? opt->clip / (norm + 1e-6f) : 1.0f;
+    loom_adamw_t hp = {.lr = lr, .beta1 = opt->beta1, .beta2 = opt->beta2, .eps = opt->eps,
+                       .weight_decay = opt->weight_decay, .grad_scale = scale, .t = t};
+    loom_gpt_adamw(m, &hp);
+    /* The last stages hold their pipelines' losses: their mean, to every rank. */
+    double l = pp->s == pp->n - 1 ? pp->loss_sum / pp->o.micro / pp->dp : 0;
+    LOOM_TRY(loom_dist_allreduce_f64(pp->d, &l, 1));
+    *loss = (float)l;
+    *grad_norm_out = norm;
+    if (!isfinite(*loss) || !isfinite(norm))
+        return loom_error(LOOM_EINTERNAL, "step %d: loss %g, gradient norm %g: training diverged; lower --lr or raise --warmup", t, *loss, norm);
+    return LOOM_OK;
+}
+
+/* ---------------- validation ---------------- */
+
+/* One batch forward through the stages in turn (no backward, no overlap:
+ * validation is rare); the last stage's loss, 0 on the others. */
+static loom_status eval_batch(void *vpp, const int *in, const int *tg, int B, int T, float *loss) {
+    loom_pp_t *pp = vpp;
+    loom_gpt_t *m = pp->m;
+    size_t bytes = loom_backend_act_bytes(m->be, (size_t)B * T * pp->cfg.channels);
+    use_slot(pp, 0);
+    if (pp->prev >= 0) LOOM_TRY(loom_dist_recv(pp->d, loom_gpt_stream(m, B, T, LOOM_STREAM_IN), bytes, pp->prev));
+    LOOM_TRY(loom_gpt_forward_stage(m, in, tg, B, T, pp->parts, 0.0f, loss));
+    m->be->sync();
+    if (pp->next >= 0) LOOM_TRY(loom_dist_send(pp->d, loom_gpt_stream(m, B, T, LOOM_STREAM_OUT), bytes, pp->next));
+    return LOOM_OK;
+}
+
+loom_status loom_pp_eval(loom_pp_t *pp, const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_result_t *out) {
+    loom_status s = loom_eval_batches(ds, B, T, max_batches, eval_batch, pp, out);
+    /* every pipeline scored the same batches: the last stages' mean, to every rank */
+    double v = pp->s == pp->n - 1 ? out->loss / pp->dp : 0;
+    if (s == LOOM_OK) s = loom_dist_allreduce_f64(pp->d, &v, 1);
+    out->loss = v;
+    return s;
+}
+
+/* ---------------- checkpoints ---------------- */
+
+loom_gpt_t *loom_pp_ckpt_model(loom_pp_t *pp) { return pp->full ? pp->full : pp->m; }
+
+loom_status loom_pp_gather(loom_pp_t *pp, float **m, float **v) {
+    size_t P = pp->full ? pp->full->num_params : 0, own = pp->m->num_params, most = 0;
+    for (int s = 0; s < pp->n; s++) most = pp->nparams[s] > most ? pp->nparams[s] : most;
+    float *buf = loom_malloc(3 * most * sizeof(float));
+    if (pp->full && !pp->fm) {
+        pp->fm = loom_calloc(P, sizeof(float));
+        pp->fv = loom_calloc(P, sizeof(float));
+    }
+    float *dst[3] = {pp->full ? pp->full->params : NULL, pp->fm, pp->fv};
+    loom_status st = LOOM_OK;
+    for (int s = 0; s < pp->n && st == LOOM_OK; s++) {
+        size_t n = pp->nparams[s];
+        if (s == pp->rank) { /* this stage's turn: its first replica (rank s) sends */
+            pp->m->be->download(buf, pp->m->params, own * sizeof(float));
+            pp->m->be->download(buf + n, pp->m->m, own * sizeof(float));
+            pp->m->be->download(buf + 2 * n, pp->m->v, own * sizeof(float));
+        }
+        st = loom_dist_broadcast(pp->d, buf, 3 * n * sizeof(float), s);
+        for (int k = 0; k < 3 && st == LOOM_OK && pp->full; k++) map_block(pp, s, dst[k], buf + k * n, 0);
+    }
+    free(buf);
+    *m = pp->fm;
+    *v = pp->fv;
+    return st;
+}
+
+loom_status loom_pp_load(loom_pp_t *pp, const char *dir, long long step) {
+    loom_gpt_t *full = pp->full;
+    if (!full) LOOM_TRY(loom_gpt_create(&full, &pp->cfg, pp->host));
+    size_t P = full->num_params;
+    float *mv = loom_malloc(2 * P * sizeof(float));
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    loom_optim_shard_t saved;
+    loom_status s = loom_safetensors_load_gpt(full, path);
+    if (s == LOOM_OK) s = loom_optim_gather(dir, P, (uint64_t)step, 0, P, mv, mv + P, &saved);
+    if (s == LOOM_OK) scatter_host(pp, full->params, mv, mv + P);
+    free(mv);
+    if (full != pp->full) loom_gpt_free(full);
+    return s;
+}

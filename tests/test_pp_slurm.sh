@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# deploy/slurm/train-pipeline.sbatch on a real single-node Slurm (tests/lib_slurm.sh):
+# 2 tasks become a 2-stage pipeline (--pp = the task count) that finishes its
+# steps with one metrics line each; SKIP with the reason when Slurm is absent.
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+LOOM=${LOOM:-$PWD/build/loom}
+SLURM_TEST=pp_slurm
+source tests/lib_slurm.sh
+python3 -c "print('in the beginning was the word ' * 4000)" > "$tmp/data.txt"
+job=$(cd "$tmp" && LOOM=$LOOM LOOM_DEVICE=cpu sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --chdir="$tmp" \
+      --output="$tmp/job.out" "$ROOT/deploy/slurm/train-pipeline.sbatch" --data "$tmp/data.txt" --out "$tmp/run" \
+      --layers 2 --channels 64 --heads 2 --context 64 --seq 64 --batch 2 --grad-accum 4 --steps 6 --warmup 2 \
+      --eval-every 0 --sample-tokens 0 --log-every 1 --dist-timeout 30 2>"$tmp/sbatch.err")
+if [ -z "$job" ]; then echo "FAIL pp_slurm_submit: $(cat "$tmp/sbatch.err")"; exit 0; fi
+for _ in $(seq 1 240); do # a guard only: the loop ends when the job leaves the queue
+    squeue -h -j "$job" 2>/dev/null | grep -q . || break
+    sleep 0.5
+done
+state=$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z]*' | head -1)
+if grep -q "pipeline 2 stages over 2 layers" "$tmp/job.out" 2>/dev/null && grep -q "loom train: done: 6 steps" "$tmp/job.out" \
+   && [ "$(grep -c '"bubble_s"' "$tmp/run/metrics.jsonl" 2>/dev/null)" = 6 ]; then
+    echo "PASS pp_slurm_sbatch_2_stages ($state)"
+else
+    echo "FAIL pp_slurm_sbatch_2_stages: $state"; tail -5 "$tmp/job.out" 2>/dev/null
+fi
