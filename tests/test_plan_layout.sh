@@ -147,6 +147,27 @@ check("plan_interleaved_divides", bad is None and "virtual-stages does not divid
 bad, err = plan("--model", "gpt2-medium", "--gpu", "a100-80gb", "--gpus", 8, "--mfu-end-to-end", 0.4)
 check("plan_e2e_needs_layout", bad is None and "--tp, --pp, --batch" in err, err[:160])
 
+# The `loom train` line of each listed layout, or why the trainer does not
+# run it yet (src/train/setup_tp.c, setup.c's build_pipeline): every flag
+# of a printed line is one `loom train --help` lists.
+helptext = subprocess.run([loom, "train", "--help"], capture_output=True, text=True)
+helptext = helptext.stdout + helptext.stderr
+def flags_known(cmd):
+    return [f for f in cmd.split() if f.startswith("--") and f"  {f} " not in helptext]
+cases = (("tp2 fp32", ("--tp", 2, "--dtype", "fp32", "--zero", 0), "--tp 2", None),
+         ("pp2", ("--pp", 2, "--zero", 0), "--pp 2", None),
+         ("zero3", ("--tp", 1, "--pp", 1, "--zero", 3), "--zero 3", None),
+         ("tp2 bf16", ("--tp", 2, "--dtype", "bf16", "--zero", 0), None, "fp32"),
+         ("tp2 x pp2", ("--tp", 2, "--pp", 2, "--dtype", "fp32", "--zero", 0), None, "--pp with --tp"),
+         ("pp2 zero1", ("--pp", 2, "--zero", 1), None, "--zero 0 only"),
+         ("pp2 v2", ("--pp", 2, "--virtual-stages", 2, "--zero", 0), None, "plain 1F1B"))
+for name, extra, want, why in cases:
+    j, err = plan("--model", "gpt2-medium", "--gpu", "a100-80gb", "--gpus", 8, *extra)
+    row = j["layouts"][0] if j else {}
+    cmd, nr = row.get("command", ""), row.get("not_runnable", "")
+    ok = (want in cmd and cmd.startswith("loom train --nproc 8") and not flags_known(cmd)) if want else (why in nr and not cmd)
+    check(f"plan_command_{name.replace(' ', '_')}", ok, cmd or nr or err[:160])
+
 # The review's findings.
 base = ("--model", "gpt2-xl", "--gpu", "a100-80gb", "--gpus", 8, "--tp", 1, "--pp", 1, "--zero", 0, "--batch", 4)
 bf, _ = plan(*base, "--dtype", "bf16", "--recompute", "none")

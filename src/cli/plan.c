@@ -546,6 +546,24 @@ static void report_setup(plan_report_t *r, const train_ctx_t *c, const train_fla
     plan_report_num(r, "tokens_per_param", tokens / n, "tokens per parameter", "%.1f (compute-optimal is about 20)", tokens / n);
 }
 
+/* The model as `loom train` takes it: the preset and the overrides given.
+ * A Hugging Face config.json has no such flags (train takes the folder's
+ * weights with --init-from), so it is left for the user to fill in. */
+static const char *train_model_flags(const plan_model_flags_t *mf, char *buf, size_t cap) {
+    if (mf->config && *mf->config) {
+        snprintf(buf, cap, "MODEL_FLAGS");
+        return buf;
+    }
+    snprintf(buf, cap, "--model %s", mf->model);
+    const int v[] = {mf->layers, mf->heads, mf->channels, mf->context};
+    const char *k[] = {"layers", "heads", "channels", "context"};
+    for (int i = 0; i < 4; i++) {
+        size_t n = strlen(buf);
+        if (v[i] > 0 && n < cap) snprintf(buf + n, cap - n, " --%s %d", k[i], v[i]);
+    }
+    return buf;
+}
+
 /* loom plan train's report; `flags` is a train_flags_t (plan_command's callback). */
 static loom_status plan_train(void *flags) {
     train_flags_t *f = flags;
@@ -580,7 +598,8 @@ static loom_status plan_train(void *flags) {
         return s;
     }
     report_setup(&r, &c, f, tokens);
-    if (c.gpu) plan_report_layouts(&r, &ls, &env, f->dtype);
+    char model[256];
+    if (c.gpu) plan_report_layouts(&r, &ls, &env, f->dtype, train_model_flags(&f->mf, model, sizeof model));
     double total_s, shard = 0;
     if (detail) {
         link_gbs(&c, f, f->gpus, &r);
