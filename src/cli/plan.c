@@ -490,8 +490,7 @@ static loom_status calibrate_rate(train_ctx_t *c, const train_flags_t *f, loom_l
     double peak = c->gpu->peak_tflops[c->dt] * 1e12;
     loom_layout_t l = {.tp = fix->tp, .pp = fix->pp, .dp = f->gpus / fix->tp / fix->pp, .zero = fix->zero, .vs = fix->vs > 1 ? fix->vs : 1,
                        .micro = fix->micro, .rc = (loom_recompute)fix->rc};
-    l.m = (int)fmax(1, ceil(e->global_tokens / ((double)l.dp * l.micro * e->T) - 1e-9));
-    if (l.vs > 1) l.m = (l.m + l.pp - 1) / l.pp * l.pp;
+    l.m = loom_layout_micro_batches(e, &l);
     loom_layout_cost_t k;
     e->rate = f->mfu_e2e * peak;
     loom_layout_cost(e, &l, &k);

@@ -175,14 +175,17 @@ static int shape_discard(const loom_layout_env_t *e, int tp, int pp, int vs) {
     return -1;
 }
 
+int loom_layout_micro_batches(const loom_layout_env_t *e, const loom_layout_t *l) {
+    int m = (int)fmax(1, ceil(e->global_tokens / ((double)l->dp * l->micro * e->T) - 1e-9));
+    /* The interleaved schedule runs micro-batches in groups of p (Megatron
+     * refuses any other count), so round up; the search's batch check says
+     * when that overshoots. */
+    return l->vs > 1 ? (m + l->pp - 1) / l->pp * l->pp : m;
+}
+
 static void try_layout(const loom_layout_env_t *e, loom_layout_t l, loom_layout_search_t *s) {
     loom_layout_row_t r = {.l = l};
-    double per = (double)l.dp * l.micro * e->T;
-    r.l.m = (int)fmax(1, ceil(e->global_tokens / per - 1e-9));
-    /* The interleaved schedule runs micro-batches in groups of p (Megatron
-     * refuses any other count), so round up; the batch check below says
-     * when that overshoots. */
-    if (l.vs > 1) r.l.m = (r.l.m + l.pp - 1) / l.pp * l.pp;
+    r.l.m = loom_layout_micro_batches(e, &l);
     loom_layout_cost(e, &r.l, &r.c);
     s->considered++;
     if (r.c.tokens > 1.25 * e->global_tokens) discard(s, LOOM_DISCARD_BATCH, &r);

@@ -12,8 +12,9 @@
  * pipeline's busy time, (p-1)/(V m) with V virtual stages (Megatron's
  * interleaved schedule, Narayanan et al. 2021 section 2.2.2). docs/planning.md gives every formula.
  *
- * Data parallel with ZeRO 0-3 is built in loom's trainer; docs/dist.md
- * says what else is. */
+ * The rate is the model's FLOP/s while computing (docs/planning.md, "What
+ * --mfu means"); which layouts loom's trainer runs is cli/plan_layout.c's
+ * to say. */
 #ifndef LOOM_PLAN_LAYOUT_H
 #define LOOM_PLAN_LAYOUT_H
 
@@ -55,6 +56,10 @@ typedef struct {
     int nvlink_domain;     /* GPUs one NVLink fabric joins: 8 (HGX), 2 (H100 NVL pairs) */
     double link_eff, latency_s;
 } loom_layout_env_t;
+
+/* Micro-batches per optimizer step that reach e->global_tokens with l's
+ * dp x micro (a multiple of pp under interleaving). */
+int loom_layout_micro_batches(const loom_layout_env_t *e, const loom_layout_t *l);
 
 /* Memory and time of one layout. */
 void loom_layout_cost(const loom_layout_env_t *e, const loom_layout_t *l, loom_layout_cost_t *out);
