@@ -9,7 +9,9 @@
 #   (mb) and virtual stages per pipeline stage (V, interleaved 1F1B) from
 #   the paper's scripts (NVIDIA/Megatron-LM examples/sc21/run_table_1.sh:
 #   --micro-batch-size, --num-layers-per-virtual-pipeline-stage; V = layers
-#   / pp / that); scatter/gather between stages on (Megatron's default then):
+#   / pp / that); scatter/gather between stages on (Megatron's default then);
+#   fp16 with local DDP and no distributed optimizer (the scripts' CONFIG.sh):
+#   planned as ZeRO-0 with 2-byte gradients:
 #     params  heads hidden layers tp pp  GPUs  batch  TFLOP/s per GPU  mb  V
 #     145.6B   96   12288   80    8   8  1536  2304   148             2   2
 #     310.1B  128   16384   96    8  16  1920  2160   155             1   2
@@ -72,7 +74,7 @@ def megatron(row, *rate):
     pub = 96 * B * s * l * h * h * (1 + s / (6 * h) + Vocab / (16 * l * h)) / (n * X * 1e12)
     j, err = plan("--model", "gpt2-small", "--vocab", Vocab, "--context", s, "--seq", s, "--gpu", "a100-80gb", "--recompute", "all",
                   "--batch", mbs, "--layers", l, "--heads", a, "--channels", h, "--gpus", n, "--global-batch", B * s, "--grad-dtype", "bf16",
-                  "--tp", tp, "--pp", pp, "--virtual-stages", V, "--zero", 1, "--tokens", "300B", *rate)
+                  "--tp", tp, "--pp", pp, "--virtual-stages", V, "--zero", 0, "--tokens", "300B", *rate)
     if j is None:
         return None, pub, None, err
     a = [x["value"] for x in j["assumptions"] if x["what"].startswith("compute rate from")]

@@ -74,7 +74,12 @@ static void layout_dp(const loom_layout_env_t *e, const loom_layout_t *l, double
     double bw = (l->tp * l->pp * l->dp <= e->nvlink_domain ? e->nvlink_gbs : e->ib_gbs) * e->link_eff;
     double ar = loom_plan_allreduce_s(e->grad_bytes * Ps, l->dp, bw, e->latency_s);
     double rs = ar / 2, ag = loom_plan_allreduce_s(4 * Ps, l->dp, bw, e->latency_s) / 2;
-    double backward = t_mb * 2 / 3; /* the last micro-batch's backward hides the reduction */
+    /* Data parallel alone: the last micro-batch's backward hides the
+     * reduction (buckets reduced as they fill). Under a pipeline the
+     * replicas reduce after every micro-batch's backward, not overlapped:
+     * loom's pipeline (train/pipeline.c, one all-reduce of the stage's
+     * block) and Megatron-LM's 2021 local DDP alike. */
+    double backward = l->pp > 1 ? 0 : t_mb * 2 / 3;
     if (l->zero == 0) {
         o->dp_s = ar, o->dp_exposed_s = fmax(0, ar - backward);
     } else if (l->zero == 1) {
