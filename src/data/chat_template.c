@@ -818,18 +818,4 @@ loom_status loom_chat_template_parse(loom_chat_template_t **out, const char *ori
     return LOOM_OK;
 }
 
-loom_status loom_chat_template_load(loom_chat_template_t **out, const char *path) {
-    *out = NULL;
-    char *text;
-    size_t len;
-    LOOM_TRY(loom_file_read(path, &text, &len));
-    if (strlen(text) != len) {
-        free(text);
-        return loom_error(LOOM_EFORMAT, "%s: the chat template holds a NUL byte", path);
-    }
-    loom_status s = loom_chat_template_parse(out, path, text);
-    free(text);
-    return s;
-}
-
 const char *loom_chat_template_end_of_turn(const loom_chat_template_t *t) { return t->end_of_turn; }

@@ -36,8 +36,6 @@ typedef struct loom_chat_template loom_chat_template_t;
 /* Parse `text` (`origin` names it in messages: a file, or a GGUF key).
  * Refuses a construct outside the subset above, naming it and where. */
 loom_status loom_chat_template_parse(loom_chat_template_t **out, const char *origin, const char *text);
-/* Parse the file at `path`. */
-loom_status loom_chat_template_load(loom_chat_template_t **out, const char *path);
 void loom_chat_template_free(loom_chat_template_t *t);
 
 /* What a template sees. messages is a JSON array of {"role", "content", ...}

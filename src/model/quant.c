@@ -161,10 +161,14 @@ loom_status loom_quant_set(loom_quant_t *q, int which, int l, const signed char 
     return LOOM_OK;
 }
 
+void loom_linear_copy_release(const loom_gpt_t *m, loom_tensor_t *w, void *mem) {
+    if (mem) m->be->free(mem);
+    free(w);
+}
+
 void loom_quant_free(loom_quant_t *q) {
     if (!q) return;
-    if (q->mem) q->m->be->free(q->mem);
-    free(q->w);
+    loom_linear_copy_release(q->m, q->w, q->mem);
     free(q);
 }
 

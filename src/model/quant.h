@@ -59,6 +59,10 @@ loom_status loom_quant_create(loom_quant_t **out, const loom_gpt_t *m, loom_quan
  * of already-quantized files (a Q8_0 GGUF into a block-32 copy). */
 loom_status loom_quant_set(loom_quant_t *q, int which, int l, const signed char *vals, const float *scales);
 void loom_quant_free(loom_quant_t *q);
+/* What a copy of the linear weights holds (this int8 copy, the 2:4 copy of
+ * sparse24.h): its tensor table `w` and its one allocation `mem` on m's
+ * backend (NULL: none yet); both freed. */
+void loom_linear_copy_release(const loom_gpt_t *m, loom_tensor_t *w, void *mem);
 loom_quant_mode loom_quant_mode_of(const loom_quant_t *q);
 /* Layer l's weight `which` (LOOM_QLIN_*): int8, rows OC, cols C, block 0
  * or 32. */

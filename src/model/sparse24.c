@@ -176,8 +176,7 @@ loom_status loom_sparse24_auto(loom_sparse24_t **out, const loom_gpt_t *m, int m
 
 void loom_sparse24_free(loom_sparse24_t *s) {
     if (!s) return;
-    if (s->mem) s->m->be->free(s->mem);
-    free(s->w);
+    loom_linear_copy_release(s->m, s->w, s->mem);
     free(s);
 }
 
