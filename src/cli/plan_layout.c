@@ -45,17 +45,22 @@ loom_status plan_layouts_none(const loom_layout_search_t *s, const loom_layout_e
                       "a larger --global-batch, or leave --tp/--pp/--zero/--batch to the search", e->gpus, e->global_tokens, why);
 }
 
-/* What keeps loom's trainer from running a layout today (NULL: it runs it),
- * as of the trainer's own checks: src/train/setup_tp.c (--tp takes --zero 0
- * and fp32 activations, parallel/tp.c), src/train/setup.c build_pipeline
- * (--pp takes neither --zero nor --tp), and its 1F1B, never interleaved. */
-static const char *not_runnable(const loom_layout_t *l, const char *dtype) {
-    if (l->vs > 1) return "interleaved 1F1B (--virtual-stages): loom's trainer runs plain 1F1B";
-    if (l->tp > 1 && l->pp > 1) return "tp x pp: --pp with --tp is not built yet";
-    if (l->tp > 1 && l->zero) return "tp with ZeRO: --tp takes --zero 0 only for now";
-    if (l->pp > 1 && l->zero) return "pp with ZeRO: --pp takes --zero 0 only for now";
-    if (l->tp > 1 && strcmp(dtype, "fp32")) return "tp at bf16/fp16/tf32: --tp reduces fp32 activations only for now (plan it with --dtype fp32)";
-    return NULL;
+/* What keeps loom's trainer from running a layout today, every reason
+ * joined by "; " into buf (empty: it runs it), as of the trainer's own
+ * checks: src/train/setup_tp.c (--tp takes --zero 0 and fp32 activations,
+ * parallel/tp.c), src/train/setup.c build_pipeline (--pp takes neither
+ * --zero nor --tp), and its 1F1B, never interleaved. */
+static const char *not_runnable(const loom_layout_t *l, const char *dtype, char *buf, size_t cap) {
+    const int hit[] = {l->vs > 1, l->tp > 1 && l->pp > 1, l->tp > 1 && l->zero, l->pp > 1 && l->zero, l->tp > 1 && strcmp(dtype, "fp32")};
+    const char *why[] = {"interleaved 1F1B (--virtual-stages): loom's trainer runs plain 1F1B", "tp x pp: --pp with --tp is not built yet",
+                         "tp with ZeRO: --tp takes --zero 0 only for now", "pp with ZeRO: --pp takes --zero 0 only for now",
+                         "tp at bf16/fp16/tf32: --tp reduces fp32 activations only for now (plan it with --dtype fp32)"};
+    buf[0] = 0;
+    for (int i = 0; i < 5; i++) {
+        size_t n = strlen(buf);
+        if (hit[i] && n < cap) snprintf(buf + n, cap - n, "%s%s", n ? "; " : "", why[i]);
+    }
+    return buf[0] ? buf : NULL;
 }
 
 /* The `loom train` line that runs layout l: --nproc inside one NVLink
@@ -100,8 +105,8 @@ static void report_commands(plan_report_t *r, const loom_layout_search_t *s, con
     cJSON *arr = cJSON_GetObjectItem(r->root, "layouts");
     if (!r->json) printf("\n  to run them (docs/dist.md):\n");
     for (int i = 0; i < s->ntop; i++) {
-        const char *why = not_runnable(&s->top[i].l, dtype);
-        char cmd[1024];
+        char cmd[1024], reasons[512];
+        const char *why = not_runnable(&s->top[i].l, dtype, reasons, sizeof reasons);
         train_command(&s->top[i], e, dtype, model, cmd, sizeof cmd);
         cJSON *o = cJSON_GetArrayItem(arr, i);
         cJSON_AddStringToObject(o, why ? "not_runnable" : "command", why ? why : cmd);
