@@ -12,7 +12,8 @@
 #       continuous batching; llama-batched-bench -npl 16's
 #
 #   ROUNDS=3 PLEN=64 GEN=32 bench/llama-speed.sh FILE.gguf ...
-# (KV_MEMORY: loom's --kv-memory, at least one full context: 9G for llama-3.2-1b's 131072)
+# (KV_MEMORY: loom's --kv-memory, at least one full context: 9G for llama-3.2-1b's 131072
+# tokens, or KV_DTYPE=int8 KV_MEMORY=2400M)
 # The files: bench/llama_random.py makes a transformers folder of
 # smollm2-135m's or llama-3.2-1b's shape, bench/llama_convert.py converts
 # it, llama-quantize makes Q4_K_M, Q6_K, Q8_0 (see docs/perf.md).
@@ -29,7 +30,7 @@ trap 'rm -rf "$out"' EXIT
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 for f in "$@"; do
     for ((r = 1; r <= ROUNDS; r++)); do
-        OMP_WAIT_POLICY=passive $LOOM bench generate --run "$f" --threads "$THREADS" --repeat 1 --kv-memory "${KV_MEMORY:-512M}" \
+        OMP_WAIT_POLICY=passive $LOOM bench generate --run "$f" --threads "$THREADS" --repeat 1 --kv-memory "${KV_MEMORY:-512M}" --kv-dtype "${KV_DTYPE:-fp32}" \
             --prompt-len "$PLEN" --gen "$GEN" --concurrency 1,16 > "$out/r$r.txt" 2>&1 || { tail -n 5 "$out/r$r.txt"; exit 1; }
         echo "  $f round $r done at $(date -u +%H:%M:%S), load $(cut -d' ' -f1 /proc/loadavg)"
     done

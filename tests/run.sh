@@ -8,11 +8,12 @@
 # Ends with "N passed, N failed, N skipped" and exits 1 if anything failed.
 set -u
 cd "$(dirname "$0")/.."
-pass=0; fail=0; skip=0; failed_names=()
+pass=0; fail=0; skip=0; failed_names=(); timings=()
 run_one() { # label, command...
     local label=$1; shift
-    local out rc
+    local out rc t0=$(date +%s.%N)
     out=$("$@" 2>&1); rc=$?
+    timings+=("$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}') $label")
     printf '%s\n' "$out" | sed "s|^|[$label] |"
     local p f s
     p=$(printf '%s\n' "$out" | grep -c '^PASS ')
@@ -56,6 +57,9 @@ for s in tests/test_*.sh; do
     run_one "$(basename "$s")" bash "$s"
 done
 echo
+# Where the suite's time goes (it must stay under 15 minutes on 2 cores).
+printf '%s\n' "${timings[@]}" | sort -rn | head -12 | awk '{printf "time %7.1f s  %s\n", $1, $2}'
+printf '%s\n' "${timings[@]}" | awk '{t += $1} END {printf "time %7.1f s  in all\n", t}'
 if [ $((pass + fail + skip)) -eq 0 ]; then
     echo "FAIL run.sh: no test case ran${filter:+ (filter '$filter')}"
     fail=1

@@ -1088,6 +1088,52 @@ static void test_kquant_absent(void) {
     CHECK(gpu->matmul_forward_kq == NULL, "the CUDA table fills matmul_forward_kq: give it a case against the CPU kernel");
 }
 
+/* ---- a vocabulary shard (tensor parallelism) ---- */
+
+/* Two ranks' shards of a vocabulary of V = 150 ids (rows v0..v0+nv-1 each,
+ * the second shorter, as when V does not divide): the embedding with and
+ * without its position term, the cross-entropy statistics of each shard,
+ * and the finish that combines both shards' statistics into losses and the
+ * shard's logit gradients. */
+static void test_vocab_shard(void) {
+    if (!gpu_ready()) return;
+    enum { B = 3, T = 11, C = 40, N = B * T, V = 150, Vp = 128 };
+    const int v0s[2] = {0, 128}, nvs[2] = {128, V - 128};
+    int *tok = hrand_ids(N, V), *d_tok = dput(tok, N * sizeof(int));
+    float *stats = hrand((size_t)2 * N * 3, 1), *logits[2];
+    for (int r = 0; r < 2; r++) {
+        int v0 = v0s[r], nv = nvs[r];
+        snprintf(shape, sizeof shape, "B=%d T=%d C=%d shard %d..%d of %d", B, T, C, v0, v0 + nv, V);
+        float *wte = hrand((size_t)nv * C, 1), *wpe = hrand((size_t)T * C, 1), *out = hrand((size_t)N * C, 1);
+        float *d_wte = dput(wte, (size_t)nv * C * 4), *d_wpe = dput(wpe, (size_t)T * C * 4), *d_out = apoison((size_t)N * C);
+        cpu->vocab_embed_forward(out, tok, wte, r ? NULL : wpe, B, T, C, v0, nv);
+        gpu->vocab_embed_forward(d_out, d_tok, d_wte, r ? NULL : d_wpe, B, T, C, v0, nv);
+        expect_act("vocab_embed_forward out", d_out, out, (size_t)N * C, TOL_FP32 + tol_act());
+        float *dout = hrand((size_t)N * C, 1), *dwte = hrand((size_t)nv * C, 1), *dwpe = hrand((size_t)T * C, 1);
+        float *d_dwte = dput(dwte, (size_t)nv * C * 4), *d_dwpe = dput(dwpe, (size_t)T * C * 4);
+        float *d_dout = dput_act(dout, (size_t)N * C);
+        cpu->vocab_embed_backward(dwte, r ? NULL : dwpe, dout, tok, B, T, C, v0, nv);
+        gpu->vocab_embed_backward(d_dwte, r ? NULL : d_dwpe, d_dout, d_tok, B, T, C, v0, nv);
+        expect("vocab_embed_backward dwte", d_dwte, dwte, (size_t)nv * C, TOL_FP32);
+        if (!r) expect("vocab_embed_backward dwpe", d_dwpe, dwpe, (size_t)T * C, TOL_FP32);
+        logits[r] = hrand((size_t)N * Vp, 3);
+        float *d_logits = dput_act(logits[r], (size_t)N * Vp), *d_stats = dpoison((size_t)N * 3);
+        cpu->vocab_ce_stats(stats + (size_t)r * N * 3, logits[r], tok, N, Vp, v0, nv);
+        gpu->vocab_ce_stats(d_stats, d_logits, d_tok, N, Vp, v0, nv);
+        expect("vocab_ce_stats", d_stats, stats + (size_t)r * N * 3, (size_t)N * 3, TOL_FP32);
+    }
+    for (int r = 0; r < 2; r++) {
+        snprintf(shape, sizeof shape, "N=%d shard %d..%d of %d", N, v0s[r], v0s[r] + nvs[r], V);
+        float *losses = hrand(N, 1), *d_losses = dpoison(N);
+        float *d_logits = dput_act(logits[r], (size_t)N * Vp), *d_stats = dput(stats, (size_t)2 * N * 3 * 4);
+        cpu->vocab_ce_finish(losses, logits[r], tok, stats, 2, N, Vp, v0s[r], nvs[r], 1.0f / N);
+        gpu->vocab_ce_finish(d_losses, d_logits, d_tok, d_stats, 2, N, Vp, v0s[r], nvs[r], 1.0f / N);
+        expect("vocab_ce_finish losses", d_losses, losses, N, TOL_FP32);
+        expect_act("vocab_ce_finish dlogits", d_logits, logits[r], (size_t)N * Vp, TOL_FP32 + tol_act());
+    }
+    release();
+}
+
 static const gpu_case gpu_cases[] = {
     {"kquant_absent", test_kquant_absent, "matmul_forward_kq"},
     {"encoder", test_encoder, "encoder_forward encoder_backward"},
@@ -1114,6 +1160,7 @@ static const gpu_case gpu_cases[] = {
     {"int8_kv", test_int8_kv, "kv_write paged_attention kv_copy_block"},
     {"sparse24_matmul", test_sparse24_matmul, "matmul_forward_s24"},
     {"llama_ops", test_llama_ops, "rmsnorm_forward rmsnorm_backward rope_forward rope_backward swiglu_forward swiglu_backward"},
+    {"vocab_shard", test_vocab_shard, "vocab_embed_forward vocab_embed_backward vocab_ce_stats vocab_ce_finish"},
     {"tables_stay", test_tables_stay, ""},
 };
 

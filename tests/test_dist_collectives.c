@@ -2,7 +2,7 @@
  * TCP (forked by loom_launch_local), against sums known in closed form:
  * rank r contributes values made from r, so every result is exact in fp32.
  * The blocking allreduce, reduce_scatter, allgather and broadcast, the
- * f64 allreduce, and the byte count each rank reports. Each rank checks
+ * f64 allreduce, the byte count each rank reports, and send/receive. Each rank checks
  * its own results and exits non-zero on the first wrong one; the cases
  * here read the ranks' exit codes. */
 #include <stdlib.h>
@@ -15,7 +15,7 @@
 #define WORLD 3
 #define N 37 /* not a multiple of the world: uneven ring chunks */
 
-enum { CASE_ALLREDUCE = 1, CASE_REDUCE_SCATTER, CASE_BROADCAST, CASE_BYTES, CASE_SPLIT, CASE_IALLGATHER };
+enum { CASE_ALLREDUCE = 1, CASE_REDUCE_SCATTER, CASE_BROADCAST, CASE_BYTES, CASE_SPLIT, CASE_IALLGATHER, CASE_SENDRECV };
 
 static float value(int rank, int i) { return (float)((rank + 1) * 1000 + i); }
 /* sum over ranks of value(r, i), times scale */
@@ -112,6 +112,29 @@ static int iallgather_case(loom_dist_t *d, int rank) {
     return 0;
 }
 
+/* Point to point (the pipeline's): every rank sends 4 MB to the next while
+ * receiving 4 MB from the previous -- far above a socket's buffer, so two
+ * blocking sends would deadlock -- then rank 0 sends alone to rank 2; a
+ * send to oneself is refused. */
+static int sendrecv_case(loom_dist_t *d, int rank) {
+    enum { BIG = 1 << 20 };
+    float *out = malloc(BIG * sizeof(float)), *in = malloc(BIG * sizeof(float));
+    int next = (rank + 1) % WORLD, prev = (rank + WORLD - 1) % WORLD, rc = 0;
+    for (int i = 0; i < BIG; i++) out[i] = value(rank, i);
+    if (loom_dist_sendrecv(d, out, BIG * sizeof(float), next, in, BIG * sizeof(float), prev) != LOOM_OK) rc = 70;
+    for (int i = 0; i < BIG && !rc; i++)
+        if (in[i] != value(prev, i)) rc = 71;
+    float one[N];
+    if (!rc && rank == 0 && loom_dist_send(d, out, sizeof one, 2) != LOOM_OK) rc = 72;
+    if (!rc && rank == 2 && loom_dist_recv(d, one, sizeof one, 0) != LOOM_OK) rc = 73;
+    for (int i = 0; i < N && !rc && rank == 2; i++)
+        if (one[i] != value(0, i)) rc = 74;
+    if (!rc && loom_dist_send(d, out, sizeof one, rank) == LOOM_OK) rc = 75;
+    free(out);
+    free(in);
+    return rc;
+}
+
 static int rank_main(int rank, void *ctx) {
     int which = *(const int *)ctx;
     loom_dist_t *d;
@@ -126,6 +149,7 @@ static int rank_main(int rank, void *ctx) {
              : which == CASE_BROADCAST                            ? broadcast_case(d, rank)
              : which == CASE_SPLIT                                ? split_case(d, rank)
              : which == CASE_IALLGATHER                           ? iallgather_case(d, rank)
+             : which == CASE_SENDRECV                             ? sendrecv_case(d, rank)
                                                                   : bytes_case(d, rank);
     if (rc) fprintf(stderr, "rank %d: check %d failed\n", rank, rc);
     loom_dist_free(d);
@@ -146,6 +170,7 @@ static void broadcast_from_rank_2(void) { on_ranks(CASE_BROADCAST); }
 static void bytes_counted(void) { on_ranks(CASE_BYTES); }
 static void split_groups(void) { on_ranks(CASE_SPLIT); }
 static void iallgather_waits_by_mark(void) { on_ranks(CASE_IALLGATHER); }
+static void sendrecv_ring_4mb_and_one_way(void) { on_ranks(CASE_SENDRECV); }
 
 int main(void) {
     RUN(allreduce_and_f64);
@@ -154,5 +179,6 @@ int main(void) {
     RUN(bytes_counted);
     RUN(split_groups);
     RUN(iallgather_waits_by_mark);
+    RUN(sendrecv_ring_4mb_and_one_way);
     return check_main_end();
 }

@@ -5,20 +5,24 @@
 # - Megatron-LM (Narayanan et al. 2021, "Efficient Large-Scale Language
 #   Model Training on GPU Clusters Using Megatron-LM", SC21, table 1): GPT
 #   models with vocabulary 51200 and sequence 2048 on A100-80GB (DGX A100,
-#   8 GPUs on NVLink, HDR InfiniBand), micro-batch 1, full recompute:
-#     params  heads hidden layers tp pp  GPUs  batch  TFLOP/s per GPU
-#     145.6B   96   12288   80    8   8  1536  2304   148
-#     310.1B  128   16384   96    8  16  1920  2160   155
-#     529.6B  128   20480  105    8  35  2520  2520   163
-#     1008B   160   25600  128    8  64  3072  3072   163
+#   8 GPUs on NVLink, HDR InfiniBand), fp16, full recompute; micro-batch
+#   (mb) and virtual stages per pipeline stage (V, interleaved 1F1B) from
+#   the paper's scripts (NVIDIA/Megatron-LM examples/sc21/run_table_1.sh:
+#   --micro-batch-size, --num-layers-per-virtual-pipeline-stage; V = layers
+#   / pp / that); scatter/gather between stages on (Megatron's default then);
+#   fp16 with local DDP and no distributed optimizer (the scripts' CONFIG.sh):
+#   planned as ZeRO-0 with 2-byte gradients:
+#     params  heads hidden layers tp pp  GPUs  batch  TFLOP/s per GPU  mb  V
+#     145.6B   96   12288   80    8   8  1536  2304   148             2   2
+#     310.1B  128   16384   96    8  16  1920  2160   155             1   2
+#     529.6B  128   20480  105    8  35  2520  2520   163             1   3
+#     1008B   160   25600  128    8  64  3072  3072   163             1   1
 #   and section 5.1's GPT-3 175B estimate (96 layers, 12288 hidden, 96
 #   heads, 1024 A100s, batch 1536, 140 TFLOP/s per GPU), laid out tp 8 x pp 8.
 #   The published step time is the paper's FLOPs per step (eq. 3, which
 #   counts the recomputed forward: 96 B s l h^2 (1 + s/6h + V/16lh)) over
-#   GPUs x throughput. Checks: the published layout fits 80 GB per GPU; the
-#   plan's compute term (8ND with recompute, at throughput/312 as the rate)
-#   is within 5% of the published step; and the plan's step, which adds tp,
-#   pp, dp and the 1F1B bubble on top, is within the stated bound of it.
+#   GPUs x throughput. The throughput is measured end to end (the paper,
+#   section 5.1), so it is given as --mfu-end-to-end; the checks are below.
 # - llm.c (karpathy/llm.c, scripts/run_gpt2_124M.sh and run_gpt2_1558M.sh):
 #   GPT-2 124M on 8x A100 80GB SXM, 524,288 tokens per step (-b 64 -t 1024),
 #   ZeRO-1, no recompute, "~300ms/iter"; GPT-2 1558M on 8x H100 80GB SXM,
@@ -43,31 +47,71 @@ def plan(*args):
 def check(name, ok, detail):
     print(f"{'PASS' if ok else 'FAIL'} {name}{'' if ok else ':'} {detail}")
 
-# Megatron-LM: the plan's full step is compute plus modelled overheads;
-# the published throughput is end to end, so the plan is slower by what it
-# adds (21% for these rows: tp all-reduces ~10%, bubble ~7-11%). The issue's
-# goal was 15%; the bound here is what the model meets, and the report says so.
-MEGATRON_BOUND = 0.25
-rows = [("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148), ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
-        ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163), ("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
-        ("gpt3-175B", 96, 12288, 96, 8, 8, 1024, 1536, 140)]
-for name, a, h, l, tp, pp, n, B, X in rows:
-    s, V = 2048, 51200
-    pub = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)) / (n * X * 1e12)
-    j, err = plan("--model", "gpt2-small", "--vocab", V, "--context", s, "--seq", s, "--gpu", "a100-80gb", "--recompute", "all",
-                  "--batch", 1, "--layers", l, "--heads", a, "--channels", h, "--gpus", n, "--global-batch", B * s,
-                  "--tp", tp, "--pp", pp, "--zero", 1, "--mfu", X / 312, "--tokens", "300B")
+# Megatron-LM. The published throughput is end to end: its step holds
+# the tp all-reduces, pp transfers, bubble and exposed reductions. So it is
+# given as --mfu-end-to-end (docs/planning.md: --mfu is the rate while the
+# GPUs compute, what a data-parallel run measures; given a tp x pp run's
+# end-to-end figure as --mfu, the plan counts those overheads twice and
+# lands 1.10-1.22x the published step). Per row: the published layout fits;
+# the FLOPs agree (compute at the published rate within 5% of the step);
+# the planner's step for the published layout at its published throughput
+# is within 15% (by construction of the calibration: this checks the
+# solver); the compute MFU that calibration implies lies between the
+# end-to-end one and 0.80 (assumption: A100 fp16 GEMMs at these sizes reach
+# about 0.8-0.9 of peak, a layer's mix of GEMMs, attention and elementwise
+# kernels less), so the modelled overheads fit inside the measured step.
+# The oracle that can fail on the overhead model: each run's step predicted
+# from the compute rate the next smaller published run implies (kernels
+# get more efficient as h grows, so the prediction errs slow).
+MEGATRON_BOUND = 0.15
+GPT3 = ("gpt3-175B", 96, 12288, 96, 8, 8, 1024, 1536, 140, 1, 1)
+rows = [("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 2), ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 2),
+        ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3), ("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1)]
+
+def megatron(row, *rate):
+    name, a, h, l, tp, pp, n, B, X, mbs, V = row
+    s, Vocab = 2048, 51200
+    pub = 96 * B * s * l * h * h * (1 + s / (6 * h) + Vocab / (16 * l * h)) / (n * X * 1e12)
+    j, err = plan("--model", "gpt2-small", "--vocab", Vocab, "--context", s, "--seq", s, "--gpu", "a100-80gb", "--recompute", "all",
+                  "--batch", mbs, "--layers", l, "--heads", a, "--channels", h, "--gpus", n, "--global-batch", B * s, "--grad-dtype", "bf16",
+                  "--tp", tp, "--pp", pp, "--virtual-stages", V, "--zero", 0, "--tokens", "300B", *rate)
     if j is None:
+        return None, pub, None, err
+    a = [x["value"] for x in j["assumptions"] if x["what"].startswith("compute rate from")]
+    mfu = float(a[0].split("MFU ")[1].rstrip(")")) if a else None
+    return j["layouts"][0], pub, mfu, ""
+
+prev = None
+for row in rows + [GPT3]:
+    name, X = row[0], row[8]
+    b, pub, _, err = megatron(row, "--mfu", X / 312)
+    if b is None:
         check(f"plan_megatron_{name}", False, err)
         continue
-    b = j["layouts"][0]
-    check(f"plan_megatron_{name}_fits", b["mem"] <= 80e9, f"tp{tp} pp{pp}: {b['mem']/1e9:.1f} GB per GPU of 80 GB")
+    check(f"plan_megatron_{name}_fits", b["mem"] <= 80e9, f"tp{row[4]} pp{row[5]} V{row[10]} mb{row[9]}: {b['mem']/1e9:.1f} GB per GPU of 80 GB")
     check(f"plan_megatron_{name}_compute", abs(b["compute_s"] / pub - 1) <= 0.05,
           f"compute {b['compute_s']:.2f} s against published step {pub:.2f} s (8ND with recompute)")
-    r = b["step_s"] / pub
+    twice = b["step_s"] / pub
+    if row is GPT3:
+        continue  # section 5.1's estimate: an assumed throughput, not a measured run
+    c, _, mfu, err = megatron(row, "--mfu-end-to-end", X / 312)
+    if c is None:
+        check(f"plan_megatron_{name}_step", False, err)
+        continue
+    r = c["step_s"] / pub
     check(f"plan_megatron_{name}_step", abs(r - 1) <= MEGATRON_BOUND,
-          f"planned {b['step_s']:.2f} s (compute {b['compute_s']:.2f}, tp {b['tp_s']:.2f}, pp {b['pp_s']:.2f}, dp {b['dp_exposed_s']:.2f}, "
-          f"bubble {b['bubble_s']:.2f}) against published {pub:.2f} s: ratio {r:.3f}")
+          f"at --mfu-end-to-end {X/312:.3f}: planned {c['step_s']:.2f} s (compute {c['compute_s']:.2f}, tp {c['tp_s']:.2f}, pp {c['pp_s']:.2f}, "
+          f"dp {c['dp_exposed_s']:.2f}, bubble {c['bubble_s']:.2f}) against published {pub:.2f} s: ratio {r:.3f}; "
+          f"the same throughput as --mfu counts the overheads twice: ratio {twice:.3f}")
+    check(f"plan_megatron_{name}_compute_mfu", mfu is not None and X / 312 <= mfu <= 0.80,
+          f"compute MFU implied {mfu}, end to end {X/312:.3f}")
+    if prev:
+        p, _, _, err = megatron(row, "--mfu", prev[1])
+        r = p["step_s"] / pub if p else float("nan")
+        check(f"plan_megatron_{name}_from_{prev[0]}", abs(r - 1) <= MEGATRON_BOUND,
+              f"at the compute MFU {prev[1]:.3f} that {prev[0]} implies: planned " + (f"{p['step_s']:.2f} s" if p else err) +
+              f" against published {pub:.2f} s: ratio {r:.3f}")
+    prev = (name, mfu)
 
 # llm.c: MFU from the published step with llm.c's own formula.
 for name, L, C, H, gpu, peak, mb, tokens, step in (("124M", 12, 768, 12, "a100-80gb", 312e12, 64, 524288, 0.300),
@@ -84,6 +128,47 @@ for name, L, C, H, gpu, peak, mb, tokens, step in (("124M", 12, 768, 12, "a100-8
     r = b["step_s"] / step
     check(f"plan_llmc_{name}", abs(r - 1) <= 0.25 and b["mem"] <= 80e9,
           f"MFU {mfu:.3f} (llm.c's formula at {step} s): planned {b['step_s']:.3f} s, {b['mem']/1e9:.1f} GB per GPU; published {step} s: ratio {r:.3f}")
+
+# Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2): bubble (p-1)/(V m)
+# of the busy time, V times the stage crossings; V must divide the layers
+# per stage; --mfu-end-to-end names its layout.
+il = ("--model", "gpt2-medium", "--gpu", "a100-80gb", "--gpus", 8, "--tp", 2, "--pp", 4, "--zero", 0, "--batch", 1, "--recompute", "none", "--global-batch", 16 * 1024)
+one, _ = plan(*il, "--virtual-stages", 1)
+two, _ = plan(*il, "--virtual-stages", 2)
+if one and two:
+    x, y = one["layouts"][0], two["layouts"][0]
+    busy = lambda z: z["compute_s"] + z["tp_s"] + z["pp_s"]
+    m = y["micro_batches"]
+    ok = (abs(y["bubble_s"] / busy(y) - 3 / (2 * m)) < 1e-9 and abs(x["bubble_s"] / busy(x) - 3 / m) < 1e-9
+          and abs(y["pp_s"] / x["pp_s"] - 2) < 1e-9 and abs(y["bubble_frac"] - 3 / (2 * m + 3)) < 1e-9)
+    check("plan_interleaved_bubble", ok, f"pp4 m{m}: bubble/busy V1 {x['bubble_s']/busy(x):.4f} (3/m), V2 {y['bubble_s']/busy(y):.4f} (3/2m); pp time x{y['pp_s']/x['pp_s']:.3f}")
+else:
+    check("plan_interleaved_bubble", False, "plan failed")
+bad, err = plan(*il, "--virtual-stages", 4)  # 24 layers: 6 per stage, 4 chunks do not divide them
+check("plan_interleaved_divides", bad is None and "virtual-stages does not divide" in err, err[:160])
+bad, err = plan("--model", "gpt2-medium", "--gpu", "a100-80gb", "--gpus", 8, "--mfu-end-to-end", 0.4)
+check("plan_e2e_needs_layout", bad is None and "--tp, --pp, --batch" in err, err[:160])
+
+# The `loom train` line of each listed layout, or why the trainer does not
+# run it yet (src/train/setup_tp.c, setup.c's build_pipeline): every flag
+# of a printed line is one `loom train --help` lists.
+helptext = subprocess.run([loom, "train", "--help"], capture_output=True, text=True)
+helptext = helptext.stdout + helptext.stderr
+def flags_known(cmd):
+    return [f for f in cmd.split() if f.startswith("--") and f"  {f} " not in helptext]
+cases = (("tp2 fp32", ("--tp", 2, "--dtype", "fp32", "--zero", 0), "--tp 2", None),
+         ("pp2", ("--pp", 2, "--zero", 0), "--pp 2", None),
+         ("zero3", ("--tp", 1, "--pp", 1, "--zero", 3), "--zero 3", None),
+         ("tp2 bf16", ("--tp", 2, "--dtype", "bf16", "--zero", 0), None, "fp32"),
+         ("tp2 x pp2", ("--tp", 2, "--pp", 2, "--dtype", "fp32", "--zero", 0), None, "--pp with --tp"),
+         ("pp2 zero1", ("--pp", 2, "--zero", 1), None, "--zero 0 only"),
+         ("pp2 v2", ("--pp", 2, "--virtual-stages", 2, "--zero", 0), None, "plain 1F1B"))
+for name, extra, want, why in cases:
+    j, err = plan("--model", "gpt2-medium", "--gpu", "a100-80gb", "--gpus", 8, *extra)
+    row = j["layouts"][0] if j else {}
+    cmd, nr = row.get("command", ""), row.get("not_runnable", "")
+    ok = (want in cmd and cmd.startswith("loom train --nproc 8") and not flags_known(cmd)) if want else (why in nr and not cmd)
+    check(f"plan_command_{name.replace(' ', '_')}", ok, cmd or nr or err[:160])
 
 # The review's findings.
 base = ("--model", "gpt2-xl", "--gpu", "a100-80gb", "--gpus", 8, "--tp", 1, "--pp", 1, "--zero", 0, "--batch", 4)

@@ -203,7 +203,7 @@ static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const in
 static loom_status bench_model(const bench_flags_t *f, loom_opened_t *R, loom_gpt_t **m) {
     if (f->run) {
         loom_open_opts_t oo = loom_cli_open_opts(f->device, f->threads, 0, 0, LOOM_SPARSE_OFF);
-        oo.keep_fp32 = 1; /* the int8 sides quantize the fp32 weights */
+        oo.keep_fp32 = f->quant || (f->sweep && *f->sweep); /* int8 sides quantize the fp32 weights */
         LOOM_TRY(loom_open(f->run, &oo, R));
         *m = R->model;
         return LOOM_OK;

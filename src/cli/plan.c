@@ -89,8 +89,8 @@ typedef struct {
     plan_model_flags_t mf;
     const char *gpu, *dtype, *recompute, *tokens, *global_batch, *measured, *preempt, *link, *table;
     int gpus, zero, batch, seq, accum, json, grad_dtype; /* grad_dtype: a loom_dist_dtype */
-    int tp, pp; /* 0: searched */
-    double mfu, price, spot_price, ckpt_s, restart_s, ckpt_gbs, deadline_h, link_eff;
+    int tp, pp, vs; /* tp, pp 0: searched; vs: virtual stages, never searched */
+    double mfu, mfu_e2e, price, spot_price, ckpt_s, restart_s, ckpt_gbs, deadline_h, link_eff;
 } train_flags_t;
 
 /* What the run folder says: its config and the median step of metrics.jsonl. */
@@ -259,9 +259,10 @@ static loom_status pick_rate(train_ctx_t *c, const train_flags_t *f, const measu
     } else if (!c->gpu) {
         return loom_error(LOOM_EINVAL, "--gpu cpu: the CPU's rate is not in the GPU table; pass --measured runs/NAME (a run of `loom train` on this machine)");
     } else {
-        double mfu = f->mfu > 0 ? f->mfu : c->gpu->default_mfu;
+        double mfu = f->mfu_e2e > 0 ? f->mfu_e2e : f->mfu > 0 ? f->mfu : c->gpu->default_mfu;
         c->rate = mfu * peak;
-        snprintf(c->rate_source, sizeof c->rate_source, "%s", f->mfu > 0 ? "--mfu" : loom_gpu_source(c->gpu, "default_mfu"));
+        snprintf(c->rate_source, sizeof c->rate_source, "%s", f->mfu_e2e > 0 ? "--mfu-end-to-end: the measured run's rate, step included; the compute rate is below"
+                                                         : f->mfu > 0 ? "--mfu" : loom_gpu_source(c->gpu, "default_mfu"));
     }
     snprintf(v, sizeof v, "%.4g TFLOP/s per %s", c->rate / 1e12, c->gpu ? "GPU" : "rank");
     plan_report_assume(r, "achieved rate", v, c->rate_source);
@@ -470,7 +471,42 @@ static void layout_env(const train_ctx_t *c, const train_flags_t *f, loom_layout
                              .capacity = c->capacity, .runtime = c->runtime, .nvlink_gbs = c->gpu->nvlink_gbs, .ib_gbs = c->gpu->ib_gbs,
                              .nvlink_domain = c->gpu->nvlink_domain, .link_eff = f->link_eff, .latency_s = 10e-6};
     *fix = (loom_layout_fix_t){.tp = f->tp, .pp = f->pp, .zero = loom_args_given("zero") ? f->zero : -1,
-                               .micro = f->batch, .rc = loom_args_given("recompute") ? c->rc : -1};
+                               .micro = f->batch, .rc = loom_args_given("recompute") ? c->rc : -1, .vs = f->vs};
+}
+
+/* --mfu-end-to-end F: F is what a run of the fixed layout measured end to
+ * end (model FLOPs / step time / peak), so its step already holds that
+ * layout's tp all-reduces, pp transfers, bubble and exposed reductions.
+ * Find the compute rate at which the modelled step of that layout equals
+ * the measured one, and plan every layout at it. The step falls
+ * monotonically with the rate, so rate *= step / target converges. */
+static loom_status calibrate_rate(train_ctx_t *c, const train_flags_t *f, loom_layout_env_t *e, const loom_layout_fix_t *fix,
+                                  plan_report_t *r) {
+    if (!fix->tp || !fix->pp || !fix->micro || fix->zero < 0 || fix->rc < 0)
+        return loom_error(LOOM_EINVAL, "--mfu-end-to-end %g names the layout it was measured on: pass --tp, --pp, --batch, --zero and --recompute "
+                          "(and --virtual-stages if it ran interleaved)", f->mfu_e2e);
+    if (f->gpus % (fix->tp * fix->pp))
+        return loom_error(LOOM_EINVAL, "--mfu-end-to-end: --tp %d x --pp %d does not divide --gpus %d", fix->tp, fix->pp, f->gpus);
+    double peak = c->gpu->peak_tflops[c->dt] * 1e12;
+    loom_layout_t l = {.tp = fix->tp, .pp = fix->pp, .dp = f->gpus / fix->tp / fix->pp, .zero = fix->zero, .vs = fix->vs > 1 ? fix->vs : 1,
+                       .micro = fix->micro, .rc = (loom_recompute)fix->rc};
+    l.m = loom_layout_micro_batches(e, &l);
+    loom_layout_cost_t k;
+    e->rate = f->mfu_e2e * peak;
+    loom_layout_cost(e, &l, &k);
+    double target = k.compute_s; /* the measured step: the model's FLOPs at F x peak */
+    for (int i = 0; i < 200 && fabs(k.step_s / target - 1) > 1e-9 && e->rate <= peak; i++) {
+        e->rate *= k.step_s / target;
+        loom_layout_cost(e, &l, &k);
+    }
+    if (e->rate > peak || !(k.step_s < target * 1.001))
+        return loom_error(LOOM_EINVAL, "--mfu-end-to-end %g: the modelled communication and bubble of tp%d pp%d alone exceed that step; "
+                          "the layout or the links differ from the run's (check --tp/--pp/--virtual-stages/--link-eff)", f->mfu_e2e, l.tp, l.pp);
+    c->rate = e->rate;
+    char v[160];
+    snprintf(v, sizeof v, "%.4g TFLOP/s per GPU while computing (MFU %.3f)", e->rate / 1e12, e->rate / peak);
+    plan_report_assume(r, "compute rate from --mfu-end-to-end", v, "the rate at which the given layout's modelled step equals the measured one");
+    return LOOM_OK;
 }
 
 /* No layout fits: the search's reasons, and for data parallel alone what
@@ -509,6 +545,24 @@ static void report_setup(plan_report_t *r, const train_ctx_t *c, const train_fla
     plan_report_num(r, "tokens_per_param", tokens / n, "tokens per parameter", "%.1f (compute-optimal is about 20)", tokens / n);
 }
 
+/* The model as `loom train` takes it: the preset and the overrides given.
+ * A Hugging Face config.json has no such flags (train takes the folder's
+ * weights with --init-from), so it is left for the user to fill in. */
+static const char *train_model_flags(const plan_model_flags_t *mf, char *buf, size_t cap) {
+    if (mf->config && *mf->config) {
+        snprintf(buf, cap, "MODEL_FLAGS");
+        return buf;
+    }
+    snprintf(buf, cap, "--model %s", mf->model);
+    const int v[] = {mf->layers, mf->heads, mf->channels, mf->context};
+    const char *k[] = {"layers", "heads", "channels", "context"};
+    for (int i = 0; i < 4; i++) {
+        size_t n = strlen(buf);
+        if (v[i] > 0 && n < cap) snprintf(buf + n, cap - n, " --%s %d", k[i], v[i]);
+    }
+    return buf;
+}
+
 /* loom plan train's report; `flags` is a train_flags_t (plan_command's callback). */
 static loom_status plan_train(void *flags) {
     train_flags_t *f = flags;
@@ -521,12 +575,16 @@ static loom_status plan_train(void *flags) {
     loom_status s = train_setup(f, &t, &c, &m, &r);
     if (s == LOOM_OK && f->measured) s = read_run_metrics(f->measured, &c.cfg, &m);
     if (s == LOOM_OK) s = pick_rate(&c, f, &m, &r);
-    double tokens = f->tokens ? plan_parse_count(f->tokens) : 20.0 * (double)loom_gpt_num_params(&c.cfg);
+    /* The model is only known once setup succeeded (an empty config divides by zero heads). */
+    double tokens = f->tokens ? plan_parse_count(f->tokens) : s == LOOM_OK ? 20.0 * (double)loom_gpt_num_params(&c.cfg) : 0;
     if (s == LOOM_OK && tokens <= 0) s = loom_error(LOOM_EINVAL, "--tokens %s: a token count like 30B or 2.5e9", f->tokens);
     loom_layout_env_t env;
     loom_layout_fix_t fix;
     if (s == LOOM_OK && c.gpu) {
         layout_env(&c, f, &env, &fix);
+        if (f->mfu_e2e > 0) s = calibrate_rate(&c, f, &env, &fix, &r);
+    }
+    if (s == LOOM_OK && c.gpu) {
         loom_layout_search(&env, &fix, &ls);
         if (!ls.ntop) s = no_layout(&c, f, &t, &ls, &env);
     }
@@ -539,7 +597,8 @@ static loom_status plan_train(void *flags) {
         return s;
     }
     report_setup(&r, &c, f, tokens);
-    if (c.gpu) plan_report_layouts(&r, &ls, &env, f->dtype);
+    char model[256];
+    if (c.gpu) plan_report_layouts(&r, &ls, &env, f->dtype, train_model_flags(&f->mf, model, sizeof model));
     double total_s, shard = 0;
     if (detail) {
         link_gbs(&c, f, f->gpus, &r);
@@ -582,7 +641,9 @@ static int cmd_plan_train(int argc, char **argv) {
         {"accum", ARG_INT, &f.accum, "0", 0, 1 << 20, "gradient accumulation steps (0 = from --global-batch)"},
         {"global-batch", ARG_STR, &f.global_batch, "0.5M", 0, 0, "target tokens per optimizer step"},
         loom_flag(LOOM_FLAG_GRAD_DTYPE, &f.grad_dtype),
-        {"mfu", ARG_FLOAT, &f.mfu, "0", 0, 1, "model FLOPs utilization to assume (0 = the GPU table's default)"},
+        {"mfu", ARG_FLOAT, &f.mfu, "0", 0, 1, "MFU of the math while the GPUs compute, as a data-parallel run measures it; tp, pp, bubble and exposed reductions are added (0 = the GPU table's default; docs/planning.md)"},
+        {"mfu-end-to-end", ARG_FLOAT, &f.mfu_e2e, "0", 0, 1, "MFU a run of the layout fixed by --tp/--pp/--batch/--zero/--recompute measured end to end (e.g. a published throughput / peak); the compute rate is derived from it"},
+        {"virtual-stages", ARG_INT, &f.vs, "1", 1, 1 << 10, "model chunks per pipeline stage: Megatron's interleaved 1F1B (bubble (p-1)/(V m)); loom's trainer runs 1"},
         {"measured", ARG_STR, &f.measured, "", 0, 0, "run folder of `loom train`: its config, and its median step for the rate"},
         {"link", ARG_STR, &f.link, "auto", 0, 0, "ring link: auto (NVLink within a node, InfiniBand across), nvlink, pcie, ib"},
         {"link-eff", ARG_FLOAT, &f.link_eff, "0.8", 0.01, 1, "share of the link's peak that ring collectives reach"},

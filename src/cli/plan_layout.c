@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cli/plan_report.h"
 
@@ -21,7 +22,9 @@ void plan_batch_overshoot(plan_report_t *r, double tokens, double target, int gp
 static const char *rc_name(loom_recompute rc) { return loom_recompute_name(rc); }
 
 static void layout_name(const loom_layout_t *l, char *buf, size_t cap) {
-    snprintf(buf, cap, "tp%d pp%d dp%d zero%d mb%d x%d %s", l->tp, l->pp, l->dp, l->zero, l->micro, l->m, rc_name(l->rc));
+    char v[16] = "";
+    if (l->vs > 1) snprintf(v, sizeof v, "v%d ", l->vs);
+    snprintf(buf, cap, "tp%d pp%d %sdp%d zero%d mb%d x%d %s", l->tp, l->pp, v, l->dp, l->zero, l->micro, l->m, rc_name(l->rc));
 }
 
 loom_status plan_layouts_none(const loom_layout_search_t *s, const loom_layout_env_t *e) {
@@ -42,11 +45,44 @@ loom_status plan_layouts_none(const loom_layout_search_t *s, const loom_layout_e
                       "a larger --global-batch, or leave --tp/--pp/--zero/--batch to the search", e->gpus, e->global_tokens, why);
 }
 
+/* What keeps loom's trainer from running a layout today, every reason
+ * joined by "; " into buf (empty: it runs it), as of the trainer's own
+ * checks: src/train/setup_tp.c (--tp takes --zero 0 and fp32 activations,
+ * parallel/tp.c), src/train/setup.c build_pipeline (--pp takes neither
+ * --zero nor --tp), and its 1F1B, never interleaved. */
+static const char *not_runnable(const loom_layout_t *l, const char *dtype, char *buf, size_t cap) {
+    const int hit[] = {l->vs > 1, l->tp > 1 && l->pp > 1, l->tp > 1 && l->zero, l->pp > 1 && l->zero, l->tp > 1 && strcmp(dtype, "fp32")};
+    const char *why[] = {"interleaved 1F1B (--virtual-stages): loom's trainer runs plain 1F1B", "tp x pp: --pp with --tp is not built yet",
+                         "tp with ZeRO: --tp takes --zero 0 only for now", "pp with ZeRO: --pp takes --zero 0 only for now",
+                         "tp at bf16/fp16/tf32: --tp reduces fp32 activations only for now (plan it with --dtype fp32)"};
+    buf[0] = 0;
+    for (int i = 0; i < 5; i++) {
+        size_t n = strlen(buf);
+        if (hit[i] && n < cap) snprintf(buf + n, cap - n, "%s%s", n ? "; " : "", why[i]);
+    }
+    return buf[0] ? buf : NULL;
+}
+
+/* The `loom train` line that runs layout l: --nproc inside one NVLink
+ * domain (one node), mpirun across nodes (docs/dist.md, Launching). */
+static void train_command(const loom_layout_row_t *x, const loom_layout_env_t *e, const char *dtype, const char *model, char *buf, size_t cap) {
+    const loom_layout_t *l = &x->l;
+    int n = l->tp * l->pp * l->dp, k;
+    if (n <= e->nvlink_domain) k = snprintf(buf, cap, "loom train --nproc %d", n);
+    else k = snprintf(buf, cap, "mpirun -np %d loom train", n);
+    if (k < 0 || (size_t)k >= cap) return;
+    k += snprintf(buf + k, cap - (size_t)k, " --device cuda --data DATA --out runs/NAME %s --seq %d --dtype %s", model, e->T, dtype);
+    if (l->tp > 1 && (size_t)k < cap) k += snprintf(buf + k, cap - (size_t)k, " --tp %d", l->tp);
+    if (l->pp > 1 && (size_t)k < cap) k += snprintf(buf + k, cap - (size_t)k, " --pp %d", l->pp);
+    if ((size_t)k < cap)
+        snprintf(buf + k, cap - (size_t)k, " --zero %d --batch %d --grad-accum %d --recompute %s", l->zero, l->micro, l->m, rc_name(l->rc));
+}
+
 static cJSON *row_json(const loom_layout_row_t *x) {
     cJSON *o = cJSON_CreateObject();
-    const int iv[] = {x->l.tp, x->l.pp, x->l.dp, x->l.zero, x->l.micro, x->l.m};
-    const char *ik[] = {"tp", "pp", "dp", "zero", "micro_batch", "micro_batches"};
-    for (int i = 0; i < 6; i++) cJSON_AddNumberToObject(o, ik[i], iv[i]);
+    const int iv[] = {x->l.tp, x->l.pp, x->l.dp, x->l.zero, x->l.micro, x->l.m, x->l.vs};
+    const char *ik[] = {"tp", "pp", "dp", "zero", "micro_batch", "micro_batches", "virtual_stages"};
+    for (int i = 0; i < 7; i++) cJSON_AddNumberToObject(o, ik[i], iv[i]);
     cJSON_AddStringToObject(o, "recompute", rc_name(x->l.rc));
     const double dv[] = {x->c.mem, x->c.params, x->c.grads, x->c.optim, x->c.gather, x->c.acts, x->c.step_s, x->c.compute_s,
                          x->c.tp_s, x->c.pp_s, x->c.dp_s, x->c.dp_exposed_s, x->c.bubble_s, x->c.bubble_frac, x->c.tokens};
@@ -63,7 +99,25 @@ static void print_row(int rank, const loom_layout_row_t *x) {
            x->c.compute_s, x->c.tp_s, x->c.pp_s, x->c.dp_exposed_s, x->c.bubble_s, 100 * x->c.bubble_frac, x->c.tokens);
 }
 
-void plan_report_layouts(plan_report_t *r, const loom_layout_search_t *s, const loom_layout_env_t *e, const char *dtype) {
+/* Each listed layout's `loom train` line, or why the trainer does not run
+ * it yet; in the JSON as the rows' "command" / "not_runnable". */
+static void report_commands(plan_report_t *r, const loom_layout_search_t *s, const loom_layout_env_t *e, const char *dtype, const char *model) {
+    cJSON *arr = cJSON_GetObjectItem(r->root, "layouts");
+    if (!r->json) printf("\n  to run them (docs/dist.md):\n");
+    for (int i = 0; i < s->ntop; i++) {
+        char cmd[1024], reasons[512];
+        const char *why = not_runnable(&s->top[i].l, dtype, reasons, sizeof reasons);
+        train_command(&s->top[i], e, dtype, model, cmd, sizeof cmd);
+        cJSON *o = cJSON_GetArrayItem(arr, i);
+        cJSON_AddStringToObject(o, why ? "not_runnable" : "command", why ? why : cmd);
+        if (!r->json) printf("  %d. %s%s\n", i + 1, why ? "modelled, not runnable yet: " : "", why ? why : cmd);
+    }
+    if (!r->json)
+        printf("  (--tp, --pp and --zero 3 train on CPU ranks, checked against one process; their CUDA/NCCL paths are compiled, "
+               "not yet run on a GPU)\n");
+}
+
+void plan_report_layouts(plan_report_t *r, const loom_layout_search_t *s, const loom_layout_env_t *e, const char *dtype, const char *model) {
     cJSON *root = r->root, *arr = cJSON_AddArrayToObject(root, "layouts"), *dis = cJSON_AddArrayToObject(root, "discarded");
     for (int i = 0; i < s->ntop; i++) cJSON_AddItemToArray(arr, row_json(&s->top[i]));
     if (!r->json) {
@@ -72,9 +126,9 @@ void plan_report_layouts(plan_report_t *r, const loom_layout_search_t *s, const 
                "compute", "tp", "pp", "dp", "bubble", "tokens");
         for (int i = 0; i < s->ntop; i++) print_row(i + 1, &s->top[i]);
         printf("  (seconds per step; dp: what the reductions leave exposed; activations at %g bytes (%s))\n", e->act_bytes, dtype);
-        printf("  loom's trainer runs data parallel with ZeRO 0-2 today; tp, pp and ZeRO-3 rows are modelled (docs/dist.md)\n");
-        printf("\ndiscarded\n");
     }
+    report_commands(r, s, e, dtype, model);
+    if (!r->json) printf("\ndiscarded\n");
     char name[96], b[2][32];
     for (int i = 0; i < LOOM_DISCARD_N; i++) {
         if (!s->count[i]) continue;

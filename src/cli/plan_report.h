@@ -81,7 +81,9 @@ double plan_act_bytes(int gpu, int dt);
 void plan_batch_overshoot(plan_report_t *r, double tokens, double target, int gpus, double micro_tokens);
 /* The error when no layout fits, naming why each kind was set aside. */
 loom_status plan_layouts_none(const loom_layout_search_t *s, const loom_layout_env_t *e);
-/* The "layouts" section: the fastest few and why the others were set aside. */
-void plan_report_layouts(plan_report_t *r, const loom_layout_search_t *s, const loom_layout_env_t *e, const char *dtype);
+/* The "layouts" section: the fastest few, the `loom train` line of each
+ * (model: its flags, e.g. "--model gpt2-xl") or why loom does not run it
+ * yet, and why the others were set aside. */
+void plan_report_layouts(plan_report_t *r, const loom_layout_search_t *s, const loom_layout_env_t *e, const char *dtype, const char *model);
 /* Steps and total time of the best layout for `tokens`; returns seconds. */
 double plan_layout_time(plan_report_t *r, const loom_layout_row_t *best, double tokens, int gpus);

@@ -56,6 +56,10 @@ static void layout_memory(const loom_layout_env_t *e, const loom_layout_t *l, lo
     o->gather = l->zero == 3 ? 8 * (2 * pl + sh) / l->tp : 0;
     int in_flight = l->m < l->pp ? l->m : l->pp; /* 1F1B: stage 0 holds p micro-batches */
     o->acts = stage_acts(e, l, layers, in_flight);
+    /* Interleaved 1F1B warms up with (p-1)/V more chunks in flight on the
+     * first stage: 1 + (p-1)/(pV) times 1F1B's (Korthikanti et al. 2022,
+     * section 4.2.3). */
+    if (l->vs > 1) o->acts *= 1 + (double)(l->pp - 1) / ((double)l->pp * l->vs);
     o->batch = 12.0 * l->micro * e->T;
     o->runtime = e->runtime;
     o->mem = o->params + o->grads + o->optim + o->gather + o->acts + o->batch + o->runtime;
@@ -70,7 +74,12 @@ static void layout_dp(const loom_layout_env_t *e, const loom_layout_t *l, double
     double bw = (l->tp * l->pp * l->dp <= e->nvlink_domain ? e->nvlink_gbs : e->ib_gbs) * e->link_eff;
     double ar = loom_plan_allreduce_s(e->grad_bytes * Ps, l->dp, bw, e->latency_s);
     double rs = ar / 2, ag = loom_plan_allreduce_s(4 * Ps, l->dp, bw, e->latency_s) / 2;
-    double backward = t_mb * 2 / 3; /* the last micro-batch's backward hides the reduction */
+    /* Data parallel alone: the last micro-batch's backward hides the
+     * reduction (buckets reduced as they fill). Under a pipeline the
+     * replicas reduce after every micro-batch's backward, not overlapped:
+     * loom's pipeline (train/pipeline.c, one all-reduce of the stage's
+     * block) and Megatron-LM's 2021 local DDP alike. */
+    double backward = l->pp > 1 ? 0 : t_mb * 2 / 3;
     if (l->zero == 0) {
         o->dp_s = ar, o->dp_exposed_s = fmax(0, ar - backward);
     } else if (l->zero == 1) {
@@ -102,13 +111,16 @@ void loom_layout_cost(const loom_layout_env_t *e, const loom_layout_t *l, loom_l
     /* pp: each micro-batch sends its activation forward and receives its
      * gradient back at a stage boundary, counted as not overlapped; each
      * tp rank sends 1/tp of it and the next stage all-gathers it over
-     * NVLink (Narayanan et al. 2021, the scatter/gather optimization). */
+     * NVLink (Narayanan et al. 2021, the scatter/gather optimization).
+     * With V virtual stages a micro-batch crosses V times as many
+     * boundaries (ibid., section 2.2.2). */
     double pbw = (l->tp * l->pp <= e->nvlink_domain ? e->nvlink_gbs : e->ib_gbs) * e->link_eff;
     double gather = loom_plan_allreduce_s(act, l->tp, e->nvlink_gbs * e->link_eff, e->latency_s) / 2;
-    o->pp_s = l->pp > 1 ? 2.0 * l->m * (p2p_s(act / l->tp, pbw, e->latency_s) + gather) : 0;
+    int V = l->vs > 1 ? l->vs : 1;
+    o->pp_s = l->pp > 1 ? 2.0 * V * l->m * (p2p_s(act / l->tp, pbw, e->latency_s) + gather) : 0;
     double busy = o->compute_s + o->tp_s + o->pp_s;
-    o->bubble_frac = (double)(l->pp - 1) / (l->m + l->pp - 1);
-    o->bubble_s = busy * (l->pp - 1) / l->m;
+    o->bubble_frac = (double)(l->pp - 1) / ((double)V * l->m + l->pp - 1);
+    o->bubble_s = busy * (l->pp - 1) / ((double)V * l->m);
     double pl, sh;
     loom_layout_split_params(cfg, &pl, &sh);
     layout_dp(e, l, (layers * pl + sh) / l->tp, busy / l->m, o);
@@ -118,6 +130,7 @@ void loom_layout_cost(const loom_layout_env_t *e, const loom_layout_t *l, loom_l
 const char *loom_layout_discard_name(int why) {
     static const char *const n[LOOM_DISCARD_N] = {
         "tp does not divide the attention heads", "tp larger than the NVLink domain", "more pipeline stages than layers",
+        "pp x --virtual-stages does not divide the layers",
         "global batch more than 25% above --global-batch", "does not fit in memory", "fits, slower than the ones listed"};
     return why >= 0 && why < LOOM_DISCARD_N ? n[why] : "?";
 }
@@ -159,17 +172,25 @@ static void discard(loom_layout_search_t *s, int why, const loom_layout_row_t *r
 }
 
 /* A structural reason to skip (tp, pp), or -1. */
-static int shape_discard(const loom_layout_env_t *e, int tp, int pp) {
+static int shape_discard(const loom_layout_env_t *e, int tp, int pp, int vs) {
     if (e->cfg->n_head % tp) return LOOM_DISCARD_TP_HEADS;
     if (tp > e->nvlink_domain) return LOOM_DISCARD_TP_DOMAIN;
     if (pp > e->cfg->n_layer) return LOOM_DISCARD_PP_LAYERS;
+    if (vs > 1 && (pp == 1 || e->cfg->n_layer % (pp * vs))) return LOOM_DISCARD_VSTAGES;
     return -1;
+}
+
+int loom_layout_micro_batches(const loom_layout_env_t *e, const loom_layout_t *l) {
+    int m = (int)fmax(1, ceil(e->global_tokens / ((double)l->dp * l->micro * e->T) - 1e-9));
+    /* The interleaved schedule runs micro-batches in groups of p (Megatron
+     * refuses any other count), so round up; the search's batch check says
+     * when that overshoots. */
+    return l->vs > 1 ? (m + l->pp - 1) / l->pp * l->pp : m;
 }
 
 static void try_layout(const loom_layout_env_t *e, loom_layout_t l, loom_layout_search_t *s) {
     loom_layout_row_t r = {.l = l};
-    double per = (double)l.dp * l.micro * e->T;
-    r.l.m = (int)fmax(1, ceil(e->global_tokens / per - 1e-9));
+    r.l.m = loom_layout_micro_batches(e, &l);
     loom_layout_cost(e, &r.l, &r.c);
     s->considered++;
     if (r.c.tokens > 1.25 * e->global_tokens) discard(s, LOOM_DISCARD_BATCH, &r);
@@ -183,8 +204,8 @@ void loom_layout_search(const loom_layout_env_t *e, const loom_layout_fix_t *fix
         if (e->gpus % tp || (fix->tp && tp != fix->tp)) continue;
         for (int pp = 1; pp <= e->gpus / tp; pp++) {
             if ((e->gpus / tp) % pp || (fix->pp && pp != fix->pp)) continue;
-            loom_layout_t l = {.tp = tp, .pp = pp, .dp = e->gpus / tp / pp};
-            int why = shape_discard(e, tp, pp);
+            loom_layout_t l = {.tp = tp, .pp = pp, .dp = e->gpus / tp / pp, .vs = fix->vs > 1 ? fix->vs : 1};
+            int why = shape_discard(e, tp, pp, l.vs);
             if (why >= 0) {
                 loom_layout_row_t r = {.l = l};
                 r.l.micro = 1, r.l.m = 1;

@@ -8,11 +8,13 @@
  * al. 2021; activations per Korthikanti et al. 2022). Time per step is
  * compute (the trainer's FLOPs per token, 8/6 of it under full recompute),
  * tp all-reduces inside the NVLink domain, pp point-to-point transfers, dp
- * reduce-scatter/all-gather, and the 1F1B bubble (p-1)/(m+p-1) of the
- * pipeline's time. docs/planning.md gives every formula.
+ * reduce-scatter/all-gather, and the 1F1B bubble: (p-1)/m of the
+ * pipeline's busy time, (p-1)/(V m) with V virtual stages (Megatron's
+ * interleaved schedule, Narayanan et al. 2021 section 2.2.2). docs/planning.md gives every formula.
  *
- * Data parallel with ZeRO 0-3 is built in loom's trainer; docs/dist.md
- * says what else is. */
+ * The rate is the model's FLOP/s while computing (docs/planning.md, "What
+ * --mfu means"); which layouts loom's trainer runs is cli/plan_layout.c's
+ * to say. */
 #ifndef LOOM_PLAN_LAYOUT_H
 #define LOOM_PLAN_LAYOUT_H
 
@@ -25,6 +27,7 @@ void loom_layout_split_params(const loom_gpt_config_t *cfg, double *per_layer, d
 
 typedef struct {
     int tp, pp, dp, zero;
+    int vs;           /* virtual stages (model chunks) per pipeline stage: 1 = plain 1F1B, V > 1 = Megatron's interleaved 1F1B */
     int micro;        /* micro-batch: sequences per GPU per forward */
     int m;            /* micro-batches per optimizer step (accumulation / pipeline depth) */
     loom_recompute rc;
@@ -35,7 +38,7 @@ typedef struct {
     double params, grads, optim, gather, acts, batch, runtime, mem;
     /* seconds per optimizer step */
     double compute_s, tp_s, pp_s, dp_s, dp_exposed_s, bubble_s, step_s;
-    double bubble_frac; /* (p-1)/(m+p-1) */
+    double bubble_frac; /* (p-1)/(V m + p-1): the share of the step the pipeline idles */
     double tokens;      /* per optimizer step: dp x micro x T x m */
 } loom_layout_cost_t;
 
@@ -54,6 +57,10 @@ typedef struct {
     double link_eff, latency_s;
 } loom_layout_env_t;
 
+/* Micro-batches per optimizer step that reach e->global_tokens with l's
+ * dp x micro (a multiple of pp under interleaving). */
+int loom_layout_micro_batches(const loom_layout_env_t *e, const loom_layout_t *l);
+
 /* Memory and time of one layout. */
 void loom_layout_cost(const loom_layout_env_t *e, const loom_layout_t *l, loom_layout_cost_t *out);
 
@@ -62,6 +69,7 @@ enum {
     LOOM_DISCARD_TP_HEADS,  /* tp does not divide the heads */
     LOOM_DISCARD_TP_DOMAIN, /* tp larger than the NVLink domain */
     LOOM_DISCARD_PP_LAYERS, /* more stages than layers */
+    LOOM_DISCARD_VSTAGES,   /* pp x virtual stages does not divide the layers */
     LOOM_DISCARD_BATCH,     /* global batch more than 25% above the target */
     LOOM_DISCARD_MEMORY,    /* does not fit */
     LOOM_DISCARD_SLOWER,    /* fits, but slower than the ones listed */
@@ -85,6 +93,7 @@ typedef struct {
 /* What the user fixed: 0 (tp, pp, micro) or -1 (zero, rc) = search it. */
 typedef struct {
     int tp, pp, zero, micro, rc;
+    int vs; /* virtual stages: never searched (loom's trainer runs plain 1F1B); 1 unless given */
 } loom_layout_fix_t;
 
 /* Every layout with tp x pp x dp = gpus (tp, pp divisors), ZeRO 0-3,

@@ -5,9 +5,12 @@
  * contiguous in k (a row of the input, a row of the weight), so a register
  * tile of 3 rows x 4 outputs keeps 12 AVX2 accumulators and each weight row
  * is streamed from memory once per block of 64 input rows: at decode, once
- * per step for every sequence of the batch. Each output element is one FMA
- * chain per vector lane in k order, then a fixed horizontal sum, whatever
- * the tile it fell in: results do not depend on N or on the threads.
+ * per step for every sequence of the batch. A single fp32 row (one
+ * stream's decode) takes one output at a time instead: each weight row is
+ * then read as one sequential stream without software prefetch, which
+ * measured 1.37x the 1x4 tile's decode (docs/perf.md). Each output element
+ * is one FMA chain per vector lane in k order, then a fixed horizontal sum,
+ * whatever the tile it fell in: results do not depend on N or on the threads.
  *
  * int8 weights (matmul_forward_rows_i8, W8A32) run the same tiles with each
  * weight widened and scaled in registers (decode) or a tile of rows widened
@@ -129,7 +132,7 @@ static inline float wval(const wop_t *W, int kind, size_t j, int K, int k) {
  * in each: one FMA chain per lane in column order, a fixed horizontal sum,
  * the last K % 8 columns one by one. */
 __attribute__((target("avx2,fma"), always_inline)) static inline void
-tile_avx2(const float *x, int K, const wop_t *W, size_t j0, int mr, int jr, int kind, float out[TILE_M][TILE_J]) {
+tile_avx2(const float *x, int K, const wop_t *W, size_t j0, int mr, int jr, int kind, int pf, float out[TILE_M][TILE_J]) {
     __m256 acc[TILE_M][TILE_J];
     for (int m = 0; m < mr; m++)
         for (int j = 0; j < jr; j++) acc[m][j] = _mm256_setzero_ps();
@@ -140,7 +143,8 @@ tile_avx2(const float *x, int K, const wop_t *W, size_t j0, int mr, int jr, int 
         /* the next tile's rows (contiguous after these), in order, as fast
          * as this one is read: short rows train the hardware prefetcher
          * too late */
-        if (kind == W_I8) {
+        if (!pf) {
+        } else if (kind == W_I8) {
             _mm_prefetch((const char *)(W->q + (j0 + TILE_J) * K) + (size_t)k * TILE_J, _MM_HINT_T0);
         } else if (kind == W_F32) {
             _mm_prefetch((const char *)(W->f + (j0 + TILE_J) * K) + (size_t)k * TILE_J * 4, _MM_HINT_T0);
@@ -160,11 +164,20 @@ tile_avx2(const float *x, int K, const wop_t *W, size_t j0, int mr, int jr, int 
 }
 
 #define TILE_CASE(MR, JR, J0, T)                                                                      \
-    (kind == W_I8    ? tile_avx2(x, K, W, J0, MR, JR, W_I8, T)                                        \
-     : kind == W_S24 ? tile_avx2(x, K, W, J0, MR, JR, W_S24, T)                                       \
-                     : tile_avx2(x, K, W, J0, MR, JR, W_F32, T))
+    (kind == W_I8    ? tile_avx2(x, K, W, J0, MR, JR, W_I8, 1, T)                                     \
+     : kind == W_S24 ? tile_avx2(x, K, W, J0, MR, JR, W_S24, 1, T)                                    \
+                     : tile_avx2(x, K, W, J0, MR, JR, W_F32, 1, T))
 __attribute__((target("avx2,fma"))) static void tile_dispatch_avx2(const float *x, int K, const wop_t *W, size_t j0,
                                                                    int mr, int jr, int kind, float t[TILE_M][TILE_J]) {
+    if (mr == 1 && kind == W_F32) { /* one fp32 row (a single stream's decode): each weight row read as one
+                                       sequential stream, no prefetch; each output the same chain as in any tile */
+        for (int j = 0; j < jr; j++) {
+            float tj[TILE_M][TILE_J];
+            tile_avx2(x, K, W, j0 + j, 1, 1, W_F32, 0, tj);
+            t[0][j] = tj[0][0];
+        }
+        return;
+    }
     if (jr == TILE_J) {
         if (mr == 3) TILE_CASE(3, 4, j0, t);
         else if (mr == 2) TILE_CASE(2, 4, j0, t);
