@@ -42,9 +42,11 @@ static void progress_end(void *ctx, loom_train_run_t *run, loom_status s) {
     if (s != LOOM_OK || run->step < run->first_step) return;
     const loom_train_opts_t *o = run->o;
     long long ran = run->step - run->first_step + 1;
-    loom_info("loom train: done: %lld steps in %.1fs, %.0f tokens/s; final train loss %.4f, val loss %s%.4f; checkpoint in %s/checkpoints",
+    char val[32] = "n/a"; /* no validation split, or no evaluation yet */
+    if (run->last_val >= 0) snprintf(val, sizeof val, "%.4f", run->last_val);
+    loom_info("loom train: done: %lld steps in %.1fs, %.0f tokens/s; final train loss %.4f, val loss %s; checkpoint in %s/checkpoints",
               ran, loom_now() - run->t_start, (double)run->tokens_per_step * (double)ran / run->train_time, run->last_loss,
-              run->last_val < 0 ? "n/a " : "", run->last_val, o->out);
+              val, o->out);
     if (isfinite(run->energy_j_per_token))
         loom_info("loom train: energy: %.4g J per trained token", run->energy_j_per_token);
     if (run->multi && run->dp_size > 1)
