@@ -10,6 +10,7 @@
 #include "cli/generate.h"
 #include "model/quant.h"
 #include "serve/engine.h"
+#include "serve/http_api.h"
 
 typedef struct {
     int *ids; /* generated ids */
@@ -155,7 +156,9 @@ static loom_status write_out(const gen_state_t *g, const char *path) {
         cJSON_AddNumberToObject(j, "ttft_s", r->ttft);
         for (int k = 0; k < r->n; k++) {
             cJSON *s = cJSON_CreateObject();
-            cJSON_AddStringToObject(s, "text", r->s[k].text ? r->s[k].text : "");
+            /* JSON text is UTF-8: bytes of a partial or invalid character become U+FFFD (token_ids are exact) */
+            const char *t = r->s[k].text ? r->s[k].text : "";
+            cJSON_AddItemToObject(s, "text", loom_api_clean_string(t, strlen(t)));
             cJSON_AddItemToObject(s, "token_ids", cJSON_CreateIntArray(r->s[k].ids, r->s[k].n));
             cJSON_AddStringToObject(s, "finish_reason", loom_finish_name((loom_finish_reason)r->s[k].finish));
             cJSON_AddItemToArray(arr, s);
