@@ -45,6 +45,23 @@ static void target(const loom_sampling_t *s, double *p) {
 /* chi-squared critical values at p = 0.001 for 1..7 degrees of freedom */
 static const double crit[8] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32};
 
+/* Pearson's statistic of N draws (count) against p over the cells p gives
+ * mass to (their number in *cells); a draw where p is 0 fails at once. */
+static double chi_squared(const char *what, const double *p, const int *count, int N, int *cells) {
+    double chi2 = 0;
+    *cells = 0;
+    for (int i = 0; i < V; i++) {
+        if (p[i] == 0) {
+            CHECK(count[i] == 0, "%s: token %d has probability 0 but was drawn %d times", what, i, count[i]);
+            continue;
+        }
+        double want = p[i] * N;
+        chi2 += (count[i] - want) * (count[i] - want) / want;
+        (*cells)++;
+    }
+    return chi2;
+}
+
 static void check_case(const char *what, loom_sampling_t s, int draft, uint64_t seed) {
     double p[V];
     target(&s, p);
@@ -53,17 +70,8 @@ static void check_case(const char *what, loom_sampling_t s, int draft, uint64_t 
     loom_rng_t rng;
     loom_rng_seed(&rng, seed);
     for (int n = 0; n < N; n++) count[loom_sample_verify(logits, V, &s, &rng, scratch, draft)]++;
-    double chi2 = 0;
     int cells = 0;
-    for (int i = 0; i < V; i++) {
-        if (p[i] == 0) {
-            CHECK(count[i] == 0, "%s: token %d has probability 0 but was drawn %d times", what, i, count[i]);
-            continue;
-        }
-        double want = p[i] * N;
-        chi2 += (count[i] - want) * (count[i] - want) / want;
-        cells++;
-    }
+    double chi2 = chi_squared(what, p, count, N, &cells);
     CHECK(cells >= 2 && chi2 < crit[cells - 1], "%s (draft %d): chi-squared %.2f over %d cells, critical %.2f", what, draft,
           chi2, cells, crit[cells - 1]);
 }
@@ -104,22 +112,18 @@ static void check_case_q(const char *what, loom_sampling_t s, const double *qd, 
         int tok = loom_sample_verify_q(logits, V, &s, &rng, scratch, d, q);
         count[tok]++, accepted += tok == d;
     }
-    double chi2 = 0;
     int cells = 0;
-    for (int i = 0; i < V; i++) {
-        if (p[i] == 0) {
-            CHECK(count[i] == 0, "%s: token %d has probability 0 but was drawn %d times", what, i, count[i]);
-            continue;
-        }
-        chi2 += (count[i] - p[i] * N) * (count[i] - p[i] * N) / (p[i] * N);
-        cells++;
-    }
+    double chi2 = chi_squared(what, p, count, N, &cells);
     double want_acc = 0; /* sum of min(p, q): the accept rate */
     for (int i = 0; i < V; i++) want_acc += fmin(p[i], qd[i]);
     printf("  %s: accepted %.3f (sum of min(p, q) %.3f), chi-squared %.2f over %d cells\n", what, (double)accepted / N,
            want_acc, chi2, cells);
     CHECK(cells >= 2 && chi2 < crit[cells - 1], "%s: chi-squared %.2f over %d cells, critical %.2f", what, chi2, cells,
           crit[cells - 1]);
+    /* the accept rate is a binomial proportion around sum min(p, q): within 5 standard errors */
+    double se = sqrt(want_acc * (1 - want_acc) / N);
+    CHECK(fabs((double)accepted / N - want_acc) <= 5 * se + 1e-9, "%s: accepted %.4f, sum of min(p, q) %.4f (5 standard errors %.4f)",
+          what, (double)accepted / N, want_acc, 5 * se);
 }
 
 static void drafts_from_q(void) {
