@@ -22,17 +22,15 @@ Mistral's template.
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import loom_server  # noqa: E402 (tests/ on the path first)
 
 LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + "
           "'<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}"
@@ -140,32 +138,9 @@ def report(name, ok, why=""):
     print(("PASS %s" % name) if ok else ("FAIL %s: %s" % (name, why)), flush=True)
 
 
-class Server:
-    def __init__(self, loom, model):
-        args = [loom, "serve", "--port", "0", "--threads", "2", "--kv-memory", "16M", "--run", model]
-        self.p = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
-        self.log, self.port = [], None
-        t0 = time.time()
-        while time.time() - t0 < 300:  # a failure guard only
-            line = self.p.stderr.readline()
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"ready on http://[^:]+:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if not self.port:
-            raise RuntimeError("loom serve did not start: " + "".join(self.log))
-        threading.Thread(target=lambda: [self.log.append(x) for x in self.p.stderr], daemon=True).start()
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(120)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
+def Server(loom, model):
+    return loom_server.LoomServer([loom, "serve", "--port", "0", "--threads", "2", "--kv-memory", "16M", "--run", model],
+                                  start_s=300, stop_s=120)
 
 
 def jinja(template, msgs, bos, eos):

@@ -7,7 +7,7 @@ usage: serve_client.py LOOM RUN PART...   PART: openai concurrency load
        Prints PASS/FAIL lines."""
 import http.client, json, os, re, signal, socket, subprocess, sys, threading, time, urllib.request
 
-import openai_check, serve_conformance, serve_structured, serve_tools
+import loom_server, openai_check, serve_conformance, serve_structured, serve_tools
 
 LOOM, RUN = sys.argv[1], sys.argv[2]
 PARTS = sys.argv[3:]
@@ -19,43 +19,15 @@ def report(name, ok, why=""):
     print(("PASS %s%s" % (PREFIX, name)) if ok else ("FAIL %s%s: %s" % (PREFIX, name, why)), flush=True)
 
 
-class Server:
+class Server(loom_server.LoomServer):
     def __init__(self, *flags, runs=None, env=None):
         args = [LOOM, "serve", "--port", "0", "--threads", "2", "--kv-memory", "64M"]
         for r in runs or [RUN]:
             args += ["--run", r]
-        self.p = subprocess.Popen(args + list(flags), stderr=subprocess.PIPE, text=True, env=dict(os.environ, **(env or {})))
-        self.log, self.port = [], None
-        t0 = time.time()
-        while time.time() - t0 < 180 * SLOW:
-            line = self.p.stderr.readline()
-            if not line:
-                break
-            self.log.append(line)
-            m = re.search(r"ready on http://[^:]+:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-                break
-        if not self.port:
-            raise RuntimeError("loom serve did not start: " + "".join(self.log))
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self):
-        for line in self.p.stderr:
-            self.log.append(line)
-
-    def url(self, path):
-        return "http://127.0.0.1:%d%s" % (self.port, path)
+        super().__init__(args + list(flags), env=dict(os.environ, **(env or {})), start_s=180 * SLOW, stop_s=60 * SLOW)
 
     def stop(self):
-        rc = self.p.returncode
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                rc = self.p.wait(60 * SLOW)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                rc = None
+        rc = super().stop()
         if PREFIX and not getattr(self, "checked", False):  # under the sanitizers: a clean exit, no report
             self.checked = True
             time.sleep(0.2)
