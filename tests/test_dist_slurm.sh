@@ -15,9 +15,9 @@ else python3 -c "print('in the beginning was the word ' * 4000)" > "$tmp/data.tx
 job=$(cd "$tmp" && LOOM=$LOOM sbatch --parsable --chdir="$tmp" --output="$tmp/job.out" \
       "$ROOT/deploy/slurm/train-single-node.sbatch" --data "$tmp/data.txt" --out "$tmp/run" \
       --layers 2 --channels 64 --heads 2 --context 64 --seq 64 --batch 2 --steps 10 --warmup 2 \
-      --eval-every 0 --sample-tokens 0 --log-every 1 --dist-timeout 30 2>"$tmp/sbatch.err")
+      --eval-every 0 --sample-tokens 0 --log-every 1 --dist-timeout 600 2>"$tmp/sbatch.err")
 if [ -z "$job" ]; then echo "FAIL dist_slurm_submit: $(cat "$tmp/sbatch.err")"; exit 0; fi
-for _ in $(seq 1 240); do
+for _ in $(seq 1 1200); do # a guard only: the loop ends when the job leaves the queue
     squeue -h -j "$job" 2>/dev/null | grep -q . || break
     sleep 0.5
 done

@@ -12,9 +12,9 @@ python3 -c "print('in the beginning was the word ' * 4000)" > "$tmp/data.txt"
 job=$(cd "$tmp" && LOOM=$LOOM LOOM_DEVICE=cpu sbatch --parsable --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --chdir="$tmp" \
       --output="$tmp/job.out" "$ROOT/deploy/slurm/train-pipeline.sbatch" --data "$tmp/data.txt" --out "$tmp/run" \
       --layers 2 --channels 64 --heads 2 --context 64 --seq 64 --batch 2 --grad-accum 4 --steps 6 --warmup 2 \
-      --eval-every 0 --sample-tokens 0 --log-every 1 --dist-timeout 30 2>"$tmp/sbatch.err")
+      --eval-every 0 --sample-tokens 0 --log-every 1 --dist-timeout 600 2>"$tmp/sbatch.err")
 if [ -z "$job" ]; then echo "FAIL pp_slurm_submit: $(cat "$tmp/sbatch.err")"; exit 0; fi
-for _ in $(seq 1 240); do # a guard only: the loop ends when the job leaves the queue
+for _ in $(seq 1 1200); do # a guard only: the loop ends when the job leaves the queue
     squeue -h -j "$job" 2>/dev/null | grep -q . || break
     sleep 0.5
 done
