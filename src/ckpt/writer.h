@@ -6,9 +6,10 @@
  * fsyncs them while training goes on. On one rank the same thread then
  * commits (manifest, rename, `latest`, prune: ckpt/checkpoint.h). On
  * several ranks a checkpoint is complete only when every rank's shard is
- * in, which only the ranks together know: the loop asks each rank
- * loom_ckpt_writer_busy() in a collective it already makes, and when no
- * rank is busy rank 0 calls loom_ckpt_writer_commit(). A new submit first
+ * in, which only the ranks together know: each rank adds
+ * loom_ckpt_writer_poll()'s flags to a collective the loop already makes,
+ * and loom_ckpt_writer_agreed() on the sums lets rank 0 commit when no
+ * rank is busy. A new submit first
  * waits for the previous checkpoint, so memory holds one snapshot. */
 #ifndef LOOM_CKPT_WRITER_H
 #define LOOM_CKPT_WRITER_H
