@@ -15,6 +15,7 @@ struct loom_tp {
     loom_gpt_t *m;        /* this rank's shard */
     loom_dist_t *g, *dp;  /* tp group; dp group or NULL */
     int rank, n, dp_n, gpu;
+    loom_dist_elem act;   /* the activations' element type: the hooks' all-reduces sum them as stored */
     int kv_split;         /* 1: KV/N kv heads per rank; 0: one kv head shared by N/KV ranks */
     int vs, v0, nv;       /* vocabulary rows per rank, this rank's first, how many of them are real (< V) */
     loom_gpt_tp_hooks_t hooks;
@@ -128,6 +129,17 @@ loom_status loom_tp_local_config(const loom_gpt_config_t *full, int n, loom_gpt_
     return loom_gpt_config_finish(local);
 }
 
+loom_status loom_tp_act_elem(loom_dtype act, loom_dist_elem *elem) {
+    switch (act) {
+    case LOOM_FP32: *elem = LOOM_DIST_ELEM_FP32; return LOOM_OK;
+    case LOOM_BF16: *elem = LOOM_DIST_ELEM_BF16; return LOOM_OK;
+    case LOOM_FP16: *elem = LOOM_DIST_ELEM_FP16; return LOOM_OK;
+    default:
+        return loom_error(LOOM_EUNAVAIL, "--tp: activations at %s; tensor parallelism reduces fp32, bf16 or fp16 activations: use --dtype fp32, bf16 or fp16",
+                          loom_dtype_name(act));
+    }
+}
+
 /* ---- the hooks ---- */
 
 static void fail(loom_tp_t *tp, loom_status s) {
@@ -140,7 +152,7 @@ static void hook_allreduce(void *ctx, float *buf, size_t n) {
     loom_tp_t *tp = ctx;
     if (tp->err != LOOM_OK) return;
     if (tp->gpu) tp->m->be->sync(); /* NCCL's stream must see the finished buffer */
-    fail(tp, loom_dist_allreduce(tp->g, buf, n, LOOM_DIST_FP32, 1.0f));
+    fail(tp, loom_dist_allreduce_elem(tp->g, buf, n, tp->act));
 }
 
 static void hook_embed_forward(void *ctx, float *out, int B, int T) {
@@ -330,10 +342,10 @@ double loom_tp_dp_wait_seconds(const loom_tp_t *tp) { return tp && tp->dp_n > 1 
 loom_status loom_tp_init(loom_tp_t **out, const loom_gpt_t *full, const loom_backend_t *be, loom_dist_t *group,
                          loom_dist_t *dp) {
     *out = NULL;
-    if (be->act_dtype != LOOM_FP32)
-        return loom_error(LOOM_EUNAVAIL, "--tp: activations at %s; tensor parallelism reduces fp32 activations only for now: use --dtype fp32",
-                          loom_dtype_name(be->act_dtype));
+    loom_dist_elem act = LOOM_DIST_ELEM_FP32;
+    LOOM_TRY(loom_tp_act_elem(be->act_dtype, &act));
     loom_tp_t *tp = loom_calloc(1, sizeof *tp);
+    tp->act = act;
     tp->full = full->cfg;
     tp->g = group;
     tp->dp = dp;

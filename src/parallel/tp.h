@@ -19,7 +19,9 @@
  * (each rank looks up its rows, zeros for the others') and, on the sharded
  * logits, three numbers per row (max, sum of exp, target logit) for the
  * cross-entropy; the backward all-reduces the input gradients of the
- * column-parallel matmuls and of the head. Every collective runs on the
+ * column-parallel matmuls and of the head. Activations are summed at the
+ * backend's act_dtype as stored (bf16/fp16 on CUDA: NCCL's native sums),
+ * the cross-entropy's statistics in fp32. Every collective runs on the
  * tp group, never the world; a dp group (ranks with the same tp index)
  * averages gradients after backward.
  *
@@ -37,6 +39,11 @@ typedef struct loom_tp loom_tp_t;
 /* The config of one rank's shard of `full` (finished) over n ranks, or an
  * error saying which size n does not divide. */
 loom_status loom_tp_local_config(const loom_gpt_config_t *full, int n, loom_gpt_config_t *local);
+
+/* The element type the hooks' all-reduces sum activations at `act` (a
+ * backend's act_dtype) in: fp32, bf16 and fp16 as they are stored; any
+ * other an error naming the dtypes that work. */
+loom_status loom_tp_act_elem(loom_dtype act, loom_dist_elem *elem);
 
 /* Rank loom_dist_rank(group) of a tp group over `group`, its shard
  * cut from `full` (parameters only; any backend); dp: the data-parallel

@@ -145,7 +145,6 @@ static void step_modes(loom_train_job_t *j) {
     int has_graphs = (loom_backend_device_caps(o->device) & LOOM_CAP_GRAPHS) != 0;
     j->auto_dtype = o->dtype < 0;
     j->dtype = j->auto_dtype ? (int)loom_backend_default_dtype(o->device) : o->dtype;
-    if (j->auto_dtype && o->tp > 1) j->dtype = LOOM_FP32; /* tp reduces fp32 activations (parallel/tp.h) */
     j->recompute = o->recompute;
     j->want_graphs = has_graphs && o->cuda_graphs != 0;
     j->dpo = (loom_dp_opts_t){.zero = o->zero, .overlap = !o->no_overlap, .grad_dtype = (loom_dist_dtype)o->grad_dtype,
