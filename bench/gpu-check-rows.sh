@@ -236,9 +236,9 @@ row_sanitizer() {
 # when the batches differ (then only: it learns).
 row_multi() {
     local name=$1 bound=$2 gpus rc line; shift 2
-    gpus=$("$BIN/loom" devices 2>/dev/null | grep -cE '^ *cuda:[0-9]+')
+    gpus=$("$BIN/loom" devices 2>/dev/null | awk '/^[0-9]+ devices?; use --device/ { print $1; exit }')
     if [ "${gpus:-0}" -lt 2 ]; then
-        row "train_$name" info "needs 2 GPUs, this machine has ${gpus:-0} (NCCL refuses two ranks on one device); on 2: loom train --nproc 2 $* --device cuda --dtype bf16 --model gpt2-tiny --steps 100 --batch 8 --seq 256 ..."
+        row "train_$name" info "needs 2 GPUs, this machine has ${gpus:-0} (NCCL refuses two ranks on one device); on 2: bench/gpu-check.sh --only train_$name (loom train --model gpt2-tiny --steps 100 --batch 8 --seq 256 --device cuda --nproc 2 --dtype bf16 $*)"
         return
     fi
     [ "$bound" = - ] || CURVE_BOUND[$name]="${name}_vs_one $bound"

@@ -1,8 +1,9 @@
 /* cuda_wire: the conversions of cuda_wire.h, on cuda_kernels.cu's fp32 <->
- * 16-bit copy kernels launched on the caller's stream (the NCCL
- * transport's, which runs on the communication thread beside the compute
- * stream: the compute stream may be capturing a graph meanwhile, so
- * nothing here touches it). Compiled here, not yet run on a GPU. */
+ * 16-bit copy kernels launched on the caller's stream: the NCCL
+ * transport's, on the communication thread, so each conversion is ordered
+ * with the reduction it feeds while the compute stream runs on with the
+ * backward (the overlapped reduction). Compiled here, not yet run on a
+ * GPU. */
 #include "cuda_internal.h"
 #include "cuda_wire.h"
 
