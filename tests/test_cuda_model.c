@@ -26,14 +26,20 @@
  * host versions of the step-scalar entries: same losses as loom_train_step,
  * an overflowing loss scale skips the update and leaves the parameters; and
  * with simulated CUDA graphs (ops recorded during capture, run on replay)
- * the same bits as plain launches, with no synchronizing call captured. */
+ * the same bits as plain launches, with no synchronizing call captured;
+ * tensor parallelism over 2 ranks on a simulated bf16 device against the
+ * whole model on it (the GPU path's activation dtype, on the host's
+ * transport). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "model/gpt.h"
+#include "parallel/dist.h"
+#include "parallel/tp.h"
 #include "train/step.h"
 #include "train/step_graph.h"
 
@@ -474,6 +480,23 @@ void s16_crossentropy(float *losses, float *logits, const int *tg, int N, int V,
 void s16_crossentropy_dev(float *losses, float *logits, const int *tg, int N, int V, int Vp, const float *sc) {
     s16_crossentropy(losses, logits, tg, N, V, Vp, sc[5]);
 }
+void s16_vocab_embed_forward(float *out, const int *tok, const float *wte, const float *wpe, int B_, int T_, int C, int v0, int nv) {
+    cpu->vocab_embed_forward(wide(out, (size_t)B_ * T_ * C), tok, wte, wpe, B_, T_, C, v0, nv);
+    narrow();
+}
+void s16_vocab_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tok, int B_, int T_, int C, int v0, int nv) {
+    cpu->vocab_embed_backward(dwte, dwpe, wide(dout, (size_t)B_ * T_ * C), tok, B_, T_, C, v0, nv);
+    narrow();
+}
+void s16_vocab_ce_stats(float *stats, const float *logits, const int *tg, int N, int Vp, int v0, int nv) {
+    cpu->vocab_ce_stats(stats, wide(logits, (size_t)N * Vp), tg, N, Vp, v0, nv);
+    narrow();
+}
+void s16_vocab_ce_finish(float *losses, float *logits, const int *tg, const float *stats, int ranks, int N, int Vp, int v0,
+                         int nv, float dloss) {
+    cpu->vocab_ce_finish(losses, wide(logits, (size_t)N * Vp), tg, stats, ranks, N, Vp, v0, nv, dloss);
+    narrow();
+}
 
 /* 1 when one of op's arguments is tagged ACT in ops.h. */
 static int takes_act(loom_op_id op) {
@@ -721,6 +744,112 @@ static void sim_bf16_graph_replay_matches_plain(void) {
     sim_graph_replay_matches_plain_on(plain, sim_graph_backend_over(plain));
 }
 
+/* ---- tensor parallelism at bf16 activations, simulated: 2 ranks (this
+ * binary again, exec'd: OpenMP's pool does not survive a fork) over TCP,
+ * each a tp shard on the simulated bf16 device beside the whole model on
+ * it; every step's loss and gradient norm must agree with the whole
+ * model's, and stay near the fp32 CPU's. The hooks' all-reduces then sum
+ * bf16 buffers (parallel/dist.c: widened, summed in fp32, rounded once),
+ * the vocabulary ops read and write bf16, as on GPUs with NCCL. Bounds a
+ * priori: bf16 keeps 8 significant bits (2^-9 relative per element), and a
+ * partial sum rounded before the all-reduce adds one such rounding to
+ * each row-parallel output; a mean loss over B*T rows keeps far less of
+ * it, so 5e-3 relative between tp2 and one piece, the 2e-2 of the
+ * training cases against fp32. ---- */
+
+enum { TP_STEPS = 4 };
+
+/* One rank (LOOM_TEST_SIM_TP set, the torchrun variables from the parent):
+ * 0 when every check passes, else the number of the one that failed. */
+static int sim_tp_rank(void) {
+    loom_dist_t *d = NULL, *g = NULL;
+    loom_dist_opts_t o = {.transport = "tcp", .timeout_s = 600}; /* a guard only */
+    loom_gpt_t *whole = NULL, *start = NULL, *fp32 = NULL;
+    loom_tp_t *tp = NULL;
+    loom_gpt_config_t c = cfg();
+    if (loom_backend_cpu_init(&cpu, 1) != LOOM_OK) return 2;
+    const loom_backend_t *be = sim16_backend(LOOM_BF16);
+    int rc = loom_dist_init(&d, &o) == LOOM_OK && loom_dist_split(d, 0, loom_dist_rank(d), &g) == LOOM_OK &&
+                     loom_gpt_init(&whole, &c, be, 31) == LOOM_OK && loom_gpt_init(&fp32, &c, cpu, 31) == LOOM_OK &&
+                     loom_gpt_init(&start, &c, cpu, 31) == LOOM_OK && loom_tp_init(&tp, start, be, g, NULL) == LOOM_OK &&
+                     loom_gpt_alloc_train(whole) == LOOM_OK && loom_gpt_alloc_train(fp32) == LOOM_OK
+                 ? 0
+                 : 3;
+    if (rc) fprintf(stderr, "rank %d: %s\n", loom_dist_rank(d), loom_errmsg());
+    for (int s = 1; s <= TP_STEPS && !rc; s++) {
+        int in[BT], tg[BT];
+        float lw, lt, lf, nw, nt, nf;
+        batch(in, tg, BT, c.vocab_size, 40 + (unsigned)s);
+        if (loom_train_step(whole, in, tg, B, T, 1, &opt, 1e-3f, s, &lw, &nw) != LOOM_OK ||
+            loom_train_step(fp32, in, tg, B, T, 1, &opt, 1e-3f, s, &lf, &nf) != LOOM_OK ||
+            loom_train_step_tp(tp, in, tg, B, T, 1, &opt, 1e-3f, s, &lt, &nt) != LOOM_OK) {
+            fprintf(stderr, "rank %d step %d: %s\n", loom_dist_rank(d), s, loom_errmsg());
+            rc = 4;
+        } else if (fabsf(lt - lw) > 5e-3f * lw || fabsf(nt - nw) > 5e-2f * nw || fabsf(lt - lf) > 2e-2f * lf) {
+            rc = 5;
+        }
+        if (loom_dist_rank(d) == 0 || rc == 5)
+            printf("  rank %d step %d: loss tp2 bf16 %.6f, one piece bf16 %.6f, fp32 %.6f; norm %.5f, %.5f, %.5f\n",
+                   loom_dist_rank(d), s, lt, lw, lf, nt, nw, nf);
+    }
+    loom_tp_free(tp);
+    loom_gpt_free(start);
+    loom_gpt_free(fp32);
+    loom_gpt_free(whole);
+    loom_dist_free(g);
+    loom_dist_free(d);
+    return rc;
+}
+
+/* The environment of rank r: the parent's and the torchrun variables,
+ * made before fork (the child only calls execve). */
+static char **rank_env(int r, int port, char (*own)[64]) {
+    extern char **environ;
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **env = malloc((n + 7) * sizeof *env);
+    memcpy(env, environ, n * sizeof *env);
+    snprintf(own[0], 64, "RANK=%d", r);
+    snprintf(own[1], 64, "LOCAL_RANK=%d", r);
+    snprintf(own[2], 64, "WORLD_SIZE=2");
+    snprintf(own[3], 64, "MASTER_ADDR=127.0.0.1");
+    snprintf(own[4], 64, "MASTER_PORT=%d", port);
+    snprintf(own[5], 64, "LOOM_TEST_SIM_TP=1");
+    for (int i = 0; i < 6; i++) env[n + i] = own[i];
+    env[n + 6] = NULL;
+    return env;
+}
+
+static void sim_bf16_tp2_matches_one(void) {
+    char self[4096], own[2][6][64];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (k <= 0) {
+        check_fail_why("readlink /proc/self/exe failed");
+        return;
+    }
+    self[k] = 0;
+    int port = loom_dist_free_port(29617);
+    pid_t pid[2];
+    for (int r = 0; r < 2; r++) {
+        char **env = rank_env(r, port, own[r]);
+        char *argv[] = {self, NULL};
+        fflush(stdout);
+        pid[r] = fork();
+        if (pid[r] == 0) {
+            execve(self, argv, env);
+            _exit(127);
+        }
+        free(env);
+    }
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        waitpid(pid[r], &st, 0);
+        CHECK(pid[r] > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "rank %d: exit status %d (3 setup, 4 a step failed, 5 a loss or norm out of bounds: its line above)", r,
+              WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+}
+
 static void device_step_matches_host_step(void) {
     const loom_backend_t *be = sim_backend();
     char why[128];
@@ -795,6 +924,7 @@ static const struct {
     {"sim_bf16_training_tracks_fp32", sim_bf16_training_tracks_fp32},
     {"sim_fp16_training_tracks_fp32", sim_fp16_training_tracks_fp32},
     {"sim_bf16_graph_replay_matches_plain", sim_bf16_graph_replay_matches_plain},
+    {"sim_bf16_tp2_matches_one", sim_bf16_tp2_matches_one},
     {"cuda_model_matches_cpu_fp32", cuda_model_matches_cpu_fp32},
     {"cuda_model_matches_cpu_bf16", cuda_model_matches_cpu_bf16},
     {"cuda_model_matches_cpu_fp16", cuda_model_matches_cpu_fp16},
@@ -819,6 +949,7 @@ static void open_cpu(void) {
 }
 
 int main(void) {
+    if (getenv("LOOM_TEST_SIM_TP")) return sim_tp_rank(); /* a rank of sim_bf16_tp2_matches_one */
     /* isolated: a case that panics or faults the GPU fails alone */
     check_run_isolated((int)(sizeof cases / sizeof cases[0]), case_name, open_cpu, run_case);
     return check_main_end();
