@@ -192,7 +192,7 @@ fi
 
 # ---- loom export onto a full disk or a read-only folder: 74 naming the path; onto
 # a device or a folder of other files: refused, even with --force (the writers
-# rename OUT.tmp over OUT, which would replace /dev/full or wipe the folder) ----
+# rename a staging copy over OUT, which would replace /dev/full or wipe the folder) ----
 X=(export --run "$tmp/small")
 mkdir -p "$tmp/xfull" "$tmp/xro"
 if mount -t tmpfs -o size=16k tmpfs "$tmp/xfull" 2> /dev/null; then
@@ -222,7 +222,13 @@ expect_exit 2 export_hf_force_onto_other_folder_refused "home exists and is not 
     $LOOM "${X[@]}" --format hf --out "$tmp/home" --force
 [ "$(cat "$tmp/home/notes.txt" 2>&1)" = keep ] && pass export_other_folder_kept || fail export_other_folder_kept "notes.txt is gone"
 $LOOM "${X[@]}" --format hf --out "$tmp/xhf" > /dev/null 2>&1 && $LOOM "${X[@]}" --format gguf --out "$tmp/x.gguf" > /dev/null 2>&1
+mkdir -p "$tmp/xhf.tmp"; echo keep > "$tmp/xhf.tmp/notes.txt" # a folder and a file of the user's beside OUT, named like staging
+echo keep > "$tmp/x.gguf.tmp"
 expect_exit 0 export_force_replaces_an_export "GGUF v3" sh -c "$LOOM ${X[*]} --format hf --out $tmp/xhf --force && $LOOM ${X[*]} --format gguf --out $tmp/x.gguf --force"
+[ "$(cat "$tmp/xhf.tmp/notes.txt" 2>&1)" = keep ] && pass export_hf_keeps_a_user_folder_named_out_tmp || fail export_hf_keeps_a_user_folder_named_out_tmp "xhf.tmp/notes.txt is gone"
+[ "$(cat "$tmp/x.gguf.tmp" 2>&1)" = keep ] && pass export_gguf_keeps_a_user_file_named_out_tmp || fail export_gguf_keeps_a_user_file_named_out_tmp "x.gguf.tmp was overwritten"
+[ "$(stat -c %a "$tmp/x.gguf")" = 644 ] && [ "$(stat -c %a "$tmp/xhf")" = 755 ] && pass export_modes_are_public \
+    || fail export_modes_are_public "x.gguf $(stat -c %a "$tmp/x.gguf"), xhf $(stat -c %a "$tmp/xhf")"
 
 # ---- a rank killed by SIGKILL: the launcher exits 3 (a peer died), as documented ----
 $LOOM train --data "$tmp/bpe" "${A[@]}" --nproc 2 --steps 1000000 --ckpt-every 1 --keep-ckpts 1 --out "$tmp/np" > "$tmp/np.log" 2>&1 &
