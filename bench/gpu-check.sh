@@ -81,7 +81,7 @@ ROW_SPECS=(
     "bench_generate_int8|2|50|20||row_generate int8 --quant w8a8 --kv-dtype int8"
     "sanitizer_memcheck|3|90|60||row_sanitizer memcheck"
     "sanitizer_racecheck|3|90|60||row_sanitizer racecheck"
-    "tp_ops|3|60|15||row_test tp_ops test_cuda_ops vocab_shard,wire_bf16,nccl_one_rank"
+    "tp_ops|3|60|25||row_test tp_ops test_cuda_ops vocab_shard,wire_bf16,nccl_one_rank"
     "sanitizer_tp|3|90|40||row_sanitizer memcheck tp"
     "test_cuda_attention|4|60|20||row_test test_cuda_attention"
     "train_graphs_off|4|45|20|train_bf16|row_train graphs_off - --dtype bf16 --cuda-graphs off"
