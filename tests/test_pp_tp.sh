@@ -83,6 +83,22 @@ out=$(env -u MASTER_ADDR -u MASTER_PORT $LOOM train "${A[@]}" --heads 2 --nproc 
 printf '%s' "$out" | grep -q "set MASTER_ADDR and MASTER_PORT to node 0's address" \
     && echo "PASS nnodes_without_master_named" || echo "FAIL nnodes_without_master_named: $out"
 
+# The Kubernetes example of whole nodes runs the same way (one pod per node,
+# --nnodes = completions, --nproc = its GPUs; schema: tests/test_ft_deploy.sh).
+python3 - <<'PY' && echo "PASS pp_tp_k8s_3d_job_shape" || echo "FAIL pp_tp_k8s_3d_job_shape"
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open("deploy/k8s/train-job-3d.yaml")) if d]
+job = next(d for d in docs if d["kind"] == "Job")
+c = job["spec"]["template"]["spec"]["containers"][0]
+a = lambda f: c["args"][c["args"].index(f) + 1]
+env = {e["name"]: e for e in c["env"]}
+nodes, nproc, tp, pp = int(a("--nnodes")), int(a("--nproc")), int(a("--tp")), int(a("--pp"))
+ok = (nodes == job["spec"]["completions"] == job["spec"]["parallelism"] and nproc == int(c["resources"]["limits"]["nvidia.com/gpu"])
+      and a("--node-rank") == "$(NODE_RANK)" and "job-completion-index" in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+      and nproc % tp == 0 and (nodes * nproc) % (tp * pp) == 0 and env["MASTER_ADDR"]["value"].startswith(job["metadata"]["name"] + "-0."))
+sys.exit(0 if ok else 1)
+PY
+
 # 2. Checkpoints across layouts, from step 5: pp2 x tp2 -> 1 process, 1 -> pp2 x tp2.
 if [ -s "$tmp/pt_gpt2/latest" ] && [ -s "$tmp/one_gpt2/latest" ]; then
     cp -r "$tmp/pt_gpt2" "$tmp/pt_to_1"; cp -r "$tmp/one_gpt2" "$tmp/one_to_pt"
