@@ -576,13 +576,12 @@ float *loom_gpt_slice(const loom_gpt_t *m, float *const *views, int i, int l) {
     if (!t->numel) return NULL;
     return t->ndim == 1 || i == LOOM_WTE || i == LOOM_WPE || i == LOOM_LMHEAD ? views[i] : views[i] + (size_t)l * (t->numel / (size_t)t->shape[0]);
 }
-/* Tensor i of block l: the model's own, or a ZeRO-3 gathered copy. */
-static float *weight(const loom_gpt_t *m, int i, int l, int grad) {
+float *loom_gpt_weight(const loom_gpt_t *m, int i, int l, int grad) {
     if (m->view) return m->view(m->view_ctx, i, l, grad);
     return loom_gpt_slice(m, grad ? m->grad : m->param, i, l);
 }
-#define P(i, l) weight(m, i, l, 0)
-#define G(i, l) weight(m, i, l, 1)
+#define P(i, l) loom_gpt_weight(m, i, l, 0)
+#define G(i, l) loom_gpt_weight(m, i, l, 1)
 
 static void layer_event(const loom_gpt_t *m, int l, int backward) {
     if (m->layer_hook) m->layer_hook(m->view_ctx, l, backward);

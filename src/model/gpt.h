@@ -264,6 +264,10 @@ typedef struct loom_gpt_tp_hooks {
  * that are not per layer; NULL when the config has no such tensor (a bias
  * of the Llama family), which every matmul op takes as "no bias". */
 float *loom_gpt_slice(const loom_gpt_t *m, float *const *views, int i, int l);
+/* Tensor i of block l (its weights, or with grad its gradient): the
+ * model's own, or a ZeRO-3 gathered copy through m->view (what the tp
+ * hooks read, so they work under ZeRO-3 too). */
+float *loom_gpt_weight(const loom_gpt_t *m, int i, int l, int grad);
 /* The output head's tensor: LOOM_WTE when tied, else LOOM_LMHEAD. */
 int loom_gpt_head_param(const loom_gpt_config_t *c);
 
