@@ -316,6 +316,14 @@ void loom_gpt_free_moments(loom_gpt_t *m) {
     loom_mem_count(LOOM_MEM_OPTIM, -2 * (long long)(m->num_params * sizeof(float)));
 }
 
+void loom_gpt_free_grads(loom_gpt_t *m) {
+    if (!m->grads) return;
+    m->be->free(m->grads);
+    m->grads = NULL;
+    for (int i = 0; i < LOOM_NPARAMS; i++) m->grad[i] = NULL;
+    loom_mem_count(LOOM_MEM_GRADS, -(long long)(m->num_params * sizeof(float)));
+}
+
 /* Activation layout for (B, T): one allocation split by this table. Layer
  * tensors (A_LN1 .. A_RESIDUAL3) hold L slices back to back, one per layer,
  * or a single slice all layers share when the recompute mode does not keep

@@ -287,6 +287,9 @@ loom_status loom_gpt_alloc_train(loom_gpt_t *m);
 loom_status loom_gpt_alloc_grads(loom_gpt_t *m);
 /* Release the whole-model AdamW moments (m->m, m->v); nothing if absent. */
 void loom_gpt_free_moments(loom_gpt_t *m);
+/* Release the whole gradient block (ZeRO-3 writes gradients into its own
+ * per-layer buffers, train/zero3.h). */
+void loom_gpt_free_grads(loom_gpt_t *m);
 /* One tensor of the activation block (loom_gpt_act_table). */
 typedef struct {
     const char *name;    /* e.g. "qkv", "d_fch" (backward scratch) */

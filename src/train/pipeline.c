@@ -55,6 +55,7 @@ double loom_pp_bubble_formula(int stages, int micro) { return (double)(stages - 
 
 const loom_gpt_config_t *loom_pp_config(const loom_pp_t *pp) { return &pp->cfg; }
 int loom_pp_stage(const loom_pp_t *pp) { return pp->s; }
+loom_dp_t *loom_pp_dp(const loom_pp_t *pp) { return pp ? pp->dpm : NULL; }
 
 double loom_pp_last_dp_wait(const loom_pp_t *pp) { return pp ? pp->dp_s : 0; }
 double loom_pp_last_tp_wait(const loom_pp_t *pp) { return pp ? pp->tp_s : 0; }

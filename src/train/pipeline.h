@@ -68,6 +68,8 @@ void loom_pp_free(loom_pp_t *pp);
 /* The whole model's finished config, and this rank's stage. */
 const loom_gpt_config_t *loom_pp_config(const loom_pp_t *pp);
 int loom_pp_stage(const loom_pp_t *pp);
+/* The stage replicas' data-parallel reduction (train/step.h), NULL without replicas or ZeRO. */
+struct loom_dp *loom_pp_dp(const loom_pp_t *pp);
 
 /* One optimizer step over M micro-batches (host tokens/targets, M*(B*T)
  * each, the same on every stage): the loss is the global one (the last

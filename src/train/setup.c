@@ -316,13 +316,15 @@ static void report_ranks(const loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
     const loom_train_run_t *run = &j->run;
     loom_dp_memory_t mem = {0};
-    if (run->dp) loom_dp_memory(run->dp, &mem);
+    /* under --tp and --pp the data-parallel code runs over this rank's part of the model */
+    const loom_dp_t *dp = run->dp ? run->dp : j->tp_dp ? j->tp_dp : loom_pp_dp(run->pp);
+    if (dp) loom_dp_memory(dp, &mem);
     loom_info("loom train: %d ranks over %s, global batch %zu tokens/step (batch %d x seq %d x accum %d x %d data-parallel ranks); ZeRO-%d, gradients reduced in %s%s",
               o->world_size, loom_dist_name(run->dist), run->tokens_per_step, run->B, run->T, o->grad_accum, run->dp_size, o->zero,
               j->dpo.grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32", j->dpo.overlap ? ", overlapped with backward" : ", after backward");
-    if (run->dp)
-        loom_info("loom train: memory per rank (P = %zu floats, N = %d): params %.2f MB + grads %.2f MB + AdamW %.2f MB = %.2f MB; ZeRO-%d formula %s = %.2f MB%s; peak resident %.1f MB",
-                  run->model->num_params, o->world_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, mem.total / 1e6, o->zero,
+    if (dp)
+        loom_info("loom train: memory per rank (P = %zu floats%s, N = %d): params %.2f MB + grads %.2f MB + AdamW %.2f MB = %.2f MB; ZeRO-%d formula %s = %.2f MB%s; peak resident %.1f MB",
+                  run->model->num_params, run->tp ? " of the tp shard" : run->pp ? " of the stage" : "", run->dp_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, mem.total / 1e6, o->zero,
                   mem.formula_text, mem.formula / 1e6,
                   o->zero == 2   ? " (loom's backward writes one whole-model working gradient buffer; the accumulated gradient is the shard)"
                   : o->zero == 3 ? " plus the gather buffers: two blocks' weights and gradients, the non-layer tensors' twice"

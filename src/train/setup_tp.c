@@ -71,6 +71,9 @@ loom_status loom_train_setup_tp(loom_train_job_t *j, loom_dist_t *dist) {
               run->dp_size, j->o.tp, loom_dist_name(dist), c->n_head, f->n_head, c->n_kv_heads, f->n_kv_heads,
               f->n_kv_heads % j->o.tp ? "shared" : "split", c->ffn_hidden, f->ffn_hidden, c->vocab_size, m->num_params * 4e-6,
               loom_gpt_num_params(f) * 4e-6);
+    if (j->o.zero)
+        loom_info("loom train: --tp %d: ZeRO-%d over %d data-parallel replicas of each shard (its %s sharded over the dp group)", j->o.tp, j->o.zero,
+                  run->dp_size, j->o.zero == 1 ? "AdamW state" : j->o.zero == 2 ? "AdamW state and gradients" : "weights, gradients and AdamW state");
     return LOOM_OK;
 }
 

@@ -101,6 +101,7 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
     /* ZeRO-3 first: the whole parameter block is released before the
      * moments' shard is allocated, so setup's peak stays below training's. */
     if (o->zero == 3) {
+        loom_gpt_free_grads(m); /* one a tp shard or a pp stage came with: ZeRO-3 keeps a shard and per-layer buffers */
         loom_status s = loom_zero3_init(&dp->z3, m, d, dp->lo, o->grad_dtype, o->overlap);
         if (s != LOOM_OK) {
             loom_dp_free(dp);
