@@ -14,7 +14,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib_dist.sh pp_zero
-A=(--data "$tmp/data.txt" --layers 4 --channels 64 --heads 2 --context 64 --seq 32 --steps 10 --lr 1e-3 --warmup 2
+A=(--data "$tmp/data.txt" --layers 2 --channels 64 --heads 2 --context 64 --seq 32 --steps 10 --lr 1e-3 --warmup 2
    --eval-every 5 --eval-batches 2 --sample-tokens 0 --seed 3 --log-every 1 --ckpt-every 0 --grad-accum 4 --threads 1 --dist-timeout 600)
 
 for m in gpt2-tiny llama-tiny; do
