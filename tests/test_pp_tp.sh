@@ -139,7 +139,7 @@ fi
 # 4. --zero under pp x tp: ZeRO-3 (over each stage shard's dp group, of one here) gathers
 # the weights the tp hooks read through the model's view; the same steps as one process.
 run pt_z3 --heads 2 "${PT[@]}" --zero 3 && check pp2xtp2_zero3_gpt2_vs_1 "$tmp/pt_z3.log" "$tmp/one_gpt2" "$tmp/pt_z3"
-# What is not built says so, naming the flags.
+# A rank count the layout does not divide is refused, naming the multiple.
 out=$($LOOM train "${A[@]}" --heads 2 --nproc 2 --pp 2 --tp 2 --out "$tmp/bad2" 2>&1)
 printf '%s' "$out" | grep -q "is not a multiple of --tp 2 x --pp 2 = 4; use a multiple of 4 ranks" && echo "PASS pp_tp_ranks_not_multiple_named" || echo "FAIL pp_tp_ranks_not_multiple_named: $out"
 
