@@ -12,8 +12,9 @@
 # 1) while every rank holds after a step (LOOM_TEST_HOLD_AFTER_STEP, an
 # event, not a time) stops the others naming it, and --resume auto ends with
 # the uninterrupted run's weights and AdamW state bit for bit. The tp and pp
-# communication times reach metrics.jsonl; what is not built is refused
-# naming the flags; loom bench dist measures tp2xdp2 and pp2xtp2.
+# communication times reach metrics.jsonl; --zero 3 runs under pp x tp; a
+# rank count that does not fit is refused naming the flags; loom bench dist
+# measures tp2xdp2 and pp2xtp2.
 set -u
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-$PWD/build/loom}
@@ -135,9 +136,10 @@ else
     echo "FAIL pp_tp_resume_auto_bit_exact: $(grep -m1 resuming "$tmp/kill2.log")"; tail -4 "$tmp/kill2.log"
 fi
 
-# 4. What is not built says so, naming the flags.
-out=$($LOOM train "${A[@]}" --heads 2 "${PT[@]}" --zero 1 --out "$tmp/bad1" 2>&1)
-printf '%s' "$out" | grep -q -- "--pp 2 with --zero: not built yet" && echo "PASS pp_tp_zero_refused_named" || echo "FAIL pp_tp_zero_refused_named: $out"
+# 4. --zero under pp x tp: ZeRO-3 (over each stage shard's dp group, of one here) gathers
+# the weights the tp hooks read through the model's view; the same steps as one process.
+run pt_z3 --heads 2 "${PT[@]}" --zero 3 && check pp2xtp2_zero3_gpt2_vs_1 "$tmp/pt_z3.log" "$tmp/one_gpt2" "$tmp/pt_z3"
+# A rank count the layout does not divide is refused, naming the multiple.
 out=$($LOOM train "${A[@]}" --heads 2 --nproc 2 --pp 2 --tp 2 --out "$tmp/bad2" 2>&1)
 printf '%s' "$out" | grep -q "is not a multiple of --tp 2 x --pp 2 = 4; use a multiple of 4 ranks" && echo "PASS pp_tp_ranks_not_multiple_named" || echo "FAIL pp_tp_ranks_not_multiple_named: $out"
 

@@ -33,7 +33,7 @@ static int compare_steps(loom_tp_t *tp, loom_gpt_t *whole, int rank) {
     for (int s = 1; s <= STEPS; s++) {
         float lw, lt, nw, nt;
         if (loom_train_step(whole, tokens, tokens + 1, B, T, 1, &opt, 1e-3f, s, &lw, &nw) != LOOM_OK) return 10;
-        if (loom_train_step_tp(tp, tokens, tokens + 1, B, T, 1, &opt, 1e-3f, s, &lt, &nt) != LOOM_OK) return 11;
+        if (loom_train_step_tp(tp, NULL, tokens, tokens + 1, B, T, 1, &opt, 1e-3f, s, &lt, &nt) != LOOM_OK) return 11;
         if (fabsf(lw - lt) > 1e-5f * fabsf(lw) || fabsf(nw - nt) > 1e-4f * nw) {
             fprintf(stderr, "rank %d step %d: loss %.7f vs %.7f, norm %.6f vs %.6f\n", rank, s, lw, lt, nw, nt);
             return 12;
