@@ -782,7 +782,7 @@ static loom_status par_init(par_t *p, int pp, loom_dist_t *d, loom_dist_t *g, co
 
 static loom_status par_step(par_t *p, const int *in, const int *tg, int accum, int s, float *loss, float *norm) {
     if (p->pp) return loom_pp_step(p->pp, in, tg, &opt, 1e-3f, s, loss, norm);
-    return loom_train_step_tp(p->tp, in, tg, B, T, accum, &opt, 1e-3f, s, loss, norm);
+    return loom_train_step_tp(p->tp, NULL, in, tg, B, T, accum, &opt, 1e-3f, s, loss, norm);
 }
 
 /* Each step: the layout's loss and norm (lp, np) against the whole model's
