@@ -48,15 +48,16 @@ loom_status plan_layouts_none(const loom_layout_search_t *s, const loom_layout_e
 /* What keeps loom's trainer from running a layout today, every reason
  * joined by "; " into buf (empty: it runs it), as of the trainer's own
  * checks: src/train/setup_tp.c (--tp takes --zero 0 and fp32 activations,
- * parallel/tp.c), src/train/setup.c build_pipeline (--pp takes neither
- * --zero nor --tp), and its 1F1B, never interleaved. */
+ * parallel/tp.c), src/train/setup.c build_pipeline (--pp takes no --zero;
+ * --pp with --tp runs: docs/dist.md "Composition"), and its 1F1B, never
+ * interleaved. */
 static const char *not_runnable(const loom_layout_t *l, const char *dtype, char *buf, size_t cap) {
-    const int hit[] = {l->vs > 1, l->tp > 1 && l->pp > 1, l->tp > 1 && l->zero, l->pp > 1 && l->zero, l->tp > 1 && strcmp(dtype, "fp32")};
-    const char *why[] = {"interleaved 1F1B (--virtual-stages): loom's trainer runs plain 1F1B", "tp x pp: --pp with --tp is not built yet",
+    const int hit[] = {l->vs > 1, l->tp > 1 && l->zero, l->pp > 1 && l->zero, l->tp > 1 && strcmp(dtype, "fp32")};
+    const char *why[] = {"interleaved 1F1B (--virtual-stages): loom's trainer runs plain 1F1B",
                          "tp with ZeRO: --tp takes --zero 0 only for now", "pp with ZeRO: --pp takes --zero 0 only for now",
                          "tp at bf16/fp16/tf32: --tp reduces fp32 activations only for now (plan it with --dtype fp32)"};
     buf[0] = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < (int)(sizeof hit / sizeof hit[0]); i++) {
         size_t n = strlen(buf);
         if (hit[i] && n < cap) snprintf(buf + n, cap - n, "%s%s", n ? "; " : "", why[i]);
     }

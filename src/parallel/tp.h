@@ -58,6 +58,15 @@ void loom_tp_slice(const loom_tp_t *tp, const float *full, float *local);
  * the shard's block) assembled into `full_host` (the whole model's block;
  * NULL on ranks that only give). */
 loom_status loom_tp_gather(loom_tp_t *tp, const float *local, float *full_host);
+/* The same for floats [a, b) of the whole block only (a checkpoint
+ * written unit by unit, train/ckpt_stream.h): `out` (b - a host floats,
+ * NULL to give only) gets them; memory: the ranks' pieces of the range. A
+ * collective over the tp group. */
+loom_status loom_tp_gather_range(loom_tp_t *tp, const float *local, size_t a, size_t b, float *out);
+/* loom_tp_slice for floats [a, b) of the whole block only: `x` (host, b -
+ * a floats) into this rank's `local` (backend memory; the pieces outside
+ * the range are left as they are). */
+void loom_tp_slice_range(const loom_tp_t *tp, size_t a, size_t b, const float *x, float *local);
 
 /* After the micro-batches' backward: the first error a hook met (hooks
  * return nothing), then the gradients made whole-model: a shared kv

@@ -10,6 +10,7 @@
 #include "ckpt/safetensors.h"
 #include "core/mem.h"
 #include "parallel/tp.h"
+#include "train/ckpt_stream.h"
 
 /* One micro-batch's activations (its block, tokens, targets). */
 typedef struct {
@@ -32,8 +33,6 @@ struct loom_pp {
     size_t *nparams;            /* every stage's parameter floats */
     loom_gpt_t *m;              /* this stage */
     const loom_backend_t *host; /* the CPU backend of the whole model */
-    loom_gpt_t *full;           /* rank 0: the whole model for checkpoints (host memory) */
-    float *fm, *fv;             /* rank 0: its AdamW moments, gathered at checkpoints */
     slot_t *slots;              /* in-flight micro-batches; slots[0] is the model's own block */
     int nslots;
     float *wte_peer;            /* tied head: the other end's wte gradient (backend memory) */
@@ -178,16 +177,14 @@ static loom_status build_stage(loom_pp_t *pp, const loom_backend_t *be) {
     }
     loom_gpt_config_t sc = stage_config(pp, pp->s);
     LOOM_TRY(loom_backend_cpu_init(&pp->host, 1));
-    LOOM_TRY(loom_gpt_init(&pp->full, &pp->cfg, pp->host, pp->o.seed));
-    if (pp->tpg) LOOM_TRY(build_tp_shard(pp, be, &sc));
-    else LOOM_TRY(loom_gpt_create(&pp->m, &sc, be));
+    loom_gpt_t *full; /* drawn whole (the same numbers as one process), kept by no rank */
+    LOOM_TRY(loom_gpt_init(&full, &pp->cfg, pp->host, pp->o.seed));
+    loom_status s = pp->tpg ? build_tp_shard(pp, be, &sc) : loom_gpt_create(&pp->m, &sc, be);
+    if (s == LOOM_OK) scatter_host(pp, full->params, NULL, NULL);
+    loom_gpt_free(full); /* before the training state, so the peak holds one of the two */
+    LOOM_TRY(s);
     loom_gpt_set_recompute(pp->m, pp->o.recompute);
     if (!pp->tp) LOOM_TRY(loom_gpt_alloc_train(pp->m)); /* the tp shard comes with its training state */
-    scatter_host(pp, pp->full->params, NULL, NULL);
-    if (pp->rank != 0) { /* only rank 0 writes checkpoints */
-        loom_gpt_free(pp->full);
-        pp->full = NULL;
-    }
     LOOM_TRY(loom_gpt_alloc_acts(pp->m, pp->o.B, pp->o.T));
     LOOM_TRY(alloc_slots(pp));
     if (!pp->cfg.untied_head && (pp->s == 0 || pp->s == pp->n - 1)) {
@@ -271,11 +268,8 @@ void loom_pp_free(loom_pp_t *pp) {
         if (pp->tp) loom_tp_free(pp->tp); /* the shard is the tp's */
         else loom_gpt_free(pp->m);
     }
-    loom_gpt_free(pp->full);
     loom_dist_free(pp->dpg);
     loom_dist_free(pp->tpg);
-    free(pp->fm);
-    free(pp->fv);
     free(pp->slots);
     free(pp->tables);
     free(pp->nparams);
@@ -487,66 +481,53 @@ loom_status loom_pp_eval(loom_pp_t *pp, const loom_dataset_t *ds, int B, int T, 
 
 /* ---------------- checkpoints ---------------- */
 
-loom_gpt_t *loom_pp_ckpt_model(loom_pp_t *pp) { return pp->full ? pp->full : pp->m; }
-
-/* The first pipeline's ranks (dp index 0): this stage's parameters and
- * AdamW moments in the stage's block layout, 3 x nparams[s] floats, on the
- * stage's root (tp index 0; the others of its tp group give their shards
- * and get NULL). */
-static loom_status own_blocks(loom_pp_t *pp, float **out) {
-    size_t n = pp->nparams[pp->s], own = pp->m->num_params;
-    float *const src[3] = {pp->m->params, pp->m->m, pp->m->v};
-    *out = NULL;
-    if (pp->rank >= pp->n * pp->tpn) return LOOM_OK;
-    float *b = pp->ti == 0 ? loom_malloc(3 * n * sizeof(float)) : NULL;
-    loom_status st = LOOM_OK;
-    for (int k = 0; k < 3 && st == LOOM_OK; k++) {
-        if (pp->tp) st = loom_tp_gather(pp->tp, src[k], b ? b + k * n : NULL);
-        else pp->m->be->download(b + k * n, src[k], own * sizeof(float));
+/* The stage that holds unit (i, l) (its only copy that counts). */
+static int unit_stage(const loom_pp_t *pp, int i, int l) {
+    if (!per_layer(i)) return owns(pp, 0, i) ? 0 : pp->n - 1;
+    for (int s = 0; s < pp->n; s++) {
+        int first, count;
+        loom_pp_split(pp->cfg.n_layer, pp->n, s, &first, &count);
+        if (l < first + count) return s;
     }
-    if (st != LOOM_OK) free(b);
-    else *out = b;
+    return pp->n - 1;
+}
+
+loom_status loom_pp_gather_unit(loom_pp_t *pp, int which, int i, int l, float *out) {
+    int s = unit_stage(pp, i, l), root = s * pp->tpn, first, count; /* stage s of the first pipeline, tp index 0 */
+    loom_pp_split(pp->cfg.n_layer, pp->n, s, &first, &count);
+    size_t off, n = loom_ckpt_unit_floats(pp->tables[s], i, per_layer(i) ? l - first : -1, &off);
+    float *buf = pp->rank == 0 ? out : loom_malloc(n * sizeof(float) + 1);
+    float *const src[3] = {pp->m->params, pp->m->m, pp->m->v};
+    loom_status st = LOOM_OK;
+    if (pp->s == s && pp->rank < pp->n * pp->tpn) { /* the holders: this stage of the first pipeline */
+        if (pp->tp) st = loom_tp_gather_range(pp->tp, src[which], off, off + n, pp->ti == 0 ? buf : NULL);
+        else pp->m->be->download(buf, src[which] + off, n * sizeof(float));
+    }
+    if (st == LOOM_OK && root != 0) st = loom_dist_broadcast(pp->d, buf, n * sizeof(float), root);
+    if (buf != out) free(buf);
     return st;
 }
 
-loom_status loom_pp_gather(loom_pp_t *pp, float **m, float **v) {
-    size_t P = pp->full ? pp->full->num_params : 0, most = 0;
-    for (int s = 0; s < pp->n; s++) most = pp->nparams[s] > most ? pp->nparams[s] : most;
-    float *mine;
-    LOOM_TRY(own_blocks(pp, &mine));
-    float *buf = loom_malloc(3 * most * sizeof(float));
-    if (pp->full && !pp->fm) {
-        pp->fm = loom_calloc(P, sizeof(float));
-        pp->fv = loom_calloc(P, sizeof(float));
-    }
-    float *dst[3] = {pp->full ? pp->full->params : NULL, pp->fm, pp->fv};
-    loom_status st = LOOM_OK;
-    for (int s = 0; s < pp->n && st == LOOM_OK; s++) {
-        size_t n = pp->nparams[s];
-        int root = s * pp->tpn; /* stage s of the first pipeline, tp index 0 */
-        if (root == pp->rank) memcpy(buf, mine, 3 * n * sizeof(float));
-        st = loom_dist_broadcast(pp->d, buf, 3 * n * sizeof(float), root);
-        for (int k = 0; k < 3 && st == LOOM_OK && pp->full; k++) map_block(pp, s, dst[k], buf + k * n, 0);
-    }
-    free(mine);
-    free(buf);
-    *m = pp->fm;
-    *v = pp->fv;
-    return st;
+/* Resume: the units this stage stores (its layers, and the non-layer
+ * tensors, which every stage stores), each into its place in the stage's
+ * block (pp x tp: this rank's shard of it). */
+static int pp_wants(void *vpp, int i, int l) {
+    loom_pp_t *pp = vpp;
+    return !per_layer(i) || unit_stage(pp, i, l) == pp->s;
+}
+
+static loom_status pp_put(void *vpp, int which, int i, int l, const float *x) {
+    loom_pp_t *pp = vpp;
+    int first, count;
+    loom_pp_split(pp->cfg.n_layer, pp->n, pp->s, &first, &count);
+    size_t off, n = loom_ckpt_unit_floats(pp->tables[pp->s], i, per_layer(i) ? l - first : -1, &off);
+    float *const dst[3] = {pp->m->params, pp->m->m, pp->m->v};
+    if (pp->tp) loom_tp_slice_range(pp->tp, off, off + n, x, dst[which]);
+    else pp->m->be->upload(dst[which] + off, x, n * sizeof(float));
+    return LOOM_OK;
 }
 
 loom_status loom_pp_load(loom_pp_t *pp, const char *dir, long long step) {
-    loom_gpt_t *full = pp->full;
-    if (!full) LOOM_TRY(loom_gpt_create(&full, &pp->cfg, pp->host));
-    size_t P = full->num_params;
-    float *mv = loom_malloc(2 * P * sizeof(float));
-    char path[4200];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
     loom_optim_shard_t saved;
-    loom_status s = loom_safetensors_load_gpt(full, path);
-    if (s == LOOM_OK) s = loom_optim_gather(dir, P, (uint64_t)step, 0, P, mv, mv + P, &saved);
-    if (s == LOOM_OK) scatter_host(pp, full->params, mv, mv + P);
-    free(mv);
-    if (full != pp->full) loom_gpt_free(full);
-    return s;
+    return loom_ckpt_stream_read(&pp->cfg, dir, step, 1 << LOOM_UNIT_PARAMS | 1 << LOOM_UNIT_M | 1 << LOOM_UNIT_V, pp_wants, pp_put, pp, &saved);
 }

@@ -90,13 +90,11 @@ double loom_pp_bubble_formula(int stages, int micro);
  * batch forward through the stages; the result on every rank. */
 loom_status loom_pp_eval(loom_pp_t *pp, const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_result_t *out);
 
-/* Checkpoints. The model the writer saves: rank 0's whole model (host
- * memory), the stage model on other ranks (they write nothing). */
-loom_gpt_t *loom_pp_ckpt_model(loom_pp_t *pp);
-/* Every rank: gather the stages' parameters and AdamW moments; on rank 0
- * the whole model's parameters are in loom_pp_ckpt_model and *m, *v point
- * at its whole moments (host memory, P floats). */
-loom_status loom_pp_gather(loom_pp_t *pp, float **m, float **v);
+/* Checkpoints stay the single-model layout, written unit by unit
+ * (train/ckpt_stream.h): a loom_unit_gather_fn (ctx: pp). The unit's stage
+ * of the first pipeline gives it (its tp group assembles it first), rank 0
+ * gets it; every rank calls it. */
+loom_status loom_pp_gather_unit(loom_pp_t *pp, int which, int param, int layer, float *out);
 /* Every rank: load the single-model checkpoint in `dir` (any layout wrote
  * it) and keep this stage's slice of weights and AdamW state. */
 loom_status loom_pp_load(loom_pp_t *pp, const char *dir, long long step);

@@ -3,13 +3,13 @@
  * them (dp); each rank cuts its shard from the whole model that setup
  * built (initialized from the seed, or loaded), and a resumed checkpoint
  * -- always the single-model layout, whichever layout wrote it -- is
- * sliced the same way. Rank 0 keeps the whole model's parameter block to
- * assemble checkpoints in that layout. */
+ * sliced the same way. No rank keeps the whole model: checkpoints are
+ * written unit by unit (train/ckpt_stream.h). */
 #include <stdlib.h>
 
-#include "ckpt/optim.h"
 #include "ckpt/safetensors.h"
 #include "parallel/tp.h"
+#include "train/ckpt_stream.h"
 #include "train/train_impl.h"
 
 static loom_status make_groups(loom_train_job_t *j, loom_dist_t *dist) {
@@ -24,25 +24,26 @@ static loom_status make_groups(loom_train_job_t *j, loom_dist_t *dist) {
     return loom_dist_split(dist, r % tp, r, &j->dp_group);
 }
 
-/* The resumed checkpoint's AdamW moments, whole, then this rank's slice. */
-static loom_status load_moments(loom_train_job_t *j, const loom_gpt_t *full) {
-    loom_tp_t *tp = j->run.tp;
+/* The resumed checkpoint's AdamW moments, unit by unit, each cut into
+ * this rank's slice (train/ckpt_stream.h: no rank reads them whole). */
+static loom_status put_moment(void *vtp, int which, int i, int l, const float *x) {
+    loom_tp_t *tp = vtp;
     loom_gpt_t *m = loom_tp_model(tp);
-    size_t P = full->num_params, Pl = m->num_params;
-    float *h = loom_malloc(2 * P * sizeof(float)), *l = loom_malloc(Pl * sizeof(float));
+    loom_tensor_info_t tab[LOOM_NPARAMS];
+    size_t P, off, n;
+    loom_gpt_param_table(loom_tp_full_config(tp), tab, &P);
+    n = loom_ckpt_unit_floats(tab, i, l, &off);
+    loom_tp_slice_range(tp, off, off + n, x, which == LOOM_UNIT_M ? m->m : m->v);
+    return LOOM_OK;
+}
+
+static loom_status load_moments(loom_train_job_t *j) {
+    loom_tp_t *tp = j->run.tp;
     loom_optim_shard_t saved = {0};
-    loom_status s = loom_optim_gather(j->rck, P, (uint64_t)j->rst.step, 0, P, h, h + P, &saved);
-    if (s == LOOM_OK) {
-        loom_tp_slice(tp, h, l);
-        m->be->upload(m->m, l, Pl * sizeof(float));
-        loom_tp_slice(tp, h + P, l);
-        m->be->upload(m->v, l, Pl * sizeof(float));
-        loom_info("loom train: --tp %d: the checkpoint's weights and AdamW state (%u shard(s), ZeRO-%u) sliced into this layout", j->o.tp,
-                  saved.world, saved.zero);
-    }
-    free(h);
-    free(l);
-    return s;
+    LOOM_TRY(loom_ckpt_stream_read(loom_tp_full_config(tp), j->rck, j->rst.step, 1 << LOOM_UNIT_M | 1 << LOOM_UNIT_V, NULL, put_moment, tp, &saved));
+    loom_info("loom train: --tp %d: the checkpoint's weights and AdamW state (%u shard(s), ZeRO-%u) sliced into this layout", j->o.tp, saved.world,
+              saved.zero);
+    return LOOM_OK;
 }
 
 loom_status loom_train_setup_tp(loom_train_job_t *j, loom_dist_t *dist) {
@@ -56,11 +57,11 @@ loom_status loom_train_setup_tp(loom_train_job_t *j, loom_dist_t *dist) {
     }
     LOOM_TRY(loom_tp_init(&run->tp, full, run->be, j->tp_group, j->dp_group));
     loom_gpt_t *m = loom_tp_model(run->tp);
-    if (j->o.resume) LOOM_TRY(load_moments(j, full));
-    /* the shard is the run's model from here; the whole one stays on rank 0 for checkpoints */
+    if (j->o.resume) LOOM_TRY(load_moments(j));
+    /* the shard is the run's model from here; no rank keeps the whole one
+     * (checkpoints are written unit by unit: train/ckpt_stream.h) */
     run->model = m;
-    if (run->lead) run->ckpt_model = full;
-    else loom_gpt_free(full);
+    loom_gpt_free(full);
     loom_gpt_set_recompute(m, (loom_recompute)j->recompute);
     LOOM_TRY(loom_gpt_alloc_acts(m, run->B, run->T));
     const loom_gpt_config_t *f = loom_tp_full_config(run->tp), *c = &m->cfg;
@@ -74,51 +75,12 @@ loom_status loom_train_setup_tp(loom_train_job_t *j, loom_dist_t *dist) {
 
 void loom_train_teardown_tp(loom_train_job_t *j) {
     loom_train_run_t *run = &j->run;
-    loom_train_tp_release(run);
     if (run->tp) {
         loom_tp_free(run->tp); /* the shard with it */
         run->tp = NULL;
         run->model = NULL;
     }
-    loom_gpt_free(run->ckpt_model);
-    run->ckpt_model = NULL;
     loom_dist_free(j->tp_group);
     loom_dist_free(j->dp_group);
     j->tp_group = j->dp_group = NULL;
-}
-
-/* run is the first member of its job (train_impl.h). */
-static loom_train_job_t *job_of(loom_train_run_t *run) { return (loom_train_job_t *)run; }
-
-loom_status loom_train_tp_gather(loom_train_run_t *run, float **m, float **v, size_t *hi) {
-    loom_train_job_t *j = job_of(run);
-    loom_gpt_t *shard = run->model, *full = run->ckpt_model;
-    *m = *v = NULL;
-    *hi = 0;
-    if (run->dp_rank != 0) return LOOM_OK; /* every replica holds the same: the first gives */
-    size_t P = full ? full->num_params : 0;
-    float *host = full ? loom_malloc(P * sizeof(float)) : NULL;
-    loom_status s = loom_tp_gather(run->tp, shard->params, host);
-    if (s == LOOM_OK && full) full->be->upload(full->params, host, P * sizeof(float));
-    float *const src[2] = {shard->m, shard->v};
-    float **dst[2] = {&j->tp_m, &j->tp_v};
-    for (int k = 0; k < 2 && s == LOOM_OK; k++) {
-        s = loom_tp_gather(run->tp, src[k], host);
-        if (s != LOOM_OK || !full) continue;
-        *dst[k] = full->be->alloc(P * sizeof(float));
-        if (!*dst[k]) s = loom_error(LOOM_ENOMEM, "checkpoint: cannot allocate %.1f MB for the whole AdamW state", P * 4e-6);
-        else full->be->upload(*dst[k], host, P * sizeof(float));
-    }
-    free(host);
-    *m = j->tp_m;
-    *v = j->tp_v;
-    *hi = P;
-    return s;
-}
-
-void loom_train_tp_release(loom_train_run_t *run) {
-    loom_train_job_t *j = job_of(run);
-    if (j->tp_m) run->be->free(j->tp_m);
-    if (j->tp_v) run->be->free(j->tp_v);
-    j->tp_m = j->tp_v = NULL;
 }
