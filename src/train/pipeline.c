@@ -89,7 +89,7 @@ static void map_block(const loom_pp_t *pp, int s, float *full, float *st, int to
     loom_gpt_param_table(&pp->cfg, ft, &total);
     for (int i = 0; i < LOOM_NPARAMS; i++) {
         const loom_tensor_info_t *a = &ft[i], *b = &pp->tables[s][i];
-        if (!a->numel || (!to_stage && !owns(pp, s, i))) continue;
+        if (!a->numel || !b->numel || (!to_stage && !owns(pp, s, i))) continue; /* b: not stored on this stage */
         size_t per = per_layer(i) ? a->numel / (size_t)L : a->numel;
         size_t off = per_layer(i) ? (size_t)first * per : 0, n = per_layer(i) ? (size_t)count * per : a->numel;
         if (to_stage) memcpy(st + b->offset, full + a->offset + off, n * sizeof(float));
@@ -97,11 +97,15 @@ static void map_block(const loom_pp_t *pp, int s, float *full, float *st, int to
     }
 }
 
-/* Stage s's config: the whole model's with its own layer count. */
+/* Stage s's config: the whole model's with its own layer count, and
+ * storage for the embedding only on the first stage, the head (and the
+ * logits) only on the last (a tied wte on both). */
 static loom_gpt_config_t stage_config(const loom_pp_t *pp, int s) {
     loom_gpt_config_t c = pp->cfg;
     int first;
     loom_pp_split(c.n_layer, pp->n, s, &first, &c.n_layer);
+    c.stage_no_embed = s != 0;
+    c.stage_no_head = s != pp->n - 1;
     return c;
 }
 
@@ -513,7 +517,7 @@ loom_status loom_pp_gather_unit(loom_pp_t *pp, int which, int i, int l, float *o
  * block (pp x tp: this rank's shard of it). */
 static int pp_wants(void *vpp, int i, int l) {
     loom_pp_t *pp = vpp;
-    return !per_layer(i) || unit_stage(pp, i, l) == pp->s;
+    return per_layer(i) ? unit_stage(pp, i, l) == pp->s : pp->tables[pp->s][i].numel > 0;
 }
 
 static loom_status pp_put(void *vpp, int which, int i, int l, const float *x) {
