@@ -419,15 +419,14 @@ loom_status loom_tp_init(loom_tp_t **out, const loom_gpt_t *full, const loom_bac
     tp->v0 = tp->rank * tp->vs;
     int real = tp->full.vocab_size - tp->v0;
     tp->nv = real < 0 ? 0 : real > tp->vs ? tp->vs : real;
-    /* the whole block read in place when it is host memory: a second copy
-     * would be the largest allocation of a rank's set-up */
+    /* the whole block read in place when it is host memory, the pieces
+     * uploaded straight into the shard (its block starts zeroed): a second
+     * copy of either would be the largest allocation of a rank's set-up */
     int dev = (full->be->caps & LOOM_CAP_DEVICE_MEMORY) != 0;
-    float *fh = dev ? loom_malloc(tp->full_params * sizeof(float)) : full->params, *lh = loom_malloc(tp->m->num_params * sizeof(float));
+    float *fh = dev ? loom_malloc(tp->full_params * sizeof(float)) : full->params;
     if (dev) full->be->download(fh, full->params, tp->full_params * sizeof(float));
-    loom_tp_slice(tp, fh, lh);
-    be->upload(tp->m->params, lh, tp->m->num_params * sizeof(float));
+    loom_tp_slice_range(tp, 0, tp->full_params, fh, tp->m->params);
     if (dev) free(fh);
-    free(lh);
     tp->hooks = (loom_gpt_tp_hooks_t){.ctx = tp, .vocab_size = tp->full.vocab_size, .allreduce = hook_allreduce,
                                       .embed_forward = hook_embed_forward, .embed_backward = hook_embed_backward,
                                       .crossentropy = hook_crossentropy};
