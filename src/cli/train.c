@@ -117,6 +117,12 @@ int cmd_train(int argc, char **argv) {
     o.model_given = loom_args_given("model") || o.init_from;
     if (o.init_from) o.model = o.init_from;
     o.resume = o.resume_from != NULL;
+    /* the layout must divide the ranks: say so before starting any (each rank would refuse it alone) */
+    if (nproc > 0 && nproc % (o.tp * o.pp)) {
+        fprintf(stderr, "loom train: --nproc %d is not a multiple of --tp %d x --pp %d = %d; use --nproc %d (or a multiple)\n", nproc, o.tp, o.pp,
+                o.tp * o.pp, o.tp * o.pp);
+        return 2;
+    }
     if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);
     o.world_size = 1;
     double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
