@@ -84,7 +84,10 @@ loom_status loom_optim_stream_close(loom_optim_stream_t *w, int commit) {
                  fflush(w->f) == 0 && fsync(fileno(w->f)) == 0;
         int err = errno;
         if (fclose(w->f) != 0) ok = 0;
-        if (commit && !ok)
+        if (commit && w->ok && w->floats != 2 * (w->h.hi - w->h.lo))
+            s = loom_error(LOOM_EINTERNAL, "%s: %llu floats given for a shard of 2 x %llu; the writer missed part of the block", w->tmp,
+                           (unsigned long long)w->floats, (unsigned long long)(w->h.hi - w->h.lo));
+        else if (commit && !ok)
             s = loom_error(LOOM_EWRITE, "%s: write failed after %llu of %llu floats: %s (disk full?)", w->tmp, (unsigned long long)w->floats,
                            (unsigned long long)(2 * (w->h.hi - w->h.lo)), strerror(w->err ? w->err : err));
         if (s == LOOM_OK && commit && rename(w->tmp, w->path) != 0)

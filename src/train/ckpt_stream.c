@@ -26,8 +26,21 @@ typedef struct {
     loom_status err;          /* the first write error; the gathers go on */
 } sink_t;
 
+/* The optimizer file holds the whole block, the alignment gaps between
+ * tensors (zero in m and v: no gradient reaches them) included: zeros up
+ * to float `to`. */
+static void pad_to(sink_t *k, size_t *at, size_t to) {
+    static const float zeros[64];
+    while (k->err == LOOM_OK && *at < to) {
+        size_t n = to - *at < 64 ? to - *at : 64;
+        k->err = loom_optim_stream_put(k->opt, zeros, n);
+        *at += n;
+    }
+}
+
 /* Every unit of block `which`, in block order, gathered and (rank 0) written. */
-static loom_status one_block(const loom_ckpt_stream_t *cs, const loom_tensor_info_t *tab, int which, sink_t *k, float *buf) {
+static loom_status one_block(const loom_ckpt_stream_t *cs, const loom_tensor_info_t *tab, size_t P, int which, sink_t *k, float *buf) {
+    size_t at = 0; /* the optimizer file's next float */
     for (int i = 0; i < LOOM_NPARAMS; i++) {
         if (!tab[i].numel) continue;
         int layers = loom_ckpt_unit_per_layer(i) ? cs->cfg.n_layer : 1;
@@ -35,9 +48,16 @@ static loom_status one_block(const loom_ckpt_stream_t *cs, const loom_tensor_inf
             size_t off, n = loom_ckpt_unit_floats(tab, i, loom_ckpt_unit_per_layer(i) ? l : -1, &off);
             LOOM_TRY(cs->gather(cs->ctx, which, i, loom_ckpt_unit_per_layer(i) ? l : -1, buf));
             if (!buf || k->err != LOOM_OK) continue;
-            k->err = which == LOOM_UNIT_PARAMS ? loom_safetensors_stream_put(k->st, off, off + n, buf) : loom_optim_stream_put(k->opt, buf, n);
+            if (which == LOOM_UNIT_PARAMS) {
+                k->err = loom_safetensors_stream_put(k->st, off, off + n, buf);
+                continue;
+            }
+            pad_to(k, &at, off);
+            if (k->err == LOOM_OK) k->err = loom_optim_stream_put(k->opt, buf, n);
+            at = off + n;
         }
     }
+    if (buf && which != LOOM_UNIT_PARAMS) pad_to(k, &at, P);
     return LOOM_OK;
 }
 
@@ -67,7 +87,7 @@ loom_status loom_ckpt_stream_write(const loom_ckpt_stream_t *cs, const char *dir
         buf = loom_malloc(largest_unit(tab) * sizeof(float));
     }
     loom_status s = LOOM_OK;
-    for (int which = LOOM_UNIT_PARAMS; which <= LOOM_UNIT_V && s == LOOM_OK; which++) s = one_block(cs, tab, which, &k, buf);
+    for (int which = LOOM_UNIT_PARAMS; which <= LOOM_UNIT_V && s == LOOM_OK; which++) s = one_block(cs, tab, P, which, &k, buf);
     free(buf);
     if (k.st) {
         loom_status c = loom_safetensors_stream_close(k.st, s == LOOM_OK && k.err == LOOM_OK);
