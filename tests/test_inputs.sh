@@ -249,6 +249,6 @@ expect_fail resume_accum3_on_2_ranks_advice "do not split over 2 ranks; resume w
 expect_fail sample_missing_gguf_no_train_advice "missing.gguf: no such file; check the path" $LOOM sample --gguf "$tmp/missing.gguf" --tokens 2
 
 # ---- a layout that does not divide --nproc is refused before any rank starts ----
-expect_fail pp3_on_2_ranks_before_launch "--nproc 2 is not a multiple of --tp 1 x --pp 3 = 3; use --nproc 3" \
+expect_fail pp3_on_2_ranks_before_launch "2 ranks (--nproc 2 x --nnodes 1) is not a multiple of --tp 1 x --pp 3 = 3; use a multiple of 3 ranks" \
     $LOOM train --data "$tmp/bpe" "${A[@]}" --layers 3 --nproc 2 --pp 3 --steps 2 --out "$tmp/pp3"
 [ -e "$tmp/pp3" ] && fail pp3_on_2_ranks_nothing_written "$tmp/pp3 was created" || pass pp3_on_2_ranks_nothing_written

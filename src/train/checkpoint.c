@@ -164,6 +164,10 @@ static loom_status ckpt_before_step(void *ctx, loom_train_run_t *run, long long 
 static loom_status ckpt_after_step(void *ctx, loom_train_run_t *run, const loom_step_record_t *r) {
     ckpt_t *c = ctx;
     const loom_train_opts_t *o = run->o;
+    if (c->outstanding && loom_train_test_hold_step(run) == r->step) { /* every rank: the same condition */
+        LOOM_TRY(loom_ckpt_writer_settle(c->w, agree, run));
+        c->outstanding = 0;
+    }
     int due = (o->ckpt_every > 0 && r->step % o->ckpt_every == 0) || c->time_due;
     if (!due || r->step == o->steps) return LOOM_OK; /* the last step's is written by on_stop */
     loom_ckpt_state_t st = state_of(run, r->step, r->loss, r->val_loss);
