@@ -185,43 +185,18 @@ static void hook_crossentropy(void *ctx, float *losses, float *logits, int N, fl
 typedef struct {
     const float *src;
     float *dst;
-    int to_full; /* 1: local -> full, else full -> local */
 } copy_t;
 
 static void seg_copy(void *ctx, size_t fo, size_t lo, size_t n, int kind) {
     copy_t *c = ctx;
     (void)kind;
-    if (c->to_full) memcpy(c->dst + fo, c->src + lo, n * sizeof(float));
-    else memcpy(c->dst + lo, c->src + fo, n * sizeof(float));
+    memcpy(c->dst + lo, c->src + fo, n * sizeof(float));
 }
 
 void loom_tp_slice(const loom_tp_t *tp, const float *full, float *local) {
-    copy_t c = {full, local, 0};
+    copy_t c = {full, local};
     memset(local, 0, tp->m->num_params * sizeof(float));
     segments(tp, tp->rank, seg_copy, &c);
-}
-
-loom_status loom_tp_gather(loom_tp_t *tp, const float *local, float *full_host) {
-    const loom_backend_t *be = tp->m->be;
-    size_t P = tp->m->num_params, counts[tp->n];
-    for (int r = 0; r < tp->n; r++) counts[r] = P;
-    float *all = be->alloc((size_t)tp->n * P * sizeof(float)), *host = NULL;
-    if (!all) return loom_error(LOOM_ENOMEM, "tensor parallel: cannot allocate %.1f MB to gather the shards for a checkpoint", tp->n * P * 4e-6);
-    be->accumulate(all + (size_t)tp->rank * P, local, P); /* a copy: alloc returns zeros */
-    if (tp->gpu) be->sync();
-    loom_status s = loom_dist_allgather(tp->g, all, counts);
-    if (s == LOOM_OK && full_host) {
-        host = loom_malloc((size_t)tp->n * P * sizeof(float));
-        be->download(host, all, (size_t)tp->n * P * sizeof(float));
-        memset(full_host, 0, tp->full_params * sizeof(float));
-        for (int r = 0; r < tp->n; r++) {
-            copy_t c = {host + (size_t)r * P, full_host, 1};
-            segments(tp, r, seg_copy, &c);
-        }
-    }
-    free(host);
-    be->free(all);
-    return s;
 }
 
 /* Rank r's pieces that fall in floats [a, b) of the whole block: each

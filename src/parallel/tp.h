@@ -23,9 +23,9 @@
  * tp group, never the world; a dp group (ranks with the same tp index)
  * averages gradients after backward.
  *
- * Checkpoints stay in the single-model layout: loom_tp_gather assembles
- * the whole model from the shards, loom_tp_slice cuts a rank's shard from
- * it. */
+ * Checkpoints stay in the single-model layout: loom_tp_gather_range
+ * assembles one piece of the whole model from the shards at a time,
+ * loom_tp_slice(_range) cuts a rank's shard from it. */
 #ifndef LOOM_TP_H
 #define LOOM_TP_H
 
@@ -55,13 +55,10 @@ const loom_gpt_config_t *loom_tp_full_config(const loom_tp_t *tp);
  * (the rank-0-only biases read 0 on the others). */
 void loom_tp_slice(const loom_tp_t *tp, const float *full, float *local);
 /* A collective over the tp group: every rank's `local` (backend memory,
- * the shard's block) assembled into `full_host` (the whole model's block;
- * NULL on ranks that only give). */
-loom_status loom_tp_gather(loom_tp_t *tp, const float *local, float *full_host);
-/* The same for floats [a, b) of the whole block only (a checkpoint
- * written unit by unit, train/ckpt_stream.h): `out` (b - a host floats,
- * NULL to give only) gets them; memory: the ranks' pieces of the range. A
- * collective over the tp group. */
+ * the shard's block) assembled into floats [a, b) of the whole model's
+ * block, on the host (a checkpoint written unit by unit,
+ * train/ckpt_stream.h): `out` (b - a floats, NULL to give only) gets
+ * them; memory: the ranks' pieces of the range. */
 loom_status loom_tp_gather_range(loom_tp_t *tp, const float *local, size_t a, size_t b, float *out);
 /* loom_tp_slice for floats [a, b) of the whole block only: `x` (host, b -
  * a floats) into this rank's `local` (backend memory; the pieces outside

@@ -77,11 +77,10 @@ static int owns(const loom_pp_t *pp, int s, int i) {
     return s == pp->n - 1;
 }
 
-/* Copy between a whole-model block `full` and stage s's block `st`
- * (to_stage: full -> st). A layer tensor moves the stage's rows; the
- * others move whole, into every stage on the way in (`all`) or from their
- * owner on the way out. */
-static void map_block(const loom_pp_t *pp, int s, float *full, float *st, int to_stage) {
+/* Stage s's block `st` from a whole-model block `full`: a layer tensor's
+ * rows of the stage's layers, the others whole where the stage stores
+ * them. */
+static void map_block(const loom_pp_t *pp, int s, const float *full, float *st) {
     int first, count, L = pp->cfg.n_layer;
     loom_pp_split(L, pp->n, s, &first, &count);
     loom_tensor_info_t ft[LOOM_NPARAMS];
@@ -89,11 +88,10 @@ static void map_block(const loom_pp_t *pp, int s, float *full, float *st, int to
     loom_gpt_param_table(&pp->cfg, ft, &total);
     for (int i = 0; i < LOOM_NPARAMS; i++) {
         const loom_tensor_info_t *a = &ft[i], *b = &pp->tables[s][i];
-        if (!a->numel || !b->numel || (!to_stage && !owns(pp, s, i))) continue; /* b: not stored on this stage */
+        if (!a->numel || !b->numel) continue; /* b: not stored on this stage */
         size_t per = per_layer(i) ? a->numel / (size_t)L : a->numel;
         size_t off = per_layer(i) ? (size_t)first * per : 0, n = per_layer(i) ? (size_t)count * per : a->numel;
-        if (to_stage) memcpy(st + b->offset, full + a->offset + off, n * sizeof(float));
-        else memcpy(full + a->offset + off, st + b->offset, n * sizeof(float));
+        memcpy(st + b->offset, full + a->offset + off, n * sizeof(float));
     }
 }
 
@@ -109,20 +107,15 @@ static loom_gpt_config_t stage_config(const loom_pp_t *pp, int s) {
     return c;
 }
 
-/* Upload host blocks (whole-model layout) into this stage's parameters and
- * AdamW moments; m, v may be NULL (fresh state). */
-static void scatter_host(loom_pp_t *pp, float *params, float *m, float *v) {
+/* The stage's parameters (pp x tp: this rank's shard of them) from the
+ * whole model's host block: the initial weights drawn from the seed. */
+static void scatter_params(loom_pp_t *pp, const float *params) {
     loom_gpt_t *sm = pp->m;
     size_t n = sm->num_params;
-    /* the stage's block, then (pp x tp) this rank's shard of it */
     float *h = loom_calloc(pp->nparams[pp->s], sizeof(float)), *l = pp->tp ? loom_malloc(n * sizeof(float)) : h;
-    float *src[3] = {params, m, v}, *dst[3] = {sm->params, sm->m, sm->v};
-    for (int k = 0; k < 3; k++) {
-        if (!src[k] || !dst[k]) continue;
-        map_block(pp, pp->s, src[k], h, 1);
-        if (pp->tp) loom_tp_slice(pp->tp, h, l);
-        sm->be->upload(dst[k], l, n * sizeof(float));
-    }
+    map_block(pp, pp->s, params, h);
+    if (pp->tp) loom_tp_slice(pp->tp, h, l);
+    sm->be->upload(sm->params, l, n * sizeof(float));
     if (l != h) free(l);
     free(h);
 }
@@ -161,7 +154,7 @@ static loom_status alloc_slots(loom_pp_t *pp) {
 }
 
 /* pp x tp: the stage's tp shard, cut from a stage-shaped host model (its
- * parameters are written by scatter_host after). */
+ * parameters are written by scatter_params after). */
 static loom_status build_tp_shard(loom_pp_t *pp, const loom_backend_t *be, const loom_gpt_config_t *sc) {
     loom_gpt_t *st;
     LOOM_TRY(loom_gpt_create(&st, sc, pp->host));
@@ -184,7 +177,7 @@ static loom_status build_stage(loom_pp_t *pp, const loom_backend_t *be) {
     loom_gpt_t *full; /* drawn whole (the same numbers as one process), kept by no rank */
     LOOM_TRY(loom_gpt_init(&full, &pp->cfg, pp->host, pp->o.seed));
     loom_status s = pp->tpg ? build_tp_shard(pp, be, &sc) : loom_gpt_create(&pp->m, &sc, be);
-    if (s == LOOM_OK) scatter_host(pp, full->params, NULL, NULL);
+    if (s == LOOM_OK) scatter_params(pp, full->params);
     loom_gpt_free(full); /* before the training state, so the peak holds one of the two */
     LOOM_TRY(s);
     loom_gpt_set_recompute(pp->m, pp->o.recompute);
