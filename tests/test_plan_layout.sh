@@ -160,8 +160,8 @@ cases = (("tp2 fp32", ("--tp", 2, "--dtype", "fp32", "--zero", 0), "--tp 2", Non
          ("pp2", ("--pp", 2, "--zero", 0), "--pp 2", None),
          ("zero3", ("--tp", 1, "--pp", 1, "--zero", 3), "--zero 3", None),
          ("tp2 bf16", ("--tp", 2, "--dtype", "bf16", "--zero", 0), "--tp 2", None),
-         ("tp2 x pp2", ("--tp", 2, "--pp", 2, "--dtype", "fp32", "--zero", 0), None, "--pp with --tp"),
-         ("pp2 zero1", ("--pp", 2, "--zero", 1), None, "--zero 0 only"),
+         ("tp2 x pp2", ("--tp", 2, "--pp", 2, "--dtype", "fp32", "--zero", 0), "--tp 2 --pp 2", None),
+         ("pp2 zero1", ("--pp", 2, "--zero", 1), "--zero 1", None),
          ("pp2 v2", ("--pp", 2, "--virtual-stages", 2, "--zero", 0), None, "plain 1F1B"))
 for name, extra, want, why in cases:
     j, err = plan("--model", "gpt2-medium", "--gpu", "a100-80gb", "--gpus", 8, *extra)

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 #include "safetensors.h"
 
 #include "tensormap.h"
@@ -46,8 +47,6 @@ static int build_entries(const loom_gpt_config_t *c, st_entry_t **out) {
     return n;
 }
 
-/* Where entry `x` lives in loom's host parameter block. */
-static float *loom_view(const loom_gpt_t *m, float *host, const st_entry_t *x) { return loom_xtensor_view(m, host, &x->x); }
 
 /* Copy between HF layout (dst/src `hf`) and loom layout for one entry. */
 static void convert(const st_entry_t *x, float *hf, float *lm, int to_hf) {
@@ -72,9 +71,8 @@ loom_status loom_safetensors_save_gpt(const loom_gpt_t *m, const char *path) {
     return s;
 }
 
-loom_status loom_safetensors_save_gpt_host(const loom_gpt_t *m, const float *host, const char *path) {
-    st_entry_t *e;
-    int n = build_entries(&m->cfg, &e);
+/* The header: every entry's dtype, shape and place in the data section. */
+static char *header_json(const st_entry_t *e, int n) {
     cJSON *hdr = cJSON_CreateObject();
     cJSON *meta = cJSON_AddObjectToObject(hdr, "__metadata__");
     cJSON_AddStringToObject(meta, "format", "pt");
@@ -89,47 +87,89 @@ loom_status loom_safetensors_save_gpt_host(const loom_gpt_t *m, const float *hos
     }
     char *json = cJSON_PrintUnformatted(hdr);
     cJSON_Delete(hdr);
-    size_t jlen = strlen(json), padded = (jlen + 7) / 8 * 8;
+    return json;
+}
 
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    loom_status s = LOOM_OK;
-    if (!f) {
-        s = loom_error(LOOM_EWRITE, "%s: cannot create: %s", tmp, strerror(errno));
-        goto done;
+struct loom_st_writer {
+    char path[4096], tmp[4200];
+    FILE *f;
+    st_entry_t *e;
+    size_t *at;       /* each entry's first float in the parameter block */
+    int n, ok, err;
+    size_t data0;     /* the data section's first byte in the file */
+    float *buf;
+    size_t bufn;
+};
+
+loom_status loom_safetensors_stream_open(loom_st_writer_t **out, const loom_gpt_config_t *cfg, const char *path) {
+    loom_st_writer_t *w = loom_calloc(1, sizeof *w);
+    w->n = build_entries(cfg, &w->e);
+    loom_tensor_info_t tab[LOOM_NPARAMS];
+    size_t P;
+    loom_gpt_param_table(cfg, tab, &P);
+    w->at = loom_calloc((size_t)w->n + 1, sizeof *w->at);
+    for (int i = 0; i < w->n; i++) w->at[i] = loom_xtensor_offset(tab, &w->e[i].x);
+    snprintf(w->path, sizeof w->path, "%s", path);
+    snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
+    char *json = header_json(w->e, w->n);
+    size_t jlen = strlen(json), padded = (jlen + 7) / 8 * 8;
+    w->data0 = 8 + padded;
+    w->f = fopen(w->tmp, "wb");
+    if (!w->f) {
+        loom_status s = loom_error(LOOM_EWRITE, "%s: cannot create: %s", w->tmp, strerror(errno));
+        free(json);
+        loom_safetensors_stream_close(w, 0);
+        return s;
     }
     uint64_t hlen = padded;
-    int ok = fwrite(&hlen, 8, 1, f) == 1 && fwrite(json, 1, jlen, f) == jlen;
-    for (size_t k = jlen; ok && k < padded; k++) ok = fputc(' ', f) != EOF;
-    float *buf = NULL;
-    size_t bufn = 0;
-    for (int i = 0; ok && i < n; i++) {
-        if (e[i].numel > bufn) {
-            free(buf);
-            bufn = e[i].numel;
-            buf = loom_malloc(bufn * sizeof(float));
-        }
-        convert(&e[i], buf, loom_view(m, (float *)host, &e[i]), 1);
-        ok = fwrite(buf, sizeof(float), e[i].numel, f) == e[i].numel;
-    }
-    free(buf);
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int err = errno;
-    if (fclose(f) != 0) ok = 0;
-    if (!ok) {
-        unlink(tmp);
-        s = loom_error(LOOM_EWRITE, "%s: write failed: %s (disk full?); the previous %s is untouched", tmp, strerror(err), path);
-        goto done;
-    }
-    if (rename(tmp, path) != 0) {
-        unlink(tmp);
-        s = loom_error(LOOM_EWRITE, "%s: rename failed: %s", path, strerror(errno));
-    }
-done:
+    w->ok = fwrite(&hlen, 8, 1, w->f) == 1 && fwrite(json, 1, jlen, w->f) == jlen;
+    for (size_t k = jlen; w->ok && k < padded; k++) w->ok = fputc(' ', w->f) != EOF;
+    if (!w->ok) w->err = errno;
     free(json);
-    free(e);
+    *out = w;
+    return LOOM_OK;
+}
+
+loom_status loom_safetensors_stream_put(loom_st_writer_t *w, size_t a, size_t b, const float *x) {
+    for (int i = 0; i < w->n && w->ok; i++) {
+        const st_entry_t *e = &w->e[i];
+        if (w->at[i] < a || w->at[i] + e->numel > b) continue; /* not (wholly) in this range */
+        if (e->numel > w->bufn) {
+            free(w->buf);
+            w->bufn = e->numel;
+            w->buf = loom_malloc(w->bufn * sizeof(float));
+        }
+        convert(e, w->buf, (float *)x + (w->at[i] - a), 1);
+        w->ok = fseeko(w->f, (off_t)(w->data0 + e->offset), SEEK_SET) == 0 && fwrite(w->buf, sizeof(float), e->numel, w->f) == e->numel;
+        if (!w->ok) w->err = errno;
+    }
+    return w->ok ? LOOM_OK : loom_error(LOOM_EWRITE, "%s: write failed: %s (disk full?); the previous %s is untouched", w->tmp, strerror(w->err), w->path);
+}
+
+loom_status loom_safetensors_stream_close(loom_st_writer_t *w, int commit) {
+    loom_status s = LOOM_OK;
+    if (w->f) {
+        int ok = w->ok && fflush(w->f) == 0 && fsync(fileno(w->f)) == 0;
+        int err = ok ? 0 : w->err ? w->err : errno;
+        if (fclose(w->f) != 0) ok = 0;
+        if (commit && !ok) s = loom_error(LOOM_EWRITE, "%s: write failed: %s (disk full?); the previous %s is untouched", w->tmp, strerror(err), w->path);
+        if (s == LOOM_OK && commit && rename(w->tmp, w->path) != 0)
+            s = loom_error(LOOM_EWRITE, "%s: rename failed: %s", w->path, strerror(errno));
+        if (s != LOOM_OK || !commit) unlink(w->tmp);
+    }
+    free(w->buf);
+    free(w->at);
+    free(w->e);
+    free(w);
     return s;
+}
+
+loom_status loom_safetensors_save_gpt_host(const loom_gpt_t *m, const float *host, const char *path) {
+    loom_st_writer_t *w;
+    LOOM_TRY(loom_safetensors_stream_open(&w, &m->cfg, path));
+    loom_status s = loom_safetensors_stream_put(w, 0, m->num_params, host);
+    loom_status c = loom_safetensors_stream_close(w, s == LOOM_OK);
+    return s != LOOM_OK ? s : c;
 }
 
 loom_status loom_safetensors_load_gpt(loom_gpt_t *m, const char *path) {

@@ -100,12 +100,14 @@ int loom_xtensors(const loom_gpt_config_t *c, loom_xtensor_t **out) {
     return n;
 }
 
-float *loom_xtensor_view(const loom_gpt_t *m, float *host, const loom_xtensor_t *x) {
-    const loom_tensor_info_t *t = &m->ptable[x->param];
-    float *base = host + t->offset;
-    if (x->layer >= 0) base += (size_t)x->layer * (t->numel / (size_t)t->shape[0]);
-    return base + x->row0 * (x->cols ? x->cols : 1);
+size_t loom_xtensor_offset(const loom_tensor_info_t *table, const loom_xtensor_t *x) {
+    const loom_tensor_info_t *t = &table[x->param];
+    size_t off = t->offset;
+    if (x->layer >= 0) off += (size_t)x->layer * (t->numel / (size_t)t->shape[0]);
+    return off + x->row0 * (x->cols ? x->cols : 1);
 }
+
+float *loom_xtensor_view(const loom_gpt_t *m, float *host, const loom_xtensor_t *x) { return host + loom_xtensor_offset(m->ptable, x); }
 
 loom_status loom_xload(loom_gpt_t *m, loom_xsource_fn src, void *ctx) {
     loom_xtensor_t *x;

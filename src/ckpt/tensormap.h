@@ -70,6 +70,9 @@ typedef struct {
 /* The tensor table of a config, in Hugging Face file order; *out is
  * malloc'd, caller frees. Returns the count. */
 int loom_xtensors(const loom_gpt_config_t *cfg, loom_xtensor_t **out);
+/* Where tensor `x` starts in a parameter block laid out by `table`
+ * (its numel floats follow contiguously). */
+size_t loom_xtensor_offset(const loom_tensor_info_t *table, const loom_xtensor_t *x);
 /* Where tensor `x` lives in a host copy of m's parameter block. */
 float *loom_xtensor_view(const loom_gpt_t *m, float *host, const loom_xtensor_t *x);
 

@@ -38,8 +38,8 @@ static loom_status write_files(loom_ckpt_writer_t *w) {
     LOOM_TRY(loom_ckpt_begin(w->run, w->st.step, tmp, sizeof tmp));
     if (w->o.rank == 0) {
         snprintf(path, sizeof path, "%s/model.safetensors", tmp);
-        LOOM_TRY(loom_safetensors_save_gpt_host(w->o.m, w->params, path));
-        LOOM_TRY(loom_run_write_ckpt_meta(tmp, &w->o.m->cfg, &w->st));
+        if (!w->o.write_stream) LOOM_TRY(loom_safetensors_save_gpt_host(w->o.m, w->params, path));
+        LOOM_TRY(loom_run_write_ckpt_meta(tmp, w->o.m ? &w->o.m->cfg : w->o.cfg, &w->st));
     }
     if (!w->has_shard) return LOOM_OK;
     int sw = w->o.zero >= 1 ? w->o.world : 1;
@@ -123,6 +123,10 @@ static void start_job(loom_ckpt_writer_t *w, wstate_t job) {
 /* Host copies of what the checkpoint of this step holds (lock held). */
 static void snapshot(loom_ckpt_writer_t *w, const float *m, const float *v, size_t lo, size_t hi) {
     const loom_gpt_t *mod = w->o.m;
+    if (w->o.write_stream) { /* written at submit */
+        w->has_shard = 0;
+        return;
+    }
     if (w->o.rank == 0 && !w->o.gather_params) mod->be->download(w->params, mod->params, mod->num_params * sizeof(float));
     w->has_shard = w->o.rank == 0 || w->o.zero >= 1;
     if (!w->has_shard) return;
@@ -146,8 +150,13 @@ loom_status loom_ckpt_writer_submit(loom_ckpt_writer_t *w, const loom_ckpt_state
     loom_status s = take_status(w);
     if (s == LOOM_OK && w->state == W_FILES_DONE)
         s = loom_error(LOOM_EINTERNAL, "checkpoint of step %lld submitted before step %lld's was committed", st->step, w->st.step);
-    if (w->o.rank == 0 && !w->params) w->params = loom_malloc(w->o.m->num_params * sizeof(float));
-    if (w->o.gather_params) { /* a collective: every rank takes part, whatever its own state */
+    if (w->o.rank == 0 && !w->params && !w->o.write_stream) w->params = loom_malloc(w->o.m->num_params * sizeof(float));
+    if (w->o.write_stream) { /* a collective too: every rank takes part */
+        char tmp[4096];
+        loom_status b = w->o.rank == 0 ? loom_ckpt_begin(w->run, st->step, tmp, sizeof tmp) : LOOM_OK;
+        loom_status g = w->o.write_stream(w->o.stream_ctx, w->o.rank == 0 && b == LOOM_OK ? tmp : NULL, st->step);
+        if (s == LOOM_OK) s = b != LOOM_OK ? b : g;
+    } else if (w->o.gather_params) { /* a collective: every rank takes part, whatever its own state */
         loom_status g = w->o.gather_params(w->o.gather_ctx, w->o.rank == 0 ? w->params : NULL);
         if (s == LOOM_OK) s = g;
     }

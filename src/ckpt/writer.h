@@ -32,6 +32,16 @@ typedef struct {
      * NULL = rank 0 downloads m->params. */
     loom_status (*gather_params)(void *ctx, float *host);
     void *gather_ctx;
+    /* A layout no rank holds whole (--tp, --pp): the parameters and the
+     * AdamW state are written at submit by this call, unit by unit
+     * (train/ckpt_stream.h; a collective on every rank, `dir` the
+     * checkpoint's temporary folder on rank 0 and NULL elsewhere), not
+     * from host snapshots, so no rank needs the whole model's memory; the
+     * thread writes the rest (state.json, config) and the commit is as
+     * always. m may be NULL then: cfg is the whole model's. */
+    loom_status (*write_stream)(void *ctx, const char *dir, long long step);
+    void *stream_ctx;
+    const loom_gpt_config_t *cfg;
 } loom_ckpt_writer_opts_t;
 
 loom_status loom_ckpt_writer_open(loom_ckpt_writer_t **w, const loom_ckpt_writer_opts_t *o);

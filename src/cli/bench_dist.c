@@ -9,6 +9,7 @@
  * communication and the peak resident memory per rank. Each configuration
  * runs in fresh processes so thread pools and sockets do not carry over. */
 #define _GNU_SOURCE
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -195,9 +196,57 @@ static int bench_tp(bench_cfg_t c, int n, int dp, int ranks, int rounds) {
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+void loom_bench_median(const double *x, int n, double *med, double *lo, double *hi) {
+    double s[n > 0 ? n : 1];
+    memcpy(s, x, (size_t)n * sizeof *s);
+    qsort(s, (size_t)n, sizeof *s, cmp_double);
+    *med = n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+    *lo = s[0];
+    *hi = s[n - 1];
+}
+
+void loom_bench_print_load(const char *when) {
+    double l[3] = {0};
+    if (getloadavg(l, 3) == 3)
+        printf("load average %s: %.2f %.2f %.2f on %ld cores%s\n", when, l[0], l[1], l[2], sysconf(_SC_NPROCESSORS_ONLN),
+               l[0] > (double)sysconf(_SC_NPROCESSORS_ONLN) ? " (LOADED: other processes share the cores; the ratios below are not this code's)" : "");
+    fflush(stdout);
+}
+
+/* Median (min-max) of the per-round ratios, printed. */
+static void print_ratio(const char *what, const double *r, int n) {
+    double med, lo, hi;
+    loom_bench_median(r, n, &med, &lo, &hi);
+    printf(" %s %.3f (%.3f-%.3f)", what, med, lo, hi);
+}
+
+/* Scaling efficiency (docs/dist.md, "Measuring scaling"): step time of one
+ * process with all `ranks` cores on the global batch / step time of
+ * `ranks` ranks x 1 thread on the same global batch -- the same work on
+ * the same cores, so 1.0 is perfect scaling and what is lost is the cost
+ * of distributing it. Each round runs the three configurations back to
+ * back and gives one ratio per side pair; the median of the rounds is the
+ * figure, their range beside it. */
+static void print_efficiency(const double *one, const double *ov, const double *no, int rounds, int ranks, int zero3,
+                             const char *ovname, const char *noname) {
+    double ro[rounds], rn[rounds];
+    for (int k = 0; k < rounds; k++) ro[k] = one[k] / ov[k], rn[k] = one[k] / no[k];
+    printf("scaling efficiency (1 rank x %d threads / %d ranks x 1 thread, same global batch; median (min-max) of %d alternating rounds):", ranks,
+           ranks, rounds);
+    print_ratio(ovname, ro, rounds);
+    print_ratio(noname, rn, rounds);
+    printf(" (target >= %s)\n", zero3 ? "0.85 with prefetch" : "0.9");
+}
+
 /* One layout: alternating rounds of 1 rank x `ranks` threads, `ranks`
- * ranks overlapped and not, the fastest round of each counted (other load
- * on a shared machine only ever slows a round down); then its table. */
+ * ranks overlapped and not; the table shows each configuration's median
+ * round (min-max beside the step time), the efficiency the per-round
+ * ratios' median. */
 static int bench_layout(bench_cfg_t c, const bench_layout_t *lay, int ranks, int rounds) {
     if (lay->tp && !lay->pp) return bench_tp(c, lay->tp, lay->dp, ranks, rounds);
     if (lay->pp) {
@@ -212,34 +261,40 @@ static int bench_layout(bench_cfg_t c, const bench_layout_t *lay, int ranks, int
     }
     if (lay->zero >= 0) c.zero = lay->zero;
     int B = c.batch;
-    bench_result_t one = {0}, ov = {0}, no = {0};
-    for (int k = 0; k < rounds; k++) {
-        c.batch = ranks * B;
-        bench_result_t x = run_config(&c, 1, ranks, 1);
-        c.batch = B;
-        bench_result_t y = run_config(&c, ranks, 1, 1);
-        bench_result_t z = run_config(&c, ranks, 1, 0);
-        if (!x.ok || !y.ok || !z.ok) {
-            fprintf(stderr, "loom bench dist: a run of layout %s failed (see above)\n", lay->name);
-            return 1;
-        }
-        if (k == 0 || x.step_s < one.step_s) one = x;
-        if (k == 0 || y.step_s < ov.step_s) ov = y;
-        if (k == 0 || z.step_s < no.step_s) no = z;
-    }
-    double tok = (double)ranks * B * c.seq;
+    bench_result_t r[3][rounds];
+    double t[3][rounds];
     const char *ovname = c.zero == 3 ? "prefetch" : "overlapped", *noname = c.zero == 3 ? "no prefetch" : "after backward";
     printf("\nlayout %s: %s, ZeRO-%d\n", lay->name, lay->what, c.zero);
-    printf("%-36s %9s %11s %10s %12s %9s\n", "configuration", "step ms", "tokens/s", "comm wait", "peak RSS MB", "loss");
-    printf("1 rank x %d threads %17s %9.1f %11.0f %10s %12.1f %9.5f\n", ranks, "", 1e3 * one.step_s, tok / one.step_s, "-", one.rss / 1e6, one.loss);
-    printf("%d ranks x 1 thread, %-15s %9.1f %11.0f %9.1f%% %12.1f %9.5f\n", ranks, ovname, 1e3 * ov.step_s, tok / ov.step_s,
-           100 * ov.wait_s / ov.step_s, ov.rss / 1e6, ov.loss);
-    printf("%d ranks x 1 thread, %-15s %9.1f %11.0f %9.1f%% %12.1f %9.5f\n", ranks, noname, 1e3 * no.step_s, tok / no.step_s,
-           100 * no.wait_s / no.step_s, no.rss / 1e6, no.loss);
-    printf("scaling efficiency (1-rank time / %d-rank time, same global batch): %s %.3f, %s %.3f (target >= %s)\n", ranks, ovname,
-           one.step_s / ov.step_s, noname, one.step_s / no.step_s, c.zero == 3 ? "0.85 with prefetch" : "0.9");
-    printf("communication wait share of step time: %s %.1f%%, %s %.1f%%\n", ovname, 100 * ov.wait_s / ov.step_s, noname,
-           100 * no.wait_s / no.step_s);
+    loom_bench_print_load("before");
+    for (int k = 0; k < rounds; k++) { /* the sides alternate within each round, in turn first */
+        for (int j = 0; j < 3; j++) {
+            int q = (j + k) % 3;
+            c.batch = q == 0 ? ranks * B : B;
+            r[q][k] = run_config(&c, q == 0 ? 1 : ranks, q == 0 ? ranks : 1, q != 2);
+            if (!r[q][k].ok) {
+                fprintf(stderr, "loom bench dist: a run of layout %s failed (see above)\n", lay->name);
+                return 1;
+            }
+            t[q][k] = r[q][k].step_s;
+        }
+    }
+    loom_bench_print_load("after");
+    double tok = (double)ranks * B * c.seq;
+    const char *name[3] = {"", ovname, noname};
+    printf("%-36s %9s %17s %11s %10s %12s %9s\n", "configuration (median round)", "step ms", "(min-max)", "tokens/s", "comm wait", "peak RSS MB", "loss");
+    for (int q = 0; q < 3; q++) {
+        double med, lo, hi;
+        loom_bench_median(t[q], rounds, &med, &lo, &hi);
+        int at = 0; /* the round whose step is the median's (or nearest) */
+        for (int k = 1; k < rounds; k++) at = fabs(t[q][k] - med) < fabs(t[q][at] - med) ? k : at;
+        const bench_result_t *x = &r[q][at];
+        char conf[64], wait[16] = "-";
+        if (q == 0) snprintf(conf, sizeof conf, "1 rank x %d threads", ranks);
+        else snprintf(conf, sizeof conf, "%d ranks x 1 thread, %s", ranks, name[q]);
+        if (q) snprintf(wait, sizeof wait, "%.1f%%", 100 * x->wait_s / x->step_s);
+        printf("%-36s %9.1f %8.1f-%-8.1f %11.0f %10s %12.1f %9.5f\n", conf, 1e3 * med, 1e3 * lo, 1e3 * hi, tok / med, wait, x->rss / 1e6, x->loss);
+    }
+    print_efficiency(t[0], t[1], t[2], rounds, ranks, c.zero == 3, ovname, noname);
     fflush(stdout);
     return 0;
 }
@@ -258,7 +313,7 @@ int cmd_bench_dist(int argc, char **argv) {
         {"vocab", ARG_INT, &c.vocab, "4096", 64, 1 << 20, "vocabulary size"},
         {"steps", ARG_INT, &c.steps, "3", 1, 100000, "timed steps per round"},
         {"warmup", ARG_INT, &c.warmup, "1", 0, 1000, "untimed steps first"},
-        {"rounds", ARG_INT, &rounds, "3", 1, 100, "rounds, the configurations alternating; the fastest round of each counts"},
+        {"rounds", ARG_INT, &rounds, "3", 1, 100, "rounds, the configurations alternating (each side first in turn); medians and min-max are printed"},
         loom_flag(LOOM_FLAG_ZERO, &c.zero),
         loom_flag(LOOM_FLAG_GRAD_DTYPE, &c.grad_dtype),
         {"layout", ARG_STR, &layout_list, "dp", 0, 0, "layouts to measure, a comma list: dp (data parallel at --zero), zero3, tp2, tp4 (tensor parallel), tp2xdp2, pp2, pp4 (pipeline), pp2xtp2 (pipeline stages of tp groups)"},

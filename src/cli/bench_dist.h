@@ -18,6 +18,13 @@ typedef struct {
     int ok;
 } bench_result_t;
 
+/* The median and the range of n values (the per-round figures of a
+ * shared machine: alternating rounds, the median read, the range shown). */
+void loom_bench_median(const double *x, int n, double *med, double *lo, double *hi);
+/* One line: the 1-, 5- and 15-minute load averages against the cores, so
+ * a figure measured on a loaded machine says so. */
+void loom_bench_print_load(const char *when);
+
 /* A rank of --layout tpN: the world (launched by bench_dist.c) as one tp
  * group, or one rank with c->... threads: the global batch c->batch. */
 bench_result_t loom_bench_dist_tp_rank(const bench_cfg_t *c, int threads);

@@ -5,6 +5,7 @@
  * 1F1B formula (N-1)/(M+N-1); memory per rank (model state by formula and
  * the peak resident set). Fresh processes per configuration. */
 #define _GNU_SOURCE
+#include "cli/bench_dist.h"
 #include "cli/bench_pp.h"
 
 #include <stdio.h>
@@ -126,23 +127,29 @@ static void print_ranks(const loom_bench_pp_t *c, const pp_result_t *best, int n
 int loom_bench_pp(const loom_bench_pp_t *c) {
     int n = ranks_of(c);
     pp_result_t one = {0}, best[64] = {{0}}, x[64], y;
-    for (int k = 0; k < c->rounds; k++) {
-        if (!run_config(c, 1, &y) || !run_config(c, n, x)) {
+    double bub[c->rounds], rel[c->rounds], formula = loom_pp_bubble_formula(c->stages, c->micro);
+    loom_bench_print_load("before");
+    for (int k = 0; k < c->rounds; k++) { /* the two sides alternate, each first in turn */
+        int ok = k % 2 ? run_config(c, n, x) && run_config(c, 1, &y) : run_config(c, 1, &y) && run_config(c, n, x);
+        if (!ok) {
             fprintf(stderr, "loom bench dist: a pipeline run failed (see above)\n");
             return 1;
         }
         double tx = 0, tb = 0;
+        bub[k] = 0;
+        for (int r = 0; r < n; r++) bub[k] += x[r].bubble / n;
+        rel[k] = (bub[k] - formula) / formula;
         for (int r = 0; r < n; r++) tx = x[r].step_s > tx ? x[r].step_s : tx;
         for (int r = 0; r < n; r++) tb = best[r].step_s > tb ? best[r].step_s : tb;
         if (k == 0 || y.step_s < one.step_s) one = y;
         if (k == 0 || tx < tb)
             for (int r = 0; r < n; r++) best[r] = x[r];
     }
-    double step = 0, bubble = 0, formula = loom_pp_bubble_formula(c->stages, c->micro);
-    for (int r = 0; r < n; r++) {
-        step = best[r].step_s > step ? best[r].step_s : step;
-        bubble += best[r].bubble / n;
-    }
+    loom_bench_print_load("after");
+    double step = 0, bubble, blo, bhi, rmed, rlo, rhi;
+    for (int r = 0; r < n; r++) step = best[r].step_s > step ? best[r].step_s : step;
+    loom_bench_median(bub, c->rounds, &bubble, &blo, &bhi);
+    loom_bench_median(rel, c->rounds, &rmed, &rlo, &rhi);
     double tok = (double)c->micro * c->batch * c->seq;
     printf("pp%d: %d micro-batches of %d x %d, %d stages over %d layers, %d rank(s) per stage\n", c->stages, c->micro, c->batch, c->seq, c->stages,
            c->layers, n / c->stages);
@@ -150,8 +157,9 @@ int loom_bench_pp(const loom_bench_pp_t *c) {
     printf("1 process x %d threads %6s %9.1f %11.0f %9s %9s %10.1f %9.1f\n", n, "", 1e3 * one.step_s, tok / one.step_s, "-", "-", one.state_mb,
            one.rss_mb);
     print_ranks(c, best, n, tok);
-    printf("pp%d: speed-up over one process %.3f (same global batch; loss %.5f vs %.5f); measured bubble %.1f%% (mean over stages) vs the 1F1B formula "
-           "(N-1)/(M+N-1) = %.1f%%: %+.1f%% relative (goal within 10%%)\n",
-           c->stages, one.step_s / step, best[n - 1].loss, one.loss, 100 * bubble, 100 * formula, 100 * (bubble - formula) / formula);
+    printf("pp%d: speed-up over one process %.3f (fastest rounds, same global batch; loss %.5f vs %.5f); measured bubble %.1f%% (mean over stages; "
+           "median of %d rounds, %.1f-%.1f%%) vs the 1F1B formula (N-1)/(M+N-1) = %.1f%%: %+.1f%% relative (%+.1f to %+.1f%%; goal within 10%%)\n",
+           c->stages, one.step_s / step, best[n - 1].loss, one.loss, 100 * bubble, c->rounds, 100 * blo, 100 * bhi, 100 * formula, 100 * rmed,
+           100 * rlo, 100 * rhi);
     return 0;
 }

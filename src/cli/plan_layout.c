@@ -47,15 +47,14 @@ loom_status plan_layouts_none(const loom_layout_search_t *s, const loom_layout_e
 
 /* What keeps loom's trainer from running a layout today, every reason
  * joined by "; " into buf (empty: it runs it), as of the trainer's own
- * checks: src/train/setup_tp.c (--tp takes --zero 0; every dtype,
- * parallel/tp.c), src/train/setup.c build_pipeline (--pp takes neither
- * --zero nor --tp), and its 1F1B, never interleaved. */
+ * checks: src/train/setup_tp.c (--tp at every dtype and --zero,
+ * parallel/tp.c), src/train/setup.c build_pipeline (--pp with --zero and
+ * --tp: docs/dist.md "Composition"), and its 1F1B, never interleaved. */
 static const char *not_runnable(const loom_layout_t *l, char *buf, size_t cap) {
-    const int hit[] = {l->vs > 1, l->tp > 1 && l->pp > 1, l->tp > 1 && l->zero, l->pp > 1 && l->zero};
-    const char *why[] = {"interleaved 1F1B (--virtual-stages): loom's trainer runs plain 1F1B", "tp x pp: --pp with --tp is not built yet",
-                         "tp with ZeRO: --tp takes --zero 0 only for now", "pp with ZeRO: --pp takes --zero 0 only for now"};
+    const int hit[] = {l->vs > 1};
+    const char *why[] = {"interleaved 1F1B (--virtual-stages): loom's trainer runs plain 1F1B"};
     buf[0] = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < (int)(sizeof hit / sizeof hit[0]); i++) {
         size_t n = strlen(buf);
         if (hit[i] && n < cap) snprintf(buf + n, cap - n, "%s%s", n ? "; " : "", why[i]);
     }

@@ -118,8 +118,9 @@ loom_status loom_gpt_config_finish(loom_gpt_config_t *cfg) {
 
 int loom_gpt_has_param(const loom_gpt_config_t *c, int i) {
     switch (i) {
-    case LOOM_WPE: return c->pos == LOOM_POS_LEARNED;
-    case LOOM_LMHEAD: return c->untied_head;
+    case LOOM_WTE: return !c->stage_no_embed || (!c->stage_no_head && !c->untied_head);
+    case LOOM_WPE: return c->pos == LOOM_POS_LEARNED && !c->stage_no_embed;
+    case LOOM_LMHEAD: return c->untied_head && !c->stage_no_head;
     case LOOM_LN1B: case LOOM_LN2B: case LOOM_LNFB: return c->norm == LOOM_NORM_LAYERNORM;
     case LOOM_QKVB: return c->bias != LOOM_BIAS_NONE;
     case LOOM_ATTPROJB: case LOOM_FCB: case LOOM_FCPROJB: return c->bias == LOOM_BIAS_ALL;
@@ -377,7 +378,7 @@ static void act_sizes(const loom_gpt_config_t *c, loom_recompute rc, int B, int 
     sz[A_FCPROJ] = sz[A_RESIDUAL3] = BT * C;
     sz[A_LNF] = BT * C;
     sz[A_LNF_MEAN] = sz[A_LNF_RSTD] = BT;
-    sz[A_LOGITS] = BT * c->padded_vocab_size;
+    sz[A_LOGITS] = c->stage_no_head ? 0 : BT * c->padded_vocab_size;
     sz[A_LOSSES] = BT;
     sz[G_RESIDUAL] = sz[G_BTC] = BT * C;
     sz[G_QKV] = BT * QR;

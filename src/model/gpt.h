@@ -83,6 +83,11 @@ typedef struct {
     loom_mlp_kind mlp;
     loom_bias_kind bias;
     int untied_head; /* 1: the output head is its own (Vp, C) lm_head; 0: logits use wte (tied) */
+
+    /* A pipeline stage (train/pipeline.h) that runs no embedding / no head:
+     * wpe (and wte, unless the head reads a tied one) / lm_head and the
+     * (B, T, Vp) logits get no storage. 0 for a whole model. */
+    int stage_no_embed, stage_no_head;
 } loom_gpt_config_t;
 
 /* Derived sizes of a finished config. */

@@ -197,42 +197,82 @@ static void hook_crossentropy(void *ctx, float *losses, float *logits, int N, fl
 typedef struct {
     const float *src;
     float *dst;
-    int to_full; /* 1: local -> full, else full -> local */
 } copy_t;
 
 static void seg_copy(void *ctx, size_t fo, size_t lo, size_t n, int kind) {
     copy_t *c = ctx;
     (void)kind;
-    if (c->to_full) memcpy(c->dst + fo, c->src + lo, n * sizeof(float));
-    else memcpy(c->dst + lo, c->src + fo, n * sizeof(float));
+    memcpy(c->dst + lo, c->src + fo, n * sizeof(float));
 }
 
 void loom_tp_slice(const loom_tp_t *tp, const float *full, float *local) {
-    copy_t c = {full, local, 0};
+    copy_t c = {full, local};
     memset(local, 0, tp->m->num_params * sizeof(float));
     segments(tp, tp->rank, seg_copy, &c);
 }
 
-loom_status loom_tp_gather(loom_tp_t *tp, const float *local, float *full_host) {
+/* Rank r's pieces that fall in floats [a, b) of the whole block: each
+ * one's place in the whole block and in r's (local) block. */
+enum { R_COUNT, R_PACK, R_UNPACK, R_SCATTER };
+typedef struct {
+    size_t a, b, count;
+    int mode;          /* R_*: count the floats; pack this rank's pieces; unpack rank r's into the range; scatter the range into this rank's block */
+    const loom_backend_t *be;
+    const float *src;  /* pack: this rank's block (backend memory); unpack: rank r's packed pieces; scatter: the range */
+    float *dst;        /* pack: the packed pieces; unpack: the range; scatter: this rank's block (backend memory) */
+} range_t;
+
+static void seg_range(void *ctx, size_t fo, size_t lo, size_t n, int kind) {
+    range_t *c = ctx;
+    (void)kind;
+    size_t x0 = fo > c->a ? fo : c->a, x1 = fo + n < c->b ? fo + n : c->b;
+    if (x0 >= x1) return;
+    size_t k = x1 - x0, in_local = lo + (x0 - fo), in_range = x0 - c->a;
+    if (c->mode == R_PACK) c->be->download(c->dst + c->count, c->src + in_local, k * sizeof(float));
+    else if (c->mode == R_UNPACK) memcpy(c->dst + in_range, c->src + c->count, k * sizeof(float));
+    else if (c->mode == R_SCATTER) c->be->upload(c->dst + in_local, c->src + in_range, k * sizeof(float));
+    c->count += k;
+}
+
+void loom_tp_slice_range(const loom_tp_t *tp, size_t a, size_t b, const float *x, float *local) {
+    range_t c = {.a = a, .b = b, .mode = R_SCATTER, .be = tp->m->be, .src = x, .dst = local};
+    segments(tp, tp->rank, seg_range, &c);
+}
+
+loom_status loom_tp_gather_range(loom_tp_t *tp, const float *local, size_t a, size_t b, float *out) {
+    size_t counts[tp->n], total = 0, mine = 0;
+    for (int r = 0; r < tp->n; r++) {
+        range_t c = {.a = a, .b = b, .mode = R_COUNT};
+        segments(tp, r, seg_range, &c);
+        counts[r] = c.count;
+        if (r < tp->rank) mine += c.count;
+        total += c.count;
+    }
+    /* packed on the host, gathered in collective (backend) memory: one unit
+     * is small next to the model */
     const loom_backend_t *be = tp->m->be;
-    size_t P = tp->m->num_params, counts[tp->n];
-    for (int r = 0; r < tp->n; r++) counts[r] = P;
-    float *all = be->alloc((size_t)tp->n * P * sizeof(float)), *host = NULL;
-    if (!all) return loom_error(LOOM_ENOMEM, "tensor parallel: cannot allocate %.1f MB to gather the shards for a checkpoint", tp->n * P * 4e-6);
-    be->accumulate(all + (size_t)tp->rank * P, local, P); /* a copy: alloc returns zeros */
+    float *all = loom_malloc(total * sizeof(float) + 1), *dev = be->alloc(total * sizeof(float) + 4);
+    if (!dev) {
+        free(all);
+        return loom_error(LOOM_ENOMEM, "tensor parallel: cannot allocate %.1f MB to gather a checkpoint's tensor", total * 4e-6);
+    }
+    range_t p = {.a = a, .b = b, .mode = R_PACK, .be = be, .src = local, .dst = all + mine};
+    segments(tp, tp->rank, seg_range, &p);
+    be->upload(dev, all, total * sizeof(float));
     if (tp->gpu) be->sync();
-    loom_status s = loom_dist_allgather(tp->g, all, counts);
-    if (s == LOOM_OK && full_host) {
-        host = loom_malloc((size_t)tp->n * P * sizeof(float));
-        be->download(host, all, (size_t)tp->n * P * sizeof(float));
-        memset(full_host, 0, tp->full_params * sizeof(float));
+    loom_status s = loom_dist_allgather(tp->g, dev, counts);
+    if (s == LOOM_OK) be->download(all, dev, total * sizeof(float));
+    be->free(dev);
+    if (s == LOOM_OK && out) {
+        memset(out, 0, (b - a) * sizeof(float));
+        size_t at = 0;
         for (int r = 0; r < tp->n; r++) {
-            copy_t c = {host + (size_t)r * P, full_host, 1};
-            segments(tp, r, seg_copy, &c);
+            range_t u = {.a = a, .b = b, .mode = R_UNPACK, .src = all + at, .dst = out};
+            segments(tp, r, seg_range, &u);
+            at += counts[r];
         }
     }
-    free(host);
-    be->free(all);
+    free(all);
     return s;
 }
 
@@ -381,12 +421,14 @@ loom_status loom_tp_init(loom_tp_t **out, const loom_gpt_t *full, const loom_bac
     tp->v0 = tp->rank * tp->vs;
     int real = tp->full.vocab_size - tp->v0;
     tp->nv = real < 0 ? 0 : real > tp->vs ? tp->vs : real;
-    float *fh = loom_malloc(tp->full_params * sizeof(float)), *lh = loom_malloc(tp->m->num_params * sizeof(float));
-    full->be->download(fh, full->params, tp->full_params * sizeof(float));
-    loom_tp_slice(tp, fh, lh);
-    be->upload(tp->m->params, lh, tp->m->num_params * sizeof(float));
-    free(fh);
-    free(lh);
+    /* the whole block read in place when it is host memory, the pieces
+     * uploaded straight into the shard (its block starts zeroed): a second
+     * copy of either would be the largest allocation of a rank's set-up */
+    int dev = (full->be->caps & LOOM_CAP_DEVICE_MEMORY) != 0;
+    float *fh = dev ? loom_malloc(tp->full_params * sizeof(float)) : full->params;
+    if (dev) full->be->download(fh, full->params, tp->full_params * sizeof(float));
+    loom_tp_slice_range(tp, 0, tp->full_params, fh, tp->m->params);
+    if (dev) free(fh);
     tp->hooks = (loom_gpt_tp_hooks_t){.ctx = tp, .vocab_size = tp->full.vocab_size, .allreduce = hook_allreduce,
                                       .embed_forward = hook_embed_forward, .embed_backward = hook_embed_backward,
                                       .crossentropy = hook_crossentropy};

@@ -26,9 +26,9 @@
  * averages gradients through train/step.h's data-parallel code (bucketed,
  * overlapped with backward, ZeRO 1/2/3 over the shard).
  *
- * Checkpoints stay in the single-model layout: loom_tp_gather assembles
- * the whole model from the shards, loom_tp_slice cuts a rank's shard from
- * it. */
+ * Checkpoints stay in the single-model layout: loom_tp_gather_range
+ * assembles one piece of the whole model from the shards at a time,
+ * loom_tp_slice(_range) cuts a rank's shard from it. */
 #ifndef LOOM_TP_H
 #define LOOM_TP_H
 
@@ -63,9 +63,15 @@ const loom_gpt_config_t *loom_tp_full_config(const loom_tp_t *tp);
  * (the rank-0-only biases read 0 on the others). */
 void loom_tp_slice(const loom_tp_t *tp, const float *full, float *local);
 /* A collective over the tp group: every rank's `local` (backend memory,
- * the shard's block) assembled into `full_host` (the whole model's block;
- * NULL on ranks that only give). */
-loom_status loom_tp_gather(loom_tp_t *tp, const float *local, float *full_host);
+ * the shard's block) assembled into floats [a, b) of the whole model's
+ * block, on the host (a checkpoint written unit by unit,
+ * train/ckpt_stream.h): `out` (b - a floats, NULL to give only) gets
+ * them; memory: the ranks' pieces of the range. */
+loom_status loom_tp_gather_range(loom_tp_t *tp, const float *local, size_t a, size_t b, float *out);
+/* loom_tp_slice for floats [a, b) of the whole block only: `x` (host, b -
+ * a floats) into this rank's `local` (backend memory; the pieces outside
+ * the range are left as they are). */
+void loom_tp_slice_range(const loom_tp_t *tp, size_t a, size_t b, const float *x, float *local);
 
 /* After the micro-batches' backward and the data-parallel reduction
  * (train/step.h's loom_dp_*, which averages over the dp group): the first

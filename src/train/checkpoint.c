@@ -11,6 +11,8 @@
 #include "ckpt/run.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/writer.h"
+#include "parallel/tp.h"
+#include "train/ckpt_stream.h"
 #include "train/pipeline.h"
 #include "train/train_impl.h"
 #include "train/zero3.h"
@@ -83,18 +85,11 @@ static loom_status take(ckpt_t *c, loom_train_run_t *run, const loom_ckpt_state_
     float *am = m->m, *av = m->v;
     if (run->dp) loom_dp_shard(run->dp, &lo, &hi, &am, &av);
     double t0 = loom_now();
-    if (run->pp) { /* the single-model layout: rank 0 writes the whole model and its AdamW state */
-        LOOM_TRY(loom_pp_gather(run->pp, &am, &av));
-        hi = loom_pp_ckpt_model(run->pp)->num_params;
-    }
     if (c->outstanding) { /* the previous one is not committed yet: finish it first */
         LOOM_TRY(loom_ckpt_writer_settle(c->w, agree, run));
         c->outstanding = 0;
     }
-    if (run->tp) LOOM_TRY(loom_train_tp_gather(run, &am, &av, &hi)); /* the single-model layout, on rank 0 */
-    loom_status s = loom_ckpt_writer_submit(c->w, st, am, av, lo, hi);
-    if (run->tp) loom_train_tp_release(run);
-    LOOM_TRY(s);
+    LOOM_TRY(loom_ckpt_writer_submit(c->w, st, am, av, lo, hi)); /* --tp, --pp: streamed there (stream_write) */
     c->outstanding = run->multi;
     c->last_step = st->step;
     c->last_t = loom_clock_now();
@@ -106,15 +101,64 @@ static loom_status take(ckpt_t *c, loom_train_run_t *run, const loom_ckpt_state_
 /* ZeRO-3: the checkpoint's weights are gathered layer by layer. */
 static loom_status gather_params(void *z3, float *host) { return loom_zero3_gather_host(z3, host); }
 
+/* Where a checkpoint's units are read from: this rank's part (the tp
+ * shard's or the stage's block) -- its own arrays, or under ZeRO the part
+ * made whole over its dp group first (stream_write). */
+typedef struct {
+    loom_train_run_t *run;
+    float *src[3]; /* params, AdamW m, v: backend memory, the part's block */
+} unit_src_t;
+
+/* --tp alone: the first replica's tp group assembles each unit on rank 0
+ * (the other replicas hold the same numbers and sit out). */
+static loom_status tp_unit(void *vu, int which, int i, int l, float *out) {
+    unit_src_t *u = vu;
+    loom_train_run_t *run = u->run;
+    if (run->dp_rank != 0) return LOOM_OK;
+    loom_tensor_info_t tab[LOOM_NPARAMS];
+    size_t P, off;
+    loom_gpt_param_table(loom_tp_full_config(run->tp), tab, &P);
+    size_t n = loom_ckpt_unit_floats(tab, i, l, &off);
+    return loom_tp_gather_range(run->tp, u->src[which], off, off + n, out);
+}
+
+static loom_status pp_unit(void *vu, int which, int i, int l, float *out) {
+    unit_src_t *u = vu;
+    return loom_pp_gather_unit(u->run->pp, u->src, which, i, l, out);
+}
+
+/* --tp and --pp: the single-model checkpoint, unit by unit (ckpt_stream.h).
+ * Under ZeRO a replica holds only its share of the part's AdamW state (and
+ * at ZeRO-3 of its weights): every rank first assembles its part whole over
+ * its dp group (a collective there), so each rank briefly holds its part
+ * -- never the whole model -- and the units are read from that. */
+static loom_status stream_write(void *vrun, const char *dir, long long step) {
+    loom_train_run_t *run = vrun;
+    loom_gpt_t *m = run->model; /* the tp shard or the stage */
+    loom_dp_t *dp = run->pp ? loom_pp_dp(run->pp) : ((loom_train_job_t *)run)->tp_dp; /* run is its job's first member */
+    unit_src_t u = {.run = run, .src = {m->params, m->m, m->v}};
+    float *own[3] = {NULL, NULL, NULL};
+    if (loom_dp_sharded(dp)) {
+        LOOM_TRY(loom_dp_gather_state(dp, m, own));
+        for (int k = 0; k < 3; k++) u.src[k] = own[k];
+    }
+    loom_ckpt_stream_t cs = {.cfg = run->pp ? *loom_pp_config(run->pp) : *loom_tp_full_config(run->tp), .lead = dir != NULL,
+                             .gather = run->pp ? pp_unit : tp_unit, .ctx = &u};
+    loom_status s = loom_ckpt_stream_write(&cs, dir, step);
+    for (int k = 0; k < 3; k++)
+        if (own[k]) m->be->free(own[k]);
+    return s;
+}
+
 static loom_status ckpt_start(void *ctx, loom_train_run_t *run) {
     ckpt_t *c = ctx;
     const loom_train_opts_t *o = run->o;
     loom_zero3_t *z3 = loom_dp_zero3(run->dp);
-    loom_gpt_t *whole = run->pp ? loom_pp_ckpt_model(run->pp) : run->ckpt_model ? run->ckpt_model : run->model;
-    int single = run->tp || run->pp; /* they write the single-model layout: rank 0 the whole AdamW state */
-    loom_ckpt_writer_opts_t wo = {.run = o->out, .m = whole, .rank = o->rank, .world = o->world_size, .zero = single ? 0 : o->zero,
+    int sharded = run->pp || run->tp; /* no rank holds the whole model; one optimizer file, single-model layout, at ZeRO-0 */
+    loom_ckpt_writer_opts_t wo = {.run = o->out, .m = sharded ? NULL : run->model, .rank = o->rank, .world = o->world_size, .zero = sharded ? 0 : o->zero,
                                   .keep = o->keep_ckpts, .async = !o->ckpt_sync, .gather_params = z3 ? gather_params : NULL,
-                                  .gather_ctx = z3};
+                                  .gather_ctx = z3, .write_stream = sharded ? stream_write : NULL, .stream_ctx = run,
+                                  .cfg = run->pp ? loom_pp_config(run->pp) : run->tp ? loom_tp_full_config(run->tp) : &run->model->cfg};
     LOOM_TRY(loom_ckpt_writer_open(&c->w, &wo));
     c->last_t = loom_clock_now();
     c->last_step = run->resumed_step;

@@ -10,6 +10,7 @@
 #include "ckpt/safetensors.h"
 #include "core/mem.h"
 #include "parallel/tp.h"
+#include "train/ckpt_stream.h"
 
 /* One micro-batch's activations (its block, tokens, targets). */
 typedef struct {
@@ -33,8 +34,6 @@ struct loom_pp {
     size_t *nparams;            /* every stage's parameter floats */
     loom_gpt_t *m;              /* this stage */
     const loom_backend_t *host; /* the CPU backend of the whole model */
-    loom_gpt_t *full;           /* rank 0: the whole model for checkpoints (host memory) */
-    float *fm, *fv;             /* rank 0: its AdamW moments, gathered at checkpoints */
     slot_t *slots;              /* in-flight micro-batches; slots[0] is the model's own block */
     int nslots;
     float *wte_peer;            /* tied head: the other end's wte gradient (backend memory) */
@@ -80,11 +79,10 @@ static int owns(const loom_pp_t *pp, int s, int i) {
     return s == pp->n - 1;
 }
 
-/* Copy between a whole-model block `full` and stage s's block `st`
- * (to_stage: full -> st). A layer tensor moves the stage's rows; the
- * others move whole, into every stage on the way in (`all`) or from their
- * owner on the way out. */
-static void map_block(const loom_pp_t *pp, int s, float *full, float *st, int to_stage) {
+/* Stage s's block `st` from a whole-model block `full`: a layer tensor's
+ * rows of the stage's layers, the others whole where the stage stores
+ * them. */
+static void map_block(const loom_pp_t *pp, int s, const float *full, float *st) {
     int first, count, L = pp->cfg.n_layer;
     loom_pp_split(L, pp->n, s, &first, &count);
     loom_tensor_info_t ft[LOOM_NPARAMS];
@@ -92,39 +90,37 @@ static void map_block(const loom_pp_t *pp, int s, float *full, float *st, int to
     loom_gpt_param_table(&pp->cfg, ft, &total);
     for (int i = 0; i < LOOM_NPARAMS; i++) {
         const loom_tensor_info_t *a = &ft[i], *b = &pp->tables[s][i];
-        if (!a->numel || (!to_stage && !owns(pp, s, i))) continue;
+        if (!a->numel || !b->numel) continue; /* b: not stored on this stage */
         size_t per = per_layer(i) ? a->numel / (size_t)L : a->numel;
         size_t off = per_layer(i) ? (size_t)first * per : 0, n = per_layer(i) ? (size_t)count * per : a->numel;
-        if (to_stage) memcpy(st + b->offset, full + a->offset + off, n * sizeof(float));
-        else memcpy(full + a->offset + off, st + b->offset, n * sizeof(float));
+        memcpy(st + b->offset, full + a->offset + off, n * sizeof(float));
     }
 }
 
-/* Stage s's config: the whole model's with its own layer count. */
+/* Stage s's config: the whole model's with its own layer count, and
+ * storage for the embedding only on the first stage, the head (and the
+ * logits) only on the last (a tied wte on both). */
 static loom_gpt_config_t stage_config(const loom_pp_t *pp, int s) {
     loom_gpt_config_t c = pp->cfg;
     int first;
     loom_pp_split(c.n_layer, pp->n, s, &first, &c.n_layer);
+    c.stage_no_embed = s != 0;
+    c.stage_no_head = s != pp->n - 1;
     return c;
 }
 
-/* Upload host blocks (whole-model layout) into this stage's parameters and
- * AdamW moments; m, v may be NULL (fresh state). */
-static loom_status scatter_host(loom_pp_t *pp, float *params, float *m, float *v) {
+/* The stage's parameters (pp x tp: this rank's shard of them) from the
+ * whole model's host block (the initial weights drawn from the seed, or
+ * --init-from's), through the data-parallel code once it is set up
+ * (ZeRO-3: this replica keeps its share). */
+static loom_status scatter_params(loom_pp_t *pp, const float *params) {
     loom_gpt_t *sm = pp->m;
     size_t n = sm->num_params;
-    /* the stage's block, then (pp x tp) this rank's shard of it; then (ZeRO) this replica's part */
-    float *h = loom_calloc(pp->nparams[pp->s], sizeof(float)), *l = loom_malloc(3 * n * sizeof(float) + 1);
-    float *src[3] = {params, m, v}, *loc[3] = {NULL, NULL, NULL};
-    for (int k = 0; k < 3; k++) {
-        if (!src[k]) continue;
-        map_block(pp, pp->s, src[k], h, 1);
-        loc[k] = l + k * n;
-        if (pp->tp) loom_tp_slice(pp->tp, h, loc[k]);
-        else memcpy(loc[k], h, n * sizeof(float));
-    }
-    loom_status s = loom_dp_load_block(pp->dpm, sm, loc[0], loc[1], loc[2]);
-    free(l);
+    float *h = loom_calloc(pp->nparams[pp->s], sizeof(float)), *l = pp->tp ? loom_malloc(n * sizeof(float)) : h;
+    map_block(pp, pp->s, params, h);
+    if (pp->tp) loom_tp_slice(pp->tp, h, l);
+    loom_status s = loom_dp_load_block(pp->dpm, sm, l, NULL, NULL);
+    if (l != h) free(l);
     free(h);
     return s;
 }
@@ -163,7 +159,7 @@ static loom_status alloc_slots(loom_pp_t *pp) {
 }
 
 /* pp x tp: the stage's tp shard, cut from a stage-shaped host model (its
- * parameters are written by scatter_host after). */
+ * parameters are written by scatter_params after). */
 static loom_status build_tp_shard(loom_pp_t *pp, const loom_backend_t *be, const loom_gpt_config_t *sc) {
     loom_gpt_t *st;
     LOOM_TRY(loom_gpt_create(&st, sc, pp->host));
@@ -183,16 +179,14 @@ static loom_status build_stage(loom_pp_t *pp, const loom_backend_t *be) {
     }
     loom_gpt_config_t sc = stage_config(pp, pp->s);
     LOOM_TRY(loom_backend_cpu_init(&pp->host, 1));
-    LOOM_TRY(loom_gpt_init(&pp->full, &pp->cfg, pp->host, pp->o.seed));
-    if (pp->tpg) LOOM_TRY(build_tp_shard(pp, be, &sc));
-    else LOOM_TRY(loom_gpt_create(&pp->m, &sc, be));
+    loom_gpt_t *full; /* drawn whole (the same numbers as one process), kept by no rank */
+    LOOM_TRY(loom_gpt_init(&full, &pp->cfg, pp->host, pp->o.seed));
+    loom_status s = pp->tpg ? build_tp_shard(pp, be, &sc) : loom_gpt_create(&pp->m, &sc, be);
+    if (s == LOOM_OK) s = scatter_params(pp, full->params);
+    loom_gpt_free(full); /* before the training state, so the peak holds one of the two */
+    LOOM_TRY(s);
     loom_gpt_set_recompute(pp->m, pp->o.recompute);
     if (!pp->tp) LOOM_TRY(loom_gpt_alloc_train(pp->m)); /* the tp shard comes with its training state */
-    LOOM_TRY(scatter_host(pp, pp->full->params, NULL, NULL));
-    if (pp->rank != 0) { /* only rank 0 writes checkpoints */
-        loom_gpt_free(pp->full);
-        pp->full = NULL;
-    }
     LOOM_TRY(loom_gpt_alloc_acts(pp->m, pp->o.B, pp->o.T));
     LOOM_TRY(alloc_slots(pp));
     if (!pp->cfg.untied_head && (pp->s == 0 || pp->s == pp->n - 1)) {
@@ -280,11 +274,8 @@ void loom_pp_free(loom_pp_t *pp) {
         if (pp->tp) loom_tp_free(pp->tp); /* the shard is the tp's */
         else loom_gpt_free(pp->m);
     }
-    loom_gpt_free(pp->full);
     loom_dist_free(pp->dpg);
     loom_dist_free(pp->tpg);
-    free(pp->fm);
-    free(pp->fv);
     free(pp->slots);
     free(pp->tables);
     free(pp->nparams);
@@ -540,83 +531,73 @@ loom_status loom_pp_eval(loom_pp_t *pp, const loom_dataset_t *ds, int B, int T, 
 
 /* ---------------- checkpoints ---------------- */
 
-loom_gpt_t *loom_pp_ckpt_model(loom_pp_t *pp) { return pp->full ? pp->full : pp->m; }
+/* The stage that holds unit (i, l) (its only copy that counts). */
+static int unit_stage(const loom_pp_t *pp, int i, int l) {
+    if (!per_layer(i)) return owns(pp, 0, i) ? 0 : pp->n - 1;
+    for (int s = 0; s < pp->n; s++) {
+        int first, count;
+        loom_pp_split(pp->cfg.n_layer, pp->n, s, &first, &count);
+        if (l < first + count) return s;
+    }
+    return pp->n - 1;
+}
 
-/* The first pipeline's ranks (dp index 0): this stage's parameters and
- * AdamW moments in the stage's block layout, 3 x nparams[s] floats, on the
- * stage's root (tp index 0; the others of its tp group give their shards
- * and get NULL). */
-static loom_status own_blocks(loom_pp_t *pp, float **out) {
-    size_t n = pp->nparams[pp->s], own = pp->m->num_params;
-    float *src[3] = {pp->m->params, pp->m->m, pp->m->v}, *whole[3] = {NULL, NULL, NULL};
-    *out = NULL;
-    if (loom_dp_sharded(pp->dpm)) { /* ZeRO: every replica gives its shards (a collective over the dp group) */
-        LOOM_TRY(loom_dp_gather_state(pp->dpm, pp->m, whole));
-        for (int k = 0; k < 3; k++) src[k] = whole[k];
-    }
+loom_status loom_pp_gather_unit(loom_pp_t *pp, float *const src[3], int which, int i, int l, float *out) {
+    int s = unit_stage(pp, i, l), root = s * pp->tpn, first, count; /* stage s of the first pipeline, tp index 0 */
+    loom_pp_split(pp->cfg.n_layer, pp->n, s, &first, &count);
+    size_t off, n = loom_ckpt_unit_floats(pp->tables[s], i, per_layer(i) ? l - first : -1, &off);
+    float *buf = pp->rank == 0 ? out : loom_malloc(n * sizeof(float) + 1);
+    float *const own[3] = {pp->m->params, pp->m->m, pp->m->v}, *from = src ? src[which] : own[which];
     loom_status st = LOOM_OK;
-    float *b = NULL;
-    if (pp->rank < pp->n * pp->tpn) {
-        b = pp->ti == 0 ? loom_malloc(3 * n * sizeof(float)) : NULL;
-        for (int k = 0; k < 3 && st == LOOM_OK; k++) {
-            if (pp->tp) st = loom_tp_gather(pp->tp, src[k], b ? b + k * n : NULL);
-            else pp->m->be->download(b + k * n, src[k], own * sizeof(float));
-        }
+    if (pp->s == s && pp->rank < pp->n * pp->tpn) { /* the holders: this stage of the first pipeline */
+        if (pp->tp) st = loom_tp_gather_range(pp->tp, from, off, off + n, pp->ti == 0 ? buf : NULL);
+        else pp->m->be->download(buf, from + off, n * sizeof(float));
     }
-    for (int k = 0; k < 3; k++)
-        if (whole[k]) pp->m->be->free(whole[k]);
-    if (st != LOOM_OK) free(b);
-    else *out = b;
+    if (st == LOOM_OK && root != 0) st = loom_dist_broadcast(pp->d, buf, n * sizeof(float), root);
+    if (buf != out) free(buf);
     return st;
 }
 
-loom_status loom_pp_gather(loom_pp_t *pp, float **m, float **v) {
-    size_t P = pp->full ? pp->full->num_params : 0, most = 0;
-    for (int s = 0; s < pp->n; s++) most = pp->nparams[s] > most ? pp->nparams[s] : most;
-    float *mine;
-    LOOM_TRY(own_blocks(pp, &mine));
-    float *buf = loom_malloc(3 * most * sizeof(float));
-    if (pp->full && !pp->fm) {
-        pp->fm = loom_calloc(P, sizeof(float));
-        pp->fv = loom_calloc(P, sizeof(float));
-    }
-    float *dst[3] = {pp->full ? pp->full->params : NULL, pp->fm, pp->fv};
-    loom_status st = LOOM_OK;
-    for (int s = 0; s < pp->n && st == LOOM_OK; s++) {
-        size_t n = pp->nparams[s];
-        int root = s * pp->tpn; /* stage s of the first pipeline, tp index 0 */
-        if (root == pp->rank) memcpy(buf, mine, 3 * n * sizeof(float));
-        st = loom_dist_broadcast(pp->d, buf, 3 * n * sizeof(float), root);
-        for (int k = 0; k < 3 && st == LOOM_OK && pp->full; k++) map_block(pp, s, dst[k], buf + k * n, 0);
-    }
-    free(mine);
-    free(buf);
-    *m = pp->fm;
-    *v = pp->fv;
-    return st;
+/* Resume: the units this stage stores (its layers, and the non-layer
+ * tensors, which every stage stores), each into its place in the stage's
+ * block (pp x tp: this rank's shard of it). */
+typedef struct {
+    loom_pp_t *pp;
+    float *dst[3]; /* params, m, v: the stage's own, or (ZeRO) part-sized buffers */
+} put_t;
+
+static int pp_wants(void *vc, int i, int l) {
+    loom_pp_t *pp = ((put_t *)vc)->pp;
+    return per_layer(i) ? unit_stage(pp, i, l) == pp->s : pp->tables[pp->s][i].numel > 0;
+}
+
+static loom_status pp_put(void *vc, int which, int i, int l, const float *x) {
+    put_t *c = vc;
+    loom_pp_t *pp = c->pp;
+    int first, count;
+    loom_pp_split(pp->cfg.n_layer, pp->n, pp->s, &first, &count);
+    size_t off, n = loom_ckpt_unit_floats(pp->tables[pp->s], i, per_layer(i) ? l - first : -1, &off);
+    if (pp->tp) loom_tp_slice_range(pp->tp, off, off + n, x, c->dst[which]);
+    else pp->m->be->upload(c->dst[which] + off, x, n * sizeof(float));
+    return LOOM_OK;
 }
 
 loom_status loom_pp_load(loom_pp_t *pp, const char *dir, long long step) {
-    loom_gpt_t *full = pp->full;
-    if (!full) LOOM_TRY(loom_gpt_create(&full, &pp->cfg, pp->host));
-    size_t P = full->num_params;
-    float *mv = loom_malloc(2 * P * sizeof(float));
-    char path[4200];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
     loom_optim_shard_t saved;
-    loom_status s = loom_safetensors_load_gpt(full, path);
-    if (s == LOOM_OK) s = loom_optim_gather(dir, P, (uint64_t)step, 0, P, mv, mv + P, &saved);
-    if (s == LOOM_OK) s = scatter_host(pp, full->params, mv, mv + P);
-    free(mv);
-    if (full != pp->full) loom_gpt_free(full);
-    return s;
+    loom_gpt_t *m = pp->m;
+    const int blocks = 1 << LOOM_UNIT_PARAMS | 1 << LOOM_UNIT_M | 1 << LOOM_UNIT_V;
+    put_t c = {pp, {m->params, m->m, m->v}};
+    int staged = loom_dp_sharded(pp->dpm); /* ZeRO: the stage's block whole first, then this replica's share of it */
+    if (staged) LOOM_TRY(loom_dp_stage_alloc(m, blocks, c.dst));
+    loom_status s = loom_ckpt_stream_read(&pp->cfg, dir, step, blocks, pp_wants, pp_put, &c, &saved);
+    return staged ? loom_dp_stage_finish(pp->dpm, m, c.dst, s) : s;
 }
 
 loom_status loom_pp_load_weights(loom_pp_t *pp, loom_status (*load)(void *ctx, loom_gpt_t *whole), void *ctx) {
-    loom_gpt_t *full = pp->full;
-    if (!full) LOOM_TRY(loom_gpt_create(&full, &pp->cfg, pp->host));
+    loom_gpt_t *full; /* whole on the host while it is read (the loaders fill a whole model), kept by no rank */
+    LOOM_TRY(loom_gpt_init(&full, &pp->cfg, pp->host, pp->o.seed)); /* the seed's weights where the loader has none */
     loom_status s = load(ctx, full);
-    if (s == LOOM_OK) s = scatter_host(pp, full->params, NULL, NULL);
-    if (full != pp->full) loom_gpt_free(full);
+    if (s == LOOM_OK) s = scatter_params(pp, full->params);
+    loom_gpt_free(full);
     return s;
 }

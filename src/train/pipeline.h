@@ -97,19 +97,23 @@ double loom_pp_bubble_formula(int stages, int micro);
  * batch forward through the stages; the result on every rank. */
 loom_status loom_pp_eval(loom_pp_t *pp, const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_result_t *out);
 
-/* Checkpoints. The model the writer saves: rank 0's whole model (host
- * memory), the stage model on other ranks (they write nothing). */
-loom_gpt_t *loom_pp_ckpt_model(loom_pp_t *pp);
-/* Every rank: gather the stages' parameters and AdamW moments; on rank 0
- * the whole model's parameters are in loom_pp_ckpt_model and *m, *v point
- * at its whole moments (host memory, P floats). */
-loom_status loom_pp_gather(loom_pp_t *pp, float **m, float **v);
+/* Checkpoints stay the single-model layout, written unit by unit
+ * (train/ckpt_stream.h): loom_unit_gather_fn's work, from src (the
+ * stage's block of params, m, v in backend memory, this rank's tp shard
+ * of it; NULL: the stage's own arrays -- under ZeRO the caller passes the
+ * block made whole over the dp group, loom_dp_gather_state). The unit's
+ * stage of the first pipeline gives it (its tp group assembles it first),
+ * rank 0 gets it; every rank calls it. */
+loom_status loom_pp_gather_unit(loom_pp_t *pp, float *const src[3], int which, int param, int layer, float *out);
 /* Every rank: load the single-model checkpoint in `dir` (any layout wrote
- * it) and keep this stage's slice of weights and AdamW state. */
+ * it), unit by unit, and keep this stage's slice of weights and AdamW
+ * state (under ZeRO the stage's block is read into part-sized buffers
+ * first and this replica keeps its share: loom_dp_load_block). */
 loom_status loom_pp_load(loom_pp_t *pp, const char *dir, long long step);
 /* Every rank: `load` fills a whole model (host memory, the seed's weights
  * in it; --init-from's Hugging Face folder, --init-from-run's checkpoint)
- * and this stage keeps its slice of the weights (fresh AdamW state). */
+ * and this stage keeps its slice of the weights (fresh AdamW state; under
+ * ZeRO-3 this replica's share); the whole model is freed after. */
 loom_status loom_pp_load_weights(loom_pp_t *pp, loom_status (*load)(void *ctx, loom_gpt_t *whole), void *ctx);
 
 #endif

@@ -334,6 +334,37 @@ loom_status loom_dp_load_block(loom_dp_t *dp, loom_gpt_t *m, const float *params
     return LOOM_OK;
 }
 
+loom_status loom_dp_stage_alloc(const loom_gpt_t *m, int mask, float *out[3]) {
+    size_t bytes = m->num_params * sizeof(float);
+    for (int k = 0; k < 3; k++) out[k] = NULL;
+    for (int k = 0; k < 3; k++) {
+        if (!(mask >> k & 1)) continue;
+        out[k] = m->be->alloc(bytes ? bytes : 4);
+        if (!out[k]) {
+            for (int i = 0; i < k; i++)
+                if (out[i]) m->be->free(out[i]), out[i] = NULL;
+            return loom_error(LOOM_ENOMEM, "resume: cannot allocate %.1f MB to read this rank's part of the checkpoint before its ZeRO share is kept",
+                              bytes / 1e6);
+        }
+        m->be->zero(out[k], bytes);
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_dp_stage_finish(loom_dp_t *dp, loom_gpt_t *m, float *stage[3], loom_status s) {
+    size_t P = m->num_params;
+    float *h = s == LOOM_OK ? loom_malloc(3 * P * sizeof(float) + 1) : NULL, *host[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 3 && h; k++)
+        if (stage[k]) m->be->download(host[k] = h + k * P, stage[k], P * sizeof(float));
+    if (h) s = loom_dp_load_block(dp, m, host[0], host[1], host[2]);
+    free(h);
+    for (int k = 0; k < 3; k++) {
+        if (stage[k]) m->be->free(stage[k]);
+        stage[k] = NULL;
+    }
+    return s;
+}
+
 /* After the micro-batches: the global gradient norm, clipping and AdamW on
  * this rank's floats [lo, hi) (the whole block without ZeRO), the
  * parameters gathered again (ZeRO-1/2), the loss averaged over ranks.

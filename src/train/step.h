@@ -118,6 +118,14 @@ loom_status loom_dp_update(loom_dp_t *dp, loom_gpt_t *m, const loom_adamw_t *hp)
  * shard of them under ZeRO. */
 loom_status loom_dp_gather_state(loom_dp_t *dp, loom_gpt_t *m, float *out[3]);
 loom_status loom_dp_load_block(loom_dp_t *dp, loom_gpt_t *m, const float *params, const float *am, const float *av);
+/* A resume that fills the local block piece by piece (units of a streamed
+ * checkpoint, train/ckpt_stream.h) under ZeRO: stage_alloc gives zeroed
+ * backend buffers of the whole local block for the blocks in `mask` (bit k:
+ * params, m, v; out[k] NULL for the others); stage_finish, when s is
+ * LOOM_OK, hands them to loom_dp_load_block (this rank keeps its share),
+ * frees them either way and returns s or the load's error. */
+loom_status loom_dp_stage_alloc(const loom_gpt_t *m, int mask, float *out[3]);
+loom_status loom_dp_stage_finish(loom_dp_t *dp, loom_gpt_t *m, float *stage[3], loom_status s);
 
 /* ---- Tensor parallelism (parallel/tp.h; train/step_tp.c) ----
  * The same contract on a rank of a tp group: every rank of the group

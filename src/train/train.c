@@ -15,6 +15,7 @@
 #include "parallel/tp.h"
 #include "train/pipeline.h"
 #include "train/train_impl.h"
+#include "train/zero3.h"
 
 double loom_lr_at(long long t, long long steps, int warmup, double lr, double min_lr_ratio) {
     if (warmup > 0 && t <= warmup) return lr * (double)t / warmup;
@@ -194,6 +195,7 @@ static loom_status run_step(loom_train_job_t *j, long long step, loom_step_recor
 static loom_status run_eval(loom_train_job_t *j, long long step, double *val) {
     loom_eval_result_t r;
     if (j->run.pp) LOOM_TRY(loom_pp_eval(j->run.pp, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
+    else if (loom_dp_zero3(j->run.dp)) LOOM_TRY(loom_zero3_eval_loss(loom_dp_zero3(j->run.dp), j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
     else LOOM_TRY(loom_eval_loss(j->run.model, j->ds, j->run.B, j->run.T, j->o.eval_batches, &r));
     j->run.last_val = r.loss;
     j->run.last_val_step = step;

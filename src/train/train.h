@@ -136,8 +136,6 @@ struct loom_train_run {
     loom_dp_t *dp;               /* NULL: one process at ZeRO 0 (the plain step) */
     struct loom_pp *pp;          /* --pp: this rank's pipeline stage (model is the stage's), else NULL */
     struct loom_tp *tp;          /* tensor parallelism (--tp > 1), else NULL; model is then this rank's shard */
-    loom_gpt_t *ckpt_model;      /* what checkpoints are written from when not model: under --tp the whole
-                                  * model rank 0 assembles (its config on the other ranks) */
     int dp_rank, dp_size;        /* this rank's data-parallel replica and their number (world / (tp x pp)) */
     int lead, multi;             /* rank 0; more than one rank */
     int B, T;                    /* micro-batch sequences and tokens per sequence */

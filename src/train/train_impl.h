@@ -30,7 +30,6 @@ typedef struct {
     char rck[4096];               /* its folder */
     loom_train_observer_t *obs[LOOM_TRAIN_MAX_OBS];
     loom_dist_t *tp_group, *dp_group; /* --tp: this rank's groups (train/setup_tp.c) */
-    float *tp_m, *tp_v;           /* rank 0 under --tp: the whole AdamW moments while a checkpoint is taken */
     loom_dp_t *tp_dp;             /* --tp: the data-parallel reduction (and ZeRO) over dp_group, NULL without either */
 } loom_train_job_t;
 
@@ -55,10 +54,5 @@ loom_status loom_train_load_checkpoint(loom_train_job_t *j);
  * resumed checkpoint sliced. Teardown frees what it made. */
 loom_status loom_train_setup_tp(loom_train_job_t *j, loom_dist_t *dist);
 void loom_train_teardown_tp(loom_train_job_t *j);
-/* Before a checkpoint: the shards gathered into run->ckpt_model (rank 0)
- * and the whole AdamW moments into *m, *v (backend memory on rank 0, NULL
- * elsewhere; [0, P) of the whole block); after submit: released. */
-loom_status loom_train_tp_gather(loom_train_run_t *run, float **m, float **v, size_t *hi);
-void loom_train_tp_release(loom_train_run_t *run);
 
 #endif

@@ -286,6 +286,22 @@ loom_status loom_zero3_finish_backward(loom_zero3_t *z) {
     return s;
 }
 
+/* One evaluation forward: the hooks' failures (a gather that a dead or
+ * hung peer never answered) come back as its status, as the step's do,
+ * rather than being left for the watchdog. */
+static loom_status score_forward(void *vz, const int *in, const int *tg, int B, int T, float *loss) {
+    loom_zero3_t *z = vz;
+    z->err = LOOM_OK;
+    loom_status s = loom_gpt_forward(z->m, in, tg, B, T, 0.0f, loss);
+    if (s == LOOM_OK) s = z->err;
+    z->err = LOOM_OK;
+    return s;
+}
+
+loom_status loom_zero3_eval_loss(loom_zero3_t *z, const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_result_t *out) {
+    return loom_eval_batches(ds, B, T, max_batches, score_forward, z, out);
+}
+
 void loom_zero3_params_changed(loom_zero3_t *z) {
     z->ps[0].unit = z->ps[1].unit = z->pn.unit = -1;
 }

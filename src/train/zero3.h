@@ -24,6 +24,7 @@
 
 #include "model/gpt.h"
 #include "parallel/dist.h"
+#include "train/eval.h"
 
 typedef struct loom_zero3 loom_zero3_t;
 
@@ -54,6 +55,10 @@ float *loom_zero3_grads(const loom_zero3_t *z);
 void loom_zero3_zero_grads(loom_zero3_t *z, float scale);
 loom_status loom_zero3_finish_backward(loom_zero3_t *z);
 void loom_zero3_params_changed(loom_zero3_t *z);
+/* Validation on every rank (each layer's weights are gathered from all of
+ * them): train/eval.h's loss, failing with the first gather or wait that
+ * failed inside the forward. */
+loom_status loom_zero3_eval_loss(loom_zero3_t *z, const loom_dataset_t *ds, int B, int T, int max_batches, loom_eval_result_t *out);
 
 /* The whole parameter block into `host` on rank 0 (P floats; other ranks
  * pass NULL), unit by unit through the gather buffers: no rank holds a
