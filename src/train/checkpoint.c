@@ -34,7 +34,8 @@ loom_status loom_train_load_checkpoint(loom_train_job_t *j) {
     const loom_ckpt_state_t *st = &j->rst;
     loom_status s = loom_optim_gather(j->rck, m->num_params, (uint64_t)st->step, lo, hi, h, h + (hi - lo), &saved);
     int want_w = st->zero >= 1 ? st->world_size : 1;
-    int single = saved.world == 1 && saved.zero == 0; /* the one AdamW file --tp and --pp runs write at any --zero */
+    /* the one whole AdamW file --tp and --pp runs write at any --zero, its header naming the run's stage */
+    int single = saved.world == 1 && saved.zero == (uint32_t)st->zero;
     if (s == LOOM_OK && st->world_size > 0 && !single && (saved.world != (uint32_t)want_w || saved.zero != (uint32_t)st->zero))
         s = loom_error(LOOM_EFORMAT, "%s: optimizer shards of %u rank(s) at ZeRO-%u, but its state.json says %d rank(s) at ZeRO-%d; the checkpoint is mixed up",
                        j->rck, saved.world, saved.zero, st->world_size, st->zero);
@@ -143,7 +144,7 @@ static loom_status stream_write(void *vrun, const char *dir, long long step) {
         for (int k = 0; k < 3; k++) u.src[k] = own[k];
     }
     loom_ckpt_stream_t cs = {.cfg = run->pp ? *loom_pp_config(run->pp) : *loom_tp_full_config(run->tp), .lead = dir != NULL,
-                             .gather = run->pp ? pp_unit : tp_unit, .ctx = &u};
+                             .zero = run->o->zero, .gather = run->pp ? pp_unit : tp_unit, .ctx = &u};
     loom_status s = loom_ckpt_stream_write(&cs, dir, step);
     for (int k = 0; k < 3; k++)
         if (own[k]) m->be->free(own[k]);

@@ -82,7 +82,7 @@ loom_status loom_ckpt_stream_write(const loom_ckpt_stream_t *cs, const char *dir
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
         k.err = loom_safetensors_stream_open(&k.st, &cs->cfg, path);
         loom_optim_shard_path(path, sizeof path, dir, 0, 1);
-        loom_optim_shard_t h = {0, 1, 0, P, 0, P, (uint64_t)step};
+        loom_optim_shard_t h = {0, 1, (uint32_t)cs->zero, P, 0, P, (uint64_t)step};
         if (k.err == LOOM_OK) k.err = loom_optim_stream_open(&k.opt, path, &h);
         buf = loom_malloc(largest_unit(tab) * sizeof(float));
     }

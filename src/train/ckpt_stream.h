@@ -30,6 +30,9 @@ typedef loom_status (*loom_unit_gather_fn)(void *ctx, int which, int param, int 
 typedef struct {
     loom_gpt_config_t cfg;   /* the whole model */
     int lead;                /* rank 0: writes the files */
+    int zero;                /* the run's --zero, in the optimizer file's header: one file, whole, at
+                              * any stage, which a loader tells from a ZeRO-0 file a state.json was
+                              * tampered to call ZeRO-1+ (train/checkpoint.c) */
     loom_unit_gather_fn gather;
     void *ctx;
 } loom_ckpt_stream_t;
