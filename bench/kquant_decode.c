@@ -1,0 +1,103 @@
+/* The block formats' decode kernel alone (loom_cpu_matmul_forward_kq with
+ * N = 1, one thread): per format, GB/s of weight bytes and ns per weight
+ * block, on a weight that stays in cache (OC 256 x C 2048) and on one
+ * that streams from memory (OC 16384 x C 4096, beyond the L3 of most
+ * CPUs). Built with -DKQ_OLD and the previous kernel's cpu_kquant.c
+ * renamed (old_*), both run alternately, round after round, and the
+ * median (min-max) of each is printed. Times are the thread's CPU time
+ * (on a shared machine: the cost of the work, not the wait for a core). Built and run by
+ * bench/kquant-decode.sh. */
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/cpu_kquant.h"
+#include "backend/qblock.h"
+
+#ifdef KQ_OLD
+void old_matmul_forward_kq(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N, int C, int OC, int gelu);
+#endif
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); /* the work's cost, not a shared machine's waits */
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Random blocks with finite fp16 scales in 2^-10 .. 2^-7 (valid blocks:
+ * every bit pattern of the values is a value). */
+static void fill(loom_dtype d, uint8_t *p, size_t nblk, unsigned seed) {
+    const loom_qblock_info_t *q = loom_qblock_info(d);
+    srand(seed);
+    for (size_t i = 0; i < nblk * (size_t)q->bytes; i++) p[i] = (uint8_t)rand();
+    for (size_t b = 0; b < nblk; b++) {
+        uint8_t *k = p + b * (size_t)q->bytes;
+        uint16_t h = (uint16_t)(0x1400 + (rand() & 0x7FF)); /* fp16 around 2^-10 */
+        if (d == LOOM_Q6_K) memcpy(k + 208, &h, 2);
+        else memcpy(k, &h, 2), memcpy(k + 2, &h, 2); /* d, and m or dmin (or q5_0's qh: any bits) */
+    }
+}
+
+typedef void (*kq_fn)(float *, const float *, const loom_tensor_t *, const float *, int, int, int, int);
+
+static double time_one(kq_fn f, const loom_tensor_t *w, const float *x, float *y, int reps) {
+    double t0 = now();
+    for (int r = 0; r < reps; r++) f(y, x, w, NULL, 1, (int)w->cols, (int)w->rows, 0);
+    return (now() - t0) / reps;
+}
+
+int main(int argc, char **argv) {
+    int rounds = argc > 1 ? atoi(argv[1]) : 7;
+    const char *only = argc > 2 ? argv[2] : NULL;
+    omp_set_num_threads(1);
+    static const loom_dtype fmts[] = {LOOM_Q4_0, LOOM_Q4_1, LOOM_Q5_0, LOOM_Q5_1, LOOM_Q4_K, LOOM_Q5_K, LOOM_Q6_K};
+    static const int shapes[2][2] = {{256, 2048}, {16384, 4096}};
+    double load[3] = {0};
+    FILE *la = fopen("/proc/loadavg", "r");
+    if (la && fscanf(la, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
+    if (la) fclose(la);
+    printf("kernels: %s, 1 thread, %d rounds, load %.2f %.2f %.2f\n", loom_cpu_kq_isa(), rounds, load[0], load[1], load[2]);
+    printf("%-5s %-8s %-6s %22s %22s %s\n", "fmt", "weight", "kernel", "GB/s median (min-max)", "ns/block median", "");
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
+        const loom_qblock_info_t *q = loom_qblock_info(fmts[fi]);
+        if (only && strcmp(only, q->name)) continue;
+        for (int s = 0; s < 2; s++) {
+            int OC = shapes[s][0], C = shapes[s][1];
+            size_t nblk = (size_t)OC * C / q->block, bytes = nblk * q->bytes;
+            uint8_t *p = aligned_alloc(64, (bytes + 63) / 64 * 64);
+            fill(fmts[fi], p, nblk, 1 + (unsigned)fi);
+            loom_tensor_t w = {.data = p, .dtype = fmts[fi], .rows = OC, .cols = C};
+            float *x = malloc((size_t)C * sizeof(float)), *y = malloc((size_t)OC * sizeof(float));
+            for (int i = 0; i < C; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
+            int reps = s == 0 ? 200 : 3;
+            int nk = 1;
+            kq_fn fns[2] = {loom_cpu_matmul_forward_kq, NULL};
+            const char *names[2] = {"new", "old"};
+#ifdef KQ_OLD
+            fns[1] = old_matmul_forward_kq, nk = 2;
+#endif
+            double t[2][64];
+            for (int k = 0; k < nk; k++) time_one(fns[k], &w, x, y, 1); /* warm */
+            for (int r = 0; r < rounds && r < 64; r++)
+                for (int i = 0; i < nk; i++) { /* the order alternates round by round */
+                    int k = (i + r) % nk;
+                    t[k][r] = time_one(fns[k], &w, x, y, reps);
+                }
+            for (int k = nk - 1; k >= 0; k--) {
+                qsort(t[k], (size_t)rounds, sizeof(double), cmp);
+                double med = t[k][rounds / 2];
+                printf("%-5s %-8s %-6s %8.2f (%.2f-%.2f) %12.2f\n", q->name, s ? "memory" : "cache", names[k], bytes / med * 1e-9,
+                       bytes / t[k][rounds - 1] * 1e-9, bytes / t[k][0] * 1e-9, med / nblk * 1e9);
+            }
+            free(p), free(x), free(y);
+        }
+    }
+    return 0;
+}
