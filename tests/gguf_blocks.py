@@ -251,13 +251,16 @@ if len(sys.argv) > 2 and sys.argv[2] == "gpt2":
     print("ok gpt2")
     sys.exit(0)
 
-# (type, rows, cols): 32-value formats with a width that is not a multiple
-# of 64 too (the AVX-512 path's step), k-quants with 2 super-blocks a row.
+# (type, rows, cols): 32-value formats with widths of fewer than 8 blocks,
+# of whole groups of 8 (the x86 kernels' step) and of 18 blocks (2 groups
+# and 2 more, smollm2's 576), k-quants with 2 and 9 super-blocks a row (9:
+# more blocks than the kernels' 8 partial sums).
 cases = [
     (T.F32, 3, 64), (T.F16, 3, 64), (T.BF16, 3, 64), (T.Q8_0, 5, 96),
     (T.Q4_0, 5, 96), (T.Q4_1, 5, 96), (T.Q5_0, 5, 96), (T.Q5_1, 5, 96),
-    (T.Q4_0, 7, 512), (T.Q5_1, 7, 512),
-    (T.Q4_K, 7, 512), (T.Q5_K, 7, 512), (T.Q6_K, 7, 512),
+    (T.Q4_0, 7, 512), (T.Q5_1, 7, 512), (T.Q4_1, 5, 576), (T.Q5_0, 5, 576),
+    (T.Q4_K, 3, 2304), (T.Q6_K, 3, 2304),
+    (T.Q4_K, 7, 512), (T.Q5_K, 7, 512), (T.Q6_K, 7, 512),  # the broken-file cases expect these last
 ]
 w = gguf.GGUFWriter(f"{out}/blocks.gguf", "llama")
 ref = gguf.GGUFWriter(f"{out}/ref.gguf", "llama")

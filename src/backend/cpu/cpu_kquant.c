@@ -98,6 +98,22 @@ typedef struct {
     size_t sq, sd, ss; /* row strides */
 } kq_act_t;
 
+/* Where a pass's outputs go: y (N, OC), plus bias, then GELU if gelu. */
+typedef struct {
+    float *y;
+    const float *bias;
+    int OC, gelu;
+} kq_out_t;
+
+static inline void kq_put(const kq_out_t *out, int n, int o, float v) {
+    v += out->bias ? out->bias[o] : 0.0f;
+    out->y[(size_t)n * out->OC + o] = out->gelu ? loom_gelu(v) : v;
+}
+
+/* Output rows o0..o1-1 of input rows r0..r1-1 (one function per format
+ * and instruction set). */
+typedef void (*kq_rows_fn)(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out);
+
 /* ---- portable C: qblock.h's form, block after block ---- */
 
 static void row_portable(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc) {
@@ -123,6 +139,14 @@ static void row_portable(const loom_tensor_t *w, int o, const kq_act_t *a, int r
         }
     }
     for (int n = r0; n < r1; n++) acc[n - r0] = loom_cpu_kq_total(part[n - r0]);
+}
+
+static void rows_portable(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out) {
+    float acc[KQ_PASS];
+    for (int o = o0; o < o1; o++) {
+        row_portable(w, o, a, r0, r1, acc);
+        for (int n = r0; n < r1; n++) kq_put(out, n, o, acc[n - r0]);
+    }
 }
 
 #if defined(__x86_64__)
@@ -169,17 +193,22 @@ KQ_AVX __m256i bit_to_4(__m256i h, int j) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-/* q4_K / q5_K: the 8 6-bit scales and mins from their 12 bytes (the
- * layout of qblock_scale_min_k4, 4 values a 32-bit word), as int16. */
+/* q4_K / q5_K: the 8 6-bit scales and mins from their 12 bytes q (the
+ * layout of qblock_scale_min_k4) in vector registers: bytes 0-3 of the
+ * result are scales 0-3 (q[0..3] & 63), 4-7 scales 4-7 (q[8..11] & 15,
+ * the top 2 bits of q[0..3] above), 8-15 the mins likewise (q[4..7],
+ * q[8..11] >> 4, the top 2 bits of q[4..7]); as int16. Reads q[12..15]
+ * (inside the block) without using them. */
 KQ_AVX void unpack_k45_scales(const uint8_t *q, kq_kblk_t *k) {
-    uint32_t w[3];
-    memcpy(w, q, 12);
-    const uint32_t m6 = 0x3f3f3f3f, m4 = 0x0f0f0f0f, m2 = 0x03030303;
-    uint64_t sc = (w[0] & m6) | (uint64_t)((w[2] & m4) | ((w[0] >> 6) & m2) << 4) << 32;
-    uint64_t mn = (w[1] & m6) | (uint64_t)(((w[2] >> 4) & m4) | ((w[1] >> 6) & m2) << 4) << 32;
-    __m128i s8 = _mm_cvtsi64_si128((long long)sc), m8 = _mm_cvtsi64_si128((long long)mn);
-    k->S[0] = k->S[1] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(s8));
-    k->mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* the min of 32 values, for both groups of 16 */
+    const __m128i lo_at = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
+    const __m128i hi_at = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
+    const __m128i keep = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+    __m128i v = _mm_loadu_si128((const __m128i *)q), a = _mm_shuffle_epi8(v, lo_at);
+    a = _mm_and_si128(_mm_blend_epi32(a, _mm_srli_epi16(a, 4), 8), keep);
+    __m128i h = _mm_and_si128(_mm_srli_epi16(_mm_shuffle_epi8(v, hi_at), 2), _mm_set1_epi8(0x30));
+    __m128i sm = _mm_or_si128(a, h);
+    k->S[0] = k->S[1] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    k->mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)); /* the min of 32 values, for both groups of 16 */
 }
 
 KQ_AVX void unpack_k45(loom_dtype d, const uint8_t *b, kq_kblk_t *k) {
@@ -243,12 +272,20 @@ KQ_AVX void hsum2(__m256i i, __m256i m, int32_t *isum, int32_t *msum) {
     *isum = _mm_cvtsi128_si32(s), *msum = _mm_extract_epi32(s, 1);
 }
 
+/* The fixed tree of loom_cpu_kq_total on a vector (vhaddps adds the
+ * same pairs): ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)). */
+KQ_AVX float total8(__m256 p) {
+    __m256 h = _mm256_hadd_ps(p, p);
+    h = _mm256_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
 /* One weight row of a k-quant against input rows r0..r1-1. */
 KQ_AVX void rowk(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc, loom_dtype d, kq_madd_fn madd) {
     const int bytes = d == LOOM_Q4_K ? 144 : d == LOOM_Q5_K ? 176 : 210;
     const char(*pick)[32] = d == LOOM_Q6_K ? kq_pick6 : kq_pick45;
     const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * bytes;
-    float part[KQ_PASS][KQ_GROUP];
+    float part[KQ_PASS][KQ_GROUP] __attribute__((aligned(32)));
     memset(part, 0, sizeof part[0] * (size_t)(r1 - r0));
     for (int b = 0; b < a->nb; b++) {
         kq_kblk_t k;
@@ -256,37 +293,55 @@ KQ_AVX void rowk(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r
         else unpack_k45(d, row + (size_t)b * bytes, &k);
         for (int n = r0; n < r1; n++) {
             const int8_t *x = a->xq + n * a->sq + (size_t)b * 256;
-            __m256i s = _mm256_setzero_si256();
+            __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* two chains of 4 */
             for (int j = 0; j < 8; j++) {
                 __m256i p = _mm256_maddubs_epi16(k.u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
-                s = madd(s, p, _mm256_shuffle_epi8(k.S[j / 4], _mm256_load_si256((const __m256i *)pick[j])));
+                s[j & 1] = madd(s[j & 1], p, _mm256_shuffle_epi8(k.S[j / 4], _mm256_load_si256((const __m256i *)pick[j])));
             }
             __m256i m = _mm256_madd_epi16(k.mn, _mm256_loadu_si256((const __m256i *)(a->xs + n * a->ss + (size_t)b * 16)));
             int32_t isum, msum;
-            hsum2(s, m, &isum, &msum);
+            hsum2(_mm256_add_epi32(s[0], s[1]), m, &isum, &msum);
             loom_cpu_kq_accum(part[n - r0], b, a->xd[n * a->sd + b], k.d, k.dmin, isum, msum);
         }
     }
-    for (int n = r0; n < r1; n++) acc[n - r0] = loom_cpu_kq_total(part[n - r0]);
+    for (int n = r0; n < r1; n++) acc[n - r0] = total8(_mm256_load_ps(part[n - r0]));
+}
+
+KQ_AVX void rowsk(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
+                  kq_madd_fn madd) {
+    float acc[KQ_PASS];
+    for (int o = o0; o < o1; o++) {
+        rowk(w, o, a, r0, r1, acc, d, madd);
+        for (int n = r0; n < r1; n++) kq_put(out, n, o, acc[n - r0]);
+    }
 }
 
 /* ---- 32-value formats ---- */
 
-/* The 32 values of a 32-value block as bytes (low nibbles of qs then
- * high, plus bit j of qh as the fifth bit of q5_0/q5_1). */
-KQ_AVX __m256i unpack32(loom_dtype d, const uint8_t *b) {
+/* The fifth bits of q5_0/q5_1 (bit j of qh for value j) as 0x10 bytes:
+ * AVX2 spreads qh over the bytes and compares; AVX-512 uses it as a mask. */
+typedef __m256i (*kq_hi5_fn)(uint32_t qh);
+KQ_AVX __m256i hi5_avx2(uint32_t qh) {
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+                                          3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), _mm256_set1_epi8(0x10));
+}
+__attribute__((target("avx2,avx512f,avx512bw,avx512vl"), always_inline)) static inline __m256i hi5_avx512(uint32_t qh) {
+    return _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10));
+}
+
+/* The 32 values of a 32-value block as bytes (low nibbles of qs, then
+ * high, plus the fifth bits of q5_0/q5_1). */
+KQ_AVX __m256i unpack32(loom_dtype d, const uint8_t *b, kq_hi5_fn hi5) {
     int off = d == LOOM_Q4_0 ? 2 : d == LOOM_Q4_1 ? 4 : d == LOOM_Q5_0 ? 6 : 8;
     __m128i q = _mm_loadu_si128((const __m128i *)(b + off));
     __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
     if (d == LOOM_Q5_0 || d == LOOM_Q5_1) {
-        const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3,
-                                              3, 3, 3, 3, 3);
-        const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
         uint32_t qh;
         memcpy(&qh, b + off - 4, 4);
-        __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
-        h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
-        v = _mm256_or_si256(v, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
+        v = _mm256_or_si256(v, hi5(qh));
     }
     return v;
 }
@@ -298,75 +353,115 @@ KQ_AVX __m256i hsum8(const __m256i *s) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
-/* The fp16 at byte `at` of blocks 0..k-1 of g (bytes apart), 0 beyond. */
-KQ_AVX __m256 f16x8(const uint8_t *g, int bytes, int at, int k) {
-#define KQ_H(j) (short)((j) < k ? ld16(g + (j) * bytes + at) : 0)
-    return _mm256_cvtph_ps(_mm_setr_epi16(KQ_H(0), KQ_H(1), KQ_H(2), KQ_H(3), KQ_H(4), KQ_H(5), KQ_H(6), KQ_H(7)));
+/* Eight 32-value blocks in registers: their values, d and dmin (q4_1 and
+ * q5_1: value = d u + m, so dmin = -m; else dmin = d and the min is a
+ * constant 8 or 16 times the activations' sum, a shift). */
+typedef struct {
+    __m256i u[KQ_GROUP];
+    __m256 d, dmin;
+} kq_g32_t;
+
+KQ_AVX void unpack_g32(loom_dtype d, const uint8_t *g, kq_g32_t *G, kq_hi5_fn hi5) {
+    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24;
+    for (int j = 0; j < KQ_GROUP; j++) G->u[j] = unpack32(d, g + j * bytes, hi5);
+#define KQ_H(j, at) (short)ld16(g + (j) * bytes + (at))
+    G->d = _mm256_cvtph_ps(_mm_setr_epi16(KQ_H(0, 0), KQ_H(1, 0), KQ_H(2, 0), KQ_H(3, 0), KQ_H(4, 0), KQ_H(5, 0), KQ_H(6, 0), KQ_H(7, 0)));
+    G->dmin = G->d;
+    if (d == LOOM_Q4_1 || d == LOOM_Q5_1) {
+        __m256 m = _mm256_cvtph_ps(_mm_setr_epi16(KQ_H(0, 2), KQ_H(1, 2), KQ_H(2, 2), KQ_H(3, 2), KQ_H(4, 2), KQ_H(5, 2), KQ_H(6, 2), KQ_H(7, 2)));
+        G->dmin = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f)); /* exactly -m, as the portable path */
+    }
 #undef KQ_H
 }
 
-/* One weight row of a 32-value format against input rows r0..r1-1, 8
- * blocks at a time (blocks past the row's end are zeros). */
-KQ_AVX void row32(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc, loom_dtype d, kq_dot4_fn dot4) {
-    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24;
-    const int hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1, mshift = d == LOOM_Q4_0 ? 3 : d == LOOM_Q5_0 ? 4 : 0;
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * bytes;
+/* part + the float work of G's 8 blocks against input row n's blocks
+ * b0 .. b0 + 7 (lane j: block b0 + j, part[(b0 + j) % 8]). */
+KQ_AVX __m256 step32(const kq_g32_t *G, const kq_act_t *a, int n, int b0, __m256 part, loom_dtype d, kq_dot4_fn dot4) {
+    const int mshift = d == LOOM_Q4_0 ? 3 : d == LOOM_Q5_0 ? 4 : 0;
+    const int8_t *x = a->xq + n * a->sq + (size_t)b0 * 32;
+    __m256i p[KQ_GROUP];
+    for (int j = 0; j < KQ_GROUP; j++) p[j] = dot4(_mm256_setzero_si256(), G->u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
+    __m256i xs = _mm256_loadu_si256((const __m256i *)(a->xs + n * a->ss + (size_t)b0 * 2));
+    __m256i M = _mm256_slli_epi32(_mm256_madd_epi16(xs, _mm256_set1_epi16(1)), mshift);
+    __m256 f = _mm256_fmsub_ps(G->d, _mm256_cvtepi32_ps(hsum8(p)), _mm256_mul_ps(G->dmin, _mm256_cvtepi32_ps(M)));
+    return _mm256_fmadd_ps(_mm256_loadu_ps(a->xd + n * a->sd + b0), f, part);
+}
+
+/* One block b past the last whole group of 8: the same integers and float
+ * work, for one input row, in scalars. */
+KQ_AVX void tail32(loom_dtype d, const uint8_t *blk, const kq_act_t *a, int n, int b, float *part, kq_dot4_fn dot4, kq_hi5_fn hi5) {
+    const int mshift = d == LOOM_Q4_0 ? 3 : d == LOOM_Q5_0 ? 4 : 0, hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1;
+    __m256i x = _mm256_loadu_si256((const __m256i *)(a->xq + n * a->sq + (size_t)b * 32));
+    int32_t isum = loom_hsum_i32x8(dot4(_mm256_setzero_si256(), unpack32(d, blk, hi5), x));
+    const int16_t *xs = a->xs + n * a->ss + (size_t)b * 2;
+    float dd = _cvtsh_ss(ld16(blk)), dmin = hasmin ? -_cvtsh_ss(ld16(blk + 2)) : dd;
+    loom_cpu_kq_accum(part, b, a->xd[n * a->sd + b], dd, dmin, isum, (xs[0] + xs[1]) * (1 << mshift));
+}
+
+/* Output rows o0..o1-1 of a 32-value format against input rows r0..r1-1,
+ * 8 blocks at a time, then the row's last nb % 8 one by one. One input
+ * row keeps its partial sums in a register. */
+KQ_AVX void rows32(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
+                   kq_dot4_fn dot4, kq_hi5_fn hi5) {
+    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24, whole = a->nb / KQ_GROUP * KQ_GROUP;
     float part[KQ_PASS][KQ_GROUP] __attribute__((aligned(32)));
-    for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], _mm256_setzero_ps());
-    for (int b0 = 0; b0 < a->nb; b0 += KQ_GROUP) {
-        const uint8_t *g = row + (size_t)b0 * bytes;
-        int k = a->nb - b0 < KQ_GROUP ? a->nb - b0 : KQ_GROUP;
-        __m256i u[KQ_GROUP];
-        for (int j = 0; j < KQ_GROUP; j++) u[j] = j < k ? unpack32(d, g + j * bytes) : _mm256_setzero_si256();
-        __m256 dv = f16x8(g, bytes, 0, k); /* q4_1/q5_1: value = d u + m, so dmin = -m */
-        __m256 mv = hasmin ? _mm256_sub_ps(_mm256_setzero_ps(), f16x8(g, bytes, 2, k)) : dv;
+    for (int o = o0; o < o1; o++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * bytes;
+        kq_g32_t G;
+        if (r1 - r0 == 1) {
+            __m256 p = _mm256_setzero_ps();
+            for (int b0 = 0; b0 < whole; b0 += KQ_GROUP) {
+                unpack_g32(d, row + (size_t)b0 * bytes, &G, hi5);
+                p = step32(&G, a, r0, b0, p, d, dot4);
+            }
+            _mm256_store_ps(part[0], p);
+        } else {
+            for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], _mm256_setzero_ps());
+            for (int b0 = 0; b0 < whole; b0 += KQ_GROUP) {
+                unpack_g32(d, row + (size_t)b0 * bytes, &G, hi5);
+                for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], step32(&G, a, n, b0, _mm256_load_ps(part[n - r0]), d, dot4));
+            }
+        }
         for (int n = r0; n < r1; n++) {
-            const int8_t *x = a->xq + n * a->sq + (size_t)b0 * 32;
-            __m256i p[KQ_GROUP];
-            for (int j = 0; j < KQ_GROUP; j++) p[j] = dot4(_mm256_setzero_si256(), u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
-            __m256i xs = _mm256_loadu_si256((const __m256i *)(a->xs + n * a->ss + (size_t)b0 * 2));
-            __m256i mi = _mm256_slli_epi32(_mm256_madd_epi16(xs, _mm256_set1_epi16(1)), mshift);
-            __m256 f = _mm256_fmsub_ps(dv, _mm256_cvtepi32_ps(hsum8(p)), _mm256_mul_ps(mv, _mm256_cvtepi32_ps(mi)));
-            __m256 xd = _mm256_loadu_ps(a->xd + n * a->sd + b0);
-            _mm256_store_ps(part[n - r0], _mm256_fmadd_ps(xd, f, _mm256_load_ps(part[n - r0])));
+            for (int b = whole; b < a->nb; b++) tail32(d, row + (size_t)b * bytes, a, n, b, part[n - r0], dot4, hi5);
+            kq_put(out, n, o, total8(_mm256_load_ps(part[n - r0])));
         }
     }
-    for (int n = r0; n < r1; n++) acc[n - r0] = loom_cpu_kq_total(part[n - r0]);
 }
 
 /* One function per format and instruction set, the kernel and its dot
- * product inlined (constants there). */
-#define KQ_ROW_FN(NAME, TGT, BODY)                                                                              \
-    __attribute__((target(TGT))) static void NAME(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, \
-                                                  float *acc) {                                                 \
-        BODY;                                                                                                   \
+ * products inlined (constants there). */
+#define KQ_ROWS_FN(NAME, TGT, BODY)                                                                                   \
+    __attribute__((target(TGT))) static void NAME(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, \
+                                                  const kq_out_t *out) {                                              \
+        BODY;                                                                                                         \
     }
-#define KQ_ROWS(SFX, TGT, MADD, DOT4)                                                                \
-    KQ_ROW_FN(q4_0_##SFX, TGT, row32(w, o, a, r0, r1, acc, LOOM_Q4_0, DOT4))                         \
-    KQ_ROW_FN(q4_1_##SFX, TGT, row32(w, o, a, r0, r1, acc, LOOM_Q4_1, DOT4))                         \
-    KQ_ROW_FN(q5_0_##SFX, TGT, row32(w, o, a, r0, r1, acc, LOOM_Q5_0, DOT4))                         \
-    KQ_ROW_FN(q5_1_##SFX, TGT, row32(w, o, a, r0, r1, acc, LOOM_Q5_1, DOT4))                         \
-    KQ_ROW_FN(q4_K_##SFX, TGT, rowk(w, o, a, r0, r1, acc, LOOM_Q4_K, MADD))                          \
-    KQ_ROW_FN(q5_K_##SFX, TGT, rowk(w, o, a, r0, r1, acc, LOOM_Q5_K, MADD))                          \
-    KQ_ROW_FN(q6_K_##SFX, TGT, rowk(w, o, a, r0, r1, acc, LOOM_Q6_K, MADD))
-KQ_ROWS(avx2, "avx2,fma,f16c", madd_avx2, dot4_avx2)
-KQ_ROWS(avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", madd_avx2, dot4_avx2)
-KQ_ROWS(vnni, KQ_VNNI_TGT, madd_vnni, dot4_vnni)
+#define KQ_ROWS(SFX, TGT, MADD, DOT4, HI5)                                                       \
+    KQ_ROWS_FN(q4_0_##SFX, TGT, rows32(w, a, o0, o1, r0, r1, out, LOOM_Q4_0, DOT4, HI5))         \
+    KQ_ROWS_FN(q4_1_##SFX, TGT, rows32(w, a, o0, o1, r0, r1, out, LOOM_Q4_1, DOT4, HI5))         \
+    KQ_ROWS_FN(q5_0_##SFX, TGT, rows32(w, a, o0, o1, r0, r1, out, LOOM_Q5_0, DOT4, HI5))         \
+    KQ_ROWS_FN(q5_1_##SFX, TGT, rows32(w, a, o0, o1, r0, r1, out, LOOM_Q5_1, DOT4, HI5))         \
+    KQ_ROWS_FN(q4_K_##SFX, TGT, rowsk(w, a, o0, o1, r0, r1, out, LOOM_Q4_K, MADD))               \
+    KQ_ROWS_FN(q5_K_##SFX, TGT, rowsk(w, a, o0, o1, r0, r1, out, LOOM_Q5_K, MADD))               \
+    KQ_ROWS_FN(q6_K_##SFX, TGT, rowsk(w, a, o0, o1, r0, r1, out, LOOM_Q6_K, MADD))
+KQ_ROWS(avx2, "avx2,fma,f16c", madd_avx2, dot4_avx2, hi5_avx2)
+KQ_ROWS(avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", madd_avx2, dot4_avx2, hi5_avx512)
+KQ_ROWS(vnni, KQ_VNNI_TGT, madd_vnni, dot4_vnni, hi5_avx512)
 #endif
 
-typedef void (*kq_row_fn)(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc);
-
-static kq_row_fn kq_row_for_isa(loom_dtype d) {
+static kq_rows_fn kq_rows_for_isa(loom_dtype d) {
 #if defined(__x86_64__)
 #define KQ_FMTS(SFX) {q4_0_##SFX, q4_1_##SFX, q5_0_##SFX, q5_1_##SFX, q4_K_##SFX, q5_K_##SFX, q6_K_##SFX}
-    static const kq_row_fn fns[KQ_COUNT - 1][7] = {KQ_FMTS(avx2), KQ_FMTS(avx512), KQ_FMTS(vnni)};
+    static const kq_rows_fn fns[KQ_COUNT - 1][7] = {KQ_FMTS(avx2), KQ_FMTS(avx512), KQ_FMTS(vnni)};
 #undef KQ_FMTS
     int isa = kq_pick();
     if (isa != KQ_PORTABLE) return fns[isa - 1][d - LOOM_Q4_0];
 #endif
     (void)d;
-    return row_portable;
+    return rows_portable;
 }
+
+#define KQ_CHUNK 16 /* output rows a thread takes at a time */
 
 void loom_cpu_matmul_forward_kq(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
                                 int N, int C, int OC, int gelu) {
@@ -380,21 +475,13 @@ void loom_cpu_matmul_forward_kq(float *out, const float *inp, const loom_tensor_
     for (int n = 0; n < N; n++)
         loom_cpu_kq_quantize_act(inp + (size_t)n * C, C, blk, xd + n * a.sd, xq + n * a.sq, xs + n * a.ss);
     a.xq = xq, a.xd = xd, a.xs = xs;
-    kq_row_fn row = kq_row_for_isa(w->dtype);
+    kq_rows_fn rows = kq_rows_for_isa(w->dtype);
+    kq_out_t y = {out, bias, OC, gelu};
 #pragma omp parallel if ((double)N * C * OC > 1 << 18)
-    {
-        float acc[KQ_PASS];
-        for (int r0 = 0; r0 < N; r0 += KQ_PASS) {
-            int r1 = r0 + KQ_PASS < N ? r0 + KQ_PASS : N;
-#pragma omp for schedule(dynamic, 16) nowait
-            for (int o = 0; o < OC; o++) {
-                row(w, o, &a, r0, r1, acc);
-                for (int n = r0; n < r1; n++) {
-                    float v = acc[n - r0] + (bias ? bias[o] : 0.0f);
-                    out[(size_t)n * OC + o] = gelu ? loom_gelu(v) : v;
-                }
-            }
-        }
+    for (int r0 = 0; r0 < N; r0 += KQ_PASS) {
+        int r1 = r0 + KQ_PASS < N ? r0 + KQ_PASS : N;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int o0 = 0; o0 < OC; o0 += KQ_CHUNK) rows(w, &a, o0, o0 + KQ_CHUNK < OC ? o0 + KQ_CHUNK : OC, r0, r1, &y);
     }
     free(xq), free(xd), free(xs);
 }
