@@ -176,6 +176,13 @@ __attribute__((target(KQ_VNNI_TGT), always_inline)) static inline __m256i dot4_v
     return _mm256_dpbusd_epi32(acc, u, x);
 }
 
+/* Eight vectors of 8 int32 partial sums to one vector of their 8 totals. */
+KQ_AVX __m256i hsum8(const __m256i *s) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
 /* ---- 256-value formats ---- */
 
 /* A k-quant block in registers: u[j] the values 32j .. 32j + 31; the
@@ -280,27 +287,93 @@ KQ_AVX float total8(__m256 p) {
     return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
 }
 
-/* One weight row of a k-quant against input rows r0..r1-1. */
+/* The unreduced sums of a k-quant block against one input row's block:
+ * *I (8 int32 adding up to the block's I) and *M (likewise M). */
+KQ_AVX void dotk(const kq_kblk_t *k, const int8_t *x, const int16_t *xs, loom_dtype d, kq_madd_fn madd, __m256i *I, __m256i *M) {
+    const char(*pick)[32] = d == LOOM_Q6_K ? kq_pick6 : kq_pick45;
+    __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* two chains of 4 */
+    for (int j = 0; j < 8; j++) {
+        __m256i p = _mm256_maddubs_epi16(k->u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
+        s[j & 1] = madd(s[j & 1], p, _mm256_shuffle_epi8(k->S[j / 4], _mm256_load_si256((const __m256i *)pick[j])));
+    }
+    *I = _mm256_add_epi32(s[0], s[1]);
+    *M = _mm256_madd_epi16(k->mn, _mm256_loadu_si256((const __m256i *)xs));
+}
+
+KQ_AVX void unpack_k(loom_dtype d, const uint8_t *b, kq_kblk_t *k) {
+    if (d == LOOM_Q6_K) unpack_q6k(b, k);
+    else unpack_k45(d, b, k);
+}
+
+/* d and dmin of 8 blocks from g (bytes apart) as floats: one gather of
+ * the 32 bits holding both (q6_K: its d is the high half of the 32 bits
+ * at 206, so nothing past the block is read). */
+KQ_AVX void f16_pairs8(const uint8_t *g, loom_dtype d, __m256 *dd, __m256 *dmin) {
+    const int bytes = d == LOOM_Q4_K ? 144 : d == LOOM_Q5_K ? 176 : 210;
+    const __m256i at = _mm256_setr_epi32(0, bytes, 2 * bytes, 3 * bytes, 4 * bytes, 5 * bytes, 6 * bytes, 7 * bytes);
+    const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6,
+                                           7, 10, 11, 14, 15);
+    __m256i v = _mm256_i32gather_epi32((const int *)(g + (d == LOOM_Q6_K ? 206 : 0)), at, 1);
+    v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, split), 0xD8); /* low halves of all 8, then high halves */
+    __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(v)), hi = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+    *dd = d == LOOM_Q6_K ? hi : lo;
+    *dmin = hi;
+}
+
+/* One weight row of a k-quant against one input row n: 8 blocks at a
+ * time, their I and M reduced together and their float work done as one
+ * vector (lane j: block b0 + j), then the last nb % 8 blocks one by one;
+ * the same operations as the general path below. */
+KQ_AVX float rowk1(const uint8_t *row, const kq_act_t *a, int n, loom_dtype d, kq_madd_fn madd) {
+    const int bytes = d == LOOM_Q4_K ? 144 : d == LOOM_Q5_K ? 176 : 210, whole = a->nb / KQ_GROUP * KQ_GROUP;
+    const int8_t *x = a->xq + n * a->sq;
+    const int16_t *xs = a->xs + n * a->ss;
+    __m256 part = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < whole; b0 += KQ_GROUP) {
+        __m256i I[KQ_GROUP], M[KQ_GROUP];
+        for (int j = 0; j < KQ_GROUP; j++) {
+            kq_kblk_t k;
+            unpack_k(d, row + (size_t)(b0 + j) * bytes, &k);
+            dotk(&k, x + (size_t)(b0 + j) * 256, xs + (size_t)(b0 + j) * 16, d, madd, &I[j], &M[j]);
+        }
+        __m256 dd, dmin;
+        f16_pairs8(row + (size_t)b0 * bytes, d, &dd, &dmin);
+        __m256 f = _mm256_fmsub_ps(dd, _mm256_cvtepi32_ps(hsum8(I)), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(hsum8(M))));
+        part = _mm256_fmadd_ps(_mm256_loadu_ps(a->xd + n * a->sd + b0), f, part);
+    }
+    float p[KQ_GROUP] __attribute__((aligned(32)));
+    _mm256_store_ps(p, part);
+    for (int b = whole; b < a->nb; b++) {
+        kq_kblk_t k;
+        __m256i I, M;
+        int32_t isum, msum;
+        unpack_k(d, row + (size_t)b * bytes, &k);
+        dotk(&k, x + (size_t)b * 256, xs + (size_t)b * 16, d, madd, &I, &M);
+        hsum2(I, M, &isum, &msum);
+        loom_cpu_kq_accum(p, b, a->xd[n * a->sd + b], k.d, k.dmin, isum, msum);
+    }
+    return total8(_mm256_load_ps(p));
+}
+
+/* One weight row of a k-quant against input rows r0..r1-1, block after
+ * block (each unpacked once for all the rows). */
 KQ_AVX void rowk(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc, loom_dtype d, kq_madd_fn madd) {
     const int bytes = d == LOOM_Q4_K ? 144 : d == LOOM_Q5_K ? 176 : 210;
-    const char(*pick)[32] = d == LOOM_Q6_K ? kq_pick6 : kq_pick45;
     const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * bytes;
+    if (r1 - r0 == 1) {
+        acc[0] = rowk1(row, a, r0, d, madd);
+        return;
+    }
     float part[KQ_PASS][KQ_GROUP] __attribute__((aligned(32)));
     memset(part, 0, sizeof part[0] * (size_t)(r1 - r0));
     for (int b = 0; b < a->nb; b++) {
         kq_kblk_t k;
-        if (d == LOOM_Q6_K) unpack_q6k(row + (size_t)b * bytes, &k);
-        else unpack_k45(d, row + (size_t)b * bytes, &k);
+        unpack_k(d, row + (size_t)b * bytes, &k);
         for (int n = r0; n < r1; n++) {
-            const int8_t *x = a->xq + n * a->sq + (size_t)b * 256;
-            __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* two chains of 4 */
-            for (int j = 0; j < 8; j++) {
-                __m256i p = _mm256_maddubs_epi16(k.u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
-                s[j & 1] = madd(s[j & 1], p, _mm256_shuffle_epi8(k.S[j / 4], _mm256_load_si256((const __m256i *)pick[j])));
-            }
-            __m256i m = _mm256_madd_epi16(k.mn, _mm256_loadu_si256((const __m256i *)(a->xs + n * a->ss + (size_t)b * 16)));
+            __m256i I, M;
             int32_t isum, msum;
-            hsum2(_mm256_add_epi32(s[0], s[1]), m, &isum, &msum);
+            dotk(&k, a->xq + n * a->sq + (size_t)b * 256, a->xs + n * a->ss + (size_t)b * 16, d, madd, &I, &M);
+            hsum2(I, M, &isum, &msum);
             loom_cpu_kq_accum(part[n - r0], b, a->xd[n * a->sd + b], k.d, k.dmin, isum, msum);
         }
     }
@@ -344,13 +417,6 @@ KQ_AVX __m256i unpack32(loom_dtype d, const uint8_t *b, kq_hi5_fn hi5) {
         v = _mm256_or_si256(v, hi5(qh));
     }
     return v;
-}
-
-/* Eight vectors of 8 int32 partial sums to one vector of their 8 totals. */
-KQ_AVX __m256i hsum8(const __m256i *s) {
-    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
 }
 
 /* Eight 32-value blocks in registers: their values, d and dmin (q4_1 and
