@@ -2,7 +2,9 @@
 # The block formats' decode kernel alone, one thread, N = 1 (bench/kquant_decode.c):
 # this tree's loom_cpu_matmul_forward_kq beside the one at git revision BASE
 # (its cpu_kquant.c compiled with renamed symbols into the same program),
-# alternating round by round; GB/s of weights and ns per block, medians.
+# alternating round by round, and with LOOM_LLAMA_DIR set, llama.cpp's own
+# dot product (libggml-cpu.so's vec_dot) beside them; GB/s of weights and ns
+# per block, medians.
 #   bench/kquant-decode.sh [BASE (default: none, this tree only)] [rounds] [format]
 set -eu
 cd "$(dirname "$0")/.."
@@ -22,4 +24,4 @@ if [ -n "${1:-}" ]; then
 fi
 $cc -o "$tmp/bench" bench/kquant_decode.c $old \
     -Wl,--whole-archive build/libloom.a -Wl,--no-whole-archive -lopenblas -lcjson -lm -lpthread -ldl -lmicrohttpd $mpi
-"$tmp/bench" "${2:-7}" ${3:-}
+LLAMA_CPU_LIB=${LOOM_LLAMA_DIR:+$LOOM_LLAMA_DIR/build/bin/libggml-cpu.so} LD_LIBRARY_PATH=${LOOM_LLAMA_DIR:+$LOOM_LLAMA_DIR/build/bin} "$tmp/bench" "${2:-7}" ${3:-}

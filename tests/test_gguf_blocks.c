@@ -183,6 +183,30 @@ static void check_kq(const loom_gguf_tensor_t *t, const loom_gguf_tensor_t *ref,
     free(x), free(bias), free(first), free(out);
 }
 
+/* The activations' quantization: every instruction set's bytes and scales
+ * equal the portable loop's, with values that round half to even (k + 0.5
+ * times the scale) and an all-zero block. */
+static void test_kq_quantize_isas(void) {
+    enum { C = 1024 };
+    float *x = check_rand(C, 1.0f, 11), xd[2][C / 32];
+    int8_t xq[2][C];
+    int16_t xs[2][C / 16];
+    for (int i = 0; i < 64; i++) x[i] = (float)(i % 7 - 3) + 0.5f; /* max 3.5: x * 127 / 3.5 lands on halves */
+    x[64] = 127.0f / 2;
+    memset(x + 96, 0, 32 * sizeof(float));
+    static const char *const isas[] = {"portable", "avx2", "avx512", "avx512vnni"};
+    for (int blk = 32; blk <= 256; blk *= 8)
+        for (int k = 0; k < 4; k++) {
+            if (!loom_cpu_kq_use(isas[k])) continue;
+            loom_cpu_kq_quantize_act(x, C, blk, xd[k > 0], xq[k > 0], xs[k > 0]);
+            if (k > 0)
+                CHECK(!memcmp(xd[0], xd[1], sizeof(float) * (C / blk)) && !memcmp(xq[0], xq[1], C) && !memcmp(xs[0], xs[1], sizeof xs[0]),
+                      "block %d: %s quantizes the activations differently from portable", blk, isas[k]);
+        }
+    loom_cpu_kq_use(NULL);
+    free(x);
+}
+
 static void test_kq_matmul_bound(void) {
     if (!oracle_files()) return;
     loom_gguf_t *g = open_file("blocks.gguf"), *r = open_file("ref.gguf");
@@ -523,6 +547,7 @@ static void test_llama_hf_logits(void) {
 
 int main(void) {
     RUN(test_dequantize_equals_gguf);
+    RUN(test_kq_quantize_isas);
     RUN(test_kq_matmul_bound);
     RUN(test_broken_files);
     RUN(test_gpt2_block_weights);
