@@ -494,29 +494,61 @@ KQ_AVX void tail32(loom_dtype d, const uint8_t *blk, const kq_act_t *a, int n, i
     loom_cpu_kq_accum(part, b, a->xd[n * a->sd + b], dd, dmin, isum, (xs[0] + xs[1]) * (1 << mshift));
 }
 
-/* Output rows o0..o1-1 of a 32-value format against input rows r0..r1-1,
- * 8 blocks at a time, then the row's last nb % 8 one by one. One input
- * row keeps its partial sums in a register. */
+/* Weight rows row[0 .. R-1] (R = 1 or 2, a constant once inlined) of a
+ * 32-value format against one input row n, 8 blocks at a time with the 8
+ * partial sums in a register, then the last nb % 8 blocks one by one;
+ * res[r]: the results before the bias. Two rows are interleaved because a
+ * short row (smollm2: 18 blocks) is mostly one dependency chain, which the
+ * other row's independent work fills. */
+KQ_AVX void row32_one(const uint8_t *const *row, int R, const kq_act_t *a, int n, float *res, loom_dtype d, kq_dot4_fn dot4,
+                      kq_hi5_fn hi5) {
+    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24, whole = a->nb / KQ_GROUP * KQ_GROUP;
+    __m256 p[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int b0 = 0; b0 < whole; b0 += KQ_GROUP)
+        for (int r = 0; r < R; r++) {
+            kq_g32_t G;
+            unpack_g32(d, row[r] + (size_t)b0 * bytes, &G, hi5);
+            p[r] = step32(&G, a, n, b0, p[r], d, dot4);
+        }
+    float part[2][KQ_GROUP] __attribute__((aligned(32)));
+    for (int r = 0; r < R; r++) {
+        _mm256_store_ps(part[r], p[r]);
+        for (int b = whole; b < a->nb; b++) tail32(d, row[r] + (size_t)b * bytes, a, n, b, part[r], dot4, hi5);
+        res[r] = total8(_mm256_load_ps(part[r]));
+    }
+}
+
+/* Output rows o0..o1-1 of a 32-value format against input rows r0..r1-1:
+ * one input row two weight rows at a time (row32_one); several input rows
+ * each 8 blocks unpacked once for all of them, partial sums in memory. */
 KQ_AVX void rows32(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
                    kq_dot4_fn dot4, kq_hi5_fn hi5) {
     const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24, whole = a->nb / KQ_GROUP * KQ_GROUP;
+    const uint8_t *base = (const uint8_t *)w->data;
+    const size_t rb = (size_t)a->nb * bytes;
+    if (r1 - r0 == 1) {
+        float res[2];
+        int o = o0;
+        for (; o + 1 < o1; o += 2) {
+            const uint8_t *rows[2] = {base + (size_t)o * rb, base + (size_t)(o + 1) * rb};
+            row32_one(rows, 2, a, r0, res, d, dot4, hi5);
+            kq_put(out, r0, o, res[0]), kq_put(out, r0, o + 1, res[1]);
+        }
+        if (o < o1) {
+            const uint8_t *rows[1] = {base + (size_t)o * rb};
+            row32_one(rows, 1, a, r0, res, d, dot4, hi5);
+            kq_put(out, r0, o, res[0]);
+        }
+        return;
+    }
     float part[KQ_PASS][KQ_GROUP] __attribute__((aligned(32)));
     for (int o = o0; o < o1; o++) {
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * bytes;
-        kq_g32_t G;
-        if (r1 - r0 == 1) {
-            __m256 p = _mm256_setzero_ps();
-            for (int b0 = 0; b0 < whole; b0 += KQ_GROUP) {
-                unpack_g32(d, row + (size_t)b0 * bytes, &G, hi5);
-                p = step32(&G, a, r0, b0, p, d, dot4);
-            }
-            _mm256_store_ps(part[0], p);
-        } else {
-            for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], _mm256_setzero_ps());
-            for (int b0 = 0; b0 < whole; b0 += KQ_GROUP) {
-                unpack_g32(d, row + (size_t)b0 * bytes, &G, hi5);
-                for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], step32(&G, a, n, b0, _mm256_load_ps(part[n - r0]), d, dot4));
-            }
+        const uint8_t *row = base + (size_t)o * rb;
+        for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], _mm256_setzero_ps());
+        for (int b0 = 0; b0 < whole; b0 += KQ_GROUP) {
+            kq_g32_t G;
+            unpack_g32(d, row + (size_t)b0 * bytes, &G, hi5);
+            for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], step32(&G, a, n, b0, _mm256_load_ps(part[n - r0]), d, dot4));
         }
         for (int n = r0; n < r1; n++) {
             for (int b = whole; b < a->nb; b++) tail32(d, row + (size_t)b * bytes, a, n, b, part[n - r0], dot4, hi5);
