@@ -17,7 +17,9 @@
  * work of loom_cpu_kq_accum / loom_cpu_kq_total below. The integers are
  * exact on every instruction set and the float work is the same
  * operations in the same order, so every path (portable, AVX2, AVX-512,
- * AVX-512 VNNI) gives the same bits, for any N and any number of threads. */
+ * AVX-512 VNNI) gives the same bits, for any N it is given and any number
+ * of threads (a many-rows GEMM that takes large N away from this kernel
+ * is its own matter). */
 void loom_cpu_matmul_forward_kq(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
                                 int N, int C, int OC, int gelu);
 /* Quantize x (C values, a multiple of blk = 32 or 256) per block of blk:
