@@ -335,15 +335,16 @@ KQ_AVX void unpack_k(loom_dtype d, const uint8_t *b, kq_kblk_t *k) {
     else unpack_k45(d, b, k);
 }
 
-/* d and dmin of 8 blocks from g (bytes apart) as floats: one gather of
- * the 32 bits holding both (q6_K: its d is the high half of the 32 bits
- * at 206, so nothing past the block is read). */
-KQ_AVX void f16_pairs8(const uint8_t *g, loom_dtype d, __m256 *dd, __m256 *dmin) {
+/* d and dmin of blocks 0..k-1 of the 8 from g (bytes apart) as floats,
+ * 0 for the others: one gather of the 32 bits holding both (q6_K: its d is
+ * the high half of the 32 bits at 206, so nothing past a block is read). */
+KQ_AVX void f16_pairs8(const uint8_t *g, loom_dtype d, int k, __m256 *dd, __m256 *dmin) {
     const int bytes = d == LOOM_Q4_K ? 144 : d == LOOM_Q5_K ? 176 : 210;
     const __m256i at = _mm256_setr_epi32(0, bytes, 2 * bytes, 3 * bytes, 4 * bytes, 5 * bytes, 6 * bytes, 7 * bytes);
     const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6,
                                            7, 10, 11, 14, 15);
-    __m256i v = _mm256_i32gather_epi32((const int *)(g + (d == LOOM_Q6_K ? 206 : 0)), at, 1);
+    __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i v = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(g + (d == LOOM_Q6_K ? 206 : 0)), at, live, 1);
     v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, split), 0xD8); /* low halves of all 8, then high halves */
     __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(v)), hi = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
     *dd = d == LOOM_Q6_K ? hi : lo;
@@ -352,37 +353,31 @@ KQ_AVX void f16_pairs8(const uint8_t *g, loom_dtype d, __m256 *dd, __m256 *dmin)
 
 /* One weight row of a k-quant against one input row n: 8 blocks at a
  * time, their I and M reduced together and their float work done as one
- * vector (lane j: block b0 + j), then the last nb % 8 blocks one by one;
- * the same operations as the general path below. */
+ * vector (lane j: block b0 + j, partial sum j); a last group of k < 8
+ * blocks has zeros in lanes k..7 (zero integers, d, dmin and activation
+ * scale: each such lane adds exactly +0). The same operations as the
+ * general path below, in registers to the end. */
 KQ_AVX float rowk1(const uint8_t *row, const kq_act_t *a, int n, loom_dtype d, kq_madd_fn madd) {
-    const int bytes = d == LOOM_Q4_K ? 144 : d == LOOM_Q5_K ? 176 : 210, whole = a->nb / KQ_GROUP * KQ_GROUP;
+    const int bytes = d == LOOM_Q4_K ? 144 : d == LOOM_Q5_K ? 176 : 210;
     const int8_t *x = a->xq + n * a->sq;
     const int16_t *xs = a->xs + n * a->ss;
     __m256 part = _mm256_setzero_ps();
-    for (int b0 = 0; b0 < whole; b0 += KQ_GROUP) {
+    for (int b0 = 0; b0 < a->nb; b0 += KQ_GROUP) {
+        int k = a->nb - b0 < KQ_GROUP ? a->nb - b0 : KQ_GROUP;
         __m256i I[KQ_GROUP], M[KQ_GROUP];
         for (int j = 0; j < KQ_GROUP; j++) {
-            kq_kblk_t k;
-            unpack_k(d, row + (size_t)(b0 + j) * bytes, &k);
-            dotk(&k, x + (size_t)(b0 + j) * 256, xs + (size_t)(b0 + j) * 16, d, madd, &I[j], &M[j]);
+            I[j] = M[j] = _mm256_setzero_si256();
+            if (j >= k) continue;
+            kq_kblk_t kb;
+            unpack_k(d, row + (size_t)(b0 + j) * bytes, &kb);
+            dotk(&kb, x + (size_t)(b0 + j) * 256, xs + (size_t)(b0 + j) * 16, d, madd, &I[j], &M[j]);
         }
         __m256 dd, dmin;
-        f16_pairs8(row + (size_t)b0 * bytes, d, &dd, &dmin);
+        f16_pairs8(row + (size_t)b0 * bytes, d, k, &dd, &dmin);
         __m256 f = _mm256_fmsub_ps(dd, _mm256_cvtepi32_ps(hsum8(I)), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(hsum8(M))));
         part = _mm256_fmadd_ps(_mm256_loadu_ps(a->xd + n * a->sd + b0), f, part);
     }
-    float p[KQ_GROUP] __attribute__((aligned(32)));
-    _mm256_store_ps(p, part);
-    for (int b = whole; b < a->nb; b++) {
-        kq_kblk_t k;
-        __m256i I, M;
-        int32_t isum, msum;
-        unpack_k(d, row + (size_t)b * bytes, &k);
-        dotk(&k, x + (size_t)b * 256, xs + (size_t)b * 16, d, madd, &I, &M);
-        hsum2(I, M, &isum, &msum);
-        loom_cpu_kq_accum(p, b, a->xd[n * a->sd + b], k.d, k.dmin, isum, msum);
-    }
-    return total8(_mm256_load_ps(p));
+    return total8(part);
 }
 
 /* One weight row of a k-quant against input rows r0..r1-1, block after
@@ -457,10 +452,11 @@ typedef struct {
     __m256 d, dmin;
 } kq_g32_t;
 
-KQ_AVX void unpack_g32(loom_dtype d, const uint8_t *g, kq_g32_t *G, kq_hi5_fn hi5) {
+/* Blocks 0..k-1 of the 8 from g; the others zero values, d and dmin. */
+KQ_AVX void unpack_g32(loom_dtype d, const uint8_t *g, int k, kq_g32_t *G, kq_hi5_fn hi5) {
     const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24;
-    for (int j = 0; j < KQ_GROUP; j++) G->u[j] = unpack32(d, g + j * bytes, hi5);
-#define KQ_H(j, at) (short)ld16(g + (j) * bytes + (at))
+    for (int j = 0; j < KQ_GROUP; j++) G->u[j] = j < k ? unpack32(d, g + j * bytes, hi5) : _mm256_setzero_si256();
+#define KQ_H(j, at) (short)((j) < k ? ld16(g + (j) * bytes + (at)) : 0)
     G->d = _mm256_cvtph_ps(_mm_setr_epi16(KQ_H(0, 0), KQ_H(1, 0), KQ_H(2, 0), KQ_H(3, 0), KQ_H(4, 0), KQ_H(5, 0), KQ_H(6, 0), KQ_H(7, 0)));
     G->dmin = G->d;
     if (d == LOOM_Q4_1 || d == LOOM_Q5_1) {
@@ -483,47 +479,32 @@ KQ_AVX __m256 step32(const kq_g32_t *G, const kq_act_t *a, int n, int b0, __m256
     return _mm256_fmadd_ps(_mm256_loadu_ps(a->xd + n * a->sd + b0), f, part);
 }
 
-/* One block b past the last whole group of 8: the same integers and float
- * work, for one input row, in scalars. */
-KQ_AVX void tail32(loom_dtype d, const uint8_t *blk, const kq_act_t *a, int n, int b, float *part, kq_dot4_fn dot4, kq_hi5_fn hi5) {
-    const int mshift = d == LOOM_Q4_0 ? 3 : d == LOOM_Q5_0 ? 4 : 0, hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1;
-    __m256i x = _mm256_loadu_si256((const __m256i *)(a->xq + n * a->sq + (size_t)b * 32));
-    int32_t isum = loom_hsum_i32x8(dot4(_mm256_setzero_si256(), unpack32(d, blk, hi5), x));
-    const int16_t *xs = a->xs + n * a->ss + (size_t)b * 2;
-    float dd = _cvtsh_ss(ld16(blk)), dmin = hasmin ? -_cvtsh_ss(ld16(blk + 2)) : dd;
-    loom_cpu_kq_accum(part, b, a->xd[n * a->sd + b], dd, dmin, isum, (xs[0] + xs[1]) * (1 << mshift));
-}
-
 /* Weight rows row[0 .. R-1] (R = 1 or 2, a constant once inlined) of a
  * 32-value format against one input row n, 8 blocks at a time with the 8
- * partial sums in a register, then the last nb % 8 blocks one by one;
- * res[r]: the results before the bias. Two rows are interleaved because a
- * short row (smollm2: 18 blocks) is mostly one dependency chain, which the
- * other row's independent work fills. */
+ * partial sums in a register (a last group of k < 8 blocks: lanes k..7
+ * zero, adding exactly +0); res[r]: the results before the bias. Two rows
+ * are interleaved because a short row (smollm2: 18 blocks) is mostly one
+ * dependency chain, which the other row's independent work fills. */
 KQ_AVX void row32_one(const uint8_t *const *row, int R, const kq_act_t *a, int n, float *res, loom_dtype d, kq_dot4_fn dot4,
                       kq_hi5_fn hi5) {
-    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24, whole = a->nb / KQ_GROUP * KQ_GROUP;
+    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24;
     __m256 p[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int b0 = 0; b0 < whole; b0 += KQ_GROUP)
+    for (int b0 = 0; b0 < a->nb; b0 += KQ_GROUP)
         for (int r = 0; r < R; r++) {
             kq_g32_t G;
-            unpack_g32(d, row[r] + (size_t)b0 * bytes, &G, hi5);
+            unpack_g32(d, row[r] + (size_t)b0 * bytes, a->nb - b0 < KQ_GROUP ? a->nb - b0 : KQ_GROUP, &G, hi5);
             p[r] = step32(&G, a, n, b0, p[r], d, dot4);
         }
-    float part[2][KQ_GROUP] __attribute__((aligned(32)));
-    for (int r = 0; r < R; r++) {
-        _mm256_store_ps(part[r], p[r]);
-        for (int b = whole; b < a->nb; b++) tail32(d, row[r] + (size_t)b * bytes, a, n, b, part[r], dot4, hi5);
-        res[r] = total8(_mm256_load_ps(part[r]));
-    }
+    for (int r = 0; r < R; r++) res[r] = total8(p[r]);
 }
 
 /* Output rows o0..o1-1 of a 32-value format against input rows r0..r1-1:
  * one input row two weight rows at a time (row32_one); several input rows
- * each 8 blocks unpacked once for all of them, partial sums in memory. */
+ * each 8 blocks unpacked once for all of them, partial sums in memory. The
+ * activations are padded with zeros to whole groups of 8 (kq_act_t). */
 KQ_AVX void rows32(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
                    kq_dot4_fn dot4, kq_hi5_fn hi5) {
-    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24, whole = a->nb / KQ_GROUP * KQ_GROUP;
+    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24;
     const uint8_t *base = (const uint8_t *)w->data;
     const size_t rb = (size_t)a->nb * bytes;
     if (r1 - r0 == 1) {
@@ -545,15 +526,12 @@ KQ_AVX void rows32(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, in
     for (int o = o0; o < o1; o++) {
         const uint8_t *row = base + (size_t)o * rb;
         for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], _mm256_setzero_ps());
-        for (int b0 = 0; b0 < whole; b0 += KQ_GROUP) {
+        for (int b0 = 0; b0 < a->nb; b0 += KQ_GROUP) {
             kq_g32_t G;
-            unpack_g32(d, row + (size_t)b0 * bytes, &G, hi5);
+            unpack_g32(d, row + (size_t)b0 * bytes, a->nb - b0 < KQ_GROUP ? a->nb - b0 : KQ_GROUP, &G, hi5);
             for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], step32(&G, a, n, b0, _mm256_load_ps(part[n - r0]), d, dot4));
         }
-        for (int n = r0; n < r1; n++) {
-            for (int b = whole; b < a->nb; b++) tail32(d, row + (size_t)b * bytes, a, n, b, part[n - r0], dot4, hi5);
-            kq_put(out, n, o, total8(_mm256_load_ps(part[n - r0])));
-        }
+        for (int n = r0; n < r1; n++) kq_put(out, n, o, total8(_mm256_load_ps(part[n - r0])));
     }
 }
 
