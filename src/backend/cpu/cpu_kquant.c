@@ -479,28 +479,26 @@ KQ_AVX __m256 step32(const kq_g32_t *G, const kq_act_t *a, int n, int b0, __m256
     return _mm256_fmadd_ps(_mm256_loadu_ps(a->xd + n * a->sd + b0), f, part);
 }
 
-/* Weight rows row[0 .. R-1] (R = 1 or 2, a constant once inlined) of a
- * 32-value format against one input row n, 8 blocks at a time with the 8
- * partial sums in a register (a last group of k < 8 blocks: lanes k..7
- * zero, adding exactly +0); res[r]: the results before the bias. Two rows
- * are interleaved because a short row (smollm2: 18 blocks) is mostly one
- * dependency chain, which the other row's independent work fills. */
-KQ_AVX void row32_one(const uint8_t *const *row, int R, const kq_act_t *a, int n, float *res, loom_dtype d, kq_dot4_fn dot4,
-                      kq_hi5_fn hi5) {
+/* One weight row of a 32-value format against one input row n, 8 blocks
+ * at a time with the 8 partial sums in a register (a last group of k < 8
+ * blocks: lanes k..7 zero, adding exactly +0). One row at a time: two
+ * rows interleaved filled the short rows' dependency chains in cache but
+ * made two streams that the hardware prefetcher served at 2.4x the time
+ * per block from memory (bench/kquant-decode.sh, q4_0 16384 x 4096). */
+KQ_AVX float row32_one(const uint8_t *row, const kq_act_t *a, int n, loom_dtype d, kq_dot4_fn dot4, kq_hi5_fn hi5) {
     const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24;
-    __m256 p[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int b0 = 0; b0 < a->nb; b0 += KQ_GROUP)
-        for (int r = 0; r < R; r++) {
-            kq_g32_t G;
-            unpack_g32(d, row[r] + (size_t)b0 * bytes, a->nb - b0 < KQ_GROUP ? a->nb - b0 : KQ_GROUP, &G, hi5);
-            p[r] = step32(&G, a, n, b0, p[r], d, dot4);
-        }
-    for (int r = 0; r < R; r++) res[r] = total8(p[r]);
+    __m256 p = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < a->nb; b0 += KQ_GROUP) {
+        kq_g32_t G;
+        unpack_g32(d, row + (size_t)b0 * bytes, a->nb - b0 < KQ_GROUP ? a->nb - b0 : KQ_GROUP, &G, hi5);
+        p = step32(&G, a, n, b0, p, d, dot4);
+    }
+    return total8(p);
 }
 
 /* Output rows o0..o1-1 of a 32-value format against input rows r0..r1-1:
- * one input row two weight rows at a time (row32_one); several input rows
- * each 8 blocks unpacked once for all of them, partial sums in memory. The
+ * one input row by row32_one; several input rows with each 8 blocks
+ * unpacked once for all of them, partial sums in memory. The
  * activations are padded with zeros to whole groups of 8 (kq_act_t). */
 KQ_AVX void rows32(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
                    kq_dot4_fn dot4, kq_hi5_fn hi5) {
@@ -508,18 +506,7 @@ KQ_AVX void rows32(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, in
     const uint8_t *base = (const uint8_t *)w->data;
     const size_t rb = (size_t)a->nb * bytes;
     if (r1 - r0 == 1) {
-        float res[2];
-        int o = o0;
-        for (; o + 1 < o1; o += 2) {
-            const uint8_t *rows[2] = {base + (size_t)o * rb, base + (size_t)(o + 1) * rb};
-            row32_one(rows, 2, a, r0, res, d, dot4, hi5);
-            kq_put(out, r0, o, res[0]), kq_put(out, r0, o + 1, res[1]);
-        }
-        if (o < o1) {
-            const uint8_t *rows[1] = {base + (size_t)o * rb};
-            row32_one(rows, 1, a, r0, res, d, dot4, hi5);
-            kq_put(out, r0, o, res[0]);
-        }
+        for (int o = o0; o < o1; o++) kq_put(out, r0, o, row32_one(base + (size_t)o * rb, a, r0, d, dot4, hi5));
         return;
     }
     float part[KQ_PASS][KQ_GROUP] __attribute__((aligned(32)));
