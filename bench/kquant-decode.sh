@@ -6,6 +6,7 @@
 # dot product (libggml-cpu.so's vec_dot) beside them; GB/s of weights and ns
 # per block, medians.
 #   bench/kquant-decode.sh [BASE (default: none, this tree only)] [rounds] [format]
+#   (KQ_BENCH_THREADS=2: two OpenMP threads, wall time)
 set -eu
 cd "$(dirname "$0")/.."
 make -s NO_CUDA=1 build/libloom.a

@@ -10,7 +10,8 @@
  * from_float, one output at a time, no threads) runs in the rounds too,
  * as "llama". The
  * median (min-max) of each is printed. Times are the thread's CPU time
- * (on a shared machine: the cost of the work, not the wait for a core). Built and run by
+ * (on a shared machine: the cost of the work, not the wait for a core);
+ * with KQ_BENCH_THREADS=T, T OpenMP threads and wall time. Built and run by
  * bench/kquant-decode.sh. */
 #include <dlfcn.h>
 #include <omp.h>
@@ -28,7 +29,7 @@ void old_matmul_forward_kq(float *out, const float *inp, const loom_tensor_t *w,
 
 static double now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t); /* the work's cost, not a shared machine's waits */
+    clock_gettime(getenv("KQ_BENCH_THREADS") ? CLOCK_MONOTONIC : CLOCK_THREAD_CPUTIME_ID, &t); /* 1 thread: the work's cost, not a shared machine's waits */
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
@@ -80,7 +81,8 @@ static double time_one(kq_fn f, const loom_tensor_t *w, const float *x, float *y
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 7;
     const char *only = argc > 2 ? argv[2] : NULL;
-    omp_set_num_threads(1);
+    int threads = getenv("KQ_BENCH_THREADS") ? atoi(getenv("KQ_BENCH_THREADS")) : 1;
+    omp_set_num_threads(threads > 0 ? threads : 1);
     const char *lib = getenv("LLAMA_CPU_LIB");
     if (lib && *lib) {
         void *h = dlopen(lib, RTLD_NOW);
@@ -96,7 +98,7 @@ int main(int argc, char **argv) {
     FILE *la = fopen("/proc/loadavg", "r");
     if (la && fscanf(la, "%lf %lf %lf", &load[0], &load[1], &load[2]) != 3) load[0] = -1;
     if (la) fclose(la);
-    printf("kernels: %s, 1 thread, %d rounds, load %.2f %.2f %.2f\n", loom_cpu_kq_isa(), rounds, load[0], load[1], load[2]);
+    printf("kernels: %s, %d thread(s) (%s time), %d rounds, load %.2f %.2f %.2f\n", loom_cpu_kq_isa(), omp_get_max_threads(), getenv("KQ_BENCH_THREADS") ? "wall" : "CPU", rounds, load[0], load[1], load[2]);
     printf("%-5s %-8s %-6s %22s %22s %s\n", "fmt", "weight", "kernel", "GB/s median (min-max)", "ns/block median", "");
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
         const loom_qblock_info_t *q = loom_qblock_info(fmts[fi]);
