@@ -3,7 +3,7 @@
  * rows: GFLOP/s (2 N C OC per call), median (min-max) of `rounds`, the two
  * kernels alternating call by call. The weights are random blocks with
  * finite fp16 scales (any such bytes are valid blocks). Arguments:
- * threads, rounds, wall|cpu.
+ * threads, rounds, wall|cpu, and a list of N ("16,64").
  * Built and run by bench/kquant-gemm.sh against build/libloom.a. */
 #include <math.h>
 #include <omp.h>
@@ -62,14 +62,21 @@ int main(int argc, char **argv) {
         {"llama-3.2-1b", LOOM_Q4_K, 2048, 2048}, {"llama-3.2-1b", LOOM_Q5_K, 2048, 2048},
         {"llama-3.2-1b", LOOM_Q6_K, 2048, 2048}, {"smollm2-135m", LOOM_Q5_0, 576, 1536},
         {"smollm2-135m", LOOM_Q4_K, 1536, 576}};
-    int Ns[] = {2, 4, 8, 16, 32, 64, 512};
+    int Ns[16] = {2, 4, 8, 16, 32, 64, 512}, nN = 7;
+    if (argc > 4) { /* a list of N: "16,64" */
+        nN = 0;
+        for (char *p = argv[4], *e; *p && nN < 16; p = *e ? e + 1 : e) {
+            Ns[nN++] = (int)strtol(p, &e, 10);
+            if (e == p) return 1;
+        }
+    }
     printf("threads %d, rounds %d, %s time, dequant %s, gemm %s, row kernel %s\n", threads, rounds, use_cpu_time ? "cpu" : "wall", loom_cpu_kq_gemm_isa(), loom_cpu_gemm_kernel(),
            loom_cpu_kq_isa());
     printf("| shape | format | N | row kernel GFLOP/s | GEMM GFLOP/s | GEMM / row |\n|---|---|---|---|---|---|\n");
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int C = cases[c].C, OC = cases[c].OC;
         loom_tensor_t w = {.data = random_blocks(cases[c].d, OC, C), .dtype = cases[c].d, .rows = OC, .cols = C};
-        for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++) {
+        for (int k = 0; k < nN; k++) {
             int N = Ns[k];
             float *x = loom_malloc((size_t)N * C * sizeof(float)), *out = loom_malloc((size_t)N * OC * sizeof(float));
             for (size_t i = 0; i < (size_t)N * C; i++) x[i] = rand() / (float)RAND_MAX - 0.5f;
