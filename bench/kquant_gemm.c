@@ -57,7 +57,7 @@ int main(int argc, char **argv) {
     setenv("LOOM_KQ_GEMM_ROWS", "1000000000", 1); /* matmul_forward_kq: the row kernel at every N */
     omp_set_num_threads(threads);
     const char *why = NULL;
-    loom_cpu_gemm_select(NULL, &why); /* the best micro-kernel, as the CPU backend's start picks it */
+    if (loom_cpu_gemm_select(getenv("LOOM_CPU_KERNEL"), &why) != 0) return fprintf(stderr, "LOOM_CPU_KERNEL: %s\n", why), 1; /* as the CPU backend picks it */
     struct { const char *model; loom_dtype d; int C, OC; } cases[] = {
         {"llama-3.2-1b", LOOM_Q4_K, 2048, 2048}, {"llama-3.2-1b", LOOM_Q5_K, 2048, 2048},
         {"llama-3.2-1b", LOOM_Q6_K, 2048, 2048}, {"smollm2-135m", LOOM_Q5_0, 576, 1536},
