@@ -245,6 +245,21 @@ static void kg_panel(const kg_job_t *j, int j0, int jr, float *panel, int tid) {
     }
 }
 
+/* The threads' panels, kept from call to call: a fresh 0.5 MB each call
+ * was a fresh mapping, its pages faulted in and zeroed every time (smollm2
+ * makes 210 calls a forward). Grown from serial code only; one product
+ * runs at a time, as with cpu_gemm.c's packing buffers. */
+static float *kg_panels(size_t floats) {
+    static float *buf;
+    static size_t have;
+    if (floats <= have) return buf;
+    float *p = NULL;
+    if (posix_memalign((void **)&p, 64, floats * sizeof(float)) != 0) return NULL;
+    free(buf);
+    buf = p, have = floats;
+    return buf;
+}
+
 int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N, int C, int OC,
                          int gelu) {
     int nt = omp_get_max_threads();
@@ -254,8 +269,8 @@ int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, c
      * the last panel's wait is then short */
     int ocp = OC >= 4 * nt * KG_OCP ? KG_OCP : KG_OCP / 2, np = (OC + ocp - 1) / ocp;
     size_t per = (size_t)ocp * (size_t)((C < kg_slice ? C : kg_slice) + KG_PAD);
-    float *panels = NULL;
-    if (posix_memalign((void **)&panels, 64, (size_t)nt * per * sizeof(float)) != 0) return 0;
+    float *panels = kg_panels((size_t)nt * per);
+    if (!panels) return 0;
     kg_job_t job = {out, inp, w, bias, N, C, OC, gelu, kg_dequant_for_isa()};
 #pragma omp parallel num_threads(nt) if ((double)N * C * OC > 1 << 18)
     {
@@ -267,7 +282,6 @@ int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, c
             kg_panel(&job, j0, jr, panels + (size_t)tid * per, tid);
         }
     }
-    free(panels);
     return 1;
 }
 
