@@ -287,6 +287,8 @@ int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, c
 
 int loom_cpu_kq_gemm(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N, int C, int OC,
                      int gelu) {
-    if (N < loom_cpu_kq_gemm_rows(w->dtype)) return 0;
+    /* inside a parallel region the threads' panels and cpu_gemm.c's
+     * packing buffers (by thread number) would be shared: the row kernel */
+    if (N < loom_cpu_kq_gemm_rows(w->dtype) || omp_in_parallel()) return 0;
     return loom_cpu_kq_gemm_run(out, inp, w, bias, N, C, OC, gelu);
 }

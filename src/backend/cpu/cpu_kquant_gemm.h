@@ -19,8 +19,9 @@
 
 /* out (N,OC) = inp (N,C) @ w (OC,C)^T + bias, then GELU when gelu != 0,
  * when N >= loom_cpu_kq_gemm_rows(w->dtype): 1 once done. 0 (nothing written)
- * when N is below it or the GEMM's buffers cannot be had: the caller
- * then runs its own kernel. */
+ * when N is below it, when called inside an OpenMP parallel region, or
+ * when the GEMM's buffers cannot be had: the caller then runs its own
+ * kernel. Call it from one thread at a time (as cpu_gemm.c). */
 int loom_cpu_kq_gemm(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N, int C, int OC,
                      int gelu);
 /* The same whatever N: 1, or 0 when out of memory. For the tests and the
