@@ -52,7 +52,10 @@ int main(int argc, char **argv) {
     setenv("LOOM_KQ_GEMM_ROWS", "1000000000", 1); /* matmul_forward_kq: the row kernel at every N */
     omp_set_num_threads(threads);
     const char *why = NULL;
-    if (loom_cpu_gemm_select(getenv("LOOM_CPU_KERNEL"), &why) != 0) return fprintf(stderr, "LOOM_CPU_KERNEL: %s\n", why), 1; /* as the CPU backend picks it */
+    if (loom_cpu_gemm_select(getenv("LOOM_CPU_KERNEL"), &why) != 0) { /* as the CPU backend picks it */
+        fprintf(stderr, "LOOM_CPU_KERNEL: %s\n", why);
+        return 1;
+    }
     struct { const char *model; loom_dtype d; int C, OC; } cases[] = {
         {"llama-3.2-1b", LOOM_Q4_K, 2048, 2048}, {"llama-3.2-1b", LOOM_Q5_K, 2048, 2048},
         {"llama-3.2-1b", LOOM_Q6_K, 2048, 2048}, {"smollm2-135m", LOOM_Q5_0, 576, 1536},
@@ -65,8 +68,8 @@ int main(int argc, char **argv) {
             if (e == p) return 1;
         }
     }
-    printf("threads %d, rounds %d, %s time, dequant %s, gemm %s, row kernel %s\n", threads, rounds, use_cpu_time ? "cpu" : "wall", loom_cpu_kq_gemm_isa(), loom_cpu_gemm_kernel(),
-           loom_cpu_kq_isa());
+    printf("threads %d, rounds %d, %s time, dequant %s, gemm %s, row kernel %s\n", threads, rounds,
+           use_cpu_time ? "cpu" : "wall", loom_cpu_kq_gemm_isa(), loom_cpu_gemm_kernel(), loom_cpu_kq_isa());
     printf("| shape | format | N | row kernel GFLOP/s | GEMM GFLOP/s | GEMM / row |\n|---|---|---|---|---|---|\n");
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int C = cases[c].C, OC = cases[c].OC;

@@ -227,16 +227,17 @@ typedef struct {
 } kg_job_t;
 
 /* Output rows j0 .. j0 + jr - 1, slice by slice of the depth: the slice's
- * blocks dequantized into `panel` (jr rows of ks floats, KG_PAD apart), then the GEMM
- * on it, adding to the earlier slices' sums; bias with the first slice,
- * GELU after the last. */
+ * blocks dequantized into `panel` (jr rows of ks floats, ks + KG_PAD
+ * apart), then the GEMM on it, adding to the earlier slices' sums; bias
+ * with the first slice, GELU after the last. */
 static void kg_panel(const kg_job_t *j, int j0, int jr, float *panel, int tid) {
     const loom_qblock_info_t *qi = loom_qblock_info(j->w->dtype);
     size_t row_bytes = loom_qblock_row_bytes(j->w->dtype, j->C);
     for (int k0 = 0; k0 < j->C; k0 += kg_slice) {
         int ks = j->C - k0 < kg_slice ? j->C - k0 : kg_slice;
         const uint8_t *src = (const uint8_t *)j->w->data + (size_t)j0 * row_bytes + (size_t)(k0 / qi->block) * qi->bytes;
-        for (int r = 0; r < jr; r++) j->dequant(j->w->dtype, src + (size_t)r * row_bytes, ks / qi->block, panel + (size_t)r * (ks + KG_PAD));
+        for (int r = 0; r < jr; r++)
+            j->dequant(j->w->dtype, src + (size_t)r * row_bytes, ks / qi->block, panel + (size_t)r * (ks + KG_PAD));
         loom_gemm_t g = {.a = j->inp + k0, .rsa = j->C, .csa = 1, .b = panel, .rsb = 1, .csb = ks + KG_PAD,
                          .c = j->out + j0, .ldc = j->OC, .M = j->N, .N = jr, .K = ks, .accumulate = k0 > 0,
                          .bias = k0 == 0 && j->bias ? j->bias + j0 : NULL,
