@@ -23,6 +23,7 @@
  * dot products (AVX512-VL encodings). The block's integer sum is at most
  * 256 * 63 * 127 * 128 < 2^31: exact on every path. */
 #include "cpu_kquant.h"
+#include "cpu_kquant_gemm.h"
 
 #include <math.h>
 #include <omp.h>
@@ -558,6 +559,7 @@ static kq_rows_fn kq_rows_for_isa(loom_dtype d) {
 
 void loom_cpu_matmul_forward_kq(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
                                 int N, int C, int OC, int gelu) {
+    if (loom_cpu_kq_gemm(out, inp, w, bias, N, C, OC, gelu)) return; /* many rows: the GEMM of cpu_kquant_gemm.c */
     int blk = loom_qblock_info(w->dtype)->block, nb = C / blk, nbp = (nb + KQ_GROUP - 1) / KQ_GROUP * KQ_GROUP;
     kq_act_t a = {NULL, NULL, NULL, C, blk, nb, (size_t)nbp * blk, (size_t)nbp, (size_t)nbp * blk / 16};
     int8_t *xq = loom_malloc((size_t)N * a.sq);
