@@ -216,7 +216,7 @@ static void test_kq_matmul_bound(void) {
         const loom_gguf_tensor_t *t = loom_gguf_tensor_at(g, i);
         if (loom_qblock_of_ggml(t->type) < 0) continue;
         check_kq(t, loom_gguf_find(r, t->name), 1); /* decode: the one-row paths */
-        check_kq(t, loom_gguf_find(r, t->name), strstr(t->name, "q4_k.512") ? 70 : 3); /* 70: two passes of 64 rows */
+        check_kq(t, loom_gguf_find(r, t->name), strstr(t->name, "q4_k.512") ? 20 : 3); /* 20: many rows, below the GEMM's threshold */
         checked++;
     }
     CHECK(checked == 13, "%d block tensors", checked);
