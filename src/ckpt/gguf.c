@@ -407,14 +407,14 @@ static loom_status load(const loom_gguf_t *g, const loom_backend_t *be, loom_gpt
                           loom_tokenizer_vocab_size(*tok), cfg.vocab_size);
     LOOM_TRY(loom_gpt_create(model, &cfg, be));
     loom_gpt_t *m = *model;
-    float *host = loom_calloc(m->num_params, sizeof(float));
+    int host_be = !(be->caps & LOOM_CAP_DEVICE_MEMORY); /* read in place: no second fp32 copy at load */
+    float *host = host_be ? m->params : loom_calloc(m->num_params, sizeof(float));
     loom_status s = loom_gguf_read_params(g, &m->cfg, m->ptable, host);
-    if (s == LOOM_OK) be->upload(m->params, host, m->num_params * sizeof(float));
-    free(host);
+    if (s == LOOM_OK && !host_be) be->upload(m->params, host, m->num_params * sizeof(float));
+    if (!host_be) free(host);
     if (s != LOOM_OK) return s;
     int mixed;
-    m->file_int8 = loom_gguf_file_weights(g, &m->cfg, 0, &mixed);
-    m->file_q = loom_gguf_file_weights(g, &m->cfg, 1, &mixed);
+    m->file_q = loom_gguf_file_weights(g, &m->cfg, &mixed);
     say_block_weights(path, m, be, m->file_q ? mixed : 0);
     return LOOM_OK;
 }

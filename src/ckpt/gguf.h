@@ -70,7 +70,8 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o);
  * fallback, add_space_prefix); token_type, bos/eos/unknown ids and
  * add_bos_token/add_eos_token (llama.cpp's defaults when absent). The
  * linear layers' block formats are kept as stored (model->file_q; q8_0
- * also as int8 with a scale per block of 32, model->file_int8), so that
+ * as int8 with a scale per block of 32, held once: model/quant.h's
+ * loom_quant_file_int8), so that
  * they run on the file's own blocks rather than quantized again. */
 loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok);
 

@@ -261,10 +261,11 @@ static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_sid
         ec.speculate = f->speculate;
         loom_quant_opts_t qo = {.block = sd[i].block, .logits = !sd[i].fp32_logits};
         sd[i].bytes = loom_quant_decode_bytes(&m->cfg, (loom_quant_mode)sd[i].quant, &qo);
-        if (m->file_q && !sd[i].quant) sd[i].bytes = file_q_bytes(m, sd[i].bytes);
+        int stored = m->file_q && !(m->be->caps & LOOM_CAP_DEVICE_MEMORY); /* a device model runs fp32 (ckpt/open.c) */
+        if (stored && !sd[i].quant) sd[i].bytes = file_q_bytes(m, sd[i].bytes);
         LOOM_TRY(loom_engine_create(&sd[i].e, m, NULL, &ec));
         printf("%-16s linear weights %s%s, logits %s, KV cache %s (%d blocks of %d tokens), %.0f MB of weights per decode token\n",
-               sd[i].name, sd[i].quant ? loom_quant_name((loom_quant_mode)sd[i].quant) : m->file_q ? "the GGUF's own blocks" : "fp32",
+               sd[i].name, sd[i].quant ? loom_quant_name((loom_quant_mode)sd[i].quant) : stored ? "the GGUF's own blocks" : "fp32",
                sd[i].block ? " (Q8_0 blocks of 32)" : sd[i].quant ? " (per-channel scales)" : "",
                sd[i].quant && !sd[i].fp32_logits ? "int8" : "fp32", sd[i].kv8 ? "int8" : "fp32",
                (int)(ec.kv_bytes / loom_infer_block_bytes(&m->cfg, ec.block_size, ec.kv_dtype)), ec.block_size,
