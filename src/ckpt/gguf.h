@@ -15,8 +15,13 @@
  * GPT2LMHeadModel: general.architecture "gpt2", gpt2.{block_count,
  * context_length, embedding_length, feed_forward_length,
  * attention.head_count, attention.layer_norm_epsilon}, general.file_type,
- * the tokenizer as tokenizer.ggml.{model "gpt2", pre "gpt-2", tokens,
- * token_type, merges, bos_token_id, eos_token_id, unknown_token_id}, and the tensors named in
+ * the tokenizer as tokenizer.ggml.{model, pre, tokens, token_type, merges,
+ * bos_token_id, eos_token_id, unknown_token_id, add_bos_token,
+ * add_eos_token}: a byte-level BPE as model "gpt2" with the pre-tokenizer
+ * named as llama.cpp knows its split (gpt-2, llama-bpe, qwen2, smollm), a
+ * SentencePiece-style one as model "llama" with scores and
+ * add_space_prefix (data/tokenizer.h loom_tokenizer_gguf);
+ * tokenizer.chat_template when the run has one; and the tensors named in
  * tensormap.h (no output.weight: llama.cpp ties it to token_embd). Vectors
  * stay f32 in every file type; with q8_0 a matrix whose rows are not a
  * multiple of 32 is written f16 (as the converter falls back).
@@ -45,6 +50,7 @@ typedef struct {
     void *src_ctx;
     const float *params;         /* or, when set: the model's host parameter block (loom_gpt_param_table's
                                   * layout); required for the Llama family */
+    const char *chat_template;   /* tokenizer.chat_template (Jinja), or NULL: none */
 } loom_gguf_write_opts_t;
 
 /* Write a GGUF file to PATH.tmp, one tensor in memory at a time, then fsync
