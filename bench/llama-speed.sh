@@ -36,7 +36,8 @@ KVFLAG=()
 cpu_prev=()
 cpu_busy() {
     local -a c
-    read -r _ -a c < /proc/stat
+    read -ra c < /proc/stat
+    c=("${c[@]:1}") # less the "cpu" label
     local idle=$((c[3] + c[4])) total=0 v
     for v in "${c[@]:0:8}"; do total=$((total + v)); done
     if ((${#cpu_prev[@]})); then
