@@ -48,7 +48,7 @@ static loom_status export_gguf(const char *path, loom_xdtype dt) {
     loom_stview_t *v;
     loom_status s = loom_stview_open(&v, st_path);
     if (s != LOOM_OK) return s;
-    loom_gguf_write_opts_t o = {&model->cfg, tok, dt, "interop-test", loom_xsource_safetensors, v, NULL};
+    loom_gguf_write_opts_t o = {&model->cfg, tok, dt, "interop-test", loom_xsource_safetensors, v, NULL, NULL};
     s = loom_gguf_write(path, &o);
     loom_stview_close(v);
     return s;
