@@ -23,16 +23,19 @@ row_devices() {
     fi
 }
 
-# row_test NAME: a C test binary; the failing cases by name in the table
+# row_test NAME [BINARY FILTER]: a C test binary (NAME, or BINARY under
+# the row's NAME with LOOM_CUDA_OPS_ONLY=FILTER); the failing cases by
+# name in the table
 row_test() {
-    local name=$1 rc f names
-    if [ -z "$BIN" ] || [ ! -x "$BIN/tests/$name" ]; then
+    local name=$1 bin=${2:-$1} filter=${3:-} rc f names
+    if [ -z "$BIN" ] || [ ! -x "$BIN/tests/$bin" ]; then
         row "$name" FAIL "not built"
         return
     fi
     local only=()
-    [ "$name" = test_cuda_ops ] && [ -n "$OPS_FILTER" ] && only=(LOOM_CUDA_OPS_ONLY="$OPS_FILTER")
-    run "$(limit_of "$name")" "$name" env "${only[@]}" "$BIN/tests/$name"
+    [ "$name" = test_cuda_ops ] && filter=$OPS_FILTER
+    [ -n "$filter" ] && only=(LOOM_CUDA_OPS_ONLY="$filter")
+    run "$(limit_of "$name")" "$name" env "${only[@]}" "$BIN/tests/$bin"
     rc=$? f="$WORK/$name.log"
     names=$(failing_cases "$f" "$name")
     grep -E '^(FAIL|SKIP)|check failed|fatal' "$f" | head -n 20 | sed 's/^/    /'
@@ -200,13 +203,18 @@ row_generate() {
     row "$name" "$(verdict $rc)" "$( (grep -iE 'tokens/s|tok/s' "$WORK/$name.log" | tail -n 1 || why "$WORK/$name.log") | sed 's/^ *//' | cut -c1-160)"
 }
 
-# compute-sanitizer on a reduced op test (the bf16 cases of test_cuda_ops)
+# compute-sanitizer on a reduced op test (the bf16 cases of test_cuda_ops
+# but the NCCL one, which has a row of its own: sanitizer_tp, every dtype's
+# tensor-parallel cases: the vocabulary shard, the bf16 conversions, NCCL
+# with one rank)
+TP_CASES="vocab_shard,wire_bf16,nccl_one_rank"
 row_sanitizer() {
-    local tool=$1 name=sanitizer_$1 san only f summary res rc
+    local tool=$1 name=sanitizer_${2:-$1} san only f summary res rc
     san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer \
         /opt/nvidia/*/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
     [ -n "$san" ] || { row "$name" FAIL "compute-sanitizer not found"; return; }
-    only="/bf16"
+    only="/bf16,-nccl_one_rank"
+    [ "${2:-}" = tp ] && only=$TP_CASES
     [ "$tool" = racecheck ] && only="attention_fused/bf16,layernorm/bf16,crossentropy/bf16,sumsq/bf16"
     # the children of the isolated cases are checked too
     run "$(limit_of "$name")" "$name" "$san" --tool "$tool" --target-processes all --error-exitcode 3 --print-limit 20 \
@@ -217,4 +225,22 @@ row_sanitizer() {
     [ "$res" = ok ] && grep 'ERROR SUMMARY' "$f" | grep -qv 'ERROR SUMMARY: 0 errors' && res=FAIL
     [ "$res" = ok ] || failing_cases "$f" "$name" >/dev/null
     row "$name" "$res" "${summary:-no summary} ($(count PASS "$f") cases: $only)"
+}
+
+# Multi-GPU training: NCCL refuses two ranks on one device (a duplicate GPU
+# is an error since NCCL 2.5), so on a one-GPU machine these rows say so,
+# as info, with the command that runs them where there are two GPUs.
+# row_multi NAME BOUND ARGS...: train_NAME on 2 ranks, one GPU each
+# (--nproc 2: LOCAL_RANK picks the GPU), 100 steps of gpt2-tiny at bf16;
+# BOUND: its loss curve against train_bf16 (the same global batch), or -
+# when the batches differ (then only: it learns).
+row_multi() {
+    local name=$1 bound=$2 gpus rc line; shift 2
+    gpus=$("$BIN/loom" devices 2>/dev/null | awk '/^[0-9]+ devices?; use --device/ { print $1; exit }')
+    if [ "${gpus:-0}" -lt 2 ]; then
+        row "train_$name" info "needs 2 GPUs, this machine has ${gpus:-0} (NCCL refuses two ranks on one device); on 2: bench/gpu-check.sh --only train_$name (loom train --model gpt2-tiny --steps 100 --batch 8 --seq 256 --device cuda --nproc 2 --dtype bf16 $*)"
+        return
+    fi
+    [ "$bound" = - ] || CURVE_BOUND[$name]="${name}_vs_one $bound"
+    row_train "$name" - --nproc 2 --dtype bf16 "$@"
 }

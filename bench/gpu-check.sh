@@ -19,10 +19,15 @@
 #     2 the engine and serving: test_engine_cuda; tokenize and train_bf16
 #       (gpt2-tiny, 100 steps); serve_smoke (loom serve on that run, one
 #       completion over HTTP); bench_generate (fp32 and W8A8 + int8 KV)
-#     3 compute-sanitizer memcheck and racecheck on a reduced op test
+#     3 compute-sanitizer memcheck and racecheck on a reduced op test;
+#       tp_ops (test_cuda_ops' tensor-parallel cases: the vocabulary
+#       shard, the bf16 wire conversions, NCCL with one rank) and
+#       memcheck over them (sanitizer_tp)
 #     4 the rest: test_cuda_attention; the other training runs (graphs off,
 #       fp16 with loss scaling, recompute, fp32 activations, fp32) and their
-#       loss curves against train_bf16; bench_train with fp32 activations
+#       loss curves against train_bf16; bench_train with fp32 activations;
+#       2-GPU training (tp2, pp2, zero3, --grad-dtype bf16 at bf16): on one
+#       GPU each says, as info, that it needs two and how to run it
 #   A row starts only when its estimate fits in what is left of the budget
 #   (else NOT RUN, and later rows that fit still run); a row past its own
 #   limit is stopped (TIMEOUT). The run ends with the table, the failing
@@ -76,6 +81,8 @@ ROW_SPECS=(
     "bench_generate_int8|2|50|20||row_generate int8 --quant w8a8 --kv-dtype int8"
     "sanitizer_memcheck|3|90|60||row_sanitizer memcheck"
     "sanitizer_racecheck|3|90|60||row_sanitizer racecheck"
+    "tp_ops|3|60|25||row_test tp_ops test_cuda_ops vocab_shard,wire_bf16,nccl_one_rank"
+    "sanitizer_tp|3|90|40||row_sanitizer memcheck tp"
     "test_cuda_attention|4|60|20||row_test test_cuda_attention"
     "train_graphs_off|4|45|20|train_bf16|row_train graphs_off - --dtype bf16 --cuda-graphs off"
     "train_fp16|4|45|20|tokenize|row_train fp16 - --dtype fp16"
@@ -83,6 +90,10 @@ ROW_SPECS=(
     "train_fp32acts|4|45|20|train_bf16|row_train fp32acts LOOM_CUDA_ACTIVATIONS=fp32 --dtype bf16"
     "train_fp32|4|45|25|train_bf16|row_train fp32 - --dtype fp32"
     "bench_train_fp32acts|4|60|30|bench_train|row_bench_fp32acts"
+    "train_tp2|4|60|30|train_bf16|row_multi tp2 2e-2 --tp 2"
+    "train_pp2|4|60|30|tokenize|row_multi pp2 - --pp 2 --grad-accum 4 --batch 2"
+    "train_zero3|4|60|30|tokenize|row_multi zero3 - --zero 3 --batch 4"
+    "train_grad_bf16|4|60|30|tokenize|row_multi grad_bf16 - --grad-dtype bf16 --batch 4"
 )
 RESERVE=15 # seconds kept for the table and the logs
 

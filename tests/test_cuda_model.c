@@ -26,14 +26,21 @@
  * host versions of the step-scalar entries: same losses as loom_train_step,
  * an overflowing loss scale skips the update and leaves the parameters; and
  * with simulated CUDA graphs (ops recorded during capture, run on replay)
- * the same bits as plain launches, with no synchronizing call captured. */
+ * the same bits as plain launches, with no synchronizing call captured;
+ * tensor and pipeline parallelism over 2 ranks on a simulated bf16 device
+ * against the whole model on it (the GPU path's activation dtype, on the
+ * host's transport). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check.h"
 #include "model/gpt.h"
+#include "parallel/dist.h"
+#include "parallel/tp.h"
+#include "train/pipeline.h"
 #include "train/step.h"
 #include "train/step_graph.h"
 
@@ -474,6 +481,23 @@ void s16_crossentropy(float *losses, float *logits, const int *tg, int N, int V,
 void s16_crossentropy_dev(float *losses, float *logits, const int *tg, int N, int V, int Vp, const float *sc) {
     s16_crossentropy(losses, logits, tg, N, V, Vp, sc[5]);
 }
+void s16_vocab_embed_forward(float *out, const int *tok, const float *wte, const float *wpe, int B_, int T_, int C, int v0, int nv) {
+    cpu->vocab_embed_forward(wide(out, (size_t)B_ * T_ * C), tok, wte, wpe, B_, T_, C, v0, nv);
+    narrow();
+}
+void s16_vocab_embed_backward(float *dwte, float *dwpe, const float *dout, const int *tok, int B_, int T_, int C, int v0, int nv) {
+    cpu->vocab_embed_backward(dwte, dwpe, wide(dout, (size_t)B_ * T_ * C), tok, B_, T_, C, v0, nv);
+    narrow();
+}
+void s16_vocab_ce_stats(float *stats, const float *logits, const int *tg, int N, int Vp, int v0, int nv) {
+    cpu->vocab_ce_stats(stats, wide(logits, (size_t)N * Vp), tg, N, Vp, v0, nv);
+    narrow();
+}
+void s16_vocab_ce_finish(float *losses, float *logits, const int *tg, const float *stats, int ranks, int N, int Vp, int v0,
+                         int nv, float dloss) {
+    cpu->vocab_ce_finish(losses, wide(logits, (size_t)N * Vp), tg, stats, ranks, N, Vp, v0, nv, dloss);
+    narrow();
+}
 
 /* 1 when one of op's arguments is tagged ACT in ops.h. */
 static int takes_act(loom_op_id op) {
@@ -721,6 +745,152 @@ static void sim_bf16_graph_replay_matches_plain(void) {
     sim_graph_replay_matches_plain_on(plain, sim_graph_backend_over(plain));
 }
 
+/* ---- tensor and pipeline parallelism at bf16 activations, simulated: 2
+ * ranks (this binary again, exec'd: OpenMP's pool does not survive a
+ * fork) over TCP, each a tp shard or a pp stage on the simulated bf16
+ * device beside the whole model on it; every step's loss and gradient norm
+ * must agree with the whole model's, and stay near the fp32 CPU's. tp's
+ * hooks then sum bf16 buffers (parallel/dist.c: widened, summed in fp32,
+ * rounded once) and the vocabulary ops read and write bf16; pp's stages
+ * send loom_backend_act_bytes of bf16 residual stream and its gradient, as
+ * on GPUs with NCCL. Bounds a priori: bf16 keeps 8 significant bits (2^-9
+ * relative per element), and a partial sum rounded before the all-reduce
+ * adds one such rounding to each row-parallel output (pp adds none: the
+ * stages pass the same bf16 values); a mean loss over B*T rows keeps far
+ * less of it, so 5e-3 relative against one piece, the 2e-2 of the training
+ * cases against fp32. ---- */
+
+enum { PAR_STEPS = 4, PAR_MICRO = 2 };
+
+/* The layout under test on this rank: a tp shard or a pp stage. */
+typedef struct {
+    loom_tp_t *tp;
+    loom_pp_t *pp;
+    loom_gpt_t *start;
+} par_t;
+
+static loom_status par_init(par_t *p, int pp, loom_dist_t *d, loom_dist_t *g, const loom_backend_t *be) {
+    loom_gpt_config_t c = cfg();
+    if (pp) {
+        loom_pp_opts_t o = {.stages = 2, .tp = 1, .B = B, .T = T, .micro = PAR_MICRO, .seed = 31};
+        loom_gpt_t *stage;
+        return loom_pp_init(&p->pp, d, &c, be, &o, &stage);
+    }
+    LOOM_TRY(loom_gpt_init(&p->start, &c, cpu, 31));
+    return loom_tp_init(&p->tp, p->start, be, g, NULL);
+}
+
+static loom_status par_step(par_t *p, const int *in, const int *tg, int accum, int s, float *loss, float *norm) {
+    if (p->pp) return loom_pp_step(p->pp, in, tg, &opt, 1e-3f, s, loss, norm);
+    return loom_train_step_tp(p->tp, NULL, in, tg, B, T, accum, &opt, 1e-3f, s, loss, norm);
+}
+
+/* Each step: the layout's loss and norm (lp, np) against the whole model's
+ * on the same device (lw, nw) and on the fp32 CPU (lf); 0, 4 (a step
+ * failed) or 5 (out of bounds). */
+static int par_steps(par_t *p, loom_gpt_t *whole, loom_gpt_t *fp32, int rank, const char *what) {
+    int accum = p->pp ? PAR_MICRO : 1, rc = 0;
+    int *in = malloc((size_t)accum * BT * sizeof(int)), *tg = malloc((size_t)accum * BT * sizeof(int));
+    for (int s = 1; s <= PAR_STEPS && !rc; s++) {
+        float lw, lp, lf, nw, np, nf;
+        batch(in, tg, accum * BT, whole->cfg.vocab_size, 40 + (unsigned)s);
+        if (loom_train_step(whole, in, tg, B, T, accum, &opt, 1e-3f, s, &lw, &nw) != LOOM_OK ||
+            loom_train_step(fp32, in, tg, B, T, accum, &opt, 1e-3f, s, &lf, &nf) != LOOM_OK ||
+            par_step(p, in, tg, accum, s, &lp, &np) != LOOM_OK) {
+            fprintf(stderr, "rank %d step %d: %s\n", rank, s, loom_errmsg());
+            rc = 4;
+        } else if (fabsf(lp - lw) > 5e-3f * lw || fabsf(np - nw) > 5e-2f * nw || fabsf(lp - lf) > 2e-2f * lf) {
+            rc = 5;
+        }
+        if (rank == 0 || rc == 5)
+            printf("  rank %d step %d: loss %s bf16 %.6f, one piece bf16 %.6f, fp32 %.6f; norm %.5f, %.5f, %.5f\n", rank, s,
+                   what, lp, lw, lf, np, nw, nf);
+    }
+    free(in);
+    free(tg);
+    return rc;
+}
+
+/* One rank (LOOM_TEST_SIM_PAR=tp2 or pp2, the torchrun variables from the
+ * parent): 0 when every check passes, else the number of the one that
+ * failed. */
+static int sim_par_rank(const char *what) {
+    loom_dist_t *d = NULL, *g = NULL;
+    loom_dist_opts_t o = {.transport = "tcp", .timeout_s = 600}; /* a guard only */
+    loom_gpt_t *whole = NULL, *fp32 = NULL;
+    par_t p = {0};
+    loom_gpt_config_t c = cfg();
+    if (loom_backend_cpu_init(&cpu, 1) != LOOM_OK) return 2;
+    const loom_backend_t *be = sim16_backend(LOOM_BF16);
+    int ok = loom_dist_init(&d, &o) == LOOM_OK && loom_dist_split(d, 0, loom_dist_rank(d), &g) == LOOM_OK &&
+             loom_gpt_init(&whole, &c, be, 31) == LOOM_OK && loom_gpt_init(&fp32, &c, cpu, 31) == LOOM_OK &&
+             par_init(&p, what[0] == 'p', d, g, be) == LOOM_OK && loom_gpt_alloc_train(whole) == LOOM_OK &&
+             loom_gpt_alloc_train(fp32) == LOOM_OK;
+    if (!ok) fprintf(stderr, "rank %d: %s\n", loom_dist_rank(d), loom_errmsg());
+    int rc = ok ? par_steps(&p, whole, fp32, loom_dist_rank(d), what) : 3;
+    loom_pp_free(p.pp);
+    loom_tp_free(p.tp);
+    loom_gpt_free(p.start);
+    loom_gpt_free(fp32);
+    loom_gpt_free(whole);
+    loom_dist_free(g);
+    loom_dist_free(d);
+    return rc;
+}
+
+/* The environment of rank r: the parent's and the torchrun variables,
+ * made before fork (the child only calls execve). */
+static char **rank_env(int r, int port, const char *what, char (*own)[64]) {
+    extern char **environ;
+    size_t n = 0;
+    while (environ[n]) n++;
+    char **env = malloc((n + 7) * sizeof *env);
+    memcpy(env, environ, n * sizeof *env);
+    snprintf(own[0], 64, "RANK=%d", r);
+    snprintf(own[1], 64, "LOCAL_RANK=%d", r);
+    snprintf(own[2], 64, "WORLD_SIZE=2");
+    snprintf(own[3], 64, "MASTER_ADDR=127.0.0.1");
+    snprintf(own[4], 64, "MASTER_PORT=%d", port);
+    snprintf(own[5], 64, "LOOM_TEST_SIM_PAR=%s", what);
+    for (int i = 0; i < 6; i++) env[n + i] = own[i];
+    env[n + 6] = NULL;
+    return env;
+}
+
+/* The two ranks of layout `what` (tp2, pp2), this binary exec'd. */
+static void sim_bf16_on_2_ranks(const char *what) {
+    char self[4096], own[2][6][64];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (k <= 0) {
+        check_fail_why("readlink /proc/self/exe failed");
+        return;
+    }
+    self[k] = 0;
+    int port = loom_dist_free_port(29617);
+    pid_t pid[2];
+    for (int r = 0; r < 2; r++) {
+        char **env = rank_env(r, port, what, own[r]);
+        char *argv[] = {self, NULL};
+        fflush(stdout);
+        pid[r] = fork();
+        if (pid[r] == 0) {
+            execve(self, argv, env);
+            _exit(127);
+        }
+        free(env);
+    }
+    for (int r = 0; r < 2; r++) {
+        int st = 0;
+        waitpid(pid[r], &st, 0);
+        CHECK(pid[r] > 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "%s rank %d: exit status %d (3 setup, 4 a step failed, 5 a loss or norm out of bounds: its line above)", what,
+              r, WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+}
+
+static void sim_bf16_tp2_matches_one(void) { sim_bf16_on_2_ranks("tp2"); }
+static void sim_bf16_pp2_matches_one(void) { sim_bf16_on_2_ranks("pp2"); }
+
 static void device_step_matches_host_step(void) {
     const loom_backend_t *be = sim_backend();
     char why[128];
@@ -795,6 +965,8 @@ static const struct {
     {"sim_bf16_training_tracks_fp32", sim_bf16_training_tracks_fp32},
     {"sim_fp16_training_tracks_fp32", sim_fp16_training_tracks_fp32},
     {"sim_bf16_graph_replay_matches_plain", sim_bf16_graph_replay_matches_plain},
+    {"sim_bf16_tp2_matches_one", sim_bf16_tp2_matches_one},
+    {"sim_bf16_pp2_matches_one", sim_bf16_pp2_matches_one},
     {"cuda_model_matches_cpu_fp32", cuda_model_matches_cpu_fp32},
     {"cuda_model_matches_cpu_bf16", cuda_model_matches_cpu_bf16},
     {"cuda_model_matches_cpu_fp16", cuda_model_matches_cpu_fp16},
@@ -819,6 +991,8 @@ static void open_cpu(void) {
 }
 
 int main(void) {
+    const char *par = getenv("LOOM_TEST_SIM_PAR");
+    if (par) return sim_par_rank(par); /* a rank of sim_bf16_on_2_ranks */
     /* isolated: a case that panics or faults the GPU fails alone */
     check_run_isolated((int)(sizeof cases / sizeof cases[0]), case_name, open_cpu, run_case);
     return check_main_end();

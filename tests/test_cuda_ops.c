@@ -30,6 +30,7 @@
 #include "check.h"
 #include "model/quant.h"
 #include "model/sparse24.h"
+#include "parallel/dist_impl.h"
 #ifdef LOOM_HAVE_CUDA
 #include "backend/cuda/cuda_devices.h"
 #endif
@@ -1134,6 +1135,115 @@ static void test_vocab_shard(void) {
     release();
 }
 
+/* ---- the NCCL transport's bf16 and fp16 (parallel/dist_nccl.c) ---- */
+
+typedef int (*to_bf16_fn)(uint16_t *, const float *, size_t, void *);
+typedef int (*from_bf16_fn)(float *, const uint16_t *, size_t, void *);
+typedef loom_status (*nccl_join_fn)(dist_join_t *, const dist_join_t *, int, double);
+
+/* n random floats, every 7th a tie for bf16 (the 16 dropped bits exactly
+ * 0x8000), with the host's rounding of them (nearest even). */
+static float *bf16_cases(size_t n, uint16_t **want) {
+    float *x = hrand(n, 3);
+    for (size_t i = 0; i < n; i += 7) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u = (u & 0xffff0000u) | 0x8000u;
+        memcpy(&x[i], &u, 4);
+    }
+    *want = track_host(malloc(n * sizeof **want));
+    loom_dtype_from_f32(*want, x, LOOM_BF16, n);
+    return x;
+}
+
+/* d (n fp32, device) holds exactly the widened `want` (bf16 bits). */
+static void expect_widened(const char *what, const float *d, const uint16_t *want, size_t n) {
+    float *got = track_host(malloc(n * sizeof(float))), *ref = track_host(malloc(n * sizeof(float)));
+    gpu->download(got, d, n * sizeof(float));
+    loom_dtype_to_f32(ref, want, LOOM_BF16, n);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&got[i], &ref[i], 4) && !bad++) first = i;
+    CHECK(bad == 0, "%s [%s]: %zu of %zu differ from the host's bf16 rounding, the first at %zu: %.9g, want %.9g (LOOM_TEST_SEED=%u)",
+          what, shape, bad, n, first, got[first], ref[first], seed0);
+}
+
+/* --grad-dtype bf16's conversions (cuda_wire.h) on the backend's stream,
+ * bitwise against the host's rounding, ties included, and back. */
+static void test_wire_bf16(void) {
+    if (!gpu_ready()) return;
+    char why[400];
+    to_bf16_fn to = (to_bf16_fn)loom_cuda_symbol("loom_cuda_f32_to_bf16", why, sizeof why);
+    from_bf16_fn back = (from_bf16_fn)loom_cuda_symbol("loom_cuda_bf16_to_f32", why, sizeof why);
+    if (!to || !back) {
+        check_fail_why("the plugin lacks the bf16 conversions: %s", why);
+        return;
+    }
+    const size_t n = 4099;
+    snprintf(shape, sizeof shape, "n=%zu", n);
+    uint16_t *want, *got = track_host(malloc(n * 2));
+    float *x = bf16_cases(n, &want), *d_x = dput(x, n * 4), *d_y = dpoison(n);
+    uint16_t *d_w = dalloc(n * 2);
+    CHECK(to(d_w, d_x, n, NULL) == 0 && back(d_y, d_w, n, NULL) == 0, "the conversion kernels did not launch");
+    gpu->download(got, d_w, n * 2);
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != want[i] && !bad++) first = i;
+    CHECK(bad == 0, "f32 -> bf16: %zu of %zu differ from the host's rounding, the first at %zu: %.9g -> %04x, want %04x",
+          bad, n, first, x[first], got[first], want[first]);
+    expect_widened("bf16 -> f32", d_y, want, n);
+    release();
+}
+
+/* The NCCL transport with one rank (two ranks cannot share a GPU: NCCL
+ * refuses a duplicate device), through its ops as dist.c calls them:
+ * bf16 and fp16 buffers summed as stored come back unchanged; fp32 with
+ * bf16 on the wire (all-reduce, then a larger reduce-scatter that grows
+ * the transport's scratch) comes back as the host's bf16 rounding. No
+ * NCCL library on the loader's path: SKIP. */
+static void test_nccl_one_rank(void) {
+    if (!gpu_ready()) return;
+    char why[400];
+    nccl_join_fn join = (nccl_join_fn)loom_cuda_symbol("dist_nccl_join", why, sizeof why);
+    if (!join) {
+        check_fail_why("the plugin lacks dist_nccl_join: %s", why);
+        return;
+    }
+    dist_join_t boot = {.rank = 0, .size = 1, .name = "single"}, j;
+    loom_status st = join(&j, &boot, 0, 120); /* a guard only */
+    if (st == LOOM_EUNAVAIL) {
+        check_skip("%s", loom_errmsg());
+        return;
+    }
+    CHECK(st == LOOM_OK, "one-rank NCCL join: %s", loom_errmsg());
+    if (st != LOOM_OK) return;
+    const size_t n = 3001;
+    for (int t = 0; t < 2; t++) { /* bf16, fp16 */
+        snprintf(shape, sizeof shape, "n=%zu %s", n, t ? "fp16" : "bf16");
+        float *x = hrand(n, 2);
+        uint16_t *h = track_host(malloc(n * 2)), *got = track_host(malloc(n * 2));
+        loom_dtype_from_f32(h, x, t ? LOOM_FP16 : LOOM_BF16, n);
+        void *d = dput(h, n * 2);
+        gpu->sync();
+        CHECK(j.ops->allreduce(j.impl, d, n, t ? DIST_F16 : DIST_BF16, 1.0f) == LOOM_OK, "%s all-reduce: %s", shape, loom_errmsg());
+        gpu->download(got, d, n * 2);
+        CHECK(memcmp(got, h, n * 2) == 0, "%s: one rank's sum changed the buffer", shape);
+    }
+    for (int k = 0; k < 2; k++) { /* all-reduce of n, reduce-scatter of 2n */
+        size_t m = n * (size_t)(k + 1), counts[1] = {m};
+        snprintf(shape, sizeof shape, "n=%zu fp32 as bf16, %s", m, k ? "reduce-scatter" : "all-reduce");
+        uint16_t *want;
+        float *x = bf16_cases(m, &want), *d = dput(x, m * 4);
+        gpu->sync();
+        st = k ? j.ops->reduce_scatter(j.impl, d, counts, DIST_F32_AS_BF16, 1.0f)
+               : j.ops->allreduce(j.impl, d, m, DIST_F32_AS_BF16, 1.0f);
+        CHECK(st == LOOM_OK, "%s: %s", shape, loom_errmsg());
+        expect_widened(shape, d, want, m);
+    }
+    j.ops->free(j.impl);
+    release();
+}
+
 static const gpu_case gpu_cases[] = {
     {"kquant_absent", test_kquant_absent, "matmul_forward_kq"},
     {"encoder", test_encoder, "encoder_forward encoder_backward"},
@@ -1161,6 +1271,8 @@ static const gpu_case gpu_cases[] = {
     {"sparse24_matmul", test_sparse24_matmul, "matmul_forward_s24"},
     {"llama_ops", test_llama_ops, "rmsnorm_forward rmsnorm_backward rope_forward rope_backward swiglu_forward swiglu_backward"},
     {"vocab_shard", test_vocab_shard, "vocab_embed_forward vocab_embed_backward vocab_ce_stats vocab_ce_finish"},
+    {"wire_bf16", test_wire_bf16, ""},
+    {"nccl_one_rank", test_nccl_one_rank, ""},
     {"tables_stay", test_tables_stay, ""},
 };
 
@@ -1198,17 +1310,21 @@ static void probe_gpu(void) {
 #endif
 }
 
-/* LOOM_CUDA_OPS_ONLY=a,b: only the cases whose name contains one of the
- * comma-separated parts (bench/gpu-check.sh's reduced run under
- * compute-sanitizer); unset: all. */
+/* LOOM_CUDA_OPS_ONLY=a,b,-c: only the cases whose name contains one of
+ * the comma-separated parts and none of the parts after a '-'
+ * (bench/gpu-check.sh's reduced runs under compute-sanitizer: "/bf16,
+ * -nccl_one_rank"); only '-' parts: all but those; unset: all. */
 static int case_selected(const char *name) {
     const char *only = getenv("LOOM_CUDA_OPS_ONLY");
     if (!only || !*only) return 1;
     char buf[512];
+    int hit = 0, wanted = 0;
     snprintf(buf, sizeof buf, "%s", only);
-    for (char *save = NULL, *part = strtok_r(buf, ",", &save); part; part = strtok_r(NULL, ",", &save))
-        if (strstr(name, part)) return 1;
-    return 0;
+    for (char *save = NULL, *part = strtok_r(buf, ",", &save); part; part = strtok_r(NULL, ",", &save)) {
+        if (part[0] == '-' && part[1] && strstr(name, part + 1)) return 0;
+        if (part[0] != '-') wanted = 1, hit |= strstr(name, part) != NULL;
+    }
+    return hit || !wanted;
 }
 
 /* The cases selected (case_selected) and the dtype they run at. */

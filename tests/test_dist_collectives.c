@@ -2,9 +2,12 @@
  * TCP (forked by loom_launch_local), against sums known in closed form:
  * rank r contributes values made from r, so every result is exact in fp32.
  * The blocking allreduce, reduce_scatter, allgather and broadcast, the
- * f64 allreduce, the byte count each rank reports, and send/receive. Each rank checks
+ * f64 allreduce, the byte count each rank reports, send/receive, and the
+ * all-reduce of bf16 and fp16 buffers (tensor parallelism's activations:
+ * on the host transports widened to fp32, summed, rounded once). Each rank checks
  * its own results and exits non-zero on the first wrong one; the cases
  * here read the ranks' exit codes. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +18,7 @@
 #define WORLD 3
 #define N 37 /* not a multiple of the world: uneven ring chunks */
 
-enum { CASE_ALLREDUCE = 1, CASE_REDUCE_SCATTER, CASE_BROADCAST, CASE_BYTES, CASE_SPLIT, CASE_IALLGATHER, CASE_SENDRECV };
+enum { CASE_ALLREDUCE = 1, CASE_REDUCE_SCATTER, CASE_BROADCAST, CASE_BYTES, CASE_SPLIT, CASE_IALLGATHER, CASE_SENDRECV, CASE_ELEM };
 
 static float value(int rank, int i) { return (float)((rank + 1) * 1000 + i); }
 /* sum over ranks of value(r, i), times scale */
@@ -135,6 +138,38 @@ static int sendrecv_case(loom_dist_t *d, int rank) {
     return rc;
 }
 
+/* 16-bit buffers summed as stored. Even elements: bf16 (r+1)(i+1), whole
+ * numbers under 256, exact in bf16, summing to 6(i+1); fp16 2.0 on every
+ * rank, summing to 6.0 (0x4600). Odd elements tell one rounding from one
+ * per ring step: rank 0 holds 1.0, ranks 1 and 2 a quarter of 1.0's last
+ * place each (bf16 2^-8 = 0x3B80, fp16 2^-11 = 0x1000). Rounded at every
+ * step of a ring that adds 1.0 first, 1 + 2^-8 ties to 1.0 and the sum
+ * stays 1.0; summed in fp32 and rounded once it is 1 + 2^-7 (bf16 0x3F81),
+ * 1 + 2^-10 (fp16 0x3C01), one last place up. 2 bytes an element are
+ * counted. */
+static uint16_t bf16_of_whole(int v) { /* exact for |v| < 256 */
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+static int elem_case(loom_dist_t *d, int rank) {
+    uint16_t b[N], h[N];
+    for (int i = 0; i < N; i++) {
+        b[i] = i % 2 ? (rank ? 0x3B80 : 0x3F80) : bf16_of_whole((rank + 1) * (i + 1));
+        h[i] = i % 2 ? (rank ? 0x1000 : 0x3C00) : 0x4000;
+    }
+    double before = loom_dist_bytes(d);
+    if (loom_dist_allreduce_elem(d, b, N, LOOM_DIST_ELEM_BF16) != LOOM_OK) return 80;
+    if (loom_dist_allreduce_elem(d, h, N, LOOM_DIST_ELEM_FP16) != LOOM_OK) return 81;
+    for (int i = 0; i < N; i++) {
+        if (b[i] != (i % 2 ? 0x3F81 : bf16_of_whole(6 * (i + 1)))) return 82;
+        if (h[i] != (i % 2 ? 0x3C01 : 0x4600)) return 83;
+    }
+    return loom_dist_bytes(d) - before == 2.0 * 2 * N ? 0 : 84;
+}
+
 static int rank_main(int rank, void *ctx) {
     int which = *(const int *)ctx;
     loom_dist_t *d;
@@ -150,6 +185,7 @@ static int rank_main(int rank, void *ctx) {
              : which == CASE_SPLIT                                ? split_case(d, rank)
              : which == CASE_IALLGATHER                           ? iallgather_case(d, rank)
              : which == CASE_SENDRECV                             ? sendrecv_case(d, rank)
+             : which == CASE_ELEM                                 ? elem_case(d, rank)
                                                                   : bytes_case(d, rank);
     if (rc) fprintf(stderr, "rank %d: check %d failed\n", rank, rc);
     loom_dist_free(d);
@@ -171,6 +207,7 @@ static void bytes_counted(void) { on_ranks(CASE_BYTES); }
 static void split_groups(void) { on_ranks(CASE_SPLIT); }
 static void iallgather_waits_by_mark(void) { on_ranks(CASE_IALLGATHER); }
 static void sendrecv_ring_4mb_and_one_way(void) { on_ranks(CASE_SENDRECV); }
+static void allreduce_bf16_fp16_rounded_once(void) { on_ranks(CASE_ELEM); }
 
 int main(void) {
     RUN(allreduce_and_f64);
@@ -180,5 +217,6 @@ int main(void) {
     RUN(split_groups);
     RUN(iallgather_waits_by_mark);
     RUN(sendrecv_ring_4mb_and_one_way);
+    RUN(allreduce_bf16_fp16_rounded_once);
     return check_main_end();
 }

@@ -11,33 +11,11 @@
 # heads is refused with the numbers.
 set -u
 cd "$(dirname "$0")/.."
-LOOM=${LOOM:-$PWD/build/loom}
-tmp=$(mktemp -d /tmp/loom-tp-XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-python3 -c "import random; random.seed(1); print(' '.join(random.choice(['the','word','of','light','and','darkness','in','beginning']) for _ in range(40000)))" > "$tmp/data.txt"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+. tests/lib_dist.sh tp
 A=(--data "$tmp/data.txt" --layers 2 --channels 64 --context 64 --seq 64 --steps 10 --lr 1e-3 --warmup 2
    --eval-every 0 --sample-tokens 0 --seed 3 --log-every 1 --ckpt-every 5 --threads 1 --dist-timeout 600) # a guard only
 GPT=(--model gpt2-tiny --heads 2)
 LLAMA=(--model llama-tiny --heads 4) # 4 query heads, 2 kv heads
-
-PY=/usr/bin/python3
-export PYTHONPATH=$PWD/.deps/hf${PYTHONPATH:+:$PYTHONPATH}
-if ! $PY -c "import numpy, safetensors" 2>/dev/null; then
-    echo "SKIP tp: /usr/bin/python3 lacks numpy or safetensors (scripts/deps.sh installs them into .deps/hf)"; exit 0
-fi
-
-# The first 10 losses within 1e-5 relative and the final weights within 1e-5 (absolute), read with
-# numpy and safetensors by tests/dist_compare.py (shared with test_zero3.sh).
-check() { # NAME RUN_A RUN_B LOGFILE
-    local out
-    if out=$($PY tests/dist_compare.py "$2" "$3" 2>&1); then echo "PASS $1 ($out)"; else echo "FAIL $1: $out"; tail -5 "$4"; fi
-}
-
-run() { # NAME ARGS...: a loom train into $tmp/NAME, its log beside it
-    local name=$1; shift
-    $LOOM train "${A[@]}" "$@" --out "$tmp/$name" > "$tmp/$name.log" 2>&1 || { echo "FAIL tp_run_$name: $(tail -3 "$tmp/$name.log")"; return 1; }
-}
 
 # References: one process, the global batch of 4 sequences.
 run gpt_one "${GPT[@]}" --batch 4 || exit 1
@@ -109,7 +87,7 @@ while time.time() < deadline:
 print(seen)
 PY
 )
-wait $pid
+wait $pid; pid=
 printf '%s\n' "$body" | awk '$1 == "loom_train_comm_seconds_total{rank=\"0\",dim=\"tp\"}" { found = $2 > 0 } END { exit !found }' &&
     echo "PASS tp_comm_seconds_in_prometheus" || echo "FAIL tp_comm_seconds_in_prometheus: $(printf '%s\n' "$body" | grep comm | head -3)"
 

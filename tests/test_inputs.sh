@@ -192,7 +192,7 @@ fi
 
 # ---- loom export onto a full disk or a read-only folder: 74 naming the path; onto
 # a device or a folder of other files: refused, even with --force (the writers
-# rename OUT.tmp over OUT, which would replace /dev/full or wipe the folder) ----
+# rename a staging copy over OUT, which would replace /dev/full or wipe the folder) ----
 X=(export --run "$tmp/small")
 mkdir -p "$tmp/xfull" "$tmp/xro"
 if mount -t tmpfs -o size=16k tmpfs "$tmp/xfull" 2> /dev/null; then
@@ -222,7 +222,13 @@ expect_exit 2 export_hf_force_onto_other_folder_refused "home exists and is not 
     $LOOM "${X[@]}" --format hf --out "$tmp/home" --force
 [ "$(cat "$tmp/home/notes.txt" 2>&1)" = keep ] && pass export_other_folder_kept || fail export_other_folder_kept "notes.txt is gone"
 $LOOM "${X[@]}" --format hf --out "$tmp/xhf" > /dev/null 2>&1 && $LOOM "${X[@]}" --format gguf --out "$tmp/x.gguf" > /dev/null 2>&1
+mkdir -p "$tmp/xhf.tmp"; echo keep > "$tmp/xhf.tmp/notes.txt" # a folder and a file of the user's beside OUT, named like staging
+echo keep > "$tmp/x.gguf.tmp"
 expect_exit 0 export_force_replaces_an_export "GGUF v3" sh -c "$LOOM ${X[*]} --format hf --out $tmp/xhf --force && $LOOM ${X[*]} --format gguf --out $tmp/x.gguf --force"
+[ "$(cat "$tmp/xhf.tmp/notes.txt" 2>&1)" = keep ] && pass export_hf_keeps_a_user_folder_named_out_tmp || fail export_hf_keeps_a_user_folder_named_out_tmp "xhf.tmp/notes.txt is gone"
+[ "$(cat "$tmp/x.gguf.tmp" 2>&1)" = keep ] && pass export_gguf_keeps_a_user_file_named_out_tmp || fail export_gguf_keeps_a_user_file_named_out_tmp "x.gguf.tmp was overwritten"
+[ "$(stat -c %a "$tmp/x.gguf")" = 644 ] && [ "$(stat -c %a "$tmp/xhf")" = 755 ] && pass export_modes_are_public \
+    || fail export_modes_are_public "x.gguf $(stat -c %a "$tmp/x.gguf"), xhf $(stat -c %a "$tmp/xhf")"
 
 # ---- a rank killed by SIGKILL: the launcher exits 3 (a peer died), as documented ----
 $LOOM train --data "$tmp/bpe" "${A[@]}" --nproc 2 --steps 1000000 --ckpt-every 1 --keep-ckpts 1 --out "$tmp/np" > "$tmp/np.log" 2>&1 &
@@ -241,3 +247,8 @@ $LOOM train --data "$tmp/bpe" "${A[@]}" --grad-accum 3 --steps 2 --out "$tmp/ga"
 expect_fail resume_accum3_on_2_ranks_advice "do not split over 2 ranks; resume with --nproc 1 --grad-accum 3 or --nproc 3 --grad-accum 1" \
     $LOOM train --data "$tmp/bpe" "${A[@]}" --grad-accum 3 --nproc 2 --steps 4 --resume auto --out "$tmp/ga"
 expect_fail sample_missing_gguf_no_train_advice "missing.gguf: no such file; check the path" $LOOM sample --gguf "$tmp/missing.gguf" --tokens 2
+
+# ---- a layout that does not divide --nproc is refused before any rank starts ----
+expect_fail pp3_on_2_ranks_before_launch "2 ranks (--nproc 2 x --nnodes 1) is not a multiple of --tp 1 x --pp 3 = 3; use a multiple of 3 ranks" \
+    $LOOM train --data "$tmp/bpe" "${A[@]}" --layers 3 --nproc 2 --pp 3 --steps 2 --out "$tmp/pp3"
+[ -e "$tmp/pp3" ] && fail pp3_on_2_ranks_nothing_written "$tmp/pp3 was created" || pass pp3_on_2_ranks_nothing_written

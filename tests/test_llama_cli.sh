@@ -5,7 +5,8 @@
 #     tokenizer.json is one loom trained, and saves it;
 #  2. `loom train --init-from` it: the fine-tune lowers the loss; the same
 #     run on 2 ranks (--nproc 2 --zero 1, half the batch each) gives the
-#     losses of one rank with the whole batch;
+#     losses of one rank with the whole batch, and so does --nproc 2
+#     --pp 2 (the folder's weights sliced into pipeline stages);
 #  3. `loom export --format hf`: transformers' loss on the validation
 #     shard equals `loom eval`'s;
 #  4. `loom plan serve --config` reads the folder's config.json (its KV
@@ -58,14 +59,21 @@ l = [json.loads(x)["loss"] for x in open(sys.argv[1]) if '"loss"' in x]
 print(f"  losses {l[0]:.4f} -> {l[-1]:.4f} over {len(l)} steps")
 sys.exit(0 if len(l) == 10 and l[-1] < l[0] - 0.05 else 1)
 PY
-$LOOM train "${A[@]}" --batch 2 --nproc 2 --zero 1 --out "$tmp/two" > "$tmp/two.log" 2>&1 || echo "FAIL llama_cli_nproc2: $(tail -3 "$tmp/two.log")"
-python3 - "$tmp/one/metrics.jsonl" "$tmp/two/metrics.jsonl" <<'PY' && echo "PASS llama_cli_nproc2_zero1_vs_1rank" || { echo "FAIL llama_cli_nproc2_zero1_vs_1rank"; tail -3 "$tmp/two.log"; }
+# vs_one NAME RUN ARGS...: `loom train` ARGS into $tmp/RUN; its 10 losses within 1e-5 relative of one rank's.
+vs_one() {
+    local name=$1 run=$2; shift 2
+    $LOOM train "${A[@]}" "$@" --out "$tmp/$run" > "$tmp/$run.log" 2>&1 || echo "FAIL ${name}_run: $(tail -3 "$tmp/$run.log")"
+    python3 - "$tmp/one/metrics.jsonl" "$tmp/$run/metrics.jsonl" <<'PY' && echo "PASS $name" || { echo "FAIL $name"; tail -3 "$tmp/$run.log"; }
 import json, sys
 a, b = ([json.loads(x)["loss"] for x in open(f) if '"loss"' in x] for f in sys.argv[1:3])
 d = max(abs(x - y) / abs(x) for x, y in zip(a, b)) if len(a) == len(b) == 10 else 1
-print(f"  2 ranks vs 1: worst relative loss difference {d:.1e}")
+print(f"  vs 1 rank: worst relative loss difference {d:.1e}")
 sys.exit(0 if d < 1e-5 else 1)
 PY
+}
+vs_one llama_cli_nproc2_zero1_vs_1rank two --batch 2 --nproc 2 --zero 1
+# --pp with --init-from: the folder's weights sliced into 2 stages.
+vs_one llama_cli_init_from_pp2_vs_1rank pp2 --batch 4 --nproc 2 --pp 2
 
 # 3. Back to transformers.
 $LOOM export --run "$tmp/one" --format hf --out "$tmp/export" > /dev/null || echo "FAIL llama_cli_export: loom export failed"

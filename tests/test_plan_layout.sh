@@ -159,7 +159,7 @@ def flags_known(cmd):
 cases = (("tp2 fp32", ("--tp", 2, "--dtype", "fp32", "--zero", 0), "--tp 2", None),
          ("pp2", ("--pp", 2, "--zero", 0), "--pp 2", None),
          ("zero3", ("--tp", 1, "--pp", 1, "--zero", 3), "--zero 3", None),
-         ("tp2 bf16", ("--tp", 2, "--dtype", "bf16", "--zero", 0), None, "fp32"),
+         ("tp2 bf16", ("--tp", 2, "--dtype", "bf16", "--zero", 0), "--tp 2", None),
          ("tp2 x pp2", ("--tp", 2, "--pp", 2, "--dtype", "fp32", "--zero", 0), None, "--pp with --tp"),
          ("pp2 zero1", ("--pp", 2, "--zero", 1), None, "--zero 0 only"),
          ("pp2 v2", ("--pp", 2, "--virtual-stages", 2, "--zero", 0), None, "plain 1F1B"))

@@ -172,8 +172,8 @@ wait $mpid
 [ $ok = 1 ] && echo "PASS pp_prometheus_bubble_and_comm_pp (both ranks)" || { echo "FAIL pp_prometheus_bubble_and_comm_pp:"; tail -3 "$tmp/met.log"; }
 
 # 6. Layouts that cannot run say why.
-out=$($LOOM train "${A[@]}" --nproc 2 --pp 3 --out "$tmp/bad1" 2>&1)
-printf '%s' "$out" | grep -q "ranks must be a multiple of the stages" && echo "PASS pp_ranks_not_multiple_named" || echo "FAIL pp_ranks_not_multiple_named: $out"
+out=$($LOOM train "${A[@]}" --nproc 2 --pp 3 --out "$tmp/bad1" 2>&1) # refused before any rank starts
+printf '%s' "$out" | grep -q "is not a multiple of --tp 1 x --pp 3 = 3" && echo "PASS pp_ranks_not_multiple_named" || echo "FAIL pp_ranks_not_multiple_named: $out"
 out=$($LOOM train "${A[@]}" --layers 1 --nproc 2 --pp 2 --out "$tmp/bad2" 2>&1)
 printf '%s' "$out" | grep -q "each stage needs at least one" && echo "PASS pp_too_few_layers_named" || echo "FAIL pp_too_few_layers_named: $out"
 out=$($LOOM train "${A[@]}" --pp 2 --out "$tmp/bad3" 2>&1)

@@ -12,8 +12,9 @@
 # 1) while every rank holds after a step (LOOM_TEST_HOLD_AFTER_STEP, an
 # event, not a time) stops the others naming it, and --resume auto ends with
 # the uninterrupted run's weights and AdamW state bit for bit. The tp and pp
-# communication times reach metrics.jsonl; what is not built is refused
-# naming the flags; loom bench dist measures tp2xdp2 and pp2xtp2.
+# communication times reach metrics.jsonl; --zero 3 runs under pp x tp; a
+# rank count that does not fit is refused naming the flags; loom bench dist
+# measures tp2xdp2 and pp2xtp2.
 set -u
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-$PWD/build/loom}
@@ -63,6 +64,42 @@ PY
 grep -q "each stage a tensor-parallel group of 2 ranks" "$tmp/pt_gpt2.log" && echo "PASS pp_tp_layout_printed" \
     || { echo "FAIL pp_tp_layout_printed:"; head -5 "$tmp/pt_gpt2.log"; }
 
+# 1b. The same pp2 x tp2 as two "machines" of two ranks each (--nnodes 2
+# --node-rank 0/1, node 0's MASTER_ADDR/MASTER_PORT given, as on a cluster
+# without Slurm or MPI): ranks 0-1 on one, 2-3 on the other, so each tp
+# group sits within a machine; the same steps as one process.
+port=$($PY -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+for k in 1 0; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port $LOOM train "${A[@]}" --heads 2 --nproc 2 --nnodes 2 --node-rank $k --pp 2 --tp 2 \
+        --out "$tmp/nodes" > "$tmp/nodes$k.log" 2>&1 & # one run folder: a cluster's shared one
+    [ $k = 1 ] && pid1=$!
+done
+rc0=0; wait $! || rc0=$?; rc1=0; wait $pid1 || rc1=$?
+if [ $rc0 = 0 ] && [ $rc1 = 0 ]; then
+    check pp2xtp2_two_machines_vs_1 "$tmp/nodes0.log" "$tmp/one_gpt2" "$tmp/nodes"
+else
+    echo "FAIL pp2xtp2_two_machines_vs_1: exits $rc0 / $rc1"; tail -3 "$tmp/nodes0.log" "$tmp/nodes1.log"
+fi
+out=$(env -u MASTER_ADDR -u MASTER_PORT $LOOM train "${A[@]}" --heads 2 --nproc 2 --nnodes 2 --node-rank 1 --out "$tmp/bad0" 2>&1)
+printf '%s' "$out" | grep -q "set MASTER_ADDR and MASTER_PORT to node 0's address" \
+    && echo "PASS nnodes_without_master_named" || echo "FAIL nnodes_without_master_named: $out"
+
+# The Kubernetes example of whole nodes runs the same way (one pod per node,
+# --nnodes = completions, --nproc = its GPUs; schema: tests/test_ft_deploy.sh).
+python3 - <<'PY' && echo "PASS pp_tp_k8s_3d_job_shape" || echo "FAIL pp_tp_k8s_3d_job_shape"
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open("deploy/k8s/train-job-3d.yaml")) if d]
+job = next(d for d in docs if d["kind"] == "Job")
+c = job["spec"]["template"]["spec"]["containers"][0]
+a = lambda f: c["args"][c["args"].index(f) + 1]
+env = {e["name"]: e for e in c["env"]}
+nodes, nproc, tp, pp = int(a("--nnodes")), int(a("--nproc")), int(a("--tp")), int(a("--pp"))
+ok = (nodes == job["spec"]["completions"] == job["spec"]["parallelism"] and nproc == int(c["resources"]["limits"]["nvidia.com/gpu"])
+      and a("--node-rank") == "$(NODE_RANK)" and "job-completion-index" in env["NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
+      and nproc % tp == 0 and (nodes * nproc) % (tp * pp) == 0 and env["MASTER_ADDR"]["value"].startswith(job["metadata"]["name"] + "-0."))
+sys.exit(0 if ok else 1)
+PY
+
 # 2. Checkpoints across layouts, from step 5: pp2 x tp2 -> 1 process, 1 -> pp2 x tp2.
 if [ -s "$tmp/pt_gpt2/latest" ] && [ -s "$tmp/one_gpt2/latest" ]; then
     cp -r "$tmp/pt_gpt2" "$tmp/pt_to_1"; cp -r "$tmp/one_gpt2" "$tmp/one_to_pt"
@@ -99,11 +136,12 @@ else
     echo "FAIL pp_tp_resume_auto_bit_exact: $(grep -m1 resuming "$tmp/kill2.log")"; tail -4 "$tmp/kill2.log"
 fi
 
-# 4. What is not built says so, naming the flags.
-out=$($LOOM train "${A[@]}" --heads 2 "${PT[@]}" --zero 1 --out "$tmp/bad1" 2>&1)
-printf '%s' "$out" | grep -q -- "--pp 2 with --zero: not built yet" && echo "PASS pp_tp_zero_refused_named" || echo "FAIL pp_tp_zero_refused_named: $out"
+# 4. --zero under pp x tp: ZeRO-3 (over each stage shard's dp group, of one here) gathers
+# the weights the tp hooks read through the model's view; the same steps as one process.
+run pt_z3 --heads 2 "${PT[@]}" --zero 3 && check pp2xtp2_zero3_gpt2_vs_1 "$tmp/pt_z3.log" "$tmp/one_gpt2" "$tmp/pt_z3"
+# A rank count the layout does not divide is refused, naming the multiple.
 out=$($LOOM train "${A[@]}" --heads 2 --nproc 2 --pp 2 --tp 2 --out "$tmp/bad2" 2>&1)
-printf '%s' "$out" | grep -q "multiple of the stages x --tp 2 (e.g. --nproc 4)" && echo "PASS pp_tp_ranks_not_multiple_named" || echo "FAIL pp_tp_ranks_not_multiple_named: $out"
+printf '%s' "$out" | grep -q "is not a multiple of --tp 2 x --pp 2 = 4; use a multiple of 4 ranks" && echo "PASS pp_tp_ranks_not_multiple_named" || echo "FAIL pp_tp_ranks_not_multiple_named: $out"
 
 # 5. loom bench dist --layout tp2xdp2,pp2xtp2 (one comma list, parsed in
 # one place): each layout's table, its 4 ranks' loss equal to the one

@@ -6,9 +6,11 @@
  * it, the whole model in one piece on the same batch -- the single-process
  * step the trainer's oracle tests check against PyTorch -- and checks that
  * the losses agree to 1e-5 relative and that the shards, gathered into the
- * whole model's layout, agree with the whole model to 1e-5. */
+ * whole model's layout, agree with the whole model to 1e-5. And the
+ * activation dtypes the hooks' all-reduces take. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend/backend.h"
 #include "check.h"
@@ -31,7 +33,7 @@ static int compare_steps(loom_tp_t *tp, loom_gpt_t *whole, int rank) {
     for (int s = 1; s <= STEPS; s++) {
         float lw, lt, nw, nt;
         if (loom_train_step(whole, tokens, tokens + 1, B, T, 1, &opt, 1e-3f, s, &lw, &nw) != LOOM_OK) return 10;
-        if (loom_train_step_tp(tp, tokens, tokens + 1, B, T, 1, &opt, 1e-3f, s, &lt, &nt) != LOOM_OK) return 11;
+        if (loom_train_step_tp(tp, NULL, tokens, tokens + 1, B, T, 1, &opt, 1e-3f, s, &lt, &nt) != LOOM_OK) return 11;
         if (fabsf(lw - lt) > 1e-5f * fabsf(lw) || fabsf(nw - nt) > 1e-4f * nw) {
             fprintf(stderr, "rank %d step %d: loss %.7f vs %.7f, norm %.6f vs %.6f\n", rank, s, lw, lt, nw, nt);
             return 12;
@@ -104,7 +106,20 @@ static void gpt2_untied_head(void) {
     on_2_ranks((loom_gpt_config_t){.max_seq_len = T, .vocab_size = 100, .n_layer = 2, .n_head = 2, .channels = 32, .untied_head = 1});
 }
 
+/* The activation dtypes the hooks' all-reduces take: fp32, bf16 and fp16
+ * as stored (on CUDA at those dtypes); another type is refused naming
+ * the ones that work. */
+static void act_dtypes(void) {
+    loom_dist_elem e = (loom_dist_elem)-1;
+    CHECK(loom_tp_act_elem(LOOM_FP32, &e) == LOOM_OK && e == LOOM_DIST_ELEM_FP32, "fp32 -> %d", (int)e);
+    CHECK(loom_tp_act_elem(LOOM_BF16, &e) == LOOM_OK && e == LOOM_DIST_ELEM_BF16, "bf16 -> %d", (int)e);
+    CHECK(loom_tp_act_elem(LOOM_FP16, &e) == LOOM_OK && e == LOOM_DIST_ELEM_FP16, "fp16 -> %d", (int)e);
+    loom_status s = loom_tp_act_elem(LOOM_TF32, &e);
+    CHECK(s == LOOM_EUNAVAIL && strstr(loom_errmsg(), "--dtype fp32, bf16 or fp16"), "tf32 activations: %d %s", s, loom_errmsg());
+}
+
 int main(void) {
+    RUN(act_dtypes);
     RUN(llama_untied_head_kv_split);
     RUN(qwen_qkv_bias_kv_shared);
     RUN(gpt2_untied_head);

@@ -296,9 +296,12 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o) {
     if (o->cfg->rope_scaling.kind == LOOM_ROPE_SCALING_LLAMA3) /* as llama.cpp's converter: one more tensor, last */
         x[n++] = (loom_gguf_map_t){.gguf = "rope_freqs.weight", .param = -1, .layer = -1, .rows = (size_t)loom_gpt_head_size(o->cfg) / 2, .qlin = -1};
     char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
+    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", path); /* a fresh name: no file of the user's is truncated */
+    int fd = mkstemp(tmp);
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (fd >= 0) fchmod(fd, 0644); /* mkstemp's 0600 would make the export private */
     if (!f) {
+        if (fd >= 0) close(fd), unlink(tmp);
         free(x), free(xt);
         return loom_error(LOOM_EWRITE, "%s: cannot create: %s", tmp, strerror(errno));
     }

@@ -2,11 +2,14 @@
 #include "hf.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
 #include <errno.h>
 #include <ftw.h>
+#include <libgen.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- reading ------------------------------------------------------------- */
@@ -529,6 +532,17 @@ static loom_status write_weights(const char *path, const loom_gpt_config_t *c, l
     return s;
 }
 
+static int empty_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n == 0;
+}
+
 static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb; (void)flag; (void)ftw;
     return remove(p);
@@ -541,9 +555,16 @@ loom_status loom_hf_write(const char *dir, int force, const loom_gpt_config_t *c
     if (loom_path_exists(dir) && !force)
         return loom_error(LOOM_EINVAL, "--out %s already exists; pass --force to replace it, or choose another --out", dir);
     char tmp[4200], path[4300];
-    snprintf(tmp, sizeof tmp, "%s.tmp", dir);
-    nftw(tmp, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-    LOOM_TRY(loom_mkdir_p(tmp));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    /* --force replaces a model folder, never whatever else the path names */
+    if (loom_path_exists(dir) && !loom_path_exists(path) && !empty_dir(dir))
+        return loom_error(LOOM_EINVAL, "--out %s exists and is not a model folder (no config.json) nor an empty folder; choose another --out", dir);
+    /* the staging folder has a fresh name, so no folder of the user's is ever removed */
+    snprintf(tmp, sizeof tmp, "%s", dir);
+    LOOM_TRY(loom_mkdir_p(dirname(tmp)));
+    snprintf(tmp, sizeof tmp, "%s.tmp-XXXXXX", dir);
+    if (!mkdtemp(tmp)) return loom_error(LOOM_EWRITE, "%s: cannot create a staging folder beside it: %s", dir, strerror(errno));
+    chmod(tmp, 0755); /* mkdtemp's 0700 would make the model folder private */
     snprintf(path, sizeof path, "%s/model.safetensors", tmp);
     loom_status s = write_weights(path, cfg, dtype, src, src_ctx);
     if (s == LOOM_OK) s = write_config(tmp, cfg, tok, dtype);

@@ -29,6 +29,8 @@ bench_result_t loom_bench_dist_tp_rank(const bench_cfg_t *c, int threads) {
     const loom_backend_t *be;
     loom_gpt_t *full = NULL, *m = NULL;
     loom_tp_t *tp = NULL;
+    loom_dp_t *dp = NULL; /* the replicas' reduction over dpg (train/step.h: bucketed, overlapped) */
+    loom_dp_opts_t dpo = {.zero = 0, .overlap = 1};
     loom_dist_opts_t dopt = {.transport = "auto", .timeout_s = 120};
     loom_gpt_config_t cfg = {.max_seq_len = seq, .vocab_size = vocab, .n_layer = c->layers, .n_head = c->heads, .channels = c->channels};
     loom_optim_t opt = {.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .clip = 1.0f};
@@ -48,6 +50,7 @@ bench_result_t loom_bench_dist_tp_rank(const bench_cfg_t *c, int threads) {
     m = tp ? loom_tp_model(tp) : full;
     if (s == LOOM_OK) s = loom_gpt_alloc_train(m);
     if (s == LOOM_OK) s = loom_gpt_alloc_acts(m, batch, seq);
+    if (s == LOOM_OK && tp && dpg) s = loom_dp_init(&dp, m, dpg, &dpo);
     if (s == LOOM_OK && tp) { /* a tp rank holds its shard only */
         loom_gpt_free(full);
         full = NULL;
@@ -56,7 +59,7 @@ bench_result_t loom_bench_dist_tp_rank(const bench_cfg_t *c, int threads) {
     float loss = 0, norm;
     for (int k = 0; s == LOOM_OK && k < warmup + steps; k++) {
         double t0 = loom_now(), w0 = loom_tp_wait_seconds(tp) + loom_tp_dp_wait_seconds(tp);
-        s = tp ? loom_train_step_tp(tp, in, in + 1, batch, seq, 1, &opt, 1e-4f, k + 1, &loss, &norm)
+        s = tp ? loom_train_step_tp(tp, dp, in, in + 1, batch, seq, 1, &opt, 1e-4f, k + 1, &loss, &norm)
                : loom_train_step(m, in, in + 1, batch, seq, 1, &opt, 1e-4f, k + 1, &loss, &norm);
         if (k < warmup) continue;
         tsum += loom_now() - t0;
@@ -65,6 +68,7 @@ bench_result_t loom_bench_dist_tp_rank(const bench_cfg_t *c, int threads) {
     if (s == LOOM_OK) res = (bench_result_t){tsum / steps, wsum / steps, loss, loom_mem_peak_rss(), 16.0 * m->num_params / 1e6, 1};
     else fprintf(stderr, "loom bench dist: tp rank %d: %s\n", loom_dist_rank(d), loom_errmsg());
     free(all);
+    loom_dp_free(dp);
     loom_tp_free(tp);
     loom_gpt_free(full);
     loom_dist_free(g);

@@ -47,16 +47,15 @@ loom_status plan_layouts_none(const loom_layout_search_t *s, const loom_layout_e
 
 /* What keeps loom's trainer from running a layout today, every reason
  * joined by "; " into buf (empty: it runs it), as of the trainer's own
- * checks: src/train/setup_tp.c (--tp takes --zero 0 and fp32 activations,
+ * checks: src/train/setup_tp.c (--tp takes --zero 0; every dtype,
  * parallel/tp.c), src/train/setup.c build_pipeline (--pp takes neither
  * --zero nor --tp), and its 1F1B, never interleaved. */
-static const char *not_runnable(const loom_layout_t *l, const char *dtype, char *buf, size_t cap) {
-    const int hit[] = {l->vs > 1, l->tp > 1 && l->pp > 1, l->tp > 1 && l->zero, l->pp > 1 && l->zero, l->tp > 1 && strcmp(dtype, "fp32")};
+static const char *not_runnable(const loom_layout_t *l, char *buf, size_t cap) {
+    const int hit[] = {l->vs > 1, l->tp > 1 && l->pp > 1, l->tp > 1 && l->zero, l->pp > 1 && l->zero};
     const char *why[] = {"interleaved 1F1B (--virtual-stages): loom's trainer runs plain 1F1B", "tp x pp: --pp with --tp is not built yet",
-                         "tp with ZeRO: --tp takes --zero 0 only for now", "pp with ZeRO: --pp takes --zero 0 only for now",
-                         "tp at bf16/fp16/tf32: --tp reduces fp32 activations only for now (plan it with --dtype fp32)"};
+                         "tp with ZeRO: --tp takes --zero 0 only for now", "pp with ZeRO: --pp takes --zero 0 only for now"};
     buf[0] = 0;
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 4; i++) {
         size_t n = strlen(buf);
         if (hit[i] && n < cap) snprintf(buf + n, cap - n, "%s%s", n ? "; " : "", why[i]);
     }
@@ -106,7 +105,7 @@ static void report_commands(plan_report_t *r, const loom_layout_search_t *s, con
     if (!r->json) printf("\n  to run them (docs/dist.md):\n");
     for (int i = 0; i < s->ntop; i++) {
         char cmd[1024], reasons[512];
-        const char *why = not_runnable(&s->top[i].l, dtype, reasons, sizeof reasons);
+        const char *why = not_runnable(&s->top[i].l, reasons, sizeof reasons);
         train_command(&s->top[i], e, dtype, model, cmd, sizeof cmd);
         cJSON *o = cJSON_GetArrayItem(arr, i);
         cJSON_AddStringToObject(o, why ? "not_runnable" : "command", why ? why : cmd);

@@ -12,24 +12,42 @@
 #include "parallel/launch.h"
 #include "train/train.h"
 
+/* --nproc N [--nnodes M --node-rank K]: the ranks this machine starts. */
+typedef struct {
+    int nproc, nnodes, node_rank;
+} launch_flags_t;
+
+static int is_launch_flag(const char *a) {
+    static const char *const names[] = {"--nproc", "--threads", "--nnodes", "--node-rank"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
+        size_t n = strlen(names[k]);
+        if (!strncmp(a, names[k], n) && (a[n] == 0 || a[n] == '=')) return a[n] == 0 ? 2 : 1; /* 2: its value follows */
+    }
+    return 0;
+}
+
 /* --nproc N: this same command in N local ranks (parallel/launch.h), each
  * with --threads set to its share of the cores. Returns the exit status. */
-static int launch_local(int nproc, int threads, double timeout, int argc, char **argv) {
+static int launch_local(const launch_flags_t *lf, int threads, double timeout, int argc, char **argv) {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    int per = threads > 0 ? threads : (int)(ncpu / nproc > 0 ? ncpu / nproc : 1);
+    int nproc = lf->nproc, per = threads > 0 ? threads : (int)(ncpu / nproc > 0 ? ncpu / nproc : 1);
     char **cargv = loom_calloc((size_t)argc + 5, sizeof *cargv), tbuf[16];
     int n = 0;
     cargv[n++] = "loom";
     cargv[n++] = "train";
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--nproc") || !strcmp(argv[i], "--threads")) { i++; continue; }
-        if (!strncmp(argv[i], "--nproc=", 8) || !strncmp(argv[i], "--threads=", 10)) continue;
+        int k = is_launch_flag(argv[i]);
+        if (k) {
+            i += k - 1;
+            continue;
+        }
         cargv[n++] = argv[i];
     }
     snprintf(tbuf, sizeof tbuf, "%d", per);
     cargv[n++] = "--threads";
     cargv[n++] = tbuf;
-    loom_launch_t l = {.what = "loom train", .nproc = nproc, .kill_after_s = timeout + 10, .argv = cargv};
+    loom_launch_t l = {.what = "loom train", .nproc = nproc, .nnodes = lf->nnodes, .node_rank = lf->node_rank,
+                       .kill_after_s = timeout + 10, .argv = cargv};
     int code;
     loom_status s = loom_launch_local(&l, &code);
     free(cargv);
@@ -43,7 +61,7 @@ static int launch_local(int nproc, int threads, double timeout, int argc, char *
 
 /* The flags: the shared ones (cli/args.h) and loom train's own. Returns
  * 0, 1 (--help printed) or 2. */
-static int parse_flags(loom_train_opts_t *o, int *nproc, int *keep_sparsity, int argc, char **argv) {
+static int parse_flags(loom_train_opts_t *o, launch_flags_t *lf, int *keep_sparsity, int argc, char **argv) {
     const loom_arg_t args[] = {
         loom_flag(LOOM_FLAG_DATA, &o->data),
         loom_flag(LOOM_FLAG_MODEL, &o->model),
@@ -79,7 +97,9 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int *keep_sparsity, int
         loom_flag(LOOM_FLAG_DTYPE, &o->dtype),
         loom_flag(LOOM_FLAG_CUDA_GRAPHS, &o->cuda_graphs),
         loom_flag(LOOM_FLAG_RECOMPUTE, &o->recompute),
-        {"nproc", ARG_INT, nproc, "0", 0, 4096, "start this many local ranks (data parallel over TCP on 127.0.0.1); 0 = as launched (mpirun, srun, torchrun environment)"},
+        {"nproc", ARG_INT, &lf->nproc, "0", 0, 4096, "start this many local ranks (data parallel over TCP on 127.0.0.1); 0 = as launched (mpirun, srun, torchrun environment)"},
+        {"nnodes", ARG_INT, &lf->nnodes, "1", 1, 4096, "with --nproc: machines that each start --nproc ranks of one job (MASTER_ADDR/MASTER_PORT in the environment: node 0's address and a free port); tp groups stay within a machine when --tp divides --nproc"},
+        {"node-rank", ARG_INT, &lf->node_rank, "0", 0, 4095, "with --nnodes: this machine's index, 0 .. nnodes-1 (its ranks are node-rank x nproc onward)"},
         loom_flag(LOOM_FLAG_ZERO, &o->zero),
         {"tp", ARG_INT, &o->tp, "1", 1, 4096, "tensor-parallel ranks per group: each layer's heads, MLP and vocabulary split over this many consecutive ranks (Megatron; --dtype fp32); the ranks divide into world / tp data-parallel replicas (docs/dist.md)"},
         {"pp", ARG_INT, &o->pp, "1", 1, LOOM_GPT_MAX_LAYERS, "pipeline-parallel stages: consecutive layers per stage, --grad-accum micro-batches scheduled 1F1B; the ranks divide into world / pp pipelines (docs/dist.md)"},
@@ -97,8 +117,9 @@ static int parse_flags(loom_train_opts_t *o, int *nproc, int *keep_sparsity, int
 
 int cmd_train(int argc, char **argv) {
     loom_train_opts_t o = {0};
-    int nproc = 0, keep_sparsity = 0;
-    int r = parse_flags(&o, &nproc, &keep_sparsity, argc, argv);
+    launch_flags_t lf = {0};
+    int keep_sparsity = 0;
+    int r = parse_flags(&o, &lf, &keep_sparsity, argc, argv);
     if (r == 1) return 0;
     if (r) return 2;
     if (!o.data) {
@@ -117,7 +138,18 @@ int cmd_train(int argc, char **argv) {
     o.model_given = loom_args_given("model") || o.init_from;
     if (o.init_from) o.model = o.init_from;
     o.resume = o.resume_from != NULL;
-    if (nproc > 0) return launch_local(nproc, o.threads, o.dist_timeout, argc, argv);
+    /* the layout must divide the ranks: say so before starting any (each rank would refuse it alone) */
+    int world = lf.nproc * lf.nnodes;
+    if (lf.nproc > 0 && world % (o.tp * o.pp)) {
+        fprintf(stderr, "loom train: %d ranks (--nproc %d x --nnodes %d) is not a multiple of --tp %d x --pp %d = %d; use a multiple of %d ranks\n",
+                world, lf.nproc, lf.nnodes, o.tp, o.pp, o.tp * o.pp, o.tp * o.pp);
+        return 2;
+    }
+    if (lf.nproc == 0 && (lf.nnodes > 1 || lf.node_rank)) {
+        fprintf(stderr, "loom train: --nnodes/--node-rank start ranks with --nproc; add --nproc (the ranks per machine) or drop them\n");
+        return 2;
+    }
+    if (lf.nproc > 0) return launch_local(&lf, o.threads, o.dist_timeout, argc, argv);
     o.world_size = 1;
     double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     if (mem > 0 && (double)o.steps * 64 > mem / 4) { /* before any observer sizes its per-step history */

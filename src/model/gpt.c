@@ -316,6 +316,14 @@ void loom_gpt_free_moments(loom_gpt_t *m) {
     loom_mem_count(LOOM_MEM_OPTIM, -2 * (long long)(m->num_params * sizeof(float)));
 }
 
+void loom_gpt_free_grads(loom_gpt_t *m) {
+    if (!m->grads) return;
+    m->be->free(m->grads);
+    m->grads = NULL;
+    for (int i = 0; i < LOOM_NPARAMS; i++) m->grad[i] = NULL;
+    loom_mem_count(LOOM_MEM_GRADS, -(long long)(m->num_params * sizeof(float)));
+}
+
 /* Activation layout for (B, T): one allocation split by this table. Layer
  * tensors (A_LN1 .. A_RESIDUAL3) hold L slices back to back, one per layer,
  * or a single slice all layers share when the recompute mode does not keep
@@ -575,13 +583,12 @@ float *loom_gpt_slice(const loom_gpt_t *m, float *const *views, int i, int l) {
     if (!t->numel) return NULL;
     return t->ndim == 1 || i == LOOM_WTE || i == LOOM_WPE || i == LOOM_LMHEAD ? views[i] : views[i] + (size_t)l * (t->numel / (size_t)t->shape[0]);
 }
-/* Tensor i of block l: the model's own, or a ZeRO-3 gathered copy. */
-static float *weight(const loom_gpt_t *m, int i, int l, int grad) {
+float *loom_gpt_weight(const loom_gpt_t *m, int i, int l, int grad) {
     if (m->view) return m->view(m->view_ctx, i, l, grad);
     return loom_gpt_slice(m, grad ? m->grad : m->param, i, l);
 }
-#define P(i, l) weight(m, i, l, 0)
-#define G(i, l) weight(m, i, l, 1)
+#define P(i, l) loom_gpt_weight(m, i, l, 0)
+#define G(i, l) loom_gpt_weight(m, i, l, 1)
 
 static void layer_event(const loom_gpt_t *m, int l, int backward) {
     if (m->layer_hook) m->layer_hook(m->view_ctx, l, backward);

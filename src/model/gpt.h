@@ -256,6 +256,10 @@ typedef struct loom_gpt_tp_hooks {
  * that are not per layer; NULL when the config has no such tensor (a bias
  * of the Llama family), which every matmul op takes as "no bias". */
 float *loom_gpt_slice(const loom_gpt_t *m, float *const *views, int i, int l);
+/* Tensor i of block l (its weights, or with grad its gradient): the
+ * model's own, or a ZeRO-3 gathered copy through m->view (what the tp
+ * hooks read, so they work under ZeRO-3 too). */
+float *loom_gpt_weight(const loom_gpt_t *m, int i, int l, int grad);
 /* The output head's tensor: LOOM_WTE when tied, else LOOM_LMHEAD. */
 int loom_gpt_head_param(const loom_gpt_config_t *c);
 
@@ -275,6 +279,9 @@ loom_status loom_gpt_alloc_train(loom_gpt_t *m);
 loom_status loom_gpt_alloc_grads(loom_gpt_t *m);
 /* Release the whole-model AdamW moments (m->m, m->v); nothing if absent. */
 void loom_gpt_free_moments(loom_gpt_t *m);
+/* Release the whole gradient block (ZeRO-3 writes gradients into its own
+ * per-layer buffers, train/zero3.h). */
+void loom_gpt_free_grads(loom_gpt_t *m);
 /* One tensor of the activation block (loom_gpt_act_table). */
 typedef struct {
     const char *name;    /* e.g. "qkv", "d_fch" (backward scratch) */

@@ -17,12 +17,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "core/clock.h"
 #include "parallel/dist_impl.h"
 
 /* ---------------- element types ---------------- */
 
-size_t dist_elem_size(dist_elem t) { return t == DIST_F64 ? 8 : t == DIST_BF16 ? 2 : 4; }
+size_t dist_elem_size(dist_elem t) { return t == DIST_F64 ? 8 : t == DIST_BF16 || t == DIST_F16 ? 2 : 4; }
 
 uint16_t dist_f32_to_bf16(float f) {
     uint32_t u;
@@ -71,8 +72,8 @@ void dist_elem_scale(void *buf, size_t n, dist_elem t, float scale) {
 
 /* ---------------- ops and the communication thread ---------------- */
 
-typedef enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE_F64, OP_BROADCAST, OP_BARRIER, OP_SENDRECV } op_kind;
-static const char *const op_names[] = {"all-reduce", "reduce-scatter", "all-gather", "all-reduce", "broadcast", "barrier", "send/receive"};
+typedef enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_ALLREDUCE_F64, OP_BROADCAST, OP_BARRIER, OP_SENDRECV, OP_ALLREDUCE_ELEM } op_kind;
+static const char *const op_names[] = {"all-reduce", "reduce-scatter", "all-gather", "all-reduce", "broadcast", "barrier", "send/receive", "all-reduce"};
 
 typedef struct {
     op_kind kind;
@@ -80,6 +81,7 @@ typedef struct {
     size_t n;       /* elements (bytes for broadcast) */
     size_t *counts; /* reduce-scatter / all-gather, owned */
     loom_dist_dtype dt;
+    loom_dist_elem elem; /* OP_ALLREDUCE_ELEM: the buffer's element type */
     float scale;
     int root;       /* broadcast's root; send/receive: the rank received from */
     const void *sbuf; /* send/receive: what goes to rank dst, sn bytes */
@@ -125,6 +127,44 @@ struct loom_dist {
     _Atomic int nkids;
 };
 
+/* A buffer of 16-bit elements summed as stored (tensor parallelism's
+ * activations): NCCL takes bf16 and fp16 as they are; the host transports
+ * get an fp32 copy (they have no fp16 sum, and one rounding instead of one
+ * per ring step makes the host's result the exact sum rounded once). */
+static loom_status allreduce_elem(const loom_dist_t *d, const dist_join_t *J, op_t *o) {
+    static const dist_elem wire[] = {[LOOM_DIST_ELEM_FP32] = DIST_F32, [LOOM_DIST_ELEM_BF16] = DIST_BF16,
+                                     [LOOM_DIST_ELEM_FP16] = DIST_F16};
+    static const loom_dtype host[] = {[LOOM_DIST_ELEM_FP32] = LOOM_FP32, [LOOM_DIST_ELEM_BF16] = LOOM_BF16,
+                                      [LOOM_DIST_ELEM_FP16] = LOOM_FP16};
+    if (d->have_dev || o->elem == LOOM_DIST_ELEM_FP32) return J->ops->allreduce(J->impl, o->buf, o->n, wire[o->elem], 1.0f);
+    float *f = loom_malloc(o->n * sizeof *f + 4);
+    loom_dtype_to_f32(f, o->buf, host[o->elem], o->n);
+    loom_status s = J->ops->allreduce(J->impl, f, o->n, DIST_F32, 1.0f);
+    if (s == LOOM_OK) loom_dtype_from_f32(o->buf, f, host[o->elem], o->n);
+    free(f);
+    return s;
+}
+
+/* An fp32 buffer reduced with bf16 on the wire (--grad-dtype bf16), on a
+ * host transport: convert, reduce, convert back what this rank owns. */
+static loom_status reduce_as_bf16(const loom_dist_t *d, const dist_join_t *J, op_t *o, size_t total) {
+    float *f = o->buf;
+    uint16_t *h = loom_malloc(total * sizeof *h + 2);
+    for (size_t i = 0; i < total; i++) h[i] = dist_f32_to_bf16(f[i]);
+    loom_status s;
+    size_t lo = 0, hi = total;
+    if (o->kind == OP_ALLREDUCE) {
+        s = J->ops->allreduce(J->impl, h, total, DIST_BF16, o->scale);
+    } else {
+        s = J->ops->reduce_scatter(J->impl, h, o->counts, DIST_BF16, o->scale);
+        for (int r = 0; r < d->rank; r++) lo += o->counts[r];
+        hi = lo + o->counts[d->rank];
+    }
+    for (size_t i = lo; i < hi; i++) f[i] = dist_bf16_to_f32(h[i]);
+    free(h);
+    return s;
+}
+
 static loom_status run_op(loom_dist_t *d, op_t *o) {
     const dist_join_t *J = &d->host;
     switch (o->kind) {
@@ -141,33 +181,18 @@ static loom_status run_op(loom_dist_t *d, op_t *o) {
     }
     if (d->have_dev) J = &d->dev;
     if (o->kind == OP_SENDRECV) return J->ops->sendrecv(J->impl, o->sbuf, o->sn, o->dst, o->buf, o->n, o->root);
+    if (o->kind == OP_ALLREDUCE_ELEM) return allreduce_elem(d, J, o);
     size_t total = o->n;
     if (o->kind != OP_ALLREDUCE) {
         total = 0;
         for (int r = 0; r < d->size; r++) total += o->counts[r];
     }
     if (o->kind == OP_ALLGATHER) return J->ops->allgather(J->impl, o->buf, o->counts, DIST_F32);
-    float *f = o->buf;
-    if (o->dt == LOOM_DIST_FP32 || d->have_dev) {
-        if (o->kind == OP_ALLREDUCE) return J->ops->allreduce(J->impl, f, total, DIST_F32, o->scale);
-        return J->ops->reduce_scatter(J->impl, f, o->counts, DIST_F32, o->scale);
-    }
-    /* bf16 on the wire: convert, reduce, convert back what this rank owns. */
-    uint16_t *h = loom_malloc(total * sizeof *h + 2);
-    for (size_t i = 0; i < total; i++) h[i] = dist_f32_to_bf16(f[i]);
-    loom_status s;
-    size_t lo = 0, hi = total;
-    if (o->kind == OP_ALLREDUCE) {
-        s = J->ops->allreduce(J->impl, h, total, DIST_BF16, o->scale);
-    } else {
-        s = J->ops->reduce_scatter(J->impl, h, o->counts, DIST_BF16, o->scale);
-        lo = 0;
-        for (int r = 0; r < d->rank; r++) lo += o->counts[r];
-        hi = lo + o->counts[d->rank];
-    }
-    for (size_t i = lo; i < hi; i++) f[i] = dist_bf16_to_f32(h[i]);
-    free(h);
-    return s;
+    if (o->dt == LOOM_DIST_BF16 && !d->have_dev) return reduce_as_bf16(d, J, o, total);
+    /* fp32, or bf16 on NCCL, which converts on the device (dist_nccl.c) */
+    dist_elem e = o->dt == LOOM_DIST_BF16 ? DIST_F32_AS_BF16 : DIST_F32;
+    if (o->kind == OP_ALLREDUCE) return J->ops->allreduce(J->impl, o->buf, total, e, o->scale);
+    return J->ops->reduce_scatter(J->impl, o->buf, o->counts, e, o->scale);
 }
 
 static void *comm_main(void *arg) {
@@ -268,18 +293,11 @@ static size_t *copy_counts(const loom_dist_t *d, const size_t *counts) {
     return c;
 }
 
-static loom_status check_dtype(loom_dist_t *d, loom_dist_dtype dt) {
-    if (dt == LOOM_DIST_BF16 && d->have_dev)
-        return loom_error(LOOM_EUNAVAIL, "--grad-dtype bf16 is not built for NCCL yet (it needs a conversion kernel); use --grad-dtype fp32 on GPUs");
-    return LOOM_OK;
-}
-
 loom_status loom_dist_iallreduce(loom_dist_t *d, float *buf, size_t n, loom_dist_dtype dt, float scale) {
     if (d->size == 1) {
         if (!d->gpu) dist_elem_scale(buf, n, DIST_F32, scale);
         return LOOM_OK;
     }
-    LOOM_TRY(check_dtype(d, dt));
     d->bytes += (double)n * (dt == LOOM_DIST_BF16 ? 2 : 4);
     issue(d, &(op_t){.kind = OP_ALLREDUCE, .buf = buf, .n = n, .dt = dt, .scale = scale});
     return LOOM_OK;
@@ -291,7 +309,6 @@ loom_status loom_dist_ireduce_scatter(loom_dist_t *d, float *buf, const size_t *
         if (!d->gpu) dist_elem_scale(buf, counts[0], DIST_F32, scale);
         return LOOM_OK;
     }
-    LOOM_TRY(check_dtype(d, dt));
     d->bytes += (double)sum_counts(d, counts) * (dt == LOOM_DIST_BF16 ? 2 : 4);
     issue(d, &(op_t){.kind = OP_REDUCE_SCATTER, .buf = buf, .counts = copy_counts(d, counts), .dt = dt, .scale = scale});
     return LOOM_OK;
@@ -305,6 +322,13 @@ loom_status loom_dist_allreduce(loom_dist_t *d, float *buf, size_t n, loom_dist_
 loom_status loom_dist_reduce_scatter(loom_dist_t *d, float *buf, const size_t *counts, loom_dist_dtype dt,
                                      float scale) {
     LOOM_TRY(loom_dist_ireduce_scatter(d, buf, counts, dt, scale));
+    return loom_dist_wait(d);
+}
+
+loom_status loom_dist_allreduce_elem(loom_dist_t *d, void *buf, size_t n, loom_dist_elem t) {
+    if (d->size == 1) return LOOM_OK;
+    d->bytes += (double)n * (t == LOOM_DIST_ELEM_FP32 ? 4 : 2);
+    issue(d, &(op_t){.kind = OP_ALLREDUCE_ELEM, .buf = buf, .n = n, .elem = t});
     return loom_dist_wait(d);
 }
 

@@ -71,6 +71,14 @@ loom_status loom_dist_allreduce_f64(loom_dist_t *d, double *host_buf, size_t n);
 /* buf (n floats, collective memory) = scale * sum over ranks, reduced in dt. */
 loom_status loom_dist_allreduce(loom_dist_t *d, float *buf, size_t n, loom_dist_dtype dt,
                                 float scale);
+/* The element type of a buffer summed as it is stored: tensor
+ * parallelism's activations at the backend's act_dtype. */
+typedef enum { LOOM_DIST_ELEM_FP32 = 0, LOOM_DIST_ELEM_BF16, LOOM_DIST_ELEM_FP16 } loom_dist_elem;
+/* buf (n elements of type t, collective memory) = its sum over ranks.
+ * NCCL sums 16-bit elements natively (each step of its ring adds in fp32
+ * and rounds to t); mpi and tcp widen them to fp32, sum, and round once
+ * (docs/dist.md, "Tensor parallel on GPUs"). */
+loom_status loom_dist_allreduce_elem(loom_dist_t *d, void *buf, size_t n, loom_dist_elem t);
 /* buf holds sum(counts) floats, rank r's segment at offset sum(counts[0..r)).
  * On return this rank's segment holds scale * the sum over ranks of that
  * segment; the rest of buf is unspecified. counts has loom_dist_size entries

@@ -8,10 +8,17 @@
 
 #include "core/core.h"
 
-typedef enum { DIST_F32 = 0, DIST_BF16, DIST_F64 } dist_elem;
+/* Element types on the wire. DIST_BF16 and DIST_F16 are buffers of 16-bit
+ * elements (tensor parallelism's activations; bf16-compressed gradients
+ * after run_op's host conversion). DIST_F32_AS_BF16 is an fp32 buffer that
+ * travels and sums as bf16: only the nccl transport takes it, converting
+ * on the device around the reduction (the host transports get the bf16
+ * copy run_op makes instead). */
+typedef enum { DIST_F32 = 0, DIST_BF16, DIST_F64, DIST_F16, DIST_F32_AS_BF16 } dist_elem;
 
 size_t dist_elem_size(dist_elem t);
-/* dst[i] += src[i] in type t (bf16 adds in float and rounds to nearest even). */
+/* dst[i] += src[i] in type t (bf16 adds in float and rounds to nearest
+ * even; fp16 is not summed on the host: run_op widens it to fp32 first). */
 void dist_elem_add(void *dst, const void *src, size_t n, dist_elem t);
 /* buf[i] *= scale (nothing when scale == 1). */
 void dist_elem_scale(void *buf, size_t n, dist_elem t, float scale);

@@ -5,6 +5,10 @@
  * while we wait, and a wait longer than the timeout aborts the
  * communicator instead of hanging. Uneven reduce-scatter / all-gather
  * segments are a group of ncclReduce / ncclBroadcast calls, one per rank.
+ * bf16 and fp16 buffers (tensor parallelism's activations) reduce as they
+ * are; an fp32 buffer with bf16 on the wire (--grad-dtype bf16) is
+ * converted into a bf16 scratch of this transport on its stream, reduced,
+ * and widened back (docs/dist.md, "Tensor parallel on GPUs").
  * The caller must have finished writing a buffer on the compute stream
  * (backend sync) before handing it over. */
 #if defined(LOOM_HAVE_CUDA) && defined(LOOM_HAVE_NCCL)
@@ -16,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "backend/cuda/cuda_wire.h"
 #include "parallel/dist_impl.h"
 
 /* NCCL is opened with dlopen at the first join (libnccl.so.2 on the
@@ -71,6 +76,8 @@ typedef struct {
     ncclComm_t comm;
     cudaStream_t stream;
     const dist_join_t *boot; /* mpi or tcp: host bytes travel through it */
+    uint16_t *wire;          /* device: the bf16 copy of an fp32 buffer (DIST_F32_AS_BF16) */
+    size_t wire_cap;         /* its elements */
 } nccl_t;
 
 /* Wait for `what` (already enqueued, or an init in flight) to finish;
@@ -110,16 +117,17 @@ static loom_status check(nccl_t *n, ncclResult_t r, const char *what) {
  * context on GPU 0 and NCCL would use it. */
 static void on_device(const nccl_t *n) { cudaSetDevice(n->device); }
 
-static ncclDataType_t nccl_type(dist_elem e) { return e == DIST_F64 ? ncclFloat64 : e == DIST_BF16 ? ncclBfloat16 : ncclFloat32; }
+static ncclDataType_t nccl_type(dist_elem e) {
+    switch (e) {
+    case DIST_F64: return ncclFloat64;
+    case DIST_BF16: case DIST_F32_AS_BF16: return ncclBfloat16;
+    case DIST_F16: return ncclFloat16;
+    default: return ncclFloat32;
+    }
+}
 
 /* scale is 1 or 1/size (gradient averaging): ncclAvg does the division. */
 static ncclRedOp_t nccl_op(const nccl_t *n, float scale) { return scale != 1.0f && n->size > 1 ? ncclAvg : ncclSum; }
-
-static loom_status nccl_allreduce(void *vn, void *buf, size_t count, dist_elem e, float scale) {
-    nccl_t *n = vn;
-    on_device(n);
-    return check(n, ncclAllReduce(buf, buf, count, nccl_type(e), nccl_op(n, scale), n->comm, n->stream), "all-reduce");
-}
 
 /* One grouped call per rank r on its slice of buf (counts[r] elements, the
  * slices back to back): reduce to r (reduce-scatter) when reduce is set,
@@ -138,8 +146,56 @@ static loom_status per_rank(nccl_t *n, void *buf, const size_t *counts, dist_ele
     return check(n, ncclGroupEnd(), what);
 }
 
+/* A conversion launched on the transport's stream, checked at once. */
+static loom_status converted(nccl_t *n, int launch_error, const char *what) {
+    if (launch_error == 0) return LOOM_OK;
+    return loom_error(LOOM_EIO, "rank %d: NCCL %s: the bf16 conversion kernel failed: %s", n->rank, what,
+                      cudaGetErrorString((cudaError_t)launch_error));
+}
+
+/* fp32 buf with bf16 on the wire: a bf16 copy in n->wire, reduced there by
+ * NCCL in bf16 (each ring step adds in fp32 and rounds to bf16, as the tcp
+ * ring's dist_elem_add does), then widened back into buf: all of it after
+ * an all-reduce (counts NULL), this rank's segment after a reduce-scatter. */
+static loom_status reduce_as_bf16(nccl_t *n, float *buf, size_t total, const size_t *counts, float scale,
+                                  const char *what) {
+    on_device(n);
+    if (total > n->wire_cap) {
+        if (n->wire) cudaFree(n->wire);
+        n->wire_cap = 0;
+        if (cudaMalloc((void **)&n->wire, total * sizeof *n->wire) != cudaSuccess) {
+            n->wire = NULL;
+            return loom_error(LOOM_ENOMEM, "rank %d: NCCL %s: no room on the GPU for the %.1f MB bf16 copy of the gradients "
+                              "(--grad-dtype bf16); use --grad-dtype fp32", n->rank, what, total * 2e-6);
+        }
+        n->wire_cap = total;
+    }
+    LOOM_TRY(converted(n, loom_cuda_f32_to_bf16(n->wire, buf, total, n->stream), what));
+    size_t lo = 0, cnt = total;
+    if (counts) {
+        LOOM_TRY(per_rank(n, n->wire, counts, DIST_BF16, 1, scale, what));
+        for (int r = 0; r < n->rank; r++) lo += counts[r];
+        cnt = counts[n->rank];
+    } else {
+        LOOM_TRY(check(n, ncclAllReduce(n->wire, n->wire, total, ncclBfloat16, nccl_op(n, scale), n->comm, n->stream), what));
+    }
+    LOOM_TRY(converted(n, loom_cuda_bf16_to_f32(buf + lo, n->wire + lo, cnt, n->stream), what));
+    return nccl_wait(n, what, 1);
+}
+
+static loom_status nccl_allreduce(void *vn, void *buf, size_t count, dist_elem e, float scale) {
+    nccl_t *n = vn;
+    on_device(n);
+    if (e == DIST_F32_AS_BF16) return reduce_as_bf16(n, buf, count, NULL, scale, "all-reduce");
+    return check(n, ncclAllReduce(buf, buf, count, nccl_type(e), nccl_op(n, scale), n->comm, n->stream), "all-reduce");
+}
+
 static loom_status nccl_reduce_scatter(void *vn, void *buf, const size_t *counts, dist_elem e, float scale) {
-    return per_rank(vn, buf, counts, e, 1, scale, "reduce-scatter");
+    nccl_t *n = vn;
+    if (e != DIST_F32_AS_BF16) return per_rank(n, buf, counts, e, 1, scale, "reduce-scatter");
+    size_t total = 0;
+    for (int r = 0; r < n->size; r++) total += counts[r];
+    return reduce_as_bf16(n, buf, total, counts, scale, "reduce-scatter");
 }
 
 static loom_status nccl_allgather(void *vn, void *buf, const size_t *counts, dist_elem e) {
@@ -166,6 +222,7 @@ static void nccl_free(void *vn) {
     nccl_t *n = vn;
     on_device(n);
     ncclCommDestroy(n->comm);
+    if (n->wire) cudaFree(n->wire);
     cudaStreamDestroy(n->stream);
     free(n);
 }

@@ -27,16 +27,21 @@ typedef struct {
 /* The forked child: the rank's environment, then the job. Never returns. */
 static void start_rank(const launch_state_t *st, int rank, int port) {
     const loom_launch_t *l = st->l;
+    int nodes = l->nnodes > 1 ? l->nnodes : 1;
     char v[16];
-    snprintf(v, sizeof v, "%d", rank);
+    snprintf(v, sizeof v, "%d", (nodes > 1 ? l->node_rank : 0) * l->nproc + rank);
     setenv("RANK", v, 1);
+    snprintf(v, sizeof v, "%d", rank);
     setenv("LOCAL_RANK", v, 1);
-    snprintf(v, sizeof v, "%d", l->nproc);
+    snprintf(v, sizeof v, "%d", nodes * l->nproc);
     setenv("WORLD_SIZE", v, 1);
+    snprintf(v, sizeof v, "%d", l->nproc);
     setenv("LOCAL_WORLD_SIZE", v, 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    snprintf(v, sizeof v, "%d", port);
-    setenv("MASTER_PORT", v, 1);
+    if (nodes == 1) { /* several machines: node 0's address and port, as given */
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        snprintf(v, sizeof v, "%d", port);
+        setenv("MASTER_PORT", v, 1);
+    }
     sigaction(SIGINT, &st->old_int, NULL);
     sigaction(SIGTERM, &st->old_term, NULL);
     /* A launcher killed outright (SIGKILL, OOM) must not leave ranks that
@@ -97,8 +102,13 @@ loom_status loom_launch_local(const loom_launch_t *l, int *exit_code) {
     *exit_code = 0;
     if (getenv("RANK") && getenv("WORLD_SIZE"))
         return loom_error(LOOM_EINVAL, "--nproc inside a launched job (RANK and WORLD_SIZE are set); drop --nproc or the launcher");
+    if (l->nnodes > 1 && (!getenv("MASTER_ADDR") || !getenv("MASTER_PORT")))
+        return loom_error(LOOM_EINVAL, "--nnodes %d: set MASTER_ADDR and MASTER_PORT to node 0's address and a free port on it, the same on every node",
+                          l->nnodes);
+    if (l->nnodes > 1 && (l->node_rank < 0 || l->node_rank >= l->nnodes))
+        return loom_error(LOOM_EINVAL, "--node-rank %d: must be 0 .. %d for --nnodes %d", l->node_rank, l->nnodes - 1, l->nnodes);
     launch_state_t st = {.l = l, .pids = loom_calloc((size_t)l->nproc, sizeof(pid_t)), .first_bad = -1, .launcher = getpid()};
-    int port = loom_dist_free_port(29500);
+    int port = l->nnodes > 1 ? 0 : loom_dist_free_port(29500);
     struct sigaction sa = {.sa_handler = launcher_on_signal};
     launcher_signal = 0;
     sigaction(SIGINT, &sa, &st.old_int);

@@ -15,6 +15,7 @@ struct loom_tp {
     loom_gpt_t *m;        /* this rank's shard */
     loom_dist_t *g, *dp;  /* tp group; dp group or NULL */
     int rank, n, dp_n, gpu;
+    loom_dist_elem act;   /* the activations' element type: the hooks' all-reduces sum them as stored */
     int kv_split;         /* 1: KV/N kv heads per rank; 0: one kv head shared by N/KV ranks */
     int vs, v0, nv;       /* vocabulary rows per rank, this rank's first, how many of them are real (< V) */
     loom_gpt_tp_hooks_t hooks;
@@ -128,6 +129,17 @@ loom_status loom_tp_local_config(const loom_gpt_config_t *full, int n, loom_gpt_
     return loom_gpt_config_finish(local);
 }
 
+loom_status loom_tp_act_elem(loom_dtype act, loom_dist_elem *elem) {
+    switch (act) {
+    case LOOM_FP32: *elem = LOOM_DIST_ELEM_FP32; return LOOM_OK;
+    case LOOM_BF16: *elem = LOOM_DIST_ELEM_BF16; return LOOM_OK;
+    case LOOM_FP16: *elem = LOOM_DIST_ELEM_FP16; return LOOM_OK;
+    default:
+        return loom_error(LOOM_EUNAVAIL, "--tp: activations at %s; tensor parallelism reduces fp32, bf16 or fp16 activations: use --dtype fp32, bf16 or fp16",
+                          loom_dtype_name(act));
+    }
+}
+
 /* ---- the hooks ---- */
 
 static void fail(loom_tp_t *tp, loom_status s) {
@@ -140,21 +152,21 @@ static void hook_allreduce(void *ctx, float *buf, size_t n) {
     loom_tp_t *tp = ctx;
     if (tp->err != LOOM_OK) return;
     if (tp->gpu) tp->m->be->sync(); /* NCCL's stream must see the finished buffer */
-    fail(tp, loom_dist_allreduce(tp->g, buf, n, LOOM_DIST_FP32, 1.0f));
+    fail(tp, loom_dist_allreduce_elem(tp->g, buf, n, tp->act));
 }
 
 static void hook_embed_forward(void *ctx, float *out, int B, int T) {
     loom_tp_t *tp = ctx;
     loom_gpt_t *m = tp->m;
-    const float *wpe = tp->rank == 0 ? loom_gpt_slice(m, m->param, LOOM_WPE, 0) : NULL; /* added once */
-    m->be->vocab_embed_forward(out, m->tokens, m->param[LOOM_WTE], wpe, B, T, m->cfg.channels, tp->v0, tp->vs);
+    const float *wpe = tp->rank == 0 ? loom_gpt_weight(m, LOOM_WPE, 0, 0) : NULL; /* added once */
+    m->be->vocab_embed_forward(out, m->tokens, loom_gpt_weight(m, LOOM_WTE, 0, 0), wpe, B, T, m->cfg.channels, tp->v0, tp->vs);
     hook_allreduce(tp, out, (size_t)B * T * m->cfg.channels);
 }
 
 static void hook_embed_backward(void *ctx, const float *dout, int B, int T) {
     loom_tp_t *tp = ctx;
     loom_gpt_t *m = tp->m;
-    m->be->vocab_embed_backward(m->grad[LOOM_WTE], loom_gpt_slice(m, m->grad, LOOM_WPE, 0), dout, m->tokens, B, T,
+    m->be->vocab_embed_backward(loom_gpt_weight(m, LOOM_WTE, 0, 1), loom_gpt_weight(m, LOOM_WPE, 0, 1), dout, m->tokens, B, T,
                                 m->cfg.channels, tp->v0, tp->vs);
 }
 
@@ -226,18 +238,29 @@ loom_status loom_tp_gather(loom_tp_t *tp, const float *local, float *full_host) 
 
 /* ---- gradients ---- */
 
-/* Sum of squares of the runs of the block this rank counts: contiguous
+/* Sum of squares of the runs of the block this rank counts, within the
+ * window [lo, hi) of it that `g` holds (g[0] = float lo): contiguous
  * pieces are merged so each tensor is one or a few calls. */
 typedef struct {
     const loom_tp_t *tp;
-    const float *base;
+    const float *g;
+    size_t lo, hi;
     size_t run_lo, run_n;
     double ss;
 } norm_t;
 
 static void norm_flush(norm_t *x) {
-    if (x->run_n) x->ss += x->tp->m->be->sumsq(x->base + x->run_lo, x->run_n);
+    if (x->run_n) x->ss += x->tp->m->be->sumsq(x->g + (x->run_lo - x->lo), x->run_n);
     x->run_n = 0;
+}
+
+/* [*a, *a + *n) clipped to [lo, hi); 0 when nothing is left. */
+static int clip(size_t lo, size_t hi, size_t *a, size_t *n) {
+    size_t x0 = *a > lo ? *a : lo, x1 = *a + *n < hi ? *a + *n : hi;
+    if (x1 <= x0) return 0;
+    *n = x1 - x0;
+    *a = x0;
+    return 1;
 }
 
 static void seg_norm(void *ctx, size_t fo, size_t lo, size_t n, int kind) {
@@ -247,7 +270,7 @@ static void seg_norm(void *ctx, size_t fo, size_t lo, size_t n, int kind) {
     (void)fo;
     int counted = kind == SEG_SHARD || kind == SEG_RANK0 || (kind == SEG_REPL && tp->rank == 0) ||
                   (kind == SEG_KV && tp->rank % share == 0);
-    if (!counted) return;
+    if (!counted || !clip(x->lo, x->hi, &lo, &n)) return;
     if (x->run_n && x->run_lo + x->run_n == lo) {
         x->run_n += n;
         return;
@@ -257,36 +280,39 @@ static void seg_norm(void *ctx, size_t fo, size_t lo, size_t n, int kind) {
     x->run_n = n;
 }
 
-loom_status loom_tp_grad_sumsq(loom_tp_t *tp, double *ss) {
-    norm_t x = {.tp = tp, .base = tp->m->grads};
+loom_status loom_tp_grad_sumsq(loom_tp_t *tp, const float *g, size_t lo, size_t hi, double *ss) {
+    norm_t x = {.tp = tp, .g = g, .lo = lo, .hi = hi};
     segments(tp, tp->rank, seg_norm, &x);
     norm_flush(&x);
     *ss = x.ss;
     return loom_dist_allreduce_f64(tp->g, ss, 1);
 }
 
-/* The shared kv heads: each rank's kv rows go to its head's slot of a
- * whole-model-sized scratch, the group sums it, each takes its slot back. */
+/* The shared kv heads: each rank's kv rows (within the window) go to
+ * their head's slot of a whole-model-sized scratch, the group sums it, each
+ * takes its slot back. The ranks of a group hold the same window: their
+ * shards have one shape, and the dp index (the ZeRO shard) is theirs. */
 typedef struct {
     const loom_backend_t *be;
-    float *grads, *scratch;
-    size_t scratch_base; /* full offset of the tensor in the scratch's frame */
+    float *g, *scratch;
+    size_t lo, hi; /* the window g holds (g[0] = float lo) */
     int back;
 } kvsum_t;
 
 static void seg_kv(void *ctx, size_t fo, size_t lo, size_t n, int kind) {
     kvsum_t *k = ctx;
-    if (kind != SEG_KV) return;
-    float *slot = k->scratch + fo, *mine = k->grads + lo;
+    size_t a = lo;
+    if (kind != SEG_KV || !clip(k->lo, k->hi, &a, &n)) return;
+    float *slot = k->scratch + fo + (a - lo), *mine = k->g + (a - k->lo);
     if (k->back) k->be->zero(mine, n * sizeof(float));
     k->be->accumulate(k->back ? mine : slot, k->back ? slot : mine, n); /* a copy into zeros */
 }
 
-static loom_status sum_shared_kv(loom_tp_t *tp) {
+static loom_status sum_shared_kv(loom_tp_t *tp, float *g, size_t lo, size_t hi) {
     const loom_backend_t *be = tp->m->be;
     float *scratch = be->alloc(tp->full_params * sizeof(float));
     if (!scratch) return loom_error(LOOM_ENOMEM, "tensor parallel: cannot allocate %.1f MB to sum the shared kv heads' gradients", tp->full_params * 4e-6);
-    kvsum_t k = {be, tp->m->grads, scratch, 0, 0};
+    kvsum_t k = {be, g, scratch, lo, hi, 0};
     segments(tp, tp->rank, seg_kv, &k);
     if (tp->gpu) be->sync();
     loom_status s = loom_dist_allreduce(tp->g, scratch, tp->full_params, LOOM_DIST_FP32, 1.0f);
@@ -296,22 +322,23 @@ static loom_status sum_shared_kv(loom_tp_t *tp) {
     return s;
 }
 
-loom_status loom_tp_finish_grads(loom_tp_t *tp) {
-    loom_gpt_t *m = tp->m;
+/* Zero tensor i's floats within the window. */
+static void zero_in(const loom_tp_t *tp, int i, float *g, size_t lo, size_t hi) {
+    size_t a = tp->m->ptable[i].offset, n = tp->m->ptable[i].numel;
+    if (n && clip(lo, hi, &a, &n)) tp->m->be->zero(g + (a - lo), n * sizeof(float));
+}
+
+loom_status loom_tp_finish_grads(loom_tp_t *tp, float *g, size_t lo, size_t hi) {
     if (tp->err != LOOM_OK) {
         loom_status s = tp->err;
         tp->err = LOOM_OK;
         return loom_error(s, "%s", tp->errmsg);
     }
     if (tp->rank != 0) { /* the biases rank 0 adds: the others' copies stay zero */
-        if (m->ptable[LOOM_ATTPROJB].numel) m->be->zero(m->grad[LOOM_ATTPROJB], m->ptable[LOOM_ATTPROJB].numel * sizeof(float));
-        if (m->ptable[LOOM_FCPROJB].numel) m->be->zero(m->grad[LOOM_FCPROJB], m->ptable[LOOM_FCPROJB].numel * sizeof(float));
+        zero_in(tp, LOOM_ATTPROJB, g, lo, hi);
+        zero_in(tp, LOOM_FCPROJB, g, lo, hi);
     }
-    if (!tp->kv_split && tp->n > 1) LOOM_TRY(sum_shared_kv(tp));
-    if (tp->dp_n > 1) {
-        if (tp->gpu) m->be->sync();
-        LOOM_TRY(loom_dist_allreduce(tp->dp, m->grads, m->num_params, LOOM_DIST_FP32, 1.0f / (float)tp->dp_n));
-    }
+    if (!tp->kv_split && tp->n > 1) LOOM_TRY(sum_shared_kv(tp, g, lo, hi));
     return LOOM_OK;
 }
 
@@ -330,10 +357,10 @@ double loom_tp_dp_wait_seconds(const loom_tp_t *tp) { return tp && tp->dp_n > 1 
 loom_status loom_tp_init(loom_tp_t **out, const loom_gpt_t *full, const loom_backend_t *be, loom_dist_t *group,
                          loom_dist_t *dp) {
     *out = NULL;
-    if (be->act_dtype != LOOM_FP32)
-        return loom_error(LOOM_EUNAVAIL, "--tp: activations at %s; tensor parallelism reduces fp32 activations only for now: use --dtype fp32",
-                          loom_dtype_name(be->act_dtype));
+    loom_dist_elem act = LOOM_DIST_ELEM_FP32;
+    LOOM_TRY(loom_tp_act_elem(be->act_dtype, &act));
     loom_tp_t *tp = loom_calloc(1, sizeof *tp);
+    tp->act = act;
     tp->full = full->cfg;
     tp->g = group;
     tp->dp = dp;

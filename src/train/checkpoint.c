@@ -32,7 +32,8 @@ loom_status loom_train_load_checkpoint(loom_train_job_t *j) {
     const loom_ckpt_state_t *st = &j->rst;
     loom_status s = loom_optim_gather(j->rck, m->num_params, (uint64_t)st->step, lo, hi, h, h + (hi - lo), &saved);
     int want_w = st->zero >= 1 ? st->world_size : 1;
-    if (s == LOOM_OK && st->world_size > 0 && (saved.world != (uint32_t)want_w || saved.zero != (uint32_t)st->zero))
+    int single = saved.world == 1 && saved.zero == 0; /* the one AdamW file --tp and --pp runs write at any --zero */
+    if (s == LOOM_OK && st->world_size > 0 && !single && (saved.world != (uint32_t)want_w || saved.zero != (uint32_t)st->zero))
         s = loom_error(LOOM_EFORMAT, "%s: optimizer shards of %u rank(s) at ZeRO-%u, but its state.json says %d rank(s) at ZeRO-%d; the checkpoint is mixed up",
                        j->rck, saved.world, saved.zero, st->world_size, st->zero);
     if (s == LOOM_OK && hi > lo) {
@@ -110,7 +111,8 @@ static loom_status ckpt_start(void *ctx, loom_train_run_t *run) {
     const loom_train_opts_t *o = run->o;
     loom_zero3_t *z3 = loom_dp_zero3(run->dp);
     loom_gpt_t *whole = run->pp ? loom_pp_ckpt_model(run->pp) : run->ckpt_model ? run->ckpt_model : run->model;
-    loom_ckpt_writer_opts_t wo = {.run = o->out, .m = whole, .rank = o->rank, .world = o->world_size, .zero = o->zero,
+    int single = run->tp || run->pp; /* they write the single-model layout: rank 0 the whole AdamW state */
+    loom_ckpt_writer_opts_t wo = {.run = o->out, .m = whole, .rank = o->rank, .world = o->world_size, .zero = single ? 0 : o->zero,
                                   .keep = o->keep_ckpts, .async = !o->ckpt_sync, .gather_params = z3 ? gather_params : NULL,
                                   .gather_ctx = z3};
     LOOM_TRY(loom_ckpt_writer_open(&c->w, &wo));
@@ -146,6 +148,10 @@ static loom_status ckpt_before_step(void *ctx, loom_train_run_t *run, long long 
 static loom_status ckpt_after_step(void *ctx, loom_train_run_t *run, const loom_step_record_t *r) {
     ckpt_t *c = ctx;
     const loom_train_opts_t *o = run->o;
+    if (c->outstanding && loom_train_test_hold_step(run) == r->step) { /* every rank: the same condition */
+        LOOM_TRY(loom_ckpt_writer_settle(c->w, agree, run));
+        c->outstanding = 0;
+    }
     int due = (o->ckpt_every > 0 && r->step % o->ckpt_every == 0) || c->time_due;
     if (!due || r->step == o->steps) return LOOM_OK; /* the last step's is written by on_stop */
     loom_ckpt_state_t st = state_of(run, r->step, r->loss, r->val_loss);

@@ -61,9 +61,14 @@ void loom_train_signals_restore(void) {
  * test interrupts a run there on any machine, instead of hoping that its
  * signal lands before a fast machine has finished every step. A resumed
  * run (the same command after the interruption) does not wait. */
+long long loom_train_test_hold_step(const loom_train_run_t *run) {
+    const char *v = getenv("LOOM_TEST_HOLD_AFTER_STEP");
+    return v && *v && run->first_step == 1 ? atoll(v) : -1;
+}
+
 static void hold_for_test(const loom_train_run_t *run, long long step) {
     const char *v = getenv("LOOM_TEST_HOLD_AFTER_STEP");
-    if (!v || !*v || atoll(v) + 1 != step || run->first_step != 1) return;
+    if (loom_train_test_hold_step(run) + 1 != step) return;
     loom_info("loom train: LOOM_TEST_HOLD_AFTER_STEP=%s: holding after step %lld until a signal", v, step - 1);
     while (!stop_signal) usleep(10000);
 }

@@ -19,7 +19,8 @@ typedef struct {
 
 struct loom_pp {
     loom_dist_t *d;
-    loom_dist_t *dpg;           /* this stage's data-parallel group (D > 1), else NULL */
+    loom_dist_t *dpg;           /* this stage's data-parallel group (D > 1 or ZeRO), else NULL */
+    loom_dp_t *dpm;             /* the reduction (bucketed, overlapped) and ZeRO over dpg, else NULL */
     loom_dist_t *tpg;           /* pp x tp: this stage's tensor-parallel group, else NULL */
     loom_tp_t *tp;              /* pp x tp: the stage's shard (m is its model), else NULL */
     int tpn, ti;                /* tensor-parallel width (1: none) and this rank's index in it */
@@ -54,6 +55,7 @@ double loom_pp_bubble_formula(int stages, int micro) { return (double)(stages - 
 
 const loom_gpt_config_t *loom_pp_config(const loom_pp_t *pp) { return &pp->cfg; }
 int loom_pp_stage(const loom_pp_t *pp) { return pp->s; }
+loom_dp_t *loom_pp_dp(const loom_pp_t *pp) { return pp ? pp->dpm : NULL; }
 
 double loom_pp_last_dp_wait(const loom_pp_t *pp) { return pp ? pp->dp_s : 0; }
 double loom_pp_last_tp_wait(const loom_pp_t *pp) { return pp ? pp->tp_s : 0; }
@@ -108,20 +110,23 @@ static loom_gpt_config_t stage_config(const loom_pp_t *pp, int s) {
 
 /* Upload host blocks (whole-model layout) into this stage's parameters and
  * AdamW moments; m, v may be NULL (fresh state). */
-static void scatter_host(loom_pp_t *pp, float *params, float *m, float *v) {
+static loom_status scatter_host(loom_pp_t *pp, float *params, float *m, float *v) {
     loom_gpt_t *sm = pp->m;
     size_t n = sm->num_params;
-    /* the stage's block, then (pp x tp) this rank's shard of it */
-    float *h = loom_calloc(pp->nparams[pp->s], sizeof(float)), *l = pp->tp ? loom_malloc(n * sizeof(float)) : h;
-    float *src[3] = {params, m, v}, *dst[3] = {sm->params, sm->m, sm->v};
+    /* the stage's block, then (pp x tp) this rank's shard of it; then (ZeRO) this replica's part */
+    float *h = loom_calloc(pp->nparams[pp->s], sizeof(float)), *l = loom_malloc(3 * n * sizeof(float) + 1);
+    float *src[3] = {params, m, v}, *loc[3] = {NULL, NULL, NULL};
     for (int k = 0; k < 3; k++) {
-        if (!src[k] || !dst[k]) continue;
+        if (!src[k]) continue;
         map_block(pp, pp->s, src[k], h, 1);
-        if (pp->tp) loom_tp_slice(pp->tp, h, l);
-        sm->be->upload(dst[k], l, n * sizeof(float));
+        loc[k] = l + k * n;
+        if (pp->tp) loom_tp_slice(pp->tp, h, loc[k]);
+        else memcpy(loc[k], h, n * sizeof(float));
     }
-    if (l != h) free(l);
+    loom_status s = loom_dp_load_block(pp->dpm, sm, loc[0], loc[1], loc[2]);
+    free(l);
     free(h);
+    return s;
 }
 
 /* ---------------- setup ---------------- */
@@ -183,7 +188,7 @@ static loom_status build_stage(loom_pp_t *pp, const loom_backend_t *be) {
     else LOOM_TRY(loom_gpt_create(&pp->m, &sc, be));
     loom_gpt_set_recompute(pp->m, pp->o.recompute);
     if (!pp->tp) LOOM_TRY(loom_gpt_alloc_train(pp->m)); /* the tp shard comes with its training state */
-    scatter_host(pp, pp->full->params, NULL, NULL);
+    LOOM_TRY(scatter_host(pp, pp->full->params, NULL, NULL));
     if (pp->rank != 0) { /* only rank 0 writes checkpoints */
         loom_gpt_free(pp->full);
         pp->full = NULL;
@@ -208,7 +213,7 @@ static loom_status place(loom_pp_t *pp, loom_dist_t *d) {
     pp->s = pp->rank / T % pp->n;
     pp->prev = pp->s > 0 ? pp->rank - T : -1;
     pp->next = pp->s < pp->n - 1 ? pp->rank + T : -1;
-    if (pp->dp > 1) LOOM_TRY(loom_dist_split(d, pp->rank % per, pp->rank, &pp->dpg));
+    if (pp->dp > 1 || pp->o.dpo.zero > 0) LOOM_TRY(loom_dist_split(d, pp->rank % per, pp->rank, &pp->dpg));
     if (T > 1) LOOM_TRY(loom_dist_split(d, pp->rank / T, pp->rank, &pp->tpg));
     return LOOM_OK;
 }
@@ -231,7 +236,10 @@ loom_status loom_pp_init(loom_pp_t **out, loom_dist_t *d, const loom_gpt_config_
         return s;
     }
     pp->parts = (pp->s == 0 ? LOOM_STAGE_EMBED : 0) | (pp->s == pp->n - 1 ? LOOM_STAGE_HEAD : 0);
-    if ((s = build_stage(pp, be)) != LOOM_OK) {
+    s = build_stage(pp, be);
+    /* After the stage holds its weights: ZeRO-3 keeps this replica's shard of them. */
+    if (s == LOOM_OK && pp->dpg) s = loom_dp_init(&pp->dpm, pp->m, pp->dpg, &o->dpo);
+    if (s != LOOM_OK) {
         loom_pp_free(pp);
         return s;
     }
@@ -254,6 +262,7 @@ loom_status loom_pp_init(loom_pp_t **out, loom_dist_t *d, const loom_gpt_config_
 
 void loom_pp_free(loom_pp_t *pp) {
     if (!pp) return;
+    loom_dp_free(pp->dpm); /* before the stage model it reduces */
     if (pp->m) {
         const loom_backend_t *be = pp->m->be;
         for (int i = 1; i < pp->nslots; i++) {
@@ -300,9 +309,13 @@ static loom_status fwd(loom_pp_t *pp, int k) {
     return LOOM_OK;
 }
 
-static void bwd(loom_pp_t *pp, int k) {
+/* The backward of micro-batch k, the j-th of the step's M (the dp
+ * reduction of the last one, or of every one at ZeRO-2/3, runs during it). */
+static loom_status bwd(loom_pp_t *pp, int k) {
     use_slot(pp, k);
+    LOOM_TRY(loom_dp_before_backward(pp->dpm, k, pp->o.micro));
     loom_gpt_backward_stage(pp->m, pp->o.B, pp->o.T, pp->parts);
+    return loom_dp_after_backward(pp->dpm);
 }
 
 /* The residual stream of micro-batch k at `which` in its slot. */
@@ -346,89 +359,129 @@ static loom_status schedule(loom_pp_t *pp) {
         int k = warm + j;
         LOOM_TRY(fwd(pp, k));
         LOOM_TRY(xfer(pp, pp->next, k, OUT, pp->next, j, G));
-        bwd(pp, j);
+        LOOM_TRY(bwd(pp, j));
         LOOM_TRY(xfer(pp, pp->prev, j, G, pp->prev, j + 1 < rem ? k + 1 : -1, IN));
     }
     for (int j = rem; j < M; j++) {
         LOOM_TRY(xfer(pp, -1, -1, G, pp->next, j, G));
-        bwd(pp, j);
+        LOOM_TRY(bwd(pp, j));
         LOOM_TRY(xfer(pp, pp->prev, j, G, -1, -1, IN));
     }
     return LOOM_OK;
 }
 
+/* The step's reduced gradient on this rank: floats [lo, hi) of the stage
+ * block (all of it, or this replica's ZeRO shard), g[0] = float lo. */
+typedef struct {
+    float *g;
+    size_t lo, hi;
+} window_t;
+
+/* Tensor i's floats within the window: *at (into w.g) and the count. */
+static size_t in_window(const loom_pp_t *pp, const window_t *w, int i, float **at) {
+    size_t a = pp->m->ptable[i].offset, b = a + pp->m->ptable[i].numel;
+    a = a > w->lo ? a : w->lo;
+    b = b < w->hi ? b : w->hi;
+    *at = w->g + (a - w->lo);
+    return b > a ? b - a : 0;
+}
+
 /* A tied head: wte's gradient is the first stage's (embedding) plus the
  * last stage's (head). Both ends add the other's to their own; a + b is
- * b + a in floating point, so the two copies stay identical. */
-static loom_status sum_tied(loom_pp_t *pp) {
+ * b + a in floating point, so the two copies stay identical. Under ZeRO
+ * the ends' replicas first assemble the whole wte gradient from their
+ * shards (the stages' blocks differ, so their shards do), then each keeps
+ * its part of the sum. */
+static loom_status sum_tied(loom_pp_t *pp, const window_t *w) {
     if (!pp->wte_peer) return LOOM_OK;
     loom_gpt_t *m = pp->m;
     size_t n = m->ptable[LOOM_WTE].numel;
     int peer = pp->s == 0 ? pp->rank + (pp->n - 1) * pp->tpn : pp->rank - (pp->n - 1) * pp->tpn; /* the same tp index */
+    int sharded = loom_dp_sharded(pp->dpm);
+    float *mine, *wte = sharded ? m->be->alloc(n * sizeof(float)) : m->grad[LOOM_WTE];
+    size_t own = in_window(pp, w, LOOM_WTE, &mine), off = (size_t)(mine - w->g) + w->lo - m->ptable[LOOM_WTE].offset;
+    if (!wte) return loom_error(LOOM_ENOMEM, "--pp: cannot allocate the tied embedding's gradient (%.1f MB) on %s", n * 4e-6, m->be->name);
+    loom_status st = LOOM_OK;
+    if (sharded) {
+        m->be->zero(wte, n * sizeof(float));
+        if (own) m->be->accumulate(wte + off, mine, own); /* a copy into zeros */
+        m->be->sync();
+        st = loom_dist_allreduce(pp->dpg, wte, n, LOOM_DIST_FP32, 1.0f); /* disjoint parts: exact */
+    }
     m->be->sync();
     double t0 = loom_now();
-    LOOM_TRY(loom_dist_sendrecv(pp->d, m->grad[LOOM_WTE], n * sizeof(float), peer, pp->wte_peer, n * sizeof(float), peer));
+    if (st == LOOM_OK) st = loom_dist_sendrecv(pp->d, wte, n * sizeof(float), peer, pp->wte_peer, n * sizeof(float), peer);
     pp->comm_s += loom_now() - t0;
-    float *a = loom_malloc(2 * n * sizeof(float));
-    m->be->download(a, m->grad[LOOM_WTE], n * sizeof(float));
-    m->be->download(a + n, pp->wte_peer, n * sizeof(float));
-    for (size_t i = 0; i < n; i++) a[i] += a[n + i];
-    m->be->upload(m->grad[LOOM_WTE], a, n * sizeof(float));
+    float *a = st == LOOM_OK ? loom_malloc(2 * n * sizeof(float)) : NULL;
+    if (a) {
+        m->be->download(a, wte, n * sizeof(float));
+        m->be->download(a + n, pp->wte_peer, n * sizeof(float));
+        for (size_t i = 0; i < n; i++) a[i] += a[n + i];
+        if (!sharded) m->be->upload(wte, a, n * sizeof(float));
+        else if (own) m->be->upload(mine, a + off, own * sizeof(float));
+    }
     free(a);
-    return LOOM_OK;
+    if (sharded) m->be->free(wte);
+    return st;
 }
 
 /* pp x tp: the stage's sum of squares (every shard's tensors once, over
  * the tp group), on tp index 0 only. A stage's tensors it does not own
  * have zero gradients but for the last stage's copy of a tied wte, taken
  * off (its rows are split over the group: their sums add up). */
-static loom_status tp_sumsq(loom_pp_t *pp, double *ss) {
+static loom_status tp_sumsq(loom_pp_t *pp, const window_t *w, double *ss) {
     const loom_gpt_t *m = pp->m;
-    LOOM_TRY(loom_tp_grad_sumsq(pp->tp, ss));
+    LOOM_TRY(loom_tp_grad_sumsq(pp->tp, w->g, w->lo, w->hi, ss));
     if (m->ptable[LOOM_WTE].numel && !owns(pp, pp->s, LOOM_WTE)) {
-        double w = m->be->sumsq(m->grad[LOOM_WTE], m->ptable[LOOM_WTE].numel);
-        LOOM_TRY(loom_dist_allreduce_f64(pp->tpg, &w, 1));
-        *ss -= w;
+        float *at;
+        size_t n = in_window(pp, w, LOOM_WTE, &at);
+        double x = n ? m->be->sumsq(at, n) : 0;
+        LOOM_TRY(loom_dist_allreduce_f64(pp->tpg, &x, 1));
+        *ss -= x;
     }
     if (pp->ti) *ss = 0;
     return LOOM_OK;
 }
 
-/* The whole model's gradient norm: each stage's owned tensors, summed
- * (over every rank: the D replicas of a stage hold the same averaged
- * gradient, so the sum is D times the model's). */
-static loom_status grad_norm(loom_pp_t *pp, float *norm) {
+/* The whole model's gradient norm: each stage's owned tensors, summed over
+ * every rank. Without ZeRO the D replicas of a stage hold the same
+ * averaged gradient, so that sum is D times the model's; with it each
+ * holds its own part. */
+static loom_status grad_norm(loom_pp_t *pp, const window_t *w, float *norm) {
     double ss = 0;
-    if (pp->tp) LOOM_TRY(tp_sumsq(pp, &ss));
+    if (pp->tp) LOOM_TRY(tp_sumsq(pp, w, &ss));
     else
-        for (int i = 0; i < LOOM_NPARAMS; i++)
-            if (pp->m->ptable[i].numel && owns(pp, pp->s, i)) ss += pp->m->be->sumsq(pp->m->grad[i], pp->m->ptable[i].numel);
+        for (int i = 0; i < LOOM_NPARAMS; i++) {
+            float *at;
+            size_t n = owns(pp, pp->s, i) ? in_window(pp, w, i, &at) : 0;
+            if (n) ss += pp->m->be->sumsq(at, n);
+        }
     LOOM_TRY(loom_dist_allreduce_f64(pp->d, &ss, 1));
-    *norm = (float)sqrt(ss / pp->dp);
+    *norm = (float)sqrt(ss / (loom_dp_sharded(pp->dpm) ? 1 : pp->dp));
     return LOOM_OK;
 }
 
-/* pp x dp: a stage's replicas average their gradients (the whole stage
- * block, after the backward passes; ZeRO is not built for pipelines). */
-static loom_status reduce_dp(loom_pp_t *pp) {
-    if (!pp->dpg) return LOOM_OK;
-    double w0 = loom_dist_wait_seconds(pp->dpg);
-    LOOM_TRY(loom_dist_allreduce(pp->dpg, pp->m->grads, pp->m->num_params, LOOM_DIST_FP32, 1.0f / (float)pp->dp));
-    pp->dp_s = loom_dist_wait_seconds(pp->dpg) - w0;
-    return LOOM_OK;
+/* After the schedule: the dp reduction waited for (it ran during the
+ * backward passes, train/step.h), then the tp group's finish and the tied
+ * sum on this rank's window of the reduced gradient. */
+static loom_status finish_grads(loom_pp_t *pp, window_t *w) {
+    LOOM_TRY(loom_dp_grads_ready(pp->dpm));
+    w->g = loom_dp_grads(pp->dpm, pp->m, &w->lo, &w->hi);
+    if (pp->tp) LOOM_TRY(loom_tp_finish_grads(pp->tp, w->g, w->lo, w->hi)); /* the hooks' error, rank-0 biases, shared kv heads */
+    return sum_tied(pp, w);
 }
 
 loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, const loom_optim_t *opt, float lr, int t,
                          float *loss, float *grad_norm_out) {
     loom_gpt_t *m = pp->m;
-    loom_gpt_zero_grad(m);
+    loom_dp_zero_grads(pp->dpm, m);
     pp->tok = tokens;
     pp->tgt = targets;
     pp->dloss = 1.0f / ((float)pp->o.B * (float)pp->o.T * (float)pp->o.micro);
     pp->loss_sum = 0;
     pp->comm_s = pp->fastest = 0;
     pp->msgs = 0;
-    double t0 = loom_now(), tp0 = loom_tp_wait_seconds(pp->tp);
+    double t0 = loom_now(), tp0 = loom_tp_wait_seconds(pp->tp), dp0 = pp->dpg ? loom_dist_wait_seconds(pp->dpg) : 0;
     LOOM_TRY(schedule(pp));
     m->be->sync();
     /* A stage that finishes first idles until the last one does (the
@@ -440,16 +493,16 @@ loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, c
     double transfer = pp->fastest * pp->msgs;
     pp->bubble_s = (pp->comm_s > transfer ? pp->comm_s - transfer : 0) + tail;
     pp->comm_s += tail;
-    if (pp->tp) LOOM_TRY(loom_tp_finish_grads(pp->tp)); /* the hooks' error, rank-0 biases, shared kv heads */
+    window_t w;
+    LOOM_TRY(finish_grads(pp, &w));
     pp->tp_s = loom_tp_wait_seconds(pp->tp) - tp0;
-    LOOM_TRY(sum_tied(pp));
-    LOOM_TRY(reduce_dp(pp));
     float norm;
-    LOOM_TRY(grad_norm(pp, &norm));
+    LOOM_TRY(grad_norm(pp, &w, &norm));
     float scale = opt->clip > 0 && norm > opt->clip ? opt->clip / (norm + 1e-6f) : 1.0f;
     loom_adamw_t hp = {.lr = lr, .beta1 = opt->beta1, .beta2 = opt->beta2, .eps = opt->eps,
                        .weight_decay = opt->weight_decay, .grad_scale = scale, .t = t};
-    loom_gpt_adamw(m, &hp);
+    LOOM_TRY(loom_dp_update(pp->dpm, m, &hp));
+    pp->dp_s = pp->dpg ? loom_dist_wait_seconds(pp->dpg) - dp0 : 0; /* the reduction's waits, the ZeRO gathers' */
     /* The last stages hold their pipelines' losses: their mean, to every rank. */
     double l = pp->s == pp->n - 1 && pp->ti == 0 ? pp->loss_sum / pp->o.micro / pp->dp : 0; /* a tp group's ranks hold one loss */
     LOOM_TRY(loom_dist_allreduce_f64(pp->d, &l, 1));
@@ -495,15 +548,23 @@ loom_gpt_t *loom_pp_ckpt_model(loom_pp_t *pp) { return pp->full ? pp->full : pp-
  * and get NULL). */
 static loom_status own_blocks(loom_pp_t *pp, float **out) {
     size_t n = pp->nparams[pp->s], own = pp->m->num_params;
-    float *const src[3] = {pp->m->params, pp->m->m, pp->m->v};
+    float *src[3] = {pp->m->params, pp->m->m, pp->m->v}, *whole[3] = {NULL, NULL, NULL};
     *out = NULL;
-    if (pp->rank >= pp->n * pp->tpn) return LOOM_OK;
-    float *b = pp->ti == 0 ? loom_malloc(3 * n * sizeof(float)) : NULL;
-    loom_status st = LOOM_OK;
-    for (int k = 0; k < 3 && st == LOOM_OK; k++) {
-        if (pp->tp) st = loom_tp_gather(pp->tp, src[k], b ? b + k * n : NULL);
-        else pp->m->be->download(b + k * n, src[k], own * sizeof(float));
+    if (loom_dp_sharded(pp->dpm)) { /* ZeRO: every replica gives its shards (a collective over the dp group) */
+        LOOM_TRY(loom_dp_gather_state(pp->dpm, pp->m, whole));
+        for (int k = 0; k < 3; k++) src[k] = whole[k];
     }
+    loom_status st = LOOM_OK;
+    float *b = NULL;
+    if (pp->rank < pp->n * pp->tpn) {
+        b = pp->ti == 0 ? loom_malloc(3 * n * sizeof(float)) : NULL;
+        for (int k = 0; k < 3 && st == LOOM_OK; k++) {
+            if (pp->tp) st = loom_tp_gather(pp->tp, src[k], b ? b + k * n : NULL);
+            else pp->m->be->download(b + k * n, src[k], own * sizeof(float));
+        }
+    }
+    for (int k = 0; k < 3; k++)
+        if (whole[k]) pp->m->be->free(whole[k]);
     if (st != LOOM_OK) free(b);
     else *out = b;
     return st;
@@ -545,8 +606,17 @@ loom_status loom_pp_load(loom_pp_t *pp, const char *dir, long long step) {
     loom_optim_shard_t saved;
     loom_status s = loom_safetensors_load_gpt(full, path);
     if (s == LOOM_OK) s = loom_optim_gather(dir, P, (uint64_t)step, 0, P, mv, mv + P, &saved);
-    if (s == LOOM_OK) scatter_host(pp, full->params, mv, mv + P);
+    if (s == LOOM_OK) s = scatter_host(pp, full->params, mv, mv + P);
     free(mv);
+    if (full != pp->full) loom_gpt_free(full);
+    return s;
+}
+
+loom_status loom_pp_load_weights(loom_pp_t *pp, loom_status (*load)(void *ctx, loom_gpt_t *whole), void *ctx) {
+    loom_gpt_t *full = pp->full;
+    if (!full) LOOM_TRY(loom_gpt_create(&full, &pp->cfg, pp->host));
+    loom_status s = load(ctx, full);
+    if (s == LOOM_OK) s = scatter_host(pp, full->params, NULL, NULL);
     if (full != pp->full) loom_gpt_free(full);
     return s;
 }

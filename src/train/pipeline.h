@@ -4,7 +4,9 @@
  * first L mod N stages hold one more); rank r runs stage r mod N of
  * pipeline r / N (parallel/dist.h's placement), so with D = world / N > 1
  * pipelines (pp x dp) a stage's D replicas average their gradients over a
- * process group after the backward passes. The
+ * process group during the backward passes (train/step.h's bucketed,
+ * overlapped reduction; --zero 1/2/3 shards the stage's block over the D
+ * replicas: ZeRO-3 each stage its own layers' weights). The
  * first stage also holds the embedding (wte, wpe), the last the final
  * norm, the head and the loss. With a tied head wte lives on both, and
  * their two gradients are summed between them after the backward passes
@@ -49,6 +51,7 @@ typedef struct {
     int B, T, micro;             /* micro-batch shape and micro-batches per step (M) */
     loom_recompute recompute;
     unsigned long long seed;     /* the whole model's init (every rank draws the same, then slices) */
+    loom_dp_opts_t dpo;          /* the stage replicas' reduction: ZeRO 0-3 over the dp group, overlap, buckets */
 } loom_pp_opts_t;
 
 /* The layers of stage s of n over L layers: [*first, *first + *count). */
@@ -65,6 +68,8 @@ void loom_pp_free(loom_pp_t *pp);
 /* The whole model's finished config, and this rank's stage. */
 const loom_gpt_config_t *loom_pp_config(const loom_pp_t *pp);
 int loom_pp_stage(const loom_pp_t *pp);
+/* The stage replicas' data-parallel reduction (train/step.h), NULL without replicas or ZeRO. */
+struct loom_dp *loom_pp_dp(const loom_pp_t *pp);
 
 /* One optimizer step over M micro-batches (host tokens/targets, M*(B*T)
  * each, the same on every stage): the loss is the global one (the last
@@ -79,7 +84,9 @@ loom_status loom_pp_step(loom_pp_t *pp, const int *tokens, const int *targets, c
  * the tail a stage idles while the others finish), and the schedule's wall
  * time with that barrier (sched_s). */
 void loom_pp_last_times(const loom_pp_t *pp, double *comm_s, double *bubble_s, double *sched_s);
-/* pp x dp: seconds the last step waited on the data-parallel reduction. */
+/* pp x dp: seconds the last step waited on the data-parallel reduction
+ * (train/step.h's, over the stage's replicas: overlapped with the backward
+ * passes, ZeRO 1/2/3 sharding the stage's block). */
 double loom_pp_last_dp_wait(const loom_pp_t *pp);
 /* pp x tp: seconds the last step's forward and backward waited on the stage's tp group. */
 double loom_pp_last_tp_wait(const loom_pp_t *pp);
@@ -100,5 +107,9 @@ loom_status loom_pp_gather(loom_pp_t *pp, float **m, float **v);
 /* Every rank: load the single-model checkpoint in `dir` (any layout wrote
  * it) and keep this stage's slice of weights and AdamW state. */
 loom_status loom_pp_load(loom_pp_t *pp, const char *dir, long long step);
+/* Every rank: `load` fills a whole model (host memory, the seed's weights
+ * in it; --init-from's Hugging Face folder, --init-from-run's checkpoint)
+ * and this stage keeps its slice of the weights (fresh AdamW state). */
+loom_status loom_pp_load_weights(loom_pp_t *pp, loom_status (*load)(void *ctx, loom_gpt_t *whole), void *ctx);
 
 #endif

@@ -145,7 +145,6 @@ static void step_modes(loom_train_job_t *j) {
     int has_graphs = (loom_backend_device_caps(o->device) & LOOM_CAP_GRAPHS) != 0;
     j->auto_dtype = o->dtype < 0;
     j->dtype = j->auto_dtype ? (int)loom_backend_default_dtype(o->device) : o->dtype;
-    if (j->auto_dtype && o->tp > 1) j->dtype = LOOM_FP32; /* tp reduces fp32 activations (parallel/tp.h) */
     j->recompute = o->recompute;
     j->want_graphs = has_graphs && o->cuda_graphs != 0;
     j->dpo = (loom_dp_opts_t){.zero = o->zero, .overlap = !o->no_overlap, .grad_dtype = (loom_dist_dtype)o->grad_dtype,
@@ -170,18 +169,38 @@ static loom_status open_backend(loom_train_job_t *j, loom_dist_t *dist) {
     return s;
 }
 
+/* --init-from (a Hugging Face folder) or --init-from-run (a loom run's
+ * newest checkpoint) into `m`, a whole model holding the seed's weights:
+ * the weights a fine-tune starts from. */
+static loom_status load_init(void *vj, loom_gpt_t *m) {
+    loom_train_job_t *j = vj;
+    const loom_train_opts_t *o = &j->o;
+    if (o->init_from) return loom_hf_load_weights(m, o->init_from); /* fine-tune a Hugging Face model */
+    char ck[4096], path[4200];
+    loom_gpt_config_t rc;
+    loom_ckpt_state_t st;
+    LOOM_TRY(loom_run_latest(o->init_from_run, ck, sizeof ck, &rc, &st));
+    if (rc.vocab_size != j->cfg.vocab_size)
+        return loom_error(LOOM_EINVAL, "--init-from-run %s: its vocabulary (%d) is not the data's (%d); train on data tokenized with its tokenizer",
+                          o->init_from_run, rc.vocab_size, j->cfg.vocab_size);
+    snprintf(path, sizeof path, "%s/model.safetensors", ck);
+    LOOM_TRY(loom_safetensors_load_gpt(m, path));
+    /* continue the data where that run stopped: from 0 a fine-tune repeats
+     * the batches the model saw first (docs/quantization.md, 2:4) */
+    j->rst.data_pos = st.data_pos % loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN);
+    return LOOM_OK;
+}
+
 /* --pp: this rank's stage (train/pipeline.h) instead of the whole model.
  * Text samples need the whole model on one rank: off for now. */
 static loom_status build_pipeline(loom_train_job_t *j, loom_dist_t *dist) {
     loom_train_run_t *run = &j->run;
     loom_train_opts_t *o = &j->o;
-    if (o->zero || o->init_from || o->init_from_run)
-        return loom_error(LOOM_EUNAVAIL, "--pp %d with %s: not built yet; drop it (pipeline runs start from a preset or --resume; --pp runs with --tp and --zero 0)",
-                          o->pp, o->zero ? "--zero" : o->init_from ? "--init-from" : "--init-from-run");
     loom_pp_opts_t po = {.stages = o->pp, .tp = o->tp, .B = run->B, .T = run->T, .micro = o->grad_accum,
-                         .recompute = (loom_recompute)j->recompute, .seed = (unsigned long long)o->seed};
+                         .recompute = (loom_recompute)j->recompute, .seed = (unsigned long long)o->seed, .dpo = j->dpo};
     LOOM_TRY(loom_pp_init(&run->pp, dist, &j->cfg, run->be, &po, &run->model));
     if (o->resume) LOOM_TRY(loom_pp_load(run->pp, j->rck, j->rst.step));
+    else if (o->init_from || o->init_from_run) LOOM_TRY(loom_pp_load_weights(run->pp, load_init, j));
     if (o->sample_tokens)
         loom_info("loom train: --pp: no text samples during training yet (they need the whole model on one rank); `loom sample --run %s` reads its checkpoint", o->out);
     o->sample_tokens = 0;
@@ -195,21 +214,7 @@ static loom_status build_model(loom_train_job_t *j, loom_dist_t *dist) {
     if (o->pp > 1) return build_pipeline(j, dist);
     /* Every rank draws the same initial weights from the same seed. */
     LOOM_TRY(loom_gpt_init(&run->model, &j->cfg, run->be, (unsigned long long)o->seed));
-    if (o->init_from && !o->resume) LOOM_TRY(loom_hf_load_weights(run->model, o->init_from)); /* fine-tune a Hugging Face GPT-2 */
-    if (o->init_from_run && !o->resume) { /* fine-tune a loom run (a pruned one) */
-        char ck[4096], path[4200];
-        loom_gpt_config_t rc;
-        loom_ckpt_state_t st;
-        LOOM_TRY(loom_run_latest(o->init_from_run, ck, sizeof ck, &rc, &st));
-        if (rc.vocab_size != j->cfg.vocab_size)
-            return loom_error(LOOM_EINVAL, "--init-from-run %s: its vocabulary (%d) is not the data's (%d); train on data tokenized with its tokenizer",
-                              o->init_from_run, rc.vocab_size, j->cfg.vocab_size);
-        snprintf(path, sizeof path, "%s/model.safetensors", ck);
-        LOOM_TRY(loom_safetensors_load_gpt(run->model, path));
-        /* continue the data where that run stopped: from 0 a fine-tune repeats
-         * the batches the model saw first (docs/quantization.md, 2:4) */
-        j->rst.data_pos = st.data_pos % loom_dataset_ntokens(j->ds, LOOM_SPLIT_TRAIN);
-    }
+    if ((o->init_from || o->init_from_run) && !o->resume) LOOM_TRY(load_init(j, run->model));
     if (o->tp > 1) return loom_train_setup_tp(j, dist); /* the shard replaces the whole model */
     loom_gpt_set_recompute(run->model, (loom_recompute)j->recompute);
     if (o->zero == 0) LOOM_TRY(loom_gpt_alloc_train(run->model)); /* ZeRO >= 1: loom_dp_init, shard only */
@@ -310,13 +315,15 @@ static void report_ranks(const loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
     const loom_train_run_t *run = &j->run;
     loom_dp_memory_t mem = {0};
-    if (run->dp) loom_dp_memory(run->dp, &mem);
+    /* under --tp and --pp the data-parallel code runs over this rank's part of the model */
+    const loom_dp_t *dp = run->dp ? run->dp : j->tp_dp ? j->tp_dp : loom_pp_dp(run->pp);
+    if (dp) loom_dp_memory(dp, &mem);
     loom_info("loom train: %d ranks over %s, global batch %zu tokens/step (batch %d x seq %d x accum %d x %d data-parallel ranks); ZeRO-%d, gradients reduced in %s%s",
               o->world_size, loom_dist_name(run->dist), run->tokens_per_step, run->B, run->T, o->grad_accum, run->dp_size, o->zero,
               j->dpo.grad_dtype == LOOM_DIST_BF16 ? "bf16" : "fp32", j->dpo.overlap ? ", overlapped with backward" : ", after backward");
-    if (run->dp)
-        loom_info("loom train: memory per rank (P = %zu floats, N = %d): params %.2f MB + grads %.2f MB + AdamW %.2f MB = %.2f MB; ZeRO-%d formula %s = %.2f MB%s; peak resident %.1f MB",
-                  run->model->num_params, o->world_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, mem.total / 1e6, o->zero,
+    if (dp)
+        loom_info("loom train: memory per rank (P = %zu floats%s, N = %d): params %.2f MB + grads %.2f MB + AdamW %.2f MB = %.2f MB; ZeRO-%d formula %s = %.2f MB%s; peak resident %.1f MB",
+                  run->model->num_params, run->tp ? " of the tp shard" : run->pp ? " of the stage" : "", run->dp_size, mem.params / 1e6, mem.grads / 1e6, mem.optim / 1e6, mem.total / 1e6, o->zero,
                   mem.formula_text, mem.formula / 1e6,
                   o->zero == 2   ? " (loom's backward writes one whole-model working gradient buffer; the accumulated gradient is the shard)"
                   : o->zero == 3 ? " plus the gather buffers: two blocks' weights and gradients, the non-layer tensors' twice"

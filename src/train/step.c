@@ -20,6 +20,7 @@ struct loom_dp {
     int reducing;       /* this micro-batch's gradients are reduced */
     float scale;        /* applied by this micro-batch's reductions */
     loom_status hook_err;
+    int pending, trim;  /* a micro-batch's reduction not yet waited for; then zero the rest (ZeRO-2) */
     double last_wait;
     loom_zero3_t *z3;   /* ZeRO-3: the parameters are sharded too */
 };
@@ -100,6 +101,7 @@ loom_status loom_dp_init(loom_dp_t **out, loom_gpt_t *m, loom_dist_t *d, const l
     /* ZeRO-3 first: the whole parameter block is released before the
      * moments' shard is allocated, so setup's peak stays below training's. */
     if (o->zero == 3) {
+        loom_gpt_free_grads(m); /* one a tp shard or a pp stage came with: ZeRO-3 keeps a shard and per-layer buffers */
         loom_status s = loom_zero3_init(&dp->z3, m, d, dp->lo, o->grad_dtype, o->overlap);
         if (s != LOOM_OK) {
             loom_dp_free(dp);
@@ -175,6 +177,75 @@ void loom_dp_memory(const loom_dp_t *dp, loom_dp_memory_t *out) {
 
 double loom_dp_last_wait(const loom_dp_t *dp) { return dp ? dp->last_wait : 0; }
 
+
+/* ---- a step's parts (step.h), shared by loom_train_step_dp and the tp
+ * and pp steps ---- */
+
+void loom_dp_zero_grads(loom_dp_t *dp, loom_gpt_t *m) {
+    if (dp && dp->z3) loom_zero3_zero_grads(dp->z3, 1.0f / (float)dp->world);
+    else loom_gpt_zero_grad(m);
+}
+
+/* Wait for the last reducing micro-batch's collectives; ZeRO-2 keeps only
+ * the own shard's running sum; ZeRO-3 adds its segments into the shard. */
+static loom_status settle(loom_dp_t *dp) {
+    if (!dp || !dp->pending) return LOOM_OK;
+    dp->pending = 0;
+    if (dp->z3) return loom_zero3_finish_backward(dp->z3);
+    loom_status s = dp->hook_err;
+    dp->hook_err = LOOM_OK;
+    LOOM_TRY(s);
+    LOOM_TRY(loom_dist_wait(dp->d));
+    if (dp->trim) {
+        size_t lo = dp->lo[dp->rank], hi = dp->hi[dp->rank];
+        dp->m->be->zero(dp->m->grads, lo * sizeof(float));
+        dp->m->be->zero(dp->m->grads + hi, (dp->m->num_params - hi) * sizeof(float));
+    }
+    return LOOM_OK;
+}
+
+loom_status loom_dp_before_backward(loom_dp_t *dp, int k, int accum) {
+    LOOM_TRY(settle(dp));
+    if (!dp || dp->z3 || dp->world < 2) return LOOM_OK;
+    int last = k == accum - 1;
+    /* ZeRO-2 reduces every micro-batch; the intermediate sums stay unscaled. */
+    dp->reducing = last || dp->o.zero == 2;
+    dp->trim = !last && dp->o.zero == 2;
+    dp->scale = last ? 1.0f / (float)dp->world : 1.0f;
+    dp->issued_lo = dp->m->cfg.n_layer;
+    dp->hook_err = LOOM_OK;
+    return LOOM_OK;
+}
+
+loom_status loom_dp_after_backward(loom_dp_t *dp) {
+    if (!dp) return LOOM_OK;
+    if (dp->z3) {
+        dp->pending = 1;
+        return LOOM_OK;
+    }
+    if (dp->world < 2 || !dp->reducing) return LOOM_OK;
+    dp->pending = 1;
+    if (dp->o.overlap) return LOOM_OK; /* the hook handed the buckets over during backward */
+    if (dp->gpu) dp->m->be->sync();
+    return reduce_range(dp, 0, dp->m->num_params);
+}
+
+loom_status loom_dp_grads_ready(loom_dp_t *dp) { return settle(dp); }
+
+int loom_dp_sharded(const loom_dp_t *dp) { return dp && dp->o.zero >= 1; }
+
+float *loom_dp_grads(const loom_dp_t *dp, const loom_gpt_t *m, size_t *lo, size_t *hi) {
+    int sharded = loom_dp_sharded(dp);
+    *lo = sharded ? dp->lo[dp->rank] : 0;
+    *hi = sharded ? dp->hi[dp->rank] : m->num_params;
+    return dp && dp->z3 ? loom_zero3_grads(dp->z3) : m->grads + *lo;
+}
+
+loom_status loom_dp_sum_sharded(loom_dp_t *dp, double *v, int n) {
+    if (!loom_dp_sharded(dp) || dp->world < 2) return LOOM_OK;
+    return loom_dist_allreduce_f64(dp->d, v, (size_t)n);
+}
+
 /* AdamW on floats [a, b) of the block; p, g, am, av hold the floats from
  * `base` on (the whole block at base 0, or a shard). */
 static void adamw_range(loom_gpt_t *m, float *p, float *g, float *am, float *av, size_t base, size_t a, size_t b,
@@ -190,20 +261,92 @@ static void adamw_range(loom_gpt_t *m, float *p, float *g, float *am, float *av,
     }
 }
 
+loom_status loom_dp_update(loom_dp_t *dp, loom_gpt_t *m, const loom_adamw_t *hp) {
+    if (!loom_dp_sharded(dp)) {
+        loom_gpt_adamw(m, hp);
+        return LOOM_OK;
+    }
+    size_t lo = dp->lo[dp->rank], hi = dp->hi[dp->rank];
+    if (dp->z3) {
+        adamw_range(m, loom_zero3_params(dp->z3), loom_zero3_grads(dp->z3), dp->am, dp->av, lo, lo, hi, hp);
+        loom_zero3_params_changed(dp->z3); /* gathered when the next forward needs them */
+        return LOOM_OK;
+    }
+    adamw_range(m, m->params + lo, m->grads + lo, dp->am, dp->av, lo, lo, hi, hp);
+    if (dp->world < 2) return LOOM_OK;
+    size_t counts[dp->world];
+    for (int r = 0; r < dp->world; r++) counts[r] = dp->hi[r] - dp->lo[r];
+    if (dp->gpu) m->be->sync();
+    return loom_dist_allgather(dp->d, m->params, counts);
+}
+
+/* The whole block of n floats from every rank's [lo_r, hi_r) of it: `own`
+ * (this rank's shard) copied into place, the rest all-gathered. */
+static loom_status assemble(loom_dp_t *dp, float *whole, const float *own) {
+    size_t lo = dp->lo[dp->rank], hi = dp->hi[dp->rank], counts[dp->world];
+    if (hi > lo) dp->m->be->accumulate(whole + lo, own, hi - lo); /* a copy: whole is zeroed */
+    for (int r = 0; r < dp->world; r++) counts[r] = dp->hi[r] - dp->lo[r];
+    if (dp->gpu) dp->m->be->sync();
+    return dp->world > 1 ? loom_dist_allgather(dp->d, whole, counts) : LOOM_OK;
+}
+
+loom_status loom_dp_gather_state(loom_dp_t *dp, loom_gpt_t *m, float *out[3]) {
+    size_t P = m->num_params, bytes = P * sizeof(float);
+    int sharded = loom_dp_sharded(dp);
+    const float *src[3] = {m->params, sharded ? dp->am : m->m, sharded ? dp->av : m->v};
+    if (dp && dp->z3) src[0] = loom_zero3_params(dp->z3);
+    loom_status s = LOOM_OK;
+    for (int k = 0; k < 3; k++) out[k] = NULL;
+    for (int k = 0; k < 3 && s == LOOM_OK; k++) {
+        out[k] = m->be->alloc(bytes ? bytes : 4);
+        if (!out[k]) {
+            s = loom_error(LOOM_ENOMEM, "checkpoint: cannot allocate %.1f MB to assemble this rank's parameters and AdamW state", 3 * bytes / 1e6);
+            break;
+        }
+        m->be->zero(out[k], bytes);
+        int whole = !sharded || (k == 0 && !dp->z3); /* ZeRO-1/2 hold every parameter */
+        if (whole) m->be->accumulate(out[k], src[k], P);
+        else s = assemble(dp, out[k], src[k]);
+    }
+    if (s != LOOM_OK)
+        for (int k = 0; k < 3; k++) {
+            if (out[k]) m->be->free(out[k]);
+            out[k] = NULL;
+        }
+    return s;
+}
+
+loom_status loom_dp_load_block(loom_dp_t *dp, loom_gpt_t *m, const float *params, const float *am, const float *av) {
+    loom_zero3_t *z3 = dp ? dp->z3 : NULL;
+    if (params) {
+        if (z3) LOOM_TRY(loom_zero3_unshard(z3));
+        m->be->upload(m->params, params, m->num_params * sizeof(float));
+        if (z3) LOOM_TRY(loom_zero3_adopt(z3));
+    }
+    if (!am) return LOOM_OK;
+    size_t lo = 0, hi = m->num_params;
+    float *dm = m->m, *dv = m->v;
+    if (dp) loom_dp_shard(dp, &lo, &hi, &dm, &dv);
+    if (hi > lo) {
+        m->be->upload(dm, am + lo, (hi - lo) * sizeof(float));
+        m->be->upload(dv, av + lo, (hi - lo) * sizeof(float));
+    }
+    return LOOM_OK;
+}
+
 /* After the micro-batches: the global gradient norm, clipping and AdamW on
  * this rank's floats [lo, hi) (the whole block without ZeRO), the
  * parameters gathered again (ZeRO-1/2), the loss averaged over ranks.
  * `sum`: this rank's sum of micro-batch losses. */
 static loom_status step_tail(loom_gpt_t *m, loom_dp_t *dp, double sum, int accum, const loom_optim_t *opt, float lr, int t,
                              double wait0, float *loss, float *grad_norm) {
-    int multi = dp && dp->world > 1, sharded = dp && dp->o.zero >= 1;
-    size_t lo = sharded ? dp->lo[dp->rank] : 0, hi = sharded ? dp->hi[dp->rank] : m->num_params;
-    float *p = dp && dp->z3 ? loom_zero3_params(dp->z3) : m->params + lo;
-    float *g = dp && dp->z3 ? loom_zero3_grads(dp->z3) : m->grads + lo;
+    int multi = dp && dp->world > 1;
+    size_t lo, hi;
+    float *g = loom_dp_grads(dp, m, &lo, &hi);
     float norm;
-    if (sharded) {
+    if (loom_dp_sharded(dp)) {
         double ss = m->be->sumsq(g, hi - lo);
-        if (multi) LOOM_TRY(loom_dist_allreduce_f64(dp->d, &ss, 1));
+        LOOM_TRY(loom_dp_sum_sharded(dp, &ss, 1));
         norm = (float)sqrt(ss);
     } else {
         norm = loom_gpt_grad_norm(m);
@@ -212,20 +355,7 @@ static loom_status step_tail(loom_gpt_t *m, loom_dp_t *dp, double sum, int accum
     if (opt->clip > 0 && norm > opt->clip) scale = opt->clip / (norm + 1e-6f);
     loom_adamw_t hp = {.lr = lr, .beta1 = opt->beta1, .beta2 = opt->beta2, .eps = opt->eps,
                        .weight_decay = opt->weight_decay, .grad_scale = scale, .t = t};
-    if (dp && dp->z3) {
-        adamw_range(m, p, g, dp->am, dp->av, lo, lo, hi, &hp);
-        loom_zero3_params_changed(dp->z3); /* gathered when the next forward needs them */
-    } else if (sharded) {
-        adamw_range(m, p, g, dp->am, dp->av, lo, lo, hi, &hp);
-        if (multi) {
-            size_t counts[dp->world];
-            for (int r = 0; r < dp->world; r++) counts[r] = dp->hi[r] - dp->lo[r];
-            if (dp->gpu) m->be->sync();
-            LOOM_TRY(loom_dist_allgather(dp->d, m->params, counts));
-        }
-    } else {
-        loom_gpt_adamw(m, &hp);
-    }
+    LOOM_TRY(loom_dp_update(dp, m, &hp));
     if (multi) {
         LOOM_TRY(loom_dist_allreduce_f64(dp->d, &sum, 1));
         sum /= dp->world;
@@ -238,71 +368,26 @@ static loom_status step_tail(loom_gpt_t *m, loom_dp_t *dp, double sum, int accum
     return LOOM_OK;
 }
 
-/* ZeRO-3's micro-batches: the model gathers its weights through the
- * hooks (train/zero3.h); each micro-batch's gradients are reduce-scattered
- * into the shard as they are made. */
-static loom_status zero3_micro_batches(loom_gpt_t *m, loom_dp_t *dp, const int *tokens, const int *targets, int B, int T,
-                                       int accum, double *sum) {
-    size_t BT = (size_t)B * T;
-    float dloss = 1.0f / ((float)BT * (float)accum);
-    loom_zero3_zero_grads(dp->z3, 1.0f / (float)dp->world);
-    for (int k = 0; k < accum; k++) {
-        float l;
-        LOOM_TRY(loom_gpt_forward(m, tokens + k * BT, targets + k * BT, B, T, dloss, &l));
-        loom_gpt_backward(m, B, T);
-        LOOM_TRY(loom_zero3_finish_backward(dp->z3));
-        *sum += l;
-    }
-    return LOOM_OK;
-}
-
 loom_status loom_train_step_dp(loom_gpt_t *m, loom_dp_t *dp, const int *tokens, const int *targets,
                                int B, int T, int accum, const loom_optim_t *opt, float lr, int t,
                                float *loss, float *grad_norm) {
     double sum = 0;
-    int multi = dp && dp->world > 1;
-    double wait0 = multi ? loom_dist_wait_seconds(dp->d) : 0;
-    if (dp && dp->z3) {
-        LOOM_TRY(zero3_micro_batches(m, dp, tokens, targets, B, T, accum, &sum));
-        return step_tail(m, dp, sum, accum, opt, lr, t, wait0, loss, grad_norm);
-    }
-    LOOM_TRY(loom_gpt_alloc_train(m));
-    loom_gpt_zero_grad(m);
+    double wait0 = dp && dp->world > 1 ? loom_dist_wait_seconds(dp->d) : 0;
+    if (!(dp && dp->z3)) LOOM_TRY(loom_gpt_alloc_train(m));
+    loom_dp_zero_grads(dp, m);
     size_t BT = (size_t)B * T;
     /* Each micro-batch's loss is a mean over B*T; the step's loss is the
      * mean over micro-batches, so each contributes 1/accum of its gradient. */
     float dloss = 1.0f / ((float)BT * (float)accum);
-    size_t lo = 0, hi = m->num_params;
-    if (dp && dp->o.zero >= 1) {
-        lo = dp->lo[dp->rank];
-        hi = dp->hi[dp->rank];
-    }
     for (int k = 0; k < accum; k++) {
         float l;
-        int last = k == accum - 1;
-        if (multi) {
-            /* ZeRO-2 reduces every micro-batch; the intermediate sums stay unscaled. */
-            dp->reducing = last || dp->o.zero == 2;
-            dp->scale = last ? 1.0f / (float)dp->world : 1.0f;
-            dp->issued_lo = m->cfg.n_layer;
-            dp->hook_err = LOOM_OK;
-        }
         LOOM_TRY(loom_gpt_forward(m, tokens + k * BT, targets + k * BT, B, T, dloss, &l));
+        LOOM_TRY(loom_dp_before_backward(dp, k, accum));
         loom_gpt_backward(m, B, T);
+        LOOM_TRY(loom_dp_after_backward(dp));
         sum += l;
-        if (multi && dp->reducing) {
-            if (!dp->o.overlap) {
-                if (dp->gpu) m->be->sync();
-                LOOM_TRY(reduce_range(dp, 0, m->num_params));
-            }
-            LOOM_TRY(dp->hook_err);
-            LOOM_TRY(loom_dist_wait(dp->d));
-            if (dp->o.zero == 2 && !last) { /* keep only the own shard's running sum */
-                m->be->zero(m->grads, lo * sizeof(float));
-                m->be->zero(m->grads + hi, (m->num_params - hi) * sizeof(float));
-            }
-        }
     }
+    LOOM_TRY(loom_dp_grads_ready(dp));
     return step_tail(m, dp, sum, accum, opt, lr, t, wait0, loss, grad_norm);
 }
 

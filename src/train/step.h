@@ -83,12 +83,49 @@ loom_status loom_train_step_dp(loom_gpt_t *m, loom_dp_t *dp, const int *tokens, 
                                int B, int T, int accum, const loom_optim_t *opt, float lr, int t,
                                float *loss, float *grad_norm);
 
+/* ---- A step's parts, for steps that run their own forward and backward
+ * (tensor parallel, train/step_tp.c; the pipeline, train/pipeline.c) over
+ * the local parameter set (a tp shard, a stage's layers) and a
+ * data-parallel process group: dp from loom_dp_init(m = that local model,
+ * d = the dp group). The same bucketed, overlapped reduction and ZeRO
+ * 1/2/3 as loom_train_step_dp, which is built from these. dp == NULL: one
+ * replica, no ZeRO (the model's own whole block).
+ *
+ *   loom_dp_zero_grads                      start of the step
+ *   forward; loom_dp_before_backward(k);    micro-batch k of accum (any
+ *   backward; loom_dp_after_backward        order of forwards between)
+ *   loom_dp_grads_ready                     the step's gradient is reduced:
+ *   loom_dp_grads -> [lo, hi)               this rank's floats of it
+ *   loom_dp_update                          AdamW (and the ZeRO-1/2 all-gather) */
+void loom_dp_zero_grads(loom_dp_t *dp, loom_gpt_t *m);
+loom_status loom_dp_before_backward(loom_dp_t *dp, int k, int accum);
+loom_status loom_dp_after_backward(loom_dp_t *dp);
+loom_status loom_dp_grads_ready(loom_dp_t *dp);
+/* 1 when this rank holds only its shard [lo, hi) of the reduced gradient
+ * (ZeRO >= 1): sums over it (the norm) are summed over the dp group. */
+int loom_dp_sharded(const loom_dp_t *dp);
+/* This rank's reduced gradient floats [*lo, *hi) of the local block
+ * (backend memory; index 0 = float lo). */
+float *loom_dp_grads(const loom_dp_t *dp, const loom_gpt_t *m, size_t *lo, size_t *hi);
+/* v (n doubles) summed over the dp group when sharded (else unchanged). */
+loom_status loom_dp_sum_sharded(loom_dp_t *dp, double *v, int n);
+loom_status loom_dp_update(loom_dp_t *dp, loom_gpt_t *m, const loom_adamw_t *hp);
+/* Checkpoints and resumes in the single-model layout. gather: the whole
+ * local block's parameters, AdamW m and v into out[0..2] (backend memory
+ * allocated here, P floats each; the caller frees them with be->free);
+ * a collective over the dp group. load: host blocks of the whole local
+ * block (params or am/av may be NULL: kept) into the model, this rank's
+ * shard of them under ZeRO. */
+loom_status loom_dp_gather_state(loom_dp_t *dp, loom_gpt_t *m, float *out[3]);
+loom_status loom_dp_load_block(loom_dp_t *dp, loom_gpt_t *m, const float *params, const float *am, const float *av);
+
 /* ---- Tensor parallelism (parallel/tp.h; train/step_tp.c) ----
  * The same contract on a rank of a tp group: every rank of the group
  * passes the same micro-batches (dp groups their own slices); the loss and
- * the gradient norm are the whole model's. */
+ * the gradient norm are the whole model's. dp: the data-parallel replicas
+ * (loom_dp_init over the tp shard and the dp group), or NULL. */
 struct loom_tp;
-loom_status loom_train_step_tp(struct loom_tp *tp, const int *tokens, const int *targets, int B, int T, int accum,
+loom_status loom_train_step_tp(struct loom_tp *tp, loom_dp_t *dp, const int *tokens, const int *targets, int B, int T, int accum,
                                const loom_optim_t *opt, float lr, int t, float *loss, float *grad_norm);
 
 #endif

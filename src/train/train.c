@@ -130,7 +130,7 @@ static loom_status optimizer_step(loom_train_job_t *j, loom_step_record_t *rec) 
         return LOOM_OK;
     }
     if (run->tp)
-        return loom_train_step_tp(run->tp, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt, (float)rec->lr,
+        return loom_train_step_tp(run->tp, j->tp_dp, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt, (float)rec->lr,
                                   (int)rec->step, &rec->loss, &rec->grad_norm);
     if (!j->sg)
         return loom_train_step_dp(run->model, run->dp, j->in, j->tg, run->B, run->T, j->o.grad_accum, &j->opt,

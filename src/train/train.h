@@ -200,6 +200,11 @@ loom_status loom_train_emit_checkpoint(loom_train_run_t *run, const loom_ckpt_ev
 /* The built-in observers (src/train/observers.c, checkpoint.c). Each
  * returns NULL when it has nothing to do on this rank. */
 loom_train_observer_t *loom_train_observer_signals(void);
+/* LOOM_TEST_HOLD_AFTER_STEP's step for this run (-1: none; a resumed run
+ * never holds). The checkpoint observer commits what it has in flight
+ * after that step, so a test that kills a held run finds the checkpoint
+ * it waits for on any machine, however slow its background write. */
+long long loom_train_test_hold_step(const loom_train_run_t *run);
 loom_train_observer_t *loom_train_observer_metrics_log(const loom_train_opts_t *o);
 loom_train_observer_t *loom_train_observer_sampler(const loom_train_opts_t *o);
 loom_train_observer_t *loom_train_observer_plot(const loom_train_opts_t *o);

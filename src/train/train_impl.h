@@ -31,6 +31,7 @@ typedef struct {
     loom_train_observer_t *obs[LOOM_TRAIN_MAX_OBS];
     loom_dist_t *tp_group, *dp_group; /* --tp: this rank's groups (train/setup_tp.c) */
     float *tp_m, *tp_v;           /* rank 0 under --tp: the whole AdamW moments while a checkpoint is taken */
+    loom_dp_t *tp_dp;             /* --tp: the data-parallel reduction (and ZeRO) over dp_group, NULL without either */
 } loom_train_job_t;
 
 /* observers.c: SIGINT/SIGTERM handlers for the whole job (install before

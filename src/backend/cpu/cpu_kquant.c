@@ -16,6 +16,7 @@
  * set. The weight block is unpacked once per pass of up to KQ_PASS input
  * rows (at decode: once per token for the whole batch). */
 #include "cpu_kquant.h"
+#include "cpu_kquant_gemm.h"
 
 #include <math.h>
 #include <omp.h>
@@ -317,6 +318,7 @@ static kq_row_fn kq_row_for_isa(loom_dtype d) {
 
 void loom_cpu_matmul_forward_kq(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
                                 int N, int C, int OC, int gelu) {
+    if (loom_cpu_kq_gemm(out, inp, w, bias, N, C, OC, gelu)) return; /* many rows: the GEMM of cpu_kquant_gemm.c */
     int blk = loom_qblock_info(w->dtype)->block, nb = C / blk;
     int8_t *xq = loom_malloc((size_t)N * C);
     float *xd = loom_malloc((size_t)N * nb * sizeof(float));

@@ -109,6 +109,10 @@ void cuda_matmul_reset(void);
 /* fp32 <-> the run's 16-bit type (bf16 when bf16 is set, else fp16), n elements. */
 void cuda_to_lp16(void *dst, const float *src, size_t n, bool bf16);
 void cuda_from_lp16(float *dst, const void *src, size_t n, bool bf16);
+/* The same on `stream`, without the launch check (cuda_wire.cu returns
+ * the error to its caller). */
+void cuda_to_lp16_on(cudaStream_t stream, void *dst, const float *src, size_t n, bool bf16);
+void cuda_from_lp16_on(cudaStream_t stream, float *dst, const void *src, size_t n, bool bf16);
 /* fp32 <-> the ACT type g_cuda.act (16-bit only: callers check cuda_act16). */
 void cuda_act_from_f32(void *dst, const float *src, size_t n);
 void cuda_act_to_f32(float *dst, const void *src, size_t n);

@@ -741,23 +741,31 @@ template <typename T> static __global__ void from_lp_kernel(float *dst, const T 
         dst[i] = to_f(src[i]);
 }
 
-void cuda_to_lp16(void *dst, const float *src, size_t n, bool bf16) {
+void cuda_to_lp16_on(cudaStream_t stream, void *dst, const float *src, size_t n, bool bf16) {
     if (n == 0) return;
     if (bf16)
-        to_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((__nv_bfloat16 *)dst, src, n);
+        to_lp_kernel<<<cuda_grid(n, 256), 256, 0, stream>>>((__nv_bfloat16 *)dst, src, n);
     else
-        to_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>((__half *)dst, src, n);
+        to_lp_kernel<<<cuda_grid(n, 256), 256, 0, stream>>>((__half *)dst, src, n);
+}
+
+void cuda_from_lp16_on(cudaStream_t stream, float *dst, const void *src, size_t n, bool bf16) {
+    if (n == 0) return;
+    if (bf16)
+        from_lp_kernel<<<cuda_grid(n, 256), 256, 0, stream>>>(dst, (const __nv_bfloat16 *)src, n);
+    else
+        from_lp_kernel<<<cuda_grid(n, 256), 256, 0, stream>>>(dst, (const __half *)src, n);
+}
+
+void cuda_to_lp16(void *dst, const float *src, size_t n, bool bf16) {
+    cuda_to_lp16_on(g_cuda.stream, dst, src, n, bf16);
+    LAUNCH_CHECK();
+}
+
+void cuda_from_lp16(float *dst, const void *src, size_t n, bool bf16) {
+    cuda_from_lp16_on(g_cuda.stream, dst, src, n, bf16);
     LAUNCH_CHECK();
 }
 
 void cuda_act_from_f32(void *dst, const float *src, size_t n) { cuda_to_lp16(dst, src, n, g_cuda.act == LOOM_BF16); }
 void cuda_act_to_f32(float *dst, const void *src, size_t n) { cuda_from_lp16(dst, src, n, g_cuda.act == LOOM_BF16); }
-
-void cuda_from_lp16(float *dst, const void *src, size_t n, bool bf16) {
-    if (n == 0) return;
-    if (bf16)
-        from_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dst, (const __nv_bfloat16 *)src, n);
-    else
-        from_lp_kernel<<<cuda_grid(n, 256), 256, 0, g_cuda.stream>>>(dst, (const __half *)src, n);
-    LAUNCH_CHECK();
-}
