@@ -362,7 +362,7 @@ static void test_gpt2_block_weights(void) {
     if (!m) return;
     static const loom_dtype want[2][LOOM_QLIN_COUNT] = {{LOOM_Q4_K, LOOM_Q6_K, LOOM_Q5_K, LOOM_Q4_K},
                                                         {LOOM_Q5_0, LOOM_INT8, LOOM_Q4_1, LOOM_Q5_1}};
-    CHECK(m->file_q && !m->file_int8 && !tok, "block weights %p, int8 %p", (void *)m->file_q, (void *)m->file_int8);
+    CHECK(m->file_q && !loom_quant_file_int8(m) && !tok, "block weights %p, all int8 %p", (void *)m->file_q, (void *)loom_quant_file_int8(m));
     for (int i = 0; i < 2 * LOOM_QLIN_COUNT && m->file_q; i++)
         CHECK(m->file_q[i].data && m->file_q[i].dtype == want[i / 4][i % 4], "layer %d weight %d: %s", i / 4, i % 4,
               loom_dtype_name(m->file_q[i].dtype));
@@ -412,7 +412,7 @@ static void test_llama_map(void) {
     }
     CHECK(same == n && n == 3 + 2 * 6, "%d of %d parameters equal", same, n);
     int mixed = 0;
-    loom_tensor_t *fq = loom_gguf_file_weights(g, &c, 1, &mixed);
+    loom_tensor_t *fq = loom_gguf_file_weights(g, &c, &mixed);
     CHECK(fq && mixed == 0, "block weights %p, %d mixed left to fp32", (void *)fq, mixed);
     static const loom_dtype want[LOOM_QLIN_COUNT] = {LOOM_Q4_K, LOOM_Q6_K, LOOM_DTYPE_COUNT, LOOM_INT8};
     for (int q = 0; q < LOOM_QLIN_COUNT && fq; q++) {
