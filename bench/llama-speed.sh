@@ -12,8 +12,12 @@
 #       continuous batching; llama-batched-bench -npl 16's
 #
 #   ROUNDS=3 PLEN=64 GEN=32 bench/llama-speed.sh FILE.gguf ...
-# (KV_MEMORY: loom's --kv-memory, at least one full context: 9G for llama-3.2-1b's 131072
-# tokens, or KV_DTYPE=int8 KV_MEMORY=2400M)
+# loom's KV cache is sized for what each round runs (bench generate's
+# --kv-memory auto; KV_MEMORY=SIZE overrides it, KV_DTYPE=int8 for an int8
+# cache), so llama-3.2-1b's 131072-token context needs no setting. llama.cpp
+# from LOOM_LLAMA_DIR (default .cache/llama.cpp; bench/llama-build.sh). Each
+# round prints the load average before and after it and how busy the CPUs
+# were meanwhile (all processes, this one included).
 # The files: bench/llama_random.py makes a transformers folder of
 # smollm2-135m's or llama-3.2-1b's shape, bench/llama_convert.py converts
 # it, llama-quantize makes Q4_K_M, Q6_K, Q8_0 (see docs/perf.md).
@@ -25,14 +29,34 @@ ROUNDS=${ROUNDS:-3}
 PLEN=${PLEN:-64}
 GEN=${GEN:-32}
 THREADS=${THREADS:-2}
+LLAMA_BIN="${LOOM_LLAMA_DIR:-$ROOT/.cache/llama.cpp}/build/bin"
+KVFLAG=()
+[[ -n "${KV_MEMORY:-}" ]] && KVFLAG=(--kv-memory "$KV_MEMORY")
+# busy share of all CPUs since the last call (/proc/stat: user..steal over all)
+cpu_prev=()
+cpu_busy() {
+    local -a c
+    read -ra c < /proc/stat
+    c=("${c[@]:1}") # less the "cpu" label
+    local idle=$((c[3] + c[4])) total=0 v
+    for v in "${c[@]:0:8}"; do total=$((total + v)); done
+    if ((${#cpu_prev[@]})); then
+        local dt=$((total - cpu_prev[0])) di=$((idle - cpu_prev[1]))
+        ((dt > 0)) && echo "$(( (100 * (dt - di)) / dt ))%" || echo "-"
+    fi
+    cpu_prev=("$total" "$idle")
+}
 out=$(mktemp -d /tmp/loom-llama-speed-XXXXXX)
 trap 'rm -rf "$out"' EXIT
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores; load $(cut -d' ' -f1-3 /proc/loadavg)"
 for f in "$@"; do
     for ((r = 1; r <= ROUNDS; r++)); do
-        OMP_WAIT_POLICY=passive $LOOM bench generate --run "$f" --threads "$THREADS" --repeat 1 --kv-memory "${KV_MEMORY:-512M}" --kv-dtype "${KV_DTYPE:-fp32}" \
-            --prompt-len "$PLEN" --gen "$GEN" --concurrency 1,16 > "$out/r$r.txt" 2>&1 || { tail -n 5 "$out/r$r.txt"; exit 1; }
-        echo "  $f round $r done at $(date -u +%H:%M:%S), load $(cut -d' ' -f1 /proc/loadavg)"
+        load0=$(cut -d' ' -f1 /proc/loadavg)
+        cpu_busy > /dev/null
+        OMP_WAIT_POLICY=passive $LOOM bench generate --run "$f" --threads "$THREADS" --repeat 1 "${KVFLAG[@]}" --kv-dtype "${KV_DTYPE:-fp32}" \
+            --llama-bench "$LLAMA_BIN/llama-bench" --prompt-len "$PLEN" --gen "$GEN" --concurrency 1,16 > "$out/r$r.txt" 2>&1 \
+            || { tail -n 5 "$out/r$r.txt"; exit 1; }
+        echo "  $f round $r (loom, then llama.cpp) done at $(date -u +%H:%M:%S): load $load0 -> $(cut -d' ' -f1 /proc/loadavg), CPUs $(cpu_busy) busy"
     done
     /usr/bin/python3 - "$f" "$PLEN" "$out"/r*.txt <<'PY'
 import re, statistics, sys

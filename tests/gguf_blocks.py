@@ -12,6 +12,8 @@ them: the values loom's dequantization must equal bit for bit.
 With `gpt2`, OUT_DIR/gpt2.gguf: a small GPT-2 (C 256, 2 layers) whose
 linear weights are in one block format each (k-quants, 32-value formats
 and q8_0 mixed, as a Q4_K_M file mixes them), the rest f32, no tokenizer.
+With `gemm`, OUT_DIR/gemm.gguf and gemm_ref.gguf: one 100 x 768 tensor per
+block format and its values (tests/test_kquant_gemm.c).
 With `llama_ends`, OUT_DIR/llama_ends.gguf: the same with token_embd in
 q6_K and output in q8_0. With `llama`, OUT_DIR/llama.gguf: a small Llama (C 256, 4 heads, 2 kv
 heads, H 512, untied head) as llama.cpp's convert_hf_to_gguf.py lays it
@@ -251,13 +253,37 @@ if len(sys.argv) > 2 and sys.argv[2] == "gpt2":
     print("ok gpt2")
     sys.exit(0)
 
-# (type, rows, cols): 32-value formats with a width that is not a multiple
-# of 64 too (the AVX-512 path's step), k-quants with 2 super-blocks a row.
+def gemm_files(path, ref_path):
+    """For tests/test_kquant_gemm.c: one tensor per block format, 100 rows
+    (not a multiple of the GEMM's panels) of 768 values (3 super-blocks),
+    and the same values as gguf.quants.dequantize reads them, in f32."""
+    w, ref = gguf.GGUFWriter(path, "llama"), gguf.GGUFWriter(ref_path, "llama")
+    for qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K):
+        data = block_tensor(qtype, 100, 768, 0.05)
+        w.add_tensor(qtype.name.lower(), data, raw_dtype=qtype)
+        ref.add_tensor(qtype.name.lower(), np.ascontiguousarray(dequantize(data, qtype).astype(np.float32).reshape(100, 768)))
+    for f in (w, ref):
+        f.write_header_to_file()
+        f.write_kv_data_to_file()
+        f.write_tensors_to_file()
+        f.close()
+
+
+if len(sys.argv) > 2 and sys.argv[2] == "gemm":
+    gemm_files(f"{out}/gemm.gguf", f"{out}/gemm_ref.gguf")
+    print("ok gemm")
+    sys.exit(0)
+
+# (type, rows, cols): 32-value formats with widths of fewer than 8 blocks,
+# of whole groups of 8 (the x86 kernels' step) and of 18 blocks (2 groups
+# and 2 more, smollm2's 576), k-quants with 2 and 9 super-blocks a row (9:
+# more blocks than the kernels' 8 partial sums).
 cases = [
     (T.F32, 3, 64), (T.F16, 3, 64), (T.BF16, 3, 64), (T.Q8_0, 5, 96),
     (T.Q4_0, 5, 96), (T.Q4_1, 5, 96), (T.Q5_0, 5, 96), (T.Q5_1, 5, 96),
-    (T.Q4_0, 7, 512), (T.Q5_1, 7, 512),
-    (T.Q4_K, 7, 512), (T.Q5_K, 7, 512), (T.Q6_K, 7, 512),
+    (T.Q4_0, 7, 512), (T.Q5_1, 7, 512), (T.Q4_1, 5, 576), (T.Q5_0, 5, 576),
+    (T.Q4_K, 3, 2304), (T.Q6_K, 3, 2304),
+    (T.Q4_K, 7, 512), (T.Q5_K, 7, 512), (T.Q6_K, 7, 512),  # the broken-file cases expect these last
 ]
 w = gguf.GGUFWriter(f"{out}/blocks.gguf", "llama")
 ref = gguf.GGUFWriter(f"{out}/ref.gguf", "llama")

@@ -11,6 +11,13 @@ usage:
       a tiny random Llama; for llama3 also OUTDIR/stop.gguf, the same model
       made to answer <|eot_id|> every time.
   gguf_chat.py serve LOOM TRAIN.txt     the chat checks (PASS/FAIL lines)
+  gguf_chat.py meta ORIG.gguf EXPORT.gguf   `loom export`'s tokenizer metadata
+      (EXPORT, written by loom from the model it loaded from ORIG) read by the
+      `gguf` package's GGUFReader: model, pre (llama.cpp's name for the split;
+      none for "llama"), tokens, token types, special ids and flags and the
+      chat template equal ORIG's; a "llama" file's scores rank every token a
+      merge makes as ORIG's do (-1e9 only for tokens no two tokens make).
+      Exit status 0 when all agree, each difference printed.
 
 The byte-level file is Llama 3's layout: tokenizer.ggml.model "gpt2", pre
 "llama-bpe", merges, BOS <|begin_of_text|>, EOS <|end_of_text|> (a base
@@ -214,8 +221,47 @@ def serve(loom, train_path):
             subprocess.run(["rm", "-rf", d])
 
 
+def meta(orig, export):
+    import gguf
+    a, b = gguf.GGUFReader(orig), gguf.GGUFReader(export)
+
+    def val(r, key):
+        f = r.fields.get(key)
+        if f is None:
+            return None
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            return [f.contents(i) for i in range(len(f.data))] if f.types[-1] == gguf.GGUFValueType.STRING else list(f.contents())
+        return f.contents()
+    bad = []
+    model = val(a, "tokenizer.ggml.model")
+    keys = ["tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.chat_template"]
+    keys += ["tokenizer.ggml.pre"] if model == "gpt2" else ["tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_eos_token",
+                                                            "tokenizer.ggml.add_space_prefix"]
+    for k in keys:
+        if val(a, k) != val(b, k):
+            bad.append("%s: %r vs loom's %r" % (k, str(val(a, k))[:80], str(val(b, k))[:80]))
+    if model == "llama":
+        if val(b, "tokenizer.ggml.pre") is not None:
+            bad.append("a \"llama\" tokenizer got a pre-tokenizer %r" % val(b, "tokenizer.ggml.pre"))
+        names, types = val(a, "tokenizer.ggml.tokens"), val(a, "tokenizer.ggml.token_type")
+        sa, sb = val(a, "tokenizer.ggml.scores"), val(b, "tokenizer.ggml.scores")
+        vocab = {n: i for i, n in enumerate(names) if types[i] == 1}
+        made = [i for i, n in enumerate(names) if types[i] == 1 and any(n[:k] in vocab and n[k:] in vocab for k in range(1, len(n)))]
+        order = lambda sc: sorted(made, key=lambda i: (-sc[i], i))
+        if order(sa) != order(sb):
+            bad.append("the scores rank the %d tokens merges make differently" % len(made))
+        lost = [names[i] for i in made if sb[i] <= -1e9]
+        if lost:
+            bad.append("%d tokens two tokens make have no merge score: %r" % (len(lost), lost[:5]))
+        print("  %d tokens made by merges, ranked as the original's scores rank them" % len(made))
+    for x in bad:
+        print("  differs: " + x)
+    sys.exit(1 if bad else 0)
+
+
 if __name__ == "__main__":
-    cmds = {"build": build, "serve": serve}
+    cmds = {"build": build, "serve": serve, "meta": meta}
     if len(sys.argv) < 2 or sys.argv[1] not in cmds:
         sys.exit(__doc__)
     cmds[sys.argv[1]](*sys.argv[2:])

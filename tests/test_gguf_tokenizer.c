@@ -6,7 +6,9 @@
  * Loading the file must give a tokenizer whose ids on unseen multilingual
  * text (added tokens, special or not, among it) equal `tokenizers'`, with
  * and without the BOS it adds, and whose decoding of them equals
- * `tokenizers'`. */
+ * `tokenizers'`. loom's GGUF writer (`loom export`) writes the same
+ * tokenizer metadata back (read by the `gguf` package's GGUFReader), and
+ * that file tokenizes the same again. */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,20 +47,9 @@ static void same_ids(const char *kind, const char *what, const uint32_t *a, size
           nb, i, i < na ? a[i] : 0, i < nb ? b[i] : 0);
 }
 
-static void check_kind(const char *kind) {
-    if (!have_oracle) return check_skip("tokenizers, gguf or numpy not importable by %s (scripts/deps.sh installs them)", python);
-    char dir[600], model[700], tj[700];
-    snprintf(dir, sizeof dir, "%s", check_tmp_path(kind));
-    snprintf(model, sizeof model, "%s/model.gguf", dir);
-    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
-    if (!sh("PYTHONPATH=.deps/py %s tests/gguf_chat.py build %s %s %s", python, kind, train_path, dir))
-        return check_fail_why("the oracle could not write the %s file", kind);
-    const loom_backend_t *be;
-    loom_gpt_t *m = NULL;
-    loom_tokenizer_t *t = NULL;
-    CHECK(loom_backend_cpu_init(&be, 1) == LOOM_OK, "cpu");
-    CHECK(loom_gguf_load(model, be, &m, &t) == LOOM_OK && t, "load %s: %s", model, loom_errmsg());
-    if (!t) return;
+/* The ids of tokenizer t (loaded from a GGUF) on the text against
+ * `tokenizers'` (tokenizer.json in dir), with and without BOS; decoding. */
+static void same_as_oracle(const char *kind, const char *dir, const char *tj, const loom_tokenizer_t *t) {
     char *text = NULL;
     size_t len = 0;
     loom_file_read(text_path, &text, &len);
@@ -83,6 +74,47 @@ static void check_kind(const char *kind) {
         free(mine), free(theirs);
     }
     free(text);
+}
+
+/* `loom export`'s writer on the loaded model and tokenizer (and the
+ * file's chat template): GGUFReader finds the original's tokenizer
+ * metadata (tests/gguf_chat.py meta), and loom reads the export back to
+ * the same ids. */
+static void export_again(const char *kind, const char *dir, const char *model, const char *tj, const loom_gpt_t *m,
+                         const loom_tokenizer_t *t) {
+    char out[700], *tmpl = NULL;
+    snprintf(out, sizeof out, "%s/export.gguf", dir);
+    CHECK(loom_gguf_read_str(model, "tokenizer.chat_template", &tmpl) == LOOM_OK && tmpl, "no chat template in %s", model);
+    loom_gguf_write_opts_t o = {.cfg = &m->cfg, .tok = t, .dtype = LOOM_XDT_F32, .name = kind, .params = m->params, .chat_template = tmpl};
+    CHECK(loom_gguf_write(out, &o) == LOOM_OK, "export %s: %s", out, loom_errmsg());
+    free(tmpl);
+    CHECK(sh("PYTHONPATH=.deps/py %s tests/gguf_chat.py meta %s %s", python, model, out), "%s: the exported tokenizer metadata differs", kind);
+    const loom_backend_t *be;
+    loom_gpt_t *m2 = NULL;
+    loom_tokenizer_t *t2 = NULL;
+    CHECK(loom_backend_cpu_init(&be, 1) == LOOM_OK, "cpu");
+    CHECK(loom_gguf_load(out, be, &m2, &t2) == LOOM_OK && t2, "load %s: %s", out, loom_errmsg());
+    if (t2) same_as_oracle(kind, dir, tj, t2);
+    if (t2) loom_tokenizer_free(t2);
+    if (m2) loom_gpt_free(m2);
+}
+
+static void check_kind(const char *kind) {
+    if (!have_oracle) return check_skip("tokenizers, gguf or numpy not importable by %s (scripts/deps.sh installs them)", python);
+    char dir[600], model[700], tj[700];
+    snprintf(dir, sizeof dir, "%s", check_tmp_path(kind));
+    snprintf(model, sizeof model, "%s/model.gguf", dir);
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    if (!sh("PYTHONPATH=.deps/py %s tests/gguf_chat.py build %s %s %s", python, kind, train_path, dir))
+        return check_fail_why("the oracle could not write the %s file", kind);
+    const loom_backend_t *be;
+    loom_gpt_t *m = NULL;
+    loom_tokenizer_t *t = NULL;
+    CHECK(loom_backend_cpu_init(&be, 1) == LOOM_OK, "cpu");
+    CHECK(loom_gguf_load(model, be, &m, &t) == LOOM_OK && t, "load %s: %s", model, loom_errmsg());
+    if (!t) return;
+    same_as_oracle(kind, dir, tj, t);
+    export_again(kind, dir, model, tj, m, t);
     loom_tokenizer_free(t);
     loom_gpt_free(m);
 }

@@ -48,7 +48,7 @@ static loom_status export_gguf(const char *path, loom_xdtype dt) {
     loom_stview_t *v;
     loom_status s = loom_stview_open(&v, st_path);
     if (s != LOOM_OK) return s;
-    loom_gguf_write_opts_t o = {&model->cfg, tok, dt, "interop-test", loom_xsource_safetensors, v, NULL};
+    loom_gguf_write_opts_t o = {&model->cfg, tok, dt, "interop-test", loom_xsource_safetensors, v, NULL, NULL};
     s = loom_gguf_write(path, &o);
     loom_stview_close(v);
     return s;
@@ -211,14 +211,14 @@ static float *quant_logits(loom_gpt_t *m, loom_quant_mode mode) {
 
 /* The reference: the fp32 checkpoint with every matrix quantized by
  * ref_q8_0 (what a Q8_0 GGUF of it holds), its linear weights also as
- * int8 blocks (file_int8); compared with the GGUF loaded by loom. */
+ * int8 blocks (gpt.h file_q, as loom_quant_file_int8 finds them); compared with the GGUF loaded by loom. */
 static loom_gpt_t *ref_q8_model(void) {
     loom_gpt_t *r;
     LOOM_ASSERT(loom_gpt_create(&r, &model->cfg, be) == LOOM_OK);
     float *h = params_of(model);
     loom_xtensor_t *x;
     int n = loom_xtensors(&model->cfg, &x), L = model->cfg.n_layer;
-    size_t head = (size_t)L * LOOM_QLIN_COUNT * sizeof(loom_tensor_t), bytes = 0;
+    size_t head = ((size_t)L * LOOM_QLIN_COUNT * (1 + LOOM_FILE_Q_PARTS) + 2) * sizeof(loom_tensor_t), bytes = 0; /* gpt.h file_q */
     for (int i = 0; i < n; i++) bytes += x[i].numel * 2;
     char *mem = loom_calloc(1, head + bytes), *at = mem + head;
     for (int i = 0; i < n; i++) {
@@ -234,7 +234,7 @@ static loom_gpt_t *ref_q8_model(void) {
         at += x[i].numel + x[i].numel / 8;
     }
     be->upload(r->params, h, model->num_params * sizeof(float));
-    r->file_int8 = (loom_tensor_t *)mem;
+    r->file_q = (loom_tensor_t *)mem;
     free(h), free(x);
     return r;
 }
@@ -251,9 +251,10 @@ static void test_gguf_q8_0_int8_weights(void) {
     if (!m2) return;
     loom_gpt_t *ref = ref_q8_model();
     int L = m2->cfg.n_layer, nq = L * LOOM_QLIN_COUNT, same = 0;
-    CHECK(m2->file_int8, "no int8 weights kept from the q8_0 file");
-    for (int i = 0; i < nq && m2->file_int8; i++) {
-        const loom_tensor_t *a = &m2->file_int8[i], *b = &ref->file_int8[i];
+    const loom_tensor_t *f8 = loom_quant_file_int8(m2);
+    CHECK(f8, "no int8 weights kept from the q8_0 file");
+    for (int i = 0; i < nq && f8; i++) {
+        const loom_tensor_t *a = &f8[i], *b = &ref->file_q[i];
         size_t n = (size_t)b->rows * b->cols;
         same += a->data && a->block == 32 && a->rows == b->rows && a->cols == b->cols && !memcmp(a->data, b->data, n) &&
                 !memcmp(a->scales, b->scales, n / 32 * sizeof(float));
@@ -278,8 +279,8 @@ static void test_gguf_q8_0_int8_weights(void) {
     char dump[600];
     path_of(dump, sizeof dump, "q8raw.bin");
     FILE *f = fopen(dump, "wb");
-    for (int i = 0; i < nq && f && m2->file_int8; i++) {
-        const loom_tensor_t *a = &m2->file_int8[i];
+    for (int i = 0; i < nq && f && f8; i++) {
+        const loom_tensor_t *a = &f8[i];
         fwrite(a->scales, sizeof(float), (size_t)a->rows * a->cols / 32, f);
         fwrite(a->data, 1, (size_t)a->rows * a->cols, f);
     }

@@ -83,27 +83,31 @@ typedef struct {
     float *ws, *xs, *x, *bias;
 } gcase_t;
 
-/* Inputs on the int8 grid: x = xq * xs[n] with xq[n][0] = 127, so that
- * per-token quantization gives back exactly xq and xs. */
+/* Inputs on the int8 grid: x = xq * xs[n][b] with 127 first in each of a
+ * row's nb blocks (the whole row without blocks), so that W8A8's
+ * quantization (per token, or per block of the weight's size) gives back
+ * exactly xq and xs. */
 static void gcase_init(gcase_t *g, unsigned seed) {
-    int N = g->N, C = g->C, OC = g->OC, nb = g->block ? C / g->block : 1;
+    int N = g->N, C = g->C, OC = g->OC, nb = g->block ? C / g->block : 1, blk = C / nb;
     g->wq = malloc((size_t)OC * C), g->xq = malloc((size_t)N * C);
-    g->ws = malloc(sizeof(float) * OC * nb), g->xs = malloc(sizeof(float) * N), g->x = malloc(sizeof(float) * N * C);
+    g->ws = malloc(sizeof(float) * OC * nb), g->xs = malloc(sizeof(float) * N * nb), g->x = malloc(sizeof(float) * N * C);
     g->bias = check_rand((size_t)OC, 0.5f, 9);
     for (size_t i = 0; i < (size_t)OC * C; i++) g->wq[i] = rand_i8(&seed);
     for (size_t i = 0; i < (size_t)N * C; i++) g->xq[i] = rand_i8(&seed);
     for (int i = 0; i < OC * nb; i++) g->ws[i] = 0.001f * (1 + i % 7);
-    for (int n = 0; n < N; n++) {
-        g->xq[(size_t)n * C] = 127;
-        g->xs[n] = 0.01f * (1 + n % 3);
-        for (int c = 0; c < C; c++) g->x[(size_t)n * C + c] = (float)g->xq[(size_t)n * C + c] * g->xs[n];
-    }
+    for (int n = 0; n < N; n++)
+        for (int b = 0; b < nb; b++) {
+            g->xq[(size_t)n * C + (size_t)b * blk] = 127;
+            g->xs[n * nb + b] = 0.01f * (1 + (n + b) % 3);
+            for (int c = b * blk; c < (b + 1) * blk; c++) g->x[(size_t)n * C + c] = (float)g->xq[(size_t)n * C + c] * g->xs[n * nb + b];
+        }
 }
 
 static void gcase_free(gcase_t *g) { free(g->wq), free(g->xq), free(g->ws), free(g->xs), free(g->x), free(g->bias); }
 
 /* The double reference: w8a8 sums xq . wq exactly per block, w8a32 sums
- * x . wq; then the scales, bias and GELU in double. */
+ * x . wq; then the scales (weight, and w8a8's activation block), bias and
+ * GELU in double. */
 static void gcase_ref(const gcase_t *g, int a8, double *ref) {
     int C = g->C, blk = g->block ? g->block : C, nb = C / blk;
     for (int n = 0; n < g->N; n++)
@@ -113,9 +117,9 @@ static void gcase_ref(const gcase_t *g, int a8, double *ref) {
                 double acc = 0;
                 for (int c = b * blk; c < (b + 1) * blk; c++)
                     acc += (a8 ? (double)g->xq[(size_t)n * C + c] : (double)g->x[(size_t)n * C + c]) * g->wq[(size_t)o * C + c];
-                v += acc * g->ws[(size_t)o * nb + b];
+                v += acc * g->ws[(size_t)o * nb + b] * (a8 ? g->xs[(size_t)n * nb + b] : 1.0);
             }
-            v = v * (a8 ? g->xs[n] : 1.0) + g->bias[o];
+            v += g->bias[o];
             ref[(size_t)n * g->OC + o] = g->gelu ? 0.5 * v * (1 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))) : v;
         }
 }

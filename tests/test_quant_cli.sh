@@ -65,6 +65,15 @@ if $LOOM export --run "$tmp/r" --format gguf --dtype q8_0 --out "$tmp/q.gguf" > 
     within "$g" "$i" 1e-5 && echo "PASS gguf_q8_0_eval_blocks: $g, as --quant w8a8 $i" || echo "FAIL gguf_q8_0_eval_blocks: '$g' vs '$i'"
     within "$a" "$h" 0.02 && echo "PASS gguf_q8_0_eval_w8a32: $h vs the run's fp32 $a" || echo "FAIL gguf_q8_0_eval_w8a32: '$h' vs '$a'"
     within "$a" "$i" 0.02 && echo "PASS gguf_q8_0_eval_w8a8: $i vs the run's fp32 $a" || echo "FAIL gguf_q8_0_eval_w8a8: '$i' vs '$a'"
+    # bench generate sizes its KV cache for what it runs (--kv-memory auto,
+    # its --help's rule): (ceil((8 + 4) / 16) + 1) blocks a request x 3 in
+    # flight = 6, a quarter more and one: 8 blocks; too small a --kv-memory
+    # for one such request is refused with the size to give.
+    bg=$($LOOM bench generate --run "$tmp/q.gguf" --prompt-len 8 --gen 4 --concurrency 1,3 --repeat 1 --threads 2 --llama-bench /nonexistent 2>&1)
+    printf '%s' "$bg" | grep -q "KV cache fp32 (8 blocks of 16 tokens)" && echo "PASS bench_generate_kv_auto" \
+        || echo "FAIL bench_generate_kv_auto: $(printf '%s' "$bg" | grep -m1 "KV cache\|error\|bench generate:")"
+    bg=$($LOOM bench generate --run "$tmp/q.gguf" --prompt-len 8 --gen 4 --concurrency 1 --repeat 1 --threads 2 --kv-memory 1K --llama-bench /nonexistent 2>&1)
+    printf '%s' "$bg" | grep -q "raise --kv-memory" && echo "PASS bench_generate_kv_too_small" || echo "FAIL bench_generate_kv_too_small: $bg"
 else
     echo "FAIL gguf_q8_0_export: $(tail -2 "$tmp/export.log")"
 fi

@@ -14,7 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { GV_U32 = LOOM_GV_U32, GV_I32 = LOOM_GV_I32, GV_F32 = LOOM_GV_F32, GV_STR = LOOM_GV_STR, GV_ARR = LOOM_GV_ARR };
+enum { GV_U32 = LOOM_GV_U32, GV_I32 = LOOM_GV_I32, GV_F32 = LOOM_GV_F32, GV_BOOL = LOOM_GV_BOOL, GV_STR = LOOM_GV_STR, GV_ARR = LOOM_GV_ARR };
 enum { GT_F32 = LOOM_GT_F32, GT_F16 = LOOM_GT_F16, GT_Q8_0 = LOOM_GT_Q8_0, GT_BF16 = LOOM_GT_BF16 };
 enum { TOKEN_NORMAL = 1, TOKEN_CONTROL = 3, TOKEN_UNUSED = 5 };
 
@@ -67,31 +67,15 @@ static void kv_array(buf_t *b, const char *key, uint32_t elem, uint64_t n) {
     put_u64(b, n);
 }
 
-/* The tokenizer as llama.cpp's converter embeds a GPT-2 BPE: ids past the
- * tokenizer's vocabulary (the model's larger vocab_size) are "[PADi]". */
-static int put_tokenizer(buf_t *b, const loom_tokenizer_t *t, int V) {
-    int tv = loom_tokenizer_vocab_size(t), nm = loom_tokenizer_merges(t);
-    kv_str(b, "tokenizer.ggml.model", "gpt2");
-    kv_str(b, "tokenizer.ggml.pre", "gpt-2");
-    kv_array(b, "tokenizer.ggml.tokens", GV_STR, (uint64_t)V);
-    for (int i = 0; i < V; i++) {
-        char pad[32], *name = NULL;
-        if (i < tv) name = loom_tokenizer_token_name(t, (uint32_t)i);
-        else snprintf(pad, sizeof pad, "[PAD%d]", i);
-        put_str(b, name ? name : pad);
-        free(name);
-    }
-    int nspecial = loom_tokenizer_nspecial(t);
-    kv_array(b, "tokenizer.ggml.token_type", GV_I32, (uint64_t)V);
-    for (int i = 0; i < V; i++) {
-        int32_t type = i < tv ? TOKEN_NORMAL : TOKEN_UNUSED;
-        for (int k = 0; k < nspecial && i < tv; k++) {
-            uint32_t id;
-            loom_tokenizer_special(t, k, &id);
-            if (id == (uint32_t)i) type = TOKEN_CONTROL;
-        }
-        put(b, &type, 4);
-    }
+static void kv_bool(buf_t *b, const char *key, int v) {
+    kv_key(b, key, GV_BOOL);
+    unsigned char c = v != 0;
+    put(b, &c, 1);
+}
+
+/* The merges as "a b" strings (their tokens' names). */
+static void put_merges(buf_t *b, const loom_tokenizer_t *t) {
+    int nm = loom_tokenizer_merges(t);
     kv_array(b, "tokenizer.ggml.merges", GV_STR, (uint64_t)nm);
     for (int i = 0; i < nm; i++) {
         uint32_t x, y;
@@ -105,14 +89,59 @@ static int put_tokenizer(buf_t *b, const loom_tokenizer_t *t, int V) {
         free(na);
         free(nb);
     }
-    int n = 5;
-    if (loom_tokenizer_eot(t) >= 0) {
-        kv_u32(b, "tokenizer.ggml.bos_token_id", (uint32_t)loom_tokenizer_eot(t));
-        kv_u32(b, "tokenizer.ggml.eos_token_id", (uint32_t)loom_tokenizer_eot(t));
-        kv_u32(b, "tokenizer.ggml.unknown_token_id", (uint32_t)loom_tokenizer_eot(t)); /* as GPT-2's tokenizer_config says */
-        n += 3;
+}
+
+/* The special ids and flags (data/tokenizer.h loom_tokenizer_gguf);
+ * returns the keys written. */
+static int put_specials(buf_t *b, const loom_tokenizer_gguf_t *g, int sp) {
+    static const char *const key[] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.unknown_token_id"};
+    int id[3] = {g->bos, g->eos, g->unk}, n = 0;
+    if (!sp && g->eos >= 0 && id[0] < 0) id[0] = g->eos, id[2] = g->eos; /* GPT-2's tokenizer_config: all three <|endoftext|> */
+    for (int k = 0; k < 3; k++)
+        if (id[k] >= 0) kv_u32(b, key[k], (uint32_t)id[k]), n++;
+    kv_bool(b, "tokenizer.ggml.add_bos_token", g->add_bos);
+    kv_bool(b, "tokenizer.ggml.add_eos_token", g->add_eos);
+    if (sp) kv_bool(b, "tokenizer.ggml.add_space_prefix", g->add_space_prefix);
+    return n + 2 + sp;
+}
+
+/* The tokenizer as llama.cpp's converter embeds it: byte-level BPE as model
+ * "gpt2" with the pre-tokenizer llama.cpp knows by name and the merges, or
+ * SentencePiece-style as "llama" with scores (llama.cpp's tokenizer merges
+ * by them; the merges go too, which loom reads first); token types, special
+ * ids and flags. Ids past the tokenizer's vocabulary (the model's larger
+ * vocab_size) are "[PADi]", unused. */
+static int put_tokenizer(buf_t *b, const loom_tokenizer_t *t, int V) {
+    int tv = loom_tokenizer_vocab_size(t), n = 5;
+    loom_tokenizer_gguf_t g = loom_tokenizer_gguf(t);
+    int sp = !strcmp(g.model, "llama");
+    kv_str(b, "tokenizer.ggml.model", g.model);
+    if (g.pre) kv_str(b, "tokenizer.ggml.pre", g.pre);
+    n -= !g.pre;
+    kv_array(b, "tokenizer.ggml.tokens", GV_STR, (uint64_t)V);
+    for (int i = 0; i < V; i++) {
+        char pad[32], *name = NULL;
+        if (i < tv) name = loom_tokenizer_token_name(t, (uint32_t)i);
+        else snprintf(pad, sizeof pad, "[PAD%d]", i);
+        put_str(b, name ? name : pad);
+        free(name);
     }
-    return n;
+    kv_array(b, "tokenizer.ggml.token_type", GV_I32, (uint64_t)V);
+    for (int i = 0; i < V; i++) {
+        int32_t type = i < tv ? loom_tokenizer_gguf_type(t, (uint32_t)i) : TOKEN_UNUSED;
+        put(b, &type, 4);
+    }
+    if (sp) {
+        float *sc = loom_malloc((size_t)V * sizeof(float));
+        loom_tokenizer_gguf_scores(t, sc);
+        for (int i = tv; i < V; i++) sc[i] = -1e9f;
+        kv_array(b, "tokenizer.ggml.scores", GV_F32, (uint64_t)V);
+        put(b, sc, (size_t)V * sizeof(float));
+        free(sc);
+        n++;
+    }
+    put_merges(b, t);
+    return n + put_specials(b, &g, sp);
 }
 
 /* The architecture a config is written as: gpt2, llama (no biases) or
@@ -160,7 +189,9 @@ static uint64_t put_metadata(buf_t *b, const loom_gguf_write_opts_t *o, const ch
     int n = put_arch(b, arch, o->cfg);
     kv_u32(b, "general.file_type", file_type[o->dtype]);
     kv_u32(b, "general.quantization_version", 2);
-    return 5 + (uint64_t)n + (o->tok ? (uint64_t)put_tokenizer(b, o->tok, o->cfg->vocab_size) : 0);
+    uint64_t ntok = o->tok ? (uint64_t)put_tokenizer(b, o->tok, o->cfg->vocab_size) : 0;
+    if (o->chat_template && *o->chat_template) kv_str(b, "tokenizer.chat_template", o->chat_template), ntok++;
+    return 5 + (uint64_t)n + ntok;
 }
 
 static loom_xdtype tensor_dtype(const loom_gguf_map_t *x, loom_xdtype want) {
@@ -410,14 +441,14 @@ static loom_status load(const loom_gguf_t *g, const loom_backend_t *be, loom_gpt
                           loom_tokenizer_vocab_size(*tok), cfg.vocab_size);
     LOOM_TRY(loom_gpt_create(model, &cfg, be));
     loom_gpt_t *m = *model;
-    float *host = loom_calloc(m->num_params, sizeof(float));
+    int host_be = !(be->caps & LOOM_CAP_DEVICE_MEMORY); /* read in place: no second fp32 copy at load */
+    float *host = host_be ? m->params : loom_calloc(m->num_params, sizeof(float));
     loom_status s = loom_gguf_read_params(g, &m->cfg, m->ptable, host);
-    if (s == LOOM_OK) be->upload(m->params, host, m->num_params * sizeof(float));
-    free(host);
+    if (s == LOOM_OK && !host_be) be->upload(m->params, host, m->num_params * sizeof(float));
+    if (!host_be) free(host);
     if (s != LOOM_OK) return s;
     int mixed;
-    m->file_int8 = loom_gguf_file_weights(g, &m->cfg, 0, &mixed);
-    m->file_q = loom_gguf_file_weights(g, &m->cfg, 1, &mixed);
+    m->file_q = loom_gguf_file_weights(g, &m->cfg, &mixed);
     say_block_weights(path, m, be, m->file_q ? mixed : 0);
     return LOOM_OK;
 }

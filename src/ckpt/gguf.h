@@ -15,8 +15,13 @@
  * GPT2LMHeadModel: general.architecture "gpt2", gpt2.{block_count,
  * context_length, embedding_length, feed_forward_length,
  * attention.head_count, attention.layer_norm_epsilon}, general.file_type,
- * the tokenizer as tokenizer.ggml.{model "gpt2", pre "gpt-2", tokens,
- * token_type, merges, bos_token_id, eos_token_id, unknown_token_id}, and the tensors named in
+ * the tokenizer as tokenizer.ggml.{model, pre, tokens, token_type, merges,
+ * bos_token_id, eos_token_id, unknown_token_id, add_bos_token,
+ * add_eos_token}: a byte-level BPE as model "gpt2" with the pre-tokenizer
+ * named as llama.cpp knows its split (gpt-2, llama-bpe, qwen2, smollm), a
+ * SentencePiece-style one as model "llama" with scores and
+ * add_space_prefix (data/tokenizer.h loom_tokenizer_gguf);
+ * tokenizer.chat_template when the run has one; and the tensors named in
  * tensormap.h (no output.weight: llama.cpp ties it to token_embd). Vectors
  * stay f32 in every file type; with q8_0 a matrix whose rows are not a
  * multiple of 32 is written f16 (as the converter falls back).
@@ -45,6 +50,7 @@ typedef struct {
     void *src_ctx;
     const float *params;         /* or, when set: the model's host parameter block (loom_gpt_param_table's
                                   * layout); required for the Llama family */
+    const char *chat_template;   /* tokenizer.chat_template (Jinja), or NULL: none */
 } loom_gguf_write_opts_t;
 
 /* Write a GGUF file to PATH.tmp, one tensor in memory at a time, then fsync
@@ -70,7 +76,8 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o);
  * fallback, add_space_prefix); token_type, bos/eos/unknown ids and
  * add_bos_token/add_eos_token (llama.cpp's defaults when absent). The
  * linear layers' block formats are kept as stored (model->file_q; q8_0
- * also as int8 with a scale per block of 32, model->file_int8), so that
+ * as int8 with a scale per block of 32, held once: model/quant.h's
+ * loom_quant_file_int8), so that
  * they run on the file's own blocks rather than quantized again. */
 loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok);
 

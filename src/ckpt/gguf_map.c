@@ -312,23 +312,21 @@ static int all_stored(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, 
 }
 
 /* Entries [p0, p1) of map: one fused weight. 1 when every part has one
- * type that `block` wants (0: q8_0; 1: a block format or q8_0). *mixed
- * counts those whose parts differ and that stay fp32 (with block 1, parts
- * all stored in blocks run part by part instead: split_parts). */
-static int parts_fit(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, int p1, int block, int *kq, int *mixed) {
+ * type, a block format or q8_0. *mixed counts those whose parts differ and
+ * that stay fp32 (parts all stored in blocks run part by part instead:
+ * split_parts). */
+static int parts_fit(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, int p1, int *mixed) {
     uint32_t type = loom_gguf_find(g, map[p0].gguf)->type;
     int same = 1;
     for (int k = p0; k < p1; k++) same &= loom_gguf_find(g, map[k].gguf)->type == type;
-    int isq = loom_qblock_of_ggml(type) >= 0, q8 = type == LOOM_GT_Q8_0;
-    *kq += same && isq;
-    if (!same && !(block && all_stored(g, map, p0, p1))) ++*mixed;
-    return same && (block ? isq || q8 : q8);
+    if (!same && !all_stored(g, map, p0, p1)) ++*mixed;
+    return same && (loom_qblock_of_ggml(type) >= 0 || type == LOOM_GT_Q8_0);
 }
 
 /* A fused weight whose parts differ in type but are each stored in
  * blocks: each part as its own tensor in file_q's part slots. */
-static int split_parts(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, int p1, int block) {
-    if (!block || p1 - p0 > LOOM_FILE_Q_PARTS || !all_stored(g, map, p0, p1)) return 0;
+static int split_parts(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, int p1) {
+    if (p1 - p0 > LOOM_FILE_Q_PARTS || !all_stored(g, map, p0, p1)) return 0;
     uint32_t type = loom_gguf_find(g, map[p0].gguf)->type;
     int same = 1;
     for (int k = p0; k < p1; k++) same &= loom_gguf_find(g, map[k].gguf)->type == type;
@@ -366,34 +364,33 @@ static size_t ends_bytes(const loom_gguf_t *g, const loom_gguf_map_t *map, int n
     return b;
 }
 
-loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int block, int *mixed) {
+loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int *mixed) {
     char *arch = loom_gguf_str(g, "general.architecture");
     loom_gguf_map_t *map;
-    int n = loom_gguf_map(c, arch ? arch : "gpt2", &map), nq = c->n_layer * LOOM_QLIN_COUNT, fit = 0, kq = 0;
+    int n = loom_gguf_map(c, arch ? arch : "gpt2", &map), nq = c->n_layer * LOOM_QLIN_COUNT, fit = 0;
     free(arch);
     *mixed = 0;
     size_t head = (size_t)(nq + 2 + nq * LOOM_FILE_Q_PARTS) * sizeof(loom_tensor_t), bytes = 0;
     for (int i = 0, j; i < n; i = j) { /* a fused weight's parts are adjacent */
         for (j = i + 1; j < n && map[j].qlin >= 0 && map[j].qlin == map[i].qlin && map[j].layer == map[i].layer;) j++;
         if (map[i].qlin < 0) continue;
-        int whole = parts_fit(g, map, i, j, block, &kq, mixed), split = split_parts(g, map, i, j, block);
+        int whole = parts_fit(g, map, i, j, mixed), split = split_parts(g, map, i, j);
         if (!whole && !split) continue;
         fit++;
         for (int k = i; k < j; k++) bytes += map[k].rows * held_row(loom_gguf_find(g, map[k].gguf)) + 64;
     }
-    int use = block ? fit > 0 : fit == nq && kq == 0; /* block: any block or q8_0 weight */
-    if (use && block) bytes += ends_bytes(g, map, n);
-    char *mem = use ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
+    if (fit) bytes += ends_bytes(g, map, n);
+    char *mem = fit ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
     loom_tensor_t *t = (loom_tensor_t *)mem;
     for (int i = 0, j; i < n && mem; i = j) {
         for (j = i + 1; j < n && map[j].qlin >= 0 && map[j].qlin == map[i].qlin && map[j].layer == map[i].layer;) j++;
         int dummy = 0, slot = map[i].layer * LOOM_QLIN_COUNT + map[i].qlin;
         if (map[i].qlin < 0) continue;
-        if (parts_fit(g, map, i, j, block, &dummy, &dummy)) at += gather(g, map, i, j, at, &t[slot]);
-        else if (split_parts(g, map, i, j, block))
+        if (parts_fit(g, map, i, j, &dummy)) at += gather(g, map, i, j, at, &t[slot]);
+        else if (split_parts(g, map, i, j))
             for (int k = i; k < j; k++) at += gather(g, map, k, k + 1, at, &t[nq + 2 + slot * LOOM_FILE_Q_PARTS + (k - i)]);
     }
-    if (mem && block) gather_ends(g, map, n, at, t + nq);
+    if (mem) gather_ends(g, map, n, at, t + nq);
     free(map);
     return t;
 }

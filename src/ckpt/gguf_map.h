@@ -56,9 +56,9 @@ size_t loom_gguf_param_at(const loom_gguf_map_t *m, const loom_gpt_config_t *c, 
  * an error naming it. */
 loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable,
                                   float *host);
-/* The file's linear weights as stored (gpt.h): with block 0, every one
- * q8_0 (m->file_int8), else NULL; with block 1, those in the block
- * formats (m->file_q; q8_0 among them as int8), else NULL. A fused weight
+/* The file's linear weights as stored (gpt.h file_q): those in the block
+ * formats (q8_0 among them as int8 with fp32 scales per block of 32), or
+ * NULL when none is. A fused weight
  * (qkv, gate + up) whose parts differ in type is left out (data NULL) and
  * counted in *mixed. After the (L, 4) linear weights come two more
  * tensors (gpt.h file_q): the embedding (token_embd) and the head
@@ -67,7 +67,7 @@ loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t 
  * weight: a fused weight whose parts are each in a block format or q8_0
  * but not one type (a Q4_K_M file's q4_K attn_q beside q6_K attn_v) has
  * data NULL in its slot and its parts there, in order (rows in loom's
- * order); with block 1 those are not counted in *mixed. */
-loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int block, int *mixed);
+ * order); those are not counted in *mixed. */
+loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int *mixed);
 
 #endif

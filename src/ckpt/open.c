@@ -139,12 +139,12 @@ static loom_status to_device(loom_gpt_t **m, const char *device) {
     LOOM_TRY(loom_backend_open(&be, device, 0, LOOM_FP32));
     LOOM_TRY(loom_gpt_create(&g, &(*m)->cfg, be));
     be->upload(g->params, (*m)->params, (*m)->num_params * sizeof(float));
-    g->file_int8 = (*m)->file_int8; /* host memory: travels with the model */
-    (*m)->file_int8 = NULL;
+    int q8 = loom_quant_file_int8(*m) != NULL;
     if ((*m)->file_q && !be->matmul_forward_kq) /* docs/quantization.md */
-        loom_warn("the %s backend has no kernels for llama.cpp's block formats (q4_K ...): the model runs on the fp32 weights "
-                  "dequantized at load (%.1f MB), not on the file's blocks", be->name, (*m)->num_params * 4.0 / 1e6);
-    else
+        loom_warn("the %s backend has no kernels for llama.cpp's block formats (q4_K ...): the model runs on its weights "
+                  "dequantized to fp32 at load (%.1f MB of device memory), not on the file's blocks%s", be->name,
+                  (*m)->num_params * 4.0 / 1e6, q8 ? "; --quant w8a8 runs a Q8_0 file's int8 blocks of 32 instead" : "");
+    if (q8 || be->matmul_forward_kq) /* a Q8_0 file's int8 stays in host memory: what --quant uploads (model/quant.h) */
         g->file_q = (*m)->file_q, (*m)->file_q = NULL;
     loom_gpt_free(*m);
     *m = g;

@@ -237,22 +237,39 @@ static void llama_peer(const bench_flags_t *f, int threads, const bench_side_t *
 }
 
 /* Decode bytes when m runs its GGUF's own block weights (gpt.h file_q):
- * those matrices at their block bytes instead of `fp32_bytes`' 4 a weight. */
+ * those matrices, and the head when stored so, at their block bytes
+ * instead of `fp32_bytes`' 4 a weight (the embedding is read a row a token). */
 static size_t file_q_bytes(const loom_gpt_t *m, size_t fp32_bytes) {
-    size_t b = fp32_bytes;
-    for (int i = 0; m->file_q && i < m->cfg.n_layer * LOOM_QLIN_COUNT; i++) {
+    size_t b = fp32_bytes, nq = (size_t)m->cfg.n_layer * LOOM_QLIN_COUNT;
+    for (size_t i = 0; m->file_q && i <= nq + 1; i++) {
         const loom_tensor_t *t = &m->file_q[i];
-        if (!t->data) continue;
+        if (!t->data || i == nq) continue;
         b += loom_qblock_tensor_bytes(t) - 4 * (size_t)t->rows * (size_t)t->cols;
     }
     return b;
 }
 
-/* One engine per side on model m (each with its own cache of --kv-memory). */
+/* The KV cache a side needs for what the benchmark runs (--kv-memory
+ * auto): every request of the largest concurrency level at its longest
+ * (prompt, new and draft tokens), a block more each for a partly filled
+ * last one, and a quarter more for headroom. */
+static size_t auto_kv_bytes(const bench_flags_t *f, const loom_gpt_t *m, int kv8) {
+    int most = 1, bs = f->block_size;
+    for (int i = 0; i < f->nconc; i++) most = f->conc[i] > most ? f->conc[i] : most;
+    size_t per_seq = (size_t)(f->plen + f->gen + f->speculate + bs - 1) / (size_t)bs + 1;
+    size_t blocks = per_seq * (size_t)most;
+    return (blocks + blocks / 4 + 1) * loom_infer_block_bytes(&m->cfg, bs, kv8 ? LOOM_INT8 : LOOM_FP32);
+}
+
+/* One engine per side on model m (each with its own cache: --kv-memory,
+ * or auto_kv_bytes), its sequences as long as the benchmark's requests. */
 static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_side_t *sd, int ns) {
+    int autokv = !strcmp(f->kv_memory, "auto");
     for (int i = 0; i < ns; i++) {
         loom_engine_config_t ec;
-        LOOM_TRY(loom_cli_engine_config(f->kv_memory, f->block_size, f->max_batch_tokens, 64, &ec));
+        LOOM_TRY(loom_cli_engine_config(autokv ? "1K" : f->kv_memory, f->block_size, f->max_batch_tokens, 64, &ec));
+        if (autokv) ec.kv_bytes = auto_kv_bytes(f, m, sd[i].kv8);
+        ec.max_context = f->plen + f->gen + f->speculate; /* no request runs longer: no whole-context cache */
         /* --sparse: 2:4 weights compressed (model/sparse24.h) */
         loom_infer_weights_opts_t wo = {sd[i].quant, sd[i].block, sd[i].fp32_logits, f->sparse};
         LOOM_TRY(loom_infer_weights_create(&sd[i].w, m, &wo));
@@ -261,16 +278,29 @@ static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_sid
         ec.speculate = f->speculate;
         loom_quant_opts_t qo = {.block = sd[i].block, .logits = !sd[i].fp32_logits};
         sd[i].bytes = loom_quant_decode_bytes(&m->cfg, (loom_quant_mode)sd[i].quant, &qo);
-        if (m->file_q && !sd[i].quant) sd[i].bytes = file_q_bytes(m, sd[i].bytes);
+        int stored = m->file_q && !(m->be->caps & LOOM_CAP_DEVICE_MEMORY); /* a device model runs fp32 (ckpt/open.c) */
+        if (stored && !sd[i].quant) sd[i].bytes = file_q_bytes(m, sd[i].bytes);
         LOOM_TRY(loom_engine_create(&sd[i].e, m, NULL, &ec));
         printf("%-16s linear weights %s%s, logits %s, KV cache %s (%d blocks of %d tokens), %.0f MB of weights per decode token\n",
-               sd[i].name, sd[i].quant ? loom_quant_name((loom_quant_mode)sd[i].quant) : m->file_q ? "the GGUF's own blocks" : "fp32",
+               sd[i].name, sd[i].quant ? loom_quant_name((loom_quant_mode)sd[i].quant) : stored ? "the GGUF's own blocks" : "fp32",
                sd[i].block ? " (Q8_0 blocks of 32)" : sd[i].quant ? " (per-channel scales)" : "",
-               sd[i].quant && !sd[i].fp32_logits ? "int8" : "fp32", sd[i].kv8 ? "int8" : "fp32",
+               sd[i].quant && !sd[i].fp32_logits ? "int8" : stored && m->file_q[m->cfg.n_layer * LOOM_QLIN_COUNT + 1].data ? "the GGUF's own blocks" : "fp32", sd[i].kv8 ? "int8" : "fp32",
                (int)(ec.kv_bytes / loom_infer_block_bytes(&m->cfg, ec.block_size, ec.kv_dtype)), ec.block_size,
                sd[i].bytes / 1e6);
     }
     return LOOM_OK;
+}
+
+/* A GGUF's fp32 weights that no side reads once the sides' copies are
+ * made (bench_model kept them for the int8 sides to quantize): the ones
+ * the file's own blocks replace, and with int8 on every side every linear
+ * weight; given back to the system, so the benchmark holds what serve holds. */
+static void release_fp32(const bench_flags_t *f, loom_gpt_t *m, const bench_side_t *sd, int ns) {
+    if (!f->run || !m->file_q || !(f->quant || (f->sweep && *f->sweep))) return; /* else loom_open gave them back */
+    int all_int8 = 1;
+    for (int i = 0; i < ns; i++) all_int8 &= sd[i].w.quant != NULL;
+    size_t given = loom_infer_weights_release_fp32(m, all_int8 ? &sd[0].w : NULL);
+    if (given) printf("%.1f MB of fp32 weights no side reads given back to the system\n", given / 1e6);
 }
 
 static int bench_generate(const bench_flags_t *f) {
@@ -288,6 +318,7 @@ static int bench_generate(const bench_flags_t *f) {
                f->run ? f->run : f->model, loom_gpt_num_params(cfg) / 1e6, cfg->vocab_size, f->run ? "checkpoint" : "random weights",
                m->be->threads, m->be->kernels ? m->be->kernels : "-", f->plen, f->gen);
         s = make_engines(f, m, sd, ns);
+        if (s == LOOM_OK) release_fp32(f, m, sd, ns);
     }
     if (s == LOOM_OK) {
         int *prompt = loom_malloc((size_t)f->plen * sizeof(int));
@@ -323,7 +354,9 @@ int cmd_bench_generate(int argc, char **argv) {
         {"repeat", ARG_INT, &f.repeat, "3", 1, 100, "rounds per level (medians and spread)"},
         loom_flag(LOOM_FLAG_THREADS, &f.threads),
         loom_flag(LOOM_FLAG_DEVICE, &f.device),
-        loom_flag_default(LOOM_FLAG_KV_MEMORY, &f.kv_memory, "2G"),
+        {"kv-memory", ARG_STR, &f.kv_memory, "auto", 0, 0,
+         "KV cache per side: auto sizes it for what the benchmark runs ((prompt + new tokens) x the largest concurrency, a quarter more; "
+         "not the model's whole context), or bytes (512M, 2G) or a share of the memory free now (0.25)"},
         loom_flag(LOOM_FLAG_BLOCK_SIZE, &f.block_size),
         loom_flag(LOOM_FLAG_MAX_BATCH_TOKENS, &f.max_batch_tokens),
         loom_flag(LOOM_FLAG_QUANT, &f.quant),

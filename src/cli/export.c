@@ -10,6 +10,7 @@
 #include "ckpt/open.h"
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/generate.h"
 
 /* A Llama-family GGUF is written from the model's parameters (GPT-2's
  * table streams each tensor from the checkpoint by name): the run loaded
@@ -80,11 +81,14 @@ static loom_status export_run(const char *run, const char *format, long long ste
         s = loom_hf_write(out, force, &R.cfg, R.tok, dt, loom_xsource_safetensors, v);
     } else if (s == LOOM_OK) {
         const char *name = strrchr(run, '/') && strrchr(run, '/')[1] ? strrchr(run, '/') + 1 : run;
-        loom_gguf_write_opts_t o = {&R.cfg, R.tok, dt, name, loom_xsource_safetensors, v, NULL};
-        if (strcmp(loom_gpt_family(&R.cfg), "gpt2"))
+        char *tmpl = NULL;
+        s = loom_cli_chat_template(run, NULL, R.tok, &tmpl);
+        loom_gguf_write_opts_t o = {&R.cfg, R.tok, dt, name, loom_xsource_safetensors, v, NULL, tmpl};
+        if (s == LOOM_OK && strcmp(loom_gpt_family(&R.cfg), "gpt2"))
             s = write_from_model(run, step, out, &o);
-        else
+        else if (s == LOOM_OK)
             s = loom_gguf_write(out, &o);
+        free(tmpl);
     }
     if (s == LOOM_OK) {
         struct stat sb;

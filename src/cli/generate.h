@@ -38,5 +38,11 @@ loom_status loom_cli_engine_flags_config(const loom_cli_engine_flags_t *ef, loom
 /* Engine config `c` for model `m` as loom_open made it: its int8 or 2:4
  * weights and the KV cache's element type. */
 void loom_cli_engine_config_model(loom_engine_config_t *c, const loom_opened_t *m);
+/* The chat template of a run (cli/serve.c; loom export writes it into a
+ * GGUF): FILE `flag` when non-NULL, else DIR/chat_template.txt, else the
+ * chat_template of DIR/tokenizer_config.json (a Hugging Face folder; it
+ * also sets tok's BOS/EOS) or a GGUF file's tokenizer.chat_template; *out
+ * malloc'd, NULL when there is none (the fixed "{role}: {content}" form). */
+loom_status loom_cli_chat_template(const char *dir, const char *flag, loom_tokenizer_t *tok, char **out);
 
 #endif

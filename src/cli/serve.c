@@ -46,11 +46,8 @@ typedef struct {
     double timeout, grace;
 } serve_flags_t;
 
-/* The chat template of a run: --chat-template FILE, else RUN/chat_template.txt,
- * else the chat_template of RUN/tokenizer_config.json (a Hugging Face
- * folder) or a GGUF file's tokenizer.chat_template, else NULL (the fixed "{role}: {content}" form). A
- * tokenizer_config.json also sets the tokenizer's BOS/EOS. */
-static loom_status chat_template_of(const char *dir, const char *flag, loom_tokenizer_t *tok, char **out) {
+/* generate.h */
+loom_status loom_cli_chat_template(const char *dir, const char *flag, loom_tokenizer_t *tok, char **out) {
     char path[4096], *data = NULL, *cfg_tmpl = NULL;
     size_t n = 0;
     *out = NULL;
@@ -107,7 +104,7 @@ static loom_status load_models(loom_server_t *srv, const serve_flags_t *f, loom_
         size_t given = loom_infer_weights_release_fp32(opened[i].model, &opened[i].weights);
         loom_cli_engine_config_model(&ec, &opened[i]);
         char *tmpl = NULL;
-        LOOM_TRY(chat_template_of(dir, f->chat_template, opened[i].tok, &tmpl));
+        LOOM_TRY(loom_cli_chat_template(dir, f->chat_template, opened[i].tok, &tmpl));
         loom_status s = loom_server_add_model(srv, name, opened[i].model, opened[i].tok, &ec, tmpl);
         free(tmpl);
         LOOM_TRY(s);

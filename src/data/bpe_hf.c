@@ -1022,6 +1022,34 @@ static loom_status gguf_style(const loom_tokenizer_vocab_t *g, const char *origi
     return LOOM_OK;
 }
 
+loom_tokenizer_gguf_t loom_tokenizer_gguf(const loom_tokenizer_t *t) {
+    static const char *const pre[] = {[LOOM_PRETOK_GPT2] = "gpt-2", [LOOM_PRETOK_LLAMA3] = "llama-bpe",
+                                      [LOOM_PRETOK_QWEN2] = "qwen2", [LOOM_PRETOK_DIGITS] = "smollm"};
+    const loom_tok_style_t *st = &t->st;
+    int sp = st->sentencepiece, k = st->pretok;
+    return (loom_tokenizer_gguf_t){
+        .model = sp ? "llama" : "gpt2", .pre = sp ? NULL : k > 0 && k < (int)(sizeof pre / sizeof *pre) ? pre[k] : "default",
+        .bos = st->bos, .eos = loom_tokenizer_eos(t), .unk = sp ? st->unk : -1, .add_bos = st->add_bos, .add_eos = st->add_eos,
+        .add_space_prefix = sp && st->prepend != LOOM_PREPEND_NONE};
+}
+
+int loom_tokenizer_gguf_type(const loom_tokenizer_t *t, uint32_t id) {
+    uint8_t f = t->special[id];
+    if (f & LOOM_TOK_BYTE) return 6;
+    if ((int)id == t->st.unk) return 2;
+    if (f & LOOM_TOK_ADDED) return f & LOOM_TOK_PLAIN ? 4 : 3;
+    return 1;
+}
+
+void loom_tokenizer_gguf_scores(const loom_tokenizer_t *t, float *scores) {
+    for (int i = 0; i < t->vocab_size; i++) scores[i] = -1e9f;
+    for (size_t r = t->nmerges; r-- > 0;) { /* from the last: the first merge making a token wins */
+        const uint32_t *m = t->merges[r];
+        uint64_t *v = loom_pairmap_get(&t->ranks, (uint64_t)m[0] << 32 | m[1]);
+        if (v) scores[(uint32_t)*v] = -(float)r - 1.0f;
+    }
+}
+
 /* Token i of a GGUF vocabulary into v by its type. */
 static loom_status gguf_token(vocab_t *v, const char *origin, const loom_tokenizer_vocab_t *g, int i) {
     const char *name = g->tokens[i];

@@ -107,6 +107,25 @@ typedef struct {
 } loom_tokenizer_vocab_t;
 loom_status loom_tokenizer_from_vocab(loom_tokenizer_t **out, const loom_tokenizer_vocab_t *v);
 
+/* The reverse, for writing GGUF's tokenizer.ggml.* (ckpt/gguf.c): model
+ * "gpt2" (byte-level BPE) or "llama" (SentencePiece-style); pre, the name
+ * llama.cpp's reader knows for the byte-level split ("gpt-2", "llama-bpe",
+ * "qwen2", "smollm"; NULL for "llama"); the BOS/EOS/unknown ids (-1: none)
+ * and whether a model's input gets them; add_space_prefix ("llama"). */
+typedef struct {
+    const char *model, *pre;
+    int bos, eos, unk, add_bos, add_eos, add_space_prefix;
+} loom_tokenizer_gguf_t;
+loom_tokenizer_gguf_t loom_tokenizer_gguf(const loom_tokenizer_t *t);
+/* GGUF's type of token `id` (1 normal, 2 unknown, 3 control, 4 user
+ * defined, 6 byte) and, for "llama", every token's score: -1 - the rank of
+ * the first merge that makes it (llama.cpp's SentencePiece tokenizer and
+ * loom_tokenizer_from_vocab merge the higher score first, so the merges
+ * keep their order), -1e9 for a token no merge makes (characters, bytes,
+ * added tokens: never the result of a merge). scores: vocab_size floats. */
+int loom_tokenizer_gguf_type(const loom_tokenizer_t *t, uint32_t id);
+void loom_tokenizer_gguf_scores(const loom_tokenizer_t *t, float *scores);
+
 /* Apply a Hugging Face tokenizer_config.json: bos_token, eos_token,
  * add_bos_token, add_eos_token; *chat_template (may be NULL) gets its
  * "chat_template" (malloc'd; NULL when absent; the "default" one when it is

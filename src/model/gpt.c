@@ -519,7 +519,6 @@ void loom_gpt_free(loom_gpt_t *m) {
     loom_gpt_free_moments(m);
     free_acts(m);
     if (m->rope_freq) be->free(m->rope_freq);
-    free(m->file_int8);
     free(m->file_q);
     free(m);
 }

@@ -222,19 +222,11 @@ struct loom_gpt {
     void (*layer_hook)(void *ctx, int l, int backward);
     void *view_ctx;
 
-    /* Int8 linear weights as a file stored them (a Q8_0 GGUF whose
-     * linear matrices are all q8_0), or NULL. Host memory, one malloc:
-     * (L, 4) tensors in model/quant.h's LOOM_QLIN_* order, then their
-     * bytes; each int8 (OC, C) with fp32 scales per block of 32 (`block`
-     * 32). params holds the same values dequantized; loom_quant_create
-     * runs these bytes instead of quantizing params again. Freed with the
-     * model. */
-    loom_tensor_t *file_int8;
     /* Linear weights in llama.cpp's block formats (backend/qblock.h) as a
      * GGUF stored them, or NULL: host memory, one malloc, (L, 4) tensors
      * in LOOM_QLIN_* order then their bytes; a tensor whose file type is
-     * not a block format has data NULL (q8_0 ones are int8, block 32, as
-     * in file_int8). params holds the same values dequantized; the
+     * not a block format has data NULL (q8_0 ones are int8 with an fp32
+     * scale per block of 32: loom_quant_file_int8 in model/quant.h). params holds the same values dequantized; the
      * inference forward runs these on a backend with matmul_forward_kq
      * (docs/quantization.md). Two more tensors follow the (L, 4): the
      * token embedding and the head as stored (LOOM_FILE_Q_EMBED,

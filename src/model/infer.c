@@ -230,6 +230,14 @@ static const loom_tensor_t *file_end(const loom_gpt_t *m, int k) {
     return t->data && (k == 1 || m->cfg.pos == LOOM_POS_ROPE) ? t : NULL; /* a position embedding is added on the fp32 path */
 }
 
+/* Layer l's linear weight `qlin` as the model's file stored it (gpt.h
+ * file_q), when the model is in host memory (a device model keeps a Q8_0
+ * file's int8 on the host for --quant's upload only); else NULL. */
+static const loom_tensor_t *file_lin(const loom_gpt_t *m, int l, int qlin) {
+    if (!m->file_q || (m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return NULL;
+    return &m->file_q[(size_t)l * LOOM_QLIN_COUNT + (size_t)qlin];
+}
+
 /* 1 when the backend runs stored weight t (a block format, or int8). */
 static int runs_stored(const loom_backend_t *be, const loom_tensor_t *t) {
     return t && t->data && (t->dtype == LOOM_INT8 ? be->matmul_forward_w8a8 != NULL : be->matmul_forward_kq != NULL);
@@ -259,8 +267,7 @@ static int fp32_unused(const loom_gpt_t *m, const loom_infer_weights_t *w, int p
     }
     int every = 1;
     for (int l = 0; l < m->cfg.n_layer; l++) {
-        const loom_tensor_t *f = m->file_q ? &m->file_q[(size_t)l * LOOM_QLIN_COUNT + (size_t)qlin] : NULL;
-        const loom_tensor_t *parts;
+        const loom_tensor_t *f = file_lin(m, l, qlin), *parts;
         every &= (w && w->quant && loom_quant_weight(w->quant, qlin, l) != NULL) || runs_stored(m->be, f) || file_parts(m, l, qlin, &parts) > 0;
     }
     return every;
@@ -367,7 +374,7 @@ static const float *s24_dense(loom_infer_t *inf, int which, int l) {
 static void linear(loom_infer_t *inf, int which, int l, float *out, const float *inp, const float *w,
                    const float *bias, int C, int OC, int gelu) {
     const loom_backend_t *be = inf->be;
-    const loom_tensor_t *fq = inf->m->file_q ? &inf->m->file_q[(size_t)l * LOOM_QLIN_COUNT + which] : NULL;
+    const loom_tensor_t *fq = file_lin(inf->m, l, which);
     const loom_tensor_t *qw = inf->quant ? loom_quant_weight(inf->quant, which, l) : NULL;
     if (fq && fq->data && !(qw && fq->dtype == LOOM_INT8) && /* --quant runs a q8_0 file's int8 (model/quant.h) its way */
         loom_infer_file_weight(be, fq, out, inp, bias, inf->seg_start[inf->n_seg], C, OC, gelu))

@@ -77,20 +77,40 @@ static void slot_of(const loom_quant_t *q, int i, int *which, int *l) {
     *l = i == q->L * LOOM_QLIN_COUNT ? 0 : i / LOOM_QLIN_COUNT;
 }
 
+/* Slot i as the model's file stored it, to be used in place (no copy):
+ * a Q8_0 GGUF's int8 linear weight, or its head when q8_0 of the padded
+ * vocabulary's rows, on a backend in host memory; else NULL (a device
+ * backend gets an uploaded copy instead: loom_quant_create_opts). */
+static const loom_tensor_t *file_slot(const loom_quant_t *q, int i) {
+    const loom_tensor_t *f = loom_quant_file_int8(q->m);
+    if (!f || (q->m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return NULL;
+    int nq = q->L * LOOM_QLIN_COUNT;
+    if (i < nq) return &f[i];
+    const loom_tensor_t *h = &f[nq + 1]; /* gpt.h file_q: the head after the embedding */
+    int fit = h->data && h->dtype == LOOM_INT8 && h->block == 32 && h->rows == q->m->cfg.padded_vocab_size;
+    return fit && h->cols == q->m->cfg.channels ? h : NULL;
+}
+
 /* Lay out q->w's tensors in `mem` (NULL: shapes only): every int8 matrix,
- * then (64-byte aligned) every scale. Returns the bytes needed. */
+ * then (64-byte aligned) every scale; a slot used in place (file_slot)
+ * takes no room. Returns the bytes needed. */
 static size_t layout(loom_quant_t *q, int block, char *mem) {
     size_t n = (size_t)q->L * LOOM_QLIN_COUNT + (q->logits ? 1 : 0), vals = 0, at = 0, sat = 0;
     int which, l, OC, C;
     for (size_t i = 0; i < n; i++) {
         slot_of(q, (int)i, &which, &l);
         lin(q->m, which, l, &OC, &C);
-        vals += (size_t)OC * C;
+        vals += file_slot(q, (int)i) ? 0 : (size_t)OC * C;
     }
     vals = (vals + 63) / 64 * 64;
     for (size_t i = 0; i < n; i++) {
+        const loom_tensor_t *f = file_slot(q, (int)i);
         slot_of(q, (int)i, &which, &l);
         lin(q->m, which, l, &OC, &C);
+        if (f) {
+            q->w[i] = *f;
+            continue;
+        }
         q->w[i] = (loom_tensor_t){.data = mem ? mem + at : NULL, .dtype = LOOM_INT8, .rows = OC, .cols = C,
                                   .scales = mem ? (const float *)(mem + vals) + sat : NULL, .block = block};
         at += (size_t)OC * C, sat += block ? (size_t)OC * (C / block) : (size_t)OC;
@@ -112,7 +132,8 @@ static void quantize_slot(loom_quant_t *q, int i, float *hw, signed char *hq, fl
 loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom_quant_mode mode,
                                    const loom_quant_opts_t *opts) {
     loom_quant_opts_t o = opts ? *opts : loom_quant_opts_default();
-    if (m->file_int8) o.block = 32; /* a Q8_0 GGUF: its own blocks (gpt.h), uploaded below */
+    const loom_tensor_t *file = loom_quant_file_int8(m);
+    if (file) o.block = 32; /* a Q8_0 GGUF: its own blocks, used in place or uploaded below */
     int C0 = m->cfg.channels;
     if (o.block != 0 && o.block != 32)
         return loom_error(LOOM_EINVAL, "int8 weights in blocks of %d: 0 (per output channel) or 32 (Q8_0)", o.block);
@@ -124,8 +145,8 @@ loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom
     int n = q->L * LOOM_QLIN_COUNT + q->logits;
     q->w = loom_calloc((size_t)q->L * LOOM_QLIN_COUNT + 1, sizeof *q->w);
     q->bytes = layout(q, o.block, NULL);
-    q->mem = m->be->alloc(q->bytes);
-    if (!q->mem) {
+    q->mem = q->bytes ? m->be->alloc(q->bytes) : NULL;
+    if (q->bytes && !q->mem) {
         size_t bytes = q->bytes;
         loom_quant_free(q);
         return loom_error(LOOM_ENOMEM, "cannot allocate %zu bytes of int8 weights on %s", bytes, m->be->name);
@@ -136,7 +157,8 @@ loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom
     float *hw = loom_malloc(big * sizeof(float)), *hs = loom_malloc((big / 32 + rows) * sizeof(float));
     signed char *hq = loom_malloc(big);
     for (int i = 0; i < n; i++) {
-        const loom_tensor_t *f = m->file_int8 && i < q->L * LOOM_QLIN_COUNT ? &m->file_int8[i] : NULL;
+        const loom_tensor_t *f = file && i < q->L * LOOM_QLIN_COUNT ? &file[i] : NULL;
+        if (file_slot(q, i)) continue; /* used in place */
         if (f) loom_quant_set(q, i % LOOM_QLIN_COUNT, i / LOOM_QLIN_COUNT, f->data, f->scales); /* no second rounding */
         else quantize_slot(q, i, hw, hq, hs);
     }
@@ -155,6 +177,8 @@ loom_status loom_quant_set(loom_quant_t *q, int which, int l, const signed char 
         return loom_error(LOOM_EINVAL, "int8 weight %d of layer %d: not in this copy (%d layers, logits %s)", which, l,
                           q->L, q->logits ? "int8" : "fp32");
     const loom_tensor_t *t = logits ? q->w + (size_t)q->L * LOOM_QLIN_COUNT : q->w + (size_t)l * LOOM_QLIN_COUNT + which;
+    if (file_slot(q, (int)(t - q->w)))
+        return loom_error(LOOM_EINVAL, "int8 weight %d of layer %d: the model file's own bytes, used in place (read-only here)", which, l);
     size_t n = (size_t)t->rows * t->cols, ns = t->block ? n / t->block : (size_t)t->rows;
     q->m->be->upload(t->data, vals, n);
     q->m->be->upload((void *)t->scales, scales, ns * sizeof(float));
@@ -170,6 +194,12 @@ void loom_quant_free(loom_quant_t *q) {
     if (!q) return;
     loom_linear_copy_release(q->m, q->w, q->mem);
     free(q);
+}
+
+const loom_tensor_t *loom_quant_file_int8(const loom_gpt_t *m) {
+    int nq = m->cfg.n_layer * LOOM_QLIN_COUNT, all = m->file_q != NULL;
+    for (int i = 0; all && i < nq; i++) all = m->file_q[i].data && m->file_q[i].dtype == LOOM_INT8;
+    return all ? m->file_q : NULL;
 }
 
 loom_quant_mode loom_quant_mode_of(const loom_quant_t *q) { return q ? q->mode : LOOM_QUANT_NONE; }

@@ -46,8 +46,10 @@ loom_quant_opts_t loom_quant_opts_default(void);
 
 /* The int8 copy of m's linear weights (and wte for the logits, unless
  * opts->logits is 0) in m's backend memory, for `mode` (not NONE); opts
- * NULL: the defaults. A model loaded from a Q8_0 GGUF (m->file_int8)
- * gets blocks of 32 and the file's own int8 linear weights. m must outlive it. LOOM_EINVAL for a block that does
+ * NULL: the defaults. A model loaded from a Q8_0 GGUF (loom_quant_file_int8)
+ * gets blocks of 32 and the file's own int8 linear weights (and head when
+ * q8_0), used in place on a host-memory backend (held once), uploaded to a
+ * device's. m must outlive it. LOOM_EINVAL for a block that does
  * not divide the widths, LOOM_ENOMEM when memory is short. */
 loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom_quant_mode mode,
                                    const loom_quant_opts_t *opts);
@@ -59,6 +61,11 @@ loom_status loom_quant_create(loom_quant_t **out, const loom_gpt_t *m, loom_quan
  * of already-quantized files (a Q8_0 GGUF into a block-32 copy). */
 loom_status loom_quant_set(loom_quant_t *q, int which, int l, const signed char *vals, const float *scales);
 void loom_quant_free(loom_quant_t *q);
+/* A Q8_0 GGUF's linear weights as it stored them: m->file_q's (L, 4)
+ * tensors (gpt.h) when every one is int8 with a scale per block of 32,
+ * else NULL. The one copy of those bytes: the default forward runs them,
+ * and --quant runs them too. */
+const loom_tensor_t *loom_quant_file_int8(const loom_gpt_t *m);
 /* What a copy of the linear weights holds (this int8 copy, the 2:4 copy of
  * sparse24.h): its tensor table `w` and its one allocation `mem` on m's
  * backend (NULL: none yet); both freed. */

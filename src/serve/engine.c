@@ -206,16 +206,17 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
         return loom_error(LOOM_EINVAL, "--speculate %d: expected 0 (off) to %d draft tokens", c->speculate, SPEC_MAX_DRAFT);
     size_t per = loom_infer_block_bytes(&m->cfg, c->block_size, c->kv_dtype);
     size_t nb = c->kv_bytes / per;
-    int need = (m->cfg.max_seq_len + c->block_size - 1) / c->block_size; /* one full-context sequence */
+    int maxT = c->max_context > 0 && c->max_context < m->cfg.max_seq_len ? c->max_context : m->cfg.max_seq_len;
+    int need = (maxT + c->block_size - 1) / c->block_size; /* one full-context sequence */
     if (nb < (size_t)need)
         return loom_error(LOOM_EINVAL, "--kv-memory %zu bytes holds %zu blocks of %zu bytes; one sequence of the model's full context (%d tokens) needs %d: raise --kv-memory to at least %zu",
-                          c->kv_bytes, nb, per, m->cfg.max_seq_len, need, (size_t)need * per);
+                          c->kv_bytes, nb, per, maxT, need, (size_t)need * per);
     if (nb > (1u << 30)) nb = 1u << 30;
     loom_engine_t *e = loom_calloc(1, sizeof *e);
     e->m = m;
     e->tok = tok;
     e->cfg = *c;
-    e->V = m->cfg.vocab_size, e->Vp = m->cfg.padded_vocab_size, e->maxT = m->cfg.max_seq_len;
+    e->V = m->cfg.vocab_size, e->Vp = m->cfg.padded_vocab_size, e->maxT = maxT;
     int max_logits = c->max_seqs + SPEC_MAX_SEQS * c->speculate + PLP_ROWS; /* one row per sequence, k more per drafting one */
     loom_status s = loom_infer_create(&e->inf, m, (int)nb, c->block_size, c->kv_dtype, c->max_batch_tokens,
                                       c->max_seqs, max_logits);

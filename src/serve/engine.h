@@ -51,6 +51,9 @@ typedef struct {
     loom_dtype kv_dtype;  /* element type of the cache (LOOM_FP32; int8 to come) */
     int max_batch_tokens; /* rows per step, prefill and decode together (default 512) */
     int max_seqs;         /* running sequences at most (default 64) */
+    int max_context;      /* tokens a sequence may reach, prompt and output: 0 (default) the
+                             model's context; less lets a smaller KV pool hold one whole
+                             sequence (bench generate sizes its cache for what it runs) */
     int debug;            /* 1: check block ownership on every change (tests) */
     loom_infer_weights_t weights; /* the model's int8 or 2:4 copies to run (model/infer.h; made by
                                      ckpt/open.h's loom_open), owned by the caller and outliving the

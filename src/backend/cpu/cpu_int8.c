@@ -4,7 +4,9 @@
  * W8A32 (matmul_forward_w8) is the fp32 row kernel of cpu_paged.c with
  * each weight widened and scaled in registers.
  *
- * W8A8 (matmul_forward_w8a8): each input row is quantized per token, then
+ * W8A8 (matmul_forward_w8a8): each input row is quantized per token (with
+ * per-block weight scales, per block of the weight's size instead, as
+ * llama.cpp's Q8_0 x Q8_0: docs/quantization.md says why), then
  * a tile of I8_TM input rows x I8_TJ weight rows is computed per pass, so
  * each weight byte is loaded once per I8_TM rows (at decode: once per step
  * for every sequence of the batch), and OpenMP splits the weight rows. The
@@ -21,8 +23,8 @@
  * With one scale per weight row the whole row's int32 sum is exact and the
  * result is the same on every path; with per-block scales (w->block, 32 as
  * llama.cpp's Q8_0) each block's int32 sum is converted and multiplied by
- * its scale in a fixed order per path. Results do not depend on N or on the
- * threads. */
+ * its weight scale times its activation block's scale, in a fixed order per
+ * path. Results do not depend on N or on the threads. */
 #include "cpu_int8.h"
 
 #include <math.h>
@@ -137,16 +139,17 @@ void loom_cpu_matmul_forward_w8(float *out, const float *inp, const loom_tensor_
 /* ---- W8A8 tiles ---- */
 
 /* A tile's operands: x (mr, K) and w (jr, K) int8 rows; per-block scales
- * ws[j * nb + (k >> sh)] when nb > 0 (the rows' scales from the tile's
- * first row), none (nb 0) when the scale is per row. */
+ * ws[j * nb + (k >> sh)] and xs[m * nb + (k >> sh)] when nb > 0 (from the
+ * tile's first weight and input row), none (nb 0) when the scales are per
+ * row. */
 typedef struct {
     const int8_t *x, *w;
-    const float *ws;
+    const float *ws, *xs;
     int K, nb, sh;
 } i8args_t;
 
 /* A tile's results: the exact int32 sums (per-row scales) or the fp32
- * sums of each block's int32 sum times its scale (per-block). */
+ * sums of each block's int32 sum times its two scales (per-block). */
 typedef struct {
     int32_t i[I8_TM][I8_TJ];
     float f[I8_TM][I8_TJ];
@@ -162,7 +165,7 @@ static void tile_portable(const i8args_t *a, int mr, int jr, i8out_t *t) {
             for (int b = 0; b < K / blk; b++) {
                 int32_t d = 0;
                 for (int k = b * blk; k < (b + 1) * blk; k++) d += (int32_t)x[k] * w[k];
-                if (a->nb) fsum += (float)d * a->ws[(size_t)j * a->nb + b];
+                if (a->nb) fsum += (float)d * (a->ws[(size_t)j * a->nb + b] * a->xs[(size_t)m * a->nb + b]);
                 else isum += d;
             }
             t->i[m][j] = isum, t->f[m][j] = fsum;
@@ -191,9 +194,11 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
     int K = a->K, k = 0;
     for (; k + 32 <= K; k += 32) {
         __m256i xv[I8_TM], ax[I8_TM];
+        __m256 xsc[I8_TM];
         for (int m = 0; m < mr; m++) {
             xv[m] = _mm256_loadu_si256((const __m256i *)(a->x + (size_t)m * K + k));
             ax[m] = _mm256_abs_epi8(xv[m]);
+            xsc[m] = blk ? _mm256_broadcast_ss(a->xs + (size_t)m * a->nb + (k >> a->sh)) : _mm256_setzero_ps();
         }
         /* the next tile's rows (contiguous after these), in order, as fast
          * as this one is read: short rows train the hardware prefetcher
@@ -205,7 +210,7 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void tile_avx2(
             __m256 sc = blk ? _mm256_broadcast_ss(a->ws + (size_t)j * a->nb + (k >> a->sh)) : _mm256_setzero_ps();
             for (int m = 0; m < mr; m++) {
                 __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[m], _mm256_sign_epi8(wv, xv[m])), ones);
-                if (blk) facc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, facc[m][j]);
+                if (blk) facc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sc, xsc[m]), facc[m][j]);
                 else acc[m][j] = _mm256_add_epi32(acc[m][j], p);
             }
         }
@@ -228,8 +233,11 @@ tile_avxvnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
     int K = a->K, k = 0;
     for (; k + 32 <= K; k += 32) {
         __m256i xu[I8_TM];
-        for (int m = 0; m < mr; m++)
+        __m256 xsc[I8_TM];
+        for (int m = 0; m < mr; m++) {
             xu[m] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(a->x + (size_t)m * K + k)), flip);
+            xsc[m] = blk ? _mm256_broadcast_ss(a->xs + (size_t)m * a->nb + (k >> a->sh)) : _mm256_setzero_ps();
+        }
         _mm_prefetch((const char *)(a->w + (size_t)I8_TJ * K + k * I8_TJ), _MM_HINT_T0); /* as tile_avx2 */
         _mm_prefetch((const char *)(a->w + (size_t)I8_TJ * K + k * I8_TJ + 64), _MM_HINT_T0);
         for (int j = 0; j < jr; j++) {
@@ -243,7 +251,7 @@ tile_avxvnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
             __m256 sc = _mm256_broadcast_ss(a->ws + (size_t)j * a->nb + (k >> a->sh));
             for (int m = 0; m < mr; m++) {
                 __m256i d = _mm256_sub_epi32(_mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), xu[m], wv), c);
-                facc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, facc[m][j]);
+                facc[m][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(sc, xsc[m]), facc[m][j]);
             }
         }
     }
@@ -268,7 +276,15 @@ tile_avx512vnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
     for (int k = 0; k < K; k += 64) {
         __mmask64 msk = K - k >= 64 ? ~0ULL : (1ULL << (K - k)) - 1;
         __m512i xu[I8_TM];
-        for (int m = 0; m < mr; m++) xu[m] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(msk, a->x + (size_t)m * K + k), flip);
+        __m512 xsc[I8_TM];
+        for (int m = 0; m < mr; m++) {
+            xu[m] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(msk, a->x + (size_t)m * K + k), flip);
+            xsc[m] = _mm512_setzero_ps();
+            if (!blk) continue;
+            const float *xs = a->xs + (size_t)m * a->nb;
+            float x0 = xs[k >> a->sh], x1 = k + 32 < K ? xs[(k + 32) >> a->sh] : x0;
+            xsc[m] = _mm512_mask_blend_ps(0xff00, _mm512_set1_ps(x0), _mm512_set1_ps(x1));
+        }
         for (int p = 0; p < 4; p++) /* as tile_avx2: the next tile, 4 lines a step */
             _mm_prefetch((const char *)(a->w + (size_t)I8_TJ * K + (size_t)k * I8_TJ + 64 * p), _MM_HINT_T0);
         for (int j = 0; j < jr; j++) {
@@ -284,7 +300,7 @@ tile_avx512vnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
             __m512i c = _mm512_dpbusd_epi32(_mm512_setzero_si512(), flip, wv);
             for (int m = 0; m < mr; m++) {
                 __m512i d = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), xu[m], wv), c);
-                facc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, facc[m][j]);
+                facc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(sc, xsc[m]), facc[m][j]);
             }
         }
     }
@@ -344,12 +360,12 @@ static void w8a8_block(float *out, const int8_t *xq, const float *sx, const loom
     for (int m0 = r0; m0 < r1; m0 += I8_TM) {
         int mr = r1 - m0 < I8_TM ? r1 - m0 : I8_TM;
         i8out_t t;
-        a.x = xq + (size_t)m0 * C;
+        a.x = xq + (size_t)m0 * C, a.xs = nb ? sx + (size_t)m0 * nb : NULL;
         tile(&a, mr, jr, &t);
         for (int m = 0; m < mr; m++)
             for (int j = 0; j < jr; j++) {
                 int n = m0 + m, o = j0 + j;
-                float v = nb ? t.f[m][j] * sx[n] : (float)t.i[m][j] * (sx[n] * w->scales[o]);
+                float v = nb ? t.f[m][j] : (float)t.i[m][j] * (sx[n] * w->scales[o]);
                 v += bias ? bias[o] : 0.0f;
                 out[(size_t)n * OC + o] = gelu ? loom_gelu(v) : v;
             }
@@ -359,8 +375,10 @@ static void w8a8_block(float *out, const int8_t *xq, const float *sx, const loom
 void loom_cpu_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
                                   int N, int C, int OC, int gelu) {
     int8_t *xq = loom_malloc((size_t)N * C);
-    float *sx = loom_malloc((size_t)N * sizeof(float));
-    loom_cpu_quantize_rows(inp, N, C, (signed char *)xq, sx);
+    int blk = w->block > 0 && C % w->block == 0 ? w->block : 0, nb = blk ? C / blk : 1; /* activation blocks: the weight's */
+    float *sx = loom_malloc((size_t)N * (size_t)nb * sizeof(float));
+    if (blk) loom_cpu_quantize_rows(inp, N * nb, blk, (signed char *)xq, sx); /* each block a row of its own */
+    else loom_cpu_quantize_rows(inp, N, C, (signed char *)xq, sx);
     i8tile_fn tile = tile_for(isa_pick(), w->block);
     int nblk = (OC + I8_TJ - 1) / I8_TJ;
 #pragma omp parallel if ((double)N * C * OC > 1 << 18)

@@ -1,21 +1,29 @@
-/* cpu_kquant: matrix products on llama.cpp's block formats as stored.
+/* cpu_kquant: matrix products on llama.cpp's block formats as stored, for
+ * few input rows (decode: one row per sequence).
  *
- * One kernel for every format: a weight block is brought into the form of
- * qblock.h (unsigned values u in 0..63, an integer scale and min per 16
- * values, two fp32 factors), then each input row's matching block of int8
- * activations is dotted with it in integers:
- *   - AVX2: vpmaddubsw (u unsigned x xq signed, pairs to int16: at most
- *     2 * 63 * 127 = 16002, never saturating), then vpmaddwd with the
- *     scales per 16 values (int16) to int32; 32 values a step;
- *   - AVX-512 (BW): the same 64 values a step; with VNNI, vpdpwssd fuses
- *     the vpmaddwd and the add;
- *   - portable C otherwise.
- * The block's integer sum is at most 16 * 16 * 63 * 127 * 127 < 2^31 and
- * exact, so every path gives the same int32 and the float work after it
- * is one shared function: results are the same bits on every instruction
- * set. The weight block is unpacked once per pass of up to KQ_PASS input
- * rows (at decode: once per token for the whole batch). */
+ * Every path computes, per weight block and input row, the exact integers
+ * of qblock.h's form (I: the values times the int8 activations, scaled
+ * per group; M: the mins times the activations' sums per 16) and then the
+ * shared float work of cpu_kquant.h, so all give the same bits.
+ *
+ * The x86 paths work on the packed block in registers, never through
+ * memory: a block is unpacked once per pass (for every input row of the
+ * pass) into vectors of 32 unsigned values, and each input row's dot is
+ * - 256-value formats (q4_K, q5_K, q6_K): per 32 values, vpmaddubsw (u
+ *   unsigned x xq signed, pairs to int16: at most 2 * 63 * 127 = 16002,
+ *   never saturating) then the group scales as int16 by vpmaddwd + add
+ *   (AVX2) or VNNI's vpdpwssd; one horizontal sum of I and M per block;
+ * - 32-value formats (q4_0 ... q5_1): 8 blocks at a time, per block one
+ *   vpdpbusd (VNNI; AVX2: vpmaddubsw + vpmaddwd by ones) into int32, the 8
+ *   blocks' sums reduced together and their float work done as one vector
+ *   (lane j = block j: the part[b % 8] of cpu_kquant.h).
+ * The AVX-512 paths use 256-bit vectors (Zen 4 splits 512-bit work into
+ * two halves, and a 256-value block is 8 vectors of 32): "avx512" is the
+ * AVX2 code with the AVX-512 register file, "avx512vnni" adds the VNNI
+ * dot products (AVX512-VL encodings). The block's integer sum is at most
+ * 256 * 63 * 127 * 128 < 2^31: exact on every path. */
 #include "cpu_kquant.h"
+#include "cpu_kquant_gemm.h"
 
 #include <math.h>
 #include <omp.h>
@@ -31,6 +39,7 @@
 #endif
 
 #define KQ_PASS 64 /* input rows per pass over the weights */
+#define KQ_GROUP 8 /* 32-value blocks per step of their x86 kernel, and partial sums */
 
 enum { KQ_PORTABLE, KQ_AVX2, KQ_AVX512, KQ_AVX512VNNI, KQ_COUNT };
 static const char *const kq_names[KQ_COUNT] = {"portable", "avx2", "avx512", "avx512vnni"};
@@ -38,10 +47,11 @@ static const char *const kq_names[KQ_COUNT] = {"portable", "avx2", "avx512", "av
 static int kq_supported(int isa) {
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2"), avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
     if (isa == KQ_AVX2) return avx2;
-    if (isa == KQ_AVX512) return avx2 && avx512;
-    if (isa == KQ_AVX512VNNI) return avx2 && avx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    if (isa == KQ_AVX512) return avx512;
+    if (isa == KQ_AVX512VNNI) return avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
     return isa == KQ_PORTABLE;
 }
@@ -62,14 +72,44 @@ const char *loom_cpu_kq_isa(void) { return kq_names[kq_pick()]; }
 
 int loom_cpu_kq_use(const char *name) { return loom_cpu_isa_use(kq_names, KQ_COUNT, kq_supported, &kq_isa_now, name); }
 
+#if defined(__x86_64__)
+/* The scale and values of one block of n (a multiple of 32) activations,
+ * 8 at a time: the same max (exact in any order), product and rounding to
+ * nearest as the portable loop, so the same bytes. */
+__attribute__((target("avx2,fma"))) static float quantize_block_avx2(const float *r, int n, int8_t *q) {
+    const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(r + i), abs));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    float mx = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h))), inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+    const __m256 iv = _mm256_set1_ps(inv);
+    for (int i = 0; i < n; i += 32) {
+        __m256i v[4];
+        for (int k = 0; k < 4; k++)
+            v[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(r + i + 8 * k), iv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])); /* lanes interleaved */
+        _mm256_storeu_si256((__m256i *)(q + i), _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    }
+    return mx;
+}
+#endif
+
 void loom_cpu_kq_quantize_act(const float *x, int C, int blk, float *xd, int8_t *xq, int16_t *xs) {
     for (int b = 0; b < C / blk; b++) {
         const float *r = x + (size_t)b * blk;
+        int8_t *q = xq + (size_t)b * blk;
         float mx = 0.0f;
+#if defined(__x86_64__)
+        if (kq_pick() != KQ_PORTABLE) {
+            xd[b] = quantize_block_avx2(r, blk, q) / 127.0f;
+            continue;
+        }
+#endif
         for (int i = 0; i < blk; i++) mx = fmaxf(mx, fabsf(r[i]));
-        float d = mx / 127.0f, inv = mx > 0.0f ? 127.0f / mx : 0.0f;
-        xd[b] = d;
-        for (int i = 0; i < blk; i++) xq[(size_t)b * blk + i] = (int8_t)rintf(r[i] * inv); /* |.| <= 127 */
+        float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+        xd[b] = mx / 127.0f;
+        for (int i = 0; i < blk; i++) q[i] = (int8_t)rintf(r[i] * inv); /* |.| <= 127 */
     }
     for (int g = 0; g < C / 16; g++) {
         int s = 0;
@@ -78,268 +118,465 @@ void loom_cpu_kq_quantize_act(const float *x, int C, int blk, float *xd, int8_t 
     }
 }
 
-/* ---- integer dot products: sum_g sc[g] * (u . x over group g of 16) ---- */
+/* The quantized input rows. Each row's arrays are padded with zeros to a
+ * whole number of KQ_GROUP blocks, so the 32-value kernel reads 8 blocks'
+ * activations at once; zero activations add exactly +0 (cpu_kquant.h). */
+typedef struct {
+    const int8_t *xq;  /* (N, sq) */
+    const float *xd;   /* (N, sd) */
+    const int16_t *xs; /* (N, ss) */
+    int C, blk, nb;
+    size_t sq, sd, ss; /* row strides */
+} kq_act_t;
 
-typedef int32_t (*kq_dot_fn)(const uint8_t *u, const int8_t *x, const int16_t *sc, int n);
-typedef void (*kq_unpack_fn)(loom_dtype d, const void *blk, uint8_t *u);
+/* Where a pass's outputs go: y (N, OC), plus bias, then GELU if gelu. */
+typedef struct {
+    float *y;
+    const float *bias;
+    int OC, gelu;
+} kq_out_t;
 
-static int32_t dot_portable(const uint8_t *u, const int8_t *x, const int16_t *sc, int n) {
-    int32_t s = 0;
-    for (int g = 0; g < n / 16; g++) {
-        int32_t t = 0;
-        for (int i = 16 * g; i < 16 * g + 16; i++) t += (int32_t)u[i] * x[i];
-        s += sc[g] * t;
+static inline void kq_put(const kq_out_t *out, int n, int o, float v) {
+    v += out->bias ? out->bias[o] : 0.0f;
+    out->y[(size_t)n * out->OC + o] = out->gelu ? loom_gelu(v) : v;
+}
+
+/* Output rows o0..o1-1 of input rows r0..r1-1 (one function per format
+ * and instruction set). */
+typedef void (*kq_rows_fn)(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out);
+
+/* ---- portable C: qblock.h's form, block after block ---- */
+
+static void row_portable(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc) {
+    const loom_qblock_info_t *qi = loom_qblock_info(w->dtype);
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * qi->bytes;
+    float part[KQ_PASS][KQ_GROUP];
+    memset(part, 0, sizeof part[0] * (size_t)(r1 - r0));
+    uint8_t u[256];
+    loom_qblock_scales_t s;
+    for (int b = 0; b < a->nb; b++) {
+        loom_qblock_scales(w->dtype, row + (size_t)b * qi->bytes, &s);
+        loom_qblock_values(w->dtype, row + (size_t)b * qi->bytes, u);
+        for (int n = r0; n < r1; n++) {
+            const int8_t *x = a->xq + n * a->sq + (size_t)b * a->blk;
+            const int16_t *xs = a->xs + n * a->ss + (size_t)b * a->blk / 16;
+            int32_t isum = 0, msum = 0;
+            for (int g = 0; g < a->blk / 16; g++) {
+                int32_t t = 0;
+                for (int i = 16 * g; i < 16 * g + 16; i++) t += (int32_t)u[i] * x[i];
+                isum += s.sc[g] * t, msum += s.mn[g] * xs[g];
+            }
+            loom_cpu_kq_accum(part[n - r0], b, a->xd[n * a->sd + b], s.d, s.dmin, isum, msum);
+        }
     }
-    return s;
+    for (int n = r0; n < r1; n++) acc[n - r0] = loom_cpu_kq_total(part[n - r0]);
+}
+
+static void rows_portable(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out) {
+    float acc[KQ_PASS];
+    for (int o = o0; o < o1; o++) {
+        row_portable(w, o, a, r0, r1, acc);
+        for (int n = r0; n < r1; n++) kq_put(out, n, o, acc[n - r0]);
+    }
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) static inline int32_t dot_avx2(const uint8_t *u, const int8_t *x, const int16_t *sc, int n) {
-    __m256i acc = _mm256_setzero_si256();
-    for (int k = 0; k < n; k += 32) {
-        __m256i p = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(u + k)),
-                                         _mm256_loadu_si256((const __m256i *)(x + k)));
-        __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[k / 16 + 1]), _mm_set1_epi16(sc[k / 16]));
-        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
-    }
-    return loom_hsum_i32x8(acc);
+#define KQ_AVX __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
+#define KQ_VNNI_TGT "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+
+static inline uint16_t ld16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
 }
 
-/* AVX-512, 64 values a step; the scales of 4 groups spread over the 32
- * int16 pair sums (pair i belongs to group i / 8). VNNI fuses madd + add. */
-#define KQ_DOT512(NAME, TGT, MADD_ADD)                                                                         \
-    __attribute__((target(TGT))) static inline int32_t NAME(const uint8_t *u, const int8_t *x, const int16_t *sc, int n) { \
-        if (n % 64) return dot_avx2(u, x, sc, n);                                                              \
-        const __m512i idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, \
-                                             1, 1, 0, 0, 0, 0, 0, 0, 0, 0);                                    \
-        __m512i acc = _mm512_setzero_si512();                                                                  \
-        for (int k = 0; k < n; k += 64) {                                                                      \
-            __m512i p = _mm512_maddubs_epi16(_mm512_loadu_si512(u + k), _mm512_loadu_si512(x + k));            \
-            __m512i s = _mm512_permutexvar_epi16(idx, _mm512_castsi128_si512(_mm_loadl_epi64((const __m128i *)(sc + k / 16)))); \
-            acc = MADD_ADD;                                                                                    \
-        }                                                                                                      \
-        return _mm512_reduce_add_epi32(acc);                                                                   \
-    }
-KQ_DOT512(dot_avx512, "avx2,avx512f,avx512bw", _mm512_add_epi32(acc, _mm512_madd_epi16(p, s)))
-KQ_DOT512(dot_avx512vnni, "avx2,avx512f,avx512bw,avx512vnni", _mm512_dpwssd_epi32(acc, p, s))
+/* acc + the int16 pair sums p times the int16 scales s, pairwise summed
+ * into int32 (a vpmaddwd): AVX2 and VNNI forms. */
+typedef __m256i (*kq_madd_fn)(__m256i acc, __m256i p, __m256i s);
+/* acc + the sums of 4 products of u (unsigned) and x (signed) bytes. */
+typedef __m256i (*kq_dot4_fn)(__m256i acc, __m256i u, __m256i x);
 
-/* 32 bytes: 0x10 where bit j of qh is set (the fifth bit of q5_0/q5_1). */
-__attribute__((target("avx2"))) static inline __m256i bits32(uint32_t qh) {
-    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3,
-                                          3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
-    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+KQ_AVX __m256i madd_avx2(__m256i acc, __m256i p, __m256i s) { return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s)); }
+KQ_AVX __m256i dot4_avx2(__m256i acc, __m256i u, __m256i x) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, x), _mm256_set1_epi16(1)));
+}
+__attribute__((target(KQ_VNNI_TGT), always_inline)) static inline __m256i madd_vnni(__m256i acc, __m256i p, __m256i s) {
+    return _mm256_dpwssd_epi32(acc, p, s);
+}
+__attribute__((target(KQ_VNNI_TGT), always_inline)) static inline __m256i dot4_vnni(__m256i acc, __m256i u, __m256i x) {
+    return _mm256_dpbusd_epi32(acc, u, x);
+}
+
+/* Eight vectors of 8 int32 partial sums to one vector of their 8 totals. */
+KQ_AVX __m256i hsum8(const __m256i *s) {
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* ---- 256-value formats ---- */
+
+/* A k-quant block in registers: u[j] the values 32j .. 32j + 31; the
+ * int16 scale vector of those 32 values is vpshufb(S[j / 4], pick[j]);
+ * mn the 16 int16 mins (per 16 values) for M. */
+typedef struct {
+    __m256i u[8], S[2], mn;
+    float d, dmin;
+} kq_kblk_t;
+
+/* Bit j of every byte of h, moved to bit 4 (q5_K's fifth bit of the
+ * values 32j .. 32j + 31). */
+KQ_AVX __m256i bit_to_4(__m256i h, int j) {
+    __m256i v = j < 4 ? _mm256_slli_epi16(h, 4 - j) : _mm256_srli_epi16(h, j - 4);
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
 }
 
-/* Bits 2k..2k+1 (or bit k with mask 1) of every byte of v, moved to bits 4-5. */
-__attribute__((target("avx2"))) static inline __m256i high_bits(__m256i v, int shift, int mask) {
-    return _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(v, shift), _mm256_set1_epi8((char)mask)), 4);
+/* q4_K / q5_K: the 8 6-bit scales and mins from their 12 bytes q (the
+ * layout of qblock_scale_min_k4) in vector registers: bytes 0-3 of the
+ * result are scales 0-3 (q[0..3] & 63), 4-7 scales 4-7 (q[8..11] & 15,
+ * the top 2 bits of q[0..3] above), 8-15 the mins likewise (q[4..7],
+ * q[8..11] >> 4, the top 2 bits of q[4..7]); as int16. Reads q[12..15]
+ * (inside the block) without using them. */
+KQ_AVX void unpack_k45_scales(const uint8_t *q, kq_kblk_t *k) {
+    const __m128i lo_at = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
+    const __m128i hi_at = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
+    const __m128i keep = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+    __m128i v = _mm_loadu_si128((const __m128i *)q), a = _mm_shuffle_epi8(v, lo_at);
+    a = _mm_and_si128(_mm_blend_epi32(a, _mm_srli_epi16(a, 4), 8), keep);
+    __m128i h = _mm_and_si128(_mm_srli_epi16(_mm_shuffle_epi8(v, hi_at), 2), _mm_set1_epi8(0x30));
+    __m128i sm = _mm_or_si128(a, h);
+    k->S[0] = k->S[1] = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    k->mn = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(sm, sm)); /* the min of 32 values, for both groups of 16 */
 }
 
-__attribute__((target("avx2"))) static inline void unpack_k_avx2(loom_dtype d, const uint8_t *b, uint8_t *u) {
+KQ_AVX void unpack_k45(loom_dtype d, const uint8_t *b, kq_kblk_t *k) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
-    if (d == LOOM_Q6_K) {
-        for (int h = 0; h < 2; h++) {
-            __m256i q0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h)), q1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
-            __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
-            __m256i *o = (__m256i *)(u + 128 * h);
-            _mm256_storeu_si256(o, _mm256_or_si256(_mm256_and_si256(q0, m4), high_bits(qh, 0, 3)));
-            _mm256_storeu_si256(o + 1, _mm256_or_si256(_mm256_and_si256(q1, m4), high_bits(qh, 2, 3)));
-            _mm256_storeu_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q0, 4), m4), high_bits(qh, 4, 3)));
-            _mm256_storeu_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q1, 4), m4), high_bits(qh, 6, 3)));
-        }
-        return;
-    }
     const uint8_t *qs = b + (d == LOOM_Q4_K ? 16 : 48);
-    __m256i qh = d == LOOM_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+    k->d = _cvtsh_ss(ld16(b)), k->dmin = _cvtsh_ss(ld16(b + 2));
+    unpack_k45_scales(b + 4, k);
     for (int c = 0; c < 4; c++) {
         __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-        __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-        if (d == LOOM_Q5_K) lo = _mm256_or_si256(lo, high_bits(qh, 2 * c, 1)), hi = _mm256_or_si256(hi, high_bits(qh, 2 * c + 1, 1));
-        _mm256_storeu_si256((__m256i *)(u + 64 * c), lo);
-        _mm256_storeu_si256((__m256i *)(u + 64 * c + 32), hi);
+        k->u[2 * c] = _mm256_and_si256(q, m4);
+        k->u[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+    }
+    if (d == LOOM_Q5_K) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(b + 16));
+        for (int j = 0; j < 8; j++) k->u[j] = _mm256_or_si256(k->u[j], bit_to_4(h, j));
     }
 }
 
-/* The 32 unsigned values of a 32-value block (q4_0 ... q5_1). */
-__attribute__((target("avx2"))) static inline __m256i unpack32_avx2(loom_dtype d, const uint8_t *b) {
+/* q6_K: 4 low bits (ql) and 2 high bits (qh) per value; chunk k of half h
+ * takes ql[64h + 32(k&1)] (low nibbles for k < 2, high for k >= 2) and
+ * bits 2k, 2k+1 of qh[32h ..]. Its 16 int8 scales, as int16, half h's 8
+ * in both lanes of S[h]; the mins are 32 times the scales. */
+KQ_AVX void unpack_q6k(const uint8_t *b, kq_kblk_t *k) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    for (int h = 0; h < 2; h++) {
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h)), l1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+        k->u[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m2));
+        k->u[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m2));
+        k->u[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(qh, m2));
+        k->u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                          _mm256_and_si256(_mm256_srli_epi16(qh, 2), m2));
+    }
+    __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(b + 192)));
+    k->S[0] = _mm256_permute2x128_si256(sc, sc, 0x00);
+    k->S[1] = _mm256_permute2x128_si256(sc, sc, 0x11);
+    k->mn = _mm256_slli_epi16(sc, 5); /* |32 sc| <= 4096 */
+    k->d = k->dmin = _cvtsh_ss(ld16(b + 208));
+}
+
+/* The vpshufb control that spreads int16 lane i (lane0) and i2 (lane1) over 8 lanes each. */
+#define KQ_PICK(i, i2)                                                                                          \
+    {(char)(2 * (i)), (char)(2 * (i) + 1), (char)(2 * (i)), (char)(2 * (i) + 1), (char)(2 * (i)), (char)(2 * (i) + 1), \
+     (char)(2 * (i)), (char)(2 * (i) + 1), (char)(2 * (i)), (char)(2 * (i) + 1), (char)(2 * (i)), (char)(2 * (i) + 1), \
+     (char)(2 * (i)), (char)(2 * (i) + 1), (char)(2 * (i)), (char)(2 * (i) + 1), (char)(2 * (i2)), (char)(2 * (i2) + 1), \
+     (char)(2 * (i2)), (char)(2 * (i2) + 1), (char)(2 * (i2)), (char)(2 * (i2) + 1), (char)(2 * (i2)), (char)(2 * (i2) + 1), \
+     (char)(2 * (i2)), (char)(2 * (i2) + 1), (char)(2 * (i2)), (char)(2 * (i2) + 1), (char)(2 * (i2)), (char)(2 * (i2) + 1), \
+     (char)(2 * (i2)), (char)(2 * (i2) + 1)}
+/* q4_K/q5_K: 32 values j share scale j; q6_K: each 16 of chunk j = 4h + k
+ * has its own, 2k and 2k + 1 of half h. */
+static const char kq_pick45[8][32] __attribute__((aligned(32))) = {KQ_PICK(0, 0), KQ_PICK(1, 1), KQ_PICK(2, 2), KQ_PICK(3, 3),
+                                                                   KQ_PICK(4, 4), KQ_PICK(5, 5), KQ_PICK(6, 6), KQ_PICK(7, 7)};
+static const char kq_pick6[8][32] __attribute__((aligned(32))) = {KQ_PICK(0, 1), KQ_PICK(2, 3), KQ_PICK(4, 5), KQ_PICK(6, 7),
+                                                                  KQ_PICK(0, 1), KQ_PICK(2, 3), KQ_PICK(4, 5), KQ_PICK(6, 7)};
+
+/* *I and *M: the horizontal sums of the 8 int32 of i and of m. */
+KQ_AVX void hsum2(__m256i i, __m256i m, int32_t *isum, int32_t *msum) {
+    __m256i h = _mm256_hadd_epi32(i, m); /* i01 i23 m01 m23 | i45 i67 m45 m67 */
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    s = _mm_hadd_epi32(s, s);
+    *isum = _mm_cvtsi128_si32(s), *msum = _mm_extract_epi32(s, 1);
+}
+
+/* The fixed tree of loom_cpu_kq_total on a vector (vhaddps adds the
+ * same pairs): ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)). */
+KQ_AVX float total8(__m256 p) {
+    __m256 h = _mm256_hadd_ps(p, p);
+    h = _mm256_hadd_ps(h, h);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+}
+
+/* The unreduced sums of a k-quant block against one input row's block:
+ * *I (8 int32 adding up to the block's I) and *M (likewise M). */
+KQ_AVX void dotk(const kq_kblk_t *k, const int8_t *x, const int16_t *xs, loom_dtype d, kq_madd_fn madd, __m256i *I, __m256i *M) {
+    const char(*pick)[32] = d == LOOM_Q6_K ? kq_pick6 : kq_pick45;
+    __m256i s[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}; /* two chains of 4 */
+    for (int j = 0; j < 8; j++) {
+        __m256i p = _mm256_maddubs_epi16(k->u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
+        s[j & 1] = madd(s[j & 1], p, _mm256_shuffle_epi8(k->S[j / 4], _mm256_load_si256((const __m256i *)pick[j])));
+    }
+    *I = _mm256_add_epi32(s[0], s[1]);
+    *M = _mm256_madd_epi16(k->mn, _mm256_loadu_si256((const __m256i *)xs));
+}
+
+KQ_AVX void unpack_k(loom_dtype d, const uint8_t *b, kq_kblk_t *k) {
+    if (d == LOOM_Q6_K) unpack_q6k(b, k);
+    else unpack_k45(d, b, k);
+}
+
+/* d and dmin of blocks 0..k-1 of the 8 from g (bytes apart) as floats,
+ * 0 for the others: one gather of the 32 bits holding both (q6_K: its d is
+ * the high half of the 32 bits at 206, so nothing past a block is read). */
+KQ_AVX void f16_pairs8(const uint8_t *g, loom_dtype d, int k, __m256 *dd, __m256 *dmin) {
+    const int bytes = d == LOOM_Q4_K ? 144 : d == LOOM_Q5_K ? 176 : 210;
+    const __m256i at = _mm256_setr_epi32(0, bytes, 2 * bytes, 3 * bytes, 4 * bytes, 5 * bytes, 6 * bytes, 7 * bytes);
+    const __m256i split = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6,
+                                           7, 10, 11, 14, 15);
+    __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i v = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int *)(g + (d == LOOM_Q6_K ? 206 : 0)), at, live, 1);
+    v = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(v, split), 0xD8); /* low halves of all 8, then high halves */
+    __m256 lo = _mm256_cvtph_ps(_mm256_castsi256_si128(v)), hi = _mm256_cvtph_ps(_mm256_extracti128_si256(v, 1));
+    *dd = d == LOOM_Q6_K ? hi : lo;
+    *dmin = hi;
+}
+
+/* One weight row of a k-quant against one input row n: 8 blocks at a
+ * time, their I and M reduced together and their float work done as one
+ * vector (lane j: block b0 + j, partial sum j); a last group of k < 8
+ * blocks has zeros in lanes k..7 (zero integers, d, dmin and activation
+ * scale: each such lane adds exactly +0). The same operations as the
+ * general path below, in registers to the end. */
+KQ_AVX float rowk1(const uint8_t *row, const kq_act_t *a, int n, loom_dtype d, kq_madd_fn madd) {
+    const int bytes = d == LOOM_Q4_K ? 144 : d == LOOM_Q5_K ? 176 : 210;
+    const int8_t *x = a->xq + n * a->sq;
+    const int16_t *xs = a->xs + n * a->ss;
+    __m256 part = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < a->nb; b0 += KQ_GROUP) {
+        int k = a->nb - b0 < KQ_GROUP ? a->nb - b0 : KQ_GROUP;
+        __m256i I[KQ_GROUP], M[KQ_GROUP];
+        for (int j = 0; j < KQ_GROUP; j++) {
+            I[j] = M[j] = _mm256_setzero_si256();
+            if (j >= k) continue;
+            kq_kblk_t kb;
+            unpack_k(d, row + (size_t)(b0 + j) * bytes, &kb);
+            dotk(&kb, x + (size_t)(b0 + j) * 256, xs + (size_t)(b0 + j) * 16, d, madd, &I[j], &M[j]);
+        }
+        __m256 dd, dmin;
+        f16_pairs8(row + (size_t)b0 * bytes, d, k, &dd, &dmin);
+        __m256 f = _mm256_fmsub_ps(dd, _mm256_cvtepi32_ps(hsum8(I)), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(hsum8(M))));
+        part = _mm256_fmadd_ps(_mm256_loadu_ps(a->xd + n * a->sd + b0), f, part);
+    }
+    return total8(part);
+}
+
+/* One weight row of a k-quant against input rows r0..r1-1, block after
+ * block (each unpacked once for all the rows). */
+KQ_AVX void rowk(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc, loom_dtype d, kq_madd_fn madd) {
+    const int bytes = d == LOOM_Q4_K ? 144 : d == LOOM_Q5_K ? 176 : 210;
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * bytes;
+    if (r1 - r0 == 1) {
+        acc[0] = rowk1(row, a, r0, d, madd);
+        return;
+    }
+    float part[KQ_PASS][KQ_GROUP] __attribute__((aligned(32)));
+    memset(part, 0, sizeof part[0] * (size_t)(r1 - r0));
+    for (int b = 0; b < a->nb; b++) {
+        kq_kblk_t k;
+        unpack_k(d, row + (size_t)b * bytes, &k);
+        for (int n = r0; n < r1; n++) {
+            __m256i I, M;
+            int32_t isum, msum;
+            dotk(&k, a->xq + n * a->sq + (size_t)b * 256, a->xs + n * a->ss + (size_t)b * 16, d, madd, &I, &M);
+            hsum2(I, M, &isum, &msum);
+            loom_cpu_kq_accum(part[n - r0], b, a->xd[n * a->sd + b], k.d, k.dmin, isum, msum);
+        }
+    }
+    for (int n = r0; n < r1; n++) acc[n - r0] = total8(_mm256_load_ps(part[n - r0]));
+}
+
+KQ_AVX void rowsk(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
+                  kq_madd_fn madd) {
+    float acc[KQ_PASS];
+    for (int o = o0; o < o1; o++) {
+        rowk(w, o, a, r0, r1, acc, d, madd);
+        for (int n = r0; n < r1; n++) kq_put(out, n, o, acc[n - r0]);
+    }
+}
+
+/* ---- 32-value formats ---- */
+
+/* The fifth bits of q5_0/q5_1 (bit j of qh for value j) as 0x10 bytes:
+ * AVX2 spreads qh over the bytes and compares; AVX-512 uses it as a mask. */
+typedef __m256i (*kq_hi5_fn)(uint32_t qh);
+KQ_AVX __m256i hi5_avx2(uint32_t qh) {
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+                                          3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), pick);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), _mm256_set1_epi8(0x10));
+}
+__attribute__((target("avx2,avx512f,avx512bw,avx512vl"), always_inline)) static inline __m256i hi5_avx512(uint32_t qh) {
+    return _mm256_maskz_mov_epi8((__mmask32)qh, _mm256_set1_epi8(0x10));
+}
+
+/* The 32 values of a 32-value block as bytes (low nibbles of qs, then
+ * high, plus the fifth bits of q5_0/q5_1). */
+KQ_AVX __m256i unpack32(loom_dtype d, const uint8_t *b, kq_hi5_fn hi5) {
     int off = d == LOOM_Q4_0 ? 2 : d == LOOM_Q4_1 ? 4 : d == LOOM_Q5_0 ? 6 : 8;
     __m128i q = _mm_loadu_si128((const __m128i *)(b + off));
     __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
     if (d == LOOM_Q5_0 || d == LOOM_Q5_1) {
         uint32_t qh;
         memcpy(&qh, b + off - 4, 4);
-        v = _mm256_or_si256(v, bits32(qh));
+        v = _mm256_or_si256(v, hi5(qh));
     }
     return v;
 }
 
-__attribute__((target("avx2"))) static inline void unpack_avx2(loom_dtype d, const void *blk, uint8_t *u) {
-    const uint8_t *b = blk;
-    if (d >= LOOM_Q4_K) {
-        unpack_k_avx2(d, b, u);
+/* Eight 32-value blocks in registers: their values, d and dmin (q4_1 and
+ * q5_1: value = d u + m, so dmin = -m; else dmin = d and the min is a
+ * constant 8 or 16 times the activations' sum, a shift). */
+typedef struct {
+    __m256i u[KQ_GROUP];
+    __m256 d, dmin;
+} kq_g32_t;
+
+/* Blocks 0..k-1 of the 8 from g; the others zero values, d and dmin. */
+KQ_AVX void unpack_g32(loom_dtype d, const uint8_t *g, int k, kq_g32_t *G, kq_hi5_fn hi5) {
+    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24;
+    for (int j = 0; j < KQ_GROUP; j++) G->u[j] = j < k ? unpack32(d, g + j * bytes, hi5) : _mm256_setzero_si256();
+#define KQ_H(j, at) (short)((j) < k ? ld16(g + (j) * bytes + (at)) : 0)
+    G->d = _mm256_cvtph_ps(_mm_setr_epi16(KQ_H(0, 0), KQ_H(1, 0), KQ_H(2, 0), KQ_H(3, 0), KQ_H(4, 0), KQ_H(5, 0), KQ_H(6, 0), KQ_H(7, 0)));
+    G->dmin = G->d;
+    if (d == LOOM_Q4_1 || d == LOOM_Q5_1) {
+        __m256 m = _mm256_cvtph_ps(_mm_setr_epi16(KQ_H(0, 2), KQ_H(1, 2), KQ_H(2, 2), KQ_H(3, 2), KQ_H(4, 2), KQ_H(5, 2), KQ_H(6, 2), KQ_H(7, 2)));
+        G->dmin = _mm256_xor_ps(m, _mm256_set1_ps(-0.0f)); /* exactly -m, as the portable path */
+    }
+#undef KQ_H
+}
+
+/* part + the float work of G's 8 blocks against input row n's blocks
+ * b0 .. b0 + 7 (lane j: block b0 + j, part[(b0 + j) % 8]). */
+KQ_AVX __m256 step32(const kq_g32_t *G, const kq_act_t *a, int n, int b0, __m256 part, loom_dtype d, kq_dot4_fn dot4) {
+    const int mshift = d == LOOM_Q4_0 ? 3 : d == LOOM_Q5_0 ? 4 : 0;
+    const int8_t *x = a->xq + n * a->sq + (size_t)b0 * 32;
+    __m256i p[KQ_GROUP];
+    for (int j = 0; j < KQ_GROUP; j++) p[j] = dot4(_mm256_setzero_si256(), G->u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j)));
+    __m256i xs = _mm256_loadu_si256((const __m256i *)(a->xs + n * a->ss + (size_t)b0 * 2));
+    __m256i M = _mm256_slli_epi32(_mm256_madd_epi16(xs, _mm256_set1_epi16(1)), mshift);
+    __m256 f = _mm256_fmsub_ps(G->d, _mm256_cvtepi32_ps(hsum8(p)), _mm256_mul_ps(G->dmin, _mm256_cvtepi32_ps(M)));
+    return _mm256_fmadd_ps(_mm256_loadu_ps(a->xd + n * a->sd + b0), f, part);
+}
+
+/* One weight row of a 32-value format against one input row n, 8 blocks
+ * at a time with the 8 partial sums in a register (a last group of k < 8
+ * blocks: lanes k..7 zero, adding exactly +0). One row at a time: two
+ * rows interleaved filled the short rows' dependency chains in cache but
+ * made two streams that the hardware prefetcher served at 2.4x the time
+ * per block from memory (bench/kquant-decode.sh, q4_0 16384 x 4096). */
+KQ_AVX float row32_one(const uint8_t *row, const kq_act_t *a, int n, loom_dtype d, kq_dot4_fn dot4, kq_hi5_fn hi5) {
+    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24;
+    __m256 p = _mm256_setzero_ps();
+    for (int b0 = 0; b0 < a->nb; b0 += KQ_GROUP) {
+        kq_g32_t G;
+        unpack_g32(d, row + (size_t)b0 * bytes, a->nb - b0 < KQ_GROUP ? a->nb - b0 : KQ_GROUP, &G, hi5);
+        p = step32(&G, a, n, b0, p, d, dot4);
+    }
+    return total8(p);
+}
+
+/* Output rows o0..o1-1 of a 32-value format against input rows r0..r1-1:
+ * one input row by row32_one; several input rows with each 8 blocks
+ * unpacked once for all of them, partial sums in memory. The
+ * activations are padded with zeros to whole groups of 8 (kq_act_t). */
+KQ_AVX void rows32(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
+                   kq_dot4_fn dot4, kq_hi5_fn hi5) {
+    const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24;
+    const uint8_t *base = (const uint8_t *)w->data;
+    const size_t rb = (size_t)a->nb * bytes;
+    if (r1 - r0 == 1) {
+        for (int o = o0; o < o1; o++) kq_put(out, r0, o, row32_one(base + (size_t)o * rb, a, r0, d, dot4, hi5));
         return;
     }
-    _mm256_storeu_si256((__m256i *)u, unpack32_avx2(d, b));
-}
-
-/* Eight vectors of 8 int32 partial sums to one vector of their 8 totals. */
-__attribute__((target("avx2"))) static inline __m256i hsum8_i32x8(const __m256i *s) {
-    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
-    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(s[4], s[5]), _mm256_hadd_epi32(s[6], s[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-#endif
-
-/* ---- the product ---- */
-
-typedef struct {
-    const int8_t *xq;  /* (N, C) */
-    const float *xd;   /* (N, nb) */
-    const int16_t *xs; /* (N, C / 16) */
-    int C, blk, nb;
-} kq_act_t;
-
-/* acc[n - r0] = output o of input rows r0..r1-1 (before bias). Always
- * inlined into one function per instruction set with its dot and unpack
- * (constants there), so the block loop makes no calls. Block b + 1 is
- * unpacked before block b is used: the dot's wide loads then read stores
- * that have left the store buffer (a load spanning several recent
- * narrower stores waits for them, which cost a fifth of the time). */
-/* The float work after a block's exact integers, one function for every
- * path so that all give the same bits. */
-__attribute__((always_inline)) static inline void kq_update(float *acc, float xd, float d, float dmin, int32_t I, int32_t M) {
-    *acc += xd * (d * (float)I - dmin * (float)M);
-}
-
-__attribute__((always_inline)) static inline void kq_row(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1,
-                                                         float *acc, kq_dot_fn dot, kq_unpack_fn unpack) {
-    const loom_qblock_info_t *qi = loom_qblock_info(w->dtype);
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * qi->bytes;
-    uint8_t u[2][256] __attribute__((aligned(64)));
-    loom_qblock_scales_t s[2];
-    int ng = a->blk / 16;
-    for (int n = r0; n < r1; n++) acc[n - r0] = 0.0f;
-    loom_qblock_scales_inline(w->dtype, row, &s[0]);
-    unpack(w->dtype, row, u[0]);
-    for (int b = 0; b < a->nb; b++) {
-        const loom_qblock_scales_t *sb = &s[b & 1];
-        if (b + 1 < a->nb) {
-            const uint8_t *next = row + (size_t)(b + 1) * qi->bytes;
-            loom_qblock_scales_inline(w->dtype, next, &s[(b + 1) & 1]);
-            unpack(w->dtype, next, u[(b + 1) & 1]);
+    float part[KQ_PASS][KQ_GROUP] __attribute__((aligned(32)));
+    for (int o = o0; o < o1; o++) {
+        const uint8_t *row = base + (size_t)o * rb;
+        for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], _mm256_setzero_ps());
+        for (int b0 = 0; b0 < a->nb; b0 += KQ_GROUP) {
+            kq_g32_t G;
+            unpack_g32(d, row + (size_t)b0 * bytes, a->nb - b0 < KQ_GROUP ? a->nb - b0 : KQ_GROUP, &G, hi5);
+            for (int n = r0; n < r1; n++) _mm256_store_ps(part[n - r0], step32(&G, a, n, b0, _mm256_load_ps(part[n - r0]), d, dot4));
         }
-        for (int n = r0; n < r1; n++) {
-            size_t at = (size_t)n * a->C + (size_t)b * a->blk;
-            const int16_t *xs = a->xs + at / 16;
-            int32_t I = dot(u[b & 1], a->xq + at, sb->sc, a->blk), M = 0;
-            for (int g = 0; g < ng; g++) M += sb->mn[g] * xs[g];
-            kq_update(&acc[n - r0], a->xd[(size_t)n * a->nb + b], sb->d, sb->dmin, I, M);
-        }
+        for (int n = r0; n < r1; n++) kq_put(out, n, o, total8(_mm256_load_ps(part[n - r0])));
     }
 }
 
-#if defined(__x86_64__)
-/* The 32-value formats (q4_0 ... q5_1), whose per-block work (an fp16
- * scale, a horizontal sum, a float update per 32 values) outweighs the
- * dot itself: KQ32 blocks at a time are unpacked into registers, each
- * input row's KQ32 dots (vpmaddubsw + vpmaddwd, or VNNI's vpdpbusd: u
- * unsigned times xq signed, four products to int32) summed horizontally
- * together (hsum8_i32x8), then the same integers and kq_update as kq_row,
- * block after block: the same bits. */
-#define KQ32 8
-#define KQ_ROW32(NAME, TGT, DOT)                                                                                  \
-    __attribute__((target(TGT))) static void NAME(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, \
-                                                  float *acc) {                                                   \
-        const int bytes = loom_qblock_info(w->dtype)->bytes;                                                      \
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * bytes;                               \
-        const __m256i ones = _mm256_set1_epi16(1);                                                                \
-        (void)ones;                                                                                               \
-        for (int n = r0; n < r1; n++) acc[n - r0] = 0.0f;                                                         \
-        for (int b0 = 0; b0 < a->nb; b0 += KQ32) {                                                                \
-            int k = a->nb - b0 < KQ32 ? a->nb - b0 : KQ32;                                                        \
-            __m256i u[KQ32], p[KQ32];                                                                             \
-            loom_qblock_scales_t sc[KQ32];                                                                        \
-            for (int j = 0; j < k; j++) {                                                                         \
-                loom_qblock_scales_inline(w->dtype, row + (size_t)(b0 + j) * bytes, &sc[j]);                      \
-                u[j] = unpack32_avx2(w->dtype, row + (size_t)(b0 + j) * bytes);                                   \
-            }                                                                                                     \
-            for (int j = k; j < KQ32; j++) p[j] = _mm256_setzero_si256();                                         \
-            for (int n = r0; n < r1; n++) {                                                                       \
-                const int8_t *x = a->xq + (size_t)n * a->C + (size_t)b0 * 32;                                     \
-                const int16_t *xs = a->xs + ((size_t)n * a->C + (size_t)b0 * 32) / 16;                            \
-                for (int j = 0; j < k; j++) p[j] = DOT;                                                           \
-                int32_t I[KQ32];                                                                                  \
-                _mm256_storeu_si256((__m256i *)I, hsum8_i32x8(p));                                                \
-                for (int j = 0; j < k; j++)                                                                       \
-                    kq_update(&acc[n - r0], a->xd[(size_t)n * a->nb + b0 + j], sc[j].d, sc[j].dmin, I[j],         \
-                              sc[j].mn[0] * (xs[2 * j] + xs[2 * j + 1]));                                          \
-            }                                                                                                     \
-        }                                                                                                         \
+/* One function per format and instruction set, the kernel and its dot
+ * products inlined (constants there). */
+#define KQ_ROWS_FN(NAME, TGT, BODY)                                                                                   \
+    __attribute__((target(TGT))) static void NAME(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, \
+                                                  const kq_out_t *out) {                                              \
+        BODY;                                                                                                         \
     }
-KQ_ROW32(row32_avx2, "avx2",
-         _mm256_madd_epi16(_mm256_maddubs_epi16(u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j))), ones))
-KQ_ROW32(row32_vnni, "avx2,avx512f,avx512bw,avx512vl,avx512vnni",
-         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u[j], _mm256_loadu_si256((const __m256i *)(x + 32 * j))))
+#define KQ_ROWS(SFX, TGT, MADD, DOT4, HI5)                                                       \
+    KQ_ROWS_FN(q4_0_##SFX, TGT, rows32(w, a, o0, o1, r0, r1, out, LOOM_Q4_0, DOT4, HI5))         \
+    KQ_ROWS_FN(q4_1_##SFX, TGT, rows32(w, a, o0, o1, r0, r1, out, LOOM_Q4_1, DOT4, HI5))         \
+    KQ_ROWS_FN(q5_0_##SFX, TGT, rows32(w, a, o0, o1, r0, r1, out, LOOM_Q5_0, DOT4, HI5))         \
+    KQ_ROWS_FN(q5_1_##SFX, TGT, rows32(w, a, o0, o1, r0, r1, out, LOOM_Q5_1, DOT4, HI5))         \
+    KQ_ROWS_FN(q4_K_##SFX, TGT, rowsk(w, a, o0, o1, r0, r1, out, LOOM_Q4_K, MADD))               \
+    KQ_ROWS_FN(q5_K_##SFX, TGT, rowsk(w, a, o0, o1, r0, r1, out, LOOM_Q5_K, MADD))               \
+    KQ_ROWS_FN(q6_K_##SFX, TGT, rowsk(w, a, o0, o1, r0, r1, out, LOOM_Q6_K, MADD))
+KQ_ROWS(avx2, "avx2,fma,f16c", madd_avx2, dot4_avx2, hi5_avx2)
+KQ_ROWS(avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", madd_avx2, dot4_avx2, hi5_avx512)
+KQ_ROWS(vnni, KQ_VNNI_TGT, madd_vnni, dot4_vnni, hi5_avx512)
 #endif
 
-typedef void (*kq_row_fn)(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc);
-
-static void row_portable(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc) {
-    kq_row(w, o, a, r0, r1, acc, dot_portable, loom_qblock_values);
-}
+static kq_rows_fn kq_rows_for_isa(loom_dtype d) {
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) static void row_avx2(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc) {
-    kq_row(w, o, a, r0, r1, acc, dot_avx2, unpack_avx2);
-}
-__attribute__((target("avx2,avx512f,avx512bw"))) static void row_avx512(const loom_tensor_t *w, int o, const kq_act_t *a, int r0,
-                                                                          int r1, float *acc) {
-    kq_row(w, o, a, r0, r1, acc, dot_avx512, unpack_avx2);
-}
-__attribute__((target("avx2,avx512f,avx512bw,avx512vnni"))) static void row_avx512vnni(const loom_tensor_t *w, int o, const kq_act_t *a,
-                                                                                         int r0, int r1, float *acc) {
-    kq_row(w, o, a, r0, r1, acc, dot_avx512vnni, unpack_avx2);
-}
+#define KQ_FMTS(SFX) {q4_0_##SFX, q4_1_##SFX, q5_0_##SFX, q5_1_##SFX, q4_K_##SFX, q5_K_##SFX, q6_K_##SFX}
+    static const kq_rows_fn fns[KQ_COUNT - 1][7] = {KQ_FMTS(avx2), KQ_FMTS(avx512), KQ_FMTS(vnni)};
+#undef KQ_FMTS
+    int isa = kq_pick();
+    if (isa != KQ_PORTABLE) return fns[isa - 1][d - LOOM_Q4_0];
 #endif
-
-static kq_row_fn kq_row_for_isa(loom_dtype d) {
-#if defined(__x86_64__)
-    static const kq_row_fn fns[KQ_COUNT] = {row_portable, row_avx2, row_avx512, row_avx512vnni};
-    static const kq_row_fn fns32[KQ_COUNT] = {row_portable, row32_avx2, row32_avx2, row32_vnni};
-    return (d < LOOM_Q4_K ? fns32 : fns)[kq_pick()];
-#else
     (void)d;
-    return row_portable;
-#endif
+    return rows_portable;
 }
+
+#define KQ_CHUNK 16 /* output rows a thread takes at a time */
 
 void loom_cpu_matmul_forward_kq(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
                                 int N, int C, int OC, int gelu) {
-    int blk = loom_qblock_info(w->dtype)->block, nb = C / blk;
-    int8_t *xq = loom_malloc((size_t)N * C);
-    float *xd = loom_malloc((size_t)N * nb * sizeof(float));
-    int16_t *xs = loom_malloc((size_t)N * (C / 16) * sizeof(int16_t));
+    if (loom_cpu_kq_gemm(out, inp, w, bias, N, C, OC, gelu)) return; /* many rows: the GEMM of cpu_kquant_gemm.c */
+    int blk = loom_qblock_info(w->dtype)->block, nb = C / blk, nbp = (nb + KQ_GROUP - 1) / KQ_GROUP * KQ_GROUP;
+    kq_act_t a = {NULL, NULL, NULL, C, blk, nb, (size_t)nbp * blk, (size_t)nbp, (size_t)nbp * blk / 16};
+    int8_t *xq = loom_malloc((size_t)N * a.sq);
+    float *xd = loom_malloc((size_t)N * a.sd * sizeof(float));
+    int16_t *xs = loom_malloc((size_t)N * a.ss * sizeof(int16_t));
+    memset(xq, 0, (size_t)N * a.sq), memset(xd, 0, (size_t)N * a.sd * sizeof(float)), memset(xs, 0, (size_t)N * a.ss * 2);
 #pragma omp parallel for schedule(static) if ((size_t)N * C > 1 << 16)
     for (int n = 0; n < N; n++)
-        loom_cpu_kq_quantize_act(inp + (size_t)n * C, C, blk, xd + (size_t)n * nb, xq + (size_t)n * C, xs + (size_t)n * (C / 16));
-    kq_act_t a = {xq, xd, xs, C, blk, nb};
-    kq_row_fn row = kq_row_for_isa(w->dtype);
+        loom_cpu_kq_quantize_act(inp + (size_t)n * C, C, blk, xd + n * a.sd, xq + n * a.sq, xs + n * a.ss);
+    a.xq = xq, a.xd = xd, a.xs = xs;
+    kq_rows_fn rows = kq_rows_for_isa(w->dtype);
+    kq_out_t y = {out, bias, OC, gelu};
 #pragma omp parallel if ((double)N * C * OC > 1 << 18)
-    {
-        float acc[KQ_PASS];
-        for (int r0 = 0; r0 < N; r0 += KQ_PASS) {
-            int r1 = r0 + KQ_PASS < N ? r0 + KQ_PASS : N;
-#pragma omp for schedule(dynamic, 16) nowait
-            for (int o = 0; o < OC; o++) {
-                row(w, o, &a, r0, r1, acc);
-                for (int n = r0; n < r1; n++) {
-                    float v = acc[n - r0] + (bias ? bias[o] : 0.0f);
-                    out[(size_t)n * OC + o] = gelu ? loom_gelu(v) : v;
-                }
-            }
-        }
+    for (int r0 = 0; r0 < N; r0 += KQ_PASS) {
+        int r1 = r0 + KQ_PASS < N ? r0 + KQ_PASS : N;
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int o0 = 0; o0 < OC; o0 += KQ_CHUNK) rows(w, &a, o0, o0 + KQ_CHUNK < OC ? o0 + KQ_CHUNK : OC, r0, r1, &y);
     }
     free(xq), free(xd), free(xs);
 }

@@ -16,8 +16,10 @@
  * rounding, op for op: IEEE division and round-half-away) and an epilogue
  * kernel applying sx[n] * sw[o] and the bias; GELU is the backend's GELU
  * kernel. Per-block scales (block 32) do not factor out of a row's int32
- * sum and IMMA has no per-block scaling, so they run an own kernel: each
- * block's int32 sum by dp4a, times its scale, summed in block order.
+ * sum and IMMA has no per-block scaling, so they run an own kernel: the
+ * activations quantized per block of the weight's size too (as the CPU,
+ * llama.cpp's Q8_0 x Q8_0), each block's int32 sum by dp4a, times its
+ * weight scale times its activation scale, summed in block order.
  *
  * W8A16/W8A32 (activations are fp32 at the op table's seam, so both are
  * this path): decode reads each weight once per step whatever the number
@@ -182,10 +184,11 @@ __global__ void w8a8_epilogue_kernel(A *out, const int32_t *acc, const float *sx
 }
 
 /* W8A8 with per-block scales (block 32, llama.cpp's Q8_0 form): a block's
- * scale does not factor out of a row's int32 sum, so one thread per output
+ * scales do not factor out of a row's int32 sum, so one thread per output
  * takes each block's exact int32 sum (dp4a when aligned), converts it and
- * multiplies by the block's scale, summing the blocks in order, then
- * applies sx[n] and the bias: the CPU's w8a8 per-block arithmetic. */
+ * multiplies by the block's weight scale times its activation block's scale
+ * sx[n][b], summing the blocks in order, then adds the bias: the CPU's w8a8
+ * per-block arithmetic. */
 template <typename A>
 __global__ void w8a8_blocks_kernel(A *out, const int8_t *xq, const float *sx, const int8_t *wq, const float *ws,
                                    int block, const float *bias, int N, int C, int OC, int vec) {
@@ -202,9 +205,9 @@ __global__ void w8a8_blocks_kernel(A *out, const int8_t *xq, const float *sx, co
                 for (; c + 4 <= (b + 1) * block; c += 4)
                     d = __dp4a(*reinterpret_cast<const int *>(x + c), *reinterpret_cast<const int *>(w + c), d);
             for (; c < (b + 1) * block; c++) d += (int32_t)x[c] * (int32_t)w[c];
-            f = __fadd_rn(f, __fmul_rn((float)d, ws[(size_t)o * nb + b]));
+            f = __fadd_rn(f, __fmul_rn((float)d, __fmul_rn(ws[(size_t)o * nb + b], sx[(i / OC) * nb + b])));
         }
-        float v = __fmul_rn(f, sx[i / OC]);
+        float v = f;
         out[i] = from_f<A>(bias ? __fadd_rn(v, bias[o]) : v);
     }
 }
@@ -287,9 +290,11 @@ static size_t round256(size_t b) { return (b + 255) & ~(size_t)255; }
 void cuda_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N,
                               int C, int OC, int gelu) {
     if (N <= 0 || OC <= 0) return;
-    /* scratch: acc (N,OC) int32 (per-row scales only) | xq (N,C) int8 | sx (N) fp32 */
+    /* scratch: acc (N,OC) int32 (per-row scales only) | xq (N,C) int8 | sx (N, nb) fp32, nb activation
+     * blocks a row (the weight's blocks; 1 with per-row scales) */
+    int nb = w->block ? C / w->block : 1, xc = C / nb;
     size_t b_acc = w->block ? 0 : round256((size_t)N * OC * 4), b_xq = round256((size_t)N * C);
-    char *s = (char *)cuda_scratch(SCRATCH_QUANT, b_acc + b_xq + (size_t)N * 4);
+    char *s = (char *)cuda_scratch(SCRATCH_QUANT, b_acc + b_xq + (size_t)N * nb * 4);
     int32_t *acc = (int32_t *)s;
     int8_t *xq = (int8_t *)(s + b_acc);
     float *sx = (float *)(s + b_acc + b_xq);
@@ -297,7 +302,8 @@ void cuda_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t 
     int vec = C % 4 == 0 && w->block % 4 == 0 && ((uintptr_t)wq & 3) == 0, grid = cuda_grid((size_t)N * OC, 256);
     with_act([&](auto act) {
         ACT_TYPE(act);
-        quantize_rows_kernel<A><<<(N + 3) / 4, 128, 0, g_cuda.stream>>>(xq, sx, (const A *)inp, N, C);
+        /* each activation block a row of its own: the rows are contiguous */
+        quantize_rows_kernel<A><<<(N * nb + 3) / 4, 128, 0, g_cuda.stream>>>(xq, sx, (const A *)inp, N * nb, xc);
     });
     LAUNCH_CHECK();
     if (w->block) {

@@ -1,0 +1,103 @@
+/* The block formats' prefill GEMM (cpu_kquant_gemm.c) beside the block-dot
+ * row kernel (cpu_kquant.c) on one weight shape per model, for N input
+ * rows: GFLOP/s (2 N C OC per call), median (min-max) of `rounds`, the two
+ * kernels alternating call by call. The weights are random blocks with
+ * finite fp16 scales (any such bytes are valid blocks). Arguments:
+ * threads, rounds, wall|cpu, and a list of N ("16,64").
+ * Built and run by bench/kquant-gemm.sh against build/libloom.a. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_gemm.h"
+#include "backend/cpu/cpu_kquant.h"
+#include "backend/cpu/cpu_kquant_gemm.h"
+#include "backend/qblock.h"
+#include "core/core.h"
+
+static int use_cpu_time;
+
+/* Wall time, or with `cpu` the process's CPU time, clock() (on a shared
+ * machine: the cost of the work, not the wait for a core). */
+static double now(void) { return use_cpu_time ? (double)clock() / CLOCKS_PER_SEC : loom_now(); }
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Random blocks of format d with every fp16 field a small finite value. */
+static void *random_blocks(loom_dtype d, int rows, int cols) {
+    const loom_qblock_info_t *qi = loom_qblock_info(d);
+    size_t n = (size_t)rows * cols / qi->block, bytes = n * qi->bytes;
+    unsigned char *p = loom_malloc(bytes);
+    for (size_t i = 0; i < bytes; i++) p[i] = (unsigned char)(rand() >> 7);
+    for (size_t b = 0; b < n; b++) {
+        unsigned char *blk = p + b * qi->bytes;
+        _Float16 h = (_Float16)((rand() / (float)RAND_MAX - 0.5f) * 0.002f);
+        int at[2] = {d == LOOM_Q6_K ? 208 : 0, d == LOOM_Q4_K || d == LOOM_Q5_K || d == LOOM_Q4_1 || d == LOOM_Q5_1 ? 2 : -1};
+        for (int k = 0; k < 2; k++)
+            if (at[k] >= 0) memcpy(blk + at[k], &h, 2);
+    }
+    return p;
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 2, rounds = argc > 2 ? atoi(argv[2]) : 5;
+    use_cpu_time = argc > 3 && !strcmp(argv[3], "cpu");
+    setenv("LOOM_KQ_GEMM_ROWS", "1000000000", 1); /* matmul_forward_kq: the row kernel at every N */
+    omp_set_num_threads(threads);
+    const char *why = NULL;
+    if (loom_cpu_gemm_select(getenv("LOOM_CPU_KERNEL"), &why) != 0) { /* as the CPU backend picks it */
+        fprintf(stderr, "LOOM_CPU_KERNEL: %s\n", why);
+        return 1;
+    }
+    struct { const char *model; loom_dtype d; int C, OC; } cases[] = {
+        {"llama-3.2-1b", LOOM_Q4_K, 2048, 2048}, {"llama-3.2-1b", LOOM_Q5_K, 2048, 2048},
+        {"llama-3.2-1b", LOOM_Q6_K, 2048, 2048}, {"smollm2-135m", LOOM_Q5_0, 576, 1536},
+        {"smollm2-135m", LOOM_Q4_K, 1536, 576}};
+    int Ns[16] = {2, 4, 8, 16, 32, 64, 512}, nN = 7;
+    if (argc > 4) { /* a list of N: "16,64" */
+        nN = 0;
+        for (char *p = argv[4], *e; *p && nN < 16; p = *e ? e + 1 : e) {
+            Ns[nN++] = (int)strtol(p, &e, 10);
+            if (e == p) return 1;
+        }
+    }
+    printf("threads %d, rounds %d, %s time, dequant %s, gemm %s, row kernel %s\n", threads, rounds,
+           use_cpu_time ? "cpu" : "wall", loom_cpu_kq_gemm_isa(), loom_cpu_gemm_kernel(), loom_cpu_kq_isa());
+    printf("| shape | format | N | row kernel GFLOP/s | GEMM GFLOP/s | GEMM / row |\n|---|---|---|---|---|---|\n");
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int C = cases[c].C, OC = cases[c].OC;
+        loom_tensor_t w = {.data = random_blocks(cases[c].d, OC, C), .dtype = cases[c].d, .rows = OC, .cols = C};
+        for (int k = 0; k < nN; k++) {
+            int N = Ns[k];
+            float *x = loom_malloc((size_t)N * C * sizeof(float)), *out = loom_malloc((size_t)N * OC * sizeof(float));
+            for (size_t i = 0; i < (size_t)N * C; i++) x[i] = rand() / (float)RAND_MAX - 0.5f;
+            double flop = 2.0 * N * C * OC, t[2][64];
+            int reps = (int)fmax(1.0, 2e8 / flop); /* calls per timing: ~0.2 GFLOP */
+            for (int r = 0; r < rounds + 1; r++)
+                for (int s = 0; s < 2; s++) {
+                    double t0 = now();
+                    for (int q = 0; q < reps; q++) {
+                        if (s) loom_cpu_kq_gemm_run(out, x, &w, NULL, N, C, OC, 0);
+                        else loom_cpu_matmul_forward_kq(out, x, &w, NULL, N, C, OC, 0);
+                    }
+                    if (r) t[s][r - 1] = flop * reps / (now() - t0) / 1e9; /* round 0 warms up */
+                }
+            qsort(t[0], rounds, sizeof(double), cmp);
+            qsort(t[1], rounds, sizeof(double), cmp);
+            printf("| %s %dx%d | %s | %d | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.2fx |\n", cases[c].model, OC, C,
+                   loom_qblock_info(cases[c].d)->name, N, t[0][rounds / 2], t[0][0], t[0][rounds - 1], t[1][rounds / 2],
+                   t[1][0], t[1][rounds - 1], t[1][rounds / 2] / t[0][rounds / 2]);
+            fflush(stdout);
+            free(x), free(out);
+        }
+        free(w.data);
+    }
+    return 0;
+}

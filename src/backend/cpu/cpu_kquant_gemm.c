@@ -1,0 +1,295 @@
+/* cpu_kquant_gemm: prefill on block formats, a weight panel dequantized
+ * to fp32 in cache, then loom's fp32 GEMM (see cpu_kquant_gemm.h).
+ *
+ * Why fp32 and not an int8 tile kernel: the weights come out exact (the
+ * gguf package's values), the activations are not rounded to 8 bits, and
+ * the GEMM's micro-kernel (12 x 32 on AVX-512, 6 x 16 on AVX2) already
+ * runs near the fp32 peak; the dequantization is one pass over the weight
+ * bytes per call (a few instructions per 16 values), shared by all N input
+ * rows, so from a few rows on it costs less than the products. The panel
+ * of KG_OCP output rows x kg_slice values (256 KB) stays in L2 while the
+ * GEMM packs and uses it.
+ *
+ * The dequantization is written once with GCC vector types (16 lanes of
+ * int32 / float) and compiled three times: AVX-512 F (one register), AVX2
+ * (two) and the build's own target (portable), chosen by cpuid. Every
+ * copy computes gguf.quants.dequantize's float operations in its order
+ * (qblock.c's reference), with fused multiply-adds off, so all three give
+ * those values bit for bit; the GEMM then sums each output in k order,
+ * whatever the threads, so results depend on neither. */
+#include "cpu_kquant_gemm.h"
+
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/qblock.h"
+#include "backend/qblock_impl.h"
+#include "cpu_gemm.h"
+#include "cpu_isa.h"
+#include "cpu_math.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* Fused multiply-adds would round once where gguf-py rounds twice. */
+#pragma GCC optimize("fp-contract=off")
+
+#define KG_OCP 64        /* output rows per panel (two of the AVX-512 kernel's 32 columns) */
+#define KG_SLICE 1024    /* values per dequantized slice of a row: KG_OCP x 1024 floats = 256 KB */
+/* Floats between the panel's rows beyond the slice: rows 4 KB apart put the
+ * GEMM's 16-row transposing loads in one L1 set. */
+#define KG_PAD 16
+/* From these input rows on the GEMM beats the row kernel (bench/kquant-gemm.sh,
+ * docs/quantization.md "Prefill"): the 256-value formats' row kernel is
+ * faster per block than the 32-value formats' one. */
+#define KG_ROWS_K 24
+#define KG_ROWS_32 10
+
+/* ---- dequantization ---- */
+
+typedef uint8_t kg_u8 __attribute__((vector_size(16), aligned(1))); /* unaligned, may alias any bytes */
+typedef int32_t kg_i32 __attribute__((vector_size(64)));
+typedef float kg_f32 __attribute__((vector_size(64)));
+
+/* 16 floats at o: (float)q * a, as gguf's d * q (one rounding). */
+#define KG_PUT(o, q, a)                                                                                              \
+    do {                                                                                                             \
+        kg_f32 f_ = __builtin_convertvector((q), kg_f32) * (a);                                                      \
+        memcpy((o), &f_, 64);                                                                                        \
+    } while (0)
+/* 16 floats at o: (float)q * a + m, as gguf's d * q + m (two roundings). */
+#define KG_PUT_MIN(o, q, a, m)                                                                                       \
+    do {                                                                                                             \
+        kg_f32 f_ = __builtin_convertvector((q), kg_f32) * (a);                                                      \
+        f_ = f_ + (m);                                                                                               \
+        memcpy((o), &f_, 64);                                                                                        \
+    } while (0)
+
+/* `nblocks` consecutive blocks of format d from src into o. */
+typedef void (*kg_dequant_fn)(loom_dtype d, const uint8_t *src, int nblocks, float *o);
+
+/* The three block functions and the row dequantization for one target:
+ * SFX names them, ATTR is their target attribute, LOAD(p) widens 16 bytes
+ * at p to 16 int32 lanes (GCC 12 builds __builtin_convertvector of bytes
+ * to int32 lane by lane, so each target gets its own zero-extension). */
+#define KG_DEQUANT(SFX, ATTR, LOAD)                                                                                   \
+/* A 32-value block: d (q - 8), d (q - 16), d q + m; the fifth bit j of                                               \
+ * qh for value j. */                                                                                                 \
+ATTR static inline void kg_block32_##SFX(loom_dtype d, const uint8_t *b, float *o) {                                  \
+    const kg_i32 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};                                       \
+    int hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1, five = d == LOOM_Q5_0 || d == LOOM_Q5_1;                           \
+    const uint8_t *qs = b + 2 + 2 * hasmin + 4 * five;                                                                \
+    float s = qblock_f16(b);                                                                                          \
+    kg_i32 q = LOAD(qs), lo = q & 15, hi = q >> 4;                                                                    \
+    if (five) {                                                                                                       \
+        uint32_t qh;                                                                                                  \
+        memcpy(&qh, b + 2 + 2 * hasmin, 4);                                                                           \
+        kg_i32 h = (kg_i32){0} + (int32_t)qh;                                                                         \
+        lo |= ((h >> iota) & 1) << 4;                                                                                 \
+        hi |= ((h >> (iota + 16)) & 1) << 4;                                                                          \
+    }                                                                                                                 \
+    if (hasmin) {                                                                                                     \
+        float m = qblock_f16(b + 2);                                                                                  \
+        KG_PUT_MIN(o, lo, s, m);                                                                                      \
+        KG_PUT_MIN(o + 16, hi, s, m);                                                                                 \
+    } else {                                                                                                          \
+        int off = five ? 16 : 8;                                                                                      \
+        KG_PUT(o, lo - off, s);                                                                                       \
+        KG_PUT(o + 16, hi - off, s);                                                                                  \
+    }                                                                                                                 \
+}                                                                                                                     \
+                                                                                                                      \
+/* q4_K / q5_K: chunk c of 64 values is qs[32c ..] low nibbles (sub-block                                             \
+ * 2c) then high nibbles (2c + 1), value d sc q - dmin m per sub-block. */                                            \
+ATTR static inline void kg_block_k4_##SFX(loom_dtype d, const uint8_t *b, float *o) {                                 \
+    float s = qblock_f16(b), smin = qblock_f16(b + 2);                                                                \
+    const uint8_t *qh = b + 16, *qs = d == LOOM_Q4_K ? b + 16 : b + 48;                                               \
+    for (int c = 0; c < 4; c++) {                                                                                     \
+        float dl[2], ml[2];                                                                                           \
+        for (int h = 0; h < 2; h++) {                                                                                 \
+            int sc, m;                                                                                                \
+            qblock_scale_min_k4(2 * c + h, b + 4, &sc, &m);                                                           \
+            dl[h] = s * (float)sc, ml[h] = -(smin * (float)m); /* x - y is x + (-y), exactly */                       \
+        }                                                                                                             \
+        for (int l0 = 0; l0 < 32; l0 += 16) {                                                                         \
+            kg_i32 q = LOAD(qs + 32 * c + l0), lo = q & 15, hi = q >> 4;                                              \
+            if (d == LOOM_Q5_K) {                                                                                     \
+                kg_i32 h = LOAD(qh + l0);                                                                             \
+                lo |= ((h >> (2 * c)) & 1) << 4;                                                                      \
+                hi |= ((h >> (2 * c + 1)) & 1) << 4;                                                                  \
+            }                                                                                                         \
+            KG_PUT_MIN(o + 64 * c + l0, lo, dl[0], ml[0]);                                                            \
+            KG_PUT_MIN(o + 64 * c + 32 + l0, hi, dl[1], ml[1]);                                                       \
+        }                                                                                                             \
+    }                                                                                                                 \
+}                                                                                                                     \
+                                                                                                                      \
+/* q6_K: value 128 h + 32 k + l from ql (low nibble of ql[l], ql[l + 32],                                             \
+ * then their high nibbles) and bits 2k of qh[l]; d sc (q - 32) per 16. */                                            \
+ATTR static inline void kg_block_q6k_##SFX(const uint8_t *b, float *o) {                                              \
+    float s = qblock_f16(b + 208);                                                                                    \
+    for (int h = 0; h < 2; h++) {                                                                                     \
+        const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;                                                       \
+        for (int l0 = 0; l0 < 32; l0 += 16) {                                                                         \
+            kg_i32 a = LOAD(ql + l0), c = LOAD(ql + 32 + l0), hh = LOAD(qh + l0);                                     \
+            kg_i32 v[4] = {(a & 15) | ((hh & 3) << 4), (c & 15) | (((hh >> 2) & 3) << 4),                             \
+                           (a >> 4) | (((hh >> 4) & 3) << 4), (c >> 4) | ((hh >> 6) << 4)};                           \
+            for (int k = 0; k < 4; k++) {                                                                             \
+                int j = 128 * h + 32 * k + l0;                                                                        \
+                KG_PUT(o + j, v[k] - 32, s * (float)(int8_t)b[192 + j / 16]);                                         \
+            }                                                                                                         \
+        }                                                                                                             \
+    }                                                                                                                 \
+}                                                                                                                     \
+    ATTR static void dequant_##SFX(loom_dtype d, const uint8_t *src, int nblocks, float *o) {                         \
+        const loom_qblock_info_t *qi = loom_qblock_info(d);                                                           \
+        for (int b = 0; b < nblocks; b++, src += qi->bytes, o += qi->block) {                                         \
+            if (d == LOOM_Q6_K) kg_block_q6k_##SFX(src, o);                                                           \
+            else if (d >= LOOM_Q4_K) kg_block_k4_##SFX(d, src, o);                                                    \
+            else kg_block32_##SFX(d, src, o);                                                                         \
+        }                                                                                                             \
+    }                                                                                                                 
+
+#define KG_LOAD_C(p) __builtin_convertvector(*(const kg_u8 *)(p), kg_i32)
+KG_DEQUANT(portable, , KG_LOAD_C)
+#if defined(__x86_64__)
+#define KG_LOAD_AVX2(p)                                                                                              \
+    ({                                                                                                               \
+        __m128i b_ = _mm_loadu_si128((const __m128i *)(p));                                                         \
+        union { __m256i h[2]; kg_i32 v; } u_ = {{_mm256_cvtepu8_epi32(b_), _mm256_cvtepu8_epi32(_mm_srli_si128(b_, 8))}}; \
+        u_.v;                                                                                                        \
+    })
+#define KG_LOAD_AVX512(p) ((kg_i32)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+KG_DEQUANT(avx2, __attribute__((target("avx2,fma"))), KG_LOAD_AVX2)
+KG_DEQUANT(avx512, __attribute__((target("avx512f,avx2,fma"))), KG_LOAD_AVX512)
+#endif
+
+enum { KG_PORTABLE, KG_AVX2, KG_AVX512, KG_COUNT };
+static const char *const kg_names[KG_COUNT] = {"portable", "avx2", "avx512"};
+
+static int kg_supported(int isa) {
+    static const unsigned need[KG_COUNT] = {0, LOOM_ISA_AVX2, LOOM_ISA_AVX2 | LOOM_ISA_AVX512};
+#if !defined(__x86_64__)
+    if (isa != KG_PORTABLE) return 0;
+#endif
+    return loom_cpu_has(need[isa]);
+}
+
+static int kg_isa_now = -1;
+
+static int kg_pick(void) {
+    if (kg_isa_now < 0) {
+        int best = KG_PORTABLE;
+        for (int i = KG_AVX2; i < KG_COUNT; i++)
+            if (kg_supported(i)) best = i;
+        kg_isa_now = best;
+    }
+    return kg_isa_now;
+}
+
+const char *loom_cpu_kq_gemm_isa(void) { return kg_names[kg_pick()]; }
+
+int loom_cpu_kq_gemm_use(const char *name) { return loom_cpu_isa_use(kg_names, KG_COUNT, kg_supported, &kg_isa_now, name); }
+
+static kg_dequant_fn kg_dequant_for_isa(void) {
+#if defined(__x86_64__)
+    static const kg_dequant_fn fns[KG_COUNT] = {dequant_portable, dequant_avx2, dequant_avx512};
+    return fns[kg_pick()];
+#else
+    return dequant_portable;
+#endif
+}
+
+/* ---- the product ---- */
+
+static int kg_slice = KG_SLICE;
+
+void loom_cpu_kq_gemm_slice(int values) { kg_slice = values > 0 && values % 256 == 0 ? values : KG_SLICE; }
+
+int loom_cpu_kq_gemm_rows(loom_dtype d) {
+    static int rows = -1;
+    if (rows < 0) {
+        const char *e = getenv("LOOM_KQ_GEMM_ROWS");
+        rows = e && *e && atoi(e) > 0 ? atoi(e) : 0;
+    }
+    return rows ? rows : d >= LOOM_Q4_K ? KG_ROWS_K : KG_ROWS_32;
+}
+
+typedef struct {
+    float *out;
+    const float *inp;
+    const loom_tensor_t *w;
+    const float *bias;
+    int N, C, OC, gelu;
+    kg_dequant_fn dequant;
+} kg_job_t;
+
+/* Output rows j0 .. j0 + jr - 1, slice by slice of the depth: the slice's
+ * blocks dequantized into `panel` (jr rows of ks floats, ks + KG_PAD
+ * apart), then the GEMM on it, adding to the earlier slices' sums; bias
+ * with the first slice, GELU after the last. */
+static void kg_panel(const kg_job_t *j, int j0, int jr, float *panel, int tid) {
+    const loom_qblock_info_t *qi = loom_qblock_info(j->w->dtype);
+    size_t row_bytes = loom_qblock_row_bytes(j->w->dtype, j->C);
+    for (int k0 = 0; k0 < j->C; k0 += kg_slice) {
+        int ks = j->C - k0 < kg_slice ? j->C - k0 : kg_slice;
+        const uint8_t *src = (const uint8_t *)j->w->data + (size_t)j0 * row_bytes + (size_t)(k0 / qi->block) * qi->bytes;
+        for (int r = 0; r < jr; r++)
+            j->dequant(j->w->dtype, src + (size_t)r * row_bytes, ks / qi->block, panel + (size_t)r * (ks + KG_PAD));
+        loom_gemm_t g = {.a = j->inp + k0, .rsa = j->C, .csa = 1, .b = panel, .rsb = 1, .csb = ks + KG_PAD,
+                         .c = j->out + j0, .ldc = j->OC, .M = j->N, .N = jr, .K = ks, .accumulate = k0 > 0,
+                         .bias = k0 == 0 && j->bias ? j->bias + j0 : NULL,
+                         .gelu = j->gelu && k0 + ks == j->C ? j->out + j0 : NULL};
+        loom_cpu_gemm_serial(&g, tid);
+    }
+}
+
+/* The threads' panels, kept from call to call: a fresh 0.5 MB each call
+ * was a fresh mapping, its pages faulted in and zeroed every time (smollm2
+ * makes 210 calls a forward). Grown from serial code only; one product
+ * runs at a time, as with cpu_gemm.c's packing buffers. */
+static float *kg_panels(size_t floats) {
+    static float *buf;
+    static size_t have;
+    if (floats <= have) return buf;
+    float *p = NULL;
+    if (posix_memalign((void **)&p, 64, floats * sizeof(float)) != 0) return NULL;
+    free(buf);
+    buf = p, have = floats;
+    return buf;
+}
+
+int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N, int C, int OC,
+                         int gelu) {
+    int nt = omp_get_max_threads();
+    if (loom_cpu_gemm_init(nt) != 0) return 0;
+    if (nt > loom_cpu_gemm_threads()) nt = loom_cpu_gemm_threads();
+    /* 32-row panels where 64-row ones would leave fewer than 4 per thread:
+     * the last panel's wait is then short */
+    int ocp = OC >= 4 * nt * KG_OCP ? KG_OCP : KG_OCP / 2, np = (OC + ocp - 1) / ocp;
+    size_t per = (size_t)ocp * (size_t)((C < kg_slice ? C : kg_slice) + KG_PAD);
+    float *panels = kg_panels((size_t)nt * per);
+    if (!panels) return 0;
+    kg_job_t job = {out, inp, w, bias, N, C, OC, gelu, kg_dequant_for_isa()};
+#pragma omp parallel num_threads(nt) if ((double)N * C * OC > 1 << 18)
+    {
+        int tid = omp_get_thread_num();
+        /* dynamic: a descheduled thread's panels are taken by the other */
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < np; p++) {
+            int j0 = p * ocp, jr = OC - j0 < ocp ? OC - j0 : ocp;
+            kg_panel(&job, j0, jr, panels + (size_t)tid * per, tid);
+        }
+    }
+    return 1;
+}
+
+int loom_cpu_kq_gemm(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N, int C, int OC,
+                     int gelu) {
+    /* inside a parallel region the threads' panels and cpu_gemm.c's
+     * packing buffers (by thread number) would be shared: the row kernel */
+    if (N < loom_cpu_kq_gemm_rows(w->dtype) || omp_in_parallel()) return 0;
+    return loom_cpu_kq_gemm_run(out, inp, w, bias, N, C, OC, gelu);
+}
