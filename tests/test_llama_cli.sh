@@ -112,6 +112,33 @@ else
     echo "FAIL llama_cli_prune_24_sample: $(tail -2 "$tmp/prune.log") $out"
 fi
 
+# A model whose whole context (1,000,000 tokens here, 512 MB of KV cache)
+# does not fit serve's default --kv-memory (256M): serve starts anyway with
+# a shorter context and says so, and its greedy tokens equal loom generate's
+# on the folder itself; an explicit --kv-memory too small for one whole
+# context is refused naming it.
+cp -r "$tmp/hf" "$tmp/hflong"
+$PY -c "import json,sys; p=sys.argv[1]; c=json.load(open(p)); c['max_position_embeddings']=1000000; json.dump(c, open(p,'w'))" "$tmp/hflong/config.json"
+echo '{"prompt": "And God said", "max_tokens": 8, "temperature": 0}' > "$tmp/p.jsonl"
+$LOOM generate --run "$tmp/hf" --prompts "$tmp/p.jsonl" --out "$tmp/g1.jsonl" --threads 2 > /dev/null 2>&1
+$LOOM serve --run "$tmp/hflong" --port 0 --threads 2 > /dev/null 2> "$tmp/long.log" &
+lpid=$!
+for _ in $(seq 1 600); do grep -q "ready on http" "$tmp/long.log" 2>/dev/null && break; kill -0 $lpid 2>/dev/null || break; sleep 0.1; done # a guard only
+lport=$(sed -n 's/.*ready on http:\/\/[^:]*:\([0-9]*\).*/\1/p' "$tmp/long.log" | head -1)
+got=$(curl -s "http://127.0.0.1:$lport/v1/completions" -H 'Content-Type: application/json' \
+      -d '{"model": "hflong", "prompt": "And God said", "max_tokens": 8, "temperature": 0, "logprobs": 1}' 2>/dev/null)
+kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
+want=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['samples'][0]['text'])" "$tmp/g1.jsonl" 2>/dev/null)
+have=$(printf '%s' "$got" | $PY -c "import json,sys; print(json.load(sys.stdin)['choices'][0]['text'])" 2>/dev/null)
+if grep -q "requests get 131072 tokens of context, not the model's 1000000" "$tmp/long.log" && [ -n "$have" ] && [ "$have" = "$want" ]; then
+    echo "PASS llama_cli_long_context_capped_by_default_kv ($(grep -o 'requests get [0-9]* tokens' "$tmp/long.log"))"
+else
+    echo "FAIL llama_cli_long_context_capped_by_default_kv: '$have' vs '$want'; $(tail -2 "$tmp/long.log")"
+fi
+out=$($LOOM generate --run "$tmp/hflong" --prompts "$tmp/p.jsonl" --out "$tmp/g3.jsonl" --threads 2 --kv-memory 64M 2>&1)
+printf '%s' "$out" | grep -q "raise --kv-memory to at least" && echo "PASS llama_cli_long_context_explicit_kv_refused" \
+    || echo "FAIL llama_cli_long_context_explicit_kv_refused: $out"
+
 # 5. Serve the Hugging Face folder over HTTP, as a user would, and ask with
 # the official openai client: the greedy completion (streamed and not) is
 # transformers' greedy generate() on the same folder, token for token (the

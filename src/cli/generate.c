@@ -1,6 +1,7 @@
 /* loom generate: many prompts through the engine's continuous batching,
  * offline (JSON lines in, JSON lines out, in input order). */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,6 +206,19 @@ loom_status loom_cli_engine_flags_config(const loom_cli_engine_flags_t *ef, loom
 void loom_cli_engine_config_model(loom_engine_config_t *c, const loom_opened_t *m) {
     c->kv_dtype = m->kv_dtype;
     c->weights = m->weights;
+    if (loom_args_given("kv-memory")) return; /* the user's size: one that cannot hold a whole context is refused, naming it */
+    /* The default size and a model whose whole context does not fit in it
+     * (smollm2's 8192 tokens, Llama 3's 131072): run with a shorter context,
+     * four sequences' worth, and say so, instead of refusing to start. */
+    const loom_gpt_config_t *g = &m->model->cfg;
+    size_t per = loom_infer_block_bytes(g, c->block_size, c->kv_dtype), nb = c->kv_bytes / per;
+    size_t need = ((size_t)g->max_seq_len + (size_t)c->block_size - 1) / (size_t)c->block_size;
+    if (nb >= need || nb < 4) return; /* fits, or too small for any cap: the engine's error says what to raise */
+    c->max_context = (int)(nb / 4) * c->block_size;
+    fprintf(stderr, "loom: the default --kv-memory (%.0f MiB) holds %zu tokens: requests get %d tokens of context, not the model's %d; "
+                    "--kv-memory %.0fM holds four whole ones\n",
+            (double)c->kv_bytes / (1 << 20), nb * (size_t)c->block_size, c->max_context, g->max_seq_len,
+            ceil((double)(4 * need * per) / (1 << 20)));
 }
 
 static loom_status generate_run(const char *run, int threads, const char *in, const char *out,

@@ -311,7 +311,8 @@ static void loop_wake(loom_engine_t *e) {
 static loom_status check_request(const loom_engine_t *e, const int *prompt, int np, const loom_request_params_t *p) {
     if (np < 1 || !prompt) return loom_error(LOOM_EINVAL, "empty prompt: a request needs at least one token");
     if (np > e->maxT)
-        return loom_error(LOOM_EINVAL, "prompt of %d tokens is longer than the model's context (%d tokens)", np, e->maxT);
+        return loom_error(LOOM_EINVAL, "prompt of %d tokens is longer than the model's context (%d tokens%s)", np, e->maxT,
+                          e->maxT < e->m->cfg.max_seq_len ? ", as the server's KV cache limits it: its operator can raise --kv-memory" : "");
     for (int i = 0; i < np; i++)
         if (prompt[i] < 0 || prompt[i] >= e->V)
             return loom_error(LOOM_EINVAL, "prompt token %d at position %d is outside the model's vocabulary (%d)", prompt[i], i, e->V);
