@@ -50,6 +50,9 @@
  * faster per block than the 32-value formats' one. */
 #define KG_ROWS_K 24
 #define KG_ROWS_32 10
+/* The int8 tile beats the block-dot kernel on the k-quants from 4 rows
+ * (1.2-1.6x there, 3.4-3.9x at 16; at 2 rows q6_K loses): bench/kquant-gemm.sh. */
+#define KI_ROWS 4
 
 /* ---- dequantization ---- */
 
@@ -221,7 +224,9 @@ int loom_cpu_kq_gemm_rows(loom_dtype d) {
         const char *e = getenv("LOOM_KQ_GEMM_ROWS");
         rows = e && *e && atoi(e) > 0 ? atoi(e) : 0;
     }
-    return rows ? rows : d >= LOOM_Q4_K ? KG_ROWS_K : KG_ROWS_32;
+    if (rows) return rows;
+    if (d >= LOOM_Q4_K) return kg_pick() == KG_VNNI ? KI_ROWS : KG_ROWS_K;
+    return KG_ROWS_32;
 }
 
 typedef struct {
