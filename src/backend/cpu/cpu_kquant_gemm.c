@@ -1,7 +1,9 @@
 /* cpu_kquant_gemm: prefill on block formats, a weight panel dequantized
  * to fp32 in cache, then loom's fp32 GEMM (see cpu_kquant_gemm.h).
  *
- * Why fp32 and not an int8 tile kernel: the weights come out exact (the
+ * On AVX-512 VNNI the k-quants take the int8 tile below instead (2.5-4x
+ * this path, bench/kquant-gemm.sh); this path stays for the 32-value
+ * formats and CPUs without VNNI. Why fp32 first: the weights come out exact (the
  * gguf package's values), the activations are not rounded to 8 bits, and
  * the GEMM's micro-kernel (12 x 32 on AVX-512, 6 x 16 on AVX2) already
  * runs near the fp32 peak; the dequantization is one pass over the weight
