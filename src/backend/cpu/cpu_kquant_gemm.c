@@ -275,28 +275,6 @@ typedef struct {
     uint8_t pad_[56]; /* 384 bytes: records 64-byte aligned */
 } ki_w_t;
 
-/* Row r (of N, C values) into its tile's records (nsb per tile). */
-static void ki_quantize_row(const float *x, int r, int nsb, ki_act_t *act) {
-    ki_act_t *a = act + (size_t)(r / KI_R) * nsb;
-    int lane = r % KI_R;
-    for (int b = 0; b < nsb; b++, a++, x += 256) {
-        float amax = 0;
-        for (int i = 0; i < 256; i++) amax = fmaxf(amax, fabsf(x[i]));
-        float id = amax > 0 ? 127.0f / amax : 0.0f;
-        a->xd[lane] = amax / 127.0f;
-        for (int c = 0; c < 16; c++) {
-            int s = 0;
-            for (int i = 16 * c; i < 16 * c + 16; i++) {
-                int q = (int)nearbyintf(x[i] * id);
-                q = q > 127 ? 127 : q < -127 ? -127 : q;
-                a->q[i / 4][lane][i % 4] = (int8_t)q;
-                s += q;
-            }
-            a->bs[c / 2][lane][c % 2] = (int16_t)s;
-        }
-    }
-}
-
 /* One superblock of row `b` (format d) into w, 16 values an operation. */
 static void ki_unpack(loom_dtype d, const uint8_t *b, ki_w_t *w) {
     kg_u8 v[4], a, c, h;
@@ -370,6 +348,29 @@ KI_TARGET static inline __attribute__((always_inline)) void ki_tile(const ki_w_t
             __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(sb[o]), _mm512_set1_ps(wr->d));
             t = _mm512_sub_ps(t, _mm512_mul_ps(_mm512_cvtepi32_ps(mn[o]), _mm512_set1_ps(wr->dmin)));
             f[o] = _mm512_add_ps(f[o], _mm512_mul_ps(xd, t));
+        }
+    }
+}
+
+/* Row r (C values) into its tile's records (nsb per tile): per 256 values
+ * xd = amax / 127 and q = x * (127 / amax) rounded to nearest even (the
+ * MXCSR default, as nearbyintf; |q| <= 127 so the saturating narrowing
+ * never clamps), the sums of q per 16 values. */
+KI_TARGET static void ki_quantize_row(const float *x, int r, int nsb, ki_act_t *act) {
+    ki_act_t *a = act + (size_t)(r / KI_R) * nsb;
+    int lane = r % KI_R;
+    for (int b = 0; b < nsb; b++, a++, x += 256) {
+        __m512 m = _mm512_setzero_ps();
+        for (int i = 0; i < 256; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+        float amax = _mm512_reduce_max_ps(m);
+        __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+        a->xd[lane] = amax / 127.0f;
+        for (int c = 0; c < 16; c++) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * c), id));
+            int32_t b4[4];
+            _mm_storeu_si128((__m128i *)b4, _mm512_cvtsepi32_epi8(q));
+            for (int t = 0; t < 4; t++) memcpy(a->q[4 * c + t][lane], &b4[t], 4);
+            a->bs[c / 2][lane][c % 2] = (int16_t)_mm512_reduce_add_epi32(q);
         }
     }
 }
