@@ -59,7 +59,8 @@ int main(int argc, char **argv) {
     struct { const char *model; loom_dtype d; int C, OC; } cases[] = {
         {"llama-3.2-1b", LOOM_Q4_K, 2048, 2048}, {"llama-3.2-1b", LOOM_Q5_K, 2048, 2048},
         {"llama-3.2-1b", LOOM_Q6_K, 2048, 2048}, {"smollm2-135m", LOOM_Q5_0, 576, 1536},
-        {"smollm2-135m", LOOM_Q4_K, 1536, 576}};
+        {"smollm2-135m", LOOM_Q4_K, 1536, 576}, {"llama-3.2-1b", LOOM_Q4_K, 2048, 8192},
+        {"llama-3.2-1b", LOOM_Q6_K, 8192, 2048}};
     int Ns[16] = {2, 4, 8, 16, 32, 64, 512}, nN = 7;
     if (argc > 4) { /* a list of N: "16,64" */
         nN = 0;
@@ -70,7 +71,8 @@ int main(int argc, char **argv) {
     }
     printf("threads %d, rounds %d, %s time, dequant %s, gemm %s, row kernel %s\n", threads, rounds,
            use_cpu_time ? "cpu" : "wall", loom_cpu_kq_gemm_isa(), loom_cpu_gemm_kernel(), loom_cpu_kq_isa());
-    printf("| shape | format | N | row kernel GFLOP/s | GEMM GFLOP/s | GEMM / row |\n|---|---|---|---|---|---|\n");
+    printf("| shape | format | N | row kernel GFLOP/s | fp32 GEMM | best GEMM (%s) | fp32 / row | best / fp32 |\n"
+           "|---|---|---|---|---|---|---|---|\n", loom_cpu_kq_gemm_isa());
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         int C = cases[c].C, OC = cases[c].OC;
         loom_tensor_t w = {.data = random_blocks(cases[c].d, OC, C), .dtype = cases[c].d, .rows = OC, .cols = C};
@@ -78,10 +80,12 @@ int main(int argc, char **argv) {
             int N = Ns[k];
             float *x = loom_malloc((size_t)N * C * sizeof(float)), *out = loom_malloc((size_t)N * OC * sizeof(float));
             for (size_t i = 0; i < (size_t)N * C; i++) x[i] = rand() / (float)RAND_MAX - 0.5f;
-            double flop = 2.0 * N * C * OC, t[2][64];
+            double flop = 2.0 * N * C * OC, t[3][64];
             int reps = (int)fmax(1.0, 2e8 / flop); /* calls per timing: ~0.2 GFLOP */
             for (int r = 0; r < rounds + 1; r++)
-                for (int s = 0; s < 2; s++) {
+                for (int s = 0; s < 3; s++) {
+                    /* 1: the fp32 panel GEMM (dequantization avx512), 2: the best (the int8 tile where it runs) */
+                    loom_cpu_kq_gemm_use(s == 1 && loom_cpu_kq_gemm_use("avx512") ? "avx512" : NULL);
                     double t0 = now();
                     for (int q = 0; q < reps; q++) {
                         if (s) loom_cpu_kq_gemm_run(out, x, &w, NULL, N, C, OC, 0);
@@ -89,11 +93,11 @@ int main(int argc, char **argv) {
                     }
                     if (r) t[s][r - 1] = flop * reps / (now() - t0) / 1e9; /* round 0 warms up */
                 }
-            qsort(t[0], rounds, sizeof(double), cmp);
-            qsort(t[1], rounds, sizeof(double), cmp);
-            printf("| %s %dx%d | %s | %d | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.2fx |\n", cases[c].model, OC, C,
-                   loom_qblock_info(cases[c].d)->name, N, t[0][rounds / 2], t[0][0], t[0][rounds - 1], t[1][rounds / 2],
-                   t[1][0], t[1][rounds - 1], t[1][rounds / 2] / t[0][rounds / 2]);
+            loom_cpu_kq_gemm_use(NULL);
+            for (int s = 0; s < 3; s++) qsort(t[s], rounds, sizeof(double), cmp);
+            printf("| %s %dx%d | %s | %d", cases[c].model, OC, C, loom_qblock_info(cases[c].d)->name, N);
+            for (int s = 0; s < 3; s++) printf(" | %.1f (%.1f-%.1f)", t[s][rounds / 2], t[s][0], t[s][rounds - 1]);
+            printf(" | %.2fx | %.2fx |\n", t[1][rounds / 2] / t[0][rounds / 2], t[2][rounds / 2] / t[1][rounds / 2]);
             fflush(stdout);
             free(x), free(out);
         }

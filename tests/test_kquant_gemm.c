@@ -14,6 +14,8 @@
  *     values exactly);
  *   - with GELU, out is loom_gelu of the same product (the epilogue);
  *   - matmul_forward_kq at the threshold's N runs this GEMM (same bits).
+ * On the k-quants the int8 tile (set avx512vnni, where the CPU has it) is
+ * checked against its own bound (int8_bound below), with and without GELU.
  *
  * The bound. The weights are gguf's values exactly and the input is used
  * as given, so only the fp32 sums round: per output, C fused multiply-adds
@@ -32,6 +34,7 @@
 #include "backend/cpu/cpu_kquant_gemm.h"
 #include "backend/cpu/cpu_math.h"
 #include "backend/qblock.h"
+#include "backend/qblock_impl.h"
 #include "check.h"
 #include "ckpt/gguf_file.h"
 
@@ -91,11 +94,74 @@ static double check_bound(const gemm_case_t *k, const float *out, const char *wh
     return worst;
 }
 
+/* The int8 tile's bound. It computes, per output and 256-value block b,
+ * xd_b (d sumi - dmin summ) with exact integer sums, where x_i is replaced
+ * by xd_b q_i, |x_i - xd_b q_i| <= xd_b / 2 (round to nearest; xd_b =
+ * amax_b / 127, so no clamping), and w_i by the real d sc_j u_i - dmin m_j
+ * (gguf's w_i rounds its two products and difference: within 2u A_i of
+ * it, A_i = |d sc_j| umax + |dmin m_j|; q6_K: |d sc_j| (63 + 32), its
+ * "min" being 32 sc_j). So
+ *   |out - sum w_i x_i| <= sum_b (xd_b / 2) sum_{i in b} |w_i|   (activations)
+ *                        + 2u sum_i A_i (|x_i| + xd_b / 2)        (weights)
+ *                        + gamma_n (sum_b xd_b sum_i A_i |q_i| + |bias|)
+ * the last for the float operations: two int->float conversions, two
+ * products, a difference, the product by xd_b and the sum over C / 256
+ * blocks plus the bias, n = C / 256 + 8 roundings, each of a value at most
+ * that sum (|q_i| xd_b <= |x_i| + xd_b / 2). With 2u <= gamma_n:
+ *   bound = sum_b (xd_b / 2) sum |w_i| + gamma_n (sum_i A_i (2 |x_i| + 2 xd_b) + |bias|). */
+static double int8_bound(const loom_tensor_t *w, int o, const float *wf, const float *x, int C, double bias) {
+    const loom_qblock_info_t *qi = loom_qblock_info(w->dtype);
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)o * loom_qblock_row_bytes(w->dtype, C);
+    double act = 0, big = 0, n = C / 256 + 8, gamma = 1.01 * n * ldexp(1.0, -24);
+    for (int b = 0; b < C / 256; b++) {
+        const uint8_t *blk = row + (size_t)b * qi->bytes;
+        double amax = 0, xd;
+        for (int i = 256 * b; i < 256 * b + 256; i++) amax = fmax(amax, fabs(x[i]));
+        xd = (double)((float)amax / 127.0f);
+        for (int i = 0; i < 256; i++) {
+            double A;
+            if (w->dtype == LOOM_Q6_K) A = fabs((double)qblock_f16(blk + 208) * (int8_t)blk[192 + i / 16]) * 95;
+            else {
+                int sc, m;
+                qblock_scale_min_k4(i / 32, blk + 4, &sc, &m);
+                A = fabs((double)qblock_f16(blk) * sc) * (w->dtype == LOOM_Q4_K ? 15 : 31) + fabs((double)qblock_f16(blk + 2) * m);
+            }
+            act += xd / 2 * fabs(wf[256 * b + i]);
+            big += A * (2 * fabs(x[256 * b + i]) + 2 * xd);
+        }
+    }
+    return act + gamma * (big + fabs(bias)) + 1e-30;
+}
+
+/* The int8 tile on a k-quant: within int8_bound, GELU of the same. */
+static double check_int8(const gemm_case_t *k, const char *name) {
+    size_t n = (size_t)k->N * k->OC;
+    float *out = loom_malloc(n * sizeof(float)), *g = loom_malloc(n * sizeof(float));
+    double worst = 0;
+    CHECK(loom_cpu_kq_gemm_run(out, k->x, k->w, k->bias, k->N, k->C, k->OC, 0), "out of memory");
+    CHECK(loom_cpu_kq_gemm_run(g, k->x, k->w, k->bias, k->N, k->C, k->OC, 1), "out of memory");
+    for (int r = 0; r < k->N; r++)
+        for (int o = 0; o < k->OC; o++) {
+            const float *xr = k->x + (size_t)r * k->C, *wr = k->wf + (size_t)o * k->C;
+            double want = k->bias ? k->bias[o] : 0.0;
+            for (int i = 0; i < k->C; i++) want += (double)wr[i] * xr[i];
+            double got = out[(size_t)r * k->OC + o], lim = int8_bound(k->w, o, wr, xr, k->C, k->bias ? k->bias[o] : 0.0);
+            CHECK(fabs(got - want) <= lim, "%s int8 N %d OC %d row %d out %d: %.9g vs %.9g, over the bound %.3g", name, k->N,
+                  k->OC, r, o, got, want, lim);
+            CHECK(g[(size_t)r * k->OC + o] == loom_gelu((float)got), "%s int8 with GELU: row %d out %d", name, r, o);
+            worst = fmax(worst, fabs(got - want) / lim);
+        }
+    free(out), free(g);
+    return worst;
+}
+
 /* One shape: every dequantization set on the best micro-kernel (the same
  * bits), the other micro-kernels with the best set, each within the
  * bound; GELU on the best. */
 static double check_shape(const gemm_case_t *k, const char *name) {
-    static const char *const isas[] = {"portable", "avx2", "avx512"}, *const kernels[] = {"avx512", "avx2", "scalar"};
+    /* avx512vnni: on the 32-value formats the avx512 dequantization (same bits), on the k-quants the int8 tile */
+    static const char *const isas[] = {"portable", "avx2", "avx512", "avx512vnni"}, *const kernels[] = {"avx512", "avx2", "scalar"};
+    int kq = k->w->dtype >= LOOM_Q4_K, nisa = kq ? 3 : 4;
     size_t n = (size_t)k->N * k->OC;
     float *out = loom_malloc(n * sizeof(float)), *first = loom_malloc(n * sizeof(float));
     double worst = 0;
@@ -104,7 +170,7 @@ static double check_shape(const gemm_case_t *k, const char *name) {
         const char *why;
         if (loom_cpu_gemm_select(kernels[kn], &why) != 0) continue;
         int ran = 0;
-        for (int i = best ? 0 : 2; i < 3; i++) {
+        for (int i = best ? 0 : 2; i < nisa; i++) {
             if (!loom_cpu_kq_gemm_use(isas[i])) continue;
             snprintf(what, sizeof what, "%s N %d OC %d (dequant %s, gemm %s)", name, k->N, k->OC, isas[i], kernels[kn]);
             CHECK(loom_cpu_kq_gemm_run(ran ? out : first, k->x, k->w, k->bias, k->N, k->C, k->OC, 0), "%s: out of memory", what);
@@ -115,7 +181,10 @@ static double check_shape(const gemm_case_t *k, const char *name) {
         worst = fmax(worst, check_bound(k, first, what));
         if (!best) continue;
         best = 0;
+        for (int i = 2; kq && i > 0 && !loom_cpu_kq_gemm_use(isas[i]); i--) /* the fp32 path's best set */
+            ;
         loom_cpu_kq_gemm_run(out, k->x, k->w, k->bias, k->N, k->C, k->OC, 1);
+        loom_cpu_kq_gemm_use(NULL);
         for (size_t i = 0; i < n; i++)
             if (out[i] != loom_gelu(first[i])) {
                 CHECK(0, "%s with GELU: element %zu is %.9g, gelu of the product %.9g", what, i, out[i], loom_gelu(first[i]));
@@ -125,6 +194,10 @@ static double check_shape(const gemm_case_t *k, const char *name) {
     const char *why;
     loom_cpu_gemm_select(NULL, &why);
     free(out), free(first);
+    if (kq && loom_cpu_kq_gemm_use("avx512vnni")) {
+        printf("  %s N %d OC %d int8 tile: worst error %.3f of its bound\n", name, k->N, k->OC, check_int8(k, name));
+        loom_cpu_kq_gemm_use(NULL);
+    }
     return worst;
 }
 

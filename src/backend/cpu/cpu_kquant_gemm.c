@@ -1,7 +1,9 @@
 /* cpu_kquant_gemm: prefill on block formats, a weight panel dequantized
  * to fp32 in cache, then loom's fp32 GEMM (see cpu_kquant_gemm.h).
  *
- * Why fp32 and not an int8 tile kernel: the weights come out exact (the
+ * On AVX-512 VNNI the k-quants take the int8 tile below instead (2.5-4x
+ * this path, bench/kquant-gemm.sh); this path stays for the 32-value
+ * formats and CPUs without VNNI. Why fp32 first: the weights come out exact (the
  * gguf package's values), the activations are not rounded to 8 bits, and
  * the GEMM's micro-kernel (12 x 32 on AVX-512, 6 x 16 on AVX2) already
  * runs near the fp32 peak; the dequantization is one pass over the weight
@@ -19,6 +21,7 @@
  * whatever the threads, so results depend on neither. */
 #include "cpu_kquant_gemm.h"
 
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -33,7 +36,10 @@
 #include <immintrin.h>
 #endif
 
-/* Fused multiply-adds would round once where gguf-py rounds twice. */
+/* Fused multiply-adds would round once where gguf-py rounds twice: off in
+ * the dequantization (not in the int8 tile's epilogue, whose GELU is then
+ * the same function as cpu_gemm.c's and the tests'). */
+#pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 
 #define KG_OCP 64        /* output rows per panel (two of the AVX-512 kernel's 32 columns) */
@@ -46,6 +52,9 @@
  * faster per block than the 32-value formats' one. */
 #define KG_ROWS_K 24
 #define KG_ROWS_32 10
+/* The int8 tile beats the block-dot kernel on the k-quants from 4 rows
+ * (1.2-1.6x there, 3.4-3.9x at 16; at 2 rows q6_K loses): bench/kquant-gemm.sh. */
+#define KI_ROWS 4
 
 /* ---- dequantization ---- */
 
@@ -165,12 +174,15 @@ KG_DEQUANT(portable, , KG_LOAD_C)
 KG_DEQUANT(avx2, __attribute__((target("avx2,fma"))), KG_LOAD_AVX2)
 KG_DEQUANT(avx512, __attribute__((target("avx512f,avx2,fma"))), KG_LOAD_AVX512)
 #endif
+#pragma GCC pop_options
 
-enum { KG_PORTABLE, KG_AVX2, KG_AVX512, KG_COUNT };
-static const char *const kg_names[KG_COUNT] = {"portable", "avx2", "avx512"};
+/* avx512vnni: the int8 tile on the k-quants (the 32-value formats: avx512) */
+enum { KG_PORTABLE, KG_AVX2, KG_AVX512, KG_VNNI, KG_COUNT };
+static const char *const kg_names[KG_COUNT] = {"portable", "avx2", "avx512", "avx512vnni"};
 
 static int kg_supported(int isa) {
-    static const unsigned need[KG_COUNT] = {0, LOOM_ISA_AVX2, LOOM_ISA_AVX2 | LOOM_ISA_AVX512};
+    static const unsigned need[KG_COUNT] = {0, LOOM_ISA_AVX2, LOOM_ISA_AVX2 | LOOM_ISA_AVX512,
+                                            LOOM_ISA_AVX2 | LOOM_ISA_AVX512 | LOOM_ISA_AVX512VNNI};
 #if !defined(__x86_64__)
     if (isa != KG_PORTABLE) return 0;
 #endif
@@ -195,7 +207,7 @@ int loom_cpu_kq_gemm_use(const char *name) { return loom_cpu_isa_use(kg_names, K
 
 static kg_dequant_fn kg_dequant_for_isa(void) {
 #if defined(__x86_64__)
-    static const kg_dequant_fn fns[KG_COUNT] = {dequant_portable, dequant_avx2, dequant_avx512};
+    static const kg_dequant_fn fns[KG_COUNT] = {dequant_portable, dequant_avx2, dequant_avx512, dequant_avx512};
     return fns[kg_pick()];
 #else
     return dequant_portable;
@@ -214,7 +226,9 @@ int loom_cpu_kq_gemm_rows(loom_dtype d) {
         const char *e = getenv("LOOM_KQ_GEMM_ROWS");
         rows = e && *e && atoi(e) > 0 ? atoi(e) : 0;
     }
-    return rows ? rows : d >= LOOM_Q4_K ? KG_ROWS_K : KG_ROWS_32;
+    if (rows) return rows;
+    if (d >= LOOM_Q4_K) return kg_pick() == KG_VNNI ? KI_ROWS : KG_ROWS_K;
+    return KG_ROWS_32;
 }
 
 typedef struct {
@@ -225,6 +239,163 @@ typedef struct {
     int N, C, OC, gelu;
     kg_dequant_fn dequant;
 } kg_job_t;
+
+/* ---- the int8 tile (AVX-512 VNNI, k-quants) ----
+ *
+ * Integer products as llama.cpp's Q8_K path computes them: each input row
+ * rounded once per call to int8 per 256 values (scale xd = amax / 127),
+ * each weight superblock unpacked once per call into unsigned bytes u
+ * (q4_K 0..15, q5_K 0..31, q6_K 0..63) and integer scales. One vpdpbusd
+ * multiplies 4 consecutive values of 16 input rows (one per lane) by the
+ * same 4 weight bytes (broadcast): a tile is 16 input rows x 8 output
+ * rows, int32 sums per sub-block (exact: |u q| <= 63 * 127, at most 16
+ * values), times the sub-block's integer scale into a superblock sum
+ * (|sum| < 2^28), then in float: xd (d sumi - dmin summ), summ the mins
+ * times the sub-block sums of q (vpdpwssd). q6_K is d sc (u - 32): its
+ * "min" is 32 sc with dmin = d. */
+#define KI_R 16 /* input rows per tile: the lanes */
+#define KI_O 8  /* output rows per tile */
+#define KI_P 32 /* output rows per thread's panel */
+
+/* One input tile's superblock: q[group of 4 values][lane][4], the sums of
+ * q per 16 values as int16 pairs (chunks 2p, 2p + 1) per lane, xd per lane. */
+typedef struct {
+    int8_t q[64][KI_R][4];
+    int16_t bs[8][KI_R][2];
+    float xd[KI_R];
+} ki_act_t;
+
+/* One weight row's superblock: u in value order, scale per sub-block (16
+ * or 32 values), the mins as int16 pairs per two 16-value chunks. */
+typedef struct {
+    uint8_t u[256];
+    int32_t sc[16];
+    int16_t mn[8][2];
+    float d, dmin;
+    uint8_t pad_[56]; /* 384 bytes: records 64-byte aligned */
+} ki_w_t;
+
+/* One superblock of row `b` (format d) into w, 16 values an operation. */
+static void ki_unpack(loom_dtype d, const uint8_t *b, ki_w_t *w) {
+    kg_u8 v[4], a, c, h;
+    if (d == LOOM_Q6_K) {
+        w->d = w->dmin = qblock_f16(b + 208);
+        for (int hf = 0; hf < 2; hf++)
+            for (int l = 0; l < 32; l += 16) {
+                memcpy(&a, b + 64 * hf + l, 16), memcpy(&c, b + 64 * hf + 32 + l, 16), memcpy(&h, b + 128 + 32 * hf + l, 16);
+                v[0] = (a & 15) | (h & 3) << 4, v[1] = (c & 15) | ((h >> 2) & 3) << 4;
+                v[2] = (a >> 4) | ((h >> 4) & 3) << 4, v[3] = (c >> 4) | (h >> 6) << 4;
+                for (int k = 0; k < 4; k++) memcpy(w->u + 128 * hf + 32 * k + l, &v[k], 16);
+            }
+        for (int j = 0; j < 16; j++) w->sc[j] = (int8_t)b[192 + j], w->mn[j / 2][j % 2] = (int16_t)(32 * (int8_t)b[192 + j]);
+        return;
+    }
+    w->d = qblock_f16(b), w->dmin = qblock_f16(b + 2);
+    const uint8_t *qh = b + 16, *qs = d == LOOM_Q4_K ? b + 16 : b + 48;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        qblock_scale_min_k4(j, b + 4, &sc, &m);
+        w->sc[j] = sc, w->mn[j][0] = w->mn[j][1] = (int16_t)m;
+    }
+    for (int ch = 0; ch < 4; ch++)
+        for (int l = 0; l < 32; l += 16) {
+            memcpy(&a, qs + 32 * ch + l, 16);
+            v[0] = a & 15, v[1] = a >> 4;
+            if (d == LOOM_Q5_K) {
+                memcpy(&h, qh + l, 16);
+                v[0] |= ((h >> (2 * ch)) & 1) << 4, v[1] |= ((h >> (2 * ch + 1)) & 1) << 4;
+            }
+            memcpy(w->u + 64 * ch + l, &v[0], 16), memcpy(w->u + 64 * ch + 32 + l, &v[1], 16);
+        }
+}
+
+#if defined(__x86_64__)
+#define KI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma")))
+/* Output rows w[0 .. 7] (nsb records apart) for the 16 input rows of act:
+ * f[o] lane r = the product of input row r and output row o. gs: groups of
+ * 4 values per sub-block (8: 32 values, 4: 16). */
+KI_TARGET static inline __attribute__((always_inline)) void ki_tile(const ki_w_t *w, const ki_act_t *act, int nsb,
+                                                                   int gs, __m512 f[KI_O]) {
+    for (int o = 0; o < KI_O; o++) f[o] = _mm512_setzero_ps();
+    for (int b = 0; b < nsb; b++, act++) {
+        __m512i sb[KI_O], mn[KI_O];
+        for (int o = 0; o < KI_O; o++) sb[o] = mn[o] = _mm512_setzero_si512();
+        for (int j = 0; j < 64 / gs; j++) {
+            __m512i s[KI_O];
+            for (int o = 0; o < KI_O; o++) s[o] = _mm512_setzero_si512();
+            for (int g = j * gs; g < j * gs + gs; g++) {
+                __m512i q = _mm512_load_si512(act->q[g]);
+                for (int o = 0; o < KI_O; o++) {
+                    int32_t u4;
+                    memcpy(&u4, w[(size_t)o * nsb + b].u + 4 * g, 4);
+                    s[o] = _mm512_dpbusd_epi32(s[o], _mm512_set1_epi32(u4), q);
+                }
+            }
+            for (int o = 0; o < KI_O; o++)
+                sb[o] = _mm512_add_epi32(sb[o], _mm512_mullo_epi32(s[o], _mm512_set1_epi32(w[(size_t)o * nsb + b].sc[j])));
+        }
+        for (int p = 0; p < 8; p++) {
+            __m512i bs = _mm512_load_si512(act->bs[p]);
+            for (int o = 0; o < KI_O; o++) {
+                int32_t m2;
+                memcpy(&m2, w[(size_t)o * nsb + b].mn[p], 4);
+                mn[o] = _mm512_dpwssd_epi32(mn[o], bs, _mm512_set1_epi32(m2));
+            }
+        }
+        __m512 xd = _mm512_load_ps(act->xd);
+        for (int o = 0; o < KI_O; o++) {
+            const ki_w_t *wr = w + (size_t)o * nsb + b;
+            __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(sb[o]), _mm512_set1_ps(wr->d));
+            t = _mm512_sub_ps(t, _mm512_mul_ps(_mm512_cvtepi32_ps(mn[o]), _mm512_set1_ps(wr->dmin)));
+            f[o] = _mm512_add_ps(f[o], _mm512_mul_ps(xd, t));
+        }
+    }
+}
+
+/* Row r (C values) into its tile's records (nsb per tile): per 256 values
+ * xd = amax / 127 and q = x * (127 / amax) rounded to nearest even (the
+ * MXCSR default, as nearbyintf; |q| <= 127 so the saturating narrowing
+ * never clamps), the sums of q per 16 values. */
+KI_TARGET static void ki_quantize_row(const float *x, int r, int nsb, ki_act_t *act) {
+    ki_act_t *a = act + (size_t)(r / KI_R) * nsb;
+    int lane = r % KI_R;
+    for (int b = 0; b < nsb; b++, a++, x += 256) {
+        __m512 m = _mm512_setzero_ps();
+        for (int i = 0; i < 256; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+        float amax = _mm512_reduce_max_ps(m);
+        __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+        a->xd[lane] = amax / 127.0f;
+        for (int c = 0; c < 16; c++) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * c), id));
+            int32_t b4[4];
+            _mm_storeu_si128((__m128i *)b4, _mm512_cvtsepi32_epi8(q));
+            for (int t = 0; t < 4; t++) memcpy(a->q[4 * c + t][lane], &b4[t], 4);
+            a->bs[c / 2][lane][c % 2] = (int16_t)_mm512_reduce_add_epi32(q);
+        }
+    }
+}
+
+/* The tile for q4_K / q5_K (32-value sub-blocks) or q6_K (16). */
+KI_TARGET static void ki_tile_k4(const ki_w_t *w, const ki_act_t *act, int nsb, __m512 f[KI_O]) { ki_tile(w, act, nsb, 8, f); }
+KI_TARGET static void ki_tile_q6(const ki_w_t *w, const ki_act_t *act, int nsb, __m512 f[KI_O]) { ki_tile(w, act, nsb, 4, f); }
+
+/* Input rows r0 .. (a tile) by output rows o0 .. o0 + no - 1 (no <= 8) into
+ * out, plus bias, GELU when asked. */
+KI_TARGET static void ki_store(const kg_job_t *j, const ki_w_t *w, const ki_act_t *act, int nsb, int r0, int o0, int no) {
+    __m512 f[KI_O];
+    if (j->w->dtype == LOOM_Q6_K) ki_tile_q6(w, act, nsb, f);
+    else ki_tile_k4(w, act, nsb, f);
+    float t[KI_O][KI_R];
+    for (int o = 0; o < KI_O; o++) _mm512_storeu_ps(t[o], f[o]);
+    int nr = j->N - r0 < KI_R ? j->N - r0 : KI_R;
+    for (int r = 0; r < nr; r++)
+        for (int o = 0; o < no; o++) {
+            float v = t[o][r] + (j->bias ? j->bias[o0 + o] : 0.0f);
+            j->out[(size_t)(r0 + r) * j->OC + o0 + o] = j->gelu ? loom_gelu(v) : v;
+        }
+}
+#endif
+
 
 /* Output rows j0 .. j0 + jr - 1, slice by slice of the depth: the slice's
  * blocks dequantized into `panel` (jr rows of ks floats, ks + KG_PAD
@@ -250,16 +421,56 @@ static void kg_panel(const kg_job_t *j, int j0, int jr, float *panel, int tid) {
  * was a fresh mapping, its pages faulted in and zeroed every time (smollm2
  * makes 210 calls a forward). Grown from serial code only; one product
  * runs at a time, as with cpu_gemm.c's packing buffers. */
-static float *kg_panels(size_t floats) {
-    static float *buf;
-    static size_t have;
-    if (floats <= have) return buf;
-    float *p = NULL;
-    if (posix_memalign((void **)&p, 64, floats * sizeof(float)) != 0) return NULL;
-    free(buf);
-    buf = p, have = floats;
-    return buf;
+static void *kg_grow(void **buf, size_t *have, size_t bytes) {
+    if (bytes <= *have) return *buf;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes) != 0) return NULL;
+    free(*buf);
+    *buf = p, *have = bytes;
+    return p;
 }
+
+static float *kg_panels(size_t floats) {
+    static void *buf;
+    static size_t have;
+    return kg_grow(&buf, &have, floats * sizeof(float));
+}
+
+#if defined(__x86_64__)
+/* The int8 tile's product: the input rows quantized (all threads), then
+ * panels of KI_P output rows unpacked and multiplied by every input tile. */
+static int ki_run(const kg_job_t *j, int nt) {
+    static void *abuf, *wbuf;
+    static size_t ahave, whave;
+    int nsb = j->C / 256, ntile = (j->N + KI_R - 1) / KI_R, np = (j->OC + KI_P - 1) / KI_P;
+    size_t per = (size_t)KI_P * nsb;
+    ki_act_t *act = kg_grow(&abuf, &ahave, (size_t)ntile * nsb * sizeof(ki_act_t));
+    ki_w_t *wp = kg_grow(&wbuf, &whave, (size_t)nt * per * sizeof(ki_w_t));
+    if (!act || !wp) return 0;
+    if (j->N % KI_R) /* the last tile's unused lanes: zeros, their sums unused */
+        memset(act + (size_t)(ntile - 1) * nsb, 0, (size_t)nsb * sizeof(ki_act_t));
+#pragma omp parallel num_threads(nt) if ((double)j->N * j->C * j->OC > 1 << 18)
+    {
+        ki_w_t *w = wp + (size_t)omp_get_thread_num() * per;
+#pragma omp for schedule(static)
+        for (int r = 0; r < j->N; r++) ki_quantize_row(j->inp + (size_t)r * j->C, r, nsb, act);
+#pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < np; p++) {
+            int o0 = p * KI_P, no = j->OC - o0 < KI_P ? j->OC - o0 : KI_P;
+            size_t row_bytes = loom_qblock_row_bytes(j->w->dtype, j->C), bb = loom_qblock_info(j->w->dtype)->bytes;
+            const uint8_t *src = (const uint8_t *)j->w->data + (size_t)o0 * row_bytes;
+            for (int o = 0; o < no; o++)
+                for (int b = 0; b < nsb; b++)
+                    ki_unpack(j->w->dtype, src + (size_t)o * row_bytes + (size_t)b * bb, w + (size_t)o * nsb + b);
+            if (no % KI_O) memset(w + (size_t)no * nsb, 0, (size_t)(KI_O - no % KI_O) * nsb * sizeof(ki_w_t));
+            for (int t = 0; t < ntile; t++)
+                for (int ot = 0; ot < no; ot += KI_O)
+                    ki_store(j, w + (size_t)ot * nsb, act + (size_t)t * nsb, nsb, t * KI_R, o0 + ot, no - ot < KI_O ? no - ot : KI_O);
+        }
+    }
+    return 1;
+}
+#endif
 
 int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N, int C, int OC,
                          int gelu) {
@@ -273,6 +484,9 @@ int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, c
     float *panels = kg_panels((size_t)nt * per);
     if (!panels) return 0;
     kg_job_t job = {out, inp, w, bias, N, C, OC, gelu, kg_dequant_for_isa()};
+#if defined(__x86_64__)
+    if (kg_pick() == KG_VNNI && w->dtype >= LOOM_Q4_K) return ki_run(&job, nt);
+#endif
 #pragma omp parallel num_threads(nt) if ((double)N * C * OC > 1 << 18)
     {
         int tid = omp_get_thread_num();
