@@ -17,7 +17,10 @@
 # cache), so llama-3.2-1b's 131072-token context needs no setting. llama.cpp
 # from LOOM_LLAMA_DIR (default .cache/llama.cpp; bench/llama-build.sh). Each
 # round prints the load average before and after it and how busy the CPUs
-# were meanwhile (all processes, this one included).
+# were meanwhile (all processes, this one included). Both sides run with
+# OpenMP's default wait policy (llama-bench is started by bench generate and
+# inherits its environment: an OMP_WAIT_POLICY=passive here slowed
+# llama.cpp's decode by a third on a quiet machine, so none is set).
 # The files: bench/llama_random.py makes a transformers folder of
 # smollm2-135m's or llama-3.2-1b's shape, bench/llama_convert.py converts
 # it, llama-quantize makes Q4_K_M, Q6_K, Q8_0 (see docs/perf.md).
@@ -53,7 +56,7 @@ for f in "$@"; do
     for ((r = 1; r <= ROUNDS; r++)); do
         load0=$(cut -d' ' -f1 /proc/loadavg)
         cpu_busy > /dev/null
-        OMP_WAIT_POLICY=passive $LOOM bench generate --run "$f" --threads "$THREADS" --repeat 1 "${KVFLAG[@]}" --kv-dtype "${KV_DTYPE:-fp32}" \
+        $LOOM bench generate --run "$f" --threads "$THREADS" --repeat 1 "${KVFLAG[@]}" --kv-dtype "${KV_DTYPE:-fp32}" \
             --llama-bench "$LLAMA_BIN/llama-bench" --prompt-len "$PLEN" --gen "$GEN" --concurrency 1,16 > "$out/r$r.txt" 2>&1 \
             || { tail -n 5 "$out/r$r.txt"; exit 1; }
         echo "  $f round $r (loom, then llama.cpp) done at $(date -u +%H:%M:%S): load $load0 -> $(cut -d' ' -f1 /proc/loadavg), CPUs $(cpu_busy) busy"
