@@ -72,3 +72,13 @@ if [ $up = 0 ]; then
     why=$(cat "$tmp/slurmctld.out" "$tmp/slurmd.out" "$tmp/slurmctld.log" "$tmp/slurmd.log" 2>/dev/null | grep -iE "error|fatal" | head -2 | tr '\n' ' ')
     echo "SKIP ${SLURM_TEST}: slurmctld/slurmd did not bring the node up here: ${why:-no node after 120 s}"; exit 0
 fi
+
+# slurm_wait JOB: wait until JOB leaves the queue (the loop's 600 s is a
+# guard against a hang, not a measure), then print its JobState=... field.
+slurm_wait() {
+    for _ in $(seq 1 1200); do
+        squeue -h -j "$1" 2>/dev/null | grep -q . || break
+        sleep 0.5
+    done
+    scontrol show job "$1" 2>/dev/null | grep -o 'JobState=[A-Z]*' | head -1
+}

@@ -17,11 +17,7 @@ job=$(cd "$tmp" && LOOM=$LOOM sbatch --parsable --chdir="$tmp" --output="$tmp/jo
       --layers 2 --channels 64 --heads 2 --context 64 --seq 64 --batch 2 --steps 10 --warmup 2 \
       --eval-every 0 --sample-tokens 0 --log-every 1 --dist-timeout 600 2>"$tmp/sbatch.err")
 if [ -z "$job" ]; then echo "FAIL dist_slurm_submit: $(cat "$tmp/sbatch.err")"; exit 0; fi
-for _ in $(seq 1 1200); do # a guard only: the loop ends when the job leaves the queue
-    squeue -h -j "$job" 2>/dev/null | grep -q . || break
-    sleep 0.5
-done
-state=$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z]*' | head -1)
+state=$(slurm_wait "$job") # waits for the job to leave the queue
 if grep -q "2 ranks over tcp" "$tmp/job.out" 2>/dev/null && grep -q "loom train: done: 10 steps" "$tmp/job.out" \
    && [ "$(grep -c '"loss"' "$tmp/run/metrics.jsonl" 2>/dev/null)" = 10 ]; then
     echo "PASS dist_slurm_sbatch_2_tasks ($state; $(grep -m1 'ranks over' "$tmp/job.out" | cut -c1-80))"

@@ -14,11 +14,7 @@ job=$(cd "$tmp" && LOOM=$LOOM LOOM_DEVICE=cpu sbatch --parsable --nodes=1 --ntas
       --layers 2 --channels 64 --heads 2 --context 64 --seq 64 --batch 2 --grad-accum 4 --steps 6 --warmup 2 \
       --eval-every 0 --sample-tokens 0 --log-every 1 --dist-timeout 600 2>"$tmp/sbatch.err")
 if [ -z "$job" ]; then echo "FAIL pp_slurm_submit: $(cat "$tmp/sbatch.err")"; exit 0; fi
-for _ in $(seq 1 1200); do # a guard only: the loop ends when the job leaves the queue
-    squeue -h -j "$job" 2>/dev/null | grep -q . || break
-    sleep 0.5
-done
-state=$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z]*' | head -1)
+state=$(slurm_wait "$job") # waits for the job to leave the queue
 if grep -q "pipeline 2 stages over 2 layers" "$tmp/job.out" 2>/dev/null && grep -q "loom train: done: 6 steps" "$tmp/job.out" \
    && [ "$(grep -c '"bubble_s"' "$tmp/run/metrics.jsonl" 2>/dev/null)" = 6 ]; then
     echo "PASS pp_slurm_sbatch_2_stages ($state)"
@@ -35,11 +31,7 @@ job=$(cd "$tmp" && LOOM=$LOOM LOOM_DEVICE=cpu LOOM_PP=1 sbatch --parsable --node
       --out "$tmp/run3d" --layers 2 --channels 64 --heads 2 --context 64 --seq 64 --batch 2 --grad-accum 4 --steps 4 --warmup 2 \
       --eval-every 0 --sample-tokens 0 --log-every 1 2>"$tmp/sbatch3d.err")
 if [ -z "$job" ]; then echo "FAIL pp_slurm_3d_submit: $(cat "$tmp/sbatch3d.err")"; exit 0; fi
-for _ in $(seq 1 1200); do # a guard only: the loop ends when the job leaves the queue
-    squeue -h -j "$job" 2>/dev/null | grep -q . || break
-    sleep 0.5
-done
-state=$(scontrol show job "$job" 2>/dev/null | grep -o 'JobState=[A-Z]*' | head -1)
+state=$(slurm_wait "$job") # waits for the job to leave the queue
 if grep -q "loom train: done: 4 steps" "$tmp/job3d.out" 2>/dev/null && [ "$(grep -c '"comm_tp_s"' "$tmp/run3d/metrics.jsonl" 2>/dev/null)" = 4 ]; then
     echo "PASS pp_slurm_sbatch_3d_tp_per_node ($state)"
 else

@@ -532,7 +532,10 @@ static loom_status write_weights(const char *path, const loom_gpt_config_t *c, l
     return s;
 }
 
-static int empty_dir(const char *dir) {
+int loom_hf_model_or_empty_folder(const char *dir) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (loom_path_exists(path)) return 1;
     DIR *d = opendir(dir);
     if (!d) return 0;
     struct dirent *e;
@@ -555,9 +558,8 @@ loom_status loom_hf_write(const char *dir, int force, const loom_gpt_config_t *c
     if (loom_path_exists(dir) && !force)
         return loom_error(LOOM_EINVAL, "--out %s already exists; pass --force to replace it, or choose another --out", dir);
     char tmp[4200], path[4300];
-    snprintf(path, sizeof path, "%s/config.json", dir);
     /* --force replaces a model folder, never whatever else the path names */
-    if (loom_path_exists(dir) && !loom_path_exists(path) && !empty_dir(dir))
+    if (loom_path_exists(dir) && !loom_hf_model_or_empty_folder(dir))
         return loom_error(LOOM_EINVAL, "--out %s exists and is not a model folder (no config.json) nor an empty folder; choose another --out", dir);
     /* the staging folder has a fresh name, so no folder of the user's is ever removed */
     snprintf(tmp, sizeof tmp, "%s", dir);

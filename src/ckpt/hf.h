@@ -49,6 +49,9 @@ loom_status loom_hf_check_data(const char *dir, const char *data, const loom_tok
  * config.json is an error naming the file and the tensor. */
 loom_status loom_hf_load_weights(loom_gpt_t *m, const char *dir);
 
+/* 1 when `dir` is a folder holding config.json (a model an export may
+ * replace with --force) or an empty folder; 0 otherwise. */
+int loom_hf_model_or_empty_folder(const char *dir);
 /* Write a Hugging Face folder at `dir` (built in DIR.tmp, then renamed; an
  * existing `dir` is replaced only when `force`): config.json,
  * model.safetensors in `dtype` (f32, f16 or bf16), tokenizer.json, vocab.json,

@@ -2,7 +2,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <dirent.h>
 #include <sys/stat.h>
 
 #include "ckpt/gguf.h"
@@ -29,21 +28,6 @@ static loom_status write_from_model(const char *run, long long step, const char 
     return s;
 }
 
-/* Whether a folder is empty or holds a model (config.json). */
-static int model_or_empty_folder(const char *dir) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (loom_path_exists(path)) return 1;
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    struct dirent *e;
-    int n = 0;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    closedir(d);
-    return n == 0;
-}
-
 /* An existing --out is replaced (with --force) only when it is what an
  * export writes: a regular file for GGUF, a model folder (or an empty one)
  * for hf. The writers build OUT.tmp and rename it over OUT, removing an
@@ -56,7 +40,7 @@ static loom_status check_out(const char *out, int hf, int force) {
     if (!hf && !S_ISREG(sb.st_mode))
         return loom_error(LOOM_EINVAL, "--out %s exists and is not a regular file; --force replaces only a file (a GGUF exported earlier): "
                           "choose another --out", out);
-    if (hf && (!S_ISDIR(sb.st_mode) || !model_or_empty_folder(out)))
+    if (hf && (!S_ISDIR(sb.st_mode) || !loom_hf_model_or_empty_folder(out)))
         return loom_error(LOOM_EINVAL, "--out %s exists and is not a model folder (no config.json)%s; --force replaces only a folder "
                           "exported earlier: choose another --out", out, S_ISDIR(sb.st_mode) ? " and not empty" : "");
     return LOOM_OK;
