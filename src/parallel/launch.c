@@ -63,8 +63,12 @@ static void rank_ended(launch_state_t *st, pid_t p, int status) {
     st->pids[r] = 0;
     st->left--;
     /* a rank killed by a signal (SIGKILL, the OOM killer) is a dead peer:
-     * exit 3 as documented (docs/fault-tolerance.md), not the shell's 128+N */
+     * exit 3 as documented (docs/fault-tolerance.md), not the shell's 128+N;
+     * but one ended by the signal this launcher passed on (a SIGTERM that
+     * came before the rank had its handler) ends the job as that signal
+     * would: 128+N, what the user's SIGTERM asked for */
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 3;
+    if (WIFSIGNALED(status) && st->passed && WTERMSIG(status) == launcher_signal) code = 128 + WTERMSIG(status);
     if (code == 0) return;
     if (st->first_bad < 0) {
         st->first_bad = r;
