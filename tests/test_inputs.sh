@@ -242,6 +242,15 @@ else
     fail killed_rank_launcher_exits_3 "no rank process under the launcher: $(tail -2 "$tmp/np.log")"
 fi
 
+# ---- a SIGTERM to the launcher before its ranks have their handlers: the ranks die of the
+# signal passed on, and the job ends as the signal asked (143), not as a dead peer (3) ----
+mkdir -p "$tmp/hold"
+LOOM_TEST_HOLD_BEFORE_START="$tmp/hold" $LOOM train --data "$tmp/bpe" "${A[@]}" --nproc 2 --steps 2 --out "$tmp/np2" > "$tmp/np2.log" 2>&1 &
+launcher=$!; pids+=($launcher)
+for _ in $(seq 1 3000); do [ -e "$tmp/hold/rank0" ] && [ -e "$tmp/hold/rank1" ] && break; sleep 0.1; done  # a guard, not a measure
+kill -TERM $launcher; wait $launcher; rc=$?
+[ $rc = 143 ] && pass early_sigterm_launcher_exits_143 || fail early_sigterm_launcher_exits_143 "exit $rc: $(tail -2 "$tmp/np2.log")"
+
 # ---- 1 rank x --grad-accum 3 resumed on 2 ranks: the advice names world sizes that work ----
 $LOOM train --data "$tmp/bpe" "${A[@]}" --grad-accum 3 --steps 2 --out "$tmp/ga" > /dev/null 2>&1 || fail grad_accum_setup "train failed"
 expect_fail resume_accum3_on_2_ranks_advice "do not split over 2 ranks; resume with --nproc 1 --grad-accum 3 or --nproc 3 --grad-accum 1" \

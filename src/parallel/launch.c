@@ -24,6 +24,20 @@ typedef struct {
     pid_t launcher;
 } launch_state_t;
 
+/* LOOM_TEST_HOLD_BEFORE_START=DIR: each rank, before it starts the job (so
+ * before it has a signal handler), creates DIR/rank<N> and waits for a
+ * signal: a test then signals the launcher and reads what it exits with for
+ * a rank that dies of the signal passed on, without racing the start-up */
+static void test_hold_before_start(int rank) {
+    const char *dir = getenv("LOOM_TEST_HOLD_BEFORE_START");
+    if (!dir || !*dir) return;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/rank%d", dir, rank);
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+    for (;;) pause();
+}
+
 /* The forked child: the rank's environment, then the job. Never returns. */
 static void start_rank(const launch_state_t *st, int rank, int port) {
     const loom_launch_t *l = st->l;
@@ -49,6 +63,7 @@ static void start_rank(const launch_state_t *st, int rank, int port) {
      * (the kernel keeps this across execv) and stops as on any SIGTERM. */
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != st->launcher) _exit(128 + SIGTERM); /* it went before the prctl */
+    test_hold_before_start(rank);
     if (!l->argv) _exit(l->run(rank, l->ctx));
     execv("/proc/self/exe", l->argv);
     fprintf(stderr, "%s: rank %d: cannot start /proc/self/exe: %s\n", l->what, rank, strerror(errno));
