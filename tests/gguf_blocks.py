@@ -14,6 +14,9 @@ linear weights are in one block format each (k-quants, 32-value formats
 and q8_0 mixed, as a Q4_K_M file mixes them), the rest f32, no tokenizer.
 With `gemm`, OUT_DIR/gemm.gguf and gemm_ref.gguf: one 100 x 768 tensor per
 block format and its values (tests/test_kquant_gemm.c).
+With `llama_q4k`, OUT_DIR/llama_q4k.gguf: a Llama (C 512, 4 layers, V
+4096) with every matrix in blocks (q4_K, ffn_down q8_0, tied head), and
+llama_nan.gguf / llama_inf.gguf: copies with one NaN or infinite scale.
 With `llama_ends`, OUT_DIR/llama_ends.gguf: the same with token_embd in
 q6_K and output in q8_0. With `llama`, OUT_DIR/llama.gguf: a small Llama (C 256, 4 heads, 2 kv
 heads, H 512, untied head) as llama.cpp's convert_hf_to_gguf.py lays it
@@ -213,6 +216,48 @@ if len(sys.argv) > 2 and sys.argv[2] == "llama_ends":
 if len(sys.argv) > 2 and sys.argv[2] == "llama":
     llama_file(f"{out}/llama.gguf", f"{out}/llama_expect.gguf")
     print("ok llama")
+    sys.exit(0)
+
+def llama_q4k_file(path):
+    """A Llama whose every matrix is stored in blocks, as a Q4_K_M file
+    is: q4_K (random bytes, finite scales), ffn_down q8_0 (quantized by
+    gguf), the head tied to the q4_K embedding; fp32 would be ~7x its
+    bytes. Then two copies with one scale made non-finite: a q8_0 block's
+    d NaN (llama_nan.gguf: blk.1.ffn_down.weight, block 5) and a q4_K
+    block's dmin infinite (llama_inf.gguf: blk.2.ffn_up.weight, block 9)."""
+    import shutil
+    C, L, V, H, NH, KV = 512, 4, 4096, 1536, 8, 4
+    hs = C // NH
+    w = gguf.GGUFWriter(path, "llama")
+    for k, v in (("block_count", L), ("context_length", 256), ("embedding_length", C), ("feed_forward_length", H),
+                 ("attention.head_count", NH), ("attention.head_count_kv", KV), ("rope.dimension_count", hs)):
+        w.add_uint32(f"llama.{k}", v)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_tensor("token_embd.weight", kquant_bytes(T.Q4_K, V, C, 0.02 / 400), raw_dtype=T.Q4_K)
+    w.add_tensor("output_norm.weight", np.ones(C, dtype=np.float32))
+    for l in range(L):
+        for name, rows, cols in (("attn_q", NH * hs, C), ("attn_k", KV * hs, C), ("attn_v", KV * hs, C), ("attn_output", C, C),
+                                 ("ffn_gate", H, C), ("ffn_up", H, C), ("ffn_down", C, H)):
+            qt = T.Q8_0 if name == "ffn_down" else T.Q4_K
+            w.add_tensor(f"blk.{l}.{name}.weight", block_tensor(qt, rows, cols, 0.02), raw_dtype=qt)
+        for name in ("attn_norm", "ffn_norm"):
+            w.add_tensor(f"blk.{l}.{name}.weight", (1 + rng.standard_normal(C) * 0.1).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for name, tensor, at in (("llama_nan.gguf", "blk.1.ffn_down.weight", 5 * 34), ("llama_inf.gguf", "blk.2.ffn_up.weight", 9 * 144 + 2)):
+        bad = f"{out}/{name}"
+        shutil.copy(path, bad)
+        t = [t for t in gguf.GGUFReader(bad).tensors if t.name == tensor][0]
+        with open(bad, "r+b") as f:
+            f.seek(int(t.data_offset) + at)
+            f.write(np.array([0x7e00 if "nan" in name else 0x7c00], dtype=np.uint16).tobytes())
+
+
+if len(sys.argv) > 2 and sys.argv[2] == "llama_q4k":
+    llama_q4k_file(f"{out}/llama_q4k.gguf")
+    print("ok llama_q4k")
     sys.exit(0)
 
 def rope(path, factor, low, high, orig):

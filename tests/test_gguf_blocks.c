@@ -412,7 +412,8 @@ static void test_llama_map(void) {
     }
     CHECK(same == n && n == 3 + 2 * 6, "%d of %d parameters equal", same, n);
     int mixed = 0;
-    loom_tensor_t *fq = loom_gguf_file_weights(g, &c, &mixed);
+    loom_tensor_t *fq = NULL;
+    CHECK(loom_gguf_file_weights(g, &c, &fq, &mixed) == LOOM_OK, "%s", loom_errmsg());
     CHECK(fq && mixed == 0, "block weights %p, %d mixed left to fp32", (void *)fq, mixed);
     static const loom_dtype want[LOOM_QLIN_COUNT] = {LOOM_Q4_K, LOOM_Q6_K, LOOM_DTYPE_COUNT, LOOM_INT8};
     for (int q = 0; q < LOOM_QLIN_COUNT && fq; q++) {
@@ -545,6 +546,78 @@ static void test_llama_hf_logits(void) {
     loom_gpt_free(m);
 }
 
+/* /proc/self/status field `key` (VmRSS, VmHWM) in bytes; 0 if absent. */
+static size_t status_bytes(const char *key) {
+    char line[256];
+    size_t kb = 0, n = strlen(key);
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, key, n) && line[n] == ':') kb = strtoull(line + n + 1, NULL, 10);
+    if (f) fclose(f);
+    return kb * 1024;
+}
+
+static long lazy_file_bytes(const char *p) {
+    FILE *f = fopen(p, "rb");
+    long n = f && fseek(f, 0, SEEK_END) == 0 ? ftell(f) : 0;
+    if (f) fclose(f);
+    return n;
+}
+
+/* A Llama whose every matrix is in blocks, loaded as loom_open loads it
+ * (fp32 only where the blocks do not serve): the load's peak resident
+ * memory (VmHWM, reset before it through /proc/self/clear_refs) stays
+ * under a third of the fp32 weights' bytes; the blocks kept are the
+ * file's bytes, the fp32 made afterwards (loom_gguf_fp32) is the whole
+ * load's bit for bit, and the logits on the blocks are the same bits
+ * either way. Memory, not time: what the regression would change. */
+static void test_llama_load_memory(void) {
+    if (!oracle_files() || run_script("llama_q4k") != 1) return;
+    const loom_backend_t *be;
+    CHECK(loom_backend_open(&be, "cpu", 0, LOOM_FP32) == LOOM_OK, "%s", loom_errmsg());
+    char p[512];
+    snprintf(p, sizeof p, "%s/llama_q4k.gguf", dir);
+    loom_gpt_t *lazy = NULL, *whole = NULL;
+    loom_tokenizer_t *tok;
+    FILE *cr = fopen("/proc/self/clear_refs", "w");
+    int reset = cr && fputs("5", cr) >= 0 && fclose(cr) == 0; /* 5: reset the peak resident size to the current one */
+    if (!reset && cr) fclose(cr);
+    size_t rss0 = status_bytes("VmRSS");
+    CHECK(loom_gguf_load_opts(p, be, 0, &lazy, &tok) == LOOM_OK, "%s", loom_errmsg());
+    size_t peak = status_bytes("VmHWM") - rss0;
+    CHECK(loom_gguf_load(p, be, &whole, &tok) == LOOM_OK, "%s", loom_errmsg());
+    if (!lazy || !whole) return;
+    size_t fp32 = lazy->num_params * sizeof(float), nq = (size_t)lazy->cfg.n_layer * LOOM_QLIN_COUNT;
+    if (reset)
+        CHECK(peak < fp32 / 3, "loading peaked %.1f MB above the start, the fp32 weights are %.1f MB", peak / 1e6, fp32 / 1e6);
+    else
+        check_skip("/proc/self/clear_refs cannot reset the peak: the load's peak memory is not measured");
+    int same = 1;
+    for (size_t i = 0; i < nq + 2; i++)
+        same &= lazy->file_q[i].data && whole->file_q[i].data &&
+                !memcmp(lazy->file_q[i].data, whole->file_q[i].data, loom_qblock_tensor_bytes(&lazy->file_q[i]));
+    CHECK(same, "the stored weights differ between the two loads");
+    int T = 24;
+    float *a = infer_logits(lazy, T), *b = infer_logits(whole, T);
+    CHECK(!memcmp(a, b, (size_t)T * lazy->cfg.padded_vocab_size * sizeof(float)), "logits on the blocks differ between the two loads");
+    loom_gguf_fp32(lazy, 0);
+    CHECK(!memcmp(lazy->params, whole->params, fp32), "the fp32 made from the blocks differs from the whole load's");
+    printf("  llama, every matrix in blocks (%.1f MB file): load peak +%.1f MB; fp32 weights %.1f MB\n", (double)lazy_file_bytes(p) / 1e6,
+           peak / 1e6, fp32 / 1e6);
+    free(a), free(b);
+    loom_gpt_free(lazy), loom_gpt_free(whole);
+    static const char *const bad[][2] = {{"llama_nan.gguf", "blk.1.ffn_down.weight holds a NaN or infinite scale in block 5 "},
+                                         {"llama_inf.gguf", "blk.2.ffn_up.weight holds a NaN or infinite scale in block 9 "}};
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof p, "%s/%s", dir, bad[k][0]);
+        loom_gpt_t *m = NULL;
+        loom_status s = loom_gguf_load_opts(p, be, 0, &m, &tok);
+        CHECK(s == LOOM_EFORMAT && strstr(loom_errmsg(), bad[k][1]) && strstr(loom_errmsg(), p) && !m, "%s: status %d: %s", bad[k][0], (int)s,
+              s ? loom_errmsg() : "(loaded)");
+        if (s != LOOM_OK) printf("  %s\n", loom_errmsg());
+    }
+}
+
 int main(void) {
     RUN(test_dequantize_equals_gguf);
     RUN(test_kq_quantize_isas);
@@ -555,5 +628,6 @@ int main(void) {
     RUN(test_llama_hf_logits);
     RUN(test_llama3_rope_freqs);
     RUN(test_llama_ends_on_blocks);
+    RUN(test_llama_load_memory);
     return check_main_end();
 }

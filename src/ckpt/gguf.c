@@ -415,23 +415,30 @@ static loom_status read_tokenizer(const loom_gguf_t *g, loom_tokenizer_t **tok) 
     return s;
 }
 
-/* Say which weights run as stored and which were dequantized. */
-static void say_block_weights(const char *path, const loom_gpt_t *m, const loom_backend_t *be, int mixed) {
+/* Say which weights run as stored, what fp32 was made for the rest, and
+ * which were dequantized. */
+static void say_block_weights(const char *path, const loom_gpt_t *m, const loom_backend_t *be, int mixed, size_t fp32_floats) {
     if (!m->file_q) return;
     int nq = m->cfg.n_layer * LOOM_QLIN_COUNT;
     size_t bytes = 0;
     for (int i = 0; i < nq * (1 + LOOM_FILE_Q_PARTS) + 2; i++)
         if (m->file_q[i].data && (i != nq + 1 || m->file_q[i].data != m->file_q[nq].data)) bytes += loom_qblock_tensor_bytes(&m->file_q[i]);
+    char fp32[128] = "";
+    if (fp32_floats < m->num_params) /* the rest of the block was never written: no resident memory */
+        snprintf(fp32, sizeof fp32, "; fp32 only for the other weights (%.1f MB of %.1f MB)", fp32_floats * 4.0 / 1e6, m->num_params * 4.0 / 1e6);
     if (be->matmul_forward_kq)
-        loom_info("%s: the linear layers%s run on the file's own quantized blocks (%.1f MB)", path,
-                  m->file_q[nq].data || m->file_q[nq + 1].data ? ", the embedding and the head where stored so," : "", bytes / 1e6);
+        loom_info("%s: the linear layers%s run on the file's own quantized blocks (%.1f MB)%s", path,
+                  m->file_q[nq].data || m->file_q[nq + 1].data ? ", the embedding and the head where stored so," : "", bytes / 1e6, fp32);
     if (mixed)
         loom_info("%s: %d fused weights (q, k, v or gate, up) mix block and unquantized types; those run on their fp32 values",
                   path, mixed);
 }
 
-/* Config, tokenizer and weights of an opened file into a new model. */
-static loom_status load(const loom_gguf_t *g, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok) {
+/* Config, tokenizer and weights of an opened file into a new model: the
+ * stored weights first (read once, checked), then fp32 for the rest, and
+ * with fp32_all (or on a device, which computes in fp32) the stored ones
+ * dequantized too. */
+static loom_status load(const loom_gguf_t *g, const loom_backend_t *be, int fp32_all, loom_gpt_t **model, loom_tokenizer_t **tok) {
     const char *path = loom_gguf_path(g);
     loom_gpt_config_t cfg;
     LOOM_TRY(loom_gguf_config(g, &cfg));
@@ -441,24 +448,25 @@ static loom_status load(const loom_gguf_t *g, const loom_backend_t *be, loom_gpt
                           loom_tokenizer_vocab_size(*tok), cfg.vocab_size);
     LOOM_TRY(loom_gpt_create(model, &cfg, be));
     loom_gpt_t *m = *model;
-    int host_be = !(be->caps & LOOM_CAP_DEVICE_MEMORY); /* read in place: no second fp32 copy at load */
+    int mixed, host_be = !(be->caps & LOOM_CAP_DEVICE_MEMORY); /* read in place: no second fp32 copy at load */
+    LOOM_TRY(loom_gguf_file_weights(g, &m->cfg, &m->file_q, &mixed));
+    int lazy = host_be && !fp32_all && be->matmul_forward_kq && be->matmul_forward_w8a8; /* what model/infer.c runs stored */
     float *host = host_be ? m->params : loom_calloc(m->num_params, sizeof(float));
-    loom_status s = loom_gguf_read_params(g, &m->cfg, m->ptable, host);
+    size_t floats = 0;
+    loom_status s = loom_gguf_read_params_except(g, &m->cfg, m->ptable, host, m->file_q, &floats);
+    if (s == LOOM_OK && !lazy) loom_gguf_blocks_fp32(m->file_q, &m->cfg, m->ptable, host, 0), floats = m->num_params;
     if (s == LOOM_OK && !host_be) be->upload(m->params, host, m->num_params * sizeof(float));
     if (!host_be) free(host);
-    if (s != LOOM_OK) return s;
-    int mixed;
-    m->file_q = loom_gguf_file_weights(g, &m->cfg, &mixed);
-    say_block_weights(path, m, be, m->file_q ? mixed : 0);
-    return LOOM_OK;
+    if (s == LOOM_OK) say_block_weights(path, m, be, m->file_q ? mixed : 0, floats);
+    return s;
 }
 
-loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok) {
+loom_status loom_gguf_load_opts(const char *path, const loom_backend_t *be, int fp32_all, loom_gpt_t **model, loom_tokenizer_t **tok) {
     *model = NULL;
     *tok = NULL;
     loom_gguf_t *g;
     LOOM_TRY(loom_gguf_open(&g, path));
-    loom_status s = load(g, be, model, tok);
+    loom_status s = load(g, be, fp32_all, model, tok);
     if (s != LOOM_OK) {
         if (*model) loom_gpt_free(*model);
         if (*tok) loom_tokenizer_free(*tok);
@@ -467,6 +475,14 @@ loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_
     }
     loom_gguf_close(g);
     return s;
+}
+
+loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok) {
+    return loom_gguf_load_opts(path, be, 1, model, tok);
+}
+
+void loom_gguf_fp32(loom_gpt_t *m, int ends_only) {
+    if (!(m->be->caps & LOOM_CAP_DEVICE_MEMORY)) loom_gguf_blocks_fp32(m->file_q, &m->cfg, m->ptable, m->params, ends_only);
 }
 
 loom_status loom_gguf_read_str(const char *path, const char *key, char **out) {

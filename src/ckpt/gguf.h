@@ -78,8 +78,21 @@ loom_status loom_gguf_write(const char *path, const loom_gguf_write_opts_t *o);
  * linear layers' block formats are kept as stored (model->file_q; q8_0
  * as int8 with a scale per block of 32, held once: model/quant.h's
  * loom_quant_file_int8), so that
- * they run on the file's own blocks rather than quantized again. */
+ * they run on the file's own blocks rather than quantized again; the
+ * parameter block holds every weight in fp32 as well. */
 loom_status loom_gguf_load(const char *path, const loom_backend_t *be, loom_gpt_t **model, loom_tokenizer_t **tok);
+/* loom_gguf_load, where fp32_all 0 leaves out the fp32 values of the
+ * weights the file's stored ones serve on the CPU's inference path (their
+ * part of the parameter block stays unwritten and costs no resident
+ * memory; reading them gives zeros): a quantized file then holds its
+ * blocks once, plus fp32 norms and whatever is not stored in blocks.
+ * loom_gguf_fp32 makes them when something else needs them. On a device,
+ * or a backend without the block kernels, everything is fp32 as with 1. */
+loom_status loom_gguf_load_opts(const char *path, const loom_backend_t *be, int fp32_all, loom_gpt_t **model, loom_tokenizer_t **tok);
+/* The fp32 values loom_gguf_load_opts left out, made from the model's
+ * stored weights (m->file_q; nothing without), bit for bit those of
+ * loom_gguf_load; ends_only: the embedding and the head only. */
+void loom_gguf_fp32(loom_gpt_t *m, int ends_only);
 
 /* The string metadata `key` of the GGUF at `path` (e.g.
  * "tokenizer.chat_template"): *out malloc'd, or NULL when the file has no

@@ -330,6 +330,25 @@ const loom_gguf_tensor_t *loom_gguf_find(const loom_gguf_t *g, const char *name)
     return NULL;
 }
 
+/* The whole pages of the mapping in [p, p + n), or 0 when none. */
+static size_t inner_pages(const void *p, size_t n, uintptr_t *a) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), b = ((uintptr_t)p + n) & ~(page - 1);
+    *a = ((uintptr_t)p + page - 1) & ~(page - 1);
+    return b > *a ? b - *a : 0;
+}
+
+void loom_gguf_prefetch(const loom_gguf_t *g) {
+    uintptr_t a;
+    size_t n = inner_pages(g->p + g->data, g->size - g->data, &a);
+    if (n) madvise((void *)a, n, MADV_WILLNEED); /* a hint: the read-ahead of a file not yet in the page cache */
+}
+
+void loom_gguf_drop(const void *p, size_t bytes) {
+    uintptr_t a;
+    size_t n = inner_pages(p, bytes, &a);
+    if (n) madvise((void *)a, n, MADV_DONTNEED); /* read-only file pages: dropped from this process, kept in the page cache */
+}
+
 void loom_gguf_values(const loom_gguf_tensor_t *t, float *out) {
     int d = loom_qblock_of_ggml(t->type);
     if (d >= 0) {

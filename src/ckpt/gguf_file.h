@@ -59,6 +59,14 @@ const loom_gguf_tensor_t *loom_gguf_tensor_at(const loom_gguf_t *g, int i);
 const loom_gguf_tensor_t *loom_gguf_find(const loom_gguf_t *g, const char *name);
 /* ggml's name of a type ("q4_K", "f32"), or NULL when loom does not read it. */
 const char *loom_gguf_type_name(uint32_t ggml);
+/* Ask the system to read the data section ahead (a file not yet in the
+ * page cache is then read in large sequential requests). */
+void loom_gguf_prefetch(const loom_gguf_t *g);
+/* Give back the whole pages of the mapping inside [p, p + bytes) (part
+ * of a tensor's data) once they are read: the process's resident memory
+ * then holds the copies it keeps, not the file as well (the bytes stay
+ * readable: their pages come back from the page cache). */
+void loom_gguf_drop(const void *p, size_t bytes);
 /* t's numel values as floats, dequantized as gguf.quants.dequantize does
  * (bit for bit). */
 void loom_gguf_values(const loom_gguf_tensor_t *t, float *out);

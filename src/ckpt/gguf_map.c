@@ -3,6 +3,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend/qblock.h"
 #include "ckpt/tensormap.h"
@@ -239,8 +241,24 @@ static loom_status check_shape(const loom_gguf_t *g, const loom_gguf_map_t *m, c
     return LOOM_OK;
 }
 
-loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable,
-                                  float *host) {
+/* 1 when the fp32 values of entry m are not read because the file's own
+ * stored weight (file_q, gpt.h) serves every use of them on the inference
+ * path (model/infer.c): a linear weight stored whole or by parts, the
+ * head, and the embedding of a rotary model (a learned position table is
+ * added to fp32 rows of the embedding). */
+static int served_by_blocks(const loom_tensor_t *fq, const loom_gpt_config_t *c, const loom_gguf_map_t *m) {
+    if (!fq) return 0;
+    size_t nq = (size_t)c->n_layer * LOOM_QLIN_COUNT;
+    if (m->qlin >= 0 && m->layer >= 0) {
+        size_t s = (size_t)m->layer * LOOM_QLIN_COUNT + (size_t)m->qlin;
+        return fq[s].data || fq[nq + 2 + s * LOOM_FILE_Q_PARTS].data;
+    }
+    if (m->param == LOOM_WTE) return fq[nq].data && c->pos == LOOM_POS_ROPE;
+    return m->param == LOOM_LMHEAD && fq[nq + 1].data;
+}
+
+loom_status loom_gguf_read_params_except(const loom_gguf_t *g, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable,
+                                         float *host, const loom_tensor_t *stored, size_t *floats) {
     char *arch = loom_gguf_str(g, "general.architecture");
     loom_gguf_map_t *map;
     int n = loom_gguf_map(c, arch ? arch : "gpt2", &map);
@@ -249,15 +267,24 @@ loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t 
     for (int i = 0; i < n && s == LOOM_OK; i++) {
         const loom_gguf_tensor_t *t = NULL;
         if ((s = check_shape(g, &map[i], &t)) != LOOM_OK) break;
+        if (served_by_blocks(stored, c, &map[i])) continue;
+        if (floats) *floats += (size_t)t->numel;
         size_t w = map[i].cols ? map[i].cols : 1;
-        float *tmp = loom_malloc(t->numel * sizeof(float)), *dst = host + loom_gguf_param_at(&map[i], c, ptable);
+        float *dst = host + loom_gguf_param_at(&map[i], c, ptable);
+        float *tmp = map[i].rope_heads > 0 ? loom_malloc(t->numel * sizeof(float)) : dst; /* rows in the file's order: in place */
         loom_gguf_values(t, tmp);
         s = loom_check_finite(tmp, (size_t)t->numel, map[i].gguf, loom_gguf_path(g)); /* NaN/Inf never reach the math */
-        for (size_t r = 0; s == LOOM_OK && r < map[i].rows; r++) memcpy(dst + r * w, tmp + loom_gguf_file_row(&map[i], r) * w, w * sizeof(float));
-        free(tmp);
+        for (size_t r = 0; tmp != dst && s == LOOM_OK && r < map[i].rows; r++)
+            memcpy(dst + r * w, tmp + loom_gguf_file_row(&map[i], r) * w, w * sizeof(float));
+        if (tmp != dst) free(tmp);
     }
     free(map);
     return s;
+}
+
+loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable,
+                                  float *host) {
+    return loom_gguf_read_params_except(g, c, ptable, host, NULL, NULL);
 }
 
 /* ---- the file's own linear weights ---- */
@@ -269,36 +296,97 @@ static size_t held_row(const loom_gguf_tensor_t *t) {
     return d >= 0 ? loom_qblock_row_bytes((loom_dtype)d, (long long)t->ne[0]) : (size_t)t->ne[0] + (size_t)t->ne[0] / 8;
 }
 
-/* The parts [p0, p1) of one fused weight, in one type: its tensor, data
- * laid out at `at` (rows in loom's order). Returns the bytes used. */
-static size_t gather(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, int p1, char *at, loom_tensor_t *v) {
+/* The byte offsets of a block's fp16 scale fields (n of them) for GGUF
+ * type `ggml` (qblock.h's layouts; q8_0: d then 32 int8). Every value of a
+ * block is its scales times small integers, plus a scaled min: finite
+ * scales make every value finite, and a NaN or infinite scale makes at
+ * least one value NaN or infinite (x * 0 is NaN for x infinite). So
+ * checking the scales is checking every dequantized value, without
+ * unpacking them. */
+static int scale_fields(uint32_t ggml, int off[2]) {
+    int d = loom_qblock_of_ggml(ggml); /* -1: q8_0 */
+    off[0] = d == LOOM_Q6_K ? 208 : 0, off[1] = 2;  /* q6_K: d last; the rest: d first */
+    return d == LOOM_Q4_1 || d == LOOM_Q5_1 || d == LOOM_Q4_K || d == LOOM_Q5_K ? 2 : 1; /* then m or dmin */
+}
+
+/* The first of nb blocks of `bytes` at p with a NaN or infinite fp16
+ * scale, or -1. */
+static long long bad_scale(const unsigned char *p, size_t nb, int bytes, uint32_t ggml) {
+    int off[2], n = scale_fields(ggml, off);
+    for (size_t b = 0; b < nb; b++)
+        for (int k = 0; k < n; k++) {
+            uint16_t h;
+            memcpy(&h, p + b * (size_t)bytes + off[k], 2);
+            if ((h & 0x7c00) == 0x7c00) return (long long)b;
+        }
+    return -1;
+}
+
+/* The error for tensor t's first block with a NaN or infinite scale. */
+static loom_status scale_error(const loom_gguf_t *g, const loom_gguf_tensor_t *t) {
+    int d = loom_qblock_of_ggml(t->type), bytes = d >= 0 ? loom_qblock_info((loom_dtype)d)->bytes : 34;
+    int block = d >= 0 ? loom_qblock_info((loom_dtype)d)->block : 32;
+    long long b = bad_scale(t->data, (size_t)(t->numel / (uint64_t)block), bytes, t->type);
+    return loom_error(LOOM_EFORMAT, "%s: tensor %s holds a NaN or infinite scale in block %lld (elements %lld to %lld, %s); the weights are unusable "
+                      "(a corrupt file): fetch or convert the model again", loom_gguf_path(g), t->name, b, b * block, (b + 1) * block - 1,
+                      loom_gguf_type_name(t->type));
+}
+
+/* File row fr of src (bb bytes a block: a block format's row of rb
+ * bytes, or q8_0's cols / 32 blocks of 34) into row r of the destination:
+ * the same bytes at `at`, or q8_0's scales as fp32 into sc and its int8
+ * into q. 1 when a scale of the row is NaN or infinite. */
+static int gather_row(const unsigned char *src, uint32_t type, int bb, size_t fr, size_t r, size_t cols, size_t rb, char *at,
+                      float *sc, signed char *q) {
+    if (!sc) {
+        memcpy(at + r * rb, src + fr * rb, rb);
+        return bad_scale((const unsigned char *)at + r * rb, rb / (size_t)bb, bb, type) >= 0;
+    }
+    int bad = 0;
+    for (size_t b = 0; b < cols / 32; b++) {
+        const unsigned char *blk = src + (fr * (cols / 32) + b) * 34;
+        uint16_t h;
+        memcpy(&h, blk, 2);
+        bad |= (h & 0x7c00) == 0x7c00;
+        sc[r * (cols / 32) + b] = loom_f16_to_f32(h);
+        memcpy(q + r * cols + b * 32, blk + 2, 32);
+    }
+    return bad;
+}
+
+/* The parts [p0, p1) of one fused weight, in one type: its tensor *v,
+ * data laid out at `at` (rows in loom's order; one thread: the copy is
+ * bound by memory, and a team's wake-ups per tensor cost more on a
+ * loaded machine than they gain on an idle one), every block's scales
+ * checked (a NaN or infinite one is an error naming the
+ * tensor and the block); *used += the bytes taken. */
+static loom_status gather(const loom_gguf_t *g, const loom_gguf_map_t *map, int p0, int p1, char *at, loom_tensor_t *v, size_t *used) {
     const loom_gguf_tensor_t *t0 = loom_gguf_find(g, map[p0].gguf);
-    int d = loom_qblock_of_ggml(t0->type);
+    int d = loom_qblock_of_ggml(t0->type), bb = d >= 0 ? loom_qblock_info((loom_dtype)d)->bytes : 34;
     size_t R = 0, cols = map[p0].cols, rb = held_row(t0);
     for (int k = p0; k < p1; k++) R += map[k].rows;
     float *sc = d < 0 ? (float *)at : NULL; /* q8_0: R * cols / 32 scales, then R * cols int8 */
     signed char *q = d < 0 ? (signed char *)(sc + R * cols / 32) : NULL;
-    size_t r = 0;
+    size_t r0 = 0;
     for (int k = p0; k < p1; k++) {
-        const unsigned char *src = loom_gguf_find(g, map[k].gguf)->data;
-        for (size_t i = 0; i < map[k].rows; i++, r++) {
-            size_t fr = loom_gguf_file_row(&map[k], i);
-            if (d >= 0) {
-                memcpy(at + r * rb, src + fr * rb, rb);
-                continue;
-            }
-            for (size_t b = 0; b < cols / 32; b++) {
-                const unsigned char *blk = src + (fr * (cols / 32) + b) * 34;
-                uint16_t h;
-                memcpy(&h, blk, 2);
-                sc[r * (cols / 32) + b] = loom_f16_to_f32(h);
-                memcpy(q + r * cols + b * 32, blk + 2, 32);
-            }
+        const loom_gguf_tensor_t *t = loom_gguf_find(g, map[k].gguf);
+        const loom_gguf_map_t *m = &map[k];
+        const unsigned char *src = t->data;
+        size_t frb = t->bytes / m->rows, dropped = 0;
+        int bad = 0;
+        for (size_t i = 0; i < m->rows; i++) {
+            bad |= gather_row(src, t->type, bb, loom_gguf_file_row(m, i), r0 + i, cols, rb, at, sc, q);
+            if (!m->rope_heads && (i + 1) % 4096 == 0) /* read once, in file order: the pages passed go back as it goes */
+                loom_gguf_drop(src + dropped, (i + 1) * frb - dropped), dropped = (i + 1) * frb;
         }
+        if (bad) return scale_error(g, t);
+        loom_gguf_drop(src, t->bytes);
+        r0 += m->rows;
     }
     if (d >= 0) *v = (loom_tensor_t){.data = at, .dtype = (loom_dtype)d, .rows = (long long)R, .cols = (long long)cols};
     else *v = (loom_tensor_t){.data = q, .dtype = LOOM_INT8, .rows = (long long)R, .cols = (long long)cols, .scales = sc, .block = 32};
-    return (R * rb + 63) / 64 * 64;
+    *used += (R * rb + 63) / 64 * 64;
+    return LOOM_OK;
 }
 
 /* 1 when every entry of [p0, p1) is in a block format or q8_0. */
@@ -342,19 +430,19 @@ static int entry_of(const loom_gguf_map_t *map, int n, int param) {
 
 /* The embedding and the head kept as stored (file_q's two slots after the
  * layers) when their type is a block format or q8_0; the head is the
- * embedding's tensor when the file ties them. Returns the bytes used. */
-static size_t gather_ends(const loom_gguf_t *g, const loom_gguf_map_t *map, int n, char *at, loom_tensor_t *slots) {
+ * embedding's tensor when the file ties them. Their bytes go at
+ * at + *used on; *used += the bytes taken. */
+static loom_status gather_ends(const loom_gguf_t *g, const loom_gguf_map_t *map, int n, char *at, loom_tensor_t *slots, size_t *used) {
     int e = entry_of(map, n, LOOM_WTE), h = entry_of(map, n, LOOM_LMHEAD);
-    size_t used = 0;
     for (int k = 0; k < 2; k++) {
         int i = k ? h : e;
         if (i < 0) continue;
         uint32_t type = loom_gguf_find(g, map[i].gguf)->type;
         if (loom_qblock_of_ggml(type) < 0 && type != LOOM_GT_Q8_0) continue;
-        used += gather(g, map, i, i + 1, at + used, &slots[k]);
+        LOOM_TRY(gather(g, map, i, i + 1, at + *used, &slots[k], used));
     }
     if (h < 0) slots[1] = slots[0]; /* tied */
-    return used;
+    return LOOM_OK;
 }
 
 static size_t ends_bytes(const loom_gguf_t *g, const loom_gguf_map_t *map, int n) {
@@ -364,33 +452,110 @@ static size_t ends_bytes(const loom_gguf_t *g, const loom_gguf_map_t *map, int n
     return b;
 }
 
-loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int *mixed) {
-    char *arch = loom_gguf_str(g, "general.architecture");
-    loom_gguf_map_t *map;
-    int n = loom_gguf_map(c, arch ? arch : "gpt2", &map), nq = c->n_layer * LOOM_QLIN_COUNT, fit = 0;
-    free(arch);
-    *mixed = 0;
-    size_t head = (size_t)(nq + 2 + nq * LOOM_FILE_Q_PARTS) * sizeof(loom_tensor_t), bytes = 0;
-    for (int i = 0, j; i < n; i = j) { /* a fused weight's parts are adjacent */
-        for (j = i + 1; j < n && map[j].qlin >= 0 && map[j].qlin == map[i].qlin && map[j].layer == map[i].layer;) j++;
+/* The end (exclusive) of the fused weight that starts at map entry i: its
+ * parts are adjacent. */
+static int fused_end(const loom_gguf_map_t *map, int n, int i) {
+    int j = i + 1;
+    while (j < n && map[j].qlin >= 0 && map[j].qlin == map[i].qlin && map[j].layer == map[i].layer) j++;
+    return j;
+}
+
+/* The pages of [p, p + n) made resident and writable in one call: a
+ * copy into fresh memory otherwise takes a page fault every 4 KiB, which
+ * costs more than the copy. A hint: a kernel without it faults as usual. */
+static void populate(void *p, size_t n) {
+#ifdef MADV_POPULATE_WRITE
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) & ~(page - 1), b = ((uintptr_t)p + n) & ~(page - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_POPULATE_WRITE);
+#else
+    (void)p, (void)n;
+#endif
+}
+
+/* Bytes of the stored linear weights (0: none), *mixed counted. */
+static size_t stored_bytes(const loom_gguf_t *g, const loom_gguf_map_t *map, int n, int *mixed) {
+    size_t bytes = 0;
+    int fit = 0;
+    for (int i = 0, j; i < n; i = j) {
+        j = fused_end(map, n, i);
         if (map[i].qlin < 0) continue;
         int whole = parts_fit(g, map, i, j, mixed), split = split_parts(g, map, i, j);
         if (!whole && !split) continue;
         fit++;
         for (int k = i; k < j; k++) bytes += map[k].rows * held_row(loom_gguf_find(g, map[k].gguf)) + 64;
     }
-    if (fit) bytes += ends_bytes(g, map, n);
-    char *mem = fit ? loom_calloc(1, head + bytes) : NULL, *at = mem ? mem + head : NULL;
-    loom_tensor_t *t = (loom_tensor_t *)mem;
-    for (int i = 0, j; i < n && mem; i = j) {
-        for (j = i + 1; j < n && map[j].qlin >= 0 && map[j].qlin == map[i].qlin && map[j].layer == map[i].layer;) j++;
+    return fit ? bytes + ends_bytes(g, map, n) : 0;
+}
+
+/* Every stored weight of map into file_q t, its bytes from `at`. */
+static loom_status gather_all(const loom_gguf_t *g, const loom_gpt_config_t *c, const loom_gguf_map_t *map, int n, loom_tensor_t *t,
+                              char *at) {
+    int nq = c->n_layer * LOOM_QLIN_COUNT;
+    size_t used = 0;
+    for (int i = 0, j; i < n; i = j) {
+        j = fused_end(map, n, i);
         int dummy = 0, slot = map[i].layer * LOOM_QLIN_COUNT + map[i].qlin;
         if (map[i].qlin < 0) continue;
-        if (parts_fit(g, map, i, j, &dummy)) at += gather(g, map, i, j, at, &t[slot]);
+        if (parts_fit(g, map, i, j, &dummy)) LOOM_TRY(gather(g, map, i, j, at + used, &t[slot], &used));
         else if (split_parts(g, map, i, j))
-            for (int k = i; k < j; k++) at += gather(g, map, k, k + 1, at, &t[nq + 2 + slot * LOOM_FILE_Q_PARTS + (k - i)]);
+            for (int k = i; k < j; k++) LOOM_TRY(gather(g, map, k, k + 1, at + used, &t[nq + 2 + slot * LOOM_FILE_Q_PARTS + (k - i)], &used));
     }
-    if (mem) gather_ends(g, map, n, at, t + nq);
+    return gather_ends(g, map, n, at, t + nq, &used);
+}
+
+loom_status loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, loom_tensor_t **out, int *mixed) {
+    char *arch = loom_gguf_str(g, "general.architecture");
+    loom_gguf_map_t *map;
+    int n = loom_gguf_map(c, arch ? arch : "gpt2", &map), nq = c->n_layer * LOOM_QLIN_COUNT;
+    free(arch);
+    *mixed = 0, *out = NULL;
+    loom_status s = LOOM_OK;
+    const loom_gguf_tensor_t *t;
+    for (int i = 0; i < n && s == LOOM_OK; i++) s = check_shape(g, &map[i], &t); /* every tensor there, as the config says */
+    size_t head = (size_t)(nq + 2 + nq * LOOM_FILE_Q_PARTS) * sizeof(loom_tensor_t), bytes = s == LOOM_OK ? stored_bytes(g, map, n, mixed) : 0;
+    if (bytes) {
+        loom_gguf_prefetch(g);
+        char *mem = loom_calloc(1, head + bytes); /* fresh pages: each is written once, by the copy */
+        populate(mem, head + bytes);
+        s = gather_all(g, c, map, n, (loom_tensor_t *)mem, mem + head);
+        if (s == LOOM_OK) *out = (loom_tensor_t *)mem;
+        else free(mem);
+    }
     free(map);
-    return t;
+    return s;
+}
+
+/* t's values (a block format, or int8 with fp32 scales per block) into
+ * dst, rows split over the threads: as the file's own dequantization
+ * (loom_gguf_values) computes them, bit for bit. */
+static void stored_values(const loom_tensor_t *t, float *dst) {
+    size_t C = (size_t)t->cols;
+#pragma omp parallel for schedule(static)
+    for (long long r = 0; r < t->rows; r++) {
+        float *o = dst + (size_t)r * C;
+        if (t->dtype != LOOM_INT8) {
+            loom_qblock_dequantize(t->dtype, (const char *)t->data + (size_t)r * loom_qblock_row_bytes(t->dtype, t->cols), C, o);
+            continue;
+        }
+        const signed char *q = (const signed char *)t->data + (size_t)r * C;
+        const float *sc = t->scales + (size_t)r * (C / (size_t)t->block);
+        for (size_t i = 0; i < C; i++) o[i] = sc[i / (size_t)t->block] * (float)q[i];
+    }
+}
+
+void loom_gguf_blocks_fp32(const loom_tensor_t *fq, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable, float *host,
+                           int ends_only) {
+    static const int param[LOOM_QLIN_COUNT] = {LOOM_QKVW, LOOM_ATTPROJW, LOOM_FCW, LOOM_FCPROJW};
+    size_t L = (size_t)c->n_layer, nq = L * LOOM_QLIN_COUNT;
+    if (!fq) return;
+    for (size_t s = 0; s < nq && !ends_only; s++) {
+        const loom_tensor_info_t *p = &ptable[param[s % LOOM_QLIN_COUNT]];
+        float *dst = host + p->offset + s / LOOM_QLIN_COUNT * (p->numel / L);
+        const loom_tensor_t *part = &fq[nq + 2 + s * LOOM_FILE_Q_PARTS];
+        if (fq[s].data) stored_values(&fq[s], dst);
+        for (int k = 0; !fq[s].data && k < LOOM_FILE_Q_PARTS && part[k].data; dst += part[k].rows * part[k].cols, k++)
+            stored_values(&part[k], dst);
+    }
+    if (fq[nq].data && c->pos == LOOM_POS_ROPE) stored_values(&fq[nq], host + ptable[LOOM_WTE].offset); /* as served_by_blocks */
+    if (fq[nq + 1].data && c->untied_head) stored_values(&fq[nq + 1], host + ptable[LOOM_LMHEAD].offset);
 }

@@ -52,22 +52,40 @@ size_t loom_gguf_file_row(const loom_gguf_map_t *m, size_t r);
  * (in floats). */
 size_t loom_gguf_param_at(const loom_gguf_map_t *m, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable);
 /* Every mapped tensor, dequantized, into host (the parameter block laid
- * out by ptable, zeroed by the caller); a missing or misshapen tensor is
- * an error naming it. */
+ * out by ptable, zeroed by the caller); a missing or misshapen tensor, or
+ * a NaN or infinite value, is an error naming it. */
 loom_status loom_gguf_read_params(const loom_gguf_t *g, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable,
                                   float *host);
-/* The file's linear weights as stored (gpt.h file_q): those in the block
- * formats (q8_0 among them as int8 with fp32 scales per block of 32), or
- * NULL when none is. A fused weight
- * (qkv, gate + up) whose parts differ in type is left out (data NULL) and
- * counted in *mixed. After the (L, 4) linear weights come two more
- * tensors (gpt.h file_q): the embedding (token_embd) and the head
- * (output, or token_embd again when tied) when stored in a block format
- * or q8_0, else data NULL; then LOOM_FILE_Q_PARTS part slots per linear
- * weight: a fused weight whose parts are each in a block format or q8_0
- * but not one type (a Q4_K_M file's q4_K attn_q beside q6_K attn_v) has
- * data NULL in its slot and its parts there, in order (rows in loom's
- * order); those are not counted in *mixed. */
-loom_tensor_t *loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, int *mixed);
+/* The same, less the tensors whose every use on the inference path the
+ * file's stored weights `stored` (loom_gguf_file_weights; NULL: none)
+ * serve: linear weights stored in blocks, the head, a rotary model's
+ * embedding. Those stay zero in host (loom_gguf_blocks_fp32 makes them).
+ * *floats (NULL: not counted) += the values read. */
+loom_status loom_gguf_read_params_except(const loom_gguf_t *g, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable,
+                                         float *host, const loom_tensor_t *stored, size_t *floats);
+/* The file's linear weights as stored (gpt.h file_q) into *out: those in
+ * the block formats (q8_0 among them as int8 with fp32 scales per block
+ * of 32), or NULL when none is. Each tensor's bytes are read once from the
+ * mapping into their place (rows in loom's order, by all threads) and its
+ * pages of the mapping given back; every block's fp16 scales are checked
+ * on the way (finite scales make finite values, gguf_map.c scale_fields):
+ * a NaN or infinite one, or a missing or misshapen tensor, is an error
+ * naming it. A fused weight (qkv, gate + up) whose parts differ in type
+ * is left out (data NULL) and counted in *mixed. After the (L, 4) linear
+ * weights come two more tensors (gpt.h file_q): the embedding
+ * (token_embd) and the head (output, or token_embd again when tied) when
+ * stored in a block format or q8_0, else data NULL; then
+ * LOOM_FILE_Q_PARTS part slots per linear weight: a fused weight whose
+ * parts are each in a block format or q8_0 but not one type (a Q4_K_M
+ * file's q4_K attn_q beside q6_K attn_v) has data NULL in its slot and
+ * its parts there, in order (rows in loom's order); those are not
+ * counted in *mixed. */
+loom_status loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t *c, loom_tensor_t **out, int *mixed);
+/* The fp32 values of the weights loom_gguf_read_params_except left out,
+ * made from the stored ones (fq: loom_gguf_file_weights') into host, bit
+ * for bit what loom_gguf_read_params reads; rows split over the threads.
+ * ends_only: the embedding and the head only. */
+void loom_gguf_blocks_fp32(const loom_tensor_t *fq, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable, float *host,
+                           int ends_only);
 
 #endif

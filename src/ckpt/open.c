@@ -114,6 +114,10 @@ static loom_status describe(const char *path, const loom_open_opts_t *o, loom_op
     return LOOM_OK;
 }
 
+/* 1 when a GGUF's every fp32 weight is read at load, the stored ones
+ * included: a device computes in fp32, and a caller may keep them. */
+static int fp32_at_load(const loom_open_opts_t *o) { return (o->device && strcmp(o->device, "cpu")) || o->keep_fp32; }
+
 /* The weights into a new model on the CPU backend. A GGUF file brings its
  * own config and tokenizer (ckpt/gguf.h). */
 static loom_status load_cpu(const loom_open_opts_t *o, loom_opened_t *r) {
@@ -121,7 +125,7 @@ static loom_status load_cpu(const loom_open_opts_t *o, loom_opened_t *r) {
     char path[4200];
     LOOM_TRY(loom_backend_cpu_init(&be, o->threads));
     if (r->kind == LOOM_SOURCE_GGUF) {
-        LOOM_TRY(loom_gguf_load(r->weights_path, be, &r->model, &r->tok));
+        LOOM_TRY(loom_gguf_load_opts(r->weights_path, be, fp32_at_load(o), &r->model, &r->tok)); /* else where needed: gguf_fp32 */
         r->cfg = r->model->cfg;
         return LOOM_OK;
     }
@@ -170,6 +174,28 @@ static loom_status describe_and_load(const char *path, const loom_open_opts_t *o
     return s;
 }
 
+/* A GGUF model loaded with fp32 only where its stored blocks do not
+ * serve (ckpt/gguf.h loom_gguf_load_opts): the fp32 of the rest is made
+ * when something reads it: a device (it computes in fp32) and a caller
+ * that keeps it (o->keep_fp32) at load already (fp32_at_load); --quant's
+ * int8 copies here (made from fp32, except a Q8_0 file's own int8, whose
+ * head may still be: then the embedding and the head only). Returns 2
+ * when all were made, 1 the ends only, 0 none; what was made is given back
+ * once the copies exist (loom_open), said when all were (the rest of the
+ * block was never resident). The 2:4 check reads every fp32 linear
+ * weight: it is skipped when those are not made (*sparse off), as the
+ * stored blocks run instead. */
+static int gguf_fp32(const loom_open_opts_t *o, loom_gpt_t *m, int *sparse) {
+    if (!m->file_q) return 0;
+    int quant = o->weights.quant != LOOM_QUANT_NONE, all = fp32_at_load(o) || (quant && !loom_quant_file_int8(m));
+    if (!all && !quant) {
+        *sparse = LOOM_SPARSE_OFF;
+        return 0;
+    }
+    if (!fp32_at_load(o)) loom_gguf_fp32(m, !all);
+    return all ? 2 : 1;
+}
+
 loom_status loom_open(const char *path, const loom_open_opts_t *o, loom_opened_t *out) {
     *out = (loom_opened_t){0};
     out->kv_dtype = o->kv_dtype;
@@ -177,11 +203,13 @@ loom_status loom_open(const char *path, const loom_open_opts_t *o, loom_opened_t
     if (o->kv_dtype != LOOM_FP32 && o->kv_dtype != LOOM_INT8)
         s = loom_error(LOOM_EINVAL, "KV cache type %s: use fp32 or int8", loom_dtype_name(o->kv_dtype));
     if (s == LOOM_OK) s = describe_and_load(path, o, out);
+    loom_infer_weights_opts_t wo = o->weights;
+    int made = s == LOOM_OK && !o->config_only && out->kind == LOOM_SOURCE_GGUF ? gguf_fp32(o, out->model, &wo.sparse) : 0;
     if (s == LOOM_OK && !o->config_only) s = to_device(&out->model, o->device);
-    if (s == LOOM_OK && !o->config_only) s = loom_infer_weights_create(&out->weights, out->model, &o->weights);
-    if (s == LOOM_OK && !o->config_only && out->model->file_q && !o->keep_fp32) { /* docs/quantization.md */
+    if (s == LOOM_OK && !o->config_only) s = loom_infer_weights_create(&out->weights, out->model, &wo);
+    if (s == LOOM_OK && made && !o->keep_fp32) { /* docs/quantization.md */
         size_t given = loom_infer_weights_release_fp32(out->model, NULL);
-        if (given)
+        if (given && made == 2)
             loom_info("%s: %.1f MB of fp32 weights that the file's own blocks replace given back to the system", path, given / 1e6);
     }
     if (s != LOOM_OK) loom_open_close(out);

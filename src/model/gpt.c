@@ -3,6 +3,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/mem.h"
 
@@ -195,6 +197,27 @@ double loom_gpt_flops_per_token(const loom_gpt_config_t *cfg, int T) {
     return 6.0 * n + 6.0 * cfg->n_layer * cfg->channels * (double)T;
 }
 
+/* The parameter block. On the CPU: zero pages that the system hands out
+ * on first touch (the block's whole pages given back with MADV_DONTNEED,
+ * the partial ones at its ends zeroed), so that a block mostly left
+ * unwritten (a quantized GGUF's weights, which run on the file's own
+ * blocks: ckpt/gguf.h) costs resident memory only where written; the
+ * backend's alloc would zero, and so touch, every page. freed by be->free
+ * (the CPU's is free()). */
+static float *param_block(const loom_backend_t *be, size_t bytes) {
+    void *p = NULL;
+    if ((be->caps & LOOM_CAP_DEVICE_MEMORY) || strcmp(be->name, "cpu") || bytes < ((size_t)1 << 20)) return be->alloc(bytes);
+    if (posix_memalign(&p, 64, bytes) != 0) return NULL;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) & ~(page - 1), b = ((uintptr_t)p + bytes) & ~(page - 1);
+    if (b <= a || madvise((void *)a, b - a, MADV_DONTNEED) != 0) {
+        memset(p, 0, bytes);
+        return p;
+    }
+    memset(p, 0, a - (uintptr_t)p);
+    memset((void *)b, 0, (uintptr_t)p + bytes - b);
+    return p;
+}
+
 static loom_status create(loom_gpt_t **out, const loom_gpt_config_t *cfg, const loom_backend_t *be) {
     loom_gpt_config_t c = *cfg;
     LOOM_TRY(loom_gpt_config_finish(&c));
@@ -202,7 +225,7 @@ static loom_status create(loom_gpt_t **out, const loom_gpt_config_t *cfg, const 
     m->cfg = c;
     m->be = be;
     loom_gpt_param_table(&m->cfg, m->ptable, &m->num_params);
-    m->params = be->alloc(m->num_params * sizeof(float));
+    m->params = param_block(be, m->num_params * sizeof(float));
     if (!m->params) {
         double mb = m->num_params * 4.0 / 1e6;
         free(m);

@@ -92,7 +92,8 @@ static void fuzz_gguf(const uint8_t *p, size_t n) {
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     loom_gpt_t *m = NULL;
     loom_tokenizer_t *tok = NULL;
-    if (loom_gguf_load(path, cpu(), &m, &tok) == LOOM_OK) {
+    if (loom_gguf_load_opts(path, cpu(), 0, &m, &tok) == LOOM_OK) { /* as loom_open loads: the blocks, then fp32 made from them */
+        loom_gguf_fp32(m, 0);
         loom_gpt_free(m);
         loom_tokenizer_free(tok);
     }

@@ -13,6 +13,9 @@ $LOOM tokenize --input "$w/t.txt" --vocab 270 --val-fraction 0.1 --out "$w/d" --
 $LOOM train --data "$w/d" --layers 1 --channels 8 --heads 2 --context 4 --batch 1 --seq 4 --steps 1 --eval-every 0 --sample-tokens 0 --threads 1 --out "$w/r" > /dev/null 2>&1
 ck=$(ls -d "$w"/r/checkpoints/step_* | tail -1)
 $LOOM export --run "$w/r" --format gguf --out "$out/gguf/tiny.gguf" > /dev/null
+# and one whose matrices are q8_0 blocks (rows of 32): the blocks' reader (ckpt/gguf_map.c) under mutation
+$LOOM train --data "$w/d" --layers 1 --channels 32 --heads 2 --context 4 --batch 1 --seq 4 --steps 1 --eval-every 0 --sample-tokens 0 --threads 1 --out "$w/r32" > /dev/null 2>&1
+$LOOM export --run "$w/r32" --format gguf --dtype q8_0 --out "$out/gguf/tiny_q8_0.gguf" > /dev/null
 cp "$w/d/tokenizer.json" "$out/tokenizer/bpe.json"
 cp "$ck/config.json" "$out/config/gpt2.json"; cp "$ck/state.json" "$out/state/state.json"; cp "$ck/manifest.json" "$out/manifest/manifest.json"
 head -c 1100 "$w/d/val_000000.bin" > "$out/shard/short.bin"   # a header and 38 tokens: the count disagrees
