@@ -14,8 +14,9 @@
  *     values exactly);
  *   - with GELU, out is loom_gelu of the same product (the epilogue);
  *   - matmul_forward_kq at the threshold's N runs this GEMM (same bits).
- * On the k-quants the int8 tile (set avx512vnni, where the CPU has it) is
- * checked against its own bound (int8_bound below), with and without GELU.
+ * The int8 tiles (set avx512vnni, where the CPU has it: per 256 values on
+ * the k-quants, per 32 on the 32-value formats) are checked against their
+ * own bound (int8_bound below), with and without GELU.
  *
  * The bound. The weights are gguf's values exactly and the input is used
  * as given, so only the fp32 sums round: per output, C fused multiply-adds
@@ -94,46 +95,50 @@ static double check_bound(const gemm_case_t *k, const float *out, const char *wh
     return worst;
 }
 
-/* The int8 tile's bound. It computes, per output and 256-value block b,
- * xd_b (d sumi - dmin summ) with exact integer sums, where x_i is replaced
- * by xd_b q_i, |x_i - xd_b q_i| <= xd_b / 2 (round to nearest; xd_b =
- * amax_b / 127, so no clamping), and w_i by the real d sc_j u_i - dmin m_j
- * (gguf's w_i rounds its two products and difference: within 2u A_i of
- * it, A_i = |d sc_j| umax + |dmin m_j|; q6_K: |d sc_j| (63 + 32), its
- * "min" being 32 sc_j). So
+/* The int8 tiles' bound. They compute, per output and block b of the
+ * activations' rounding (256 values on the k-quants, 32 on the 32-value
+ * formats), xd_b (d sumi - dmin summ) (32-value: xd_b (d sumi + m sumq))
+ * with exact integer sums, where x_i is replaced by xd_b q_i,
+ * |x_i - xd_b q_i| <= xd_b / 2 (round to nearest; xd_b = amax_b / 127, so
+ * no clamping), and w_i by the real d sc_j u_i - dmin m_j (d (u_i - off) or
+ * d u_i + m) (gguf's w_i rounds its products and difference: within 2u A_i
+ * of it, A_i = |d sc_j| umax + |dmin m_j|; q6_K: |d sc_j| (63 + 32), its
+ * "min" being 32 sc_j; 32-value: |d| 31 + |m|). So
  *   |out - sum w_i x_i| <= sum_b (xd_b / 2) sum_{i in b} |w_i|   (activations)
  *                        + 2u sum_i A_i (|x_i| + xd_b / 2)        (weights)
  *                        + gamma_n (sum_b xd_b sum_i A_i |q_i| + |bias|)
- * the last for the float operations: two int->float conversions, two
- * products, a difference, the product by xd_b and the sum over C / 256
- * blocks plus the bias, n = C / 256 + 8 roundings, each of a value at most
- * that sum (|q_i| xd_b <= |x_i| + xd_b / 2). With 2u <= gamma_n:
+ * the last for the float operations: int->float conversions, products, a
+ * difference, the product by xd_b and the sum over C / block blocks plus
+ * the bias, n = C / block + 8 roundings, each of a value at most that sum
+ * (|q_i| xd_b <= |x_i| + xd_b / 2). With 2u <= gamma_n:
  *   bound = sum_b (xd_b / 2) sum |w_i| + gamma_n (sum_i A_i (2 |x_i| + 2 xd_b) + |bias|). */
+static double weight_mag(loom_dtype d, const uint8_t *blk, int i) {
+    if (d == LOOM_Q6_K) return fabs((double)qblock_f16(blk + 208) * (int8_t)blk[192 + i / 16]) * 95;
+    if (d < LOOM_Q4_K) return fabs((double)qblock_f16(blk)) * 31 + (d == LOOM_Q4_1 || d == LOOM_Q5_1 ? fabs((double)qblock_f16(blk + 2)) : 0);
+    int sc, m;
+    qblock_scale_min_k4(i / 32, blk + 4, &sc, &m);
+    return fabs((double)qblock_f16(blk) * sc) * (d == LOOM_Q4_K ? 15 : 31) + fabs((double)qblock_f16(blk + 2) * m);
+}
+
 static double int8_bound(const loom_tensor_t *w, int o, const float *wf, const float *x, int C, double bias) {
     const loom_qblock_info_t *qi = loom_qblock_info(w->dtype);
     const uint8_t *row = (const uint8_t *)w->data + (size_t)o * loom_qblock_row_bytes(w->dtype, C);
-    double act = 0, big = 0, n = C / 256 + 8, gamma = 1.01 * n * ldexp(1.0, -24);
-    for (int b = 0; b < C / 256; b++) {
+    int bl = qi->block;
+    double act = 0, big = 0, n = C / bl + 8, gamma = 1.01 * n * ldexp(1.0, -24);
+    for (int b = 0; b < C / bl; b++) {
         const uint8_t *blk = row + (size_t)b * qi->bytes;
         double amax = 0, xd;
-        for (int i = 256 * b; i < 256 * b + 256; i++) amax = fmax(amax, fabs(x[i]));
+        for (int i = bl * b; i < bl * b + bl; i++) amax = fmax(amax, fabs(x[i]));
         xd = (double)((float)amax / 127.0f);
-        for (int i = 0; i < 256; i++) {
-            double A;
-            if (w->dtype == LOOM_Q6_K) A = fabs((double)qblock_f16(blk + 208) * (int8_t)blk[192 + i / 16]) * 95;
-            else {
-                int sc, m;
-                qblock_scale_min_k4(i / 32, blk + 4, &sc, &m);
-                A = fabs((double)qblock_f16(blk) * sc) * (w->dtype == LOOM_Q4_K ? 15 : 31) + fabs((double)qblock_f16(blk + 2) * m);
-            }
-            act += xd / 2 * fabs(wf[256 * b + i]);
-            big += A * (2 * fabs(x[256 * b + i]) + 2 * xd);
+        for (int i = 0; i < bl; i++) {
+            act += xd / 2 * fabs(wf[bl * b + i]);
+            big += weight_mag(w->dtype, blk, i) * (2 * fabs(x[bl * b + i]) + 2 * xd);
         }
     }
     return act + gamma * (big + fabs(bias)) + 1e-30;
 }
 
-/* The int8 tile on a k-quant: within int8_bound, GELU of the same. */
+/* The int8 tile on a block format: within int8_bound, GELU of the same. */
 static double check_int8(const gemm_case_t *k, const char *name) {
     size_t n = (size_t)k->N * k->OC;
     float *out = loom_malloc(n * sizeof(float)), *g = loom_malloc(n * sizeof(float));
@@ -159,9 +164,9 @@ static double check_int8(const gemm_case_t *k, const char *name) {
  * bits), the other micro-kernels with the best set, each within the
  * bound; GELU on the best. */
 static double check_shape(const gemm_case_t *k, const char *name) {
-    /* avx512vnni: on the 32-value formats the avx512 dequantization (same bits), on the k-quants the int8 tile */
-    static const char *const isas[] = {"portable", "avx2", "avx512", "avx512vnni"}, *const kernels[] = {"avx512", "avx2", "scalar"};
-    int kq = k->w->dtype >= LOOM_Q4_K, nisa = kq ? 3 : 4;
+    /* the fp32 path's sets (avx512vnni is the int8 tile, checked below) */
+    static const char *const isas[] = {"portable", "avx2", "avx512"}, *const kernels[] = {"avx512", "avx2", "scalar"};
+    int nisa = 3;
     size_t n = (size_t)k->N * k->OC;
     float *out = loom_malloc(n * sizeof(float)), *first = loom_malloc(n * sizeof(float));
     double worst = 0;
@@ -181,7 +186,7 @@ static double check_shape(const gemm_case_t *k, const char *name) {
         worst = fmax(worst, check_bound(k, first, what));
         if (!best) continue;
         best = 0;
-        for (int i = 2; kq && i > 0 && !loom_cpu_kq_gemm_use(isas[i]); i--) /* the fp32 path's best set */
+        for (int i = 2; i > 0 && !loom_cpu_kq_gemm_use(isas[i]); i--) /* the fp32 path's best set */
             ;
         loom_cpu_kq_gemm_run(out, k->x, k->w, k->bias, k->N, k->C, k->OC, 1);
         loom_cpu_kq_gemm_use(NULL);
@@ -194,7 +199,7 @@ static double check_shape(const gemm_case_t *k, const char *name) {
     const char *why;
     loom_cpu_gemm_select(NULL, &why);
     free(out), free(first);
-    if (kq && loom_cpu_kq_gemm_use("avx512vnni")) {
+    if (loom_cpu_kq_gemm_use("avx512vnni")) {
         printf("  %s N %d OC %d int8 tile: worst error %.3f of its bound\n", name, k->N, k->OC, check_int8(k, name));
         loom_cpu_kq_gemm_use(NULL);
     }

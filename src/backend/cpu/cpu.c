@@ -19,6 +19,7 @@
 #include "cpu_int8.h"
 #include "cpu_kquant.h"
 #include "cpu_paged.h"
+#include "cpu_team.h"
 
 #ifdef LOOM_NO_BLAS
 /* Built without OpenBLAS (make NO_BLAS=1: the GPU bundle, where it would
@@ -455,6 +456,7 @@ loom_status loom_backend_cpu_init(const loom_backend_t **out, int threads) {
              loom_cpu_int8_isa());
     cpu_backend.kernels = kernels;
     omp_set_num_threads(threads);
+    loom_cpu_team_set_threads(threads);
     openblas_set_num_threads(threads);
     static int measured_threads = -1;
     static const char *measured_kernel;

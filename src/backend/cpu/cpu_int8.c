@@ -9,7 +9,8 @@
  * llama.cpp's Q8_0 x Q8_0: docs/quantization.md says why), then
  * a tile of I8_TM input rows x I8_TJ weight rows is computed per pass, so
  * each weight byte is loaded once per I8_TM rows (at decode: once per step
- * for every sequence of the batch), and OpenMP splits the weight rows. The
+ * for every sequence of the batch), and the threads split the weight rows
+ * (cpu_team.h: its team at decode, OpenMP's above). The
  * int8 x int8 -> int32 dot product, by instruction set (runtime dispatch on
  * cpuid, whatever -march says):
  *   - AVX-512 VNNI: vpdpbusd on (x + 128) as unsigned times w signed, then
@@ -36,6 +37,8 @@
 #include "cpu_math.h"
 #include "cpu_paged.h"
 #include "cpu_isa.h"
+#include "cpu_kquant_gemm.h"
+#include "cpu_team.h"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -372,27 +375,54 @@ static void w8a8_block(float *out, const int8_t *xq, const float *sx, const loom
     }
 }
 
+/* One matrix product's tasks on the team: task t is the tiles of weight
+ * rows t * rows_per_task .. (blocks of I8_TJ) against input rows pass * I8_PASS
+ * .. (the pass's). */
+typedef struct {
+    float *out;
+    const int8_t *xq;
+    const float *sx, *bias;
+    const loom_tensor_t *w;
+    i8tile_fn tile;
+    int N, C, OC, gelu, rows_per_task, tasks_per_pass;
+} i8job_t;
+
+static void w8a8_task(void *ctx, int t) {
+    const i8job_t *j = ctx;
+    int r0 = t / j->tasks_per_pass * I8_PASS, r1 = r0 + I8_PASS < j->N ? r0 + I8_PASS : j->N;
+    int o0 = t % j->tasks_per_pass * j->rows_per_task, o1 = o0 + j->rows_per_task < j->OC ? o0 + j->rows_per_task : j->OC;
+    for (int j0 = o0; j0 < o1; j0 += I8_TJ)
+        w8a8_block(j->out, j->xq, j->sx, j->w, j->bias, r0, r1, j->C, j->OC, j->gelu, j0, o1 - j0 < I8_TJ ? o1 - j0 : I8_TJ, j->tile);
+}
+
+/* Activation quantization of rows t * per .. on the team (each task under
+ * loom_cpu_quantize_rows's own parallel threshold, so it stays on its
+ * thread). */
+typedef struct {
+    const float *x;
+    signed char *q;
+    float *s;
+    int rows, C, per;
+} i8qjob_t;
+
+static void quantize_task(void *ctx, int t) {
+    const i8qjob_t *j = ctx;
+    int r0 = t * j->per, n = j->rows - r0 < j->per ? j->rows - r0 : j->per;
+    loom_cpu_quantize_rows(j->x + (size_t)r0 * j->C, n, j->C, j->q + (size_t)r0 * j->C, j->s + r0);
+}
+
 void loom_cpu_matmul_forward_w8a8(float *out, const float *inp, const loom_tensor_t *w, const float *bias,
                                   int N, int C, int OC, int gelu) {
-    int8_t *xq = loom_malloc((size_t)N * C);
+    if (loom_cpu_kq_gemm(out, inp, w, bias, N, C, OC, gelu)) return; /* prefill on Q8_0's blocks: cpu_kquant_gemm.c */
     int blk = w->block > 0 && C % w->block == 0 ? w->block : 0, nb = blk ? C / blk : 1; /* activation blocks: the weight's */
-    float *sx = loom_malloc((size_t)N * (size_t)nb * sizeof(float));
-    if (blk) loom_cpu_quantize_rows(inp, N * nb, blk, (signed char *)xq, sx); /* each block a row of its own */
-    else loom_cpu_quantize_rows(inp, N, C, (signed char *)xq, sx);
-    i8tile_fn tile = tile_for(isa_pick(), w->block);
-    int nblk = (OC + I8_TJ - 1) / I8_TJ;
-#pragma omp parallel if ((double)N * C * OC > 1 << 18)
-    for (int r0 = 0; r0 < N; r0 += I8_PASS) {
-        int r1 = r0 + I8_PASS < N ? r0 + I8_PASS : N;
-        /* dynamic: a descheduled thread's share is taken by the others */
-#pragma omp for schedule(dynamic, 8) nowait
-        for (int b = 0; b < nblk; b++) {
-            int j0 = b * I8_TJ, jr = OC - j0 < I8_TJ ? OC - j0 : I8_TJ;
-            w8a8_block(out, xq, sx, w, bias, r0, r1, C, OC, gelu, j0, jr, tile);
-        }
-    }
-    free(xq);
-    free(sx);
+    int8_t *xq = loom_cpu_scratch(0, (size_t)N * C);
+    float *sx = loom_cpu_scratch(1, (size_t)N * (size_t)nb * sizeof(float));
+    int qc = blk ? blk : C, rows = blk ? N * nb : N; /* each block a row of its own */
+    i8qjob_t q = {inp, (signed char *)xq, sx, rows, qc, (1 << 16) / qc > 1 ? (1 << 16) / qc : 1};
+    loom_cpu_team_or_omp(quantize_task, &q, (rows + q.per - 1) / q.per, N);
+    int passes = (N + I8_PASS - 1) / I8_PASS, per = loom_cpu_team_rows_per_task(OC, I8_TJ, (size_t)OC * C, passes);
+    i8job_t j = {out, xq, sx, bias, w, tile_for(isa_pick(), w->block), N, C, OC, gelu, per, (OC + per - 1) / per};
+    loom_cpu_team_or_omp(w8a8_task, &j, passes * j.tasks_per_pass, N);
 }
 
 /* ---- int8 paged KV cache ---- */

@@ -30,6 +30,7 @@
 #include "backend/qblock.h"
 #include "backend/qblock_impl.h"
 #include "cpu_gemm.h"
+#include "cpu_int8.h"
 #include "cpu_isa.h"
 #include "cpu_math.h"
 #if defined(__x86_64__)
@@ -55,6 +56,11 @@
 /* The int8 tile beats the block-dot kernel on the k-quants from 4 rows
  * (1.2-1.6x there, 3.4-3.9x at 16; at 2 rows q6_K loses): bench/kquant-gemm.sh. */
 #define KI_ROWS 4
+/* The same for the 32-value tile (q8_0 and q4_0 .. q5_1) against
+ * cpu_int8.c's tile (q8_0) and the block-dot kernel: at 8 rows 1.1-2x
+ * them, at 4 rows 0.55-0.9x (q4_0 1.2x), 6 in between (bench/kquant-gemm.sh,
+ * one thread, a loaded machine: docs/perf.md). */
+#define KB_ROWS 8
 
 /* ---- dequantization ---- */
 
@@ -227,8 +233,8 @@ int loom_cpu_kq_gemm_rows(loom_dtype d) {
         rows = e && *e && atoi(e) > 0 ? atoi(e) : 0;
     }
     if (rows) return rows;
-    if (d >= LOOM_Q4_K) return kg_pick() == KG_VNNI ? KI_ROWS : KG_ROWS_K;
-    return KG_ROWS_32;
+    if (kg_pick() == KG_VNNI) return d >= LOOM_Q4_K ? KI_ROWS : KB_ROWS;
+    return d >= LOOM_Q4_K ? KG_ROWS_K : KG_ROWS_32;
 }
 
 typedef struct {
@@ -309,6 +315,13 @@ static void ki_unpack(loom_dtype d, const uint8_t *b, ki_w_t *w) {
         }
 }
 
+/* Output row o's superblocks into w. */
+static void ki_unpack_row(const kg_job_t *j, int o, void *dst) {
+    size_t row_bytes = loom_qblock_row_bytes(j->w->dtype, j->C), bb = loom_qblock_info(j->w->dtype)->bytes;
+    const uint8_t *src = (const uint8_t *)j->w->data + (size_t)o * row_bytes;
+    for (int b = 0; b < j->C / 256; b++) ki_unpack(j->w->dtype, src + (size_t)b * bb, (ki_w_t *)dst + b);
+}
+
 #if defined(__x86_64__)
 #define KI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma")))
 /* Output rows w[0 .. 7] (nsb records apart) for the 16 input rows of act:
@@ -356,8 +369,8 @@ KI_TARGET static inline __attribute__((always_inline)) void ki_tile(const ki_w_t
  * xd = amax / 127 and q = x * (127 / amax) rounded to nearest even (the
  * MXCSR default, as nearbyintf; |q| <= 127 so the saturating narrowing
  * never clamps), the sums of q per 16 values. */
-KI_TARGET static void ki_quantize_row(const float *x, int r, int nsb, ki_act_t *act) {
-    ki_act_t *a = act + (size_t)(r / KI_R) * nsb;
+KI_TARGET static void ki_quantize_row(const float *x, int r, int nsb, void *act) {
+    ki_act_t *a = (ki_act_t *)act + (size_t)(r / KI_R) * nsb;
     int lane = r % KI_R;
     for (int b = 0; b < nsb; b++, a++, x += 256) {
         __m512 m = _mm512_setzero_ps();
@@ -376,15 +389,191 @@ KI_TARGET static void ki_quantize_row(const float *x, int r, int nsb, ki_act_t *
 }
 
 /* The tile for q4_K / q5_K (32-value sub-blocks) or q6_K (16). */
-KI_TARGET static void ki_tile_k4(const ki_w_t *w, const ki_act_t *act, int nsb, __m512 f[KI_O]) { ki_tile(w, act, nsb, 8, f); }
-KI_TARGET static void ki_tile_q6(const ki_w_t *w, const ki_act_t *act, int nsb, __m512 f[KI_O]) { ki_tile(w, act, nsb, 4, f); }
+KI_TARGET static void ki_tile_k4(const void *w, const void *act, int nsb, __m512 f[KI_O]) { ki_tile(w, act, nsb, 8, f); }
+KI_TARGET static void ki_tile_q6(const void *w, const void *act, int nsb, __m512 f[KI_O]) { ki_tile(w, act, nsb, 4, f); }
+#endif
+
+/* ---- the int8 tile on 32-value blocks (AVX-512 VNNI: q8_0, q4_0, q4_1, q5_0, q5_1) ----
+ *
+ * llama.cpp's Q8_0 arithmetic in the k-quant tile's lanes, with the roles
+ * of the operands swapped: each input row rounded once per call to int8
+ * per 32 values (xd = amax / 127, to nearest even as above) and stored as
+ * unsigned q + 128; each weight block as signed bytes v with value d v
+ * (q8_0 as loom holds it, LOOM_INT8 with blocks of 32: v = w, copied;
+ * q4_0 v = q - 8; q5_0 v = q - 16) or d v + m (q4_1, q5_1: v = q). Per
+ * block and output row, one vpdpbusd per 4 values (the weight's 4 bytes
+ * broadcast) sums
+ * (q + 128) v over 16 input rows; the chain starts from -128 sum v (kept
+ * with the block), so the int32 result is sum q v, exact
+ * (|.| <= 127 * 128 * 32 < 2^24). Then one multiply-add in float:
+ * xd d s (plus xd sum q m). Compared with cpu_int8.c's tile (2 input x 4
+ * output rows, a correction vpdpbusd, a subtraction and blended scales
+ * per 64 columns), the float work per block is shared by 16 input rows. */
+
+/* One input tile's block: q + 128 as ki_act_t's q, the sums of q, xd. */
+typedef struct {
+    uint8_t q[8][KI_R][4];
+    int32_t sum[KI_R];
+    float xd[KI_R];
+} kb_act_t;
+
+/* One weight row's block: v in value order, -128 sum v, d and m (0
+ * without a min). */
+typedef struct {
+    int8_t v[32];
+    int32_t corr;
+    float d, m;
+} kb_w_t;
+
+#if defined(__x86_64__)
+/* Output row o's blocks into w: the tensor's int8 (LOOM_INT8) or its
+ * 32-value blocks, 32 bytes an operation (at 16 input rows the unpacking
+ * cost as much as the tile when written with 16-byte vectors). */
+KI_TARGET static void kb_unpack_row(const kg_job_t *j, int o, void *dst) {
+    kb_w_t *w = dst;
+    loom_dtype d = j->w->dtype;
+    int nb = j->C / 32, hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1, five = d == LOOM_Q5_0 || d == LOOM_Q5_1;
+    int bytes = d == LOOM_INT8 ? 32 : loom_qblock_info(d)->bytes, off = hasmin ? 0 : five ? 16 : 8;
+    const uint8_t *src = (const uint8_t *)j->w->data + (size_t)o * (d == LOOM_INT8 ? (size_t)j->C : loom_qblock_row_bytes(d, j->C));
+    const __m256i flip = _mm256_set1_epi8((char)0x80), m4 = _mm256_set1_epi8(15), b5 = _mm256_set1_epi8(16),
+                  voff = _mm256_set1_epi8((char)off);
+    for (int k = 0; k < nb; k++, src += bytes) {
+        __m256i v;
+        if (d == LOOM_INT8) {
+            v = _mm256_loadu_si256((const __m256i *)src);
+            w[k].d = j->w->scales[(size_t)o * nb + k], w[k].m = 0.0f;
+        } else { /* value i < 16: low nibble of qs[i], i >= 16: high nibble of qs[i - 16]; bit i of qh the fifth */
+            __m128i qs = _mm_loadu_si128((const __m128i *)(src + 2 + 2 * hasmin + 4 * five));
+            v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
+            if (five) {
+                uint32_t qh;
+                memcpy(&qh, src + 2 + 2 * hasmin, 4);
+                v = _mm256_or_si256(v, _mm256_and_si256(_mm512_castsi512_si256(_mm512_movm_epi8(qh)), b5));
+            }
+            v = _mm256_sub_epi8(v, voff); /* the signed q - off */
+            w[k].d = qblock_f16(src), w[k].m = hasmin ? qblock_f16(src + 2) : 0.0f;
+        }
+        _mm256_storeu_si256((__m256i *)w[k].v, v);
+        /* sum v = sum (v + 128) - 32 * 128, the former by vpsadbw */
+        __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, flip), _mm256_setzero_si256());
+        __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+        int sum = (int)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+        w[k].corr = -128 * sum;
+    }
+}
+
+/* Row r (C values) into its tile's records (nb per tile), per 32 values. */
+KI_TARGET static void kb_quantize_row(const float *x, int r, int nb, void *dst) {
+    kb_act_t *a = (kb_act_t *)dst + (size_t)(r / KI_R) * nb;
+    int lane = r % KI_R;
+    const __m128i flip = _mm_set1_epi8((char)0x80);
+    for (int b = 0; b < nb; b++, a++, x += 32) {
+        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
+        int32_t b4[8];
+        _mm_storeu_si128((__m128i *)b4, _mm_xor_si128(_mm512_cvtsepi32_epi8(q0), flip));
+        _mm_storeu_si128((__m128i *)(b4 + 4), _mm_xor_si128(_mm512_cvtsepi32_epi8(q1), flip));
+        for (int g = 0; g < 8; g++) memcpy(a->q[g][lane], &b4[g], 4);
+        a->sum[lane] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        a->xd[lane] = amax / 127.0f;
+    }
+}
+
+/* Output rows w[0 .. 7] (nb records apart) for the 16 input rows of act;
+ * hasmin constant per format (above). */
+KI_TARGET static inline __attribute__((always_inline)) void kb_tile(const kb_w_t *w, const kb_act_t *act, int nb,
+                                                                   int hasmin, __m512 f[KI_O]) {
+    for (int o = 0; o < KI_O; o++) f[o] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++, act++, w++) {
+        __m512i s[KI_O];
+        for (int o = 0; o < KI_O; o++) s[o] = _mm512_set1_epi32(w[(size_t)o * nb].corr);
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; g++) {
+            __m512i q = _mm512_load_si512(act->q[g]);
+#pragma GCC unroll 8
+            for (int o = 0; o < KI_O; o++) {
+                int32_t v4;
+                memcpy(&v4, w[(size_t)o * nb].v + 4 * g, 4);
+                s[o] = _mm512_dpbusd_epi32(s[o], q, _mm512_set1_epi32(v4));
+            }
+        }
+        __m512 xd = _mm512_load_ps(act->xd), xm = _mm512_mul_ps(xd, _mm512_cvtepi32_ps(_mm512_load_si512(act->sum)));
+        for (int o = 0; o < KI_O; o++) {
+            f[o] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[o]), _mm512_mul_ps(xd, _mm512_set1_ps(w[(size_t)o * nb].d)), f[o]);
+            if (hasmin) f[o] = _mm512_fmadd_ps(xm, _mm512_set1_ps(w[(size_t)o * nb].m), f[o]);
+        }
+    }
+}
+
+KI_TARGET static void kb_tile_sym(const void *w, const void *act, int nb, __m512 f[KI_O]) { kb_tile(w, act, nb, 0, f); }
+KI_TARGET static void kb_tile_min(const void *w, const void *act, int nb, __m512 f[KI_O]) { kb_tile(w, act, nb, 1, f); }
+/* ---- both int8 tiles' product ---- */
+
+/* f[o] lane r: input row r of act's tile times output row o of w. */
+typedef void (*kx_tile_fn)(const void *w, const void *act, int nrec, __m512 f[KI_O]);
+
+/* A tile kind: values per record, the records' sizes, how input rows are
+ * quantized and weight rows unpacked. */
+typedef struct {
+    int values;
+    size_t act_bytes, w_bytes;
+    void (*quantize)(const float *x, int r, int nrec, void *act);
+    void (*unpack)(const kg_job_t *j, int o, void *w);
+} kx_kind_t;
+
+static const kx_kind_t ki_kind = {256, sizeof(ki_act_t), sizeof(ki_w_t), ki_quantize_row, ki_unpack_row};
+static const kx_kind_t kb_kind = {32, sizeof(kb_act_t), sizeof(kb_w_t), kb_quantize_row, kb_unpack_row};
+
+static kx_tile_fn kx_tile_for(loom_dtype d) {
+    switch (d) {
+    case LOOM_Q4_K: case LOOM_Q5_K: return ki_tile_k4;
+    case LOOM_Q6_K: return ki_tile_q6;
+    case LOOM_Q4_1: case LOOM_Q5_1: return kb_tile_min;
+    default: return kb_tile_sym;
+    }
+}
+
+/* A whole tile without GELU: f[o] lane r (16 x 8) transposed in registers
+ * to 8 floats per input row (the scalar loop below took 15% of the
+ * products' time on smollm2), plus the bias: the same additions. Within
+ * each 128-bit lane (input rows 4L .. 4L + 3) unpacking and shuffling
+ * output rows 0-3 gives rows 4L + k of r[k], 4-7 those of s[k]. */
+KI_TARGET static void kx_store_full(const kg_job_t *j, const __m512 f[KI_O], int r0, int o0) {
+    __m512 r[4], s[4];
+    for (int h = 0; h < 2; h++) {
+        const __m512 *g = f + 4 * h;
+        __m512 a = _mm512_unpacklo_ps(g[0], g[1]), b = _mm512_unpackhi_ps(g[0], g[1]);
+        __m512 c = _mm512_unpacklo_ps(g[2], g[3]), d = _mm512_unpackhi_ps(g[2], g[3]);
+        __m512 *x = h ? s : r;
+        x[0] = _mm512_shuffle_ps(a, c, 0x44), x[1] = _mm512_shuffle_ps(a, c, 0xee);
+        x[2] = _mm512_shuffle_ps(b, d, 0x44), x[3] = _mm512_shuffle_ps(b, d, 0xee);
+        if (j->bias) {
+            __m512 bv = _mm512_broadcast_f32x4(_mm_loadu_ps(j->bias + o0 + 4 * h));
+            for (int k = 0; k < 4; k++) x[k] = _mm512_add_ps(x[k], bv);
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        float *o = j->out + (size_t)(r0 + k) * j->OC + o0;
+        size_t step = 4 * (size_t)j->OC; /* 128-bit lane L: input row 4L + k */
+        _mm_storeu_ps(o, _mm512_extractf32x4_ps(r[k], 0)), _mm_storeu_ps(o + 4, _mm512_extractf32x4_ps(s[k], 0));
+        _mm_storeu_ps(o + step, _mm512_extractf32x4_ps(r[k], 1)), _mm_storeu_ps(o + step + 4, _mm512_extractf32x4_ps(s[k], 1));
+        _mm_storeu_ps(o + 2 * step, _mm512_extractf32x4_ps(r[k], 2)), _mm_storeu_ps(o + 2 * step + 4, _mm512_extractf32x4_ps(s[k], 2));
+        _mm_storeu_ps(o + 3 * step, _mm512_extractf32x4_ps(r[k], 3)), _mm_storeu_ps(o + 3 * step + 4, _mm512_extractf32x4_ps(s[k], 3));
+    }
+}
 
 /* Input rows r0 .. (a tile) by output rows o0 .. o0 + no - 1 (no <= 8) into
  * out, plus bias, GELU when asked. */
-KI_TARGET static void ki_store(const kg_job_t *j, const ki_w_t *w, const ki_act_t *act, int nsb, int r0, int o0, int no) {
+KI_TARGET static void kx_store(const kg_job_t *j, kx_tile_fn tile, const void *w, const void *act, int nrec, int r0,
+                               int o0, int no) {
     __m512 f[KI_O];
-    if (j->w->dtype == LOOM_Q6_K) ki_tile_q6(w, act, nsb, f);
-    else ki_tile_k4(w, act, nsb, f);
+    tile(w, act, nrec, f);
+    if (j->N - r0 >= KI_R && no == KI_O && !j->gelu) {
+        kx_store_full(j, f, r0, o0);
+        return;
+    }
     float t[KI_O][KI_R];
     for (int o = 0; o < KI_O; o++) _mm512_storeu_ps(t[o], f[o]);
     int nr = j->N - r0 < KI_R ? j->N - r0 : KI_R;
@@ -437,35 +626,32 @@ static float *kg_panels(size_t floats) {
 }
 
 #if defined(__x86_64__)
-/* The int8 tile's product: the input rows quantized (all threads), then
+/* An int8 tile's product: the input rows quantized (all threads), then
  * panels of KI_P output rows unpacked and multiplied by every input tile. */
-static int ki_run(const kg_job_t *j, int nt) {
+static int kx_run(const kg_job_t *j, int nt, const kx_kind_t *k) {
     static void *abuf, *wbuf;
     static size_t ahave, whave;
-    int nsb = j->C / 256, ntile = (j->N + KI_R - 1) / KI_R, np = (j->OC + KI_P - 1) / KI_P;
-    size_t per = (size_t)KI_P * nsb;
-    ki_act_t *act = kg_grow(&abuf, &ahave, (size_t)ntile * nsb * sizeof(ki_act_t));
-    ki_w_t *wp = kg_grow(&wbuf, &whave, (size_t)nt * per * sizeof(ki_w_t));
+    int nrec = j->C / k->values, ntile = (j->N + KI_R - 1) / KI_R, np = (j->OC + KI_P - 1) / KI_P;
+    size_t ab = k->act_bytes * nrec, wb = k->w_bytes * nrec; /* an input tile's records, an output row's */
+    char *act = kg_grow(&abuf, &ahave, (size_t)ntile * ab), *wp = kg_grow(&wbuf, &whave, (size_t)nt * KI_P * wb);
+    kx_tile_fn tile = kx_tile_for(j->w->dtype);
     if (!act || !wp) return 0;
     if (j->N % KI_R) /* the last tile's unused lanes: zeros, their sums unused */
-        memset(act + (size_t)(ntile - 1) * nsb, 0, (size_t)nsb * sizeof(ki_act_t));
+        memset(act + (size_t)(ntile - 1) * ab, 0, ab);
 #pragma omp parallel num_threads(nt) if ((double)j->N * j->C * j->OC > 1 << 18)
     {
-        ki_w_t *w = wp + (size_t)omp_get_thread_num() * per;
+        char *w = wp + (size_t)omp_get_thread_num() * KI_P * wb;
 #pragma omp for schedule(static)
-        for (int r = 0; r < j->N; r++) ki_quantize_row(j->inp + (size_t)r * j->C, r, nsb, act);
+        for (int r = 0; r < j->N; r++) k->quantize(j->inp + (size_t)r * j->C, r, nrec, act);
 #pragma omp for schedule(dynamic, 1)
         for (int p = 0; p < np; p++) {
             int o0 = p * KI_P, no = j->OC - o0 < KI_P ? j->OC - o0 : KI_P;
-            size_t row_bytes = loom_qblock_row_bytes(j->w->dtype, j->C), bb = loom_qblock_info(j->w->dtype)->bytes;
-            const uint8_t *src = (const uint8_t *)j->w->data + (size_t)o0 * row_bytes;
-            for (int o = 0; o < no; o++)
-                for (int b = 0; b < nsb; b++)
-                    ki_unpack(j->w->dtype, src + (size_t)o * row_bytes + (size_t)b * bb, w + (size_t)o * nsb + b);
-            if (no % KI_O) memset(w + (size_t)no * nsb, 0, (size_t)(KI_O - no % KI_O) * nsb * sizeof(ki_w_t));
+            for (int o = 0; o < no; o++) k->unpack(j, o0 + o, w + (size_t)o * wb);
+            if (no % KI_O) memset(w + (size_t)no * wb, 0, (size_t)(KI_O - no % KI_O) * wb);
             for (int t = 0; t < ntile; t++)
                 for (int ot = 0; ot < no; ot += KI_O)
-                    ki_store(j, w + (size_t)ot * nsb, act + (size_t)t * nsb, nsb, t * KI_R, o0 + ot, no - ot < KI_O ? no - ot : KI_O);
+                    kx_store(j, tile, w + (size_t)ot * wb, act + (size_t)t * ab, nrec, t * KI_R, o0 + ot,
+                             no - ot < KI_O ? no - ot : KI_O);
         }
     }
     return 1;
@@ -475,18 +661,20 @@ static int ki_run(const kg_job_t *j, int nt) {
 int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N, int C, int OC,
                          int gelu) {
     int nt = omp_get_max_threads();
+    /* int8 without VNNI (here or as cpu_int8.c was told): cpu_int8.c's kernels */
+    if (w->dtype == LOOM_INT8 && (w->block != 32 || kg_pick() != KG_VNNI || strcmp(loom_cpu_int8_isa(), "avx512vnni"))) return 0;
     if (loom_cpu_gemm_init(nt) != 0) return 0;
     if (nt > loom_cpu_gemm_threads()) nt = loom_cpu_gemm_threads();
+    kg_job_t job = {out, inp, w, bias, N, C, OC, gelu, kg_dequant_for_isa()};
+#if defined(__x86_64__)
+    if (kg_pick() == KG_VNNI) return kx_run(&job, nt, w->dtype >= LOOM_Q4_K ? &ki_kind : &kb_kind);
+#endif
     /* 32-row panels where 64-row ones would leave fewer than 4 per thread:
      * the last panel's wait is then short */
     int ocp = OC >= 4 * nt * KG_OCP ? KG_OCP : KG_OCP / 2, np = (OC + ocp - 1) / ocp;
     size_t per = (size_t)ocp * (size_t)((C < kg_slice ? C : kg_slice) + KG_PAD);
     float *panels = kg_panels((size_t)nt * per);
     if (!panels) return 0;
-    kg_job_t job = {out, inp, w, bias, N, C, OC, gelu, kg_dequant_for_isa()};
-#if defined(__x86_64__)
-    if (kg_pick() == KG_VNNI && w->dtype >= LOOM_Q4_K) return ki_run(&job, nt);
-#endif
 #pragma omp parallel num_threads(nt) if ((double)N * C * OC > 1 << 18)
     {
         int tid = omp_get_thread_num();

@@ -45,6 +45,7 @@
 #include "cpu_gemm.h"
 #include "cpu_int8.h"
 #include "cpu_isa.h"
+#include "cpu_team.h"
 #include <pthread.h>
 
 #define ROWS_PER_PASS 64 /* input rows per pass over the weights (L2-resident) */
@@ -348,13 +349,16 @@ void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slo
 /* One (row, head): o (hs) = softmax(q K^T * scale) V over keys 0..pos, a
  * block of the table at a time with a running (online) softmax. One loop
  * for both cache types: always inlined with a constant i8, so each
- * element type gets its own vectorized copy. On an int8 cache a row's
- * scale goes into the key scale and the softmax weight of each value. */
+ * element type gets its own vectorized copy, and with a constant head size
+ * for the common ones (64, 128: the running output then stays in
+ * registers). On an int8 cache a row's scale goes into the key scale and
+ * the softmax weight of each value. The block's exponentials are taken in
+ * one vector loop before the weighted sum of values (the same value per
+ * key as one at a time). */
 __attribute__((always_inline)) static inline void attend(float *o, const float *q, const loom_tensor_t *kv, int NH,
-                                                        int bs, const int *table, int pos, int h, int i8) {
-    int hs = (int)(kv->cols / bs);
-    float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0, s[MAX_BLOCK];
-    for (int e = 0; e < hs; e++) o[e] = 0.0f;
+                                                        int bs, const int *table, int pos, int h, int i8, int hs) {
+    float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0, s[MAX_BLOCK], acc[hs];
+    for (int e = 0; e < hs; e++) acc[e] = 0.0f;
     for (int t0 = 0; t0 <= pos; t0 += bs) {
         int n = pos + 1 - t0 < bs ? pos + 1 - t0 : bs, blk = table[t0 / bs];
         size_t rk = ((size_t)blk * 2) * NH + h, rv = rk + NH; /* rows of K and V (backend.h) */
@@ -371,42 +375,58 @@ __attribute__((always_inline)) static inline void attend(float *o, const float *
         float corr = loom_expf(mx - bmx); /* 0 on the first block (mx = -inf) */
         sum *= corr;
 #pragma omp simd
-        for (int e = 0; e < hs; e++) o[e] *= corr;
+        for (int e = 0; e < hs; e++) acc[e] *= corr;
+#pragma omp simd
+        for (int j = 0; j < n; j++) s[j] = loom_expf(s[j] - bmx);
         for (int j = 0; j < n; j++) {
-            float p = loom_expf(s[j] - bmx);
+            float p = s[j];
             sum += p;
             if (i8) p *= sv;
 #pragma omp simd
-            for (int e = 0; e < hs; e++) o[e] = fmaf(p, i8 ? (float)V8[(size_t)j * hs + e] : V[(size_t)j * hs + e], o[e]);
+            for (int e = 0; e < hs; e++) acc[e] = fmaf(p, i8 ? (float)V8[(size_t)j * hs + e] : V[(size_t)j * hs + e], acc[e]);
         }
         mx = bmx;
     }
     float inv = 1.0f / sum;
-    for (int e = 0; e < hs; e++) o[e] *= inv;
+    for (int e = 0; e < hs; e++) o[e] = acc[e] * inv;
 }
 
-static void attend_f32(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table, int pos,
-                       int h) {
-    attend(o, q, kv, NH, bs, table, pos, h, 0);
-}
+/* attend for the cache's type, with the head size a constant where common. */
+#define ATTEND_HS(NAME, I8)                                                                                          \
+    static void NAME(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table, int pos, int h) { \
+        int hs = (int)(kv->cols / bs);                                                                               \
+        if (hs == 64) attend(o, q, kv, NH, bs, table, pos, h, I8, 64);                                               \
+        else if (hs == 128) attend(o, q, kv, NH, bs, table, pos, h, I8, 128);                                        \
+        else attend(o, q, kv, NH, bs, table, pos, h, I8, hs);                                                        \
+    }
+ATTEND_HS(attend_f32, 0)
+ATTEND_HS(attend_i8, 1)
 
-static void attend_i8(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table, int pos,
-                      int h) {
-    attend(o, q, kv, NH, bs, table, pos, h, 1);
+/* The (row, head) tasks of one attention call (cpu_team.h). */
+typedef struct {
+    float *out;
+    const float *qkv;
+    const loom_tensor_t *kv;
+    const int *pos, *seq, *tables;
+    int max_blocks, NH, NKV, bs, hs, G;
+    size_t QR;
+} attn_job_t;
+
+static void attn_task(void *ctx, int task) {
+    const attn_job_t *j = ctx;
+    int i = task / j->NH, h = task % j->NH, C = j->NH * j->hs;
+    (j->kv->dtype == LOOM_INT8 ? attend_i8 : attend_f32)(j->out + (size_t)i * C + h * j->hs, j->qkv + (size_t)i * j->QR + h * j->hs,
+                                                         j->kv, j->NKV, j->bs, j->tables + (size_t)j->seq[i] * j->max_blocks, j->pos[i],
+                                                         h / j->G);
 }
 
 void loom_cpu_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
                               const int *seq, const int *block_tables, int max_blocks, int N, int NH, int NKV,
                               int bs) {
     if (kv->dtype != LOOM_INT8) fp32_only(kv);
-    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH, i8 = kv->dtype == LOOM_INT8, G = NH / NKV;
-    size_t QR = (size_t)C + 2 * (size_t)NKV * hs;
-#pragma omp parallel for schedule(dynamic, 4) if ((size_t)N * C > 1 << 12)
-    for (int task = 0; task < tasks; task++) {
-        int i = task / NH, h = task % NH;
-        (i8 ? attend_i8 : attend_f32)(out + (size_t)i * C + h * hs, qkv + (size_t)i * QR + h * hs, kv, NKV, bs,
-                                      block_tables + (size_t)seq[i] * max_blocks, pos[i], h / G);
-    }
+    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH;
+    attn_job_t j = {out, qkv, kv, pos, seq, block_tables, max_blocks, NH, NKV, bs, hs, NH / NKV, (size_t)C + 2 * (size_t)NKV * hs};
+    loom_cpu_team_or_omp(attn_task, &j, tasks, N); /* decode's few rows: the team the matrix products use */
 }
 
 void loom_cpu_gather_rows(float *out, const float *inp, const int *rows, int R, int C) {
