@@ -124,8 +124,8 @@ int main(int argc, char **argv) {
                         if (r) t[s][r - 1] = NAN;
                         continue;
                     }
-                    /* 1: the fp32 panel GEMM (dequantization avx512), 2: the best (the int8 tile where it runs) */
-                    loom_cpu_kq_gemm_use(s == 1 && loom_cpu_kq_gemm_use("avx512") ? "avx512" : NULL);
+                    /* 1: the fp32 panel GEMM (dequantization avx512, else avx2), 2: the best (the int8 tile where it runs) */
+                    loom_cpu_kq_gemm_use(s == 1 ? (loom_cpu_kq_gemm_use("avx512") ? "avx512" : "avx2") : NULL);
                     double t0 = now();
                     for (int q = 0; q < reps; q++) {
                         const loom_tensor_t *wq = &ws[q % nw];

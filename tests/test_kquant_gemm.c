@@ -14,9 +14,10 @@
  *     values exactly);
  *   - with GELU, out is loom_gelu of the same product (the epilogue);
  *   - matmul_forward_kq at the threshold's N runs this GEMM (same bits).
- * The int8 tiles (set avx512vnni, where the CPU has it: per 256 values on
- * the k-quants, per 32 on the 32-value formats) are checked against their
- * own bound (int8_bound below), with and without GELU.
+ * The int8 tiles (sets avx2int8 and avx512vnni, where the CPU has them:
+ * per 256 values on the k-quants, per 32 on the 32-value formats) are
+ * checked against their own bound (int8_bound below), with and without
+ * GELU.
  *
  * The bound. The weights are gguf's values exactly and the input is used
  * as given, so only the fp32 sums round: per output, C fused multiply-adds
@@ -199,10 +200,12 @@ static double check_shape(const gemm_case_t *k, const char *name) {
     const char *why;
     loom_cpu_gemm_select(NULL, &why);
     free(out), free(first);
-    if (loom_cpu_kq_gemm_use("avx512vnni")) {
-        printf("  %s N %d OC %d int8 tile: worst error %.3f of its bound\n", name, k->N, k->OC, check_int8(k, name));
-        loom_cpu_kq_gemm_use(NULL);
-    }
+    static const char *const tiles[] = {"avx2int8", "avx512vnni"};
+    for (int i = 0; i < 2; i++)
+        if (loom_cpu_kq_gemm_use(tiles[i])) {
+            printf("  %s N %d OC %d int8 tile (%s): worst error %.3f of its bound\n", name, k->N, k->OC, tiles[i], check_int8(k, name));
+            loom_cpu_kq_gemm_use(NULL);
+        }
     return worst;
 }
 

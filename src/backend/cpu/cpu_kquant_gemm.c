@@ -61,6 +61,10 @@
  * them, at 4 rows 0.55-0.9x (q4_0 1.2x), 6 in between (bench/kquant-gemm.sh,
  * one thread, a loaded machine: docs/perf.md). */
 #define KB_ROWS 8
+/* The AVX2 tiles against the block-dot kernel: at 8 rows (half a tile)
+ * 1.2-1.8x it, at 4 rows 0.3-0.6x (bench/kquant-gemm.sh, one thread, a
+ * Zen 4 with AVX2 only: docs/perf.md). */
+#define KA_ROWS 8
 
 /* ---- dequantization ---- */
 
@@ -183,11 +187,11 @@ KG_DEQUANT(avx512, __attribute__((target("avx512f,avx2,fma"))), KG_LOAD_AVX512)
 #pragma GCC pop_options
 
 /* avx512vnni: the int8 tile on the k-quants (the 32-value formats: avx512) */
-enum { KG_PORTABLE, KG_AVX2, KG_AVX512, KG_VNNI, KG_COUNT };
-static const char *const kg_names[KG_COUNT] = {"portable", "avx2", "avx512", "avx512vnni"};
+enum { KG_PORTABLE, KG_AVX2, KG_AVX512, KG_AVX2I8, KG_VNNI, KG_COUNT };
+static const char *const kg_names[KG_COUNT] = {"portable", "avx2", "avx512", "avx2int8", "avx512vnni"};
 
 static int kg_supported(int isa) {
-    static const unsigned need[KG_COUNT] = {0, LOOM_ISA_AVX2, LOOM_ISA_AVX2 | LOOM_ISA_AVX512,
+    static const unsigned need[KG_COUNT] = {0, LOOM_ISA_AVX2, LOOM_ISA_AVX2 | LOOM_ISA_AVX512, LOOM_ISA_AVX2,
                                             LOOM_ISA_AVX2 | LOOM_ISA_AVX512 | LOOM_ISA_AVX512VNNI};
 #if !defined(__x86_64__)
     if (isa != KG_PORTABLE) return 0;
@@ -213,7 +217,7 @@ int loom_cpu_kq_gemm_use(const char *name) { return loom_cpu_isa_use(kg_names, K
 
 static kg_dequant_fn kg_dequant_for_isa(void) {
 #if defined(__x86_64__)
-    static const kg_dequant_fn fns[KG_COUNT] = {dequant_portable, dequant_avx2, dequant_avx512, dequant_avx512};
+    static const kg_dequant_fn fns[KG_COUNT] = {dequant_portable, dequant_avx2, dequant_avx512, dequant_avx2, dequant_avx512};
     return fns[kg_pick()];
 #else
     return dequant_portable;
@@ -234,6 +238,7 @@ int loom_cpu_kq_gemm_rows(loom_dtype d) {
     }
     if (rows) return rows;
     if (kg_pick() == KG_VNNI) return d >= LOOM_Q4_K ? KI_ROWS : KB_ROWS;
+    if (kg_pick() == KG_AVX2I8) return KA_ROWS;
     return d >= LOOM_Q4_K ? KG_ROWS_K : KG_ROWS_32;
 }
 
@@ -324,6 +329,32 @@ static void ki_unpack_row(const kg_job_t *j, int o, void *dst) {
 
 #if defined(__x86_64__)
 #define KI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma")))
+#define KA_TARGET __attribute__((target("avx2,fma")))
+/* The largest |x[i]| of n (a multiple of 8) floats. */
+KA_TARGET static float ka_amax(const float *x, int n) {
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 8) m = _mm256_max_ps(m, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+/* q[0 .. 15] = x[i] * id rounded to nearest even; their sum. */
+KA_TARGET static int ka_round16(const float *x, float id, int32_t *q) {
+    __m256 v = _mm256_set1_ps(id);
+    __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), v)), b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), v));
+    _mm256_storeu_si256((__m256i *)q, a), _mm256_storeu_si256((__m256i *)(q + 8), b);
+    __m256i s = _mm256_add_epi32(a, b);
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1)));
+}
+/* Byte i all ones where bit i of bits is set, else zero. */
+KA_TARGET static inline __m256i ka_bits(uint32_t bits) {
+    const __m256i at = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), at); /* byte i: byte i / 8 of bits */
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
 /* Output rows w[0 .. 7] (nsb records apart) for the 16 input rows of act:
  * f[o] lane r = the product of input row r and output row o. gs: groups of
  * 4 values per sub-block (8: 32 values, 4: 16). */
@@ -367,23 +398,19 @@ KI_TARGET static inline __attribute__((always_inline)) void ki_tile(const ki_w_t
 
 /* Row r (C values) into its tile's records (nsb per tile): per 256 values
  * xd = amax / 127 and q = x * (127 / amax) rounded to nearest even (the
- * MXCSR default, as nearbyintf; |q| <= 127 so the saturating narrowing
- * never clamps), the sums of q per 16 values. */
-KI_TARGET static void ki_quantize_row(const float *x, int r, int nsb, void *act) {
+ * MXCSR default, as nearbyintf; |q| <= 127), the sums of q per 16 values.
+ * AVX2, for both tiles' instruction sets. */
+KA_TARGET static void ki_quantize_row(const float *x, int r, int nsb, void *act) {
     ki_act_t *a = (ki_act_t *)act + (size_t)(r / KI_R) * nsb;
     int lane = r % KI_R;
     for (int b = 0; b < nsb; b++, a++, x += 256) {
-        __m512 m = _mm512_setzero_ps();
-        for (int i = 0; i < 256; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
-        float amax = _mm512_reduce_max_ps(m);
-        __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+        float amax = ka_amax(x, 256), id = amax > 0 ? 127.0f / amax : 0.0f;
         a->xd[lane] = amax / 127.0f;
         for (int c = 0; c < 16; c++) {
-            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 16 * c), id));
-            int32_t b4[4];
-            _mm_storeu_si128((__m128i *)b4, _mm512_cvtsepi32_epi8(q));
-            for (int t = 0; t < 4; t++) memcpy(a->q[4 * c + t][lane], &b4[t], 4);
-            a->bs[c / 2][lane][c % 2] = (int16_t)_mm512_reduce_add_epi32(q);
+            int32_t q[16];
+            a->bs[c / 2][lane][c % 2] = (int16_t)ka_round16(x + 16 * c, id, q);
+            for (int t = 0; t < 4; t++)
+                for (int k = 0; k < 4; k++) a->q[4 * c + t][lane][k] = (int8_t)q[4 * t + k];
         }
     }
 }
@@ -429,7 +456,7 @@ typedef struct {
 /* Output row o's blocks into w: the tensor's int8 (LOOM_INT8) or its
  * 32-value blocks, 32 bytes an operation (at 16 input rows the unpacking
  * cost as much as the tile when written with 16-byte vectors). */
-KI_TARGET static void kb_unpack_row(const kg_job_t *j, int o, void *dst) {
+KA_TARGET static void kb_unpack_row(const kg_job_t *j, int o, void *dst) {
     kb_w_t *w = dst;
     loom_dtype d = j->w->dtype;
     int nb = j->C / 32, hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1, five = d == LOOM_Q5_0 || d == LOOM_Q5_1;
@@ -448,7 +475,7 @@ KI_TARGET static void kb_unpack_row(const kg_job_t *j, int o, void *dst) {
             if (five) {
                 uint32_t qh;
                 memcpy(&qh, src + 2 + 2 * hasmin, 4);
-                v = _mm256_or_si256(v, _mm256_and_si256(_mm512_castsi512_si256(_mm512_movm_epi8(qh)), b5));
+                v = _mm256_or_si256(v, _mm256_and_si256(ka_bits(qh), b5));
             }
             v = _mm256_sub_epi8(v, voff); /* the signed q - off */
             w[k].d = qblock_f16(src), w[k].m = hasmin ? qblock_f16(src + 2) : 0.0f;
@@ -462,21 +489,17 @@ KI_TARGET static void kb_unpack_row(const kg_job_t *j, int o, void *dst) {
     }
 }
 
-/* Row r (C values) into its tile's records (nb per tile), per 32 values. */
-KI_TARGET static void kb_quantize_row(const float *x, int r, int nb, void *dst) {
+/* Row r (C values) into its tile's records (nb per tile), per 32 values
+ * (q + 128 as unsigned bytes). AVX2, for both tiles' instruction sets. */
+KA_TARGET static void kb_quantize_row(const float *x, int r, int nb, void *dst) {
     kb_act_t *a = (kb_act_t *)dst + (size_t)(r / KI_R) * nb;
     int lane = r % KI_R;
-    const __m128i flip = _mm_set1_epi8((char)0x80);
     for (int b = 0; b < nb; b++, a++, x += 32) {
-        __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
-        __m512 id = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
-        __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(x0, id)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(x1, id));
-        int32_t b4[8];
-        _mm_storeu_si128((__m128i *)b4, _mm_xor_si128(_mm512_cvtsepi32_epi8(q0), flip));
-        _mm_storeu_si128((__m128i *)(b4 + 4), _mm_xor_si128(_mm512_cvtsepi32_epi8(q1), flip));
-        for (int g = 0; g < 8; g++) memcpy(a->q[g][lane], &b4[g], 4);
-        a->sum[lane] = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+        float amax = ka_amax(x, 32), id = amax > 0 ? 127.0f / amax : 0.0f;
+        int32_t q[32];
+        a->sum[lane] = ka_round16(x, id, q) + ka_round16(x + 16, id, q + 16);
+        for (int g = 0; g < 8; g++)
+            for (int k = 0; k < 4; k++) a->q[g][lane][k] = (uint8_t)(q[4 * g + k] + 128);
         a->xd[lane] = amax / 127.0f;
     }
 }
@@ -509,6 +532,105 @@ KI_TARGET static inline __attribute__((always_inline)) void kb_tile(const kb_w_t
 
 KI_TARGET static void kb_tile_sym(const void *w, const void *act, int nb, __m512 f[KI_O]) { kb_tile(w, act, nb, 0, f); }
 KI_TARGET static void kb_tile_min(const void *w, const void *act, int nb, __m512 f[KI_O]) { kb_tile(w, act, nb, 1, f); }
+
+/* ---- the same tiles on AVX2 (no VNNI) ----
+ *
+ * The same records and the same integer sums, by vpmaddubsw (unsigned by
+ * signed bytes, pairs added into int16) where VNNI has vpdpbusd: `per`
+ * groups of 4 values are added in int16, then one vpmaddwd widens them to
+ * int32 (times the sub-block's scale on the k-quants, times 1 on the
+ * 32-value formats). per is the most groups whose int16 sum cannot pass
+ * 32767: a group's pair is at most 2 * 15 * 127 on q4_K (so 8 groups),
+ * 2 * 31 * 127 on q5_K (4), 2 * 63 * 127 on q6_K (2); with the
+ * activations' q + 128 as the unsigned side, 2 * 255 * 8 on q4_0 (8),
+ * 2 * 255 * 16 on q5_0 and 2 * 255 * 15 on q4_1 (4), 2 * 255 * 31 on q5_1
+ * (2). LOOM_INT8 (q8_0: |v| up to 127) could pass it in one pair: it stays
+ * on cpu_int8.c's kernels. A 16 x 8 tile is four sub-tiles of 8 input rows
+ * (the lanes) x 4 output rows, one superblock or block at a time (its
+ * records stay in L1 for all four), sums in f. */
+#define KA_R 8 /* input rows of a sub-tile */
+#define KA_O 4 /* output rows of a sub-tile */
+
+/* The k-quant tile on the first `lanes` (8 or 16) input rows: gs groups
+ * of 4 values a sub-block (8 or 4), per as above. */
+KA_TARGET static inline __attribute__((always_inline)) void ka_tile_k(const ki_w_t *w, const ki_act_t *act, int nsb, int lanes,
+                                                                     int gs, int per, float f[KI_O][KI_R]) {
+    memset(f, 0, sizeof(float) * KI_O * KI_R);
+    for (int b = 0; b < nsb; b++, act++)
+        for (int h = 0; h < lanes; h += KA_R)
+            for (int o0 = 0; o0 < KI_O; o0 += KA_O) {
+                const ki_w_t *wr[KA_O];
+                __m256i sb[KA_O], mn[KA_O];
+                for (int o = 0; o < KA_O; o++) wr[o] = w + (size_t)(o0 + o) * nsb + b, sb[o] = mn[o] = _mm256_setzero_si256();
+                for (int j = 0; j < 64 / gs; j++)
+                    for (int g0 = j * gs; g0 < j * gs + gs; g0 += per) {
+                        __m256i s[KA_O];
+                        for (int o = 0; o < KA_O; o++) s[o] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+                        for (int g = g0; g < g0 + per; g++) { /* unrolled, GCC loads every q first and spills the products */
+                            __m256i q = _mm256_load_si256((const __m256i *)act->q[g][h]);
+                            for (int o = 0; o < KA_O; o++) {
+                                int32_t u4;
+                                memcpy(&u4, wr[o]->u + 4 * g, 4);
+                                s[o] = _mm256_add_epi16(s[o], _mm256_maddubs_epi16(_mm256_set1_epi32(u4), q));
+                            }
+                        }
+                        for (int o = 0; o < KA_O; o++)
+                            sb[o] = _mm256_add_epi32(sb[o], _mm256_madd_epi16(s[o], _mm256_set1_epi16((int16_t)wr[o]->sc[j])));
+                    }
+                for (int p = 0; p < 8; p++) {
+                    __m256i bs = _mm256_load_si256((const __m256i *)act->bs[p][h]);
+                    for (int o = 0; o < KA_O; o++) {
+                        int32_t m2;
+                        memcpy(&m2, wr[o]->mn[p], 4);
+                        mn[o] = _mm256_add_epi32(mn[o], _mm256_madd_epi16(bs, _mm256_set1_epi32(m2)));
+                    }
+                }
+                __m256 xd = _mm256_load_ps(act->xd + h);
+                for (int o = 0; o < KA_O; o++) {
+                    __m256 t = _mm256_mul_ps(_mm256_cvtepi32_ps(sb[o]), _mm256_set1_ps(wr[o]->d));
+                    t = _mm256_sub_ps(t, _mm256_mul_ps(_mm256_cvtepi32_ps(mn[o]), _mm256_set1_ps(wr[o]->dmin)));
+                    _mm256_store_ps(f[o0 + o] + h, _mm256_add_ps(_mm256_load_ps(f[o0 + o] + h), _mm256_mul_ps(xd, t)));
+                }
+            }
+}
+
+/* The 32-value tile on the first `lanes` input rows: hasmin as kb_tile,
+ * per as above. */
+KA_TARGET static inline __attribute__((always_inline)) void ka_tile_b(const kb_w_t *w, const kb_act_t *act, int nb, int lanes,
+                                                                     int hasmin, int per, float f[KI_O][KI_R]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    memset(f, 0, sizeof(float) * KI_O * KI_R);
+    for (int b = 0; b < nb; b++, act++)
+        for (int h = 0; h < lanes; h += KA_R) {
+            __m256 xd = _mm256_load_ps(act->xd + h), xm = _mm256_mul_ps(xd, _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i *)(act->sum + h))));
+            for (int o0 = 0; o0 < KI_O; o0 += KA_O) {
+                const kb_w_t *wr[KA_O];
+                __m256i s[KA_O];
+                for (int o = 0; o < KA_O; o++) wr[o] = w + (size_t)(o0 + o) * nb + b, s[o] = _mm256_set1_epi32(wr[o]->corr);
+                for (int g0 = 0; g0 < 8; g0 += per) {
+                    __m256i t[KA_O];
+                    for (int o = 0; o < KA_O; o++) t[o] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+                    for (int g = g0; g < g0 + per; g++) {
+                        __m256i q = _mm256_load_si256((const __m256i *)act->q[g][h]);
+                        for (int o = 0; o < KA_O; o++) {
+                            int32_t v4;
+                            memcpy(&v4, wr[o]->v + 4 * g, 4);
+                            t[o] = _mm256_add_epi16(t[o], _mm256_maddubs_epi16(q, _mm256_set1_epi32(v4)));
+                        }
+                    }
+                    for (int o = 0; o < KA_O; o++) s[o] = _mm256_add_epi32(s[o], _mm256_madd_epi16(t[o], ones));
+                }
+                for (int o = 0; o < KA_O; o++) {
+                    __m256 fo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[o]), _mm256_mul_ps(xd, _mm256_set1_ps(wr[o]->d)),
+                                                _mm256_load_ps(f[o0 + o] + h));
+                    if (hasmin) fo = _mm256_fmadd_ps(xm, _mm256_set1_ps(wr[o]->m), fo);
+                    _mm256_store_ps(f[o0 + o] + h, fo);
+                }
+            }
+        }
+}
 /* ---- both int8 tiles' product ---- */
 
 /* f[o] lane r: input row r of act's tile times output row o of w. */
@@ -564,24 +686,48 @@ KI_TARGET static void kx_store_full(const kg_job_t *j, const __m512 f[KI_O], int
     }
 }
 
-/* Input rows r0 .. (a tile) by output rows o0 .. o0 + no - 1 (no <= 8) into
+/* A tile's sums t[o][r] (input row r0 + r, output row o0 + o, no <= 8) into
  * out, plus bias, GELU when asked. */
-KI_TARGET static void kx_store(const kg_job_t *j, kx_tile_fn tile, const void *w, const void *act, int nrec, int r0,
-                               int o0, int no) {
-    __m512 f[KI_O];
-    tile(w, act, nrec, f);
-    if (j->N - r0 >= KI_R && no == KI_O && !j->gelu) {
-        kx_store_full(j, f, r0, o0);
-        return;
-    }
-    float t[KI_O][KI_R];
-    for (int o = 0; o < KI_O; o++) _mm512_storeu_ps(t[o], f[o]);
+static void kx_put(const kg_job_t *j, float t[KI_O][KI_R], int r0, int o0, int no) {
     int nr = j->N - r0 < KI_R ? j->N - r0 : KI_R;
     for (int r = 0; r < nr; r++)
         for (int o = 0; o < no; o++) {
             float v = t[o][r] + (j->bias ? j->bias[o0 + o] : 0.0f);
             j->out[(size_t)(r0 + r) * j->OC + o0 + o] = j->gelu ? loom_gelu(v) : v;
         }
+}
+
+/* One tile's product and store: input rows r0 .. (a tile) by output rows
+ * o0 .. o0 + no - 1 (no <= 8) of the unpacked rows w into out. */
+typedef void (*kx_block_fn)(const kg_job_t *j, const void *w, const void *act, int nrec, int r0, int o0, int no);
+
+/* The VNNI tile's. */
+KI_TARGET static void kx_block_vnni(const kg_job_t *j, const void *w, const void *act, int nrec, int r0, int o0, int no) {
+    __m512 f[KI_O];
+    kx_tile_for(j->w->dtype)(w, act, nrec, f);
+    if (j->N - r0 >= KI_R && no == KI_O && !j->gelu) {
+        kx_store_full(j, f, r0, o0);
+        return;
+    }
+    float t[KI_O][KI_R];
+    for (int o = 0; o < KI_O; o++) _mm512_storeu_ps(t[o], f[o]);
+    kx_put(j, t, r0, o0, no);
+}
+
+/* The AVX2 tiles', `per` for each format (above). */
+KA_TARGET static void kx_block_avx2(const kg_job_t *j, const void *w, const void *act, int nrec, int r0, int o0, int no) {
+    float f[KI_O][KI_R] __attribute__((aligned(32)));
+    int l = j->N - r0 > KA_R ? KI_R : KA_R; /* a last tile of up to 8 rows: half the work */
+    switch (j->w->dtype) {
+    case LOOM_Q4_K: ka_tile_k(w, act, nrec, l, 8, 8, f); break;
+    case LOOM_Q5_K: ka_tile_k(w, act, nrec, l, 8, 4, f); break;
+    case LOOM_Q6_K: ka_tile_k(w, act, nrec, l, 4, 2, f); break;
+    case LOOM_Q4_0: ka_tile_b(w, act, nrec, l, 0, 8, f); break;
+    case LOOM_Q5_0: ka_tile_b(w, act, nrec, l, 0, 4, f); break;
+    case LOOM_Q4_1: ka_tile_b(w, act, nrec, l, 1, 4, f); break;
+    default: ka_tile_b(w, act, nrec, l, 1, 2, f); break; /* q5_1 */
+    }
+    kx_put(j, f, r0, o0, no);
 }
 #endif
 
@@ -628,13 +774,12 @@ static float *kg_panels(size_t floats) {
 #if defined(__x86_64__)
 /* An int8 tile's product: the input rows quantized (all threads), then
  * panels of KI_P output rows unpacked and multiplied by every input tile. */
-static int kx_run(const kg_job_t *j, int nt, const kx_kind_t *k) {
+static int kx_run(const kg_job_t *j, int nt, const kx_kind_t *k, kx_block_fn block) {
     static void *abuf, *wbuf;
     static size_t ahave, whave;
     int nrec = j->C / k->values, ntile = (j->N + KI_R - 1) / KI_R, np = (j->OC + KI_P - 1) / KI_P;
     size_t ab = k->act_bytes * nrec, wb = k->w_bytes * nrec; /* an input tile's records, an output row's */
     char *act = kg_grow(&abuf, &ahave, (size_t)ntile * ab), *wp = kg_grow(&wbuf, &whave, (size_t)nt * KI_P * wb);
-    kx_tile_fn tile = kx_tile_for(j->w->dtype);
     if (!act || !wp) return 0;
     if (j->N % KI_R) /* the last tile's unused lanes: zeros, their sums unused */
         memset(act + (size_t)(ntile - 1) * ab, 0, ab);
@@ -650,7 +795,7 @@ static int kx_run(const kg_job_t *j, int nt, const kx_kind_t *k) {
             if (no % KI_O) memset(w + (size_t)no * wb, 0, (size_t)(KI_O - no % KI_O) * wb);
             for (int t = 0; t < ntile; t++)
                 for (int ot = 0; ot < no; ot += KI_O)
-                    kx_store(j, tile, w + (size_t)ot * wb, act + (size_t)t * ab, nrec, t * KI_R, o0 + ot,
+                    block(j, w + (size_t)ot * wb, act + (size_t)t * ab, nrec, t * KI_R, o0 + ot,
                              no - ot < KI_O ? no - ot : KI_O);
         }
     }
@@ -667,7 +812,8 @@ int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, c
     if (nt > loom_cpu_gemm_threads()) nt = loom_cpu_gemm_threads();
     kg_job_t job = {out, inp, w, bias, N, C, OC, gelu, kg_dequant_for_isa()};
 #if defined(__x86_64__)
-    if (kg_pick() == KG_VNNI) return kx_run(&job, nt, w->dtype >= LOOM_Q4_K ? &ki_kind : &kb_kind);
+    if (kg_pick() == KG_VNNI || kg_pick() == KG_AVX2I8)
+        return kx_run(&job, nt, w->dtype >= LOOM_Q4_K ? &ki_kind : &kb_kind, kg_pick() == KG_VNNI ? kx_block_vnni : kx_block_avx2);
 #endif
     /* 32-row panels where 64-row ones would leave fewer than 4 per thread:
      * the last panel's wait is then short */
