@@ -544,8 +544,8 @@ KI_TARGET static void kb_tile_min(const void *w, const void *act, int nb, __m512
  * 2 * 31 * 127 on q5_K (4), 2 * 63 * 127 on q6_K (2); with the
  * activations' q + 128 as the unsigned side, 2 * 255 * 8 on q4_0 (8),
  * 2 * 255 * 16 on q5_0 and 2 * 255 * 15 on q4_1 (4), 2 * 255 * 31 on q5_1
- * (2). LOOM_INT8 (q8_0: |v| up to 127) could pass it in one pair: it stays
- * on cpu_int8.c's kernels. A 16 x 8 tile is four sub-tiles of 8 input rows
+ * (2). LOOM_INT8 (q8_0: |v| up to 127) could pass it in one pair: it
+ * takes signed activations and the sign trick below. A 16 x 8 tile is four sub-tiles of 8 input rows
  * (the lanes) x 4 output rows, one superblock or block at a time (its
  * records stay in L1 for all four), sums in f. */
 #define KA_R 8 /* input rows of a sub-tile */
@@ -593,6 +593,38 @@ KA_TARGET static inline __attribute__((always_inline)) void ka_tile_k(const ki_w
                     _mm256_store_ps(f[o0 + o] + h, _mm256_add_ps(_mm256_load_ps(f[o0 + o] + h), _mm256_mul_ps(xd, t)));
                 }
             }
+}
+
+/* Q8_0 (LOOM_INT8 in blocks of 32) on the first `lanes` input rows: the
+ * signed activations (q + 128 flipped back) times v as |q| times v with
+ * q's sign (|q| once for 4 output rows), so that a pair is at most
+ * 2 * 127 * 127, widened every group; no correction term. */
+KA_TARGET static inline __attribute__((always_inline)) void ka_tile_q8(const kb_w_t *w, const kb_act_t *act, int nb, int lanes,
+                                                                      float f[KI_O][KI_R]) {
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    memset(f, 0, sizeof(float) * KI_O * KI_R);
+    for (int b = 0; b < nb; b++, act++)
+        for (int h = 0; h < lanes; h += KA_R) {
+            __m256 xd = _mm256_load_ps(act->xd + h);
+            for (int o0 = 0; o0 < KI_O; o0 += KA_O) {
+                const kb_w_t *wr[KA_O];
+                __m256i s[KA_O];
+                for (int o = 0; o < KA_O; o++) wr[o] = w + (size_t)(o0 + o) * nb + b, s[o] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+                for (int g = 0; g < 8; g++) {
+                    __m256i q = _mm256_xor_si256(_mm256_load_si256((const __m256i *)act->q[g][h]), flip), aq = _mm256_abs_epi8(q);
+                    for (int o = 0; o < KA_O; o++) {
+                        int32_t v4;
+                        memcpy(&v4, wr[o]->v + 4 * g, 4);
+                        __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_set1_epi32(v4), q));
+                        s[o] = _mm256_add_epi32(s[o], _mm256_madd_epi16(p, ones));
+                    }
+                }
+                for (int o = 0; o < KA_O; o++)
+                    _mm256_store_ps(f[o0 + o] + h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[o]), _mm256_mul_ps(xd, _mm256_set1_ps(wr[o]->d)),
+                                                                   _mm256_load_ps(f[o0 + o] + h)));
+            }
+        }
 }
 
 /* The 32-value tile on the first `lanes` input rows: hasmin as kb_tile,
@@ -725,7 +757,8 @@ KA_TARGET static void kx_block_avx2(const kg_job_t *j, const void *w, const void
     case LOOM_Q4_0: ka_tile_b(w, act, nrec, l, 0, 8, f); break;
     case LOOM_Q5_0: ka_tile_b(w, act, nrec, l, 0, 4, f); break;
     case LOOM_Q4_1: ka_tile_b(w, act, nrec, l, 1, 4, f); break;
-    default: ka_tile_b(w, act, nrec, l, 1, 2, f); break; /* q5_1 */
+    case LOOM_Q5_1: ka_tile_b(w, act, nrec, l, 1, 2, f); break;
+    default: ka_tile_q8(w, act, nrec, l, f); break; /* LOOM_INT8 */
     }
     kx_put(j, f, r0, o0, no);
 }
@@ -806,8 +839,11 @@ static int kx_run(const kg_job_t *j, int nt, const kx_kind_t *k, kx_block_fn blo
 int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, const float *bias, int N, int C, int OC,
                          int gelu) {
     int nt = omp_get_max_threads();
-    /* int8 without VNNI (here or as cpu_int8.c was told): cpu_int8.c's kernels */
-    if (w->dtype == LOOM_INT8 && (w->block != 32 || kg_pick() != KG_VNNI || strcmp(loom_cpu_int8_isa(), "avx512vnni"))) return 0;
+    /* int8 other than in blocks of 32, or with cpu_int8.c told to use
+     * another instruction set than this tile's: cpu_int8.c's kernels */
+    if (w->dtype == LOOM_INT8 && (w->block != 32 || (kg_pick() != KG_VNNI && kg_pick() != KG_AVX2I8) ||
+                                  strcmp(loom_cpu_int8_isa(), kg_pick() == KG_VNNI ? "avx512vnni" : "avx2")))
+        return 0;
     if (loom_cpu_gemm_init(nt) != 0) return 0;
     if (nt > loom_cpu_gemm_threads()) nt = loom_cpu_gemm_threads();
     kg_job_t job = {out, inp, w, bias, N, C, OC, gelu, kg_dequant_for_isa()};
