@@ -89,14 +89,20 @@ def unpermute(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def llama_writer(path, C, L, H, NH, KV, ctx):
+    """A GGUFWriter for a llama file with its shape's keys written."""
+    w = gguf.GGUFWriter(path, "llama")
+    for k, v in (("block_count", L), ("context_length", ctx), ("embedding_length", C), ("feed_forward_length", H),
+                 ("attention.head_count", NH), ("attention.head_count_kv", KV), ("rope.dimension_count", C // NH)):
+        w.add_uint32(f"llama.{k}", v)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-6)
+    return w
+
+
 def llama_file(path, expect_path, ends=False):
     C, L, V, H, NH, KV = 256, 2, 300, 512, 4, 2
     hs = C // NH
-    w = gguf.GGUFWriter(path, "llama")
-    for k, v in (("block_count", L), ("context_length", 128), ("embedding_length", C), ("feed_forward_length", H),
-                 ("attention.head_count", NH), ("attention.head_count_kv", KV), ("rope.dimension_count", hs)):
-        w.add_uint32(f"llama.{k}", v)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-6)
+    w = llama_writer(path, C, L, H, NH, KV, 128)
     w.add_float32("llama.rope.freq_base", 500000.0)
     ex = gguf.GGUFWriter(expect_path, "llama")
     f32 = lambda *shape, std=0.02: (rng.standard_normal(shape) * std).astype(np.float32)
@@ -228,11 +234,7 @@ def llama_q4k_file(path):
     import shutil
     C, L, V, H, NH, KV = 512, 4, 4096, 1536, 8, 4
     hs = C // NH
-    w = gguf.GGUFWriter(path, "llama")
-    for k, v in (("block_count", L), ("context_length", 256), ("embedding_length", C), ("feed_forward_length", H),
-                 ("attention.head_count", NH), ("attention.head_count_kv", KV), ("rope.dimension_count", hs)):
-        w.add_uint32(f"llama.{k}", v)
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-6)
+    w = llama_writer(path, C, L, H, NH, KV, 256)
     w.add_tensor("token_embd.weight", kquant_bytes(T.Q4_K, V, C, 0.02 / 400), raw_dtype=T.Q4_K)
     w.add_tensor("output_norm.weight", np.ones(C, dtype=np.float32))
     for l in range(L):
