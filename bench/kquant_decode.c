@@ -28,6 +28,7 @@
 
 #include "backend/cpu/cpu_int8.h"
 #include "backend/cpu/cpu_kquant.h"
+#include "backend/cpu/cpu_team.h"
 #include "backend/qblock.h"
 
 #ifdef KQ_OLD
@@ -206,6 +207,7 @@ int main(int argc, char **argv) {
     const char *only = argc > 2 ? argv[2] : NULL;
     int threads = getenv("KQ_BENCH_THREADS") ? atoi(getenv("KQ_BENCH_THREADS")) : 1;
     omp_set_num_threads(threads > 0 ? threads : 1);
+    loom_cpu_team_set_threads(threads > 0 ? threads : 1); /* one-row products run on the team, as in a model */
     const char *lib = getenv("LLAMA_CPU_LIB");
     if (lib && *lib) {
         void *h = dlopen(lib, RTLD_NOW);

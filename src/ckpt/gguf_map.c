@@ -472,6 +472,22 @@ static void populate(void *p, size_t n) {
 #endif
 }
 
+/* [p, p + n) on 2 MiB pages where the system hands them out on request
+ * (transparent huge pages in "madvise" mode), asked before the pages are
+ * first touched. Decode streams every weight once per token: on 4 KiB
+ * pages each page is a TLB miss and a stop for the hardware prefetcher;
+ * a q6_K matrix-vector product from memory ran 1.2x as fast on 2 MiB
+ * pages (bench/kquant-decode.sh, KQ_BENCH_HUGE=1, one thread, CPU time).
+ * A hint: without it the pages are 4 KiB as before. */
+static void huge_pages(void *p, size_t n) {
+#ifdef MADV_HUGEPAGE
+    const uintptr_t huge = (uintptr_t)1 << 21, a = ((uintptr_t)p + huge - 1) & ~(huge - 1), b = ((uintptr_t)p + n) & ~(huge - 1);
+    if (b > a) madvise((void *)a, b - a, MADV_HUGEPAGE);
+#else
+    (void)p, (void)n;
+#endif
+}
+
 /* Bytes of the stored linear weights (0: none), *mixed counted. */
 static size_t stored_bytes(const loom_gguf_t *g, const loom_gguf_map_t *map, int n, int *mixed) {
     size_t bytes = 0;
@@ -516,6 +532,7 @@ loom_status loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t
     if (bytes) {
         loom_gguf_prefetch(g);
         char *mem = loom_calloc(1, head + bytes); /* fresh pages: each is written once, by the copy */
+        huge_pages(mem, head + bytes);
         populate(mem, head + bytes);
         s = gather_all(g, c, map, n, (loom_tensor_t *)mem, mem + head);
         if (s == LOOM_OK) *out = (loom_tensor_t *)mem;

@@ -183,6 +183,11 @@ static void rows_portable(const loom_tensor_t *w, const kq_act_t *a, int o0, int
 #if defined(__x86_64__)
 #define KQ_AVX __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 #define KQ_VNNI_TGT "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+/* How far ahead of the block being read the row kernels ask for weights
+ * (bytes): at one input row the weights stream from memory once per
+ * token, and the two threads' alternating 64 KB tasks (cpu_team.h) and 4 KiB
+ * pages each restart the hardware prefetcher's stream. */
+#define KQ_AHEAD 1024
 
 static inline uint16_t ld16(const uint8_t *p) {
     uint16_t v;
@@ -370,6 +375,8 @@ KQ_AVX float rowk1(const uint8_t *row, const kq_act_t *a, int n, loom_dtype d, k
             I[j] = M[j] = _mm256_setzero_si256();
             if (j >= k) continue;
             kq_kblk_t kb;
+            const char *ahead = (const char *)row + (size_t)(b0 + j) * bytes + KQ_AHEAD;
+            for (int l = 0; l < bytes; l += 64) _mm_prefetch(ahead + l, _MM_HINT_T0);
             unpack_k(d, row + (size_t)(b0 + j) * bytes, &kb);
             dotk(&kb, x + (size_t)(b0 + j) * 256, xs + (size_t)(b0 + j) * 16, d, madd, &I[j], &M[j]);
         }
@@ -456,6 +463,7 @@ typedef struct {
 /* Blocks 0..k-1 of the 8 from g; the others zero values, d and dmin. */
 KQ_AVX void unpack_g32(loom_dtype d, const uint8_t *g, int k, kq_g32_t *G, kq_hi5_fn hi5) {
     const int bytes = d == LOOM_Q4_0 ? 18 : d == LOOM_Q4_1 ? 20 : d == LOOM_Q5_0 ? 22 : 24;
+    for (int l = 0; l < KQ_GROUP * bytes; l += 64) _mm_prefetch((const char *)g + KQ_AHEAD + l, _MM_HINT_T0);
     for (int j = 0; j < KQ_GROUP; j++) G->u[j] = j < k ? unpack32(d, g + j * bytes, hi5) : _mm256_setzero_si256();
 #define KQ_H(j, at) (short)((j) < k ? ld16(g + (j) * bytes + (at)) : 0)
     G->d = _mm256_cvtph_ps(_mm_setr_epi16(KQ_H(0, 0), KQ_H(1, 0), KQ_H(2, 0), KQ_H(3, 0), KQ_H(4, 0), KQ_H(5, 0), KQ_H(6, 0), KQ_H(7, 0)));
