@@ -1,9 +1,9 @@
 /* cpu_kquant_gemm: prefill on block formats, a weight panel dequantized
  * to fp32 in cache, then loom's fp32 GEMM (see cpu_kquant_gemm.h).
  *
- * On AVX-512 VNNI the k-quants take the int8 tile below instead (2.5-4x
- * this path, bench/kquant-gemm.sh); this path stays for the 32-value
- * formats and CPUs without VNNI. Why fp32 first: the weights come out exact (the
+ * On AVX-512 VNNI and on AVX2 every block format (and Q8_0's int8) takes
+ * the int8 tiles below instead (2.5-10x this path, bench/kquant-gemm.sh);
+ * this path stays for CPUs without AVX2 and for the tests. Why fp32 first: the weights come out exact (the
  * gguf package's values), the activations are not rounded to 8 bits, and
  * the GEMM's micro-kernel (12 x 32 on AVX-512, 6 x 16 on AVX2) already
  * runs near the fp32 peak; the dequantization is one pass over the weight
@@ -61,9 +61,10 @@
  * them, at 4 rows 0.55-0.9x (q4_0 1.2x), 6 in between (bench/kquant-gemm.sh,
  * one thread, a loaded machine: docs/perf.md). */
 #define KB_ROWS 8
-/* The AVX2 tiles against the block-dot kernel: at 8 rows (half a tile)
- * 1.2-1.8x it, at 4 rows 0.3-0.6x (bench/kquant-gemm.sh, one thread, a
- * Zen 4 with AVX2 only: docs/perf.md). */
+/* The AVX2 tiles against the block-dot kernel (and cpu_int8.c's kernel on
+ * q8_0): at 8 rows (half a tile) 0.96-1.58x it, at 4 rows 0.55-0.94x
+ * (bench/kquant-gemm.sh, one thread, a Zen 4 with AVX2 only:
+ * docs/quantization.md). */
 #define KA_ROWS 8
 
 /* ---- dequantization ---- */
@@ -186,7 +187,8 @@ KG_DEQUANT(avx512, __attribute__((target("avx512f,avx2,fma"))), KG_LOAD_AVX512)
 #endif
 #pragma GCC pop_options
 
-/* avx512vnni: the int8 tile on the k-quants (the 32-value formats: avx512) */
+/* portable, avx2, avx512: the fp32 panel's dequantization; avx2int8 and
+ * avx512vnni: the int8 tiles (the best the CPU has is chosen). */
 enum { KG_PORTABLE, KG_AVX2, KG_AVX512, KG_AVX2I8, KG_VNNI, KG_COUNT };
 static const char *const kg_names[KG_COUNT] = {"portable", "avx2", "avx512", "avx2int8", "avx512vnni"};
 
@@ -545,9 +547,10 @@ KI_TARGET static void kb_tile_min(const void *w, const void *act, int nb, __m512
  * activations' q + 128 as the unsigned side, 2 * 255 * 8 on q4_0 (8),
  * 2 * 255 * 16 on q5_0 and 2 * 255 * 15 on q4_1 (4), 2 * 255 * 31 on q5_1
  * (2). LOOM_INT8 (q8_0: |v| up to 127) could pass it in one pair: it
- * takes signed activations and the sign trick below. A 16 x 8 tile is four sub-tiles of 8 input rows
- * (the lanes) x 4 output rows, one superblock or block at a time (its
- * records stay in L1 for all four), sums in f. */
+ * takes signed activations and the sign trick below. A 16 x 8 tile is
+ * four sub-tiles of 8 input rows (the lanes) x 4 output rows, one
+ * superblock or block at a time (its records stay in L1 for all four),
+ * sums in f. */
 #define KA_R 8 /* input rows of a sub-tile */
 #define KA_O 4 /* output rows of a sub-tile */
 

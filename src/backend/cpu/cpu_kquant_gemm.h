@@ -10,9 +10,11 @@
  * and runs loom's fp32 GEMM (cpu_gemm.c) on it with the fp32 activations
  * read in place: exact weights, unrounded activations, fp32 sums. The
  * panel lives in L2 and is gone after the call: no copy of the weights
- * outlives it. On CPUs with AVX-512 VNNI the k-quants instead take an
- * int8 tile (llama.cpp's arithmetic: activations rounded to int8 per 256
- * values, exact integer products with the unpacked weights, vpdpbusd).
+ * outlives it. On CPUs with AVX-512 VNNI or AVX2 every block format (and
+ * int8 in blocks of 32, a Q8_0 file) instead takes an int8 tile
+ * (llama.cpp's arithmetic: activations rounded to int8 per 256 or 32
+ * values, exact integer products with the unpacked weights: vpdpbusd, or
+ * vpmaddubsw + vpmaddwd).
  * docs/quantization.md "Prefill" has the measurements behind the choice. */
 #ifndef LOOM_CPU_KQUANT_GEMM_H
 #define LOOM_CPU_KQUANT_GEMM_H
@@ -33,11 +35,12 @@ int loom_cpu_kq_gemm_run(float *out, const float *inp, const loom_tensor_t *w, c
 /* The input rows from which loom_cpu_kq_gemm runs on format d (the
  * environment's LOOM_KQ_GEMM_ROWS when set, for measuring the threshold). */
 int loom_cpu_kq_gemm_rows(loom_dtype d);
-/* The dequantization's instruction set: "avx512vnni" (the k-quants then run
- * the int8 tile), "avx512", "avx2" or "portable" (the best this CPU has,
- * from cpuid); the fp32 GEMM's micro-kernel is cpu_gemm.c's choice. */
+/* The instruction set: "avx512vnni" or "avx2int8" (the int8 tiles),
+ * "avx512", "avx2" or "portable" (the fp32 panel's dequantization); the
+ * best this CPU has, from cpuid. The fp32 GEMM's micro-kernel is
+ * cpu_gemm.c's choice. */
 const char *loom_cpu_kq_gemm_isa(void);
-/* Use dequantization set `name` from now on: 1, or 0 when this CPU lacks
+/* Use instruction set `name` from now on: 1, or 0 when this CPU lacks
  * it (nothing changes); NULL: back to the best. For tests. */
 int loom_cpu_kq_gemm_use(const char *name);
 /* Tests: the depth of a dequantized slice (values, a multiple of 256; 0
