@@ -14,8 +14,11 @@ loom_status loom_tensor_check(const loom_tensor_t *t, const char *what) {
                           what, loom_dtype_name(t->dtype));
     if (t->rows < 1 || t->cols < 1) return loom_error(LOOM_EINVAL, "%s: shape %lld x %lld", what, t->rows, t->cols);
     const loom_qblock_info_t *qb = loom_qblock_info(t->dtype);
-    if (qb && (t->cols % qb->block || t->scales || t->block || t->layout != LOOM_LAYOUT_DENSE))
-        return loom_error(LOOM_EINVAL, "%s: %s needs rows of whole %d-value blocks (%lld columns), dense, its scales inside the blocks",
+    int rows8 = t->layout == LOOM_LAYOUT_ROWS8 && t->dtype == LOOM_Q4_K && t->rows % 8 == 0;
+    if (qb && (t->cols % qb->block || t->scales || t->block || (t->layout != LOOM_LAYOUT_DENSE && !rows8)))
+        return loom_error(LOOM_EINVAL,
+                          "%s: %s needs rows of whole %d-value blocks (%lld columns), dense (or q4_K, 8 rows interleaved, rows a multiple "
+                          "of 8), its scales inside the blocks",
                           what, qb->name, qb->block, t->cols);
     if (qb) return LOOM_OK;
     if (t->dtype == LOOM_INT8) {
@@ -62,7 +65,7 @@ static float scale_at(const loom_tensor_t *t, long long r, long long c) {
 
 void loom_tensor_dequantize(const loom_tensor_t *t, float *out) {
     if (loom_qblock_info(t->dtype)) {
-        loom_qblock_dequantize(t->dtype, t->data, (size_t)(t->rows * t->cols), out);
+        for (long long r = 0; r < t->rows; r++) loom_qblock_row_values(t, r, out + r * t->cols);
         return;
     }
     for (long long r = 0; r < t->rows; r++) {

@@ -428,7 +428,7 @@ static void block(loom_infer_t *inf, int N, int l) {
 static void row_values(const loom_tensor_t *t, int r, float *out) {
     size_t C = (size_t)t->cols;
     if (t->dtype != LOOM_INT8) {
-        loom_qblock_dequantize(t->dtype, (const char *)t->data + (size_t)r * loom_qblock_row_bytes(t->dtype, t->cols), C, out);
+        loom_qblock_row_values(t, r, out);
         return;
     }
     const signed char *q = (const signed char *)t->data + (size_t)r * C;

@@ -148,15 +148,14 @@ typedef void (*kq_rows_fn)(const loom_tensor_t *w, const kq_act_t *a, int o0, in
 /* ---- portable C: qblock.h's form, block after block ---- */
 
 static void row_portable(const loom_tensor_t *w, int o, const kq_act_t *a, int r0, int r1, float *acc) {
-    const loom_qblock_info_t *qi = loom_qblock_info(w->dtype);
-    const uint8_t *row = (const uint8_t *)w->data + (size_t)o * a->nb * qi->bytes;
     float part[KQ_PASS][KQ_GROUP];
     memset(part, 0, sizeof part[0] * (size_t)(r1 - r0));
-    uint8_t u[256];
+    uint8_t u[256], tmp[256];
     loom_qblock_scales_t s;
     for (int b = 0; b < a->nb; b++) {
-        loom_qblock_scales(w->dtype, row + (size_t)b * qi->bytes, &s);
-        loom_qblock_values(w->dtype, row + (size_t)b * qi->bytes, u);
+        const uint8_t *blk = loom_qblock_at(w, o, b, tmp);
+        loom_qblock_scales(w->dtype, blk, &s);
+        loom_qblock_values(w->dtype, blk, u);
         for (int n = r0; n < r1; n++) {
             const int8_t *x = a->xq + n * a->sq + (size_t)b * a->blk;
             const int16_t *xs = a->xs + n * a->ss + (size_t)b * a->blk / 16;
@@ -422,6 +421,88 @@ KQ_AVX void rowsk(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int
     }
 }
 
+/* ---- q4_K, 8 rows interleaved (qblock.h) ---- */
+
+/* Group block G (8 rows' block b) against one input row's block (x, xs):
+ * *I and *M the 8 rows' integer sums, lane r row r. The 6-bit scales
+ * come out as bytes [sub-block][row] (Q[k] = byte k of the 8 rows, 8
+ * bytes); 8 values a row are multiplied per register (maddubs: pairs of
+ * values in int16), 8 registers of a sub-block summed in int16 (|.| <=
+ * 8 * 2 * 15 * 127 < 2^15), then one vpmaddwd by the 8 rows' scales. */
+KQ_AVX void r8_block(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_madd_fn madd, __m256i *I, __m256i *M) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m6 = _mm256_set1_epi8(63), hi2 = _mm256_set1_epi8(0x30);
+    __m256i q03 = _mm256_loadu_si256((const __m256i *)(G + 32)), q47 = _mm256_loadu_si256((const __m256i *)(G + 64));
+    __m256i q8b = _mm256_loadu_si256((const __m256i *)(G + 96));
+    __m256i sc[2] = {_mm256_and_si256(q03, m6), _mm256_or_si256(_mm256_and_si256(q8b, m4), _mm256_and_si256(_mm256_srli_epi16(q03, 2), hi2))};
+    __m256i mn[2] = {_mm256_and_si256(q47, m6),
+                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q8b, 4), m4), _mm256_and_si256(_mm256_srli_epi16(q47, 2), hi2))};
+    /* byte r of a sub-block's 8 as the int16 pair (sc, sc) of int32 lane r */
+    const __m256i dup = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1,
+                                         7, -1, 7, -1);
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+        const uint8_t *q = G + 128 + 256 * c;
+        const int8_t *xl = x + 64 * c, *xh = xl + 32;
+        __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+        for (int i = 0; i < 8; i++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
+            int32_t a, b;
+            memcpy(&a, xl + 4 * i, 4), memcpy(&b, xh + 4 * i, 4);
+            lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_set1_epi32(a)));
+            hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_set1_epi32(b)));
+        }
+        /* sub-blocks 2c and 2c + 1: qwords 2c % 4 and 2c % 4 + 1 of sc[c / 2], in every qword */
+        int q0 = 2 * c % 4, q1 = q0 + 1;
+        __m256i s0 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc[c / 2], _mm256_setr_epi32(2 * q0, 2 * q0 + 1, 2 * q0, 2 * q0 + 1, 2 * q0, 2 * q0 + 1, 2 * q0, 2 * q0 + 1)), dup);
+        __m256i s1 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc[c / 2], _mm256_setr_epi32(2 * q1, 2 * q1 + 1, 2 * q1, 2 * q1 + 1, 2 * q1, 2 * q1 + 1, 2 * q1, 2 * q1 + 1)), dup);
+        acc = madd(madd(acc, lo, s0), hi, s1);
+    }
+    *I = acc;
+    /* mins: lane r of pair p = (mn[2p][r], mn[2p + 1][r]) as int16 against
+     * the broadcast pair of 32-value activation sums (x32[2p], x32[2p + 1]) */
+    __m256i x32 = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)xs), _mm256_set1_epi16(1)); /* 8 sums of 32 */
+    x32 = _mm256_packs_epi32(x32, x32);                                                                 /* |.| <= 4064 */
+    __m256i m = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        __m256i pr = _mm256_unpacklo_epi8(mn[h], _mm256_srli_si256(mn[h], 8)); /* lane 0: pair 2h, lane 1: pair 2h + 1 */
+        __m256i p0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(pr)), p1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(pr, 1));
+        m = madd(m, p0, _mm256_permutevar8x32_epi32(x32, _mm256_set1_epi32(2 * h == 0 ? 0 : 4)));
+        m = madd(m, p1, _mm256_permutevar8x32_epi32(x32, _mm256_set1_epi32(2 * h == 0 ? 1 : 5)));
+    }
+    *M = m;
+}
+
+/* Output rows o0..o1-1 (multiples of 8) of an 8-rows-interleaved q4_K
+ * against input rows r0..r1-1, one input row at a time (the group's
+ * bytes from cache after the first). Per row the same float operations
+ * in the same order as rowk1 (8 partial sums by block, the fixed tree):
+ * the same bits as the dense layout's kernels. */
+KQ_AVX void rows_q4k_r8(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out,
+                        kq_madd_fn madd) {
+    const size_t gb = (size_t)a->nb * LOOM_Q4K_ROWS8_GROUP;
+    for (int o = o0; o < o1; o += 8) {
+        const uint8_t *g = (const uint8_t *)w->data + (size_t)(o / 8) * gb;
+        for (int n = r0; n < r1; n++) {
+            __m256 part[KQ_GROUP];
+            for (int j = 0; j < KQ_GROUP; j++) part[j] = _mm256_setzero_ps();
+            for (int b = 0; b < a->nb; b++) {
+                const uint8_t *G = g + (size_t)b * LOOM_Q4K_ROWS8_GROUP;
+                for (int l = 0; l < LOOM_Q4K_ROWS8_GROUP; l += 64) _mm_prefetch((const char *)G + KQ_AHEAD + l, _MM_HINT_T0);
+                __m256i I, M;
+                r8_block(G, a->xq + n * a->sq + (size_t)b * 256, a->xs + n * a->ss + (size_t)b * 16, madd, &I, &M);
+                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)G)), dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(G + 16)));
+                __m256 f = _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(I), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(M)));
+                part[b & 7] = _mm256_fmadd_ps(_mm256_set1_ps(a->xd[n * a->sd + b]), f, part[b & 7]);
+            }
+            __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(part[0], part[1]), _mm256_add_ps(part[2], part[3])),
+                                     _mm256_add_ps(_mm256_add_ps(part[4], part[5]), _mm256_add_ps(part[6], part[7])));
+            float y[8];
+            _mm256_storeu_ps(y, t);
+            for (int r = 0; r < 8; r++) kq_put(out, n, o + r, y[r]);
+        }
+    }
+}
+
 /* ---- 32-value formats ---- */
 
 /* The fifth bits of q5_0/q5_1 (bit j of qh for value j) as 0x10 bytes:
@@ -604,6 +685,21 @@ KQ_ROWS(avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", madd_avx2, dot4_avx2,
 KQ_ROWS(vnni, KQ_VNNI_TGT, madd_vnni, dot4_vnni, hi5_avx512)
 #endif
 
+#if defined(__x86_64__)
+KQ_ROWS_FN(q4_K_r8_avx2, "avx2,fma,f16c", rows_q4k_r8(w, a, o0, o1, r0, r1, out, madd_avx2))
+KQ_ROWS_FN(q4_K_r8_vnni, KQ_VNNI_TGT, rows_q4k_r8(w, a, o0, o1, r0, r1, out, madd_vnni))
+#endif
+
+/* The row kernel of an 8-rows-interleaved q4_K. */
+static kq_rows_fn kq_rows_r8(void) {
+#if defined(__x86_64__)
+    int isa = kq_pick();
+    if (isa == KQ_AVX512VNNI) return q4_K_r8_vnni;
+    if (isa != KQ_PORTABLE) return q4_K_r8_avx2;
+#endif
+    return rows_portable;
+}
+
 static kq_rows_fn kq_rows_for_isa(loom_dtype d) {
 #if defined(__x86_64__)
 #define KQ_FMTS(SFX) {q4_0_##SFX, q4_1_##SFX, q5_0_##SFX, q5_1_##SFX, q4_K_##SFX, q5_K_##SFX, q6_K_##SFX}
@@ -675,6 +771,7 @@ void loom_cpu_matmul_forward_kq(float *out, const float *inp, const loom_tensor_
     kq_quantize_all(inp, N, &a);
     int passes = (N + KQ_PASS - 1) / KQ_PASS;
     int per = loom_cpu_team_rows_per_task(OC, KQ_CHUNK, (size_t)OC * loom_qblock_row_bytes(w->dtype, C), passes);
-    kq_job_t j = {w, &a, {out, bias, OC, gelu}, kq_rows_for_isa(w->dtype), N, OC, per, (OC + per - 1) / per};
+    kq_job_t j = {w, &a, {out, bias, OC, gelu}, w->layout == LOOM_LAYOUT_ROWS8 ? kq_rows_r8() : kq_rows_for_isa(w->dtype), N, OC, per,
+                  (OC + per - 1) / per};
     loom_cpu_team_or_omp(kq_task, &j, passes * j.tasks_per_pass, N);
 }

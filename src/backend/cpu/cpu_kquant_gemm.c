@@ -324,9 +324,8 @@ static void ki_unpack(loom_dtype d, const uint8_t *b, ki_w_t *w) {
 
 /* Output row o's superblocks into w. */
 static void ki_unpack_row(const kg_job_t *j, int o, void *dst) {
-    size_t row_bytes = loom_qblock_row_bytes(j->w->dtype, j->C), bb = loom_qblock_info(j->w->dtype)->bytes;
-    const uint8_t *src = (const uint8_t *)j->w->data + (size_t)o * row_bytes;
-    for (int b = 0; b < j->C / 256; b++) ki_unpack(j->w->dtype, src + (size_t)b * bb, (ki_w_t *)dst + b);
+    uint8_t tmp[256];
+    for (int b = 0; b < j->C / 256; b++) ki_unpack(j->w->dtype, loom_qblock_at(j->w, o, b, tmp), (ki_w_t *)dst + b);
 }
 
 #if defined(__x86_64__)
@@ -800,8 +799,14 @@ static void kg_panel(const kg_job_t *j, int j0, int jr, float *panel, int tid) {
     for (int k0 = 0; k0 < j->C; k0 += kg_slice) {
         int ks = j->C - k0 < kg_slice ? j->C - k0 : kg_slice;
         const uint8_t *src = (const uint8_t *)j->w->data + (size_t)j0 * row_bytes + (size_t)(k0 / qi->block) * qi->bytes;
+        uint8_t tmp[256];
         for (int r = 0; r < jr; r++)
-            j->dequant(j->w->dtype, src + (size_t)r * row_bytes, ks / qi->block, panel + (size_t)r * (ks + KG_PAD));
+            if (j->w->layout == LOOM_LAYOUT_ROWS8) /* block by block, each gathered */
+                for (int b = 0; b < ks / qi->block; b++)
+                    j->dequant(j->w->dtype, loom_qblock_at(j->w, j0 + r, k0 / qi->block + b, tmp), 1,
+                               panel + (size_t)r * (ks + KG_PAD) + (size_t)b * qi->block);
+            else
+                j->dequant(j->w->dtype, src + (size_t)r * row_bytes, ks / qi->block, panel + (size_t)r * (ks + KG_PAD));
         loom_gemm_t g = {.a = j->inp + k0, .rsa = j->C, .csa = 1, .b = panel, .rsb = 1, .csb = ks + KG_PAD,
                          .c = j->out + j0, .ldc = j->OC, .M = j->N, .N = jr, .K = ks, .accumulate = k0 > 0,
                          .bias = k0 == 0 && j->bias ? j->bias + j0 : NULL,

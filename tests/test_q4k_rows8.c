@@ -1,0 +1,135 @@
+/* q4_K with 8 rows interleaved (LOOM_LAYOUT_ROWS8, backend/qblock.h), the
+ * layout a GGUF's q4_K linear weights take at load, against the dense
+ * layout whose kernels tests/test_quant.c and tests/test_kquant_gemm.c
+ * check against the gguf Python package:
+ *   - interleaving then gathering gives every block's bytes back, and the
+ *     interleaved tensor dequantizes to the dense tensor's values (bits);
+ *   - on every instruction set of the one-row kernels (cpu_kquant.c) and
+ *     of the prefill GEMM (cpu_kquant_gemm.c) this CPU has, at N = 1 ..
+ *     7, 9 and 40 input rows, with and without bias and GELU, the product
+ *     equals the dense weight's bit for bit;
+ *   - and it is within the int8 activations' bound of the fp64 product
+ *     of the dequantized values: per block of 256, each activation off by
+ *     at most half its block's step (max|x| / 127 / 2), so the error is at
+ *     most sum |w_i| * step_b / 2, plus the fp32 sums' rounding;
+ *   - loom_tensor_check takes the layout only for q4_K, rows a multiple
+ *     of 8. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_kquant.h"
+#include "backend/cpu/cpu_kquant_gemm.h"
+#include "backend/cpu/cpu_math.h"
+#include "backend/qblock.h"
+#include "check.h"
+
+/* Random valid q4_K blocks: any bytes, finite fp16 d and dmin near 2^-8. */
+static uint8_t *random_q4k(int rows, int cols, unsigned seed) {
+    size_t n = (size_t)rows * cols / 256;
+    uint8_t *p = loom_malloc(n * 144);
+    srand(seed);
+    for (size_t i = 0; i < n * 144; i++) p[i] = (uint8_t)rand();
+    for (size_t b = 0; b < n; b++) {
+        uint16_t d = (uint16_t)(0x1C00 + (rand() & 0x3FF)), m = (uint16_t)(0x1C00 + (rand() & 0x3FF));
+        memcpy(p + 144 * b, &d, 2), memcpy(p + 144 * b + 2, &m, 2);
+    }
+    return p;
+}
+
+static void test_round_trip(void) {
+    const int R = 24, C = 768, nb = C / 256;
+    uint8_t *dense = random_q4k(R, C, 1), *r8 = loom_malloc((size_t)R * nb * 144);
+    memcpy(r8, dense, (size_t)R * nb * 144);
+    CHECK(loom_qblock_q4k_rows8(r8, R, C) == LOOM_OK, "%s", loom_errmsg());
+    CHECK(memcmp(r8, dense, (size_t)R * nb * 144) != 0, "interleaving changed nothing");
+    loom_tensor_t td = {.data = dense, .dtype = LOOM_Q4_K, .rows = R, .cols = C}, tr = td;
+    tr.data = r8, tr.layout = LOOM_LAYOUT_ROWS8;
+    uint8_t tmp[256];
+    for (int r = 0; r < R; r++)
+        for (int b = 0; b < nb; b++)
+            CHECK(!memcmp(loom_qblock_at(&tr, r, b, tmp), dense + ((size_t)r * nb + b) * 144, 144), "row %d block %d not given back", r,
+                  b);
+    float *a = loom_malloc((size_t)R * C * sizeof(float)), *b = loom_malloc((size_t)R * C * sizeof(float));
+    loom_tensor_dequantize(&td, a);
+    loom_tensor_dequantize(&tr, b);
+    CHECK(!memcmp(a, b, (size_t)R * C * sizeof(float)), "the interleaved tensor dequantizes differently");
+    CHECK(loom_tensor_check(&tr, "w") == LOOM_OK, "%s", loom_errmsg());
+    loom_tensor_t odd = tr;
+    odd.rows = 20;
+    CHECK(loom_tensor_check(&odd, "w") != LOOM_OK, "20 rows interleaved by 8 accepted");
+    loom_tensor_t q6 = tr;
+    q6.dtype = LOOM_Q6_K, q6.cols = 256;
+    CHECK(loom_tensor_check(&q6, "w") != LOOM_OK, "q6_K interleaved accepted");
+    free(dense), free(r8), free(a), free(b);
+}
+
+/* |y - exact| within the int8 activations' bound (the header). */
+static void check_bound(const float *y, const float *wf, const float *x, const float *bias, int N, int C, int OC, const char *what) {
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double exact = bias ? bias[o] : 0.0, lim = 0.0, mag = bias ? fabs(bias[o]) : 0.0;
+            for (int b = 0; b < C / 256; b++) {
+                double amax = 0.0;
+                for (int i = 256 * b; i < 256 * b + 256; i++) amax = fmax(amax, fabs(x[(size_t)n * C + i]));
+                for (int i = 256 * b; i < 256 * b + 256; i++) {
+                    double w = wf[(size_t)o * C + i];
+                    exact += w * x[(size_t)n * C + i], lim += fabs(w) * amax / 127.0 / 2.0, mag += fabs(w * x[(size_t)n * C + i]);
+                }
+            }
+            lim = 1.01 * lim + 1e-5 * mag;
+            CHECK(fabs(y[(size_t)n * OC + o] - exact) <= lim, "%s N %d row %d out %d: %.9g vs %.9g, over the bound %.3g", what, N, n, o,
+                  y[(size_t)n * OC + o], exact, lim);
+        }
+}
+
+static void test_products(void) {
+    static const char *const isas[] = {"portable", "avx2", "avx512", "avx512vnni"};
+    static const char *const gemm_isas[] = {"portable", "avx2", "avx512", "avx2int8", "avx512vnni"};
+    static const int Ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 40};
+    static const int shapes[][2] = {{48, 768}, {16, 2048}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int OC = shapes[s][0], C = shapes[s][1];
+        uint8_t *dense = random_q4k(OC, C, 7 + (unsigned)s), *r8 = loom_malloc((size_t)OC * C / 256 * 144);
+        memcpy(r8, dense, (size_t)OC * C / 256 * 144);
+        CHECK(loom_qblock_q4k_rows8(r8, OC, C) == LOOM_OK, "%s", loom_errmsg());
+        loom_tensor_t td = {.data = dense, .dtype = LOOM_Q4_K, .rows = OC, .cols = C}, tr = td;
+        tr.data = r8, tr.layout = LOOM_LAYOUT_ROWS8;
+        float *wf = loom_malloc((size_t)OC * C * sizeof(float)), *bias = check_rand((size_t)OC, 0.5f, 5);
+        loom_tensor_dequantize(&td, wf);
+        int ran = 0;
+        for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+            if (!loom_cpu_kq_use(isas[i])) continue;
+            for (size_t gi = 0; gi < sizeof gemm_isas / sizeof gemm_isas[0]; gi++) {
+                if (!loom_cpu_kq_gemm_use(gemm_isas[gi])) continue;
+                for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++) {
+                    int N = Ns[k];
+                    float *x = check_rand((size_t)N * C, 1.0f, 11 + (unsigned)N);
+                    float *a = loom_malloc((size_t)N * OC * sizeof(float)), *b = loom_malloc((size_t)N * OC * sizeof(float));
+                    for (int variant = 0; variant < 3; variant++) {
+                        const float *bs = variant ? bias : NULL;
+                        int gelu = variant == 2;
+                        loom_cpu_matmul_forward_kq(a, x, &td, bs, N, C, OC, gelu);
+                        loom_cpu_matmul_forward_kq(b, x, &tr, bs, N, C, OC, gelu);
+                        CHECK(!memcmp(a, b, (size_t)N * OC * sizeof(float)),
+                              "%s / GEMM %s, %d x %d, N %d, bias %d GELU %d: interleaved differs from dense", isas[i], gemm_isas[gi], OC, C, N,
+                              bs != NULL, gelu);
+                        if (variant == 1) check_bound(b, wf, x, bs, N, C, OC, isas[i]);
+                        ran++;
+                    }
+                    free(x), free(a), free(b);
+                }
+            }
+            loom_cpu_kq_gemm_use(NULL);
+        }
+        loom_cpu_kq_use(NULL);
+        printf("  %d x %d: %d products on this CPU's instruction sets equal the dense layout's\n", OC, C, ran);
+        free(dense), free(r8), free(wf), free(bias);
+    }
+}
+
+int main(void) {
+    RUN(test_round_trip);
+    RUN(test_products);
+    return check_main_end();
+}
