@@ -93,7 +93,12 @@ static loom_tensor_t make_weight(loom_dtype d, int OC, int C, unsigned seed, siz
     *bytes = nblk * fmt_bytes(d);
     uint8_t *p = weight_alloc(*bytes);
     loom_tensor_t w = {.data = p, .dtype = d, .rows = OC, .cols = C};
-    if (d != LOOM_INT8) return fill(d, p, nblk, seed), w;
+    if (d != LOOM_INT8) {
+        fill(d, p, nblk, seed);
+        if (getenv("KQ_BENCH_ROWS8") && loom_qblock_rows8_ok(d, OC)) /* as a GGUF load lays them out (llama's rows read wrong bytes) */
+            loom_qblock_rows8(d, p, OC, C), w.layout = LOOM_LAYOUT_ROWS8;
+        return w;
+    }
     srand(seed);
     int8_t *v = weight_alloc((size_t)OC * C);
     float *sc = malloc(nblk * sizeof(float));

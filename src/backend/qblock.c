@@ -123,35 +123,49 @@ void loom_qblock_dequantize(loom_dtype d, const void *src, size_t n, float *out)
         dequantize_block(d, (const uint8_t *)src + b * (size_t)q->bytes, out + b * (size_t)q->block);
 }
 
-/* ---- q4_K, 8 rows interleaved ---- */
+/* ---- k-quants, 8 rows interleaved ---- */
 
-/* Where byte k of a dense q4_K block of row r lands in its group block
- * (qblock.h). */
-static size_t rows8_at(int r, int k) {
+/* Where byte k of a dense block (q4_K or q6_K) of row r lands in its
+ * group block (qblock.h). */
+static size_t rows8_at(loom_dtype d, int r, int k) {
+    if (d == LOOM_Q6_K) {
+        if (k < 128) return (size_t)(144 + 512 * (k / 64) + 256 * (k % 64 / 32) + 32 * (k % 32 / 4) + 4 * r + k % 4); /* ql */
+        if (k < 192) return (size_t)(1168 + 256 * ((k - 128) / 32) + 32 * ((k - 128) % 32 / 4) + 4 * r + k % 4);     /* qh */
+        if (k < 208) return (size_t)(16 + 8 * (k - 192) + r);                                                        /* scales */
+        return (size_t)(2 * r + k - 208);                                                                              /* d */
+    }
     if (k < 4) return (size_t)(16 * (k / 2) + 2 * r + k % 2); /* d, then dmin */
     if (k < 16) return (size_t)(32 + 8 * (k - 4) + r);        /* scales */
     int q = k - 16, c = q / 32, i = q % 32 / 4;
     return (size_t)(128 + 256 * c + 32 * i + 4 * r + q % 4);
 }
 
-loom_status loom_qblock_q4k_rows8(void *data, long long rows, long long cols) {
-    const size_t nb = (size_t)cols / 256, group = nb * LOOM_Q4K_ROWS8_GROUP;
+int loom_qblock_rows8_ok(loom_dtype d, long long rows) { return (d == LOOM_Q4_K || d == LOOM_Q6_K) && rows % 8 == 0; }
+
+loom_status loom_qblock_rows8(loom_dtype d, void *data, long long rows, long long cols) {
+    const size_t bytes = (size_t)loom_qblock_info(d)->bytes, nb = (size_t)cols / 256, group = nb * 8 * bytes;
     uint8_t *tmp = malloc(group), *base = data;
-    if (!tmp) return loom_error(LOOM_ENOMEM, "q4_K rows interleaved: no memory for %zu bytes", group);
+    if (!tmp) return loom_error(LOOM_ENOMEM, "%s rows interleaved: no memory for %zu bytes", loom_qblock_info(d)->name, group);
     for (long long g = 0; g < rows / 8; g++) {
         uint8_t *p = base + (size_t)g * group;
         memcpy(tmp, p, group);
         for (int r = 0; r < 8; r++)
             for (size_t b = 0; b < nb; b++)
-                for (int k = 0; k < 144; k++) p[b * LOOM_Q4K_ROWS8_GROUP + rows8_at(r, k)] = tmp[((size_t)r * nb + b) * 144 + (size_t)k];
+                for (int k = 0; k < (int)bytes; k++) p[b * 8 * bytes + rows8_at(d, r, k)] = tmp[((size_t)r * nb + b) * bytes + (size_t)k];
     }
     free(tmp);
     return LOOM_OK;
 }
 
-void loom_qblock_q4k_rows8_block(const void *g, int r, void *blk) {
+void loom_qblock_rows8_block(loom_dtype d, const void *g, int r, void *blk) {
     const uint8_t *s = g;
     uint8_t *o = blk;
+    if (d == LOOM_Q6_K) {
+        for (int p = 0; p < 48; p++) memcpy(o + 4 * p, s + 144 + 32 * p + 4 * r, 4); /* ql then qh, 4 bytes a piece */
+        for (int g = 0; g < 16; g++) o[192 + g] = s[16 + 8 * g + r];
+        memcpy(o + 208, s + 2 * r, 2);
+        return;
+    }
     memcpy(o, s + 2 * r, 2), memcpy(o + 2, s + 16 + 2 * r, 2);
     for (int k = 0; k < 12; k++) o[4 + k] = s[32 + 8 * k + r];
     for (int p = 0; p < 32; p++) memcpy(o + 16 + 4 * p, s + 128 + 32 * p + 4 * r, 4); /* piece p = 8c + i: 256c + 32i */
@@ -160,7 +174,7 @@ void loom_qblock_q4k_rows8_block(const void *g, int r, void *blk) {
 const uint8_t *loom_qblock_at(const loom_tensor_t *t, long long r, long long b, uint8_t *tmp) {
     size_t rb = loom_qblock_row_bytes(t->dtype, t->cols), bytes = (size_t)loom_qblock_info(t->dtype)->bytes;
     if (t->layout != LOOM_LAYOUT_ROWS8) return (const uint8_t *)t->data + (size_t)r * rb + (size_t)b * bytes;
-    loom_qblock_q4k_rows8_block((const uint8_t *)t->data + (size_t)(r / 8) * 8 * rb + (size_t)b * LOOM_Q4K_ROWS8_GROUP, (int)(r % 8), tmp);
+    loom_qblock_rows8_block(t->dtype, (const uint8_t *)t->data + (size_t)(r / 8) * 8 * rb + (size_t)b * 8 * bytes, (int)(r % 8), tmp);
     return tmp;
 }
 

@@ -67,22 +67,27 @@ typedef struct {
     int16_t mn[16];    /* per 16 values: |mn| <= 4096 */
 } loom_qblock_scales_t;
 
-/* q4_K, 8 rows interleaved (LOOM_LAYOUT_ROWS8): rows 8g .. 8g + 7 keep
- * their place (8 x row bytes) but block b of all 8 becomes one 1152-byte
- * group block at b * 1152, row r's block fields spread as
- *   d      bytes 2r, 2r + 1           dmin   16 + 2r, 16 + 2r + 1
- *   scales byte k (0..11) at 32 + 8k + r
- *   qs     bytes 4i .. 4i + 3 of chunk c (0..3) at 128 + 256c + 32i + 4r
- * so 32 bytes of qs hold 4 bytes of each row (8 values' nibbles) and a
- * product's 8 rows come out in the 8 int32 lanes of a vector. */
-#define LOOM_Q4K_ROWS8_GROUP 1152
-/* Rows x cols q4_K in data (rows a multiple of 8) from dense to 8 rows
- * interleaved, in place (LOOM_ENOMEM when 8 rows' scratch cannot be had:
- * data unchanged). */
-loom_status loom_qblock_q4k_rows8(void *data, long long rows, long long cols);
-/* Row r (0..7) of group block g (8 rows interleaved) as a dense q4_K
- * block: its 144 bytes into blk. */
-void loom_qblock_q4k_rows8_block(const void *g, int r, void *blk);
+/* k-quants, 8 rows interleaved (LOOM_LAYOUT_ROWS8): rows 8g .. 8g + 7
+ * keep their place (8 x row bytes) but block b of all 8 becomes one
+ * group block of 8 x the block's bytes at 8 b x bytes, each field of the
+ * 8 rows side by side, bytes of the values 4 at a time (so 32 bytes hold
+ * 4 bytes of each row and a product's 8 rows come out in the 8 int32
+ * lanes of a vector). Row r's fields, in a group block:
+ *   q4_K (1152 bytes): d at 2r, dmin at 16 + 2r; scales byte k (0..11) at
+ *     32 + 8k + r; qs bytes 4i .. 4i + 3 of chunk c (0..3) at
+ *     128 + 256c + 32i + 4r
+ *   q6_K (1680 bytes): d at 2r; scale g (0..15) at 16 + 8g + r; ql bytes
+ *     4i .. 4i + 3 of quarter q (0..3: 32 bytes each) at
+ *     144 + 256q + 32i + 4r; qh bytes 4i .. 4i + 3 of half h at
+ *     1168 + 256h + 32i + 4r */
+/* 1 when format d may be interleaved with `rows` rows. */
+int loom_qblock_rows8_ok(loom_dtype d, long long rows);
+/* Rows x cols of format d in data (loom_qblock_rows8_ok) from dense to 8
+ * rows interleaved, in place (LOOM_ENOMEM when 8 rows' scratch cannot be
+ * had: data unchanged). */
+loom_status loom_qblock_rows8(loom_dtype d, void *data, long long rows, long long cols);
+/* Row r (0..7) of group block g as a dense block: its bytes into blk. */
+void loom_qblock_rows8_block(loom_dtype d, const void *g, int r, void *blk);
 /* Block b of row r of block-format tensor t as dense bytes: in place, or
  * (8 rows interleaved) gathered into tmp (the largest block's bytes). */
 const uint8_t *loom_qblock_at(const loom_tensor_t *t, long long r, long long b, uint8_t *tmp);

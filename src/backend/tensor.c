@@ -14,11 +14,11 @@ loom_status loom_tensor_check(const loom_tensor_t *t, const char *what) {
                           what, loom_dtype_name(t->dtype));
     if (t->rows < 1 || t->cols < 1) return loom_error(LOOM_EINVAL, "%s: shape %lld x %lld", what, t->rows, t->cols);
     const loom_qblock_info_t *qb = loom_qblock_info(t->dtype);
-    int rows8 = t->layout == LOOM_LAYOUT_ROWS8 && t->dtype == LOOM_Q4_K && t->rows % 8 == 0;
+    int rows8 = t->layout == LOOM_LAYOUT_ROWS8 && loom_qblock_rows8_ok(t->dtype, t->rows);
     if (qb && (t->cols % qb->block || t->scales || t->block || (t->layout != LOOM_LAYOUT_DENSE && !rows8)))
         return loom_error(LOOM_EINVAL,
-                          "%s: %s needs rows of whole %d-value blocks (%lld columns), dense (or q4_K, 8 rows interleaved, rows a multiple "
-                          "of 8), its scales inside the blocks",
+                          "%s: %s needs rows of whole %d-value blocks (%lld columns), dense (or q4_K / q6_K, 8 rows interleaved, rows a "
+                          "multiple of 8), its scales inside the blocks",
                           what, qb->name, qb->block, t->cols);
     if (qb) return LOOM_OK;
     if (t->dtype == LOOM_INT8) {

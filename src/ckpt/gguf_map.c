@@ -428,6 +428,18 @@ static int entry_of(const loom_gguf_map_t *map, int n, int param) {
     return -1;
 }
 
+/* A q4_K or q6_K weight (linear, head or embedding) of a multiple of 8
+ * rows to 8 rows interleaved (qblock.h): the CPU's one-row products then
+ * read 8 rows' blocks at once, their results in the lanes of one vector
+ * (cpu_kquant.c). The same bytes in the same place; every reader of the
+ * blocks goes through loom_qblock_at. */
+static loom_status rows8(loom_tensor_t *t) {
+    if (!loom_qblock_rows8_ok(t->dtype, t->rows)) return LOOM_OK;
+    LOOM_TRY(loom_qblock_rows8(t->dtype, t->data, t->rows, t->cols));
+    t->layout = LOOM_LAYOUT_ROWS8;
+    return LOOM_OK;
+}
+
 /* The embedding and the head kept as stored (file_q's two slots after the
  * layers) when their type is a block format or q8_0; the head is the
  * embedding's tensor when the file ties them. Their bytes go at
@@ -440,6 +452,7 @@ static loom_status gather_ends(const loom_gguf_t *g, const loom_gguf_map_t *map,
         uint32_t type = loom_gguf_find(g, map[i].gguf)->type;
         if (loom_qblock_of_ggml(type) < 0 && type != LOOM_GT_Q8_0) continue;
         LOOM_TRY(gather(g, map, i, i + 1, at + *used, &slots[k], used));
+        LOOM_TRY(rows8(&slots[k])); /* the head's product (its rows, one token's embedding: loom_qblock_row_values) */
     }
     if (h < 0) slots[1] = slots[0]; /* tied */
     return LOOM_OK;
@@ -501,18 +514,6 @@ static size_t stored_bytes(const loom_gguf_t *g, const loom_gguf_map_t *map, int
         for (int k = i; k < j; k++) bytes += map[k].rows * held_row(loom_gguf_find(g, map[k].gguf)) + 64;
     }
     return fit ? bytes + ends_bytes(g, map, n) : 0;
-}
-
-/* A q4_K linear weight of a multiple of 8 rows to 8 rows interleaved
- * (qblock.h): the CPU's one-row products then read 8 rows' blocks at once,
- * their results in the lanes of one vector (cpu_kquant.c; 1B Q4_K_M
- * decode 29.4 -> ... tok/s on a 2-core AVX2 Zen 4). The same bytes in the
- * same place; every reader of the blocks goes through loom_qblock_at. */
-static loom_status rows8(loom_tensor_t *t) {
-    if (t->dtype != LOOM_Q4_K || t->rows % 8) return LOOM_OK;
-    LOOM_TRY(loom_qblock_q4k_rows8(t->data, t->rows, t->cols));
-    t->layout = LOOM_LAYOUT_ROWS8;
-    return LOOM_OK;
 }
 
 /* Every stored weight of map into file_q t, its bytes from `at`. */

@@ -472,26 +472,76 @@ KQ_AVX void r8_block(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_ma
     *M = m;
 }
 
+/* The same for q6_K (1680-byte group blocks): values 128h + 32k + l from
+ * quarter 2h + (k & 1) of ql (low nibbles for k < 2, high after) and
+ * bits 2k, 2k + 1 of half h of qh; 16 int8 scales of 16 values, 2
+ * registers (8 values a row each) summed in int16 per scale (|.| <= 2 *
+ * 2 * 63 * 127 < 2^15) before its vpmaddwd; M = 32 sum sc xs. */
+KQ_AVX void r8_block_q6(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_madd_fn madd, __m256i *I, __m256i *M) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
+    __m256i acc = _mm256_setzero_si256(), m = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++) {
+            /* scales of groups g = 8h + 2k and g + 1 (pair p = 4h + k): lane r = (sc, sc) */
+            int p = 4 * h + k;
+            __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(G + 16 + 16 * p))); /* lane 0: g, lane 1: g + 1 */
+            __m256i lo = _mm256_unpacklo_epi16(v, v), hi = _mm256_unpackhi_epi16(v, v);
+            __m256i s0 = _mm256_permute2x128_si256(lo, hi, 0x20), s1 = _mm256_permute2x128_si256(lo, hi, 0x31);
+            const uint8_t *ql = G + 144 + 256 * (2 * h + (k & 1)), *qh = G + 1168 + 256 * h;
+            const int8_t *xv = x + 128 * h + 32 * k;
+            for (int i = 0; i < 8; i += 2) {
+                __m256i u[2];
+                for (int e = 0; e < 2; e++) {
+                    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (i + e))), b = _mm256_loadu_si256((const __m256i *)(qh + 32 * (i + e)));
+                    l = k < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
+                    b = k == 0 ? _mm256_slli_epi16(b, 4) : k == 1 ? _mm256_slli_epi16(b, 2) : k == 2 ? b : _mm256_srli_epi16(b, 2);
+                    u[e] = _mm256_or_si256(l, _mm256_and_si256(b, m2));
+                }
+                int32_t a0, a1;
+                memcpy(&a0, xv + 4 * i, 4), memcpy(&a1, xv + 4 * i + 4, 4);
+                __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], _mm256_set1_epi32(a0)), _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(a1)));
+                acc = madd(acc, pr, i < 4 ? s0 : s1);
+            }
+            /* mins: lane r = (sc[g][r], sc[g + 1][r]) against (xs[g], xs[g + 1]) */
+            __m256i pair = _mm256_unpacklo_epi16(_mm256_permute4x64_epi64(v, 0xD8), _mm256_permute4x64_epi64(v, 0x72));
+            int32_t xp;
+            memcpy(&xp, xs + 8 * h + 2 * k, 4);
+            m = madd(m, pair, _mm256_set1_epi32(xp));
+        }
+    *I = acc;
+    *M = _mm256_slli_epi32(m, 5);
+}
+
 /* Output rows o0..o1-1 (multiples of 8) of an 8-rows-interleaved q4_K
- * against input rows r0..r1-1, one input row at a time (the group's
- * bytes from cache after the first). Per row the same float operations
- * in the same order as rowk1 (8 partial sums by block, the fixed tree):
- * the same bits as the dense layout's kernels. */
-KQ_AVX void rows_q4k_r8(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out,
-                        kq_madd_fn madd) {
-    const size_t gb = (size_t)a->nb * LOOM_Q4K_ROWS8_GROUP;
+ * or q6_K against input rows r0..r1-1, one input row at a time (the
+ * group's bytes from cache after the first). Each group block's lines
+ * are all asked for before it is read, so its misses overlap: without,
+ * the q6_K kernel's order (ql quarters and qh halves, 1 KB apart) got
+ * 6 GB/s from memory, one thread; with, 21.6 (q4_K 24.7); asking for the
+ * next group block instead got 11-12.5 (bench/kquant-decode.sh
+ * KQ_BENCH_ROWS8=1, 16384 x 4096, AVX2 Zen 4). Per row the same float
+ * operations in the same order as rowk1 (8 partial sums by block, the
+ * fixed tree): the same bits as the dense layout's kernels. */
+KQ_AVX void rows_r8(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
+                    kq_madd_fn madd) {
+    const int q6 = d == LOOM_Q6_K, gbytes = q6 ? 8 * 210 : 8 * 144;
+    const size_t gb = (size_t)a->nb * gbytes;
     for (int o = o0; o < o1; o += 8) {
         const uint8_t *g = (const uint8_t *)w->data + (size_t)(o / 8) * gb;
         for (int n = r0; n < r1; n++) {
             __m256 part[KQ_GROUP];
             for (int j = 0; j < KQ_GROUP; j++) part[j] = _mm256_setzero_ps();
             for (int b = 0; b < a->nb; b++) {
-                const uint8_t *G = g + (size_t)b * LOOM_Q4K_ROWS8_GROUP;
-                for (int l = 0; l < LOOM_Q4K_ROWS8_GROUP; l += 64) _mm_prefetch((const char *)G + KQ_AHEAD + l, _MM_HINT_T0);
+                const uint8_t *G = g + (size_t)b * gbytes;
+                for (int l = 0; l < gbytes; l += 64) _mm_prefetch((const char *)G + l, _MM_HINT_T0); /* all its lines asked at once */
                 __m256i I, M;
-                r8_block(G, a->xq + n * a->sq + (size_t)b * 256, a->xs + n * a->ss + (size_t)b * 16, madd, &I, &M);
-                __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)G)), dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(G + 16)));
-                __m256 f = _mm256_fmsub_ps(d, _mm256_cvtepi32_ps(I), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(M)));
+                const int8_t *x = a->xq + n * a->sq + (size_t)b * 256;
+                const int16_t *xs = a->xs + n * a->ss + (size_t)b * 16;
+                if (q6) r8_block_q6(G, x, xs, madd, &I, &M);
+                else r8_block(G, x, xs, madd, &I, &M);
+                __m256 dd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)G));
+                __m256 dmin = q6 ? dd : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(G + 16)));
+                __m256 f = _mm256_fmsub_ps(dd, _mm256_cvtepi32_ps(I), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(M)));
                 part[b & 7] = _mm256_fmadd_ps(_mm256_set1_ps(a->xd[n * a->sd + b]), f, part[b & 7]);
             }
             __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(part[0], part[1]), _mm256_add_ps(part[2], part[3])),
@@ -686,17 +736,20 @@ KQ_ROWS(vnni, KQ_VNNI_TGT, madd_vnni, dot4_vnni, hi5_avx512)
 #endif
 
 #if defined(__x86_64__)
-KQ_ROWS_FN(q4_K_r8_avx2, "avx2,fma,f16c", rows_q4k_r8(w, a, o0, o1, r0, r1, out, madd_avx2))
-KQ_ROWS_FN(q4_K_r8_vnni, KQ_VNNI_TGT, rows_q4k_r8(w, a, o0, o1, r0, r1, out, madd_vnni))
+KQ_ROWS_FN(q4_K_r8_avx2, "avx2,fma,f16c", rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q4_K, madd_avx2))
+KQ_ROWS_FN(q4_K_r8_vnni, KQ_VNNI_TGT, rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q4_K, madd_vnni))
+KQ_ROWS_FN(q6_K_r8_avx2, "avx2,fma,f16c", rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q6_K, madd_avx2))
+KQ_ROWS_FN(q6_K_r8_vnni, KQ_VNNI_TGT, rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q6_K, madd_vnni))
 #endif
 
-/* The row kernel of an 8-rows-interleaved q4_K. */
-static kq_rows_fn kq_rows_r8(void) {
+/* The row kernel of an 8-rows-interleaved q4_K or q6_K. */
+static kq_rows_fn kq_rows_r8(loom_dtype d) {
 #if defined(__x86_64__)
     int isa = kq_pick();
-    if (isa == KQ_AVX512VNNI) return q4_K_r8_vnni;
-    if (isa != KQ_PORTABLE) return q4_K_r8_avx2;
+    if (isa == KQ_AVX512VNNI) return d == LOOM_Q6_K ? q6_K_r8_vnni : q4_K_r8_vnni;
+    if (isa != KQ_PORTABLE) return d == LOOM_Q6_K ? q6_K_r8_avx2 : q4_K_r8_avx2;
 #endif
+    (void)d;
     return rows_portable;
 }
 
@@ -771,7 +824,7 @@ void loom_cpu_matmul_forward_kq(float *out, const float *inp, const loom_tensor_
     kq_quantize_all(inp, N, &a);
     int passes = (N + KQ_PASS - 1) / KQ_PASS;
     int per = loom_cpu_team_rows_per_task(OC, KQ_CHUNK, (size_t)OC * loom_qblock_row_bytes(w->dtype, C), passes);
-    kq_job_t j = {w, &a, {out, bias, OC, gelu}, w->layout == LOOM_LAYOUT_ROWS8 ? kq_rows_r8() : kq_rows_for_isa(w->dtype), N, OC, per,
+    kq_job_t j = {w, &a, {out, bias, OC, gelu}, w->layout == LOOM_LAYOUT_ROWS8 ? kq_rows_r8(w->dtype) : kq_rows_for_isa(w->dtype), N, OC, per,
                   (OC + per - 1) / per};
     loom_cpu_team_or_omp(kq_task, &j, passes * j.tasks_per_pass, N);
 }

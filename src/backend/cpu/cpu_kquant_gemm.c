@@ -677,10 +677,13 @@ typedef struct {
     size_t act_bytes, w_bytes;
     void (*quantize)(const float *x, int r, int nrec, void *act);
     void (*unpack)(const kg_job_t *j, int o, void *w);
+    /* rows o .. o + 7 of an 8-rows-interleaved weight, stride bytes apart (NULL: unpack each) */
+    void (*unpack8)(const kg_job_t *j, int o, void *w, size_t stride);
 } kx_kind_t;
 
-static const kx_kind_t ki_kind = {256, sizeof(ki_act_t), sizeof(ki_w_t), ki_quantize_row, ki_unpack_row};
-static const kx_kind_t kb_kind = {32, sizeof(kb_act_t), sizeof(kb_w_t), kb_quantize_row, kb_unpack_row};
+KA_TARGET static void ka_unpack8(const kg_job_t *j, int o, void *dst, size_t stride);
+static const kx_kind_t ki_kind = {256, sizeof(ki_act_t), sizeof(ki_w_t), ki_quantize_row, ki_unpack_row, ka_unpack8};
+static const kx_kind_t kb_kind = {32, sizeof(kb_act_t), sizeof(kb_w_t), kb_quantize_row, kb_unpack_row, NULL};
 
 static kx_tile_fn kx_tile_for(loom_dtype d) {
     switch (d) {
@@ -751,21 +754,58 @@ KI_TARGET static void kx_block_vnni(const kg_job_t *j, const void *w, const void
 /* An AVX2 tile's 8 output rows of each input row (no GELU): f transposed
  * 8 x 8 at a time in registers, plus the bias, the same addition as
  * kx_put (its scalar loop was ~7% of smollm2's prefill products). */
+/* v[i] lane k to v[k] lane i (8 x 8 32-bit lanes; bits moved, never
+ * computed on). */
+KA_TARGET static inline __attribute__((always_inline)) void ka_transpose8(__m256 v[8]) {
+    __m256 t[8], u[8];
+    for (int o = 0; o < 8; o += 2) t[o] = _mm256_unpacklo_ps(v[o], v[o + 1]), t[o + 1] = _mm256_unpackhi_ps(v[o], v[o + 1]);
+    for (int q = 0; q < 8; q += 4) /* u[q + k]: lanes q .. q + 3 of rows k and k + 4 */
+        u[q] = _mm256_shuffle_ps(t[q], t[q + 2], 0x44), u[q + 1] = _mm256_shuffle_ps(t[q], t[q + 2], 0xee),
+        u[q + 2] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0x44), u[q + 3] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0xee);
+    for (int k = 0; k < 4; k++) v[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20), v[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
+}
+
 KA_TARGET static void ka_store(const kg_job_t *j, float f[KI_O][KI_R], int r0, int o0) {
     int nr = j->N - r0 < KI_R ? j->N - r0 : KI_R;
     __m256 bias = j->bias ? _mm256_loadu_ps(j->bias + o0) : _mm256_setzero_ps();
     for (int h = 0; h < nr; h += KA_R) {
-        __m256 t[8], u[8], c[8];
-        for (int o = 0; o < 8; o += 2)
-            t[o] = _mm256_unpacklo_ps(_mm256_load_ps(f[o] + h), _mm256_load_ps(f[o + 1] + h)),
-            t[o + 1] = _mm256_unpackhi_ps(_mm256_load_ps(f[o] + h), _mm256_load_ps(f[o + 1] + h));
-        for (int q = 0; q < 8; q += 4) /* u[q + k]: outputs q .. q + 3 of input rows k and k + 4 */
-            u[q] = _mm256_shuffle_ps(t[q], t[q + 2], 0x44), u[q + 1] = _mm256_shuffle_ps(t[q], t[q + 2], 0xee),
-            u[q + 2] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0x44), u[q + 3] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0xee);
-        for (int k = 0; k < 4; k++)
-            c[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20), c[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
+        __m256 c[8];
+        for (int o = 0; o < 8; o++) c[o] = _mm256_load_ps(f[o] + h);
+        ka_transpose8(c);
         for (int k = 0; k < KA_R && h + k < nr; k++)
             _mm256_storeu_ps(j->out + (size_t)(r0 + h + k) * j->OC + o0, _mm256_add_ps(c[k], bias));
+    }
+}
+
+/* Output rows o .. o + 7 of an 8-rows-interleaved q4_K or q6_K (qblock.h)
+ * into records stride bytes apart: each group block's value bytes, 32
+ * bytes of 8 rows at a time, transposed back to the 8 dense blocks in
+ * registers (a block gathered 4 bytes at a time cost more than the tile
+ * at 16 input rows), then ki_unpack as for a dense weight. */
+KA_TARGET static void ka_unpack8(const kg_job_t *j, int o, void *dst, size_t stride) {
+    const loom_dtype d = j->w->dtype;
+    const int q6 = d == LOOM_Q6_K, bytes = loom_qblock_info(d)->bytes, nb = j->C / 256;
+    const uint8_t *g = (const uint8_t *)j->w->data + (size_t)(o / 8) * 8 * nb * bytes;
+    uint8_t dense[8][256] __attribute__((aligned(32)));
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *G = g + (size_t)b * 8 * bytes;
+        for (int reg = 0; reg < (q6 ? 6 : 4); reg++) { /* q4_K: qs chunks; q6_K: ql quarters, then qh halves */
+            const uint8_t *src = G + (q6 ? 144 : 128) + 256 * reg;
+            __m256 v[8];
+            for (int i = 0; i < 8; i++) v[i] = _mm256_loadu_ps((const float *)(src + 32 * i));
+            ka_transpose8(v);
+            for (int r = 0; r < 8; r++) _mm256_storeu_ps((float *)(dense[r] + (q6 ? 0 : 16) + 32 * reg), v[r]);
+        }
+        for (int r = 0; r < 8; r++) {
+            if (q6) {
+                for (int s = 0; s < 16; s++) dense[r][192 + s] = G[16 + 8 * s + r];
+                memcpy(dense[r] + 208, G + 2 * r, 2);
+            } else {
+                memcpy(dense[r], G + 2 * r, 2), memcpy(dense[r] + 2, G + 16 + 2 * r, 2);
+                for (int k = 0; k < 12; k++) dense[r][4 + k] = G[32 + 8 * k + r];
+            }
+            ki_unpack(d, dense[r], (ki_w_t *)((char *)dst + (size_t)r * stride) + b);
+        }
     }
 }
 
@@ -854,7 +894,10 @@ static int kx_run(const kg_job_t *j, int nt, const kx_kind_t *k, kx_block_fn blo
 #pragma omp for schedule(dynamic, 1)
         for (int p = 0; p < np; p++) {
             int o0 = p * KI_P, no = j->OC - o0 < KI_P ? j->OC - o0 : KI_P;
-            for (int o = 0; o < no; o++) k->unpack(j, o0 + o, w + (size_t)o * wb);
+            int by8 = k->unpack8 && j->w->layout == LOOM_LAYOUT_ROWS8; /* o0 and no multiples of 8 then */
+            for (int o = 0; o < no; o += by8 ? 8 : 1)
+                if (by8) k->unpack8(j, o0 + o, w + (size_t)o * wb, wb);
+                else k->unpack(j, o0 + o, w + (size_t)o * wb);
             if (no % KI_O) memset(w + (size_t)no * wb, 0, (size_t)(KI_O - no % KI_O) * wb);
             for (int t = 0; t < ntile; t++)
                 for (int ot = 0; ot < no; ot += KI_O)

@@ -1,5 +1,6 @@
-/* q4_K with 8 rows interleaved (LOOM_LAYOUT_ROWS8, backend/qblock.h), the
- * layout a GGUF's q4_K linear weights take at load, against the dense
+/* q4_K and q6_K with 8 rows interleaved (LOOM_LAYOUT_ROWS8,
+ * backend/qblock.h), the layout a GGUF's linear weights in those formats
+ * take at load, against the dense
  * layout whose kernels tests/test_quant.c and tests/test_kquant_gemm.c
  * check against the gguf Python package:
  *   - interleaving then gathering gives every block's bytes back, and the
@@ -12,8 +13,8 @@
  *     of the dequantized values: per block of 256, each activation off by
  *     at most half its block's step (max|x| / 127 / 2), so the error is at
  *     most sum |w_i| * step_b / 2, plus the fp32 sums' rounding;
- *   - loom_tensor_check takes the layout only for q4_K, rows a multiple
- *     of 8. */
+ *   - loom_tensor_check takes the layout only for q4_K and q6_K, rows a
+ *     multiple of 8. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,44 +25,50 @@
 #include "backend/qblock.h"
 #include "check.h"
 
-/* Random valid q4_K blocks: any bytes, finite fp16 d and dmin near 2^-8. */
-static uint8_t *random_q4k(int rows, int cols, unsigned seed) {
-    size_t n = (size_t)rows * cols / 256;
-    uint8_t *p = loom_malloc(n * 144);
+/* Random valid blocks of d: any bytes, finite fp16 scales near 2^-8. */
+static uint8_t *random_blocks(loom_dtype d, int rows, int cols, unsigned seed) {
+    size_t n = (size_t)rows * cols / 256, bytes = (size_t)loom_qblock_info(d)->bytes;
+    uint8_t *p = loom_malloc(n * bytes);
     srand(seed);
-    for (size_t i = 0; i < n * 144; i++) p[i] = (uint8_t)rand();
+    for (size_t i = 0; i < n * bytes; i++) p[i] = (uint8_t)rand();
     for (size_t b = 0; b < n; b++) {
-        uint16_t d = (uint16_t)(0x1C00 + (rand() & 0x3FF)), m = (uint16_t)(0x1C00 + (rand() & 0x3FF));
-        memcpy(p + 144 * b, &d, 2), memcpy(p + 144 * b + 2, &m, 2);
+        uint16_t h0 = (uint16_t)(0x1C00 + (rand() & 0x3FF)), h1 = (uint16_t)(0x1C00 + (rand() & 0x3FF));
+        if (d == LOOM_Q6_K) memcpy(p + bytes * b + 208, &h0, 2);
+        else memcpy(p + bytes * b, &h0, 2), memcpy(p + bytes * b + 2, &h1, 2);
     }
     return p;
 }
 
+static const loom_dtype fmts[] = {LOOM_Q4_K, LOOM_Q6_K};
+
 static void test_round_trip(void) {
-    const int R = 24, C = 768, nb = C / 256;
-    uint8_t *dense = random_q4k(R, C, 1), *r8 = loom_malloc((size_t)R * nb * 144);
-    memcpy(r8, dense, (size_t)R * nb * 144);
-    CHECK(loom_qblock_q4k_rows8(r8, R, C) == LOOM_OK, "%s", loom_errmsg());
-    CHECK(memcmp(r8, dense, (size_t)R * nb * 144) != 0, "interleaving changed nothing");
-    loom_tensor_t td = {.data = dense, .dtype = LOOM_Q4_K, .rows = R, .cols = C}, tr = td;
-    tr.data = r8, tr.layout = LOOM_LAYOUT_ROWS8;
-    uint8_t tmp[256];
-    for (int r = 0; r < R; r++)
-        for (int b = 0; b < nb; b++)
-            CHECK(!memcmp(loom_qblock_at(&tr, r, b, tmp), dense + ((size_t)r * nb + b) * 144, 144), "row %d block %d not given back", r,
-                  b);
-    float *a = loom_malloc((size_t)R * C * sizeof(float)), *b = loom_malloc((size_t)R * C * sizeof(float));
-    loom_tensor_dequantize(&td, a);
-    loom_tensor_dequantize(&tr, b);
-    CHECK(!memcmp(a, b, (size_t)R * C * sizeof(float)), "the interleaved tensor dequantizes differently");
-    CHECK(loom_tensor_check(&tr, "w") == LOOM_OK, "%s", loom_errmsg());
-    loom_tensor_t odd = tr;
-    odd.rows = 20;
-    CHECK(loom_tensor_check(&odd, "w") != LOOM_OK, "20 rows interleaved by 8 accepted");
-    loom_tensor_t q6 = tr;
-    q6.dtype = LOOM_Q6_K, q6.cols = 256;
-    CHECK(loom_tensor_check(&q6, "w") != LOOM_OK, "q6_K interleaved accepted");
-    free(dense), free(r8), free(a), free(b);
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+        const loom_dtype d = fmts[f];
+        const int R = 24, C = 768, nb = C / 256, bytes = loom_qblock_info(d)->bytes;
+        const size_t total = (size_t)R * nb * bytes;
+        uint8_t *dense = random_blocks(d, R, C, 1), *r8 = loom_malloc(total);
+        memcpy(r8, dense, total);
+        CHECK(loom_qblock_rows8(d, r8, R, C) == LOOM_OK, "%s", loom_errmsg());
+        CHECK(memcmp(r8, dense, total) != 0, "interleaving changed nothing");
+        loom_tensor_t td = {.data = dense, .dtype = d, .rows = R, .cols = C}, tr = td;
+        tr.data = r8, tr.layout = LOOM_LAYOUT_ROWS8;
+        uint8_t tmp[256];
+        for (int r = 0; r < R; r++)
+            for (int b = 0; b < nb; b++)
+                CHECK(!memcmp(loom_qblock_at(&tr, r, b, tmp), dense + ((size_t)r * nb + b) * bytes, (size_t)bytes),
+                      "%s row %d block %d not given back", loom_qblock_info(d)->name, r, b);
+        float *a = loom_malloc((size_t)R * C * sizeof(float)), *b = loom_malloc((size_t)R * C * sizeof(float));
+        loom_tensor_dequantize(&td, a);
+        loom_tensor_dequantize(&tr, b);
+        CHECK(!memcmp(a, b, (size_t)R * C * sizeof(float)), "the interleaved %s dequantizes differently", loom_qblock_info(d)->name);
+        CHECK(loom_tensor_check(&tr, "w") == LOOM_OK, "%s", loom_errmsg());
+        loom_tensor_t odd = tr;
+        odd.rows = 20;
+        CHECK(loom_tensor_check(&odd, "w") != LOOM_OK, "20 rows interleaved by 8 accepted");
+        free(dense), free(r8), free(a), free(b);
+    }
+    loom_tensor_t q5 = {.data = (void *)fmts, .dtype = LOOM_Q5_K, .rows = 8, .cols = 256, .layout = LOOM_LAYOUT_ROWS8};
+    CHECK(loom_tensor_check(&q5, "w") != LOOM_OK, "q5_K interleaved accepted");
 }
 
 /* |y - exact| within the int8 activations' bound (the header). */
@@ -88,12 +95,14 @@ static void test_products(void) {
     static const char *const gemm_isas[] = {"portable", "avx2", "avx512", "avx2int8", "avx512vnni"};
     static const int Ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 40};
     static const int shapes[][2] = {{48, 768}, {16, 2048}};
-    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        int OC = shapes[s][0], C = shapes[s][1];
-        uint8_t *dense = random_q4k(OC, C, 7 + (unsigned)s), *r8 = loom_malloc((size_t)OC * C / 256 * 144);
-        memcpy(r8, dense, (size_t)OC * C / 256 * 144);
-        CHECK(loom_qblock_q4k_rows8(r8, OC, C) == LOOM_OK, "%s", loom_errmsg());
-        loom_tensor_t td = {.data = dense, .dtype = LOOM_Q4_K, .rows = OC, .cols = C}, tr = td;
+    for (size_t s = 0; s < 2 * sizeof shapes / sizeof shapes[0]; s++) {
+        loom_dtype d = fmts[s % 2];
+        int OC = shapes[s / 2][0], C = shapes[s / 2][1];
+        size_t total = (size_t)OC * C / 256 * (size_t)loom_qblock_info(d)->bytes;
+        uint8_t *dense = random_blocks(d, OC, C, 7 + (unsigned)s), *r8 = loom_malloc(total);
+        memcpy(r8, dense, total);
+        CHECK(loom_qblock_rows8(d, r8, OC, C) == LOOM_OK, "%s", loom_errmsg());
+        loom_tensor_t td = {.data = dense, .dtype = d, .rows = OC, .cols = C}, tr = td;
         tr.data = r8, tr.layout = LOOM_LAYOUT_ROWS8;
         float *wf = loom_malloc((size_t)OC * C * sizeof(float)), *bias = check_rand((size_t)OC, 0.5f, 5);
         loom_tensor_dequantize(&td, wf);
@@ -112,8 +121,8 @@ static void test_products(void) {
                         loom_cpu_matmul_forward_kq(a, x, &td, bs, N, C, OC, gelu);
                         loom_cpu_matmul_forward_kq(b, x, &tr, bs, N, C, OC, gelu);
                         CHECK(!memcmp(a, b, (size_t)N * OC * sizeof(float)),
-                              "%s / GEMM %s, %d x %d, N %d, bias %d GELU %d: interleaved differs from dense", isas[i], gemm_isas[gi], OC, C, N,
-                              bs != NULL, gelu);
+                              "%s, %s / GEMM %s, %d x %d, N %d, bias %d GELU %d: interleaved differs from dense", loom_qblock_info(d)->name,
+                              isas[i], gemm_isas[gi], OC, C, N, bs != NULL, gelu);
                         if (variant == 1) check_bound(b, wf, x, bs, N, C, OC, isas[i]);
                         ran++;
                     }
@@ -123,7 +132,7 @@ static void test_products(void) {
             loom_cpu_kq_gemm_use(NULL);
         }
         loom_cpu_kq_use(NULL);
-        printf("  %d x %d: %d products on this CPU's instruction sets equal the dense layout's\n", OC, C, ran);
+        printf("  %s %d x %d: %d products on this CPU's instruction sets equal the dense layout's\n", loom_qblock_info(d)->name, OC, C, ran);
         free(dense), free(r8), free(wf), free(bias);
     }
 }
