@@ -777,34 +777,101 @@ KA_TARGET static void ka_store(const kg_job_t *j, float f[KI_O][KI_R], int r0, i
     }
 }
 
+/* 16 x 8 bytes, x[i] groups 4i .. 4i + 3 of 8 rows ([group][row]), to
+ * out[r] = row r's 16 bytes in group order. */
+KA_TARGET static void ka_bytes_by_row(const __m256i x[4], uint8_t out[8][16]) {
+    const __m256i pairs = _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15, 0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6,
+                                           14, 7, 15);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++) { /* dword r (rows 0-3 in lane 0, 4-7 in lane 1): groups 4i .. 4i + 3 of row r */
+        __m256i a = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(x[i], pairs), 0xD8);
+        q[i] = _mm256_unpacklo_epi16(a, _mm256_srli_si256(a, 8));
+    }
+    __m256i e0 = _mm256_unpacklo_epi32(q[0], q[1]), f0 = _mm256_unpackhi_epi32(q[0], q[1]); /* groups 0-7: rows 0 1 | 4 5, 2 3 | 6 7 */
+    __m256i e1 = _mm256_unpacklo_epi32(q[2], q[3]), f1 = _mm256_unpackhi_epi32(q[2], q[3]); /* groups 8-15 */
+    __m256i r[4] = {_mm256_unpacklo_epi64(e0, e1), _mm256_unpackhi_epi64(e0, e1), _mm256_unpacklo_epi64(f0, f1),
+                    _mm256_unpackhi_epi64(f0, f1)}; /* rows 0 | 4, 1 | 5, 2 | 6, 3 | 7 */
+    for (int k = 0; k < 4; k++) {
+        _mm_storeu_si128((__m128i *)out[k], _mm256_castsi256_si128(r[k]));
+        _mm_storeu_si128((__m128i *)out[k + 4], _mm256_extracti128_si256(r[k], 1));
+    }
+}
+
 /* Output rows o .. o + 7 of an 8-rows-interleaved q4_K or q6_K (qblock.h)
- * into records stride bytes apart: each group block's value bytes, 32
- * bytes of 8 rows at a time, transposed back to the 8 dense blocks in
- * registers (a block gathered 4 bytes at a time cost more than the tile
- * at 16 input rows), then ki_unpack as for a dense weight. */
+ * into their records (ki_unpack's), stride bytes apart, straight from the
+ * group blocks: 32 value bytes of the 8 rows at a time transposed 8 x 8 in
+ * registers, the scale bytes 16 x 8 (the same records as ki_unpack of the
+ * dense blocks; the tests compare the products bit for bit). A block
+ * gathered dense first cost more than the tile at 16 input rows. */
 KA_TARGET static void ka_unpack8(const kg_job_t *j, int o, void *dst, size_t stride) {
     const loom_dtype d = j->w->dtype;
     const int q6 = d == LOOM_Q6_K, bytes = loom_qblock_info(d)->bytes, nb = j->C / 256;
     const uint8_t *g = (const uint8_t *)j->w->data + (size_t)(o / 8) * 8 * nb * bytes;
-    uint8_t dense[8][256] __attribute__((aligned(32)));
+    const __m256i m4 = _mm256_set1_epi8(15), m2 = _mm256_set1_epi8(3);
     for (int b = 0; b < nb; b++) {
         const uint8_t *G = g + (size_t)b * 8 * bytes;
-        for (int reg = 0; reg < (q6 ? 6 : 4); reg++) { /* q4_K: qs chunks; q6_K: ql quarters, then qh halves */
-            const uint8_t *src = G + (q6 ? 144 : 128) + 256 * reg;
-            __m256 v[8];
-            for (int i = 0; i < 8; i++) v[i] = _mm256_loadu_ps((const float *)(src + 32 * i));
-            ka_transpose8(v);
-            for (int r = 0; r < 8; r++) _mm256_storeu_ps((float *)(dense[r] + (q6 ? 0 : 16) + 32 * reg), v[r]);
-        }
-        for (int r = 0; r < 8; r++) {
-            if (q6) {
-                for (int s = 0; s < 16; s++) dense[r][192 + s] = G[16 + 8 * s + r];
-                memcpy(dense[r] + 208, G + 2 * r, 2);
-            } else {
-                memcpy(dense[r], G + 2 * r, 2), memcpy(dense[r] + 2, G + 16 + 2 * r, 2);
-                for (int k = 0; k < 12; k++) dense[r][4 + k] = G[32 + 8 * k + r];
+        ki_w_t *w[8];
+        for (int r = 0; r < 8; r++) w[r] = (ki_w_t *)((char *)dst + (size_t)r * stride) + b;
+        __m256i x[4];
+        uint8_t sc[8][16];
+        float dd[8], dm[8];
+        _mm256_storeu_ps(dd, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)G)));
+        if (q6) {
+            for (int i = 0; i < 4; i++) x[i] = _mm256_loadu_si256((const __m256i *)(G + 16 + 32 * i));
+            ka_bytes_by_row(x, sc);
+            for (int r = 0; r < 8; r++) {
+                __m128i v = _mm_loadu_si128((const __m128i *)sc[r]);
+                _mm256_storeu_si256((__m256i *)w[r]->sc, _mm256_cvtepi8_epi32(v));
+                _mm256_storeu_si256((__m256i *)(w[r]->sc + 8), _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+                _mm256_storeu_si256((__m256i *)w[r]->mn, _mm256_slli_epi16(_mm256_cvtepi8_epi16(v), 5));
+                w[r]->d = w[r]->dmin = dd[r];
             }
-            ki_unpack(d, dense[r], (ki_w_t *)((char *)dst + (size_t)r * stride) + b);
+            for (int h = 0; h < 2; h++) {
+                __m256 t[3][8]; /* ql quarters 2h, 2h + 1 and qh half h of the 8 rows */
+                for (int k = 0; k < 3; k++) {
+                    const uint8_t *src = G + 144 + 256 * (k < 2 ? 2 * h + k : 4 + h);
+                    for (int i = 0; i < 8; i++) t[k][i] = _mm256_loadu_ps((const float *)(src + 32 * i));
+                    ka_transpose8(t[k]);
+                }
+                for (int r = 0; r < 8; r++) {
+                    __m256i a = _mm256_castps_si256(t[0][r]), c = _mm256_castps_si256(t[1][r]), hb = _mm256_castps_si256(t[2][r]);
+                    uint8_t *u = w[r]->u + 128 * h;
+                    _mm256_storeu_si256((__m256i *)u, _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4)));
+                    _mm256_storeu_si256((__m256i *)(u + 32),
+                                        _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4)));
+                    _mm256_storeu_si256((__m256i *)(u + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4),
+                                                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4)));
+                    _mm256_storeu_si256((__m256i *)(u + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4),
+                                                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4)));
+                }
+            }
+            continue;
+        }
+        _mm256_storeu_ps(dm, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(G + 16))));
+        const __m256i m6 = _mm256_set1_epi8(63), hi2 = _mm256_set1_epi8(0x30);
+        __m256i q03 = _mm256_loadu_si256((const __m256i *)(G + 32)), q47 = _mm256_loadu_si256((const __m256i *)(G + 64));
+        __m256i q8b = _mm256_loadu_si256((const __m256i *)(G + 96));
+        x[0] = _mm256_and_si256(q03, m6); /* scales 0-3, 4-7, mins 0-3, 4-7: [sub-block][row] (qblock_scale_min_k4) */
+        x[1] = _mm256_or_si256(_mm256_and_si256(q8b, m4), _mm256_and_si256(_mm256_srli_epi16(q03, 2), hi2));
+        x[2] = _mm256_and_si256(q47, m6);
+        x[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q8b, 4), m4), _mm256_and_si256(_mm256_srli_epi16(q47, 2), hi2));
+        ka_bytes_by_row(x, sc);
+        for (int r = 0; r < 8; r++) {
+            __m128i v = _mm_loadu_si128((const __m128i *)sc[r]), mn = _mm_cvtepu8_epi16(_mm_srli_si128(v, 8));
+            _mm256_storeu_si256((__m256i *)w[r]->sc, _mm256_cvtepu8_epi32(v));
+            _mm_storeu_si128((__m128i *)w[r]->mn, _mm_unpacklo_epi16(mn, mn));
+            _mm_storeu_si128((__m128i *)w[r]->mn + 1, _mm_unpackhi_epi16(mn, mn));
+            w[r]->d = dd[r], w[r]->dmin = dm[r];
+        }
+        for (int c = 0; c < 4; c++) {
+            __m256 t[8];
+            for (int i = 0; i < 8; i++) t[i] = _mm256_loadu_ps((const float *)(G + 128 + 256 * c + 32 * i));
+            ka_transpose8(t);
+            for (int r = 0; r < 8; r++) {
+                __m256i v = _mm256_castps_si256(t[r]);
+                _mm256_storeu_si256((__m256i *)(w[r]->u + 64 * c), _mm256_and_si256(v, m4));
+                _mm256_storeu_si256((__m256i *)(w[r]->u + 64 * c + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+            }
         }
     }
 }
