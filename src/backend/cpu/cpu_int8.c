@@ -317,15 +317,18 @@ tile_avx512vnni(const i8args_t *a, int mr, int jr, int blk, i8out_t *t) {
 
 /* One tile on `isa`: full tiles get constant-shape copies; an edge of
  * fewer than I8_TJ weight rows goes one row at a time (the same operations
- * per element). ROW1: one input row (decode) goes one weight row at a time
- * too, so one stream of weights comes from memory instead of I8_TJ
- * interleaved ones: on AVX2 (Zen 4) the hardware prefetcher served those
- * at 12.5 against 18.2 GB/s (bench/kquant-decode.sh q8_0, 16384 x 4096,
- * one thread); the VNNI tiles, not measured so, keep the 4 rows. */
+ * per element). ROW1: one input row (decode) of rows of I8_ROW1_K bytes or
+ * more goes one weight row at a time too, so one stream of weights comes
+ * from memory instead of I8_TJ streams a row apart: on AVX2 (Zen 4) the
+ * hardware prefetcher served those at 12.5 against 18.2 GB/s
+ * (bench/kquant-decode.sh q8_0, 16384 x 4096, one thread); shorter rows'
+ * 4 are one stream already (smollm2's 576 and 1536). The VNNI tiles, not
+ * measured so, keep the 4 rows. */
+#define I8_ROW1_K 2048
 #define I8_SHAPES(FN, TGT, ROW1)                                                                             \
     __attribute__((target(TGT))) static void FN##_tile(const i8args_t *a, int mr, int jr, i8out_t *t) {      \
         int blk = a->nb != 0;                                                                              \
-        if (jr == I8_TJ && !(ROW1 && mr == 1)) {                                                           \
+        if (jr == I8_TJ && !(ROW1 && mr == 1 && a->K >= I8_ROW1_K)) {                                      \
             if (mr == 2) blk ? FN(a, 2, I8_TJ, 1, t) : FN(a, 2, I8_TJ, 0, t);                              \
             else blk ? FN(a, 1, I8_TJ, 1, t) : FN(a, 1, I8_TJ, 0, t);                                      \
             return;                                                                                        \
