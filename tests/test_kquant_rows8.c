@@ -1,8 +1,7 @@
 /* q4_K and q6_K with 8 rows interleaved (LOOM_LAYOUT_ROWS8,
- * backend/qblock.h), the layout a GGUF's linear weights in those formats
- * take at load, against the dense
- * layout whose kernels tests/test_quant.c and tests/test_kquant_gemm.c
- * check against the gguf Python package:
+ * backend/qblock.h), the layout a GGUF's weights in those formats take at
+ * load, against the dense layout, whose kernels tests/test_quant.c and
+ * tests/test_kquant_gemm.c check against the gguf Python package:
  *   - interleaving then gathering gives every block's bytes back, and the
  *     interleaved tensor dequantizes to the dense tensor's values (bits);
  *   - on every instruction set of the one-row kernels (cpu_kquant.c) and

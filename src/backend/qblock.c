@@ -125,19 +125,21 @@ void loom_qblock_dequantize(loom_dtype d, const void *src, size_t n, float *out)
 
 /* ---- k-quants, 8 rows interleaved ---- */
 
-/* Where byte k of a dense block (q4_K or q6_K) of row r lands in its
- * group block (qblock.h). */
-static size_t rows8_at(loom_dtype d, int r, int k) {
+/* Row r's dense block blk and its fields' places in group block g
+ * (qblock.h), copied into g (into != 0) or back out into blk: the one
+ * statement of the layout. */
+static void rows8_copy(loom_dtype d, uint8_t *g, int r, uint8_t *blk, int into) {
+#define R8_PIECE(at_g, at_b, n) (into ? memcpy(g + (at_g), blk + (at_b), n) : memcpy(blk + (at_b), g + (at_g), n))
     if (d == LOOM_Q6_K) {
-        if (k < 128) return (size_t)(144 + 512 * (k / 64) + 256 * (k % 64 / 32) + 32 * (k % 32 / 4) + 4 * r + k % 4); /* ql */
-        if (k < 192) return (size_t)(1168 + 256 * ((k - 128) / 32) + 32 * ((k - 128) % 32 / 4) + 4 * r + k % 4);     /* qh */
-        if (k < 208) return (size_t)(16 + 8 * (k - 192) + r);                                                        /* scales */
-        return (size_t)(2 * r + k - 208);                                                                              /* d */
+        for (int p = 0; p < 48; p++) R8_PIECE(144 + 32 * p + 4 * r, 4 * p, 4); /* ql, then qh: 4 bytes a piece */
+        for (int s = 0; s < 16; s++) R8_PIECE(16 + 8 * s + r, 192 + s, 1);    /* scales */
+        R8_PIECE(2 * r, 208, 2);                                               /* d */
+        return;
     }
-    if (k < 4) return (size_t)(16 * (k / 2) + 2 * r + k % 2); /* d, then dmin */
-    if (k < 16) return (size_t)(32 + 8 * (k - 4) + r);        /* scales */
-    int q = k - 16, c = q / 32, i = q % 32 / 4;
-    return (size_t)(128 + 256 * c + 32 * i + 4 * r + q % 4);
+    R8_PIECE(2 * r, 0, 2), R8_PIECE(16 + 2 * r, 2, 2);                        /* d, dmin */
+    for (int k = 0; k < 12; k++) R8_PIECE(32 + 8 * k + r, 4 + k, 1);          /* scales */
+    for (int p = 0; p < 32; p++) R8_PIECE(128 + 32 * p + 4 * r, 16 + 4 * p, 4); /* qs: piece p = 8c + i at 256c + 32i */
+#undef R8_PIECE
 }
 
 int loom_qblock_rows8_ok(loom_dtype d, long long rows) { return (d == LOOM_Q4_K || d == LOOM_Q6_K) && rows % 8 == 0; }
@@ -150,25 +152,14 @@ loom_status loom_qblock_rows8(loom_dtype d, void *data, long long rows, long lon
         uint8_t *p = base + (size_t)g * group;
         memcpy(tmp, p, group);
         for (int r = 0; r < 8; r++)
-            for (size_t b = 0; b < nb; b++)
-                for (int k = 0; k < (int)bytes; k++) p[b * 8 * bytes + rows8_at(d, r, k)] = tmp[((size_t)r * nb + b) * bytes + (size_t)k];
+            for (size_t b = 0; b < nb; b++) rows8_copy(d, p + b * 8 * bytes, r, tmp + ((size_t)r * nb + b) * bytes, 1);
     }
     free(tmp);
     return LOOM_OK;
 }
 
 void loom_qblock_rows8_block(loom_dtype d, const void *g, int r, void *blk) {
-    const uint8_t *s = g;
-    uint8_t *o = blk;
-    if (d == LOOM_Q6_K) {
-        for (int p = 0; p < 48; p++) memcpy(o + 4 * p, s + 144 + 32 * p + 4 * r, 4); /* ql then qh, 4 bytes a piece */
-        for (int g = 0; g < 16; g++) o[192 + g] = s[16 + 8 * g + r];
-        memcpy(o + 208, s + 2 * r, 2);
-        return;
-    }
-    memcpy(o, s + 2 * r, 2), memcpy(o + 2, s + 16 + 2 * r, 2);
-    for (int k = 0; k < 12; k++) o[4 + k] = s[32 + 8 * k + r];
-    for (int p = 0; p < 32; p++) memcpy(o + 16 + 4 * p, s + 128 + 32 * p + 4 * r, 4); /* piece p = 8c + i: 256c + 32i */
+    rows8_copy(d, (uint8_t *)g, r, blk, 0); /* g only read */
 }
 
 const uint8_t *loom_qblock_at(const loom_tensor_t *t, long long r, long long b, uint8_t *tmp) {

@@ -421,7 +421,18 @@ KQ_AVX void rowsk(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int
     }
 }
 
-/* ---- q4_K, 8 rows interleaved (qblock.h) ---- */
+/* ---- q4_K and q6_K, 8 rows interleaved (qblock.h) ---- */
+
+/* Qword q of bytes (8 rows' bytes of one sub-block) in every qword, byte
+ * r as the int16 pair (b, b) of int32 lane r: the 8 rows' scales for one
+ * vpmaddwd. */
+KQ_AVX __m256i r8_scales(__m256i bytes, int q) {
+    const __m256i dup = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1,
+                                         7, -1, 7, -1);
+    return _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(2 * q, 2 * q + 1, 2 * q, 2 * q + 1, 2 * q, 2 * q + 1,
+                                                                                    2 * q, 2 * q + 1)),
+                               dup);
+}
 
 /* Group block G (8 rows' block b) against one input row's block (x, xs):
  * *I and *M the 8 rows' integer sums, lane r row r. The 6-bit scales
@@ -436,9 +447,6 @@ KQ_AVX void r8_block(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_ma
     __m256i sc[2] = {_mm256_and_si256(q03, m6), _mm256_or_si256(_mm256_and_si256(q8b, m4), _mm256_and_si256(_mm256_srli_epi16(q03, 2), hi2))};
     __m256i mn[2] = {_mm256_and_si256(q47, m6),
                      _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q8b, 4), m4), _mm256_and_si256(_mm256_srli_epi16(q47, 2), hi2))};
-    /* byte r of a sub-block's 8 as the int16 pair (sc, sc) of int32 lane r */
-    const __m256i dup = _mm256_setr_epi8(0, -1, 0, -1, 1, -1, 1, -1, 2, -1, 2, -1, 3, -1, 3, -1, 4, -1, 4, -1, 5, -1, 5, -1, 6, -1, 6, -1,
-                                         7, -1, 7, -1);
     __m256i acc = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
         const uint8_t *q = G + 128 + 256 * c;
@@ -451,11 +459,8 @@ KQ_AVX void r8_block(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_ma
             lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), _mm256_set1_epi32(a)));
             hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), _mm256_set1_epi32(b)));
         }
-        /* sub-blocks 2c and 2c + 1: qwords 2c % 4 and 2c % 4 + 1 of sc[c / 2], in every qword */
-        int q0 = 2 * c % 4, q1 = q0 + 1;
-        __m256i s0 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc[c / 2], _mm256_setr_epi32(2 * q0, 2 * q0 + 1, 2 * q0, 2 * q0 + 1, 2 * q0, 2 * q0 + 1, 2 * q0, 2 * q0 + 1)), dup);
-        __m256i s1 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc[c / 2], _mm256_setr_epi32(2 * q1, 2 * q1 + 1, 2 * q1, 2 * q1 + 1, 2 * q1, 2 * q1 + 1, 2 * q1, 2 * q1 + 1)), dup);
-        acc = madd(madd(acc, lo, s0), hi, s1);
+        /* sub-blocks 2c and 2c + 1: qwords 2c % 4 and 2c % 4 + 1 of sc[c / 2] */
+        acc = madd(madd(acc, lo, r8_scales(sc[c / 2], 2 * c % 4)), hi, r8_scales(sc[c / 2], 2 * c % 4 + 1));
     }
     *I = acc;
     /* mins: lane r of pair p = (mn[2p][r], mn[2p + 1][r]) as int16 against
@@ -466,8 +471,8 @@ KQ_AVX void r8_block(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_ma
     for (int h = 0; h < 2; h++) {
         __m256i pr = _mm256_unpacklo_epi8(mn[h], _mm256_srli_si256(mn[h], 8)); /* lane 0: pair 2h, lane 1: pair 2h + 1 */
         __m256i p0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(pr)), p1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(pr, 1));
-        m = madd(m, p0, _mm256_permutevar8x32_epi32(x32, _mm256_set1_epi32(2 * h == 0 ? 0 : 4)));
-        m = madd(m, p1, _mm256_permutevar8x32_epi32(x32, _mm256_set1_epi32(2 * h == 0 ? 1 : 5)));
+        m = madd(m, p0, _mm256_permutevar8x32_epi32(x32, _mm256_set1_epi32(4 * h)));     /* pair 2h: int32 0 or 4 */
+        m = madd(m, p1, _mm256_permutevar8x32_epi32(x32, _mm256_set1_epi32(4 * h + 1))); /* pair 2h + 1 */
     }
     *M = m;
 }
@@ -492,14 +497,16 @@ KQ_AVX void r8_block_q6(const uint8_t *G, const int8_t *x, const int16_t *xs, kq
             for (int i = 0; i < 8; i += 2) {
                 __m256i u[2];
                 for (int e = 0; e < 2; e++) {
-                    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (i + e))), b = _mm256_loadu_si256((const __m256i *)(qh + 32 * (i + e)));
+                    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (i + e)));
+                    __m256i b = _mm256_loadu_si256((const __m256i *)(qh + 32 * (i + e)));
                     l = k < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
                     b = k == 0 ? _mm256_slli_epi16(b, 4) : k == 1 ? _mm256_slli_epi16(b, 2) : k == 2 ? b : _mm256_srli_epi16(b, 2);
                     u[e] = _mm256_or_si256(l, _mm256_and_si256(b, m2));
                 }
                 int32_t a0, a1;
                 memcpy(&a0, xv + 4 * i, 4), memcpy(&a1, xv + 4 * i + 4, 4);
-                __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], _mm256_set1_epi32(a0)), _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(a1)));
+                __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], _mm256_set1_epi32(a0)),
+                                              _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(a1)));
                 acc = madd(acc, pr, i < 4 ? s0 : s1);
             }
             /* mins: lane r = (sc[g][r], sc[g + 1][r]) against (xs[g], xs[g + 1]) */
@@ -533,7 +540,8 @@ KQ_AVX void rows_r8(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, i
             for (int j = 0; j < KQ_GROUP; j++) part[j] = _mm256_setzero_ps();
             for (int b = 0; b < a->nb; b++) {
                 const uint8_t *G = g + (size_t)b * gbytes;
-                for (int l = 0; l < gbytes; l += 64) _mm_prefetch((const char *)G + l, _MM_HINT_T0); /* all its lines asked at once */
+                for (int l = 0; n == r0 && l < gbytes; l += 64) /* all its lines asked at once; later input rows find them in cache */
+                    _mm_prefetch((const char *)G + l, _MM_HINT_T0);
                 __m256i I, M;
                 const int8_t *x = a->xq + n * a->sq + (size_t)b * 256;
                 const int16_t *xs = a->xs + n * a->ss + (size_t)b * 16;

@@ -751,9 +751,6 @@ KI_TARGET static void kx_block_vnni(const kg_job_t *j, const void *w, const void
     kx_put(j, t, r0, o0, no);
 }
 
-/* An AVX2 tile's 8 output rows of each input row (no GELU): f transposed
- * 8 x 8 at a time in registers, plus the bias, the same addition as
- * kx_put (its scalar loop was ~7% of smollm2's prefill products). */
 /* v[i] lane k to v[k] lane i (8 x 8 32-bit lanes; bits moved, never
  * computed on). */
 KA_TARGET static inline __attribute__((always_inline)) void ka_transpose8(__m256 v[8]) {
@@ -765,6 +762,9 @@ KA_TARGET static inline __attribute__((always_inline)) void ka_transpose8(__m256
     for (int k = 0; k < 4; k++) v[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20), v[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
 }
 
+/* An AVX2 tile's 8 output rows of each input row (no GELU): f transposed
+ * 8 x 8 at a time in registers, plus the bias, the same addition as
+ * kx_put (its scalar loop was ~7% of smollm2's prefill products). */
 KA_TARGET static void ka_store(const kg_job_t *j, float f[KI_O][KI_R], int r0, int o0) {
     int nr = j->N - r0 < KI_R ? j->N - r0 : KI_R;
     __m256 bias = j->bias ? _mm256_loadu_ps(j->bias + o0) : _mm256_setzero_ps();
