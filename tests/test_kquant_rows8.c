@@ -1,4 +1,5 @@
-/* q4_K and q6_K with 8 rows interleaved (LOOM_LAYOUT_ROWS8,
+/* q4_K, q6_K and the 32-value formats (q4_0, q4_1, q5_0, q5_1) with 8
+ * rows interleaved (LOOM_LAYOUT_ROWS8,
  * backend/qblock.h), the layout a GGUF's weights in those formats take at
  * load, against the dense layout, whose kernels tests/test_quant.c and
  * tests/test_kquant_gemm.c check against the gguf Python package:
@@ -6,13 +7,15 @@
  *     interleaved tensor dequantizes to the dense tensor's values (bits);
  *   - on every instruction set of the one-row kernels (cpu_kquant.c) and
  *     of the prefill GEMM (cpu_kquant_gemm.c) this CPU has, at N = 1 ..
- *     7, 9 and 40 input rows, with and without bias and GELU, the product
+ *     7, 9 and 40 input rows, with and without bias and GELU, on rows of
+ *     whole groups of 8 blocks and (32-value formats) of 18 blocks (the
+ *     dense kernel's paired last groups), the product
  *     equals the dense weight's bit for bit;
  *   - and it is within the int8 activations' bound of the fp64 product
- *     of the dequantized values: per block of 256, each activation off by
+ *     of the dequantized values: per block of the format, each activation off by
  *     at most half its block's step (max|x| / 127 / 2), so the error is at
  *     most sum |w_i| * step_b / 2, plus the fp32 sums' rounding;
- *   - loom_tensor_check takes the layout only for q4_K and q6_K, rows a
+ *   - loom_tensor_check takes the layout only for those formats, rows a
  *     multiple of 8. */
 #include <math.h>
 #include <stdlib.h>
@@ -26,7 +29,7 @@
 
 /* Random valid blocks of d: any bytes, finite fp16 scales near 2^-8. */
 static uint8_t *random_blocks(loom_dtype d, int rows, int cols, unsigned seed) {
-    size_t n = (size_t)rows * cols / 256, bytes = (size_t)loom_qblock_info(d)->bytes;
+    size_t n = (size_t)rows * cols / (size_t)loom_qblock_info(d)->block, bytes = (size_t)loom_qblock_info(d)->bytes;
     uint8_t *p = loom_malloc(n * bytes);
     srand(seed);
     for (size_t i = 0; i < n * bytes; i++) p[i] = (uint8_t)rand();
@@ -38,12 +41,12 @@ static uint8_t *random_blocks(loom_dtype d, int rows, int cols, unsigned seed) {
     return p;
 }
 
-static const loom_dtype fmts[] = {LOOM_Q4_K, LOOM_Q6_K};
+static const loom_dtype fmts[] = {LOOM_Q4_K, LOOM_Q6_K, LOOM_Q4_0, LOOM_Q4_1, LOOM_Q5_0, LOOM_Q5_1};
 
 static void test_round_trip(void) {
     for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
         const loom_dtype d = fmts[f];
-        const int R = 24, C = 768, nb = C / 256, bytes = loom_qblock_info(d)->bytes;
+        const int R = 24, C = 768, nb = C / loom_qblock_info(d)->block, bytes = loom_qblock_info(d)->bytes;
         const size_t total = (size_t)R * nb * bytes;
         uint8_t *dense = random_blocks(d, R, C, 1), *r8 = loom_malloc(total);
         memcpy(r8, dense, total);
@@ -71,14 +74,15 @@ static void test_round_trip(void) {
 }
 
 /* |y - exact| within the int8 activations' bound (the header). */
-static void check_bound(const float *y, const float *wf, const float *x, const float *bias, int N, int C, int OC, const char *what) {
+static void check_bound(const float *y, const float *wf, const float *x, const float *bias, int N, int C, int OC, int blk,
+                        const char *what) {
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
             double exact = bias ? bias[o] : 0.0, lim = 0.0, mag = bias ? fabs(bias[o]) : 0.0;
-            for (int b = 0; b < C / 256; b++) {
+            for (int b = 0; b < C / blk; b++) {
                 double amax = 0.0;
-                for (int i = 256 * b; i < 256 * b + 256; i++) amax = fmax(amax, fabs(x[(size_t)n * C + i]));
-                for (int i = 256 * b; i < 256 * b + 256; i++) {
+                for (int i = blk * b; i < blk * b + blk; i++) amax = fmax(amax, fabs(x[(size_t)n * C + i]));
+                for (int i = blk * b; i < blk * b + blk; i++) {
                     double w = wf[(size_t)o * C + i];
                     exact += w * x[(size_t)n * C + i], lim += fabs(w) * amax / 127.0 / 2.0, mag += fabs(w * x[(size_t)n * C + i]);
                 }
@@ -93,11 +97,13 @@ static void test_products(void) {
     static const char *const isas[] = {"portable", "avx2", "avx512", "avx512vnni"};
     static const char *const gemm_isas[] = {"portable", "avx2", "avx512", "avx2int8", "avx512vnni"};
     static const int Ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 40};
-    static const int shapes[][2] = {{48, 768}, {16, 2048}};
-    for (size_t s = 0; s < 2 * sizeof shapes / sizeof shapes[0]; s++) {
-        loom_dtype d = fmts[s % 2];
-        int OC = shapes[s / 2][0], C = shapes[s / 2][1];
-        size_t total = (size_t)OC * C / 256 * (size_t)loom_qblock_info(d)->bytes;
+    static const int shapes[][2] = {{48, 768}, {16, 2048}, {24, 576}};
+    const size_t nf = sizeof fmts / sizeof fmts[0];
+    for (size_t s = 0; s < nf * sizeof shapes / sizeof shapes[0]; s++) {
+        loom_dtype d = fmts[s % nf];
+        int OC = shapes[s / nf][0], C = shapes[s / nf][1], blk = loom_qblock_info(d)->block;
+        if (C % blk) continue;
+        size_t total = (size_t)OC * C / blk * (size_t)loom_qblock_info(d)->bytes;
         uint8_t *dense = random_blocks(d, OC, C, 7 + (unsigned)s), *r8 = loom_malloc(total);
         memcpy(r8, dense, total);
         CHECK(loom_qblock_rows8(d, r8, OC, C) == LOOM_OK, "%s", loom_errmsg());
@@ -122,7 +128,7 @@ static void test_products(void) {
                         CHECK(!memcmp(a, b, (size_t)N * OC * sizeof(float)),
                               "%s, %s / GEMM %s, %d x %d, N %d, bias %d GELU %d: interleaved differs from dense", loom_qblock_info(d)->name,
                               isas[i], gemm_isas[gi], OC, C, N, bs != NULL, gelu);
-                        if (variant == 1) check_bound(b, wf, x, bs, N, C, OC, isas[i]);
+                        if (variant == 1) check_bound(b, wf, x, bs, N, C, OC, blk, isas[i]);
                         ran++;
                     }
                     free(x), free(a), free(b);

@@ -59,7 +59,8 @@ typedef enum {
      * groups per byte (group g of a row in byte g / 2, the low nibble for
      * even g): rows x (cols + 7) / 8 bytes, each row starting on a byte. */
     LOOM_LAYOUT_SPARSE24,
-    /* q4_K and q6_K, rows a multiple of 8: each 8 rows' blocks
+    /* q4_K, q6_K and the 32-value formats (q4_0 ... q5_1), rows a
+     * multiple of 8: each 8 rows' blocks
      * interleaved (qblock.h, "8 rows interleaved"), the same bytes as
      * dense in the same place; the CPU's one-row products read 8 rows at
      * once. */

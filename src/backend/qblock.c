@@ -123,7 +123,7 @@ void loom_qblock_dequantize(loom_dtype d, const void *src, size_t n, float *out)
         dequantize_block(d, (const uint8_t *)src + b * (size_t)q->bytes, out + b * (size_t)q->block);
 }
 
-/* ---- k-quants, 8 rows interleaved ---- */
+/* ---- 8 rows interleaved ---- */
 
 /* Row r's dense block blk and its fields' places in group block g
  * (qblock.h), copied into g (into != 0) or back out into blk: the one
@@ -136,18 +136,29 @@ static void rows8_copy(loom_dtype d, uint8_t *g, int r, uint8_t *blk, int into) 
         R8_PIECE(2 * r, 208, 2);                                               /* d */
         return;
     }
-    R8_PIECE(2 * r, 0, 2), R8_PIECE(16 + 2 * r, 2, 2);                        /* d, dmin */
-    for (int k = 0; k < 12; k++) R8_PIECE(32 + 8 * k + r, 4 + k, 1);          /* scales */
-    for (int p = 0; p < 32; p++) R8_PIECE(128 + 32 * p + 4 * r, 16 + 4 * p, 4); /* qs: piece p = 8c + i at 256c + 32i */
+    if (d == LOOM_Q4_K) {
+        R8_PIECE(2 * r, 0, 2), R8_PIECE(16 + 2 * r, 2, 2);                        /* d, dmin */
+        for (int k = 0; k < 12; k++) R8_PIECE(32 + 8 * k + r, 4 + k, 1);          /* scales */
+        for (int p = 0; p < 32; p++) R8_PIECE(128 + 32 * p + 4 * r, 16 + 4 * p, 4); /* qs: piece p = 8c + i at 256c + 32i */
+        return;
+    }
+    int hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1, five = d == LOOM_Q5_0 || d == LOOM_Q5_1, at = 16;
+    R8_PIECE(2 * r, 0, 2);                          /* d */
+    if (hasmin) R8_PIECE(at + 2 * r, 2, 2), at += 16; /* m */
+    if (five) R8_PIECE(at + 4 * r, 2 + 2 * hasmin, 4), at += 32; /* qh */
+    for (int p = 0; p < 4; p++) R8_PIECE(at + 32 * p + 4 * r, 2 + 2 * hasmin + 4 * five + 4 * p, 4); /* qs */
 #undef R8_PIECE
 }
 
-int loom_qblock_rows8_ok(loom_dtype d, long long rows) { return (d == LOOM_Q4_K || d == LOOM_Q6_K) && rows % 8 == 0; }
+int loom_qblock_rows8_ok(loom_dtype d, long long rows) {
+    return (d == LOOM_Q4_K || d == LOOM_Q6_K || d == LOOM_Q4_0 || d == LOOM_Q4_1 || d == LOOM_Q5_0 || d == LOOM_Q5_1) && rows % 8 == 0;
+}
 
 loom_status loom_qblock_rows8(loom_dtype d, void *data, long long rows, long long cols) {
-    const size_t bytes = (size_t)loom_qblock_info(d)->bytes, nb = (size_t)cols / 256, group = nb * 8 * bytes;
+    const loom_qblock_info_t *q = loom_qblock_info(d);
+    const size_t bytes = (size_t)q->bytes, nb = (size_t)cols / (size_t)q->block, group = nb * 8 * bytes;
     uint8_t *tmp = malloc(group), *base = data;
-    if (!tmp) return loom_error(LOOM_ENOMEM, "%s rows interleaved: no memory for %zu bytes", loom_qblock_info(d)->name, group);
+    if (!tmp) return loom_error(LOOM_ENOMEM, "%s rows interleaved: no memory for %zu bytes", q->name, group);
     for (long long g = 0; g < rows / 8; g++) {
         uint8_t *p = base + (size_t)g * group;
         memcpy(tmp, p, group);
@@ -176,5 +187,6 @@ void loom_qblock_row_values(const loom_tensor_t *t, long long r, float *out) {
         return;
     }
     uint8_t blk[256];
-    for (long long b = 0; b < t->cols / q->block; b++) loom_qblock_dequantize(t->dtype, loom_qblock_at(t, r, b, blk), 256, out + b * 256);
+    for (long long b = 0; b < t->cols / q->block; b++)
+        loom_qblock_dequantize(t->dtype, loom_qblock_at(t, r, b, blk), (size_t)q->block, out + b * q->block);
 }

@@ -67,19 +67,24 @@ typedef struct {
     int16_t mn[16];    /* per 16 values: |mn| <= 4096 */
 } loom_qblock_scales_t;
 
-/* k-quants, 8 rows interleaved (LOOM_LAYOUT_ROWS8): rows 8g .. 8g + 7
- * keep their place (8 x row bytes) but block b of all 8 becomes one
- * group block of 8 x the block's bytes at 8 b x bytes, each field of the
- * 8 rows side by side, bytes of the values 4 at a time (so 32 bytes hold
- * 4 bytes of each row and a product's 8 rows come out in the 8 int32
- * lanes of a vector). Row r's fields, in a group block:
+/* 8 rows interleaved (LOOM_LAYOUT_ROWS8; q4_K, q6_K and the 32-value
+ * formats): rows 8g .. 8g + 7 keep their place (8 x row bytes) but block
+ * b of all 8 becomes one group block of 8 x the block's bytes at 8 b x
+ * bytes, each field of the 8 rows side by side, bytes of the values 4 at
+ * a time (so 32 bytes hold 4 bytes of each row and a product's 8 rows
+ * come out in the 8 int32 lanes of a vector). Row r's fields, in a group
+ * block:
  *   q4_K (1152 bytes): d at 2r, dmin at 16 + 2r; scales byte k (0..11) at
  *     32 + 8k + r; qs bytes 4i .. 4i + 3 of chunk c (0..3) at
  *     128 + 256c + 32i + 4r
  *   q6_K (1680 bytes): d at 2r; scale g (0..15) at 16 + 8g + r; ql bytes
  *     4i .. 4i + 3 of quarter q (0..3: 32 bytes each) at
  *     144 + 256q + 32i + 4r; qh bytes 4i .. 4i + 3 of half h at
- *     1168 + 256h + 32i + 4r */
+ *     1168 + 256h + 32i + 4r
+ *   q4_0, q4_1, q5_0, q5_1 (144, 160, 176, 192 bytes): d at 2r; then m
+ *     (q4_1, q5_1) at 16 + 2r; then qh (q5_0, q5_1: 4 bytes) at
+ *     A + 4r; then qs bytes 4p .. 4p + 3 (p 0..3) at Q + 32p + 4r (A, Q:
+ *     the bytes of the fields before them) */
 /* 1 when format d may be interleaved with `rows` rows. */
 int loom_qblock_rows8_ok(loom_dtype d, long long rows);
 /* Rows x cols of format d in data (loom_qblock_rows8_ok) from dense to 8

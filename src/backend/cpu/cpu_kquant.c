@@ -479,44 +479,103 @@ KQ_AVX void r8_block(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_ma
 
 /* The same for q6_K (1680-byte group blocks): values 128h + 32k + l from
  * quarter 2h + (k & 1) of ql (low nibbles for k < 2, high after) and
- * bits 2k, 2k + 1 of half h of qh; 16 int8 scales of 16 values, 2
+ * bits 2k, 2k + 1 of half h of qh; 16 int8 scales of 16 values. Each
+ * 32 bytes of the two quarters and of qh are read once for the 4 chunks
+ * they hold (no branch on k: the chunk's shifts are constants), 2
  * registers (8 values a row each) summed in int16 per scale (|.| <= 2 *
  * 2 * 63 * 127 < 2^15) before its vpmaddwd; M = 32 sum sc xs. */
 KQ_AVX void r8_block_q6(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_madd_fn madd, __m256i *I, __m256i *M) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
-    __m256i acc = _mm256_setzero_si256(), m = _mm256_setzero_si256();
-    for (int h = 0; h < 2; h++)
+    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, m = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+        /* S[2k + e]: lane r = (sc, sc) of group g = 8h + 2k + e, row r */
+        __m256i S[8];
         for (int k = 0; k < 4; k++) {
-            /* scales of groups g = 8h + 2k and g + 1 (pair p = 4h + k): lane r = (sc, sc) */
-            int p = 4 * h + k;
-            __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(G + 16 + 16 * p))); /* lane 0: g, lane 1: g + 1 */
+            __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(G + 16 + 16 * (4 * h + k)))); /* lane 0: g, lane 1: g + 1 */
             __m256i lo = _mm256_unpacklo_epi16(v, v), hi = _mm256_unpackhi_epi16(v, v);
-            __m256i s0 = _mm256_permute2x128_si256(lo, hi, 0x20), s1 = _mm256_permute2x128_si256(lo, hi, 0x31);
-            const uint8_t *ql = G + 144 + 256 * (2 * h + (k & 1)), *qh = G + 1168 + 256 * h;
-            const int8_t *xv = x + 128 * h + 32 * k;
-            for (int i = 0; i < 8; i += 2) {
-                __m256i u[2];
-                for (int e = 0; e < 2; e++) {
-                    __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (i + e)));
-                    __m256i b = _mm256_loadu_si256((const __m256i *)(qh + 32 * (i + e)));
-                    l = k < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
-                    b = k == 0 ? _mm256_slli_epi16(b, 4) : k == 1 ? _mm256_slli_epi16(b, 2) : k == 2 ? b : _mm256_srli_epi16(b, 2);
-                    u[e] = _mm256_or_si256(l, _mm256_and_si256(b, m2));
-                }
-                int32_t a0, a1;
-                memcpy(&a0, xv + 4 * i, 4), memcpy(&a1, xv + 4 * i + 4, 4);
-                __m256i pr = _mm256_add_epi16(_mm256_maddubs_epi16(u[0], _mm256_set1_epi32(a0)),
-                                              _mm256_maddubs_epi16(u[1], _mm256_set1_epi32(a1)));
-                acc = madd(acc, pr, i < 4 ? s0 : s1);
-            }
+            S[2 * k] = _mm256_permute2x128_si256(lo, hi, 0x20), S[2 * k + 1] = _mm256_permute2x128_si256(lo, hi, 0x31);
             /* mins: lane r = (sc[g][r], sc[g + 1][r]) against (xs[g], xs[g + 1]) */
             __m256i pair = _mm256_unpacklo_epi16(_mm256_permute4x64_epi64(v, 0xD8), _mm256_permute4x64_epi64(v, 0x72));
             int32_t xp;
             memcpy(&xp, xs + 8 * h + 2 * k, 4);
             m = madd(m, pair, _mm256_set1_epi32(xp));
         }
-    *I = acc;
+        const uint8_t *q0 = G + 144 + 512 * h, *q1 = q0 + 256, *qh = G + 1168 + 256 * h;
+        const int8_t *xv = x + 128 * h;
+        for (int i = 0; i < 8; i += 2) {
+            __m256i p[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+            for (int e = 0; e < 2; e++) {
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)(q0 + 32 * (i + e)));
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(q1 + 32 * (i + e)));
+                __m256i b = _mm256_loadu_si256((const __m256i *)(qh + 32 * (i + e)));
+                __m256i u[4] = {_mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(b, 4), m2)),
+                                _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(b, 2), m2)),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(b, m2)),
+                                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(b, 2), m2))};
+                for (int k = 0; k < 4; k++) {
+                    int32_t a;
+                    memcpy(&a, xv + 32 * k + 4 * (i + e), 4);
+                    p[k] = _mm256_add_epi16(p[k], _mm256_maddubs_epi16(u[k], _mm256_set1_epi32(a)));
+                }
+            }
+            for (int k = 0; k < 4; k++) acc[k & 1] = madd(acc[k & 1], p[k], S[2 * k + (i >= 4)]);
+        }
+    }
+    *I = _mm256_add_epi32(acc[0], acc[1]);
     *M = _mm256_slli_epi32(m, 5);
+}
+
+/* acc + the sums of 4 products of u[i] (unsigned, <= 31) and x[i]
+ * (signed) bytes over i = 0..3: AVX2 sums the 4 vpmaddubsw in int16 (|.|
+ * <= 4 * 2 * 31 * 127 < 2^15) before one vpmaddwd by ones; VNNI chains 4
+ * vpdpbusd. */
+typedef __m256i (*kq_dot16_fn)(__m256i acc, const __m256i *u, const __m256i *x);
+KQ_AVX __m256i dot16_avx2(__m256i acc, const __m256i *u, const __m256i *x) {
+    __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u[0], x[0]), _mm256_maddubs_epi16(u[1], x[1])),
+                                 _mm256_add_epi16(_mm256_maddubs_epi16(u[2], x[2]), _mm256_maddubs_epi16(u[3], x[3])));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(s, _mm256_set1_epi16(1)));
+}
+__attribute__((target(KQ_VNNI_TGT), always_inline)) static inline __m256i dot16_vnni(__m256i acc, const __m256i *u, const __m256i *x) {
+    for (int i = 0; i < 4; i++) acc = _mm256_dpbusd_epi32(acc, u[i], x[i]);
+    return acc;
+}
+
+/* The same for a 32-value format (q4_0 ... q5_1; 144 to 192-byte group
+ * blocks): qs piece p (values 4p .. 4p + 3 in the low nibbles, 16 + 4p ..
+ * in the high) of the 8 rows is 32 bytes; q5's fifth bits come from the 8
+ * rows' qh (lane r): byte i of a lane takes the byte of qh holding bit
+ * 4p + i (or 16 + 4p + i) by vpshufb, with that nibble moved to the
+ * byte's high half (qh << 4 for even p), keeps bit 4 + i and turns it into
+ * 0x10 by an unsigned min. *M is the block's M of qblock.h (8 or 16 times
+ * the activations' sum, or the sum for q4_1 / q5_1), the same for the 8
+ * rows. */
+KQ_AVX void r8_block32(const uint8_t *G, loom_dtype d, const int8_t *x, const int16_t *xs, kq_dot16_fn dot16, __m256i *I,
+                       __m256i *M) {
+    const int hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1, five = d == LOOM_Q5_0 || d == LOOM_Q5_1;
+    const int mmul = d == LOOM_Q4_0 ? 8 : d == LOOM_Q5_0 ? 16 : 1;
+    const uint8_t *qs = G + 16 + 16 * hasmin + 32 * five;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    __m256i u[8], xb[8];
+    for (int p = 0; p < 4; p++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+        u[p] = _mm256_and_si256(v, m4), u[4 + p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        int32_t lo, hi;
+        memcpy(&lo, x + 4 * p, 4), memcpy(&hi, x + 16 + 4 * p, 4);
+        xb[p] = _mm256_set1_epi32(lo), xb[4 + p] = _mm256_set1_epi32(hi);
+    }
+    if (five) {
+        const __m256i at = _mm256_setr_epi8(0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12,
+                                            12, 12, 12);
+        const __m256i bit = _mm256_set1_epi32((int)0x80402010), b4 = _mm256_set1_epi8(0x10);
+        __m256i qh = _mm256_loadu_si256((const __m256i *)(G + 16 + 16 * hasmin)), qh4 = _mm256_slli_epi32(qh, 4);
+        for (int p = 0; p < 4; p++)
+            for (int half = 0; half < 2; half++) { /* qh byte 2 half + p / 2, nibble p % 2 */
+                __m256i b = _mm256_shuffle_epi8(p & 1 ? qh : qh4, _mm256_add_epi8(at, _mm256_set1_epi8((char)(2 * half + p / 2))));
+                u[4 * half + p] = _mm256_or_si256(u[4 * half + p], _mm256_min_epu8(_mm256_and_si256(b, bit), b4));
+            }
+    }
+    *I = dot16(dot16(_mm256_setzero_si256(), u, xb), u + 4, xb + 4);
+    *M = _mm256_set1_epi32(((int32_t)xs[0] + xs[1]) * mmul);
 }
 
 /* Output rows o0..o1-1 (multiples of 8) of an 8-rows-interleaved q4_K
@@ -530,8 +589,10 @@ KQ_AVX void r8_block_q6(const uint8_t *G, const int8_t *x, const int16_t *xs, kq
  * operations in the same order as rowk1 (8 partial sums by block, the
  * fixed tree): the same bits as the dense layout's kernels. */
 KQ_AVX void rows_r8(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
-                    kq_madd_fn madd) {
-    const int q6 = d == LOOM_Q6_K, gbytes = q6 ? 8 * 210 : 8 * 144;
+                    kq_madd_fn madd, kq_dot16_fn dot16) {
+    const int q6 = d == LOOM_Q6_K, q4k = d == LOOM_Q4_K, blk = q6 || q4k ? 256 : 32;
+    const int gbytes = q6 ? 8 * 210 : q4k ? 8 * 144 : d == LOOM_Q4_0 ? 8 * 18 : d == LOOM_Q4_1 ? 8 * 20 : d == LOOM_Q5_0 ? 8 * 22 : 8 * 24;
+    const int negmin = d == LOOM_Q4_1 || d == LOOM_Q5_1; /* dmin = -m (as unpack_g32) */
     const size_t gb = (size_t)a->nb * gbytes;
     for (int o = o0; o < o1; o += 8) {
         const uint8_t *g = (const uint8_t *)w->data + (size_t)(o / 8) * gb;
@@ -543,12 +604,14 @@ KQ_AVX void rows_r8(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, i
                 for (int l = 0; n == r0 && l < gbytes; l += 64) /* all its lines asked at once; later input rows find them in cache */
                     _mm_prefetch((const char *)G + l, _MM_HINT_T0);
                 __m256i I, M;
-                const int8_t *x = a->xq + n * a->sq + (size_t)b * 256;
-                const int16_t *xs = a->xs + n * a->ss + (size_t)b * 16;
+                const int8_t *x = a->xq + n * a->sq + (size_t)b * blk;
+                const int16_t *xs = a->xs + n * a->ss + (size_t)b * blk / 16;
                 if (q6) r8_block_q6(G, x, xs, madd, &I, &M);
-                else r8_block(G, x, xs, madd, &I, &M);
-                __m256 dd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)G));
-                __m256 dmin = q6 ? dd : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(G + 16)));
+                else if (q4k) r8_block(G, x, xs, madd, &I, &M);
+                else r8_block32(G, d, x, xs, dot16, &I, &M);
+                __m256 dd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)G)), dmin = dd;
+                if (q4k || negmin) dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(G + 16)));
+                if (negmin) dmin = _mm256_xor_ps(dmin, _mm256_set1_ps(-0.0f));
                 __m256 f = _mm256_fmsub_ps(dd, _mm256_cvtepi32_ps(I), _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(M)));
                 part[b & 7] = _mm256_fmadd_ps(_mm256_set1_ps(a->xd[n * a->sd + b]), f, part[b & 7]);
             }
@@ -744,18 +807,25 @@ KQ_ROWS(vnni, KQ_VNNI_TGT, madd_vnni, dot4_vnni, hi5_avx512)
 #endif
 
 #if defined(__x86_64__)
-KQ_ROWS_FN(q4_K_r8_avx2, "avx2,fma,f16c", rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q4_K, madd_avx2))
-KQ_ROWS_FN(q4_K_r8_vnni, KQ_VNNI_TGT, rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q4_K, madd_vnni))
-KQ_ROWS_FN(q6_K_r8_avx2, "avx2,fma,f16c", rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q6_K, madd_avx2))
-KQ_ROWS_FN(q6_K_r8_vnni, KQ_VNNI_TGT, rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q6_K, madd_vnni))
+#define KQ_R8(SFX, TGT, MADD, DOT16)                                                           \
+    KQ_ROWS_FN(q4_0_r8_##SFX, TGT, rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q4_0, MADD, DOT16)) \
+    KQ_ROWS_FN(q4_1_r8_##SFX, TGT, rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q4_1, MADD, DOT16)) \
+    KQ_ROWS_FN(q5_0_r8_##SFX, TGT, rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q5_0, MADD, DOT16)) \
+    KQ_ROWS_FN(q5_1_r8_##SFX, TGT, rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q5_1, MADD, DOT16)) \
+    KQ_ROWS_FN(q4_K_r8_##SFX, TGT, rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q4_K, MADD, DOT16)) \
+    KQ_ROWS_FN(q6_K_r8_##SFX, TGT, rows_r8(w, a, o0, o1, r0, r1, out, LOOM_Q6_K, MADD, DOT16))
+KQ_R8(avx2, "avx2,fma,f16c", madd_avx2, dot16_avx2)
+KQ_R8(vnni, KQ_VNNI_TGT, madd_vnni, dot16_vnni)
 #endif
 
-/* The row kernel of an 8-rows-interleaved q4_K or q6_K. */
+/* The row kernel of an 8-rows-interleaved weight (loom_qblock_rows8_ok). */
 static kq_rows_fn kq_rows_r8(loom_dtype d) {
 #if defined(__x86_64__)
+#define KQ_R8_FMTS(SFX) {q4_0_r8_##SFX, q4_1_r8_##SFX, q5_0_r8_##SFX, q5_1_r8_##SFX, q4_K_r8_##SFX, NULL, q6_K_r8_##SFX}
+    static const kq_rows_fn fns[2][7] = {KQ_R8_FMTS(avx2), KQ_R8_FMTS(vnni)};
+#undef KQ_R8_FMTS
     int isa = kq_pick();
-    if (isa == KQ_AVX512VNNI) return d == LOOM_Q6_K ? q6_K_r8_vnni : q4_K_r8_vnni;
-    if (isa != KQ_PORTABLE) return d == LOOM_Q6_K ? q6_K_r8_avx2 : q4_K_r8_avx2;
+    if (isa != KQ_PORTABLE && fns[isa == KQ_AVX512VNNI][d - LOOM_Q4_0]) return fns[isa == KQ_AVX512VNNI][d - LOOM_Q4_0];
 #endif
     (void)d;
     return rows_portable;

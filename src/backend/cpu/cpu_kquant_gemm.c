@@ -454,6 +454,26 @@ typedef struct {
 } kb_w_t;
 
 #if defined(__x86_64__)
+/* One weight block's record from its values v (signed bytes), d and m. */
+KA_TARGET static inline void kb_record(__m256i v, float d, float m, kb_w_t *w) {
+    _mm256_storeu_si256((__m256i *)w->v, v);
+    w->d = d, w->m = m;
+    /* sum v = sum (v + 128) - 32 * 128, the former by vpsadbw */
+    __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+    int sum = (int)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
+    w->corr = -128 * sum;
+}
+
+/* A 32-value block's signed values v: value i < 16 the low nibble of
+ * qs[i], i >= 16 the high nibble of qs[i - 16]; bit i of qh the fifth
+ * (five); less the format's offset off (8 or 16; 0 with a min). */
+KA_TARGET static inline __m256i kb_values(__m128i qs, uint32_t qh, int five, int off) {
+    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(15));
+    if (five) v = _mm256_or_si256(v, _mm256_and_si256(ka_bits(qh), _mm256_set1_epi8(16)));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8((char)off));
+}
+
 /* Output row o's blocks into w: the tensor's int8 (LOOM_INT8) or its
  * 32-value blocks, 32 bytes an operation (at 16 input rows the unpacking
  * cost as much as the tile when written with 16-byte vectors). */
@@ -463,30 +483,43 @@ KA_TARGET static void kb_unpack_row(const kg_job_t *j, int o, void *dst) {
     int nb = j->C / 32, hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1, five = d == LOOM_Q5_0 || d == LOOM_Q5_1;
     int bytes = d == LOOM_INT8 ? 32 : loom_qblock_info(d)->bytes, off = hasmin ? 0 : five ? 16 : 8;
     const uint8_t *src = (const uint8_t *)j->w->data + (size_t)o * (d == LOOM_INT8 ? (size_t)j->C : loom_qblock_row_bytes(d, j->C));
-    const __m256i flip = _mm256_set1_epi8((char)0x80), m4 = _mm256_set1_epi8(15), b5 = _mm256_set1_epi8(16),
-                  voff = _mm256_set1_epi8((char)off);
     for (int k = 0; k < nb; k++, src += bytes) {
-        __m256i v;
         if (d == LOOM_INT8) {
-            v = _mm256_loadu_si256((const __m256i *)src);
-            w[k].d = j->w->scales[(size_t)o * nb + k], w[k].m = 0.0f;
-        } else { /* value i < 16: low nibble of qs[i], i >= 16: high nibble of qs[i - 16]; bit i of qh the fifth */
-            __m128i qs = _mm_loadu_si128((const __m128i *)(src + 2 + 2 * hasmin + 4 * five));
-            v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), m4);
-            if (five) {
-                uint32_t qh;
-                memcpy(&qh, src + 2 + 2 * hasmin, 4);
-                v = _mm256_or_si256(v, _mm256_and_si256(ka_bits(qh), b5));
-            }
-            v = _mm256_sub_epi8(v, voff); /* the signed q - off */
-            w[k].d = qblock_f16(src), w[k].m = hasmin ? qblock_f16(src + 2) : 0.0f;
+            kb_record(_mm256_loadu_si256((const __m256i *)src), j->w->scales[(size_t)o * nb + k], 0.0f, w + k);
+            continue;
         }
-        _mm256_storeu_si256((__m256i *)w[k].v, v);
-        /* sum v = sum (v + 128) - 32 * 128, the former by vpsadbw */
-        __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, flip), _mm256_setzero_si256());
-        __m128i h = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-        int sum = (int)(_mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1)) - 32 * 128;
-        w[k].corr = -128 * sum;
+        uint32_t qh = 0;
+        if (five) memcpy(&qh, src + 2 + 2 * hasmin, 4);
+        kb_record(kb_values(_mm_loadu_si128((const __m128i *)(src + 2 + 2 * hasmin + 4 * five)), qh, five, off), qblock_f16(src),
+                  hasmin ? qblock_f16(src + 2) : 0.0f, w + k);
+    }
+}
+
+/* Output rows o .. o + 7 of an 8-rows-interleaved 32-value format
+ * (qblock.h) into their records (row r's at dst + r * stride): per group
+ * block, the 4 pieces of qs (4 bytes of each row) transposed to each
+ * row's 16 bytes in registers, the 8 rows' d (and m) converted at once. */
+KA_TARGET static void kb_unpack8(const kg_job_t *j, int o, void *dst, size_t stride) {
+    loom_dtype d = j->w->dtype;
+    int nb = j->C / 32, hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1, five = d == LOOM_Q5_0 || d == LOOM_Q5_1;
+    int gbytes = 8 * loom_qblock_info(d)->bytes, off = hasmin ? 0 : five ? 16 : 8, at_q = 16 + 16 * hasmin + 32 * five;
+    const uint8_t *G = (const uint8_t *)j->w->data + (size_t)(o / 8) * loom_qblock_row_bytes(d, j->C) * 8;
+    for (int k = 0; k < nb; k++, G += gbytes) {
+        float dd[8], mm[8] = {0};
+        _mm256_storeu_ps(dd, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)G)));
+        if (hasmin) _mm256_storeu_ps(mm, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(G + 16))));
+        __m256i c[4], t[4], rw[4];
+        for (int p = 0; p < 4; p++) c[p] = _mm256_loadu_si256((const __m256i *)(G + at_q + 32 * p));
+        t[0] = _mm256_unpacklo_epi32(c[0], c[1]), t[1] = _mm256_unpackhi_epi32(c[0], c[1]);
+        t[2] = _mm256_unpacklo_epi32(c[2], c[3]), t[3] = _mm256_unpackhi_epi32(c[2], c[3]);
+        rw[0] = _mm256_unpacklo_epi64(t[0], t[2]), rw[1] = _mm256_unpackhi_epi64(t[0], t[2]); /* rows 0, 1 | 4, 5 */
+        rw[2] = _mm256_unpacklo_epi64(t[1], t[3]), rw[3] = _mm256_unpackhi_epi64(t[1], t[3]); /* rows 2, 3 | 6, 7 */
+        for (int r = 0; r < 8; r++) {
+            __m128i qs = r < 4 ? _mm256_castsi256_si128(rw[r]) : _mm256_extracti128_si256(rw[r - 4], 1);
+            uint32_t qh = 0;
+            if (five) memcpy(&qh, G + 16 + 16 * hasmin + 4 * r, 4);
+            kb_record(kb_values(qs, qh, five, off), dd[r], mm[r], (kb_w_t *)((char *)dst + (size_t)r * stride) + k);
+        }
     }
 }
 
@@ -683,7 +716,7 @@ typedef struct {
 
 KA_TARGET static void ka_unpack8(const kg_job_t *j, int o, void *dst, size_t stride);
 static const kx_kind_t ki_kind = {256, sizeof(ki_act_t), sizeof(ki_w_t), ki_quantize_row, ki_unpack_row, ka_unpack8};
-static const kx_kind_t kb_kind = {32, sizeof(kb_act_t), sizeof(kb_w_t), kb_quantize_row, kb_unpack_row, NULL};
+static const kx_kind_t kb_kind = {32, sizeof(kb_act_t), sizeof(kb_w_t), kb_quantize_row, kb_unpack_row, kb_unpack8};
 
 static kx_tile_fn kx_tile_for(loom_dtype d) {
     switch (d) {
