@@ -1,11 +1,15 @@
-/* q4_K, q6_K and the 32-value formats (q4_0, q4_1, q5_0, q5_1) with 8
- * rows interleaved (LOOM_LAYOUT_ROWS8,
+/* q4_K, q6_K, the 32-value formats (q4_0, q4_1, q5_0, q5_1) and q8_0 as
+ * loom holds it (int8 in blocks of 32) with 8 rows interleaved
+ * (LOOM_LAYOUT_ROWS8,
  * backend/qblock.h), the layout a GGUF's weights in those formats take at
  * load, against the dense layout, whose kernels tests/test_quant.c and
  * tests/test_kquant_gemm.c check against the gguf Python package:
  *   - interleaving then gathering gives every block's bytes back, and the
  *     interleaved tensor dequantizes to the dense tensor's values (bits);
- *   - on every instruction set of the one-row kernels (cpu_kquant.c) and
+ *   - on every instruction set of the one-row kernels (cpu_kquant.c; for
+ *     q8_0 cpu_int8.c's portable and AVX2 paths, whose dense tiles share
+ *     the interleaved kernel's operations; its VNNI tiles are checked
+ *     against the bound only) and
  *     of the prefill GEMM (cpu_kquant_gemm.c) this CPU has, at N = 1 ..
  *     7, 9 and 40 input rows, with and without bias and GELU, on rows of
  *     whole groups of 8 blocks and (32-value formats) of 18 blocks (the
@@ -21,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_int8.h"
 #include "backend/cpu/cpu_kquant.h"
 #include "backend/cpu/cpu_kquant_gemm.h"
 #include "backend/cpu/cpu_math.h"
@@ -142,8 +147,99 @@ static void test_products(void) {
     }
 }
 
+/* q8_0 as loom holds it: random int8 values and fp32 block scales. */
+static loom_tensor_t random_q8(int rows, int cols, unsigned seed) {
+    size_t n = (size_t)rows * cols, nb = n / 32;
+    int8_t *q = loom_malloc(n);
+    float *s = loom_malloc(nb * sizeof(float));
+    srand(seed);
+    for (size_t i = 0; i < n; i++) q[i] = (int8_t)(rand() % 255 - 127);
+    for (size_t b = 0; b < nb; b++) s[b] = ldexpf(1.0f + (float)(rand() & 1023) / 1024.0f, -8);
+    return (loom_tensor_t){.data = q, .dtype = LOOM_INT8, .rows = rows, .cols = cols, .scales = s, .block = 32};
+}
+
+static loom_tensor_t q8_copy(const loom_tensor_t *t) {
+    size_t n = (size_t)t->rows * t->cols;
+    loom_tensor_t c = *t;
+    c.data = loom_malloc(n), c.scales = loom_malloc(n / 32 * sizeof(float));
+    memcpy(c.data, t->data, n), memcpy((float *)c.scales, t->scales, n / 32 * sizeof(float));
+    return c;
+}
+
+static void q8_free(loom_tensor_t *t) { free(t->data), free((float *)t->scales); }
+
+static void test_q8_round_trip(void) {
+    const int R = 24, C = 768;
+    loom_tensor_t td = random_q8(R, C, 3), tr = q8_copy(&td);
+    CHECK(loom_tensor_rows8_ok(&tr), "q8_0 24 x 768 not interleavable");
+    CHECK(loom_tensor_rows8(&tr) == LOOM_OK && tr.layout == LOOM_LAYOUT_ROWS8, "%s", loom_errmsg());
+    CHECK(memcmp(tr.data, td.data, (size_t)R * C) != 0, "interleaving changed nothing");
+    int8_t *q = loom_malloc((size_t)R * C);
+    float *s = loom_malloc((size_t)R * C / 32 * sizeof(float));
+    loom_tensor_rows8_dense(&tr, q, s);
+    CHECK(!memcmp(q, td.data, (size_t)R * C) && !memcmp(s, td.scales, (size_t)R * C / 32 * sizeof(float)), "values or scales not given back");
+    float *a = loom_malloc((size_t)R * C * sizeof(float)), *b = loom_malloc((size_t)R * C * sizeof(float));
+    loom_tensor_dequantize(&td, a);
+    loom_tensor_dequantize(&tr, b);
+    CHECK(!memcmp(a, b, (size_t)R * C * sizeof(float)), "the interleaved q8_0 dequantizes differently");
+    CHECK(loom_tensor_check(&tr, "w") == LOOM_OK, "%s", loom_errmsg());
+    loom_tensor_t odd = tr;
+    odd.rows = 20;
+    CHECK(loom_tensor_check(&odd, "w") != LOOM_OK, "int8 of 20 rows interleaved by 8 accepted");
+    odd = tr, odd.block = 0;
+    CHECK(loom_tensor_check(&odd, "w") != LOOM_OK, "int8 with per-row scales interleaved accepted");
+    q8_free(&td), q8_free(&tr), free(q), free(s), free(a), free(b);
+}
+
+static void test_q8_products(void) {
+    static const char *const isas[] = {"portable", "avx2", "avxvnni", "avx512vnni"};
+    static const char *const gemm_isas[] = {"portable", "avx2", "avx512", "avx2int8", "avx512vnni"};
+    static const int Ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 40};
+    static const int shapes[][2] = {{48, 768}, {16, 2048}, {24, 576}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int OC = shapes[s][0], C = shapes[s][1];
+        loom_tensor_t td = random_q8(OC, C, 17 + (unsigned)s), tr = q8_copy(&td);
+        CHECK(loom_tensor_rows8(&tr) == LOOM_OK, "%s", loom_errmsg());
+        float *wf = loom_malloc((size_t)OC * C * sizeof(float)), *bias = check_rand((size_t)OC, 0.5f, 5);
+        loom_tensor_dequantize(&td, wf);
+        int ran = 0, same = 0;
+        for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+            if (!loom_cpu_int8_use(isas[i])) continue;
+            for (size_t gi = 0; gi < sizeof gemm_isas / sizeof gemm_isas[0]; gi++) {
+                if (!loom_cpu_kq_gemm_use(gemm_isas[gi])) continue;
+                for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++) {
+                    int N = Ns[k];
+                    float *x = check_rand((size_t)N * C, 1.0f, 11 + (unsigned)N);
+                    float *a = loom_malloc((size_t)N * OC * sizeof(float)), *b = loom_malloc((size_t)N * OC * sizeof(float));
+                    for (int variant = 0; variant < 3; variant++) {
+                        const float *bs = variant ? bias : NULL;
+                        int gelu = variant == 2;
+                        loom_cpu_matmul_forward_w8a8(a, x, &td, bs, N, C, OC, gelu);
+                        loom_cpu_matmul_forward_w8a8(b, x, &tr, bs, N, C, OC, gelu);
+                        if (i < 2) {
+                            CHECK(!memcmp(a, b, (size_t)N * OC * sizeof(float)),
+                                  "q8_0, %s / GEMM %s, %d x %d, N %d, bias %d GELU %d: interleaved differs from dense", isas[i],
+                                  gemm_isas[gi], OC, C, N, bs != NULL, gelu);
+                            same++;
+                        }
+                        if (variant == 1) check_bound(b, wf, x, bs, N, C, OC, 32, isas[i]);
+                        ran++;
+                    }
+                    free(x), free(a), free(b);
+                }
+            }
+            loom_cpu_kq_gemm_use(NULL);
+        }
+        loom_cpu_int8_use(NULL);
+        printf("  q8_0 %d x %d: %d products on this CPU's instruction sets within the bound, %d equal to the dense layout's\n", OC, C, ran, same);
+        q8_free(&td), q8_free(&tr), free(wf), free(bias);
+    }
+}
+
 int main(void) {
     RUN(test_round_trip);
     RUN(test_products);
+    RUN(test_q8_round_trip);
+    RUN(test_q8_products);
     return check_main_end();
 }

@@ -173,6 +173,58 @@ void loom_qblock_rows8_block(loom_dtype d, const void *g, int r, void *blk) {
     rows8_copy(d, (uint8_t *)g, r, blk, 0); /* g only read */
 }
 
+/* q8_0 as loom holds it (int8 in blocks of 32, fp32 scales): block b of
+ * rows 8g .. 8g + 7 is 256 bytes at 8 g C + 256 b, 4 values of each row a
+ * piece (value 4p + i of row r at 32p + 4r + i); its 8 scales at
+ * 8 g nb + 8 b + r. */
+static int int8_rows8_ok(const loom_tensor_t *t) { return t->dtype == LOOM_INT8 && t->block == 32 && t->cols % 32 == 0 && t->rows % 8 == 0; }
+
+int loom_tensor_rows8_ok(const loom_tensor_t *t) {
+    return t->scales || t->block ? int8_rows8_ok(t) : loom_qblock_rows8_ok(t->dtype, t->rows) && t->cols % loom_qblock_info(t->dtype)->block == 0;
+}
+
+loom_status loom_tensor_rows8(loom_tensor_t *t) {
+    if (t->dtype != LOOM_INT8) {
+        LOOM_TRY(loom_qblock_rows8(t->dtype, t->data, t->rows, t->cols));
+        t->layout = LOOM_LAYOUT_ROWS8;
+        return LOOM_OK;
+    }
+    const size_t C = (size_t)t->cols, nb = C / 32;
+    int8_t *tmp = malloc(8 * C), *q = t->data;
+    float *stmp = malloc(8 * nb * sizeof(float)), *sc = (float *)t->scales;
+    if (!tmp || !stmp) {
+        free(tmp), free(stmp);
+        return loom_error(LOOM_ENOMEM, "q8_0 rows interleaved: no memory for %zu bytes", 8 * C + 32 * nb);
+    }
+    for (long long g = 0; g < t->rows / 8; g++) {
+        int8_t *p = q + (size_t)g * 8 * C;
+        float *s = sc + (size_t)g * 8 * nb;
+        memcpy(tmp, p, 8 * C), memcpy(stmp, s, 8 * nb * sizeof(float));
+        for (int r = 0; r < 8; r++)
+            for (size_t b = 0; b < nb; b++) {
+                s[8 * b + (size_t)r] = stmp[(size_t)r * nb + b];
+                for (int k = 0; k < 8; k++) memcpy(p + 256 * b + 32 * (size_t)k + 4 * (size_t)r, tmp + (size_t)r * C + 32 * b + 4 * (size_t)k, 4);
+            }
+    }
+    free(tmp), free(stmp);
+    t->layout = LOOM_LAYOUT_ROWS8;
+    return LOOM_OK;
+}
+
+void loom_tensor_rows8_dense(const loom_tensor_t *t, int8_t *q, float *scales) {
+    const size_t C = (size_t)t->cols, nb = C / 32;
+    for (long long g = 0; g < t->rows / 8; g++) {
+        const int8_t *p = (const int8_t *)t->data + (size_t)g * 8 * C;
+        const float *s = t->scales + (size_t)g * 8 * nb;
+        for (int r = 0; r < 8; r++)
+            for (size_t b = 0; b < nb; b++) {
+                size_t row = (size_t)g * 8 + (size_t)r;
+                scales[row * nb + b] = s[8 * b + (size_t)r];
+                for (int k = 0; k < 8; k++) memcpy(q + row * C + 32 * b + 4 * (size_t)k, p + 256 * b + 32 * (size_t)k + 4 * (size_t)r, 4);
+            }
+    }
+}
+
 const uint8_t *loom_qblock_at(const loom_tensor_t *t, long long r, long long b, uint8_t *tmp) {
     size_t rb = loom_qblock_row_bytes(t->dtype, t->cols), bytes = (size_t)loom_qblock_info(t->dtype)->bytes;
     if (t->layout != LOOM_LAYOUT_ROWS8) return (const uint8_t *)t->data + (size_t)r * rb + (size_t)b * bytes;
@@ -181,6 +233,19 @@ const uint8_t *loom_qblock_at(const loom_tensor_t *t, long long r, long long b, 
 }
 
 void loom_qblock_row_values(const loom_tensor_t *t, long long r, float *out) {
+    if (t->dtype == LOOM_INT8) { /* value times its block's (or row's) scale */
+        const size_t C = (size_t)t->cols, blk = t->block ? (size_t)t->block : C, nb = C / blk;
+        const int8_t *q = (const int8_t *)t->data + (size_t)r * C;
+        const float *sc = t->scales + (size_t)r * nb;
+        if (t->layout != LOOM_LAYOUT_ROWS8) {
+            for (size_t i = 0; i < C; i++) out[i] = (float)q[i] * sc[i / blk];
+            return;
+        }
+        q = (const int8_t *)t->data + (size_t)(r / 8) * 8 * C + 4 * (size_t)(r % 8);
+        sc = t->scales + (size_t)(r / 8) * 8 * nb + (size_t)(r % 8);
+        for (size_t i = 0; i < C; i++) out[i] = (float)q[256 * (i / 32) + 32 * (i % 32 / 4) + i % 4] * sc[8 * (i / 32)];
+        return;
+    }
     const loom_qblock_info_t *q = loom_qblock_info(t->dtype);
     if (t->layout != LOOM_LAYOUT_ROWS8) {
         loom_qblock_dequantize(t->dtype, loom_qblock_at(t, r, 0, NULL), (size_t)t->cols, out);

@@ -93,11 +93,24 @@ int loom_qblock_rows8_ok(loom_dtype d, long long rows);
 loom_status loom_qblock_rows8(loom_dtype d, void *data, long long rows, long long cols);
 /* Row r (0..7) of group block g as a dense block: its bytes into blk. */
 void loom_qblock_rows8_block(loom_dtype d, const void *g, int r, void *blk);
+/* 1 when typed tensor t may take LOOM_LAYOUT_ROWS8: a block format of
+ * loom_qblock_rows8_ok, or q8_0 as loom holds it (int8 in blocks of 32;
+ * block b of rows 8g .. 8g + 7 is then 256 bytes at 8 g cols + 256 b, value
+ * 4p + i of row r at 32p + 4r + i; its 8 scales at 8 g nb + 8 b + r), rows a
+ * multiple of 8. */
+int loom_tensor_rows8_ok(const loom_tensor_t *t);
+/* t (dense, loom_tensor_rows8_ok) to 8 rows interleaved in place, its
+ * layout then LOOM_LAYOUT_ROWS8 (LOOM_ENOMEM: t unchanged). */
+loom_status loom_tensor_rows8(loom_tensor_t *t);
+/* The dense int8 values (rows x cols) and block scales of int8 tensor t
+ * held 8 rows interleaved. */
+void loom_tensor_rows8_dense(const loom_tensor_t *t, int8_t *q, float *scales);
 /* Block b of row r of block-format tensor t as dense bytes: in place, or
  * (8 rows interleaved) gathered into tmp (the largest block's bytes). */
 const uint8_t *loom_qblock_at(const loom_tensor_t *t, long long r, long long b, uint8_t *tmp);
 /* Row r of typed block-format tensor t (dense or 8 rows interleaved) as
- * gguf.quants.dequantize computes it: t->cols values into out. */
+ * gguf.quants.dequantize computes it, or of an int8 tensor (each value
+ * times its scale): t->cols values into out. */
 void loom_qblock_row_values(const loom_tensor_t *t, long long r, float *out);
 
 /* The scales and mins of block `blk`. */

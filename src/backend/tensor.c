@@ -17,8 +17,8 @@ loom_status loom_tensor_check(const loom_tensor_t *t, const char *what) {
     int rows8 = t->layout == LOOM_LAYOUT_ROWS8 && loom_qblock_rows8_ok(t->dtype, t->rows);
     if (qb && (t->cols % qb->block || t->scales || t->block || (t->layout != LOOM_LAYOUT_DENSE && !rows8)))
         return loom_error(LOOM_EINVAL,
-                          "%s: %s needs rows of whole %d-value blocks (%lld columns), dense (or q4_K / q6_K, 8 rows interleaved, rows a "
-                          "multiple of 8), its scales inside the blocks",
+                          "%s: %s needs rows of whole %d-value blocks (%lld columns), dense (or 8 rows interleaved where the format "
+                          "has that layout, rows a multiple of 8), its scales inside the blocks",
                           what, qb->name, qb->block, t->cols);
     if (qb) return LOOM_OK;
     if (t->dtype == LOOM_INT8) {
@@ -28,7 +28,11 @@ loom_status loom_tensor_check(const loom_tensor_t *t, const char *what) {
     } else if (t->scales || t->block) {
         return loom_error(LOOM_EINVAL, "%s: %s has no scales (they are for int8)", what, loom_dtype_name(t->dtype));
     }
-    if (t->layout == LOOM_LAYOUT_SPARSE24) {
+    if (t->dtype == LOOM_INT8 && t->layout == LOOM_LAYOUT_ROWS8) {
+        if (!loom_tensor_rows8_ok(t) || t->meta)
+            return loom_error(LOOM_EINVAL, "%s: int8 8 rows interleaved needs blocks of 32 and a multiple of 8 rows (%lld x %lld, block %d)",
+                              what, t->rows, t->cols, t->block);
+    } else if (t->layout == LOOM_LAYOUT_SPARSE24) {
         if (t->cols % 4 || !t->meta)
             return loom_error(LOOM_EINVAL, "%s: 2:4 sparse needs a multiple of 4 columns (%lld) and its index bytes", what, t->cols);
     } else if (t->layout != LOOM_LAYOUT_DENSE || t->meta) {
@@ -64,7 +68,7 @@ static float scale_at(const loom_tensor_t *t, long long r, long long c) {
 }
 
 void loom_tensor_dequantize(const loom_tensor_t *t, float *out) {
-    if (loom_qblock_info(t->dtype)) {
+    if (loom_qblock_info(t->dtype) || t->layout == LOOM_LAYOUT_ROWS8) {
         for (long long r = 0; r < t->rows; r++) loom_qblock_row_values(t, r, out + r * t->cols);
         return;
     }

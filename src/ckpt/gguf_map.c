@@ -428,16 +428,14 @@ static int entry_of(const loom_gguf_map_t *map, int n, int param) {
     return -1;
 }
 
-/* A q4_K or q6_K weight (linear, head or embedding) of a multiple of 8
- * rows to 8 rows interleaved (qblock.h): the CPU's one-row products then
- * read 8 rows' blocks at once, their results in the lanes of one vector
- * (cpu_kquant.c). The same bytes in the same place; every reader of the
- * blocks goes through loom_qblock_at. */
+/* A q4_K, q6_K, 32-value-format or q8_0 weight (linear, head or
+ * embedding) of a multiple of 8 rows to 8 rows interleaved (qblock.h): the
+ * CPU's one-row products then read 8 rows' blocks at once, their results
+ * in the lanes of one vector (cpu_kquant.c, cpu_int8.c). The same bytes in
+ * the same place; every reader of single blocks goes through
+ * loom_qblock_at, of rows through loom_qblock_row_values. */
 static loom_status rows8(loom_tensor_t *t) {
-    if (!loom_qblock_rows8_ok(t->dtype, t->rows)) return LOOM_OK;
-    LOOM_TRY(loom_qblock_rows8(t->dtype, t->data, t->rows, t->cols));
-    t->layout = LOOM_LAYOUT_ROWS8;
-    return LOOM_OK;
+    return loom_tensor_rows8_ok(t) ? loom_tensor_rows8(t) : LOOM_OK;
 }
 
 /* The embedding and the head kept as stored (file_q's two slots after the
@@ -566,18 +564,8 @@ loom_status loom_gguf_file_weights(const loom_gguf_t *g, const loom_gpt_config_t
  * dst, rows split over the threads: as the file's own dequantization
  * (loom_gguf_values) computes them, bit for bit. */
 static void stored_values(const loom_tensor_t *t, float *dst) {
-    size_t C = (size_t)t->cols;
 #pragma omp parallel for schedule(static)
-    for (long long r = 0; r < t->rows; r++) {
-        float *o = dst + (size_t)r * C;
-        if (t->dtype != LOOM_INT8) {
-            loom_qblock_row_values(t, r, o);
-            continue;
-        }
-        const signed char *q = (const signed char *)t->data + (size_t)r * C;
-        const float *sc = t->scales + (size_t)r * (C / (size_t)t->block);
-        for (size_t i = 0; i < C; i++) o[i] = sc[i / (size_t)t->block] * (float)q[i];
-    }
+    for (long long r = 0; r < t->rows; r++) loom_qblock_row_values(t, r, dst + (size_t)r * (size_t)t->cols);
 }
 
 void loom_gguf_blocks_fp32(const loom_tensor_t *fq, const loom_gpt_config_t *c, const loom_tensor_info_t *ptable, float *host,

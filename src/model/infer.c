@@ -424,18 +424,6 @@ static void block(loom_infer_t *inf, int N, int l) {
 #undef W
 }
 
-/* Row r of a stored weight (a block format, or int8 with a scale per block) as floats. */
-static void row_values(const loom_tensor_t *t, int r, float *out) {
-    size_t C = (size_t)t->cols;
-    if (t->dtype != LOOM_INT8) {
-        loom_qblock_row_values(t, r, out);
-        return;
-    }
-    const signed char *q = (const signed char *)t->data + (size_t)r * C;
-    const float *sc = t->scales + (size_t)r * (C / (size_t)t->block);
-    for (size_t i = 0; i < C; i++) out[i] = (float)q[i] * sc[i / (size_t)t->block];
-}
-
 /* The logits of n rows on the file's own head w (V rows), computed (n, V)
  * then spread to the padded vocabulary's stride, the padding zero (the
  * fp32 head's padded rows are zero). 0 when the backend cannot run it. */
@@ -466,7 +454,7 @@ loom_status loom_infer_forward(loom_infer_t *inf, const loom_infer_batch_t *b, f
     float *const *p = m->param;
     const loom_tensor_t *fe = file_end(m, 0), *fh = file_end(m, 1);
     if (fe) /* the file's own rows, one token at a time */
-        for (int i = 0; i < N; i++) row_values(fe, b->tokens[i], inf->x + (size_t)i * C);
+        for (int i = 0; i < N; i++) loom_qblock_row_values(fe, b->tokens[i], inf->x + (size_t)i * C);
     else
         be->embed_positions(inf->x, inf->d_tokens, inf->d_pos, p[LOOM_WTE], loom_gpt_slice(m, p, LOOM_WPE, 0), N, C);
     loom_gpt_norm(c, be, inf->ln, inf->mean, inf->rstd, inf->x, p[LOOM_LN1W], loom_gpt_slice(m, p, LOOM_LN1B, 0), N);

@@ -1,4 +1,5 @@
 #include "quant.h"
+#include "backend/qblock.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -85,10 +86,14 @@ static const loom_tensor_t *file_slot(const loom_quant_t *q, int i) {
     const loom_tensor_t *f = loom_quant_file_int8(q->m);
     if (!f || (q->m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return NULL;
     int nq = q->L * LOOM_QLIN_COUNT;
-    if (i < nq) return &f[i];
-    const loom_tensor_t *h = &f[nq + 1]; /* gpt.h file_q: the head after the embedding */
-    int fit = h->data && h->dtype == LOOM_INT8 && h->block == 32 && h->rows == q->m->cfg.padded_vocab_size;
-    return fit && h->cols == q->m->cfg.channels ? h : NULL;
+    const loom_tensor_t *t = i < nq ? &f[i] : &f[nq + 1]; /* gpt.h file_q: the head after the embedding */
+    /* W8A32's kernel (cpu_paged.c) reads dense rows only: an interleaved one
+     * (qblock.h, the CPU's layout for W8A8) gets a dense copy of its int8
+     * values and scales (loom_quant_create_opts) */
+    if (t->layout != LOOM_LAYOUT_DENSE && q->mode != LOOM_QUANT_W8A8) return NULL;
+    if (i < nq) return t;
+    int fit = t->data && t->dtype == LOOM_INT8 && t->block == 32 && t->rows == q->m->cfg.padded_vocab_size;
+    return fit && t->cols == q->m->cfg.channels ? t : NULL;
 }
 
 /* Lay out q->w's tensors in `mem` (NULL: shapes only): every int8 matrix,
@@ -159,8 +164,14 @@ loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom
     for (int i = 0; i < n; i++) {
         const loom_tensor_t *f = file && i < q->L * LOOM_QLIN_COUNT ? &file[i] : NULL;
         if (file_slot(q, i)) continue; /* used in place */
-        if (f) loom_quant_set(q, i % LOOM_QLIN_COUNT, i / LOOM_QLIN_COUNT, f->data, f->scales); /* no second rounding */
-        else quantize_slot(q, i, hw, hq, hs);
+        if (f && f->layout == LOOM_LAYOUT_ROWS8) { /* no second rounding: its values and scales, dense again */
+            loom_tensor_rows8_dense(f, (int8_t *)hq, hs);
+            loom_quant_set(q, i % LOOM_QLIN_COUNT, i / LOOM_QLIN_COUNT, hq, hs);
+        } else if (f) {
+            loom_quant_set(q, i % LOOM_QLIN_COUNT, i / LOOM_QLIN_COUNT, f->data, f->scales); /* no second rounding */
+        } else {
+            quantize_slot(q, i, hw, hq, hs);
+        }
     }
     free(hw), free(hq), free(hs);
     *out = q;

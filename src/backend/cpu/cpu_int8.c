@@ -404,6 +404,95 @@ static void w8a8_task(void *ctx, int t) {
         w8a8_block(j->out, j->xq, j->sx, j->w, j->bias, r0, r1, j->C, j->OC, j->gelu, j0, o1 - j0 < I8_TJ ? o1 - j0 : I8_TJ, j->tile);
 }
 
+/* ---- q8_0 8 rows interleaved (qblock.h: LOOM_LAYOUT_ROWS8) ----
+ *
+ * A block of 8 rows is 8 pieces of 32 bytes (4 values of each row) and the
+ * 8 rows' scales. Per piece, the AVX2 tile's operations with the roles of
+ * its lanes turned: |x| of the piece's 4 activations broadcast times the
+ * weights with x's sign (vpsignb), vpmaddubsw, vpmaddwd by ones: lane r is
+ * row r's sum of those 4 values, the tile's lane p of that row. Piece p's
+ * register of partial sums takes it times the 8 rows' scale times the
+ * activations' (one multiply a block) by one FMA, as the tile's lane p,
+ * and the 8 registers end in loom_hsum8's tree: the same bits as the AVX2
+ * tile on the dense layout, whatever N. One stream of weights per thread
+ * (and the scales' at an eighth of the rate), the 8 rows' outputs in one
+ * register. */
+#define I8_R8_AHEAD 1024 /* bytes of weights asked for ahead of the block being read */
+
+/* Input row x (its scales xs) against group g's blocks (gw, gs): y[0..7].
+ * Portable: the 8 rows made dense in `dense` (8 C bytes, then 8 nb
+ * scales) and run by tile_portable, the dense layout's own code. */
+static void r8_portable(const int8_t *gw, const float *gs, const int8_t *x, const float *xs, int nb, float *y, int8_t *dense) {
+    const int C = 32 * nb;
+    float *ds = (float *)(dense + 8 * (size_t)C);
+    for (int r = 0; r < 8; r++)
+        for (int b = 0; b < nb; b++) {
+            ds[(size_t)r * nb + b] = gs[8 * b + r];
+            for (int k = 0; k < 8; k++) memcpy(dense + (size_t)r * C + 32 * b + 4 * k, gw + 256 * b + 32 * k + 4 * r, 4);
+        }
+    for (int h = 0; h < 2; h++) {
+        i8args_t a = {.x = x, .w = dense + (size_t)h * 4 * C, .ws = ds + (size_t)h * 4 * nb, .xs = xs, .K = C, .nb = nb, .sh = 5};
+        i8out_t t;
+        tile_portable(&a, 1, I8_TJ, &t);
+        for (int j = 0; j < I8_TJ; j++) y[4 * h + j] = t.f[0][j];
+    }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static void r8_avx2(const int8_t *gw, const float *gs, const int8_t *x, const float *xs, int nb,
+                                                      float *y) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 F[8];
+    for (int p = 0; p < 8; p++) F[p] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const int8_t *w = gw + 256 * b;
+        for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)w + I8_R8_AHEAD + l, _MM_HINT_T0);
+        if (!(b & 1)) _mm_prefetch((const char *)(gs + 8 * b) + I8_R8_AHEAD / 8, _MM_HINT_T0);
+        __m256 sc = _mm256_mul_ps(_mm256_loadu_ps(gs + 8 * b), _mm256_set1_ps(xs[b]));
+        for (int p = 0; p < 8; p++) {
+            int32_t a;
+            memcpy(&a, x + 32 * b + 4 * p, 4);
+            __m256i xv = _mm256_set1_epi32(a), wv = _mm256_loadu_si256((const __m256i *)(w + 32 * p));
+            __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(xv), _mm256_sign_epi8(wv, xv)), ones);
+            F[p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sc, F[p]);
+        }
+    }
+    __m256 t = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(F[0], F[4]), _mm256_add_ps(F[2], F[6])),
+                             _mm256_add_ps(_mm256_add_ps(F[1], F[5]), _mm256_add_ps(F[3], F[7])));
+    _mm256_storeu_ps(y, t);
+}
+#endif
+
+/* Task t: groups of 8 weight rows t * rows_per_task .. against input rows
+ * pass * I8_PASS .. (the pass's), one input row at a time (the group's
+ * bytes from cache after the first). */
+static void w8a8_r8_task(void *ctx, int t) {
+    const i8job_t *j = ctx;
+    int r0 = t / j->tasks_per_pass * I8_PASS, r1 = r0 + I8_PASS < j->N ? r0 + I8_PASS : j->N;
+    int o0 = t % j->tasks_per_pass * j->rows_per_task, o1 = o0 + j->rows_per_task < j->OC ? o0 + j->rows_per_task : j->OC;
+    int C = j->C, nb = C / 32, avx2 = isa_pick() >= ISA_AVX2;
+    int8_t *dense = avx2 ? NULL : loom_cpu_scratch(2, 8 * (size_t)C + 8 * (size_t)nb * sizeof(float));
+    for (int o = o0; o < o1; o += 8) {
+        const int8_t *gw = (const int8_t *)j->w->data + (size_t)o * C;
+        const float *gs = j->w->scales + (size_t)o * nb;
+        for (int n = r0; n < r1; n++) {
+            float y[8];
+            const int8_t *x = j->xq + (size_t)n * C;
+            const float *xs = j->sx + (size_t)n * nb;
+#if defined(__x86_64__)
+            if (avx2) r8_avx2(gw, gs, x, xs, nb, y);
+            else
+#endif
+                r8_portable(gw, gs, x, xs, nb, y, dense);
+            for (int r = 0; r < 8; r++) {
+                float v = y[r] + (j->bias ? j->bias[o + r] : 0.0f);
+                j->out[(size_t)n * j->OC + o + r] = j->gelu ? loom_gelu(v) : v;
+            }
+        }
+    }
+    (void)avx2;
+}
+
 /* Activation quantization of rows t * per .. on the team (each task under
  * loom_cpu_quantize_rows's own parallel threshold, so it stays on its
  * thread). */
@@ -429,9 +518,10 @@ void loom_cpu_matmul_forward_w8a8(float *out, const float *inp, const loom_tenso
     int qc = blk ? blk : C, rows = blk ? N * nb : N; /* each block a row of its own */
     i8qjob_t q = {inp, (signed char *)xq, sx, rows, qc, (1 << 16) / qc > 1 ? (1 << 16) / qc : 1};
     loom_cpu_team_or_omp(quantize_task, &q, (rows + q.per - 1) / q.per, N);
-    int passes = (N + I8_PASS - 1) / I8_PASS, per = loom_cpu_team_rows_per_task(OC, I8_TJ, (size_t)OC * C, passes);
+    int r8 = w->layout == LOOM_LAYOUT_ROWS8, passes = (N + I8_PASS - 1) / I8_PASS;
+    int per = loom_cpu_team_rows_per_task(OC, r8 ? 8 : I8_TJ, (size_t)OC * C, passes);
     i8job_t j = {out, xq, sx, bias, w, tile_for(isa_pick(), w->block), N, C, OC, gelu, per, (OC + per - 1) / per};
-    loom_cpu_team_or_omp(w8a8_task, &j, passes * j.tasks_per_pass, N);
+    loom_cpu_team_or_omp(r8 ? w8a8_r8_task : w8a8_task, &j, passes * j.tasks_per_pass, N);
 }
 
 /* ---- int8 paged KV cache ---- */

@@ -331,6 +331,17 @@ static void ki_unpack_row(const kg_job_t *j, int o, void *dst) {
 #if defined(__x86_64__)
 #define KI_TARGET __attribute__((target("avx512f,avx512bw,avx512vnni,avx2,fma")))
 #define KA_TARGET __attribute__((target("avx2,fma")))
+/* v[i] lane k to v[k] lane i (8 x 8 32-bit lanes; bits moved, never
+ * computed on). */
+KA_TARGET static inline __attribute__((always_inline)) void ka_transpose8(__m256 v[8]) {
+    __m256 t[8], u[8];
+    for (int o = 0; o < 8; o += 2) t[o] = _mm256_unpacklo_ps(v[o], v[o + 1]), t[o + 1] = _mm256_unpackhi_ps(v[o], v[o + 1]);
+    for (int q = 0; q < 8; q += 4) /* u[q + k]: lanes q .. q + 3 of rows k and k + 4 */
+        u[q] = _mm256_shuffle_ps(t[q], t[q + 2], 0x44), u[q + 1] = _mm256_shuffle_ps(t[q], t[q + 2], 0xee),
+        u[q + 2] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0x44), u[q + 3] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0xee);
+    for (int k = 0; k < 4; k++) v[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20), v[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
+}
+
 /* The largest |x[i]| of n (a multiple of 8) floats. */
 KA_TARGET static float ka_amax(const float *x, int n) {
     __m256 m = _mm256_setzero_ps();
@@ -495,12 +506,25 @@ KA_TARGET static void kb_unpack_row(const kg_job_t *j, int o, void *dst) {
     }
 }
 
-/* Output rows o .. o + 7 of an 8-rows-interleaved 32-value format
- * (qblock.h) into their records (row r's at dst + r * stride): per group
- * block, the 4 pieces of qs (4 bytes of each row) transposed to each
- * row's 16 bytes in registers, the 8 rows' d (and m) converted at once. */
+/* Output rows o .. o + 7 of an 8-rows-interleaved 32-value format or
+ * q8_0 (qblock.h) into their records (row r's at dst + r * stride): per
+ * group block, the pieces (4 bytes of each row) transposed to each row's
+ * bytes in registers (q8_0: 8 x 8 lanes; else qs's 4 x 8), the 8 rows'
+ * d (and m) converted at once. */
 KA_TARGET static void kb_unpack8(const kg_job_t *j, int o, void *dst, size_t stride) {
     loom_dtype d = j->w->dtype;
+    if (d == LOOM_INT8) {
+        int nb = j->C / 32;
+        const int8_t *G = (const int8_t *)j->w->data + (size_t)o * j->C;
+        const float *S = j->w->scales + (size_t)o * nb;
+        for (int k = 0; k < nb; k++, G += 256, S += 8) {
+            __m256 v[8];
+            for (int p = 0; p < 8; p++) v[p] = _mm256_loadu_ps((const float *)(G + 32 * p));
+            ka_transpose8(v); /* v[r]: row r's 32 values */
+            for (int r = 0; r < 8; r++) kb_record(_mm256_castps_si256(v[r]), S[r], 0.0f, (kb_w_t *)((char *)dst + (size_t)r * stride) + k);
+        }
+        return;
+    }
     int nb = j->C / 32, hasmin = d == LOOM_Q4_1 || d == LOOM_Q5_1, five = d == LOOM_Q5_0 || d == LOOM_Q5_1;
     int gbytes = 8 * loom_qblock_info(d)->bytes, off = hasmin ? 0 : five ? 16 : 8, at_q = 16 + 16 * hasmin + 32 * five;
     const uint8_t *G = (const uint8_t *)j->w->data + (size_t)(o / 8) * loom_qblock_row_bytes(d, j->C) * 8;
@@ -784,16 +808,6 @@ KI_TARGET static void kx_block_vnni(const kg_job_t *j, const void *w, const void
     kx_put(j, t, r0, o0, no);
 }
 
-/* v[i] lane k to v[k] lane i (8 x 8 32-bit lanes; bits moved, never
- * computed on). */
-KA_TARGET static inline __attribute__((always_inline)) void ka_transpose8(__m256 v[8]) {
-    __m256 t[8], u[8];
-    for (int o = 0; o < 8; o += 2) t[o] = _mm256_unpacklo_ps(v[o], v[o + 1]), t[o + 1] = _mm256_unpackhi_ps(v[o], v[o + 1]);
-    for (int q = 0; q < 8; q += 4) /* u[q + k]: lanes q .. q + 3 of rows k and k + 4 */
-        u[q] = _mm256_shuffle_ps(t[q], t[q + 2], 0x44), u[q + 1] = _mm256_shuffle_ps(t[q], t[q + 2], 0xee),
-        u[q + 2] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0x44), u[q + 3] = _mm256_shuffle_ps(t[q + 1], t[q + 3], 0xee);
-    for (int k = 0; k < 4; k++) v[k] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x20), v[k + 4] = _mm256_permute2f128_ps(u[k], u[k + 4], 0x31);
-}
 
 /* An AVX2 tile's 8 output rows of each input row (no GELU): f transposed
  * 8 x 8 at a time in registers, plus the bias, the same addition as
