@@ -109,7 +109,9 @@ static loom_tensor_t make_weight(loom_dtype d, int OC, int C, unsigned seed, siz
         for (int i = 0; i < 32; i++) p[34 * b + 2 + i] = (uint8_t)(v[32 * b + i] = (int8_t)(rand() % 255 - 127));
     }
     twins[ntwins].data = v, twins[ntwins++].raw = p;
-    return (loom_tensor_t){.data = v, .dtype = LOOM_INT8, .rows = OC, .cols = C, .scales = sc, .block = 32};
+    w = (loom_tensor_t){.data = v, .dtype = LOOM_INT8, .rows = OC, .cols = C, .scales = sc, .block = 32};
+    if (getenv("KQ_BENCH_ROWS8") && loom_tensor_rows8_ok(&w)) loom_tensor_rows8(&w); /* llama's rows (raw) stay dense */
+    return w;
 }
 
 static void free_weight(loom_tensor_t *w) {
