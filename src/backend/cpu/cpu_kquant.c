@@ -518,7 +518,8 @@ KQ_AVX void r8_block_q6(const uint8_t *G, const int8_t *x, const int16_t *xs, kq
                     p[k] = _mm256_add_epi16(p[k], _mm256_maddubs_epi16(u[k], _mm256_set1_epi32(a)));
                 }
             }
-            for (int k = 0; k < 4; k++) acc[k & 1] = madd(acc[k & 1], p[k], S[2 * k + (i >= 4)]);
+            acc[0] = madd(madd(acc[0], p[0], S[i >= 4]), p[1], S[2 + (i >= 4)]);
+            acc[0] = madd(madd(acc[0], p[2], S[4 + (i >= 4)]), p[3], S[6 + (i >= 4)]);
         }
     }
     *I = _mm256_add_epi32(acc[0], acc[1]);
