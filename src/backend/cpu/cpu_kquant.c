@@ -452,6 +452,7 @@ KQ_AVX void r8_block(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_ma
         const uint8_t *q = G + 128 + 256 * c;
         const int8_t *xl = x + 64 * c, *xh = xl + 32;
         __m256i lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int i = 0; i < 8; i++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * i));
             int32_t a, b;
