@@ -98,10 +98,58 @@ static void check_bound(const float *y, const float *wf, const float *x, const f
         }
 }
 
-static void test_products(void) {
-    static const char *const isas[] = {"portable", "avx2", "avx512", "avx512vnni"};
+/* Every product of dense td and interleaved tr (the same values wf) on
+ * this CPU's instruction sets of their kernels (cpu_kquant.c, or
+ * cpu_int8.c for q8_0) and of the prefill GEMM, at every N, without and
+ * with bias and GELU: equal bit for bit where the kernels share their
+ * operations (*same counts those), within the bound with bias. Returns
+ * the products run. */
+static int products(const loom_tensor_t *td, const loom_tensor_t *tr, const float *wf, const float *bias, int blk, int *same) {
+    static const char *const kq_isas[] = {"portable", "avx2", "avx512", "avx512vnni"};
+    static const char *const i8_isas[] = {"portable", "avx2", "avxvnni", "avx512vnni"};
     static const char *const gemm_isas[] = {"portable", "avx2", "avx512", "avx2int8", "avx512vnni"};
     static const int Ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 40};
+    const int q8 = td->dtype == LOOM_INT8, OC = (int)td->rows, C = (int)td->cols;
+    const char *const *isas = q8 ? i8_isas : kq_isas;
+    const char *name = q8 ? "q8_0" : loom_qblock_info(td->dtype)->name;
+    int ran = 0;
+    for (size_t i = 0; i < 4; i++) {
+        if (!(q8 ? loom_cpu_int8_use(isas[i]) : loom_cpu_kq_use(isas[i]))) continue;
+        for (size_t gi = 0; gi < sizeof gemm_isas / sizeof gemm_isas[0]; gi++) {
+            if (!loom_cpu_kq_gemm_use(gemm_isas[gi])) continue;
+            for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++) {
+                int N = Ns[k];
+                float *x = check_rand((size_t)N * C, 1.0f, 11 + (unsigned)N);
+                float *a = loom_malloc((size_t)N * OC * sizeof(float)), *b = loom_malloc((size_t)N * OC * sizeof(float));
+                for (int variant = 0; variant < 3; variant++) {
+                    const float *bs = variant ? bias : NULL;
+                    int gelu = variant == 2;
+                    if (q8) {
+                        loom_cpu_matmul_forward_w8a8(a, x, td, bs, N, C, OC, gelu);
+                        loom_cpu_matmul_forward_w8a8(b, x, tr, bs, N, C, OC, gelu);
+                    } else {
+                        loom_cpu_matmul_forward_kq(a, x, td, bs, N, C, OC, gelu);
+                        loom_cpu_matmul_forward_kq(b, x, tr, bs, N, C, OC, gelu);
+                    }
+                    if (!q8 || i < 2) { /* q8_0's VNNI tiles keep their own order: the interleaved kernel is AVX2's */
+                        CHECK(!memcmp(a, b, (size_t)N * OC * sizeof(float)),
+                              "%s, %s / GEMM %s, %d x %d, N %d, bias %d GELU %d: interleaved differs from dense", name, isas[i],
+                              gemm_isas[gi], OC, C, N, bs != NULL, gelu);
+                        ++*same;
+                    }
+                    if (variant == 1) check_bound(b, wf, x, bs, N, C, OC, blk, isas[i]);
+                    ran++;
+                }
+                free(x), free(a), free(b);
+            }
+        }
+        loom_cpu_kq_gemm_use(NULL);
+    }
+    loom_cpu_kq_use(NULL), loom_cpu_int8_use(NULL);
+    return ran;
+}
+
+static void test_products(void) {
     static const int shapes[][2] = {{48, 768}, {16, 2048}, {24, 576}};
     const size_t nf = sizeof fmts / sizeof fmts[0];
     for (size_t s = 0; s < nf * sizeof shapes / sizeof shapes[0]; s++) {
@@ -116,32 +164,7 @@ static void test_products(void) {
         tr.data = r8, tr.layout = LOOM_LAYOUT_ROWS8;
         float *wf = loom_malloc((size_t)OC * C * sizeof(float)), *bias = check_rand((size_t)OC, 0.5f, 5);
         loom_tensor_dequantize(&td, wf);
-        int ran = 0;
-        for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
-            if (!loom_cpu_kq_use(isas[i])) continue;
-            for (size_t gi = 0; gi < sizeof gemm_isas / sizeof gemm_isas[0]; gi++) {
-                if (!loom_cpu_kq_gemm_use(gemm_isas[gi])) continue;
-                for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++) {
-                    int N = Ns[k];
-                    float *x = check_rand((size_t)N * C, 1.0f, 11 + (unsigned)N);
-                    float *a = loom_malloc((size_t)N * OC * sizeof(float)), *b = loom_malloc((size_t)N * OC * sizeof(float));
-                    for (int variant = 0; variant < 3; variant++) {
-                        const float *bs = variant ? bias : NULL;
-                        int gelu = variant == 2;
-                        loom_cpu_matmul_forward_kq(a, x, &td, bs, N, C, OC, gelu);
-                        loom_cpu_matmul_forward_kq(b, x, &tr, bs, N, C, OC, gelu);
-                        CHECK(!memcmp(a, b, (size_t)N * OC * sizeof(float)),
-                              "%s, %s / GEMM %s, %d x %d, N %d, bias %d GELU %d: interleaved differs from dense", loom_qblock_info(d)->name,
-                              isas[i], gemm_isas[gi], OC, C, N, bs != NULL, gelu);
-                        if (variant == 1) check_bound(b, wf, x, bs, N, C, OC, blk, isas[i]);
-                        ran++;
-                    }
-                    free(x), free(a), free(b);
-                }
-            }
-            loom_cpu_kq_gemm_use(NULL);
-        }
-        loom_cpu_kq_use(NULL);
+        int same = 0, ran = products(&td, &tr, wf, bias, blk, &same);
         printf("  %s %d x %d: %d products on this CPU's instruction sets equal the dense layout's\n", loom_qblock_info(d)->name, OC, C, ran);
         free(dense), free(r8), free(wf), free(bias);
     }
@@ -192,9 +215,6 @@ static void test_q8_round_trip(void) {
 }
 
 static void test_q8_products(void) {
-    static const char *const isas[] = {"portable", "avx2", "avxvnni", "avx512vnni"};
-    static const char *const gemm_isas[] = {"portable", "avx2", "avx512", "avx2int8", "avx512vnni"};
-    static const int Ns[] = {1, 2, 3, 4, 5, 6, 7, 9, 40};
     static const int shapes[][2] = {{48, 768}, {16, 2048}, {24, 576}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int OC = shapes[s][0], C = shapes[s][1];
@@ -202,35 +222,7 @@ static void test_q8_products(void) {
         CHECK(loom_tensor_rows8(&tr) == LOOM_OK, "%s", loom_errmsg());
         float *wf = loom_malloc((size_t)OC * C * sizeof(float)), *bias = check_rand((size_t)OC, 0.5f, 5);
         loom_tensor_dequantize(&td, wf);
-        int ran = 0, same = 0;
-        for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
-            if (!loom_cpu_int8_use(isas[i])) continue;
-            for (size_t gi = 0; gi < sizeof gemm_isas / sizeof gemm_isas[0]; gi++) {
-                if (!loom_cpu_kq_gemm_use(gemm_isas[gi])) continue;
-                for (size_t k = 0; k < sizeof Ns / sizeof Ns[0]; k++) {
-                    int N = Ns[k];
-                    float *x = check_rand((size_t)N * C, 1.0f, 11 + (unsigned)N);
-                    float *a = loom_malloc((size_t)N * OC * sizeof(float)), *b = loom_malloc((size_t)N * OC * sizeof(float));
-                    for (int variant = 0; variant < 3; variant++) {
-                        const float *bs = variant ? bias : NULL;
-                        int gelu = variant == 2;
-                        loom_cpu_matmul_forward_w8a8(a, x, &td, bs, N, C, OC, gelu);
-                        loom_cpu_matmul_forward_w8a8(b, x, &tr, bs, N, C, OC, gelu);
-                        if (i < 2) {
-                            CHECK(!memcmp(a, b, (size_t)N * OC * sizeof(float)),
-                                  "q8_0, %s / GEMM %s, %d x %d, N %d, bias %d GELU %d: interleaved differs from dense", isas[i],
-                                  gemm_isas[gi], OC, C, N, bs != NULL, gelu);
-                            same++;
-                        }
-                        if (variant == 1) check_bound(b, wf, x, bs, N, C, OC, 32, isas[i]);
-                        ran++;
-                    }
-                    free(x), free(a), free(b);
-                }
-            }
-            loom_cpu_kq_gemm_use(NULL);
-        }
-        loom_cpu_int8_use(NULL);
+        int same = 0, ran = products(&td, &tr, wf, bias, 32, &same);
         printf("  q8_0 %d x %d: %d products on this CPU's instruction sets within the bound, %d equal to the dense layout's\n", OC, C, ran, same);
         q8_free(&td), q8_free(&tr), free(wf), free(bias);
     }
