@@ -23,6 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend/qblock.h"
 #include "check.h"
 #include "ckpt/gguf.h"
 #include "ckpt/hf.h"
@@ -243,6 +244,14 @@ static loom_gpt_t *ref_q8_model(void) {
  * bytes of a block-32 quantization of the fp32 run; --quant runs them:
  * logits equal that quantization's, and the fp32 forward's on the
  * dequantized weights within fp32 rounding. */
+/* Int8 tensor t's values and block scales in row order, whatever its
+ * layout (a GGUF's are 8 rows interleaved for the CPU: backend/qblock.h). */
+static void int8_dense(const loom_tensor_t *t, int8_t *q, float *s) {
+    size_t n = (size_t)t->rows * t->cols;
+    if (t->layout == LOOM_LAYOUT_ROWS8) loom_tensor_rows8_dense(t, q, s);
+    else memcpy(q, t->data, n), memcpy(s, t->scales, n / 32 * sizeof(float));
+}
+
 static void test_gguf_q8_0_int8_weights(void) {
     char p[600];
     path_of(p, sizeof p, "q.gguf");
@@ -256,8 +265,12 @@ static void test_gguf_q8_0_int8_weights(void) {
     for (int i = 0; i < nq && f8; i++) {
         const loom_tensor_t *a = &f8[i], *b = &ref->file_q[i];
         size_t n = (size_t)b->rows * b->cols;
-        same += a->data && a->block == 32 && a->rows == b->rows && a->cols == b->cols && !memcmp(a->data, b->data, n) &&
-                !memcmp(a->scales, b->scales, n / 32 * sizeof(float));
+        int ok = a->data && a->block == 32 && a->rows == b->rows && a->cols == b->cols;
+        int8_t *q = ok ? loom_malloc(n) : NULL;
+        float *sc = ok ? loom_malloc(n / 32 * sizeof(float)) : NULL;
+        if (ok) int8_dense(a, q, sc);
+        same += ok && !memcmp(q, b->data, n) && !memcmp(sc, b->scales, n / 32 * sizeof(float));
+        free(q), free(sc);
     }
     CHECK(same == nq, "%d of %d int8 matrices equal a block-32 quantization of the fp32 weights", same, nq);
     float *pa = params_of(m2), *pb = params_of(ref);
@@ -281,8 +294,13 @@ static void test_gguf_q8_0_int8_weights(void) {
     FILE *f = fopen(dump, "wb");
     for (int i = 0; i < nq && f && f8; i++) {
         const loom_tensor_t *a = &f8[i];
-        fwrite(a->scales, sizeof(float), (size_t)a->rows * a->cols / 32, f);
-        fwrite(a->data, 1, (size_t)a->rows * a->cols, f);
+        size_t n = (size_t)a->rows * a->cols;
+        int8_t *q = loom_malloc(n);
+        float *sc = loom_malloc(n / 32 * sizeof(float));
+        int8_dense(a, q, sc);
+        fwrite(sc, sizeof(float), n / 32, f);
+        fwrite(q, 1, n, f);
+        free(q), free(sc);
     }
     if (f) fclose(f);
     char args[1400];
