@@ -421,7 +421,7 @@ KQ_AVX void rowsk(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int
     }
 }
 
-/* ---- q4_K and q6_K, 8 rows interleaved (qblock.h) ---- */
+/* ---- 8 rows interleaved (qblock.h): q4_K, q6_K and the 32-value formats ---- */
 
 /* Qword q of bytes (8 rows' bytes of one sub-block) in every qword, byte
  * r as the int16 pair (b, b) of int32 lane r: the 8 rows' scales for one
@@ -487,7 +487,7 @@ KQ_AVX void r8_block(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_ma
  * 2 * 63 * 127 < 2^15) before its vpmaddwd; M = 32 sum sc xs. */
 KQ_AVX void r8_block_q6(const uint8_t *G, const int8_t *x, const int16_t *xs, kq_madd_fn madd, __m256i *I, __m256i *M) {
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x30);
-    __m256i acc[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()}, m = _mm256_setzero_si256();
+    __m256i acc = _mm256_setzero_si256(), m = _mm256_setzero_si256(); /* one chain: two kept both on the stack */
     for (int h = 0; h < 2; h++) {
         /* S[2k + e]: lane r = (sc, sc) of group g = 8h + 2k + e, row r */
         __m256i S[8];
@@ -519,11 +519,11 @@ KQ_AVX void r8_block_q6(const uint8_t *G, const int8_t *x, const int16_t *xs, kq
                     p[k] = _mm256_add_epi16(p[k], _mm256_maddubs_epi16(u[k], _mm256_set1_epi32(a)));
                 }
             }
-            acc[0] = madd(madd(acc[0], p[0], S[i >= 4]), p[1], S[2 + (i >= 4)]);
-            acc[0] = madd(madd(acc[0], p[2], S[4 + (i >= 4)]), p[3], S[6 + (i >= 4)]);
+            acc = madd(madd(acc, p[0], S[i >= 4]), p[1], S[2 + (i >= 4)]);
+            acc = madd(madd(acc, p[2], S[4 + (i >= 4)]), p[3], S[6 + (i >= 4)]);
         }
     }
-    *I = _mm256_add_epi32(acc[0], acc[1]);
+    *I = acc;
     *M = _mm256_slli_epi32(m, 5);
 }
 
@@ -580,16 +580,18 @@ KQ_AVX void r8_block32(const uint8_t *G, loom_dtype d, const int8_t *x, const in
     *M = _mm256_set1_epi32(((int32_t)xs[0] + xs[1]) * mmul);
 }
 
-/* Output rows o0..o1-1 (multiples of 8) of an 8-rows-interleaved q4_K
- * or q6_K against input rows r0..r1-1, one input row at a time (the
- * group's bytes from cache after the first). Each group block's lines
- * are all asked for before it is read, so its misses overlap: without,
- * the q6_K kernel's order (ql quarters and qh halves, 1 KB apart) got
- * 6 GB/s from memory, one thread; with, 21.6 (q4_K 24.7); asking for the
- * next group block instead got 11-12.5 (bench/kquant-decode.sh
- * KQ_BENCH_ROWS8=1, 16384 x 4096, AVX2 Zen 4). Per row the same float
- * operations in the same order as rowk1 (8 partial sums by block, the
- * fixed tree): the same bits as the dense layout's kernels. */
+/* Output rows o0..o1-1 (multiples of 8) of an 8-rows-interleaved q4_K,
+ * q6_K or 32-value format against input rows r0..r1-1, one input row at
+ * a time (the group's bytes from cache after the first). Each group
+ * block's lines are all asked for before it is read, so its misses
+ * overlap: without, the q6_K kernel's order (ql quarters and qh halves,
+ * 1 KB apart) got 6 GB/s from memory, one thread; with, 21.6 (q4_K
+ * 24.7); asking for the next group block instead got 11-12.5, and for
+ * blocks 1-4 ahead besides the current one less than the current alone
+ * at 2 threads (bench/kquant-decode.sh KQ_BENCH_ROWS8=1, AVX2 Zen 4). Per
+ * row the same float operations in the same order as rowk1 and row32_one
+ * (8 partial sums by block, the fixed tree): the same bits as the dense
+ * layout's kernels. */
 KQ_AVX void rows_r8(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
                     kq_madd_fn madd, kq_dot16_fn dot16) {
     const int q6 = d == LOOM_Q6_K, q4k = d == LOOM_Q4_K, blk = q6 || q4k ? 256 : 32;
