@@ -176,11 +176,19 @@ void loom_qblock_rows8_block(loom_dtype d, const void *g, int r, void *blk) {
 /* q8_0 as loom holds it (int8 in blocks of 32, fp32 scales): block b of
  * rows 8g .. 8g + 7 is 256 bytes at 8 g C + 256 b, 4 values of each row a
  * piece (value 4p + i of row r at 32p + 4r + i); its 8 scales at
- * 8 g nb + 8 b + r. */
-static int int8_rows8_ok(const loom_tensor_t *t) { return t->dtype == LOOM_INT8 && t->block == 32 && t->cols % 32 == 0 && t->rows % 8 == 0; }
+ * 8 g nb + 8 b + r. Row r's block b (32 values v, scale *s) copied into
+ * group gw / gs (into != 0) or back out: the one statement of the layout. */
+static void q8_rows8_copy(int8_t *gw, float *gs, int r, size_t b, int8_t *v, float *s, int into) {
+    for (size_t p = 0; p < 8; p++) {
+        int8_t *at = gw + 256 * b + 32 * p + 4 * (size_t)r;
+        into ? memcpy(at, v + 4 * p, 4) : memcpy(v + 4 * p, at, 4);
+    }
+    into ? (void)(gs[8 * b + (size_t)r] = *s) : (void)(*s = gs[8 * b + (size_t)r]);
+}
 
 int loom_tensor_rows8_ok(const loom_tensor_t *t) {
-    return t->scales || t->block ? int8_rows8_ok(t) : loom_qblock_rows8_ok(t->dtype, t->rows) && t->cols % loom_qblock_info(t->dtype)->block == 0;
+    if (t->dtype == LOOM_INT8) return t->block == 32 && t->cols % 32 == 0 && t->rows % 8 == 0;
+    return loom_qblock_rows8_ok(t->dtype, t->rows) && t->cols % loom_qblock_info(t->dtype)->block == 0;
 }
 
 loom_status loom_tensor_rows8(loom_tensor_t *t) {
@@ -190,21 +198,18 @@ loom_status loom_tensor_rows8(loom_tensor_t *t) {
         return LOOM_OK;
     }
     const size_t C = (size_t)t->cols, nb = C / 32;
-    int8_t *tmp = malloc(8 * C), *q = t->data;
-    float *stmp = malloc(8 * nb * sizeof(float)), *sc = (float *)t->scales;
+    int8_t *tmp = malloc(8 * C);
+    float *stmp = malloc(8 * nb * sizeof(float));
     if (!tmp || !stmp) {
         free(tmp), free(stmp);
         return loom_error(LOOM_ENOMEM, "q8_0 rows interleaved: no memory for %zu bytes", 8 * C + 32 * nb);
     }
     for (long long g = 0; g < t->rows / 8; g++) {
-        int8_t *p = q + (size_t)g * 8 * C;
-        float *s = sc + (size_t)g * 8 * nb;
-        memcpy(tmp, p, 8 * C), memcpy(stmp, s, 8 * nb * sizeof(float));
+        int8_t *p = (int8_t *)t->data + (size_t)g * 8 * C;
+        float *sc = (float *)t->scales + (size_t)g * 8 * nb;
+        memcpy(tmp, p, 8 * C), memcpy(stmp, sc, 8 * nb * sizeof(float));
         for (int r = 0; r < 8; r++)
-            for (size_t b = 0; b < nb; b++) {
-                s[8 * b + (size_t)r] = stmp[(size_t)r * nb + b];
-                for (int k = 0; k < 8; k++) memcpy(p + 256 * b + 32 * (size_t)k + 4 * (size_t)r, tmp + (size_t)r * C + 32 * b + 4 * (size_t)k, 4);
-            }
+            for (size_t b = 0; b < nb; b++) q8_rows8_copy(p, sc, r, b, tmp + (size_t)r * C + 32 * b, stmp + (size_t)r * nb + b, 1);
     }
     free(tmp), free(stmp);
     t->layout = LOOM_LAYOUT_ROWS8;
@@ -213,15 +218,10 @@ loom_status loom_tensor_rows8(loom_tensor_t *t) {
 
 void loom_tensor_rows8_dense(const loom_tensor_t *t, int8_t *q, float *scales) {
     const size_t C = (size_t)t->cols, nb = C / 32;
-    for (long long g = 0; g < t->rows / 8; g++) {
-        const int8_t *p = (const int8_t *)t->data + (size_t)g * 8 * C;
-        const float *s = t->scales + (size_t)g * 8 * nb;
-        for (int r = 0; r < 8; r++)
-            for (size_t b = 0; b < nb; b++) {
-                size_t row = (size_t)g * 8 + (size_t)r;
-                scales[row * nb + b] = s[8 * b + (size_t)r];
-                for (int k = 0; k < 8; k++) memcpy(q + row * C + 32 * b + 4 * (size_t)k, p + 256 * b + 32 * (size_t)k + 4 * (size_t)r, 4);
-            }
+    for (long long row = 0; row < t->rows; row++) {
+        int8_t *gw = (int8_t *)t->data + (size_t)(row / 8) * 8 * C; /* only read */
+        float *gs = (float *)t->scales + (size_t)(row / 8) * 8 * nb;
+        for (size_t b = 0; b < nb; b++) q8_rows8_copy(gw, gs, (int)(row % 8), b, q + (size_t)row * C + 32 * b, scales + (size_t)row * nb + b, 0);
     }
 }
 
@@ -241,9 +241,12 @@ void loom_qblock_row_values(const loom_tensor_t *t, long long r, float *out) {
             for (size_t i = 0; i < C; i++) out[i] = (float)q[i] * sc[i / blk];
             return;
         }
-        q = (const int8_t *)t->data + (size_t)(r / 8) * 8 * C + 4 * (size_t)(r % 8);
-        sc = t->scales + (size_t)(r / 8) * 8 * nb + (size_t)(r % 8);
-        for (size_t i = 0; i < C; i++) out[i] = (float)q[256 * (i / 32) + 32 * (i % 32 / 4) + i % 4] * sc[8 * (i / 32)];
+        int8_t *gw = (int8_t *)t->data + (size_t)(r / 8) * 8 * C, v[32]; /* only read */
+        float *gs = (float *)t->scales + (size_t)(r / 8) * 8 * nb, s;
+        for (size_t b = 0; b < nb; b++) {
+            q8_rows8_copy(gw, gs, (int)(r % 8), b, v, &s, 0);
+            for (int i = 0; i < 32; i++) out[32 * b + (size_t)i] = (float)v[i] * s;
+        }
         return;
     }
     const loom_qblock_info_t *q = loom_qblock_info(t->dtype);

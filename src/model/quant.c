@@ -78,22 +78,27 @@ static void slot_of(const loom_quant_t *q, int i, int *which, int *l) {
     *l = i == q->L * LOOM_QLIN_COUNT ? 0 : i / LOOM_QLIN_COUNT;
 }
 
-/* Slot i as the model's file stored it, to be used in place (no copy):
- * a Q8_0 GGUF's int8 linear weight, or its head when q8_0 of the padded
- * vocabulary's rows, on a backend in host memory; else NULL (a device
- * backend gets an uploaded copy instead: loom_quant_create_opts). */
-static const loom_tensor_t *file_slot(const loom_quant_t *q, int i) {
+/* Slot i as the model's file stored it: a Q8_0 GGUF's int8 linear
+ * weight, or its head when q8_0 of the padded vocabulary's rows, on a
+ * backend in host memory; else NULL (a device backend gets an uploaded
+ * copy instead: loom_quant_create_opts). */
+static const loom_tensor_t *file_tensor(const loom_quant_t *q, int i) {
     const loom_tensor_t *f = loom_quant_file_int8(q->m);
     if (!f || (q->m->be->caps & LOOM_CAP_DEVICE_MEMORY)) return NULL;
     int nq = q->L * LOOM_QLIN_COUNT;
-    const loom_tensor_t *t = i < nq ? &f[i] : &f[nq + 1]; /* gpt.h file_q: the head after the embedding */
-    /* W8A32's kernel (cpu_paged.c) reads dense rows only: an interleaved one
-     * (qblock.h, the CPU's layout for W8A8) gets a dense copy of its int8
-     * values and scales (loom_quant_create_opts) */
-    if (t->layout != LOOM_LAYOUT_DENSE && q->mode != LOOM_QUANT_W8A8) return NULL;
-    if (i < nq) return t;
-    int fit = t->data && t->dtype == LOOM_INT8 && t->block == 32 && t->rows == q->m->cfg.padded_vocab_size;
-    return fit && t->cols == q->m->cfg.channels ? t : NULL;
+    if (i < nq) return &f[i];
+    const loom_tensor_t *h = &f[nq + 1]; /* gpt.h file_q: the head after the embedding */
+    int fit = h->data && h->dtype == LOOM_INT8 && h->block == 32 && h->rows == q->m->cfg.padded_vocab_size;
+    return fit && h->cols == q->m->cfg.channels ? h : NULL;
+}
+
+/* file_tensor(q, i) when it is used in place (no copy): W8A32's kernel
+ * (cpu_paged.c) reads dense rows only, so an interleaved one (qblock.h, the
+ * CPU's layout for W8A8) gets a dense copy of its int8 values and scales
+ * instead (loom_quant_create_opts). */
+static const loom_tensor_t *file_slot(const loom_quant_t *q, int i) {
+    const loom_tensor_t *t = file_tensor(q, i);
+    return t && (t->layout == LOOM_LAYOUT_DENSE || q->mode == LOOM_QUANT_W8A8) ? t : NULL;
 }
 
 /* Lay out q->w's tensors in `mem` (NULL: shapes only): every int8 matrix,
@@ -162,13 +167,15 @@ loom_status loom_quant_create_opts(loom_quant_t **out, const loom_gpt_t *m, loom
     float *hw = loom_malloc(big * sizeof(float)), *hs = loom_malloc((big / 32 + rows) * sizeof(float));
     signed char *hq = loom_malloc(big);
     for (int i = 0; i < n; i++) {
-        const loom_tensor_t *f = file && i < q->L * LOOM_QLIN_COUNT ? &file[i] : NULL;
+        const loom_tensor_t *f = file && i < q->L * LOOM_QLIN_COUNT ? &file[i] : NULL, *ft = file_tensor(q, i);
+        int which, l;
+        slot_of(q, i, &which, &l);
         if (file_slot(q, i)) continue; /* used in place */
-        if (f && f->layout == LOOM_LAYOUT_ROWS8) { /* no second rounding: its values and scales, dense again */
-            loom_tensor_rows8_dense(f, (int8_t *)hq, hs);
-            loom_quant_set(q, i % LOOM_QLIN_COUNT, i / LOOM_QLIN_COUNT, hq, hs);
+        if (ft && ft->layout == LOOM_LAYOUT_ROWS8) { /* no second rounding: its values and scales, dense again */
+            loom_tensor_rows8_dense(ft, (int8_t *)hq, hs);
+            loom_quant_set(q, which, l, hq, hs);
         } else if (f) {
-            loom_quant_set(q, i % LOOM_QLIN_COUNT, i / LOOM_QLIN_COUNT, f->data, f->scales); /* no second rounding */
+            loom_quant_set(q, which, l, f->data, f->scales); /* no second rounding */
         } else {
             quantize_slot(q, i, hw, hq, hs);
         }

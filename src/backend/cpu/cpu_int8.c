@@ -490,7 +490,6 @@ static void w8a8_r8_task(void *ctx, int t) {
             }
         }
     }
-    (void)avx2;
 }
 
 /* Activation quantization of rows t * per .. on the team (each task under

@@ -594,8 +594,7 @@ KQ_AVX void r8_block32(const uint8_t *G, loom_dtype d, const int8_t *x, const in
  * layout's kernels. */
 KQ_AVX void rows_r8(const loom_tensor_t *w, const kq_act_t *a, int o0, int o1, int r0, int r1, const kq_out_t *out, loom_dtype d,
                     kq_madd_fn madd, kq_dot16_fn dot16) {
-    const int q6 = d == LOOM_Q6_K, q4k = d == LOOM_Q4_K, blk = q6 || q4k ? 256 : 32;
-    const int gbytes = q6 ? 8 * 210 : q4k ? 8 * 144 : d == LOOM_Q4_0 ? 8 * 18 : d == LOOM_Q4_1 ? 8 * 20 : d == LOOM_Q5_0 ? 8 * 22 : 8 * 24;
+    const int q6 = d == LOOM_Q6_K, q4k = d == LOOM_Q4_K, blk = loom_qblock_info(d)->block, gbytes = 8 * loom_qblock_info(d)->bytes;
     const int negmin = d == LOOM_Q4_1 || d == LOOM_Q5_1; /* dmin = -m (as unpack_g32) */
     const size_t gb = (size_t)a->nb * gbytes;
     for (int o = o0; o < o1; o += 8) {
