@@ -136,7 +136,8 @@ PY
 declare -A CURVE_BOUND=([graphs_off]="graphs_vs_plain 0" [recompute]="recompute_vs_keep 2e-2"
     [fp32acts]="bf16_acts_vs_fp32_acts 2e-2" [fp32]="bf16_vs_fp32 3e-2")
 
-# row_train NAME ENV ARGS...: 100 steps of gpt2-tiny on the bundled corpus
+# row_train NAME ENV ARGS...: 100 steps of gpt2-tiny (or ARGS' --model) on
+# the bundled corpus
 row_train() {
     local name=$1 envs=$2 rc line label bound; shift 2
     [ "$envs" = - ] && envs=LOOM_GPU_CHECK=1
@@ -193,10 +194,10 @@ PY
 }
 
 # loom's generation benchmark on the GPU (fp32; W8A8 weights with an int8
-# KV cache: cuda_int8.cu end to end)
+# KV cache: cuda_int8.cu end to end; a smollm2-135m-shaped Llama)
 row_generate() {
     local kind=$1 name=bench_generate; shift
-    [ "$kind" = int8 ] && name=bench_generate_int8
+    [ "$kind" = fp32 ] || name=bench_generate_$kind
     [ -n "$BIN" ] || { row "$name" FAIL "no loom binary"; return; }
     run "$(limit_of "$name")" "$name" "$BIN/loom" bench generate --device cuda "$@"
     local rc=$?

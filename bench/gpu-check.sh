@@ -18,7 +18,9 @@
 #       against torch_eager and torch_compile at the same batch
 #     2 the engine and serving: test_engine_cuda; tokenize and train_bf16
 #       (gpt2-tiny, 100 steps); serve_smoke (loom serve on that run, one
-#       completion over HTTP); bench_generate (fp32 and W8A8 + int8 KV)
+#       completion over HTTP); train_llama (llama-tiny: RMSNorm, rotary,
+#       SwiGLU, grouped-query attention end to end, bf16, graphs on);
+#       bench_generate (fp32 and W8A8 + int8 KV; smollm2-135m-shaped)
 #     3 compute-sanitizer memcheck and racecheck on a reduced op test;
 #       tp_ops (test_cuda_ops' tensor-parallel cases: the vocabulary
 #       shard, the bf16 wire conversions, NCCL with one rank) and
@@ -55,7 +57,7 @@
 #                    files must be written; exit 1 when any part fails
 #   --bundle DIR     the bundle (default .gpu)
 #   --budget S       seconds for the whole run, setup included (default
-#                    400, 60..3600); 15 s of it are kept for the table
+#                    440, 60..3600); 15 s of it are kept for the table
 # Knobs: GPU_CHECK_FORCE_REBUILD=1 (rebuild even when the carried binaries
 #        start), GPU_CHECK_STOP_AFTER_BUILD=1, GPU_CHECK_BATCH=32 (bench_train).
 # Exit status: 0 all rows ok, 1 a row failed or did not run, 2 usage error.
@@ -77,6 +79,8 @@ ROW_SPECS=(
     "tokenize|2|40|10||row_tokenize"
     "train_bf16|2|45|20|tokenize|row_train bf16 - --dtype bf16 --cuda-graphs on"
     "serve_smoke|2|40|15|train_bf16|row_serve"
+    "train_llama|2|45|20|tokenize|row_train llama - --model llama-tiny --dtype bf16 --cuda-graphs on"
+    "bench_generate_llama|2|50|20||row_generate llama --model smollm2-135m --concurrency 1,16 --repeat 1 --gen 64"
     "bench_generate|2|50|20||row_generate fp32"
     "bench_generate_int8|2|50|20||row_generate int8 --quant w8a8 --kv-dtype int8"
     "sanitizer_memcheck|3|90|60||row_sanitizer memcheck"
@@ -108,7 +112,7 @@ spec_of() { local s; for s in "${ROW_SPECS[@]}"; do [ "${s%%|*}" = "$1" ] && { e
 
 DRY=0 LIST=0
 BUNDLE=.gpu
-BUDGET=${GPU_CHECK_BUDGET:-400}
+BUDGET=${GPU_CHECK_BUDGET:-440}
 ONLY=()
 while [ $# -gt 0 ]; do
     case "$1" in
