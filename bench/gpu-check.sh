@@ -29,7 +29,9 @@
 #       fp16 with loss scaling, recompute, fp32 activations, fp32) and their
 #       loss curves against train_bf16; bench_train with fp32 activations;
 #       2-GPU training (tp2, pp2, zero3, --grad-dtype bf16 at bf16): on one
-#       GPU each says, as info, that it needs two and how to run it
+#       GPU each says, as info, that it needs two and how to run it; decode_profile
+#       (bench/gpu-decode-profile.sh: kernels and their time per decoded
+#       token under ncu, against the wall time per token)
 #   A row starts only when its estimate fits in what is left of the budget
 #   (else NOT RUN, and later rows that fit still run); a row past its own
 #   limit is stopped (TIMEOUT). The run ends with the table, the failing
@@ -98,6 +100,7 @@ ROW_SPECS=(
     "train_pp2|4|60|30|tokenize|row_multi pp2 - --pp 2 --grad-accum 4 --batch 2"
     "train_zero3|4|60|30|tokenize|row_multi zero3 - --zero 3 --batch 4"
     "train_grad_bf16|4|60|30|tokenize|row_multi grad_bf16 - --grad-dtype bf16 --batch 4"
+    "decode_profile|4|150|60||row_decode_profile"
 )
 RESERVE=15 # seconds kept for the table and the logs
 

@@ -944,7 +944,9 @@ static void int8_kv_case(int NKV) {
     loom_tensor_t dk = hk;
     dk.data = dput(kc, cache);
     dk.scales = dput(sc, rows * sizeof(float));
-    float *d_qkv = dput(qkv, (size_t)N * QR * 4), *d_out = dpoison((size_t)N * C);
+    /* qkv and out are activations (16-bit at bf16/fp16); qkv rounded in
+     * place, so the CPU quantizes the values the GPU reads */
+    float *d_qkv = dput_act(qkv, (size_t)N * QR), *d_out = apoison((size_t)N * C);
     cpu->kv_write(&hk, qkv, slot, N, NH, NKV, bs);
     gpu->kv_write(&dk, d_qkv, dput(slot, N * sizeof(int)), N, NH, NKV, bs);
     size_t bad = bytes_differ(dk.data, kc, cache);
@@ -954,7 +956,7 @@ static void int8_kv_case(int NKV) {
     cpu->paged_attention(out, qkv, &hk, pos, seq, tables, mb, N, NH, NKV, bs);
     gpu->paged_attention(d_out, d_qkv, &dk, dput(pos, N * sizeof(int)), dput(seq, N * sizeof(int)),
                          dput(tables, sizeof tables), mb, N, NH, NKV, bs);
-    expect("paged_attention int8", d_out, out, (size_t)N * C, TOL_FP32);
+    expect_act("paged_attention int8", d_out, out, (size_t)N * C, TOL_FP32);
     cpu->kv_copy_block(&hk, tables[mb + 1], nb - 1, NKV);
     gpu->kv_copy_block(&dk, tables[mb + 1], nb - 1, NKV);
     bad = bytes_differ(dk.data, kc, cache);
@@ -988,9 +990,10 @@ static void test_llama_ops(void) {
     expect_act("rmsnorm_forward out", d_out, out, (size_t)N * C, TOL_FP32);
     expect("rmsnorm_forward rstd", d_rstd, rstd, N, TOL_FP32);
     float *dout = hrand((size_t)N * C, 1), *dx = hrand((size_t)N * C, 1), *dw = hrand(C, 1);
-    float *d_dx = dput_act(dx, (size_t)N * C), *d_dw = dput(dw, C * 4);
+    /* dout rounded to the activations' type before the CPU reads it */
+    float *d_dx = dput_act(dx, (size_t)N * C), *d_dw = dput(dw, C * 4), *d_dout = dput_act(dout, (size_t)N * C);
     cpu->rmsnorm_backward(dx, dw, dout, x, w, rstd, N, C);
-    gpu->rmsnorm_backward(d_dx, d_dw, dput_act(dout, (size_t)N * C), d_x, d_w, dput(rstd, N * 4), N, C);
+    gpu->rmsnorm_backward(d_dx, d_dw, d_dout, d_x, d_w, dput(rstd, N * 4), N, C);
     expect_act("rmsnorm_backward dinp", d_dx, dx, (size_t)N * C, TOL_FP32);
     expect("rmsnorm_backward dw", d_dw, dw, C, TOL_FP32);
 
@@ -1012,8 +1015,9 @@ static void test_llama_ops(void) {
     cpu->swiglu_forward(act, gu, N, H);
     gpu->swiglu_forward(d_act, d_gu, N, H);
     expect_act("swiglu_forward", d_act, act, (size_t)N * H, TOL_FP32);
+    float *d_dact = dput_act(dact, (size_t)N * H);
     cpu->swiglu_backward(dgu, gu, dact, N, H);
-    gpu->swiglu_backward(d_dgu, d_gu, dput_act(dact, (size_t)N * H), N, H);
+    gpu->swiglu_backward(d_dgu, d_gu, d_dact, N, H);
     expect_act("swiglu_backward", d_dgu, dgu, (size_t)N * 2 * H, TOL_FP32);
 
     int *tok = hrand_ids(N, 50);

@@ -142,11 +142,12 @@ static loom_status resolve_model(loom_train_job_t *j) {
 /* How the step runs, from the options (the CLI's flag table checked them). */
 static void step_modes(loom_train_job_t *j) {
     const loom_train_opts_t *o = &j->o;
-    int has_graphs = (loom_backend_device_caps(o->device) & LOOM_CAP_GRAPHS) != 0;
     j->auto_dtype = o->dtype < 0;
     j->dtype = j->auto_dtype ? (int)loom_backend_default_dtype(o->device) : o->dtype;
     j->recompute = o->recompute;
-    j->want_graphs = has_graphs && o->cuda_graphs != 0;
+    /* on (the default) or off; whether the backend can capture graphs is
+     * known once it is open (build_model) */
+    j->want_graphs = o->cuda_graphs != 0;
     j->dpo = (loom_dp_opts_t){.zero = o->zero, .overlap = !o->no_overlap, .grad_dtype = (loom_dist_dtype)o->grad_dtype,
                               .bucket_floats = o->bucket_mb > 0 ? (size_t)(o->bucket_mb * 1e6 / 4) : 0};
 }
