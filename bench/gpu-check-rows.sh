@@ -228,7 +228,7 @@ row_sanitizer() {
     # loom's own attention kernels (LOOM_CUDA_ATTENTION=own): racecheck
     # reports hazards inside cuDNN's sm90 flash-attention kernels (wgmma,
     # bulk copies through the async proxy, which it does not model)
-    [ "$tool" = racecheck ] && only="attention_fused/bf16,layernorm/bf16,crossentropy/bf16,sumsq/bf16" envs=(LOOM_CUDA_ATTENTION=own)
+    [ "$tool" = racecheck ] && only="attention_fused/bf16,layernorm/bf16,crossentropy/bf16,sumsq/bf16,paged_kv/bf16,int8_kv/bf16" envs=(LOOM_CUDA_ATTENTION=own)
     # the children of the isolated cases are checked too
     run "$(limit_of "$name")" "$name" "$san" --tool "$tool" --target-processes all --error-exitcode 3 --print-limit 20 \
         "${opts[@]}" env "${envs[@]}" LOOM_CUDA_OPS_ONLY="$only" "$BIN/tests/test_cuda_ops"

@@ -87,66 +87,93 @@ void cuda_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slot, i
     LAUNCH_CHECK();
 }
 
-/* One warp per (row, query head), 4 warps per block; query head h reads
- * cache head h / (NH / NKV). One kernel for a cache of element type E:
- * float, or int8_t with one scale per row (block, K or V, head) applied to
- * the score (K) and to the weight p (V) -- the only difference, as `attend`
- * in cpu_paged.c has it. With E = float there are no scales and the
- * factors are exactly 1, so the fp32 arithmetic is what it was. */
+/* One block of PA_WARPS warps per (row, query head); query head h reads
+ * cache head h / (NH / NKV). Warp w takes the positions t = w, w + PA_WARPS,
+ * ... with its own running maximum, sum and output (online softmax); the
+ * warps' partials are then joined in shared memory, in warp order. A
+ * decode step (one row per sequence) has N * NH warps' worth of rows: one
+ * warp per row and head left a long serial chain over the context on a
+ * few warps (the first GPU run: 43 us per call at 25 tokens, the largest
+ * kernel of a decode step), here PA_WARPS chains of a share each. A row's
+ * result does not depend on the other rows of the batch.
+ * One kernel for a cache of element type E: float, or int8_t with one
+ * scale per row (block, K or V, head) applied to the score (K) and to the
+ * weight p (V) -- the only difference, as `attend` in cpu_paged.c has it.
+ * With E = float there are no scales and the factors are exactly 1. */
+#define PA_WARPS 8
 template <typename A, typename E>
-__global__ void paged_attention_kernel(A *out, const A *qkv, const E *kv, const float *scales, const int *pos,
-                                       const int *seq, const int *tables, int max_blocks, int N, int NH, int NKV,
-                                       int bs, int hs) {
-    int warp = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp >= N * NH) return;
-    int r = warp / NH, h = warp % NH, C = NH * hs, per = (hs + 31) / 32, kh = h / (NH / NKV);
+__global__ void __launch_bounds__(PA_WARPS * 32)
+    paged_attention_kernel(A *out, const A *qkv, const E *kv, const float *scales, const int *pos, const int *seq,
+                           const int *tables, int max_blocks, int N, int NH, int NKV, int bs, int hs) {
+    __shared__ float s_m[PA_WARPS], s_l[PA_WARPS], s_o[PA_WARPS][32 * MAX_HS_PER_LANE];
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int r = blockIdx.x / NH, h = blockIdx.x % NH, C = NH * hs, per = (hs + 31) / 32, kh = h / (NH / NKV);
     const A *q = qkv + (size_t)r * (C + 2 * NKV * hs) + h * hs;
     const int *table = tables + (size_t)seq[r] * max_blocks;
     float ql[MAX_HS_PER_LANE], o[MAX_HS_PER_LANE], mx = -INFINITY, sum = 0.0f, scale = rsqrtf((float)hs);
-    for (int k = 0; k < per; k++) {
+    /* the per-lane arrays stay in registers: loops of a constant count */
+#pragma unroll
+    for (int k = 0; k < MAX_HS_PER_LANE; k++) {
         int e = lane + 32 * k;
-        ql[k] = e < hs ? to_f(q[e]) : 0.0f;
+        ql[k] = k < per && e < hs ? to_f(q[e]) : 0.0f;
         o[k] = 0.0f;
     }
-    for (int t = 0; t <= pos[r]; t++) {
+    for (int t = w; t <= pos[r]; t += PA_WARPS) {
         size_t rk = ((size_t)table[t / bs] * 2) * NKV + kh, rv = rk + NKV; /* cache rows (backend.h) */
         const E *K = kv + (rk * bs + t % bs) * hs, *V = kv + (rv * bs + t % bs) * hs;
         float sk = scales ? scales[rk] : 1.0f, sv = scales ? scales[rv] : 1.0f;
         float d = 0.0f;
-        for (int k = 0; k < per; k++) {
+#pragma unroll
+        for (int k = 0; k < MAX_HS_PER_LANE; k++) {
             int e = lane + 32 * k;
-            if (e < hs) d += ql[k] * (float)K[e];
+            if (k < per && e < hs) d += ql[k] * (float)K[e];
         }
         float s = warp_sum(d) * (sk * scale), nm = fmaxf(mx, s), corr = __expf(mx - nm), p = __expf(s - nm);
         float pv = p * sv;
         sum = sum * corr + p;
-        for (int k = 0; k < per; k++) {
+#pragma unroll
+        for (int k = 0; k < MAX_HS_PER_LANE; k++) {
             int e = lane + 32 * k;
-            o[k] = o[k] * corr + (e < hs ? pv * (float)V[e] : 0.0f);
+            if (k < per) o[k] = o[k] * corr + (e < hs ? pv * (float)V[e] : 0.0f);
         }
         mx = nm;
     }
-    A *dst = out + (size_t)r * C + h * hs;
-    for (int k = 0; k < per; k++) {
+    /* a warp without positions (context shorter than PA_WARPS) leaves
+     * mx = -inf, sum = 0, o = 0: a factor of 0 below */
+    if (lane == 0) s_m[w] = mx, s_l[w] = sum;
+#pragma unroll
+    for (int k = 0; k < MAX_HS_PER_LANE; k++) {
         int e = lane + 32 * k;
-        if (e < hs) dst[e] = from_f<A>(o[k] / sum);
+        if (k < per && e < hs) s_o[w][e] = o[k];
+    }
+    __syncthreads();
+    float m = s_m[0]; /* warp 0 has position 0: finite */
+    for (int i = 1; i < PA_WARPS; i++) m = fmaxf(m, s_m[i]);
+    float l = 0.0f, f[PA_WARPS];
+    for (int i = 0; i < PA_WARPS; i++) f[i] = __expf(s_m[i] - m), l += s_l[i] * f[i];
+    A *dst = out + (size_t)r * C + h * hs;
+    for (int e = threadIdx.x; e < hs; e += PA_WARPS * 32) {
+        float v = 0.0f;
+        for (int i = 0; i < PA_WARPS; i++) v += s_o[i][e] * f[i];
+        dst[e] = from_f<A>(v / l);
     }
 }
 
 void cuda_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos, const int *seq,
                           const int *block_tables, int max_blocks, int N, int NH, int NKV, int bs) {
     if (kv->dtype != LOOM_INT8) fp32_only(kv);
-    int hs = (int)(kv->cols / bs), warps = N * NH;
+    int hs = (int)(kv->cols / bs);
+    if (N <= 0) return;
     if (hs > 32 * MAX_HS_PER_LANE)
         loom_panic(__FILE__, __LINE__, "paged attention: head size %d is above %d", hs, 32 * MAX_HS_PER_LANE);
     with_act([&](auto act) {
         typedef std::decay_t<decltype(act)> A;
         if (kv->dtype == LOOM_INT8)
-            paged_attention_kernel<A, int8_t><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
+            paged_attention_kernel<A, int8_t><<<N * NH, PA_WARPS * 32, 0, g_cuda.stream>>>(
                 (A *)out, (const A *)qkv, (const int8_t *)kv->data, kv->scales, pos, seq, block_tables, max_blocks, N,
                 NH, NKV, bs, hs);
         else
-            paged_attention_kernel<A, float><<<(warps + 3) / 4, 128, 0, g_cuda.stream>>>(
+            paged_attention_kernel<A, float><<<N * NH, PA_WARPS * 32, 0, g_cuda.stream>>>(
                 (A *)out, (const A *)qkv, (const float *)kv->data, (const float *)NULL, pos, seq, block_tables,
                 max_blocks, N, NH, NKV, bs, hs);
     });
