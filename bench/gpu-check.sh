@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-check: what loom's CUDA backend must prove on a lent GPU machine, in
-# priority order, in one run that ends by itself (7 minutes at most, the
+# priority order, in one run that ends by itself (its --budget, 440 s by default, the
 # table printed last), on a bare machine (CUDA driver, nvcc, PyTorch and
 # NVIDIA's CUDA libraries as Python packages; no Debian packages, no
 # network). It uses the bundle `make gpu-bundle` made here (.gpu/, carried
