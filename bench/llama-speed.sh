@@ -9,7 +9,13 @@
 #   prompt tok/s: loom's PLEN / time to first token, one request at a time;
 #       llama-bench pp
 #   16 in flight, output tok/s over the whole run (prefill included): loom's
-#       continuous batching; llama-batched-bench -npl 16's
+#       continuous batching; llama-batched-bench -npl 16's. Every loom
+#       request has a prompt of its own (none from the prefix cache: the
+#       batched bench computes each prompt too), and loom runs with
+#       --prefill-ratio ${PREFILL_RATIO:-0}: 0 lets prompts fill the step
+#       beside decodes, throughput first, as the batched bench computes its
+#       prompts at full batch; the serving default (1) bounds running
+#       sequences' inter-token latency instead (PREFILL_RATIO=1 measures it)
 #
 #   ROUNDS=3 PLEN=64 GEN=32 bench/llama-speed.sh FILE.gguf ...
 # loom's KV cache is sized for what each round runs (bench generate's
@@ -57,7 +63,7 @@ for f in "$@"; do
         load0=$(cut -d' ' -f1 /proc/loadavg)
         cpu_busy > /dev/null
         $LOOM bench generate --run "$f" --threads "$THREADS" --repeat 1 "${KVFLAG[@]}" --kv-dtype "${KV_DTYPE:-fp32}" \
-            --llama-bench "$LLAMA_BIN/llama-bench" --prompt-len "$PLEN" --gen "$GEN" --concurrency 1,16 > "$out/r$r.txt" 2>&1 \
+            --llama-bench "$LLAMA_BIN/llama-bench" --prompt-len "$PLEN" --gen "$GEN" --concurrency 1,16 --prefill-ratio "${PREFILL_RATIO:-0}" > "$out/r$r.txt" 2>&1 \
             || { tail -n 5 "$out/r$r.txt"; exit 1; }
         echo "  $f round $r (loom, then llama.cpp) done at $(date -u +%H:%M:%S): load $load0 -> $(cut -d' ' -f1 /proc/loadavg), CPUs $(cpu_busy) busy"
     done

@@ -75,6 +75,7 @@ static double model_cost(void *ctx, int decode_rows, int prefill_rows) {
 
 static int prefix_cache_on = 1; /* engines made from here on cache prefixes (the default) */
 static int speculate_k = 0;     /* and draft this many tokens (0: off, the default) */
+static double prefill_ratio = 1; /* and take this much prompt work beside decodes (1: the default) */
 static int (*drafter)(void *, const int *, int, int *, int, const loom_sampling_t *, loom_rng_t *, float *); /* from here (NULL: prompt lookup) */
 static void *drafter_ctx;
 static int drafter_sampled; /* the drafter draws sampled drafts from a distribution it writes */
@@ -91,6 +92,7 @@ static loom_engine_t *engine_logged(size_t kv_bytes, int max_batch_tokens, cost_
     c.step_cost_ctx = log;
     c.prefix_cache = prefix_cache_on;
     c.speculate = speculate_k;
+    c.prefill_ratio = prefill_ratio;
     c.draft = drafter;
     c.draft_ctx = drafter_ctx;
     c.draft_sampled = drafter_sampled;
@@ -424,9 +426,15 @@ static void threads_and_queues(void) {
  * 8): the prompt is spread over 4 to 6 steps (it took one step of 60 rows
  * before the budget), every one of them carries all four decodes, and
  * every answer equals the full forward's. */
-static void prompt_spread_over_steps(void) {
+/* A 60-token prompt arrives while 4 sequences decode: at --prefill-ratio
+ * 1 (the default) the budget spreads it over 4 to 6 steps of 8-20 rows
+ * beside all 4 decodes; at 0 it takes one step (its 60 rows fit the 512
+ * cap). Every request's tokens are the full forward's either way. */
+static void prompt_beside_decodes(double ratio) {
+    prefill_ratio = ratio;
     cost_log_t log = {0};
     loom_engine_t *e = engine_logged(block_bytes() * 200, 512, &log);
+    prefill_ratio = 1;
     if (!e) return;
     static result_t res[5];
     memset(res, 0, sizeof res);
@@ -448,12 +456,13 @@ static void prompt_spread_over_steps(void) {
     for (int k = first; k < log.n && rows < 60; k++) {
         CHECK(log.decode[k] == 4, "step %d: %d decode rows beside %d prompt rows, want all 4 decodes", k,
               log.decode[k], log.prefill[k]);
-        CHECK(log.prefill[k] <= 20 && (log.prefill[k] >= 8 || rows + log.prefill[k] == 60),
+        CHECK(ratio == 0 || (log.prefill[k] <= 20 && (log.prefill[k] >= 8 || rows + log.prefill[k] == 60)),
               "step %d: %d prompt rows, want the budget's 8-20 (or the rest)", k, log.prefill[k]);
         rows += log.prefill[k];
         spread++;
     }
-    CHECK(rows == 60 && spread >= 4 && spread <= 6, "the 60-token prompt took %d steps (%d rows), want 4 to 6", spread, rows);
+    if (ratio == 0) CHECK(rows == 60 && spread == 1, "ratio 0: the 60-token prompt took %d steps (%d rows), want 1", spread, rows);
+    else CHECK(rows == 60 && spread >= 4 && spread <= 6, "the 60-token prompt took %d steps (%d rows), want 4 to 6", spread, rows);
     for (int i = 0; i < 5; i++) {
         int want[MAXGEN];
         float lp[MAXGEN];
@@ -464,6 +473,8 @@ static void prompt_spread_over_steps(void) {
     }
     loom_engine_free(e);
 }
+static void prompt_spread_over_steps(void) { prompt_beside_decodes(1); }
+static void prompt_whole_at_ratio_zero(void) { prompt_beside_decodes(0); }
 
 /* Submit prompts[i] (len[i] tokens) for i in [from, to) at once and step
  * until done, auditing the blocks after every step. */
@@ -919,6 +930,7 @@ int main(void) {
     RUN(bad_input_keeps_serving);
     RUN(cancel_returns_blocks);
     RUN(prompt_spread_over_steps);
+    RUN(prompt_whole_at_ratio_zero);
     RUN(prefix_cache_equals_no_cache);
     RUN(prefix_cache_evicts_lru);
     RUN(speculative_greedy_equals_plain);

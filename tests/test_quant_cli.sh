@@ -72,6 +72,12 @@ if $LOOM export --run "$tmp/r" --format gguf --dtype q8_0 --out "$tmp/q.gguf" > 
     bg=$($LOOM bench generate --run "$tmp/q.gguf" --prompt-len 8 --gen 4 --concurrency 1,3 --repeat 1 --threads 2 --llama-bench /nonexistent 2>&1)
     printf '%s' "$bg" | grep -q "KV cache fp32 (8 blocks of 16 tokens)" && echo "PASS bench_generate_kv_auto" \
         || echo "FAIL bench_generate_kv_auto: $(printf '%s' "$bg" | grep -m1 "KV cache\|error\|bench generate:")"
+    # every request's prompt is computed (none from the prefix cache, as
+    # llama.cpp's batched bench computes each): 2 rounds x (2 + 3) requests
+    # x 40 tokens looked up, 0 found, though 2 blocks of each would match
+    bg=$($LOOM bench generate --run "$tmp/q.gguf" --prompt-len 40 --gen 2 --concurrency 1,3 --repeat 2 --threads 2 --llama-bench /nonexistent 2>&1)
+    printf '%s' "$bg" | grep -q "0 of 400 prompt tokens from the prefix cache" && echo "PASS bench_generate_prompts_computed" \
+        || echo "FAIL bench_generate_prompts_computed: $(printf '%s' "$bg" | grep -m1 "prefix cache\|error\|bench generate:")"
     bg=$($LOOM bench generate --run "$tmp/q.gguf" --prompt-len 8 --gen 4 --concurrency 1 --repeat 1 --threads 2 --kv-memory 1K --llama-bench /nonexistent 2>&1)
     printf '%s' "$bg" | grep -q "raise --kv-memory" && echo "PASS bench_generate_kv_too_small" || echo "FAIL bench_generate_kv_too_small: $bg"
 else

@@ -71,8 +71,25 @@ static void bounds(void) {
     CHECK(bg.t_decode == t && bg.c_prefill == c, "a step of 0 or -1 s changed what was learned");
 }
 
+/* ratio 4 buys four decode steps' time; ratio 0 (--prefill-ratio 0) lifts
+ * the limit: the cap less the decodes whatever was learned. */
+static void ratio_scales_and_zero_lifts(void) {
+    loom_step_budget_t bg;
+    loom_step_budget_init(&bg, 512);
+    bg.ratio = 4;
+    cost_t m = {0.010, 0.0001, 0.0002};
+    int p = run(&bg, &m, 4, 40);
+    double want = 4 * cost(&m, 4, 0) / m.c; /* 208 rows */
+    CHECK(fabs(p - want) <= 2.0, "ratio 4 settled at %d prefill rows, want %.1f", p, want);
+    bg.ratio = 0;
+    CHECK(loom_step_budget_prefill(&bg, 4) == 508, "ratio 0: %d rows, want the cap less the decodes (508)",
+          loom_step_budget_prefill(&bg, 4));
+    CHECK(run(&bg, &m, 100, 10) == 412, "ratio 0 with 100 decodes: %d rows, want 412", loom_step_budget_prefill(&bg, 100));
+}
+
 int main(void) {
     RUN(settles_at_one_decode_step);
+    RUN(ratio_scales_and_zero_lifts);
     RUN(follows_a_slower_machine);
     RUN(bounds);
     return check_main_end();

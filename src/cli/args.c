@@ -52,6 +52,7 @@ static const loom_arg_t shared[LOOM_FLAG_COUNT] = {
     [LOOM_FLAG_BLOCK_SIZE] = {"block-size", ARG_INT, NULL, "16", 1, 256, "tokens per KV cache block"},
     [LOOM_FLAG_MAX_BATCH_TOKENS] = {"max-batch-tokens", ARG_INT, NULL, "512", 1, 1 << 20, "rows per engine step, prefill chunks and decodes together"},
     [LOOM_FLAG_MAX_SEQS] = {"max-seqs", ARG_INT, NULL, "64", 1, 1 << 16, "running sequences at most"},
+    [LOOM_FLAG_PREFILL_RATIO] = {"prefill-ratio", ARG_FLOAT, NULL, "1", 0, 1000, "prompt rows a step may take while sequences decode, in decode steps' time: 1 keeps running sequences' inter-token latency within about 2x while prompts arrive; 0 = no limit (prompts fill --max-batch-tokens: throughput first, as llama.cpp's batched bench)"},
     [LOOM_FLAG_SPARSE] = {"sparse", ARG_CHOICE, NULL, "auto", 0, 0,
                           "2:4-sparse linear weights (loom prune): auto runs them compressed (kept values + 2-bit positions, about half the bytes) when every linear weight is 2:4 and --quant is none; off runs them dense"},
 };

@@ -64,6 +64,7 @@ typedef enum {
     LOOM_FLAG_BLOCK_SIZE,   /* --block-size: int, tokens per KV block (the engine's bound) */
     LOOM_FLAG_MAX_BATCH_TOKENS, /* --max-batch-tokens: int, rows per engine step */
     LOOM_FLAG_MAX_SEQS,     /* --max-seqs: int, running sequences at most */
+    LOOM_FLAG_PREFILL_RATIO, /* --prefill-ratio: double, prompt work per step while sequences decode */
     LOOM_FLAG_SPARSE,       /* --sparse: ARG_CHOICE, LOOM_SPARSE_OFF 0 or LOOM_SPARSE_AUTO 1 (model/sparse24.h) */
     LOOM_FLAG_COUNT
 } loom_flag_id;

@@ -20,8 +20,8 @@
 
 typedef struct {
     loom_engine_t *e;
-    const int *prompt;
-    int prompt_len, submitted, total, done, n_first;
+    int *prompt; /* the base prompt, its first token changed per request */
+    int prompt_len, vocab, submitted, total, done, n_first;
     loom_request_params_t p;
     double *ttft;
     long long tokens;
@@ -31,9 +31,16 @@ typedef struct {
 
 static void bench_event(void *ctx, const loom_engine_event_t *ev);
 
+/* Every request of the run gets a prompt no earlier one began with (its
+ * first token counts up): the prefix cache would otherwise serve all but
+ * the first prompt of a level from cached blocks, where llama.cpp's
+ * batched bench computes every prompt. */
+static unsigned g_prompt_salt;
+
 static void submit_next(load_t *L) {
     if (L->submitted >= L->total) return;
     L->submitted++;
+    L->prompt[0] = (int)(g_prompt_salt++ % (unsigned)L->vocab);
     if (loom_engine_submit(L->e, L->prompt, L->prompt_len, &L->p, bench_event, L, NULL) != LOOM_OK)
         loom_panic(__FILE__, __LINE__, "bench request refused: %s", loom_errmsg());
 }
@@ -54,9 +61,10 @@ static void bench_event(void *ctx, const loom_engine_event_t *ev) {
  * output tokens/s; median TTFT into *ttft_ms; with conc 1, the decode rate
  * (tokens after the first over the time from first to last, the rate
  * llama-bench's tg measures) into *decode. */
-static double run_level(loom_engine_t *e, const int *prompt, int plen, int gen, int conc, int total,
+static double run_level(loom_engine_t *e, const int *prompt, int plen, int vocab, int gen, int conc, int total,
                         double *ttft_ms, double *decode) {
-    load_t L = {.e = e, .prompt = prompt, .prompt_len = plen, .total = total};
+    load_t L = {.e = e, .prompt = loom_malloc((size_t)plen * sizeof(int)), .prompt_len = plen, .vocab = vocab, .total = total};
+    memcpy(L.prompt, prompt, (size_t)plen * sizeof(int));
     loom_request_params_default(&L.p);
     L.p.max_tokens = gen;
     L.ttft = loom_calloc((size_t)total + 1, sizeof(double));
@@ -67,7 +75,7 @@ static double run_level(loom_engine_t *e, const int *prompt, int plen, int gen, 
     loom_sort_doubles(L.ttft, total);
     *ttft_ms = 1e3 * L.ttft[total / 2];
     *decode = conc == 1 && L.decode_time > 0 ? (double)L.decode_tokens / L.decode_time : 0;
-    free(L.ttft);
+    free(L.ttft), free(L.prompt);
     return (double)L.tokens / dt;
 }
 
@@ -95,6 +103,7 @@ typedef struct {
     const char *model, *kv_memory, *conc_text, *run, *llama_bin, *gguf, *device, *sweep;
     int conc[16], nconc;
     int vocab, plen, gen, repeat, threads, block_size, max_batch_tokens, quant, kv_dtype, sparse, speculate;
+    double prefill_ratio;
 } bench_flags_t;
 
 /* One configuration measured (a "side"): weights, scales, logits, cache. */
@@ -157,7 +166,8 @@ static int parse_sides(const bench_flags_t *f, bench_side_t *sd) {
  * measured at the start of each round; medians and spread printed. */
 /* medians: out tok/s per side and level; dec1: per side, the median decode
  * tok/s of the one-at-a-time level (0 when there is none). */
-static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const int *prompt, double *medians, double *dec1) {
+static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const int *prompt, int vocab, double *medians,
+                      double *dec1) {
     int nl = f->nconc, R = f->repeat;
     double *tps = loom_calloc((size_t)(ns * nl * R), sizeof(double)), *ttft = loom_calloc((size_t)(ns * nl * R), sizeof(double));
     double *bw = loom_calloc((size_t)R, sizeof(double)), *dec = loom_calloc((size_t)(ns * nl * R), sizeof(double));
@@ -171,7 +181,7 @@ static void run_table(bench_side_t *sd, int ns, const bench_flags_t *f, const in
         for (int s = 0; s < ns; s++)
             for (int l = 0; l < nl; l++) {
                 int c = f->conc[l], total = c > 1 ? c : 2, i = (s * nl + l) * R + r;
-                tps[i] = run_level(sd[s].e, prompt, f->plen, f->gen, c, total, &ttft[i], &dec[i]);
+                tps[i] = run_level(sd[s].e, prompt, f->plen, vocab, f->gen, c, total, &ttft[i], &dec[i]);
                 fprintf(stderr, "  %s, concurrency %d, round %d: %.1f tokens/s, TTFT %.0f ms\n", sd[s].name, c, r + 1, tps[i], ttft[i]);
             }
     }
@@ -283,6 +293,7 @@ static loom_status make_engines(const bench_flags_t *f, loom_gpt_t *m, bench_sid
         ec.weights = sd[i].w;
         ec.kv_dtype = sd[i].kv8 ? LOOM_INT8 : LOOM_FP32;
         ec.speculate = f->speculate;
+        ec.prefill_ratio = f->prefill_ratio;
         loom_quant_opts_t qo = {.block = sd[i].block, .logits = !sd[i].fp32_logits};
         sd[i].bytes = loom_quant_decode_bytes(&m->cfg, (loom_quant_mode)sd[i].quant, &qo);
         int stored = m->file_q && !(m->be->caps & LOOM_CAP_DEVICE_MEMORY); /* a device model runs fp32 (ckpt/open.c) */
@@ -324,6 +335,8 @@ static int bench_generate(const bench_flags_t *f) {
         printf("model %s (%.1fM parameters, vocabulary %d, %s, fp32), %d CPU threads, kernels %s, prompts %d + %d new tokens\n",
                f->run ? f->run : f->model, loom_gpt_num_params(cfg) / 1e6, cfg->vocab_size, f->run ? "checkpoint" : "random weights",
                m->be->threads, m->be->kernels ? m->be->kernels : "-", f->plen, f->gen);
+        printf("every request's prompt its own (none served from the prefix cache); prompt work per step while others decode: %s\n",
+               f->prefill_ratio > 0 ? "at most --prefill-ratio decode steps' time" : "no limit (--prefill-ratio 0)");
         s = make_engines(f, m, sd, ns);
         if (s == LOOM_OK) release_fp32(f, m, sd, ns);
     }
@@ -331,13 +344,14 @@ static int bench_generate(const bench_flags_t *f) {
         int *prompt = loom_malloc((size_t)f->plen * sizeof(int));
         for (int i = 0; i < f->plen; i++) prompt[i] = (int)((i * 7919u + 13u) % (unsigned)m->cfg.vocab_size);
         double med[MAX_SIDES * 16] = {0}, dec1[MAX_SIDES] = {0};
-        run_table(sd, ns, f, prompt, med, dec1);
+        run_table(sd, ns, f, prompt, m->cfg.vocab_size, med, dec1);
         free(prompt);
         for (int i = 0; i < ns; i++) {
             loom_engine_stats_t st;
             loom_engine_stats(sd[i].e, &st);
-            printf("engine %s: %lld steps, mean batch %.1f rows, %lld preemptions\n", sd[i].name, st.steps,
-                   (double)st.batch_rows / (double)(st.steps ? st.steps : 1), st.preemptions);
+            printf("engine %s: %lld steps, mean batch %.1f rows, %lld preemptions, %lld of %lld prompt tokens from the prefix cache\n",
+                   sd[i].name, st.steps, (double)st.batch_rows / (double)(st.steps ? st.steps : 1), st.preemptions, st.prefix_hits,
+                   st.prefix_queries);
         }
         llama_peer(f, m->be->threads, sd, ns, med, dec1);
     } else {
@@ -366,6 +380,7 @@ int cmd_bench_generate(int argc, char **argv) {
          "not the model's whole context), or bytes (512M, 2G) or a share of the memory free now (0.25)"},
         loom_flag(LOOM_FLAG_BLOCK_SIZE, &f.block_size),
         loom_flag(LOOM_FLAG_MAX_BATCH_TOKENS, &f.max_batch_tokens),
+        loom_flag(LOOM_FLAG_PREFILL_RATIO, &f.prefill_ratio),
         loom_flag(LOOM_FLAG_QUANT, &f.quant),
         loom_flag(LOOM_FLAG_KV_DTYPE, &f.kv_dtype),
         loom_flag(LOOM_FLAG_SPARSE, &f.sparse),

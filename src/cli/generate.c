@@ -200,6 +200,7 @@ loom_status loom_cli_engine_flags_config(const loom_cli_engine_flags_t *ef, loom
     LOOM_TRY(loom_cli_engine_config(ef->kv_memory, ef->block_size, ef->max_batch_tokens, ef->max_seqs, c));
     c->prefix_cache = !ef->no_prefix_cache;
     c->speculate = ef->speculate;
+    c->prefill_ratio = ef->prefill_ratio;
     return LOOM_OK;
 }
 

@@ -21,14 +21,15 @@ typedef struct {
     int block_size, max_batch_tokens, max_seqs, quant, kv_dtype, sparse;
     int no_prefix_cache; /* --no-prefix-cache (where a command has it) */
     int speculate;       /* --speculate N: draft tokens by prompt lookup (where a command has it) */
+    double prefill_ratio; /* --prefill-ratio X (serve/step_budget.h) */
 } loom_cli_engine_flags_t;
 
 /* The engine's batch and cache-block flags (--block-size,
- * --max-batch-tokens, --max-seqs, in this order) bound to `ef`, a
- * loom_cli_engine_flags_t: rows for a command's flag table. */
+ * --max-batch-tokens, --max-seqs, --prefill-ratio, in this order) bound to
+ * `ef`, a loom_cli_engine_flags_t: rows for a command's flag table. */
 #define LOOM_CLI_ENGINE_SIZE_FLAGS(ef)                                                                    \
     loom_flag(LOOM_FLAG_BLOCK_SIZE, &(ef).block_size), loom_flag(LOOM_FLAG_MAX_BATCH_TOKENS, &(ef).max_batch_tokens), \
-        loom_flag(LOOM_FLAG_MAX_SEQS, &(ef).max_seqs)
+        loom_flag(LOOM_FLAG_MAX_SEQS, &(ef).max_seqs), loom_flag(LOOM_FLAG_PREFILL_RATIO, &(ef).prefill_ratio)
 
 /* The loom_open options those flags ask for (device, --quant, --kv-dtype, --sparse). */
 loom_open_opts_t loom_cli_engine_flags_open(const loom_cli_engine_flags_t *ef, int threads);

@@ -123,7 +123,7 @@ struct loom_engine_loop {
 
 void loom_engine_config_default(loom_engine_config_t *c) {
     *c = (loom_engine_config_t){.block_size = 16, .kv_bytes = (size_t)256 << 20, .kv_dtype = LOOM_FP32,
-                                .max_batch_tokens = 512, .max_seqs = 64, .prefix_cache = 1};
+                                .max_batch_tokens = 512, .max_seqs = 64, .prefix_cache = 1, .prefill_ratio = 1.0};
 }
 
 const char *loom_finish_name(loom_finish_reason f) {
@@ -204,6 +204,8 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
         return loom_error(LOOM_EINVAL, "--max-batch-tokens %d, --max-seqs %d: each must be at least 1", c->max_batch_tokens, c->max_seqs);
     if (c->speculate < 0 || c->speculate > SPEC_MAX_DRAFT)
         return loom_error(LOOM_EINVAL, "--speculate %d: expected 0 (off) to %d draft tokens", c->speculate, SPEC_MAX_DRAFT);
+    if (!(c->prefill_ratio >= 0 && c->prefill_ratio <= 1000))
+        return loom_error(LOOM_EINVAL, "--prefill-ratio %g: expected 0 (no limit) to 1000 decode steps' time", c->prefill_ratio);
     size_t per = loom_infer_block_bytes(&m->cfg, c->block_size, c->kv_dtype);
     size_t nb = c->kv_bytes / per;
     int maxT = c->max_context > 0 && c->max_context < m->cfg.max_seq_len ? c->max_context : m->cfg.max_seq_len;
@@ -230,6 +232,7 @@ loom_status loom_engine_create(loom_engine_t **out, loom_gpt_t *m, const loom_to
     pthread_mutex_init(&e->mu, NULL);
     e->next_id = 1;
     loom_step_budget_init(&e->budget, c->max_batch_tokens);
+    e->budget.ratio = c->prefill_ratio;
     size_t T = (size_t)c->max_batch_tokens, S = (size_t)c->max_seqs;
     e->b_tok = loom_malloc(T * sizeof(int));
     e->b_pos = loom_malloc(T * sizeof(int));

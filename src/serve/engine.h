@@ -60,6 +60,10 @@ typedef struct {
                                      engine; zero (the default): the fp32 weights */
     int prefix_cache;     /* 1 (default): reuse cached KV blocks of equal prompt prefixes (serve/kv_cache.h) */
     int speculate;        /* draft tokens per step (speculative decoding), 0 (default) off, <= 16 */
+    double prefill_ratio; /* prompt work a step may take while sequences decode, in decode-only
+                             steps' time (serve/step_budget.h): 1 (default) keeps their
+                             inter-token latency within about 2x; 0: no limit, prompts fill
+                             max_batch_tokens (throughput first) */
     /* Where drafts come from: NULL (default) prompt lookup (n-gram); else
      * draft(ctx, tokens, len, out, max, sp, rng, q) writes up to max tokens
      * to follow tokens[0..len) into out and returns how many (a draft

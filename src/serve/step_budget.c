@@ -27,7 +27,7 @@ void loom_step_budget_observe(loom_step_budget_t *b, int decode_rows, int prefil
 int loom_step_budget_prefill(const loom_step_budget_t *b, int decode_rows) {
     int room = b->max_rows - decode_rows;
     if (room <= 0) return 0;
-    if (decode_rows == 0 || b->t_decode <= 0 || b->c_prefill <= 0) return room;
+    if (decode_rows == 0 || b->ratio <= 0 || b->t_decode <= 0 || b->c_prefill <= 0) return room; /* ratio 0: no limit */
     double rows = b->ratio * b->t_decode / b->c_prefill;
     int n = rows >= room ? room : (int)rows;
     if (n < b->min_rows) n = b->min_rows < room ? b->min_rows : room;

@@ -20,7 +20,7 @@
 typedef struct {
     int max_rows;     /* rows per step at most (the engine's max_batch_tokens) */
     int min_rows;     /* prefill rows a step may always take (default 8) */
-    double ratio;     /* prefill time per step in decode-only steps (default 1) */
+    double ratio;     /* prefill time per step in decode-only steps (default 1; 0 = no limit) */
     double t_decode;  /* seconds of a decode-only step (moving average; 0 = none seen) */
     double c_prefill; /* seconds one prefill row adds to a step (moving average; 0 = none seen) */
 } loom_step_budget_t;
@@ -31,7 +31,8 @@ void loom_step_budget_init(loom_step_budget_t *b, int max_rows);
  * took `seconds`. */
 void loom_step_budget_observe(loom_step_budget_t *b, int decode_rows, int prefill_rows, double seconds);
 /* Prefill rows the next step may take beside decode_rows decode rows:
- * max_rows - decode_rows when nothing decodes or nothing is learned yet,
+ * max_rows - decode_rows when nothing decodes, ratio is 0 or nothing is
+ * learned yet,
  * else ratio * t_decode / c_prefill within [min_rows, max_rows - decode_rows]
  * (never below 0). */
 int loom_step_budget_prefill(const loom_step_budget_t *b, int decode_rows);
