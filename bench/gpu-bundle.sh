@@ -22,6 +22,7 @@
 #                   can rebuild there with nvcc when the carried binaries
 #                   cannot start
 #   .gpu/data/kjv.txt.gz  1 MB of the King James Bible (Debian's bible-kjv), gzipped
+#   .gpu/data/llama_q4k.gguf  a small Llama in k-quant blocks (tests/gguf_blocks.py)
 #   .gpu/MANIFEST   what is inside: file, bytes, sha256, where it came from,
 #                   the build's flags, the newest glibc symbol version used
 #
@@ -137,6 +138,17 @@ elif command -v bible >/dev/null; then
 fi
 [ -s "$OUTB/data/kjv.txt" ] || { echo "gpu-bundle: no corpus: install bible-kjv (make deps)" >&2; exit 1; }
 gzip -9n "$OUTB/data/kjv.txt"
+# a Llama-architecture GGUF in k-quant blocks (q4_K, ffn_down q8_0, 14.7M
+# parameters, 9.4 MB; tests/gguf_blocks.py llama_q4k, written by the gguf
+# package under .deps/py): what gpu-check's gguf_llama_cuda row loads on
+# the GPU. Without the package here the row says it is not in the bundle.
+gq=$(mktemp -d /tmp/loom-gpu-bundle-gguf.XXXXXX)
+if PYTHONPATH=.deps/py:.deps/hf44 /usr/bin/python3 tests/gguf_blocks.py "$gq" llama_q4k >/dev/null 2>&1; then
+    cp "$gq/llama_q4k.gguf" "$OUTB/data/llama_q4k.gguf"
+else
+    echo "gpu-bundle: note: no data/llama_q4k.gguf (the gguf package is not under .deps/py: make deps); gguf_llama_cuda will say so" >&2
+fi
+rm -rf "$gq"
 
 glibc=$(for b in "$OUTB"/build/loom "$OUTB"/build/libloom_cuda.so "$OUTB"/build/tests/test_* "$OUTB"/lib/*.so.*; do
     objdump -T "$b" 2>/dev/null | grep -o 'GLIBC_[0-9.]*'
@@ -154,7 +166,7 @@ done | sort -t. -k2,2n -k3,3n -u | tail -n 1)
     done)
 } >"$OUTB/MANIFEST"
 # headers and the corpus come from known places; say so once instead of per file
-sed -i -E 's#^(include/[^ ]+ [0-9]+ [0-9a-f]+) loom$#\1 header#; s#^(data/kjv.txt.gz [0-9]+ [0-9a-f]+) loom$#\1 bible-kjv (first 1000000 bytes, gzipped)#' "$OUTB/MANIFEST"
+sed -i -E 's#^(include/[^ ]+ [0-9]+ [0-9a-f]+) loom$#\1 header#; s#^(data/kjv.txt.gz [0-9]+ [0-9a-f]+) loom$#\1 bible-kjv (first 1000000 bytes, gzipped)#; s#^(data/llama_q4k.gguf [0-9]+ [0-9a-f]+) loom$#\1 tests/gguf_blocks.py llama_q4k (random blocks)#' "$OUTB/MANIFEST"
 
 bytes=$(du -sb "$OUTB" | cut -f1)
 mb=$(( (bytes + 1048575) / 1048576 ))
@@ -166,7 +178,7 @@ part "build/tests ($(ls "$OUTB/build/tests" | wc -l) GPU tests)" "$(du -sb "$OUT
 part "lib/ (non-CUDA libraries)" "$(du -sb "$OUTB/lib" | cut -f1)"
 for f in $(ls -S "$OUTB/lib" | head -n 4); do [ -f "$OUTB/lib/$f" ] && part "  lib/$f" "$(stat -c %s "$OUTB/lib/$f")"; done
 part "include/ (for a rebuild there)" "$(du -sb "$OUTB/include" | cut -f1)"
-part "data/ (corpus)" "$(du -sb "$OUTB/data" | cut -f1)"
+part "data/ (corpus, a k-quant GGUF)" "$(du -sb "$OUTB/data" | cut -f1)"
 echo "gpu-bundle: $mb of $LIMIT_MB MiB, headroom $((LIMIT_MB - mb)) MiB (the working tree travels too: 64 MiB in all)"
 if [ "$mb" -gt "$LIMIT_MB" ]; then
     echo "gpu-bundle: $OUTB is $mb MiB, over the $LIMIT_MB MiB limit (the working tree and the carried folder travel together, 64 MiB at most)" >&2

@@ -270,3 +270,18 @@ row_decode_profile() {
     row decode_profile "$([ $rc = 0 ] && echo info || verdict $rc)" "$(grep -E '^decode-profile: [0-9]|^decode-profile: wall' "$WORK/decode_profile.log" |
         sed 's/^decode-profile: //' | paste -sd';' - | grep . || why "$WORK/decode_profile.log")"
 }
+
+# A Llama-architecture GGUF in k-quant blocks (the bundle's
+# data/llama_q4k.gguf) through the engine on the GPU: the file's blocks
+# are dequantized at load (a device model runs fp32, docs/quantization.md)
+row_gguf_cuda() {
+    local f=$BUNDLE/data/llama_q4k.gguf
+    [ -n "$BIN" ] || { row gguf_llama_cuda FAIL "no loom binary"; return; }
+    [ -s "$f" ] || { row gguf_llama_cuda FAIL "no data/llama_q4k.gguf in the bundle (make deps, then make gpu-bundle)"; return; }
+    run "$(limit_of gguf_llama_cuda)" gguf_llama_cuda "$BIN/loom" bench generate --device cuda --run "$f" --concurrency 1,4 \
+        --repeat 1 --prompt-len 16 --gen 16
+    local rc=$?
+    row gguf_llama_cuda "$(verdict $rc)" "$(awk '$2 == "one" && $3 == "request" { s = s "1 in flight " $7 " tok/s" }
+        $2 == "continuous" { s = s "; " $4 + 0 " in flight " $5 " tok/s" } END { print s }' "$WORK/gguf_llama_cuda.log" |
+        grep . || why "$WORK/gguf_llama_cuda.log")"
+}

@@ -20,7 +20,8 @@
 #       (gpt2-tiny, 100 steps); serve_smoke (loom serve on that run, one
 #       completion over HTTP); train_llama (llama-tiny: RMSNorm, rotary,
 #       SwiGLU, grouped-query attention end to end, bf16, graphs on);
-#       bench_generate (fp32 and W8A8 + int8 KV; smollm2-135m-shaped)
+#       bench_generate (fp32 and W8A8 + int8 KV; smollm2-135m-shaped);
+#       gguf_llama_cuda (a Llama GGUF in q4_K/q8_0 blocks run on the GPU)
 #     3 compute-sanitizer memcheck and racecheck on a reduced op test;
 #       tp_ops (test_cuda_ops' tensor-parallel cases: the vocabulary
 #       shard, the bf16 wire conversions, NCCL with one rank) and
@@ -83,6 +84,7 @@ ROW_SPECS=(
     "serve_smoke|2|40|15|train_bf16|row_serve"
     "train_llama|2|45|20|tokenize|row_train llama - --model llama-tiny --dtype bf16 --cuda-graphs on"
     "bench_generate_llama|2|50|20||row_generate llama --model smollm2-135m --concurrency 1,16 --repeat 1 --gen 64"
+    "gguf_llama_cuda|2|40|10||row_gguf_cuda"
     "bench_generate|2|50|20||row_generate fp32"
     "bench_generate_int8|2|50|20||row_generate int8 --quant w8a8 --kv-dtype int8"
     "sanitizer_memcheck|3|90|60||row_sanitizer memcheck"
