@@ -197,6 +197,13 @@ PY
     fi
 }
 
+# LOG of loom bench generate: each level's out tok/s and TTFT on one line
+# (else what went wrong)
+generate_summary() {
+    awk '$2 == "one" && $3 == "request" { s = s "1 in flight " $7 " tok/s, TTFT " $9 " ms" }
+        $2 == "continuous" { s = s "; " $4 + 0 " in flight " $5 " tok/s, TTFT " $7 " ms" } END { print s }' "$1" | grep . || why "$1"
+}
+
 # loom's generation benchmark on the GPU (fp32; W8A8 weights with an int8
 # KV cache: cuda_int8.cu end to end; a smollm2-135m-shaped Llama)
 row_generate() {
@@ -205,10 +212,7 @@ row_generate() {
     [ -n "$BIN" ] || { row "$name" FAIL "no loom binary"; return; }
     run "$(limit_of "$name")" "$name" "$BIN/loom" bench generate --device cuda "$@"
     local rc=$?
-    # the one-at-a-time and the largest concurrency's out tok/s, and the TTFT
-    row "$name" "$(verdict $rc)" "$(awk '$2 == "one" && $3 == "request" { s = s "1 in flight " $7 " tok/s, TTFT " $9 " ms" }
-        $2 == "continuous" { s = s "; " $4 + 0 " in flight " $5 " tok/s, TTFT " $7 " ms" } END { print s }' "$WORK/$name.log" |
-        grep . || why "$WORK/$name.log")"
+    row "$name" "$(verdict $rc)" "$(generate_summary "$WORK/$name.log")"
 }
 
 # compute-sanitizer on a reduced op test (the bf16 cases of test_cuda_ops
@@ -281,7 +285,5 @@ row_gguf_cuda() {
     run "$(limit_of gguf_llama_cuda)" gguf_llama_cuda "$BIN/loom" bench generate --device cuda --run "$f" --concurrency 1,4 \
         --repeat 1 --prompt-len 16 --gen 16
     local rc=$?
-    row gguf_llama_cuda "$(verdict $rc)" "$(awk '$2 == "one" && $3 == "request" { s = s "1 in flight " $7 " tok/s" }
-        $2 == "continuous" { s = s "; " $4 + 0 " in flight " $5 " tok/s" } END { print s }' "$WORK/gguf_llama_cuda.log" |
-        grep . || why "$WORK/gguf_llama_cuda.log")"
+    row gguf_llama_cuda "$(verdict $rc)" "$(generate_summary "$WORK/gguf_llama_cuda.log")"
 }

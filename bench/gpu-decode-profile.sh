@@ -34,7 +34,6 @@ for r in rows[1:]:
 n = sum(c for c, _ in per.values()); tot = sum(t for _, t in per.values())
 gen = int(sys.argv[3]); reqs = 2  # bench generate's one-at-a-time level runs 2 requests
 wall = open(sys.argv[2]).read()
-m = re.search(r"one request at a time\s+([0-9.]+)", wall)
 d = re.search(r"one request at a time.*?x\s+([0-9.]+) \(", wall)
 print(f"decode-profile: {n} kernels, {tot/1e6:.2f} ms of kernel time over {reqs} requests of {gen} tokens "
       f"(prefill included): {n/(reqs*gen):.0f} kernels and {tot/1e6/(reqs*gen):.3f} ms of kernels per token")

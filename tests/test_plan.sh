@@ -3,9 +3,9 @@
 # runs allocate (LOOM_MEM_REPORT, src/core/mem.h) and planned peak process
 # memory is within 10% of their VmHWM, for three CPU configurations
 # (plain, recompute, ZeRO-1 on 2 ranks); planned step time equal to a
-# run's median for the same configuration and between 1x and 2x of it for
-# twice the batch (a real batch-8 run beside it: INFO, speed is measured,
-# not asserted);
+# run's median for the same configuration and to twice it for twice the
+# batch (a real batch-8 run beside it: INFO, speed is measured, not
+# asserted);
 # FLOPs per token equal the trainer's formula (recomputed here) for every
 # preset; the spot checkpoint interval and goodput agree with a Monte Carlo
 # simulation within 5%; mig-parted and Kubernetes output parse as YAML with
@@ -47,9 +47,11 @@ done
 
 # ---- time: planned from a run's median step, then another batch size ----
 # What the planner does with a measured run is checked exactly: the same
-# configuration gets the run's median step (first step left out) and a
-# batch twice as large at most twice that, at least the same (its FLOPs
-# per token are the same; fixed per-step work does not double). How close
+# configuration gets the run's median step (first step left out), and a
+# batch twice as large twice that (its time is the step's FLOPs over the
+# run's measured rate, one process: no communication term; FLOPs per token
+# do not change with the batch, and equal the trainer's formula, checked
+# below for every preset). How close
 # the plan comes to a real batch-8 run is a speed measurement, printed as
 # INFO and never a failure: it depends on the machine's load, and a test
 # may not (two side-by-side runs on a shared 2-core machine still missed a
@@ -68,8 +70,8 @@ except ValueError:
     print(f"FAIL plan_step_time_same_batch: no plan or no run median ({sys.argv[1:5]})"); sys.exit()
 ok = abs(p1 / m1 - 1) <= 1e-3
 print(f"{'PASS' if ok else 'FAIL'} plan_step_time_same_batch{'' if ok else ':'} planned {p1:.4f} s, the run's median {m1:.4f} s")
-ok = p1 <= p2 <= 2 * p1 * (1 + 1e-9)
-print(f"{'PASS' if ok else 'FAIL'} plan_step_time_other_batch{'' if ok else ':'} batch 8 planned {p2:.4f} s against batch 4's {p1:.4f} s (between 1x and 2x)")
+ok = abs(p2 / (2 * m1) - 1) <= 1e-3
+print(f"{'PASS' if ok else 'FAIL'} plan_step_time_other_batch{'' if ok else ':'} batch 8 planned {p2:.4f} s, twice batch 4's median {2 * m1:.4f} s")
 print(f"INFO plan_step_time_real_batch8: planned {p2:.4f} s, a real batch-8 run's median {m2:.4f} s ({p2 / m2:.2f}x; speed, not asserted)")
 PY
 
