@@ -15,7 +15,12 @@ ARCH    ?= -march=native
 OPT     ?= -O3
 # Paths are built with snprintf into PATH_MAX buffers; gcc cannot prove they fit.
 WARN    := -Wall -Wextra -Werror -Wno-unused-parameter -Wno-format-truncation
-CFLAGS  := -std=gnu11 $(OPT) $(ARCH) -g -fopenmp $(WARN) -Isrc $(EXTRA_CFLAGS)
+# Floating-point operations never trap here (nothing enables FP exceptions):
+# without this GCC will not if-convert a clamp feeding arithmetic, so
+# cpu_math.h's exp, and with it every softmax, SiLU and attention loop,
+# stayed scalar. No results change: only which instructions compute them.
+FPFLAGS := -fno-trapping-math
+CFLAGS  := -std=gnu11 $(OPT) $(ARCH) $(FPFLAGS) -g -fopenmp $(WARN) -Isrc $(EXTRA_CFLAGS)
 LDLIBS  := $(if $(NO_BLAS),,-lopenblas) -lcjson -lm -lpthread -ldl -lmicrohttpd
 BUILD   := build
 ifneq ($(NO_BLAS),)
@@ -136,7 +141,14 @@ $(BUILD)/tests/check.o: tests/check.c tests/check.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/%.o: %.c
+# The C objects depend on the flags they were compiled with: a file holding
+# them, rewritten only when they change (a new -f option, or NO_CUDA=1
+# after a CUDA build, otherwise left objects of the other kind behind).
+FLAGS_FILE := $(BUILD)/cflags
+$(shell mkdir -p $(BUILD) && (echo '$(CC) $(CFLAGS)' | cmp -s - $(FLAGS_FILE) || echo '$(CC) $(CFLAGS)' > $(FLAGS_FILE)))
+
+$(BUILD)/tests/check.o: $(FLAGS_FILE)
+$(BUILD)/%.o: %.c $(FLAGS_FILE)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 

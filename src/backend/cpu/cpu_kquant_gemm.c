@@ -686,6 +686,40 @@ KA_TARGET static inline __attribute__((always_inline)) void ka_tile_q8(const kb_
         }
 }
 
+/* ka_tile_q8 straight from q8_0 held 8 rows interleaved (qblock.h): the
+ * tile's 8 output rows are one group, whose block b holds each row's 4
+ * bytes of group g side by side at G + 256 b + 32 g + 4 r and the 8 rows'
+ * scales at S + 8 b + r. The same products in the same order as on the
+ * unpacked records (bit for bit), without unpacking: at 16 input rows the
+ * records' transposition and copy cost 40% of the tile's time (smollm2's
+ * 16-in-flight decode). */
+KA_TARGET static inline __attribute__((always_inline)) void ka_tile_q8i(const int8_t *G, const float *S, const kb_act_t *act, int nb,
+                                                                       int lanes, float f[KI_O][KI_R]) {
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    memset(f, 0, sizeof(float) * KI_O * KI_R);
+    for (int b = 0; b < nb; b++, act++, G += 256, S += 8)
+        for (int h = 0; h < lanes; h += KA_R) {
+            __m256 xd = _mm256_load_ps(act->xd + h);
+            for (int o0 = 0; o0 < KI_O; o0 += KA_O) {
+                __m256i s[KA_O];
+                for (int o = 0; o < KA_O; o++) s[o] = _mm256_setzero_si256();
+#pragma GCC unroll 1
+                for (int g = 0; g < 8; g++) {
+                    __m256i q = _mm256_xor_si256(_mm256_load_si256((const __m256i *)act->q[g][h]), flip), aq = _mm256_abs_epi8(q);
+                    for (int o = 0; o < KA_O; o++) {
+                        int32_t v4;
+                        memcpy(&v4, G + 32 * g + 4 * (o0 + o), 4);
+                        __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(_mm256_set1_epi32(v4), q));
+                        s[o] = _mm256_add_epi32(s[o], _mm256_madd_epi16(p, ones));
+                    }
+                }
+                for (int o = 0; o < KA_O; o++)
+                    _mm256_store_ps(f[o0 + o] + h, _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[o]), _mm256_mul_ps(xd, _mm256_set1_ps(S[o0 + o])),
+                                                                   _mm256_load_ps(f[o0 + o] + h)));
+            }
+        }
+}
+
 /* The 32-value tile on the first `lanes` input rows: hasmin as kb_tile,
  * per as above. */
 KA_TARGET static inline __attribute__((always_inline)) void ka_tile_b(const kb_w_t *w, const kb_act_t *act, int nb, int lanes,
@@ -935,7 +969,11 @@ KA_TARGET static void kx_block_avx2(const kg_job_t *j, const void *w, const void
     case LOOM_Q5_0: ka_tile_b(w, act, nrec, l, 0, 4, f); break;
     case LOOM_Q4_1: ka_tile_b(w, act, nrec, l, 1, 4, f); break;
     case LOOM_Q5_1: ka_tile_b(w, act, nrec, l, 1, 2, f); break;
-    default: ka_tile_q8(w, act, nrec, l, f); break; /* LOOM_INT8 */
+    default: /* LOOM_INT8 */
+        if (j->w->layout == LOOM_LAYOUT_ROWS8) /* kx_run unpacked nothing (kx_direct) */
+            ka_tile_q8i((const int8_t *)j->w->data + (size_t)o0 * j->C, j->w->scales + (size_t)o0 * nrec, act, nrec, l, f);
+        else ka_tile_q8(w, act, nrec, l, f);
+        break;
     }
     if (no == KI_O && !j->gelu) ka_store(j, f, r0, o0);
     else kx_put(j, f, r0, o0, no);
@@ -998,6 +1036,8 @@ static int kx_run(const kg_job_t *j, int nt, const kx_kind_t *k, kx_block_fn blo
     size_t ab = k->act_bytes * nrec, wb = k->w_bytes * nrec; /* an input tile's records, an output row's */
     char *act = kg_grow(&abuf, &ahave, (size_t)ntile * ab), *wp = kg_grow(&wbuf, &whave, (size_t)nt * KI_P * wb);
     if (!act || !wp) return 0;
+    /* q8_0 held 8 rows interleaved: the AVX2 tile reads it as it lies (ka_tile_q8i) */
+    int direct = k == &kb_kind && j->w->dtype == LOOM_INT8 && j->w->layout == LOOM_LAYOUT_ROWS8 && block == kx_block_avx2;
     if (j->N % KI_R) /* the last tile's unused lanes: zeros, their sums unused */
         memset(act + (size_t)(ntile - 1) * ab, 0, ab);
 #pragma omp parallel num_threads(nt) if ((double)j->N * j->C * j->OC > 1 << 18)
@@ -1009,10 +1049,10 @@ static int kx_run(const kg_job_t *j, int nt, const kx_kind_t *k, kx_block_fn blo
         for (int p = 0; p < np; p++) {
             int o0 = p * KI_P, no = j->OC - o0 < KI_P ? j->OC - o0 : KI_P;
             int by8 = k->unpack8 && j->w->layout == LOOM_LAYOUT_ROWS8; /* o0 and no multiples of 8 then */
-            for (int o = 0; o < no; o += by8 ? 8 : 1)
+            for (int o = 0; o < no && !direct; o += by8 ? 8 : 1)
                 if (by8) k->unpack8(j, o0 + o, w + (size_t)o * wb, wb);
                 else k->unpack(j, o0 + o, w + (size_t)o * wb);
-            if (no % KI_O) memset(w + (size_t)no * wb, 0, (size_t)(KI_O - no % KI_O) * wb);
+            if (no % KI_O && !direct) memset(w + (size_t)no * wb, 0, (size_t)(KI_O - no % KI_O) * wb);
             for (int t = 0; t < ntile; t++)
                 for (int ot = 0; ot < no; ot += KI_O)
                     block(j, w + (size_t)ot * wb, act + (size_t)t * ab, nrec, t * KI_R, o0 + ot,

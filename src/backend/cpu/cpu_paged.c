@@ -346,87 +346,149 @@ void loom_cpu_kv_write(const loom_tensor_t *kv, const float *qkv, const int *slo
 
 #define MAX_BLOCK 256 /* the largest block_size the engine accepts */
 
-/* One (row, head): o (hs) = softmax(q K^T * scale) V over keys 0..pos, a
- * block of the table at a time with a running (online) softmax. One loop
- * for both cache types: always inlined with a constant i8, so each
- * element type gets its own vectorized copy, and with a constant head size
- * for the common ones (64, 128: the running output then stays in
- * registers). On an int8 cache a row's scale goes into the key scale and
- * the softmax weight of each value. The block's exponentials are taken in
- * one vector loop before the weighted sum of values (the same value per
- * key as one at a time). */
+#define ATT_G 8 /* query heads one task takes at most */
+
+/* s[j] = (q . K[j]) * sk for the n keys of a block (fp32, hs a multiple of
+ * 8): eight keys at a time, each its own chain of multiply-adds, their
+ * eight sums reduced together. One key at a time (the loop below) was one
+ * chain: a multiply-add's latency per 8 values, and a whole horizontal sum
+ * per key. */
+__attribute__((target("avx2,fma"))) static void scores_avx2(const float *q, const float *K, int n, int hs, float sk, float *s) {
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 a[8];
+        for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
+        for (int e = 0; e < hs; e += 8) {
+            __m256 qv = _mm256_loadu_ps(q + e);
+            for (int k = 0; k < 8; k++) a[k] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(K + (size_t)(j + k) * hs + e), a[k]);
+        }
+        __m256 g0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3])); /* keys 0-3 | 0-3, halves */
+        __m256 g1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+        __m256 t = _mm256_add_ps(_mm256_permute2f128_ps(g0, g1, 0x20), _mm256_permute2f128_ps(g0, g1, 0x31));
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(t, _mm256_set1_ps(sk)));
+    }
+    for (; j < n; j++) {
+        __m256 a = _mm256_setzero_ps();
+        for (int e = 0; e < hs; e += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(K + (size_t)j * hs + e), a);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        s[j] = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h))) * sk;
+    }
+}
+
+/* Query heads h0 .. h0 + ng - 1 (ng <= ATT_G) of one row, all reading the
+ * cache's head kh (grouped-query attention): o (ng x hs) = softmax(q K^T *
+ * scale) V over keys 0..pos, a block of the table at a time with a running
+ * (online) softmax per head. A block's keys and values are read from
+ * memory once for the ng heads (the later heads find them in L1: on
+ * smollm2's 16-in-flight decode, one head at a time read the cache three
+ * times and attention was a fifth of the step). One loop for both cache
+ * types: always inlined with a constant i8, so each element type gets its
+ * own vectorized copy, and with a constant head size for the common ones
+ * (64, 128: a head's running output then stays in registers). On an int8
+ * cache a row's scale goes into the key scale and the softmax weight of
+ * each value. The block's exponentials are taken in one vector loop
+ * before the weighted sum of values (the same value per key as one at a
+ * time). */
 __attribute__((always_inline)) static inline void attend(float *o, const float *q, const loom_tensor_t *kv, int NH,
-                                                        int bs, const int *table, int pos, int h, int i8, int hs) {
-    float scale = 1.0f / sqrtf((float)hs), mx = -INFINITY, sum = 0, s[MAX_BLOCK], acc[hs];
-    for (int e = 0; e < hs; e++) acc[e] = 0.0f;
+                                                        int bs, const int *table, int pos, int kh, int ng, int i8, int hs,
+                                                        int avx2) {
+    float scale = 1.0f / sqrtf((float)hs), mx[ATT_G], sum[ATT_G], s[MAX_BLOCK], acc[ATT_G][hs];
+    for (int g = 0; g < ng; g++) {
+        mx[g] = -INFINITY, sum[g] = 0.0f;
+        for (int e = 0; e < hs; e++) acc[g][e] = 0.0f;
+    }
     for (int t0 = 0; t0 <= pos; t0 += bs) {
         int n = pos + 1 - t0 < bs ? pos + 1 - t0 : bs, blk = table[t0 / bs];
-        size_t rk = ((size_t)blk * 2) * NH + h, rv = rk + NH; /* rows of K and V (backend.h) */
+        size_t rk = ((size_t)blk * 2) * NH + kh, rv = rk + NH; /* rows of K and V (backend.h) */
         const float *K = (const float *)kv->data + rk * kv->cols, *V = (const float *)kv->data + rv * kv->cols;
         const int8_t *K8 = (const int8_t *)kv->data + rk * kv->cols, *V8 = (const int8_t *)kv->data + rv * kv->cols;
-        float sk = i8 ? kv->scales[rk] * scale : scale, sv = i8 ? kv->scales[rv] : 1.0f, bmx = mx;
-        for (int j = 0; j < n; j++) {
-            float d = 0;
+        float sk = i8 ? kv->scales[rk] * scale : scale, sv = i8 ? kv->scales[rv] : 1.0f;
+        if (t0 + bs <= pos) { /* the next block's keys and values asked for now: blocks lie apart, so the
+                               * hardware's prefetcher starts each cold (decode's attention waited on memory) */
+            size_t nk = ((size_t)table[t0 / bs + 1] * 2) * NH + kh, bytes = (size_t)kv->cols * (i8 ? 1 : sizeof(float));
+            const char *nK = (const char *)kv->data + nk * bytes, *nV = nK + (size_t)NH * bytes;
+            for (size_t b = 0; b < bytes; b += 64) __builtin_prefetch(nK + b), __builtin_prefetch(nV + b);
+        }
+        for (int g = 0; g < ng; g++) {
+            const float *qg = q + (size_t)g * hs;
+            float *ag = acc[g], bmx = mx[g];
+            if (!i8 && avx2) scores_avx2(qg, K, n, hs, sk, s);
+            else
+                for (int j = 0; j < n; j++) {
+                    float d = 0;
 #pragma omp simd reduction(+ : d)
-            for (int e = 0; e < hs; e++) d += q[e] * (i8 ? (float)K8[(size_t)j * hs + e] : K[(size_t)j * hs + e]);
-            s[j] = d * sk;
-            bmx = s[j] > bmx ? s[j] : bmx;
+                    for (int e = 0; e < hs; e++) d += qg[e] * (i8 ? (float)K8[(size_t)j * hs + e] : K[(size_t)j * hs + e]);
+                    s[j] = d * sk;
+                }
+            for (int j = 0; j < n; j++) bmx = s[j] > bmx ? s[j] : bmx;
+            float corr = loom_expf(mx[g] - bmx); /* 0 on the first block (mx = -inf) */
+            sum[g] *= corr;
+#pragma omp simd
+            for (int e = 0; e < hs; e++) ag[e] *= corr;
+#pragma omp simd
+            for (int j = 0; j < n; j++) s[j] = loom_expf(s[j] - bmx);
+            for (int j = 0; j < n; j++) {
+                float p = s[j];
+                sum[g] += p;
+                if (i8) p *= sv;
+#pragma omp simd
+                for (int e = 0; e < hs; e++) ag[e] = fmaf(p, i8 ? (float)V8[(size_t)j * hs + e] : V[(size_t)j * hs + e], ag[e]);
+            }
+            mx[g] = bmx;
         }
-        float corr = loom_expf(mx - bmx); /* 0 on the first block (mx = -inf) */
-        sum *= corr;
-#pragma omp simd
-        for (int e = 0; e < hs; e++) acc[e] *= corr;
-#pragma omp simd
-        for (int j = 0; j < n; j++) s[j] = loom_expf(s[j] - bmx);
-        for (int j = 0; j < n; j++) {
-            float p = s[j];
-            sum += p;
-            if (i8) p *= sv;
-#pragma omp simd
-            for (int e = 0; e < hs; e++) acc[e] = fmaf(p, i8 ? (float)V8[(size_t)j * hs + e] : V[(size_t)j * hs + e], acc[e]);
-        }
-        mx = bmx;
     }
-    float inv = 1.0f / sum;
-    for (int e = 0; e < hs; e++) o[e] = acc[e] * inv;
+    for (int g = 0; g < ng; g++) {
+        float inv = 1.0f / sum[g];
+        for (int e = 0; e < hs; e++) o[(size_t)g * hs + e] = acc[g][e] * inv;
+    }
 }
 
 /* attend for the cache's type, with the head size a constant where common. */
 #define ATTEND_HS(NAME, I8)                                                                                          \
-    static void NAME(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table, int pos, int h) { \
-        int hs = (int)(kv->cols / bs);                                                                               \
-        if (hs == 64) attend(o, q, kv, NH, bs, table, pos, h, I8, 64);                                               \
-        else if (hs == 128) attend(o, q, kv, NH, bs, table, pos, h, I8, 128);                                        \
-        else attend(o, q, kv, NH, bs, table, pos, h, I8, hs);                                                        \
+    static void NAME(float *o, const float *q, const loom_tensor_t *kv, int NH, int bs, const int *table, int pos, int kh, \
+                     int ng) {                                                                                       \
+        int hs = (int)(kv->cols / bs), avx2 = hs % 8 == 0 && have_avx2();                                          \
+        if (hs == 64) attend(o, q, kv, NH, bs, table, pos, kh, ng, I8, 64, avx2);                                    \
+        else if (hs == 128) attend(o, q, kv, NH, bs, table, pos, kh, ng, I8, 128, avx2);                             \
+        else attend(o, q, kv, NH, bs, table, pos, kh, ng, I8, hs, avx2);                                             \
     }
 ATTEND_HS(attend_f32, 0)
 ATTEND_HS(attend_i8, 1)
 
-/* The (row, head) tasks of one attention call (cpu_team.h). */
+/* The tasks of one attention call (cpu_team.h): per row, cache head and
+ * chunk of `per` of its G query heads. */
 typedef struct {
     float *out;
     const float *qkv;
     const loom_tensor_t *kv;
     const int *pos, *seq, *tables;
-    int max_blocks, NH, NKV, bs, hs, G;
+    int max_blocks, NH, NKV, bs, hs, G, per, chunks;
     size_t QR;
 } attn_job_t;
 
 static void attn_task(void *ctx, int task) {
     const attn_job_t *j = ctx;
-    int i = task / j->NH, h = task % j->NH, C = j->NH * j->hs;
-    (j->kv->dtype == LOOM_INT8 ? attend_i8 : attend_f32)(j->out + (size_t)i * C + h * j->hs, j->qkv + (size_t)i * j->QR + h * j->hs,
-                                                         j->kv, j->NKV, j->bs, j->tables + (size_t)j->seq[i] * j->max_blocks, j->pos[i],
-                                                         h / j->G);
+    int i = task / (j->NKV * j->chunks), kh = task / j->chunks % j->NKV, c = task % j->chunks;
+    int h = kh * j->G + c * j->per, ng = j->G - c * j->per < j->per ? j->G - c * j->per : j->per, C = j->NH * j->hs;
+    (j->kv->dtype == LOOM_INT8 ? attend_i8 : attend_f32)(j->out + (size_t)i * C + (size_t)h * j->hs,
+                                                         j->qkv + (size_t)i * j->QR + (size_t)h * j->hs, j->kv, j->NKV, j->bs,
+                                                         j->tables + (size_t)j->seq[i] * j->max_blocks, j->pos[i], kh, ng);
 }
 
 void loom_cpu_paged_attention(float *out, const float *qkv, const loom_tensor_t *kv, const int *pos,
                               const int *seq, const int *block_tables, int max_blocks, int N, int NH, int NKV,
                               int bs) {
     if (kv->dtype != LOOM_INT8) fp32_only(kv);
-    int hs = (int)(kv->cols / bs), C = NH * hs, tasks = N * NH;
-    attn_job_t j = {out, qkv, kv, pos, seq, block_tables, max_blocks, NH, NKV, bs, hs, NH / NKV, (size_t)C + 2 * (size_t)NKV * hs};
-    loom_cpu_team_or_omp(attn_task, &j, tasks, N); /* decode's few rows: the team the matrix products use */
+    int hs = (int)(kv->cols / bs), C = NH * hs, G = NH / NKV;
+    /* a task per cache head and row while there are four a thread; with
+     * fewer (one row's decode) its query heads are split into more */
+    int per = G < ATT_G ? G : ATT_G, want = 4 * omp_get_max_threads();
+    while (per > 1 && (long)N * NKV * ((G + per - 1) / per) < want) per = (per + 1) / 2;
+    int chunks = (G + per - 1) / per;
+    attn_job_t j = {out, qkv, kv, pos, seq, block_tables, max_blocks, NH, NKV, bs, hs, G, per, chunks,
+                    (size_t)C + 2 * (size_t)NKV * hs};
+    loom_cpu_team_or_omp(attn_task, &j, N * NKV * chunks, N); /* decode's few rows: the team the matrix products use */
 }
 
 void loom_cpu_gather_rows(float *out, const float *inp, const int *rows, int R, int C) {
