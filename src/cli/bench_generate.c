@@ -259,9 +259,13 @@ static void llama_peer(const bench_flags_t *f, int threads, const bench_side_t *
 static size_t file_q_bytes(const loom_gpt_t *m, size_t fp32_bytes) {
     size_t b = fp32_bytes, nq = (size_t)m->cfg.n_layer * LOOM_QLIN_COUNT;
     for (size_t i = 0; m->file_q && i <= nq + 1; i++) {
-        const loom_tensor_t *t = &m->file_q[i];
-        if (!t->data || i == nq) continue;
-        b += loom_qblock_tensor_bytes(t) - 4 * (size_t)t->rows * (size_t)t->cols;
+        /* a weight the file split in parts (a Llama's q, k and v: gpt.h's
+         * part slots) counts by its parts; the embedding is read a row a token */
+        const loom_tensor_t *t = &m->file_q[i], *parts = i < nq ? &m->file_q[nq + 2 + i * LOOM_FILE_Q_PARTS] : NULL;
+        for (int k = 0; k < (t->data || !parts ? 1 : LOOM_FILE_Q_PARTS); k++) {
+            const loom_tensor_t *p = t->data || !parts ? t : &parts[k];
+            if (p->data && i != nq) b += loom_qblock_tensor_bytes(p) - 4 * (size_t)p->rows * (size_t)p->cols;
+        }
     }
     return b;
 }
