@@ -1,5 +1,7 @@
 /* The CPU backend's thread team (backend/cpu/cpu_team.h): every task of a
- * job runs exactly once, the caller returns only after all finished, jobs
+ * job runs exactly once (each member's range taken from its front, and
+ * from its end by the others once theirs are done), the caller returns
+ * only after all finished, jobs
  * from two threads at once (one runs inline) and from inside a task (the
  * caller is then a worker: inline) are correct, and the per-thread scratch
  * keeps its size and alignment. Known answers, no timing. */
@@ -22,7 +24,8 @@ static void task(void *ctx, int t) {
     job_t *j = ctx;
     atomic_fetch_add(&j->hits[t], 1);
     volatile int s = 0;
-    for (int k = 0; k < (t % 7) * 50; k++) s += k; /* uneven tasks */
+    int spin = j->salt < 0 && t < j->n / 4 ? 20000 : (t % 7) * 50; /* uneven tasks; salt < 0: the first member's range slow */
+    for (int k = 0; k < spin; k++) s += k;
     j->value[t] = t * 3 + j->salt;
 }
 
@@ -48,6 +51,7 @@ static void each_task_once(void) {
         CHECK(jobs_ok(1, 10, 0), "1 task, %d threads", threads);
         CHECK(jobs_ok(3, 500, 1), "3 tasks, %d threads", threads);
         CHECK(jobs_ok(257, 200, 2), "257 tasks, %d threads", threads);
+        CHECK(jobs_ok(64, 50, -100), "64 tasks, the caller's range slow (the others take its last tasks), %d threads", threads);
         CHECK(jobs_ok(LOOM_CPU_TEAM_MAX_TASKS, 2, 3), "%d tasks, %d threads", LOOM_CPU_TEAM_MAX_TASKS, threads);
     }
     loom_cpu_team_run(task, NULL, 0); /* no task: returns at once */

@@ -1,14 +1,18 @@
 /* cpu_team: the inference step's persistent thread team (cpu_team.h).
  *
- * One 64-bit claim word holds the job: generation (32 bits), task count
- * (16) and the next unclaimed task (16). A thread takes a task with a
- * compare-and-swap that adds one; a successful swap on a word of the
- * current generation proves the job has not moved on (the next job is
- * published only once every task of this one has finished, and the
- * generation would have to wrap 2^32 times for an old word to come
- * back), so the job's function and context, read after the swap, are
- * this job's. The caller publishes the generation again in a 32-bit futex
- * word the sleeping workers wait on.
+ * The tasks are split into one contiguous range a team member, each held
+ * in its own 64-bit claim word (a cache line of its own): generation (32
+ * bits), the range's end (16) and its next unclaimed task (16). A member
+ * takes the next task of its own range with a compare-and-swap that adds
+ * one, so its tasks are consecutive (one stream of weights, and a claim
+ * word no other core touches while it has work); when its range is empty
+ * it takes the last task of another's (a swap that lowers the end). A
+ * successful swap on a word of the current generation proves the job has
+ * not moved on (the next job is published only once every task of this
+ * one has finished, and the generation would have to wrap 2^32 times for
+ * an old word to come back), so the job's function and context, read
+ * after the swap, are this job's. The caller publishes the generation
+ * again in a 32-bit futex word the sleeping workers wait on.
  *
  * Why not OpenMP: an OpenMP parallel region ends in a barrier every
  * thread of the team must reach, so a decode token's ~200 regions each
@@ -45,13 +49,18 @@ static struct {
     int started;                   /* workers running (they never end) */
     uint32_t next_gen;             /* under `use` */
     _Atomic int active;            /* workers 0 .. active-1 take tasks */
-    _Atomic uint64_t claim;        /* gen << 32 | n << 16 | next task */
+    _Atomic int lanes;             /* claim words of the current job (written under `use`) */
     _Atomic uint32_t gen;          /* the latest job's generation: the futex word */
     _Atomic int done;              /* tasks of the current job finished */
     _Atomic int sleepers;          /* workers in (or entering) futex wait */
     loom_cpu_team_fn fn;           /* the current job: written before its claim word */
     void *ctx;
 } T = {.use = PTHREAD_MUTEX_INITIALIZER, .want = 1, .next_gen = 1};
+
+/* Member k's range (the caller 0, worker i i + 1): gen << 32 | end << 16 | next task. */
+static struct {
+    _Alignas(64) _Atomic uint64_t w;
+} lane[TEAM_MAX];
 
 static _Thread_local int is_worker;
 
@@ -84,17 +93,24 @@ static long long now_ns(void) {
     return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* Claim and run tasks of the current job until none is left. */
-static void work(void) {
-    uint64_t c = atomic_load_explicit(&T.claim, memory_order_acquire);
-    for (;;) {
-        unsigned n = (unsigned)(c >> 16) & 0xffffu, i = (unsigned)c & 0xffffu;
-        if (i >= n) return;
-        if (!atomic_compare_exchange_weak_explicit(&T.claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire))
-            continue; /* c now holds the word's value */
-        T.fn(T.ctx, (int)i); /* this job's: it cannot end before the task is done */
-        atomic_fetch_add_explicit(&T.done, 1, memory_order_release);
-        c = atomic_load_explicit(&T.claim, memory_order_acquire);
+/* Claim and run tasks of job `gen` until none is left: member `self`'s
+ * range from its front, then the others' from their ends. */
+static void work(uint32_t gen, int self) {
+    int lanes = atomic_load_explicit(&T.lanes, memory_order_relaxed); /* a newer job's is harmless: its words' generation differs */
+    for (int k = 0; k < lanes; k++) {
+        _Atomic uint64_t *w = &lane[(self + k) % lanes].w;
+        uint64_t c = atomic_load_explicit(w, memory_order_acquire);
+        for (;;) {
+            unsigned end = (unsigned)(c >> 16) & 0xffffu, i = (unsigned)c & 0xffffu;
+            if ((uint32_t)(c >> 32) != gen) return; /* the job has moved on */
+            if (i >= end) break;                      /* this range is done: the next */
+            uint64_t take = k == 0 ? c + 1 : c - (1u << 16); /* own: the front; another's: its last */
+            if (!atomic_compare_exchange_weak_explicit(w, &c, take, memory_order_acq_rel, memory_order_acquire))
+                continue; /* c now holds the word's value */
+            T.fn(T.ctx, k == 0 ? (int)i : (int)end - 1); /* this job's: it cannot end before the task is done */
+            atomic_fetch_add_explicit(&T.done, 1, memory_order_release);
+            c = atomic_load_explicit(w, memory_order_acquire);
+        }
     }
 }
 
@@ -124,7 +140,7 @@ static void *worker_main(void *arg) {
     for (;;) {
         int on = idx < atomic_load_explicit(&T.active, memory_order_relaxed);
         seen = wait_job(seen, on);
-        if (idx < atomic_load_explicit(&T.active, memory_order_relaxed)) work();
+        if (idx < atomic_load_explicit(&T.active, memory_order_relaxed)) work(seen, idx + 1);
     }
     return NULL;
 }
@@ -175,10 +191,15 @@ void loom_cpu_team_run(loom_cpu_team_fn fn, void *ctx, int n) {
     atomic_store_explicit(&T.done, 0, memory_order_relaxed);
     uint32_t g = T.next_gen++;
     if (!g) g = T.next_gen++; /* 0 is every worker's first `seen` */
-    atomic_store_explicit(&T.claim, (uint64_t)g << 32 | (uint64_t)n << 16, memory_order_release);
+    int lanes = T.want < n ? T.want : n; /* workers that never started leave theirs to be taken */
+    atomic_store_explicit(&T.lanes, lanes, memory_order_relaxed); /* seen with the words, after the acquire of gen */
+    for (int k = 0; k < lanes; k++) {
+        uint64_t a = (uint64_t)n * (uint64_t)k / (uint64_t)lanes, b = (uint64_t)n * (uint64_t)(k + 1) / (uint64_t)lanes;
+        atomic_store_explicit(&lane[k].w, (uint64_t)g << 32 | b << 16 | a, memory_order_release);
+    }
     atomic_store(&T.gen, g);
     if (atomic_load(&T.sleepers)) futex_wake_all(&T.gen);
-    work();
+    work(g, 0);
     while (atomic_load_explicit(&T.done, memory_order_acquire) < n) relax();
     pthread_mutex_unlock(&T.use);
 }

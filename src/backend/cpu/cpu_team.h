@@ -48,12 +48,13 @@ void loom_cpu_team_or_omp(loom_cpu_team_fn fn, void *ctx, int n, int rows);
  * weights are `bytes` in all: about one task per LOOM_CPU_TEAM_TASK_BYTES
  * of weights, but at least 4 per thread (a thread the OS pauses leaves
  * only a small share to the others) and at most LOOM_CPU_TEAM_MAX_TASKS
- * over `passes` passes. Each task's claim and completion move a cache line
- * between cores (~0.2 us on a VM) and start the weight stream afresh: at
- * 64 KB a task (4 us of streaming) llama-3.2-1b's decode read 27 GB/s of
- * the 34 the memory gives; at 256 KB, 30-31 (Q4_K_M 33 -> 37 tok/s on a
- * 2-core Zen 4, docs/perf.md). Larger tasks did no better and leave a
- * longer wait for the last. */
+ * over `passes` passes. With one claim word for the whole team, each
+ * claim moved a cache line between cores (~0.2 us on a VM) and a thread's
+ * consecutive tasks were apart: llama-3.2-1b Q4_K_M's decode read 27 GB/s
+ * of the 34 the memory gives at 64 KB a task, 30 at 256 KB; with a range a
+ * member (cpu_team.c) 32-34, and 64 KB and 256 KB the same (2-core Zen 4,
+ * docs/perf.md). The larger leaves fewer claims; the last task a thread
+ * waits for is still short (16 us). */
 #define LOOM_CPU_TEAM_TASK_BYTES (256 * 1024)
 int loom_cpu_team_rows_per_task(int rows, int align, size_t bytes, int passes);
 
