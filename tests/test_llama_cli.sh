@@ -8,7 +8,8 @@
 #     losses of one rank with the whole batch, and so does --nproc 2
 #     --pp 2 (the folder's weights sliced into pipeline stages);
 #  3. `loom export --format hf`: transformers' loss on the validation
-#     shard equals `loom eval`'s;
+#     shard equals `loom eval`'s, and on a text file's held-out share in
+#     the folder's own tokens (Hugging Face's tokenizers encodes it);
 #  4. `loom plan serve --config` reads the folder's config.json (its KV
 #     cache per token is 2 x layers x kv heads x head size x 4 bytes);
 #     `loom sample` runs on the fine-tuned run, on the Hugging Face folder
@@ -93,6 +94,26 @@ PY
 awk -v a="$ev" -v b="$hv" 'BEGIN{d=a-b; if(d<0)d=-d; exit !(d <= 6e-5)}' \
     && echo "PASS llama_cli_export_hf_val_loss (loom eval $ev, transformers $hv)" \
     || echo "FAIL llama_cli_export_hf_val_loss: loom eval $ev, transformers $hv"
+
+# A text file evaluated in the model's own tokens (the folder's tokenizer.json): the held-out
+# last tenth of the text's tokens (--val-fraction's default) as Hugging Face's tokenizers encodes them, scored by transformers.
+ev=$($LOOM eval --run "$tmp/export" --data "$tmp/text.txt" --batch 1 --seq 32 --batches 1 --threads 2 2>&1 | awk '/^val_loss/{print $2}')
+hv=$($PY - "$tmp/export" "$tmp/text.txt" <<'PY'
+import sys, torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float64).eval()
+ids = Tokenizer.from_file(sys.argv[1] + "/tokenizer.json").encode(open(sys.argv[2], encoding="utf-8").read(), add_special_tokens=False).ids
+val = ids[len(ids) - int(len(ids) * 0.1):]  # loom eval's split: the last --val-fraction (default 0.1) of the tokens
+x = torch.tensor(val[:33])[None]
+with torch.no_grad():
+    logits = m(x[:, :32]).logits
+print(f"{torch.nn.functional.cross_entropy(logits[0], x[0, 1:33]).item():.9f}")
+PY
+)
+awk -v a="$ev" -v b="$hv" 'BEGIN{d=a-b; if(d<0)d=-d; exit !(a != "" && d <= 6e-5)}' \
+    && echo "PASS llama_cli_eval_text_model_tokens (loom eval $ev, tokenizers + transformers $hv)" \
+    || echo "FAIL llama_cli_eval_text_model_tokens: loom eval '$ev', tokenizers + transformers $hv"
 
 # 4. Plan from the config, and sample.
 kv=$($LOOM plan serve --config "$tmp/hf/config.json" --gpu a100-80gb --dtype fp32 --prompt 16 --output 16 --json |

@@ -12,7 +12,10 @@
 
 /* The data must be made with the run's tokenizer and fit the model. */
 static loom_status check_data(const loom_dataset_t *ds, const char *data, const loom_tokenizer_t *tok, const loom_gpt_t *m, int T) {
-    if (loom_dataset_vocab_size(ds) != m->cfg.vocab_size)
+    /* the run's own tokenizer may have fewer tokens than the model's rows (Qwen2's 151665 of 151936) */
+    const loom_tokenizer_t *dt = loom_dataset_tokenizer(ds);
+    int same_tok = tok && dt && loom_tokenizer_hash(dt) == loom_tokenizer_hash(tok);
+    if (same_tok ? loom_dataset_vocab_size(ds) > m->cfg.vocab_size : loom_dataset_vocab_size(ds) != m->cfg.vocab_size)
         return loom_error(LOOM_EINVAL, "%s: vocabulary %d, but the run's model has %d; evaluate on data made with the run's tokenizer",
                           data, loom_dataset_vocab_size(ds), m->cfg.vocab_size);
     if (tok && loom_dataset_tokenizer(ds) && loom_tokenizer_hash(loom_dataset_tokenizer(ds)) != loom_tokenizer_hash(tok))
@@ -39,7 +42,8 @@ int cmd_eval(int argc, char **argv) {
     double val_fraction;
     const loom_arg_t args[] = {
         loom_flag(LOOM_FLAG_RUN, &run),
-        loom_flag(LOOM_FLAG_DATA, &data), /* default: the run's own */
+        {"data", ARG_STR, &data, "", 0, 0,
+         "text file (encoded with the model's own tokenizer), or folder of token shards from `loom tokenize`; none: the run's own data"},
         loom_flag(LOOM_FLAG_BATCH, &batch),
         loom_flag(LOOM_FLAG_SEQ, &seq),
         {"batches", ARG_INT, &batches, "0", 0, 1 << 30, "batches to score (0 = the whole split)"},
@@ -58,7 +62,9 @@ int cmd_eval(int argc, char **argv) {
     loom_open_opts_t oo = loom_cli_open_opts("cpu", threads, quant, kv_dtype, LOOM_SPARSE_OFF);
     loom_status s = loom_open(run, &oo, &R);
     if (s == LOOM_OK) s = run_data(run, R.kind, &rc, &data, &val_fraction);
-    if (s == LOOM_OK) s = loom_dataset_open(&ds, data, val_fraction);
+    /* a text file in the model's own tokens (a GGUF's or Hugging Face folder's tokenizer; a
+     * run trained on a text file has the byte-level one, as training read it) */
+    if (s == LOOM_OK) s = loom_dataset_open_tok(&ds, data, val_fraction, R.tok);
     int T = seq ? seq : (R.model ? R.model->cfg.max_seq_len : 0);
     if (s == LOOM_OK) s = check_data(ds, data, R.tok, R.model, T);
     /* --quant, --kv-dtype given (even none, fp32): scored through the inference forward */

@@ -15,7 +15,7 @@ int cmd_sample(int argc, char **argv) {
     long long seed;
     const loom_arg_t args[] = {
         loom_flag(LOOM_FLAG_RUN, &run),
-        {"gguf", ARG_STR, &gguf, NULL, 0, 0, "GPT-2 GGUF file (loom export or llama.cpp's converter) instead of --run"},
+        {"gguf", ARG_STR, &gguf, NULL, 0, 0, "a GGUF file (GPT-2 or Llama family: loom export, llama.cpp's converter and quantizer) instead of --run"},
         {"prompt", ARG_STR, &prompt, "", 0, 0, "text to continue (none: start from <|endoftext|>)"},
         {"tokens", ARG_INT, &tokens, "200", 1, 1 << 24, "tokens to generate"},
         {"temperature", ARG_FLOAT, &temperature, "0.8", 0, 100, "softmax temperature (0 = greedy)"},

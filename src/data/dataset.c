@@ -16,7 +16,8 @@ typedef struct {
 
 struct loom_dataset {
     split_t split[2];
-    loom_tokenizer_t *tok;
+    loom_tokenizer_t *tok;        /* owned */
+    const loom_tokenizer_t *text; /* a text file's, when the caller's (not owned) */
     int vocab_size;
     char desc[512];
 };
@@ -43,7 +44,7 @@ void loom_dataset_batch(const loom_dataset_t *ds, int split, size_t pos, int B, 
 }
 
 size_t loom_dataset_ntokens(const loom_dataset_t *ds, int split) { return ds->split[split].ntokens; }
-const loom_tokenizer_t *loom_dataset_tokenizer(const loom_dataset_t *ds) { return ds->tok; }
+const loom_tokenizer_t *loom_dataset_tokenizer(const loom_dataset_t *ds) { return ds->text ? ds->text : ds->tok; }
 int loom_dataset_vocab_size(const loom_dataset_t *ds) { return ds->vocab_size; }
 const char *loom_dataset_describe(const loom_dataset_t *ds) { return ds->desc; }
 
@@ -139,7 +140,7 @@ static loom_status open_folder(loom_dataset_t *ds, const char *dir) {
     return LOOM_OK;
 }
 
-static loom_status open_text(loom_dataset_t *ds, const char *path, double val_fraction) {
+static loom_status open_text(loom_dataset_t *ds, const char *path, double val_fraction, const loom_tokenizer_t *tok) {
     char *text;
     size_t len;
     LOOM_TRY(loom_file_read(path, &text, &len));
@@ -147,10 +148,11 @@ static loom_status open_text(loom_dataset_t *ds, const char *path, double val_fr
         free(text);
         return loom_error(LOOM_EINVAL, "%s: the file is empty; give a text file to train on", path);
     }
-    LOOM_TRY(loom_tokenizer_bytes(&ds->tok));
+    if (tok) ds->text = tok;
+    else LOOM_TRY(loom_tokenizer_bytes(&ds->tok));
     uint32_t *ids;
     size_t n;
-    loom_status s = loom_tokenizer_encode(ds->tok, text, len, &ids, &n);
+    loom_status s = loom_tokenizer_encode(loom_dataset_tokenizer(ds), text, len, &ids, &n);
     free(text);
     LOOM_TRY(s);
     size_t nval = (size_t)((double)n * val_fraction);
@@ -161,16 +163,21 @@ static loom_status open_text(loom_dataset_t *ds, const char *path, double val_fr
     va->ntokens = nval;
     va->mem = loom_malloc((nval ? nval : 1) * sizeof(uint32_t));
     memcpy(va->mem, ids + tr->ntokens, nval * sizeof(uint32_t));
-    ds->vocab_size = loom_tokenizer_vocab_size(ds->tok);
-    snprintf(ds->desc, sizeof ds->desc, "%s: %zu train + %zu val tokens, byte-level", path, tr->ntokens, va->ntokens);
+    ds->vocab_size = loom_tokenizer_vocab_size(loom_dataset_tokenizer(ds));
+    snprintf(ds->desc, sizeof ds->desc, "%s: %zu train + %zu val tokens, %s", path, tr->ntokens, va->ntokens,
+             tok ? "the model's tokenizer" : "byte-level");
     return LOOM_OK;
 }
 
 loom_status loom_dataset_open(loom_dataset_t **out, const char *path, double val_fraction) {
+    return loom_dataset_open_tok(out, path, val_fraction, NULL);
+}
+
+loom_status loom_dataset_open_tok(loom_dataset_t **out, const char *path, double val_fraction, const loom_tokenizer_t *tok) {
     if (!path || !*path) return loom_error(LOOM_EINVAL, "no data: pass --data with a text file or a folder made by `loom tokenize`");
     if (!loom_path_exists(path)) return loom_error(LOOM_EINVAL, "%s: no such file or folder; pass --data with a text file or a folder made by `loom tokenize`", path);
     loom_dataset_t *ds = loom_calloc(1, sizeof *ds);
-    loom_status s = loom_path_is_dir(path) ? open_folder(ds, path) : open_text(ds, path, val_fraction);
+    loom_status s = loom_path_is_dir(path) ? open_folder(ds, path) : open_text(ds, path, val_fraction, tok);
     if (s != LOOM_OK) {
         loom_dataset_free(ds);
         return s;

@@ -16,6 +16,9 @@ enum { LOOM_SPLIT_TRAIN = 0, LOOM_SPLIT_VAL = 1 };
 typedef struct loom_dataset loom_dataset_t;
 
 loom_status loom_dataset_open(loom_dataset_t **out, const char *path, double val_fraction);
+/* The same, a text file tokenized with tok (a model's own: it must
+ * outlive the dataset) instead of byte-level; NULL: byte-level. */
+loom_status loom_dataset_open_tok(loom_dataset_t **out, const char *path, double val_fraction, const loom_tokenizer_t *tok);
 void loom_dataset_free(loom_dataset_t *ds);
 /* The tokenizer the data was made with (owned by the dataset); NULL when a
  * shard folder has no tokenizer.json (ids then cannot be decoded). */
