@@ -78,39 +78,36 @@ vs_one llama_cli_init_from_pp2_vs_1rank pp2 --batch 4 --nproc 2 --pp 2
 
 # 3. Back to transformers.
 $LOOM export --run "$tmp/one" --format hf --out "$tmp/export" > /dev/null || echo "FAIL llama_cli_export: loom export failed"
-ev=$($LOOM eval --run "$tmp/one" --data "$tmp/data" --batch 1 --seq 32 --batches 1 --threads 2 | awk '{print $2}')
-hv=$($PY - "$tmp/export" "$tmp/data/val_000000.bin" <<'PY'
-import struct, sys, numpy as np, torch
+# hf_loss FOLDER shard FILE | FOLDER text FILE: transformers' loss (fp64) on the first 33 tokens of a
+# validation shard, or of a text file's held-out last tenth (loom eval's --val-fraction default) as
+# Hugging Face's tokenizers encodes it with the folder's tokenizer.json.
+hf_loss() {
+    $PY - "$@" <<'PY'
+import sys, numpy as np, torch
 from transformers import AutoModelForCausalLM
-m = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float64).eval()
-hdr = np.fromfile(sys.argv[2], dtype=np.int32, count=256)  # the shard header (data/shard.h): 1 KiB
-toks = np.fromfile(sys.argv[2], dtype=np.uint16 if hdr[6] == 2 else np.uint32, offset=1024)
-x = torch.tensor(toks[:33].astype(np.int64))[None]
+folder, kind, path = sys.argv[1:4]
+m = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float64).eval()
+if kind == "shard":
+    hdr = np.fromfile(path, dtype=np.int32, count=256)  # the shard header (data/shard.h): 1 KiB
+    toks = np.fromfile(path, dtype=np.uint16 if hdr[6] == 2 else np.uint32, offset=1024).astype(np.int64)
+else:
+    from tokenizers import Tokenizer
+    ids = Tokenizer.from_file(folder + "/tokenizer.json").encode(open(path, encoding="utf-8").read(), add_special_tokens=False).ids
+    toks = ids[len(ids) - int(len(ids) * 0.1):]
+x = torch.tensor(toks[:33])[None]
 with torch.no_grad():
     logits = m(x[:, :32]).logits
 print(f"{torch.nn.functional.cross_entropy(logits[0], x[0, 1:33]).item():.9f}")
 PY
-)
+}
+ev=$($LOOM eval --run "$tmp/one" --data "$tmp/data" --batch 1 --seq 32 --batches 1 --threads 2 | awk '{print $2}')
+hv=$(hf_loss "$tmp/export" shard "$tmp/data/val_000000.bin")
 awk -v a="$ev" -v b="$hv" 'BEGIN{d=a-b; if(d<0)d=-d; exit !(d <= 6e-5)}' \
     && echo "PASS llama_cli_export_hf_val_loss (loom eval $ev, transformers $hv)" \
     || echo "FAIL llama_cli_export_hf_val_loss: loom eval $ev, transformers $hv"
-
-# A text file evaluated in the model's own tokens (the folder's tokenizer.json): the held-out
-# last tenth of the text's tokens (--val-fraction's default) as Hugging Face's tokenizers encodes them, scored by transformers.
+# A text file evaluated in the model's own tokens (the folder's tokenizer.json).
 ev=$($LOOM eval --run "$tmp/export" --data "$tmp/text.txt" --batch 1 --seq 32 --batches 1 --threads 2 2>&1 | awk '/^val_loss/{print $2}')
-hv=$($PY - "$tmp/export" "$tmp/text.txt" <<'PY'
-import sys, torch
-from tokenizers import Tokenizer
-from transformers import AutoModelForCausalLM
-m = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float64).eval()
-ids = Tokenizer.from_file(sys.argv[1] + "/tokenizer.json").encode(open(sys.argv[2], encoding="utf-8").read(), add_special_tokens=False).ids
-val = ids[len(ids) - int(len(ids) * 0.1):]  # loom eval's split: the last --val-fraction (default 0.1) of the tokens
-x = torch.tensor(val[:33])[None]
-with torch.no_grad():
-    logits = m(x[:, :32]).logits
-print(f"{torch.nn.functional.cross_entropy(logits[0], x[0, 1:33]).item():.9f}")
-PY
-)
+hv=$(hf_loss "$tmp/export" text "$tmp/text.txt")
 awk -v a="$ev" -v b="$hv" 'BEGIN{d=a-b; if(d<0)d=-d; exit !(a != "" && d <= 6e-5)}' \
     && echo "PASS llama_cli_eval_text_model_tokens (loom eval $ev, tokenizers + transformers $hv)" \
     || echo "FAIL llama_cli_eval_text_model_tokens: loom eval '$ev', tokenizers + transformers $hv"
