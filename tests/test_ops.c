@@ -630,6 +630,62 @@ static void test_sumsq(void) {
     sumsq_case(100003);
 }
 
+/* ---- paged attention (grouped-query) ---- bound TOL on out
+ * Rows of 3 sequences at various positions, the cache's blocks scattered
+ * over the pool; the reference: each query head h attends, in double, to
+ * cache head h / (NH / NKV) of its sequence's keys 0..pos. The shapes take
+ * each way the CPU splits the work: a cache head's query heads in one task,
+ * split in uneven chunks (one row, 3 or 7 query heads a cache head), more
+ * than a task's 8 (12), head sizes 64, 40 (the 8-keys-a-time scores, with a
+ * last block not a multiple of 8) and 36 (the plain loop). */
+static void paged_case(int N, int NH, int NKV, int hs) {
+    enum { bs = 16, NB = 8, MB = 4 };
+    int C = NH * hs, KC = NKV * hs, QR = C + 2 * KC, G = NH / NKV;
+    snprintf(shape, sizeof shape, "N=%d NH=%d NKV=%d hs=%d", N, NH, NKV, hs);
+    size_t cols = (size_t)bs * hs, rows = (size_t)NB * 2 * NKV;
+    float *cache = check_rand(rows * cols, 1.0f, 31 + (unsigned)(NH * hs)), *qkv = check_rand((size_t)N * QR, 1.0f, 7 + (unsigned)N);
+    int tables[3 * MB] = {5, 2, 7, 0, 1, 6, 3, 4, 4, 0, 2, 6}, pos[64], seq[64];
+    for (int i = 0; i < N; i++) seq[i] = i % 3, pos[i] = (i * 17 + 5 * seq[i] + 43) % (bs * MB);
+    loom_tensor_t kv = {.data = cache, .dtype = LOOM_FP32, .rows = (long long)rows, .cols = (long long)cols};
+    double *ref = dnew((size_t)N * C), sc[bs * MB];
+    for (int i = 0; i < N; i++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)i * QR + (size_t)h * hs;
+            double mx = -INFINITY, sum = 0;
+            for (int t = 0; t <= pos[i]; t++) {
+                const float *k = cache + ((size_t)tables[seq[i] * MB + t / bs] * 2 * NKV + h / G) * cols + (size_t)(t % bs) * hs;
+                double d = 0;
+                for (int e = 0; e < hs; e++) d += (double)q[e] * k[e];
+                sc[t] = d / sqrt((double)hs);
+                mx = sc[t] > mx ? sc[t] : mx;
+            }
+            for (int t = 0; t <= pos[i]; t++) sum += sc[t] = exp(sc[t] - mx);
+            for (int t = 0; t <= pos[i]; t++) {
+                const float *v = cache + (((size_t)tables[seq[i] * MB + t / bs] * 2 + 1) * NKV + h / G) * cols + (size_t)(t % bs) * hs;
+                for (int e = 0; e < hs; e++) ref[(size_t)i * C + (size_t)h * hs + e] += sc[t] / sum * v[e];
+            }
+        }
+    float *out[2];
+    for (int r = 0; r < runs(); r++) {
+        out[r] = fnew((size_t)N * C);
+        be->paged_attention(out[r], qkv, &kv, pos, seq, tables, MB, N, NH, NKV, bs);
+        EXPECT_CLOSE("paged_attention out", out[r], ref, (size_t)N * C, TOL);
+    }
+    EXPECT_SAME("paged_attention out", out[0], out[runs() - 1], (size_t)N * C * sizeof(float));
+    for (int r = 0; r < runs(); r++) free(out[r]);
+    free(cache), free(qkv), free(ref);
+}
+
+static void test_paged_attention(void) {
+    paged_case(1, 9, 3, 64);
+    paged_case(16, 9, 3, 64);
+    paged_case(1, 14, 2, 64);
+    paged_case(3, 14, 2, 40);
+    paged_case(2, 12, 1, 64);
+    paged_case(5, 4, 4, 36);
+    paged_case(40, 8, 2, 128);
+}
+
 static void run_with_threads(const char *name, void (*fn)(void)) {
     char full[96];
     snprintf(full, sizeof full, "%s (%d thread%s)", name, nthreads, nthreads == 1 ? "" : "s");
@@ -649,6 +705,7 @@ int main(void) {
         RUN_T(test_layernorm);
         RUN_T(test_matmul);
         RUN_T(test_attention);
+        RUN_T(test_paged_attention);
         RUN_T(test_gelu);
         RUN_T(test_residual_accumulate);
         RUN_T(test_crossentropy);

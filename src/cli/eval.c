@@ -18,7 +18,7 @@ static loom_status check_data(const loom_dataset_t *ds, const char *data, const 
     if (same_tok ? loom_dataset_vocab_size(ds) > m->cfg.vocab_size : loom_dataset_vocab_size(ds) != m->cfg.vocab_size)
         return loom_error(LOOM_EINVAL, "%s: vocabulary %d, but the run's model has %d; evaluate on data made with the run's tokenizer",
                           data, loom_dataset_vocab_size(ds), m->cfg.vocab_size);
-    if (tok && loom_dataset_tokenizer(ds) && loom_tokenizer_hash(loom_dataset_tokenizer(ds)) != loom_tokenizer_hash(tok))
+    if (tok && dt && !same_tok)
         return loom_error(LOOM_EINVAL, "%s: tokenized with a different tokenizer than the run's; evaluate on data made with the run's tokenizer", data);
     if (T > m->cfg.max_seq_len) return loom_error(LOOM_EINVAL, "--seq %d is above the model's context of %d", T, m->cfg.max_seq_len);
     return LOOM_OK;

@@ -970,7 +970,7 @@ KA_TARGET static void kx_block_avx2(const kg_job_t *j, const void *w, const void
     case LOOM_Q4_1: ka_tile_b(w, act, nrec, l, 1, 4, f); break;
     case LOOM_Q5_1: ka_tile_b(w, act, nrec, l, 1, 2, f); break;
     default: /* LOOM_INT8 */
-        if (j->w->layout == LOOM_LAYOUT_ROWS8) /* kx_run unpacked nothing (kx_direct) */
+        if (j->w->layout == LOOM_LAYOUT_ROWS8) /* kx_run unpacked nothing (its `direct`) */
             ka_tile_q8i((const int8_t *)j->w->data + (size_t)o0 * j->C, j->w->scales + (size_t)o0 * nrec, act, nrec, l, f);
         else ka_tile_q8(w, act, nrec, l, f);
         break;

@@ -481,9 +481,11 @@ void loom_cpu_paged_attention(float *out, const float *qkv, const loom_tensor_t 
                               int bs) {
     if (kv->dtype != LOOM_INT8) fp32_only(kv);
     int hs = (int)(kv->cols / bs), C = NH * hs, G = NH / NKV;
-    /* a task per cache head and row while there are four a thread; with
-     * fewer (one row's decode) its query heads are split into more */
-    int per = G < ATT_G ? G : ATT_G, want = 4 * omp_get_max_threads();
+    /* a task per cache head and row while there are four a thread (of the
+     * team or OpenMP: loom_cpu_team_or_omp's choice below); with fewer (one
+     * row's decode) its query heads are split into more */
+    int threads = N <= LOOM_CPU_TEAM_ROWS ? loom_cpu_team_threads() : omp_get_max_threads();
+    int per = G < ATT_G ? G : ATT_G, want = 4 * threads;
     while (per > 1 && (long)N * NKV * ((G + per - 1) / per) < want) per = (per + 1) / 2;
     int chunks = (G + per - 1) / per;
     attn_job_t j = {out, qkv, kv, pos, seq, block_tables, max_blocks, NH, NKV, bs, hs, G, per, chunks,
